@@ -1,0 +1,9 @@
+//! mcp-firewall: a reverse proxy that decides what AI agents may do with MCP servers.
+//!
+//! The request path lives in [`proxy`]: one function, [`proxy::handle`], runs the
+//! ordered steps (route, authenticate, parse, decide, forward, rewrite, audit) so a
+//! reader finds every decision in one place. Everything else is either a step used
+//! there or a background task started by [`app`].
+#![forbid(unsafe_code)]
+
+pub mod mcp;

@@ -1,0 +1,7 @@
+//! The MCP wire formats the firewall understands: JSON-RPC 2.0 messages, the
+//! Server-Sent Events framing of streamable HTTP, and the HTTP headers that
+//! mirror the body in the 2026-07-28 revision.
+
+pub mod headers;
+pub mod jsonrpc;
+pub mod sse;
