@@ -6,4 +6,10 @@
 //! there or a background task started by [`app`].
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod app;
+pub mod config;
 pub mod mcp;
+pub mod proxy;
+pub mod server;
+pub mod telemetry;

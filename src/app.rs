@@ -1,0 +1,144 @@
+//! Starting and stopping the firewall: binds the listeners, builds the shared
+//! state, spawns the background tasks (certificate reload, ...), and on
+//! shutdown stops accepting, marks itself not ready, and drains in-flight
+//! requests and streams up to the configured deadline.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+
+use crate::admin::{self, Admin};
+use crate::config::Config;
+use crate::proxy::State;
+use crate::server::{listener, stack, tls};
+use crate::telemetry;
+
+/// A running firewall.
+pub struct Running {
+    /// Where the MCP listener is bound.
+    pub mcp_addr: SocketAddr,
+    /// Where the admin listener is bound.
+    pub admin_addr: SocketAddr,
+    /// The request-path state (tests inspect it).
+    pub state: Arc<State>,
+    shutdown: watch::Sender<bool>,
+    admin: Arc<Admin>,
+    servers: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+/// Binds and starts everything described by `config`.
+pub async fn start(config: Arc<Config>) -> anyhow::Result<Running> {
+    let registry = telemetry::registry();
+    let state = Arc::new(State::new(config.clone()).context("building upstream clients")?);
+
+    let mut background = Vec::new();
+    let acceptor = match &config.server.tls {
+        Some(tls_cfg) => {
+            let resolver = tls::ReloadingCert::load(tls_cfg)?;
+            background.push(tokio::spawn(tls::watch(resolver.clone(), tls_cfg.clone())));
+            Some(TlsAcceptor::from(Arc::new(tls::server_config(resolver))))
+        }
+        None => None,
+    };
+
+    let mcp_listener = TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("binding the MCP listener on {}", config.server.listen))?;
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener on {}", config.admin_listen))?;
+    let mcp_addr = mcp_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+
+    let (shutdown, rx) = watch::channel(false);
+    let admin = Arc::new(Admin {
+        registry: Arc::new(Mutex::new(registry)),
+        ready: AtomicBool::new(true),
+    });
+
+    let permits = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
+    let drain = config.server.drain_timeout;
+    let mcp_state = state.clone();
+    let mcp = tokio::spawn(listener::serve(
+        mcp_listener,
+        acceptor,
+        move |conn| stack::mcp(mcp_state.clone(), permits.clone(), conn),
+        rx.clone(),
+        drain,
+    ));
+    let admin_state = admin.clone();
+    let admin_task = tokio::spawn(listener::serve(
+        admin_listener,
+        None,
+        move |_conn| {
+            let admin = admin_state.clone();
+            hyper::service::service_fn(move |req| admin::handle(admin.clone(), req))
+        },
+        rx,
+        drain,
+    ));
+
+    tracing::info!(%mcp_addr, %admin_addr, tls = config.server.tls.is_some(), upstreams = config.upstreams.len(), "mcp-firewall listening");
+    Ok(Running {
+        mcp_addr,
+        admin_addr,
+        state,
+        shutdown,
+        admin,
+        servers: vec![mcp, admin_task],
+        background,
+    })
+}
+
+// === impl Running ===
+
+impl Running {
+    /// Stops accepting, drains, and stops background tasks.
+    pub async fn shutdown(self) {
+        self.admin.ready.store(false, Ordering::Relaxed);
+        let _ = self.shutdown.send(true);
+        for s in self.servers {
+            let _ = s.await;
+        }
+        for b in self.background {
+            b.abort();
+        }
+        tracing::info!("mcp-firewall stopped");
+    }
+
+    /// Runs until SIGTERM or Ctrl-C, then shuts down gracefully.
+    pub async fn until_signal(self) {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested; draining");
+        self.shutdown().await;
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,238 @@
+//! The firewall's configuration file: one TOML document, read once at start
+//! (and on reload), validated into runtime types before anything serves.
+//!
+//! Two layers keep invalid states unrepresentable:
+//! - `Raw*` types mirror the file format exactly (`#[serde(deny_unknown_fields)]`,
+//!   defaults in named functions), so an unknown or misspelt key is an error that
+//!   names the file, the line and the key;
+//! - [`validate`] turns them into [`Config`], resolving paths against the config
+//!   file's directory, reading secrets from env vars or files, and naming the key
+//!   of every semantic error (`upstream[1].url: ...`).
+//!
+//! Secrets (injected upstream credentials) are held in [`Secret`], whose `Debug`
+//! never prints the value.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+mod validate;
+
+pub(crate) use validate::is_hop_by_hop;
+
+pub use validate::{
+    load, load_str, Config, ConfigError, HeaderValueSource, Secret, ServerConfig, TlsConfig,
+    Upstream,
+};
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// The MCP listener.
+    pub server: RawServer,
+    /// The admin listener (`/healthz`, `/readyz`, `/metrics`, approvals).
+    #[serde(default)]
+    pub admin: RawAdmin,
+    /// Logging.
+    #[serde(default)]
+    pub log: RawLog,
+    /// Named upstream MCP servers, reachable at `/mcp/<name>`.
+    #[serde(default, rename = "upstream")]
+    pub upstreams: Vec<RawUpstream>,
+}
+
+/// `[server]`: the listener agents connect to.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    /// Address to listen on, e.g. `"0.0.0.0:8443"`.
+    pub listen: SocketAddr,
+    /// Serve plain HTTP. Must be set explicitly (local development only);
+    /// without it a `[server.tls]` section is required.
+    #[serde(default)]
+    pub plaintext: bool,
+    /// TLS termination.
+    pub tls: Option<RawTls>,
+    /// The URL agents use to reach this firewall (for OAuth resource metadata);
+    /// default: derived from `listen` and the scheme.
+    pub public_url: Option<String>,
+    /// Largest accepted JSON-RPC request body. Default 1 MiB.
+    #[serde(default = "default_max_request_bytes")]
+    pub max_request_bytes: usize,
+    /// Largest upstream JSON response the firewall buffers to rewrite it
+    /// (`tools/list`). Default 8 MiB.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: usize,
+    /// Largest single SSE event relayed. Default 4 MiB.
+    #[serde(default = "default_max_sse_event_bytes")]
+    pub max_sse_event_bytes: usize,
+    /// Deepest JSON nesting accepted. Default 64.
+    #[serde(default = "default_max_json_depth")]
+    pub max_json_depth: usize,
+    /// Most messages in one JSON-RPC batch. Default 64.
+    #[serde(default = "default_max_batch")]
+    pub max_batch: usize,
+    /// How long SIGTERM waits for in-flight requests and streams. Default 30 s.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+    /// Most concurrent requests before new ones are shed with 503. Default 10 000.
+    #[serde(default = "default_max_concurrent_requests")]
+    pub max_concurrent_requests: usize,
+}
+
+/// `[server.tls]`: certificate and key, re-read when the files change.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// How often the files are checked for changes. Default 5 s.
+    #[serde(default = "default_tls_reload_ms")]
+    pub reload_interval_ms: u64,
+}
+
+/// `[admin]`: the operations listener.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// Address; default `127.0.0.1:9090`.
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+}
+
+/// `[log]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// `"text"` (default) or `"json"`.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A `tracing` filter such as `"info,mcp_firewall=debug"`; default `"info"`.
+    /// `RUST_LOG` overrides it.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+}
+
+/// Log output format.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[[upstream]]`: one MCP server behind the firewall.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// Route name: the server is reached at `/mcp/<name>`. `[A-Za-z0-9_-]`, 1–64.
+    pub name: String,
+    /// The upstream's MCP endpoint, `http://` or `https://`.
+    pub url: String,
+    /// PEM file of extra CA certificates trusted for this `https` upstream
+    /// (in addition to the public web roots).
+    pub ca_file: Option<PathBuf>,
+    /// TCP + TLS connect timeout. Default 5 s.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Time allowed until the upstream's response headers arrive. Default 60 s.
+    /// Streams, once started, are bounded by `idle_timeout_ms` instead.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Longest silence tolerated on a response body (between two chunks). Default 5 min.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Overrides `server.max_request_bytes` for this upstream.
+    pub max_request_bytes: Option<usize>,
+    /// Overrides `server.max_response_bytes` for this upstream.
+    pub max_response_bytes: Option<usize>,
+    /// Speak HTTP/2 to this upstream (h2 over TLS via ALPN, or prior-knowledge h2c).
+    #[serde(default)]
+    pub http2: bool,
+    /// Headers the firewall injects into every request to this upstream
+    /// (vendor credentials). Values come from `value`, `env` or `file`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, RawHeaderValue>,
+}
+
+/// Where an injected header's value comes from.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderValue {
+    /// A literal value (fine for non-secrets).
+    pub value: Option<String>,
+    /// Name of an environment variable holding the value.
+    pub env: Option<String>,
+    /// A file holding the value (trailing newline trimmed).
+    pub file: Option<PathBuf>,
+    /// Text put before the value, e.g. `"Bearer "`.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+// === defaults ===
+
+fn default_max_request_bytes() -> usize {
+    1024 * 1024
+}
+fn default_max_response_bytes() -> usize {
+    8 * 1024 * 1024
+}
+fn default_max_sse_event_bytes() -> usize {
+    4 * 1024 * 1024
+}
+fn default_max_json_depth() -> usize {
+    64
+}
+fn default_max_batch() -> usize {
+    64
+}
+fn default_drain_timeout_ms() -> u64 {
+    30_000
+}
+fn default_max_concurrent_requests() -> usize {
+    10_000
+}
+fn default_tls_reload_ms() -> u64 {
+    5_000
+}
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9090))
+}
+fn default_log_level() -> String {
+    "info".to_owned()
+}
+fn default_connect_timeout_ms() -> u64 {
+    5_000
+}
+fn default_request_timeout_ms() -> u64 {
+    60_000
+}
+fn default_idle_timeout_ms() -> u64 {
+    300_000
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        RawAdmin {
+            listen: default_admin_listen(),
+        }
+    }
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog {
+            format: LogFormat::Text,
+            level: default_log_level(),
+        }
+    }
+}

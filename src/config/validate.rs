@@ -1,0 +1,458 @@
+//! Raw config -> validated [`Config`]. Every semantic check lives here, and every
+//! error names the file and the key it is about.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::Uri;
+
+use super::{LogFormat, RawConfig, RawHeaderValue, RawUpstream};
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (`<embedded>` for the demo).
+    pub source: PathBuf,
+    /// MCP listener settings.
+    pub server: ServerConfig,
+    /// Admin listener address.
+    pub admin_listen: SocketAddr,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log_level: String,
+    /// Upstreams in file order.
+    pub upstreams: Vec<Arc<Upstream>>,
+}
+
+/// Validated `[server]`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// TLS, or `None` when `plaintext = true`.
+    pub tls: Option<TlsConfig>,
+    /// The externally visible base URL, without a trailing slash.
+    pub public_url: String,
+    /// Request body cap.
+    pub max_request_bytes: usize,
+    /// Buffered response cap.
+    pub max_response_bytes: usize,
+    /// SSE event cap.
+    pub max_sse_event_bytes: usize,
+    /// JSON nesting cap.
+    pub max_json_depth: usize,
+    /// Batch size cap.
+    pub max_batch: usize,
+    /// SIGTERM drain deadline.
+    pub drain_timeout: Duration,
+    /// Concurrency limit before shedding.
+    pub max_concurrent_requests: usize,
+}
+
+/// Validated `[server.tls]`.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// Certificate chain file.
+    pub cert: PathBuf,
+    /// Private key file.
+    pub key: PathBuf,
+    /// Change-check interval.
+    pub reload_interval: Duration,
+}
+
+/// A validated upstream.
+#[derive(Debug)]
+pub struct Upstream {
+    /// Route name.
+    pub name: String,
+    /// The upstream MCP endpoint.
+    pub url: Uri,
+    /// `https`?
+    pub tls: bool,
+    /// Extra trusted CA certificates (PEM file).
+    pub ca_file: Option<PathBuf>,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Time to response headers.
+    pub request_timeout: Duration,
+    /// Longest silence on a response body.
+    pub idle_timeout: Duration,
+    /// Request body cap.
+    pub max_request_bytes: usize,
+    /// Buffered response cap.
+    pub max_response_bytes: usize,
+    /// HTTP/2 to the upstream.
+    pub http2: bool,
+    /// Injected headers (credentials); values are secrets.
+    pub inject: Vec<(HeaderName, Secret)>,
+}
+
+/// Where an injected header value came from, for diagnostics that must not
+/// print the value itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderValueSource {
+    /// Literal in the config.
+    Literal,
+    /// Environment variable of this name.
+    Env(String),
+    /// File at this path.
+    File(PathBuf),
+}
+
+/// A header value that must never be logged.
+#[derive(Clone)]
+pub struct Secret {
+    value: HeaderValue,
+    source: HeaderValueSource,
+}
+
+/// A configuration error: which file, which key, what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown key or a value of the wrong type. The TOML
+    /// error carries line, column and key.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The file.
+        file: PathBuf,
+        /// toml's description, with line/column and the offending key.
+        message: String,
+    },
+    /// A value that parses but is not acceptable.
+    #[error("{file}: {key}: {reason}")]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// Dotted key, e.g. `upstream[1].url`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+// === impl Secret ===
+
+impl Secret {
+    /// The value to put on the wire.
+    pub fn header_value(&self) -> &HeaderValue {
+        &self.value
+    }
+
+    /// Where it came from.
+    pub fn source(&self) -> &HeaderValueSource {
+        &self.source
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({:?}, <redacted>)", self.source)
+    }
+}
+
+/// Reads and validates a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: path.to_owned(),
+        source,
+    })?;
+    let base = path.parent().unwrap_or_else(|| Path::new("."));
+    load_str(&text, path, base, &|name| std::env::var(name).ok())
+}
+
+/// Validates config text. `file` names it in errors; relative paths resolve
+/// against `base`; `env` looks up environment variables (injected so tests
+/// need not mutate the process environment).
+pub fn load_str(
+    text: &str,
+    file: &Path,
+    base: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        file: file.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })?;
+    Validator { file, base, env }.config(raw)
+}
+
+struct Validator<'a> {
+    file: &'a Path,
+    base: &'a Path,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_owned(),
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn path(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.base.join(p)
+        }
+    }
+
+    fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let s = raw.server;
+        let tls = match (s.plaintext, s.tls) {
+            (true, Some(_)) => {
+                return Err(self.invalid(
+                    "server.plaintext",
+                    "`plaintext = true` and a [server.tls] section exclude each other",
+                ))
+            }
+            (false, None) => {
+                return Err(self.invalid(
+                    "server.tls",
+                    "missing: TLS is required unless `plaintext = true` is set explicitly (local development only)",
+                ))
+            }
+            (true, None) => None,
+            (false, Some(t)) => {
+                let cert = self.path(&t.cert);
+                let key = self.path(&t.key);
+                for (k, p) in [("server.tls.cert", &cert), ("server.tls.key", &key)] {
+                    if !p.is_file() {
+                        return Err(self.invalid(k, format!("{} is not a readable file", p.display())));
+                    }
+                }
+                Some(TlsConfig {
+                    cert,
+                    key,
+                    reload_interval: Duration::from_millis(t.reload_interval_ms.max(100)),
+                })
+            }
+        };
+        for (key, v) in [
+            ("server.max_request_bytes", s.max_request_bytes),
+            ("server.max_response_bytes", s.max_response_bytes),
+            ("server.max_sse_event_bytes", s.max_sse_event_bytes),
+            ("server.max_json_depth", s.max_json_depth),
+            ("server.max_batch", s.max_batch),
+            ("server.max_concurrent_requests", s.max_concurrent_requests),
+        ] {
+            if v == 0 {
+                return Err(self.invalid(key, "must be greater than 0"));
+            }
+        }
+        let public_url = match s.public_url {
+            Some(u) => {
+                let uri: Uri = u
+                    .parse()
+                    .map_err(|e| self.invalid("server.public_url", format!("not a URL: {e}")))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return Err(
+                        self.invalid("server.public_url", "must be an absolute http(s) URL")
+                    );
+                }
+                u.trim_end_matches('/').to_owned()
+            }
+            None => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://{}", s.listen)
+            }
+        };
+        let server = ServerConfig {
+            listen: s.listen,
+            tls,
+            public_url,
+            max_request_bytes: s.max_request_bytes,
+            max_response_bytes: s.max_response_bytes,
+            max_sse_event_bytes: s.max_sse_event_bytes,
+            max_json_depth: s.max_json_depth,
+            max_batch: s.max_batch,
+            drain_timeout: Duration::from_millis(s.drain_timeout_ms),
+            max_concurrent_requests: s.max_concurrent_requests,
+        };
+
+        let mut names = HashSet::new();
+        let mut upstreams = Vec::with_capacity(raw.upstreams.len());
+        for (i, u) in raw.upstreams.into_iter().enumerate() {
+            let up = self.upstream(i, u, &server)?;
+            if !names.insert(up.name.clone()) {
+                return Err(self.invalid(
+                    format!("upstream[{i}].name"),
+                    format!("duplicate upstream name {:?}", up.name),
+                ));
+            }
+            upstreams.push(Arc::new(up));
+        }
+
+        Ok(Config {
+            source: self.file.to_owned(),
+            server,
+            admin_listen: raw.admin.listen,
+            log_format: raw.log.format,
+            log_level: raw.log.level,
+            upstreams,
+        })
+    }
+
+    fn upstream(
+        &self,
+        i: usize,
+        u: RawUpstream,
+        server: &ServerConfig,
+    ) -> Result<Upstream, ConfigError> {
+        let key = |k: &str| format!("upstream[{i}].{k}");
+        let name_ok = !u.name.is_empty()
+            && u.name.len() <= 64
+            && u.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !name_ok {
+            return Err(self.invalid(
+                key("name"),
+                format!("{:?} must be 1-64 characters of [A-Za-z0-9_-]", u.name),
+            ));
+        }
+        let url: Uri = u
+            .url
+            .parse()
+            .map_err(|e| self.invalid(key("url"), format!("{:?} is not a URL: {e}", u.url)))?;
+        let tls = match url.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => {
+                return Err(self.invalid(
+                    key("url"),
+                    format!("{:?} must start with http:// or https://", u.url),
+                ))
+            }
+        };
+        if url.host().is_none() {
+            return Err(self.invalid(key("url"), format!("{:?} has no host", u.url)));
+        }
+        let ca_file = match u.ca_file {
+            Some(p) if !tls => {
+                return Err(self.invalid(
+                    key("ca_file"),
+                    format!("{} given for a plain http:// upstream", p.display()),
+                ))
+            }
+            Some(p) => {
+                let p = self.path(&p);
+                if !p.is_file() {
+                    return Err(self.invalid(
+                        key("ca_file"),
+                        format!("{} is not a readable file", p.display()),
+                    ));
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        for (k, v) in [
+            ("connect_timeout_ms", u.connect_timeout_ms),
+            ("request_timeout_ms", u.request_timeout_ms),
+            ("idle_timeout_ms", u.idle_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(self.invalid(key(k), "must be greater than 0"));
+            }
+        }
+        let mut inject = Vec::with_capacity(u.headers.len());
+        for (h, v) in u.headers {
+            let hk = key(&format!("headers.{h}"));
+            let name = HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| self.invalid(&hk, "not a valid HTTP header name"))?;
+            if is_hop_by_hop(&name)
+                || name == http::header::HOST
+                || name == http::header::CONTENT_LENGTH
+            {
+                return Err(self.invalid(
+                    &hk,
+                    "this header is managed by the proxy and cannot be injected",
+                ));
+            }
+            inject.push((name, self.secret(&hk, v)?));
+        }
+        Ok(Upstream {
+            name: u.name,
+            url,
+            tls,
+            ca_file,
+            connect_timeout: Duration::from_millis(u.connect_timeout_ms),
+            request_timeout: Duration::from_millis(u.request_timeout_ms),
+            idle_timeout: Duration::from_millis(u.idle_timeout_ms),
+            max_request_bytes: u.max_request_bytes.unwrap_or(server.max_request_bytes),
+            max_response_bytes: u.max_response_bytes.unwrap_or(server.max_response_bytes),
+            http2: u.http2,
+            inject,
+        })
+    }
+
+    fn secret(&self, key: &str, v: RawHeaderValue) -> Result<Secret, ConfigError> {
+        let (raw, source) = match (v.value, v.env, v.file) {
+            (Some(value), None, None) => (value, HeaderValueSource::Literal),
+            (None, Some(name), None) => {
+                let value = (self.env)(&name).ok_or_else(|| {
+                    self.invalid(key, format!("environment variable {name} is not set"))
+                })?;
+                (value, HeaderValueSource::Env(name))
+            }
+            (None, None, Some(path)) => {
+                let path = self.path(&path);
+                let value = std::fs::read_to_string(&path).map_err(|e| {
+                    self.invalid(key, format!("cannot read {}: {e}", path.display()))
+                })?;
+                (
+                    value.trim_end_matches(['\r', '\n']).to_owned(),
+                    HeaderValueSource::File(path),
+                )
+            }
+            _ => {
+                return Err(self.invalid(key, "exactly one of `value`, `env` or `file` is required"))
+            }
+        };
+        let mut value = HeaderValue::from_str(&format!("{}{raw}", v.prefix)).map_err(|_| {
+            self.invalid(
+                key,
+                "the value contains characters not allowed in an HTTP header",
+            )
+        })?;
+        value.set_sensitive(true);
+        Ok(Secret { value, source })
+    }
+}
+
+/// Connection-specific headers (RFC 9110 §7.6.1) that a proxy never forwards.
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;

@@ -1,0 +1,169 @@
+use std::path::Path;
+
+use super::*;
+
+const MINIMAL: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+plaintext = true
+
+[[upstream]]
+name = "incidents"
+url = "http://127.0.0.1:9000/mcp"
+"#;
+
+fn load(text: &str) -> Result<Config, ConfigError> {
+    load_with_env(text, &|_| None)
+}
+
+fn load_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    load_str(text, Path::new("test.toml"), Path::new("/nonexistent"), env)
+}
+
+fn err(text: &str) -> String {
+    match load(text) {
+        Ok(_) => panic!("config unexpectedly valid:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn minimal_plaintext_config_loads_with_defaults() {
+    let c = load(MINIMAL).unwrap();
+    assert!(c.server.tls.is_none());
+    assert_eq!(c.server.public_url, "http://127.0.0.1:8080");
+    assert_eq!(c.server.max_request_bytes, 1024 * 1024);
+    assert_eq!(c.upstreams.len(), 1);
+    let u = &c.upstreams[0];
+    assert_eq!(u.name, "incidents");
+    assert!(!u.tls);
+    assert_eq!(u.connect_timeout, Duration::from_secs(5));
+    assert_eq!(u.max_request_bytes, 1024 * 1024);
+}
+
+#[test]
+fn unknown_key_names_file_line_and_key() {
+    let e = err(&MINIMAL.replace("plaintext = true", "plaintext = true\nlisten_port = 3"));
+    assert!(e.starts_with("test.toml: "), "{e}");
+    assert!(e.contains("listen_port"), "{e}");
+    assert!(e.contains("line 5"), "{e}");
+}
+
+#[test]
+fn tls_is_required_unless_plaintext_is_explicit() {
+    let e = err(&MINIMAL.replace("plaintext = true\n", ""));
+    assert!(e.contains("server.tls: missing"), "{e}");
+}
+
+#[test]
+fn plaintext_and_tls_exclude_each_other() {
+    let e = err(&MINIMAL.replace(
+        "plaintext = true\n",
+        "plaintext = true\n[server.tls]\ncert = \"a\"\nkey = \"b\"\n",
+    ));
+    assert!(e.contains("server.plaintext"), "{e}");
+}
+
+#[test]
+fn missing_tls_files_are_named() {
+    let e = err(&MINIMAL.replace(
+        "plaintext = true\n",
+        "[server.tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n",
+    ));
+    assert!(
+        e.contains("server.tls.cert: /nonexistent/cert.pem is not a readable file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_upstream_url_names_its_index() {
+    let e = err(&MINIMAL.replace("http://127.0.0.1:9000/mcp", "ftp://x/mcp"));
+    assert!(e.contains("upstream[0].url"), "{e}");
+    assert!(e.contains("http:// or https://"), "{e}");
+}
+
+#[test]
+fn bad_upstream_name_is_rejected() {
+    let e = err(&MINIMAL.replace("name = \"incidents\"", "name = \"in/cidents\""));
+    assert!(e.contains("upstream[0].name"), "{e}");
+}
+
+#[test]
+fn duplicate_upstream_names_are_rejected() {
+    let text = format!("{MINIMAL}\n[[upstream]]\nname = \"incidents\"\nurl = \"http://x/mcp\"\n");
+    let e = err(&text);
+    assert!(
+        e.contains("upstream[1].name: duplicate upstream name"),
+        "{e}"
+    );
+}
+
+#[test]
+fn ca_file_on_plain_http_upstream_is_rejected() {
+    let e = err(&format!("{MINIMAL}ca_file = \"ca.pem\"\n"));
+    assert!(e.contains("upstream[0].ca_file"), "{e}");
+}
+
+#[test]
+fn zero_limits_are_rejected() {
+    let e = err(&MINIMAL.replace("plaintext = true", "plaintext = true\nmax_batch = 0"));
+    assert!(
+        e.contains("server.max_batch: must be greater than 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn injected_secret_from_env_is_read_and_never_printed() {
+    let text = format!(
+        "{MINIMAL}[upstream.headers]\n\"X-Api-Key\" = {{ env = \"VENDOR_KEY\", prefix = \"Key \" }}\n"
+    );
+    let c = load_with_env(&text, &|name| {
+        (name == "VENDOR_KEY").then(|| "s3cr3t".to_owned())
+    })
+    .unwrap();
+    let (name, secret) = &c.upstreams[0].inject[0];
+    assert_eq!(name, "x-api-key");
+    assert_eq!(secret.header_value(), "Key s3cr3t");
+    assert!(secret.header_value().is_sensitive());
+    let debug = format!("{c:?}");
+    assert!(
+        !debug.contains("s3cr3t"),
+        "secret leaked into Debug: {debug}"
+    );
+}
+
+#[test]
+fn missing_secret_env_var_is_named() {
+    let text = format!("{MINIMAL}[upstream.headers]\n\"X-Api-Key\" = {{ env = \"NOPE\" }}\n");
+    let e = err(&text);
+    assert!(
+        e.contains("upstream[0].headers.X-Api-Key: environment variable NOPE is not set"),
+        "{e}"
+    );
+}
+
+#[test]
+fn header_value_needs_exactly_one_source() {
+    let text =
+        format!("{MINIMAL}[upstream.headers]\n\"X-Api-Key\" = {{ value = \"a\", env = \"B\" }}\n");
+    assert!(err(&text).contains("exactly one of"));
+}
+
+#[test]
+fn hop_by_hop_headers_cannot_be_injected() {
+    let text = format!("{MINIMAL}[upstream.headers]\n\"Connection\" = {{ value = \"close\" }}\n");
+    assert!(err(&text).contains("managed by the proxy"));
+}
+
+#[test]
+fn secret_from_file_has_trailing_newline_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "abc\n").unwrap();
+    let text = format!(
+        "{MINIMAL}[upstream.headers]\n\"Authorization\" = {{ file = \"token\", prefix = \"Bearer \" }}\n"
+    );
+    let c = load_str(&text, Path::new("t.toml"), dir.path(), &|_| None).unwrap();
+    assert_eq!(c.upstreams[0].inject[0].1.header_value(), "Bearer abc");
+}

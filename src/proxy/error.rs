@@ -1,0 +1,271 @@
+//! Everything that can go wrong on the request path, and the one place where an
+//! error becomes an HTTP response.
+//!
+//! Rules (from the product brief and the MCP transport spec):
+//! - bad input is refused before anything reaches the upstream, with a precise
+//!   JSON-RPC error: malformed JSON `-32700` / not JSON-RPC `-32600` with HTTP
+//!   400, oversized body 413, wrong content type 415;
+//! - decisions (denials, caps, approvals) are never errors here: they are
+//!   JSON-RPC answers with HTTP 200, built by the decision step;
+//! - upstream failures become a JSON-RPC error naming the upstream and the
+//!   cause, HTTP 200 when there is a request id to answer (so MCP clients
+//!   read it as an answer, not a transport failure), 502 otherwise;
+//! - only a missing or invalid token is a 401 (with `WWW-Authenticate`).
+//!
+//! [`ProxyError::into_response`] is an exhaustive `match`: a new variant does
+//! not compile until someone decides its status.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::json;
+
+use crate::mcp::jsonrpc::{self, Id, ParseError};
+
+use super::body::{full, Body};
+
+/// Codes the firewall itself answers with, outside the JSON-RPC reserved range
+/// (-32768..-32000) as MCP asks of application errors. Stable: clients may
+/// match on them.
+pub mod codes {
+    /// The policy refused this call (gate `deny`, a condition, a role limit).
+    pub const DENIED: i32 = -31001;
+    /// A person must approve this exact call first.
+    pub const APPROVAL_REQUIRED: i32 = -31002;
+    /// A rate limit refused the call; `data.retry_after_ms` says when to retry.
+    pub const RATE_LIMITED: i32 = -31003;
+    /// The upstream could not be reached or failed; `data` names it and the cause.
+    pub const UPSTREAM_ERROR: i32 = -31004;
+    /// The audit trail cannot record this call and the policy is fail-closed.
+    pub const AUDIT_UNAVAILABLE: i32 = -31005;
+    /// MCP 2026-07-28 `HeaderMismatch`: an `Mcp-*` header disagrees with the body.
+    pub const HEADER_MISMATCH: i32 = -32020;
+}
+
+/// Why a forwarded request failed at or on the way to the upstream.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamFailure {
+    /// TCP connect refused, DNS failure, TLS handshake failure.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// No response headers within the request timeout.
+    #[error("no response within {0} ms")]
+    Timeout(u64),
+    /// The body went silent longer than the idle timeout.
+    #[error("response stalled for more than {0} ms")]
+    Idle(u64),
+    /// The connection broke while the response was being read.
+    #[error("connection reset while reading the response: {0}")]
+    Reset(String),
+    /// The upstream answered with a server error status.
+    #[error("upstream answered HTTP {0}")]
+    Status(u16),
+    /// The response could not be understood.
+    #[error("invalid response: {0}")]
+    Invalid(String),
+    /// The response is larger than the firewall buffers for inspection.
+    #[error("response larger than {0} bytes")]
+    TooLarge(usize),
+}
+
+/// An error on the request path.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// `/mcp/<name>` names no upstream this caller may reach.
+    #[error("no upstream named {0:?}")]
+    UnknownUpstream(String),
+    /// A path the firewall does not serve.
+    #[error("not found")]
+    NotFound,
+    /// An HTTP method the MCP endpoint does not accept.
+    #[error("method {0} is not allowed on an MCP endpoint")]
+    MethodNotAllowed(http::Method),
+    /// POST without `Content-Type: application/json`.
+    #[error("content type must be application/json, got {0:?}")]
+    UnsupportedMediaType(String),
+    /// The request body is larger than the configured limit.
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The client's body could not be read.
+    #[error("cannot read request body: {0}")]
+    BodyRead(String),
+    /// The body is not acceptable JSON-RPC.
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    /// A JSON-RPC rule that holds for the whole body (batches in a revision
+    /// without them, a response-only POST in 2026-07-28...).
+    #[error("{message}")]
+    InvalidRequest {
+        /// What is wrong.
+        message: String,
+    },
+    /// `Mcp-Method` / `Mcp-Name` / `Mcp-Param-*` disagree with the body.
+    #[error("header mismatch: {message}")]
+    HeaderMismatch {
+        /// The id of the request, when it has one.
+        id: Option<Id>,
+        /// Which header, which values.
+        message: String,
+    },
+    /// The upstream failed; `ids` are the requests left unanswered.
+    #[error("upstream {upstream:?}: {failure}")]
+    Upstream {
+        /// The upstream's name.
+        upstream: String,
+        /// What happened.
+        failure: UpstreamFailure,
+        /// Requests to answer with an error.
+        ids: Vec<Id>,
+    },
+    /// The server is at its concurrency limit.
+    #[error("overloaded")]
+    Overloaded,
+}
+
+// === impl ProxyError ===
+
+impl ProxyError {
+    /// The HTTP response for this error. The single status mapping.
+    pub fn into_response(self) -> Response<Body> {
+        let message = self.to_string();
+        match self {
+            ProxyError::UnknownUpstream(name) => plain_json(
+                StatusCode::NOT_FOUND,
+                json!({"error": "unknown_upstream", "message": format!("no upstream named {name:?}")}),
+            ),
+            ProxyError::NotFound => plain_json(
+                StatusCode::NOT_FOUND,
+                json!({"error": "not_found", "message": "MCP endpoints are served at /mcp/<upstream>"}),
+            ),
+            ProxyError::MethodNotAllowed(_) => {
+                let mut r = rpc(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &message,
+                    None,
+                );
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                r
+            }
+            ProxyError::UnsupportedMediaType(_) => rpc(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &message,
+                None,
+            ),
+            ProxyError::BodyTooLarge { limit } => rpc(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &message,
+                Some(&json!({ "limit_bytes": limit })),
+            ),
+            ProxyError::BodyRead(_) => rpc(
+                StatusCode::BAD_REQUEST,
+                None,
+                jsonrpc::PARSE_ERROR,
+                &message,
+                None,
+            ),
+            ProxyError::Parse(e) => rpc(StatusCode::BAD_REQUEST, None, e.code(), &message, None),
+            ProxyError::InvalidRequest { .. } => rpc(
+                StatusCode::BAD_REQUEST,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &message,
+                None,
+            ),
+            ProxyError::HeaderMismatch { id, .. } => rpc(
+                StatusCode::BAD_REQUEST,
+                id.as_ref(),
+                codes::HEADER_MISMATCH,
+                &message,
+                None,
+            ),
+            ProxyError::Upstream {
+                upstream,
+                failure,
+                ids,
+            } => {
+                let data = json!({ "upstream": upstream, "cause": failure.to_string(), "stop_reason": "upstream_error" });
+                let msg = format!("upstream {upstream:?} failed: {failure}");
+                match ids.as_slice() {
+                    [] => rpc(
+                        StatusCode::BAD_GATEWAY,
+                        None,
+                        codes::UPSTREAM_ERROR,
+                        &msg,
+                        Some(&data),
+                    ),
+                    [one] => rpc(
+                        StatusCode::OK,
+                        Some(one),
+                        codes::UPSTREAM_ERROR,
+                        &msg,
+                        Some(&data),
+                    ),
+                    many => {
+                        let mut out = Vec::with_capacity(many.len() * 160);
+                        out.push(b'[');
+                        for (i, id) in many.iter().enumerate() {
+                            if i > 0 {
+                                out.push(b',');
+                            }
+                            out.extend_from_slice(&jsonrpc::error_body(
+                                Some(id),
+                                codes::UPSTREAM_ERROR,
+                                &msg,
+                                Some(&data),
+                            ));
+                        }
+                        out.push(b']');
+                        json_response(StatusCode::OK, Bytes::from(out))
+                    }
+                }
+            }
+            ProxyError::Overloaded => {
+                let mut r = rpc(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    jsonrpc::INTERNAL_ERROR,
+                    "the firewall is at its concurrency limit; retry shortly",
+                    None,
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
+        }
+    }
+}
+
+/// A JSON-RPC error response.
+pub fn rpc(
+    status: StatusCode,
+    id: Option<&Id>,
+    code: i32,
+    message: &str,
+    data: Option<&serde_json::Value>,
+) -> Response<Body> {
+    json_response(status, jsonrpc::error_body(id, code, message, data))
+}
+
+/// A response with an `application/json` body.
+pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn plain_json(status: StatusCode, v: serde_json::Value) -> Response<Body> {
+    json_response(status, Bytes::from(v.to_string()))
+}

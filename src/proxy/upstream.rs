@@ -1,0 +1,265 @@
+//! Talking to one upstream MCP server: a pooled hyper client (HTTP/1.1
+//! keep-alive or HTTP/2, plain or rustls with an optional extra CA), and the
+//! header hygiene of every forwarded request.
+//!
+//! What the upstream sees from the client is decided here and nowhere else:
+//! hop-by-hop headers, `Host`, `Authorization`, the tool-token header and any
+//! identity header the firewall sets are removed from the client's request;
+//! `X-Forwarded-For` / `X-Forwarded-Proto` are set from the connection (never
+//! trusted from the client); the upstream's own credentials are injected last.
+//! `Accept-Encoding` is forced to `identity` because the firewall must read
+//! (and sometimes rewrite) what comes back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+
+use crate::config::{is_hop_by_hop, Upstream};
+use crate::server::listener::ConnInfo;
+
+use super::error::UpstreamFailure;
+
+/// A client for one upstream.
+pub struct UpstreamClient {
+    /// The validated config of this upstream.
+    pub config: Arc<Upstream>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// Headers stripped from every client request before forwarding: the
+    /// token headers and the identity headers the firewall owns.
+    strip: Arc<[HeaderName]>,
+}
+
+/// Why an upstream client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The CA file is unreadable or holds no certificate.
+    #[error("upstream {upstream:?}: ca_file {path}: {reason}")]
+    CaFile {
+        /// Upstream name.
+        upstream: String,
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// What to forward.
+pub struct Forward<'a> {
+    /// HTTP method (POST, GET or DELETE).
+    pub method: Method,
+    /// The client's headers, to be cleaned.
+    pub headers: &'a HeaderMap,
+    /// The client's query string, if any.
+    pub query: Option<&'a str>,
+    /// The body (empty for GET/DELETE).
+    pub body: Bytes,
+    /// The client connection.
+    pub conn: ConnInfo,
+    /// Headers set by the firewall (identity from the verified token).
+    pub set: &'a [(HeaderName, HeaderValue)],
+}
+
+// === impl UpstreamClient ===
+
+impl UpstreamClient {
+    /// Builds the client; reads the CA file if configured.
+    pub fn new(config: Arc<Upstream>, strip: Arc<[HeaderName]>) -> Result<Self, ClientError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(path) = &config.ca_file {
+            let err = |reason: String| ClientError::CaFile {
+                upstream: config.name.clone(),
+                path: path.display().to_string(),
+                reason,
+            };
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| err(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(err("no CERTIFICATE block found".to_owned()));
+            }
+            for c in certs {
+                roots.add(c).map_err(|e| err(e.to_string()))?;
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ClientError::CaFile {
+                upstream: config.name.clone(),
+                path: String::new(),
+                reason: e.to_string(),
+            })?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        // Without TCP_NODELAY, small writes wait on delayed ACKs (~40 ms).
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        http.set_keepalive(Some(Duration::from_secs(60)));
+
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let connector = if config.http2 {
+            builder.enable_all_versions().wrap_connector(http)
+        } else {
+            builder.enable_http1().wrap_connector(http)
+        };
+        let mut client = Client::builder(TokioExecutor::new());
+        client
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024);
+        if config.http2 && !config.tls {
+            // Plain-text HTTP/2 needs prior knowledge.
+            client.http2_only(true);
+        }
+        Ok(UpstreamClient {
+            client: client.build(connector),
+            config,
+            strip,
+        })
+    }
+
+    /// Sends a request and waits (bounded by the request timeout) for the
+    /// response headers.
+    pub async fn send(&self, fwd: Forward<'_>) -> Result<Response<Incoming>, UpstreamFailure> {
+        let req = self
+            .build(fwd)
+            .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
+        let timeout = self.config.request_timeout;
+        match tokio::time::timeout(timeout, self.client.request(req)).await {
+            Err(_) => Err(UpstreamFailure::Timeout(timeout.as_millis() as u64)),
+            Ok(Err(e)) => Err(classify(&e)),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+
+    fn build(&self, fwd: Forward<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
+        let uri = self.uri(fwd.query)?;
+        let mut headers = HeaderMap::with_capacity(fwd.headers.len() + 4);
+        let connection_listed = connection_tokens(fwd.headers);
+        for (name, value) in fwd.headers {
+            if is_hop_by_hop(name)
+                || connection_listed.iter().any(|t| t == name)
+                || matches!(
+                    *name,
+                    header::HOST
+                        | header::AUTHORIZATION
+                        | header::CONTENT_LENGTH
+                        | header::ACCEPT_ENCODING
+                        | header::FORWARDED
+                )
+                || name.as_str() == "x-forwarded-for"
+                || name.as_str() == "x-forwarded-proto"
+                || name.as_str() == "x-forwarded-host"
+                || self.strip.contains(name)
+            {
+                continue;
+            }
+            headers.append(name.clone(), value.clone());
+        }
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        if let Ok(v) = HeaderValue::from_str(&fwd.conn.remote.ip().to_string()) {
+            headers.insert(HeaderName::from_static("x-forwarded-for"), v);
+        }
+        headers.insert(
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderValue::from_static(if fwd.conn.tls { "https" } else { "http" }),
+        );
+        for (name, value) in fwd.set {
+            headers.insert(name.clone(), value.clone());
+        }
+        for (name, secret) in &self.config.inject {
+            headers.insert(name.clone(), secret.header_value().clone());
+        }
+        if let Some(authority) = self.config.url.authority() {
+            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+                headers.insert(header::HOST, v);
+            }
+        }
+        let mut req = Request::builder()
+            .method(fwd.method)
+            .uri(uri)
+            .body(Full::new(fwd.body))?;
+        *req.headers_mut() = headers;
+        Ok(req)
+    }
+
+    fn uri(&self, query: Option<&str>) -> Result<Uri, http::Error> {
+        let base = &self.config.url;
+        let Some(q) = query.filter(|q| !q.is_empty()) else {
+            return Ok(base.clone());
+        };
+        let pq = match base.query() {
+            Some(bq) => format!("{}?{bq}&{q}", base.path()),
+            None => format!("{}?{q}", base.path()),
+        };
+        let mut parts = base.clone().into_parts();
+        parts.path_and_query = Some(pq.parse()?);
+        Ok(Uri::from_parts(parts)?)
+    }
+}
+
+/// Header names listed in the client's `Connection` header: hop-by-hop too.
+fn connection_tokens(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Turns a client error into a failure the agent can act on.
+fn classify(e: &hyper_util::client::legacy::Error) -> UpstreamFailure {
+    let mut msg = e.to_string();
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    if e.is_connect() {
+        UpstreamFailure::Connect(msg)
+    } else {
+        UpstreamFailure::Reset(msg)
+    }
+}
+
+/// Copies an upstream response's headers for the client, dropping
+/// hop-by-hop headers and those the firewall recomputes.
+pub fn response_headers(upstream: &HeaderMap) -> HeaderMap {
+    let listed = connection_tokens(upstream);
+    let mut out = HeaderMap::with_capacity(upstream.len());
+    for (name, value) in upstream {
+        if is_hop_by_hop(name)
+            || listed.iter().any(|t| t == name)
+            || *name == header::CONTENT_LENGTH
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
