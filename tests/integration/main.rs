@@ -1,0 +1,7 @@
+//! The integration suite: one test binary, real peers (MCP servers and
+//! clients from the official Rust SDK, scripted raw HTTP upstreams for failure
+//! modes, a real ClickHouse server), no mocks of MCP.
+
+mod common;
+mod input;
+mod upstream_failures;
