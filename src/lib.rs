@@ -10,6 +10,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod mcp;
+pub mod policy;
 pub mod proxy;
 pub mod server;
 pub mod telemetry;
