@@ -20,7 +20,9 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ErrorData, RoleClient, ServiceExt};
+use rmcp::{
+    ClientHandler, ClientLifecycleMode, ClientServiceExt, ErrorData, RoleClient, ServiceExt,
+};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -134,8 +136,11 @@ impl ClientHandler for TestClient {
         if self.0.elicitation {
             capabilities.elicitation = Some(ElicitationCapability::default());
         }
-        ClientConfig::new(capabilities, Implementation::new("demo-test-client", "1.0.0"))
-            .with_protocol_version(self.0.era.version())
+        ClientConfig::new(
+            capabilities,
+            Implementation::new("demo-test-client", "1.0.0"),
+        )
+        .with_protocol_version(self.0.era.version())
     }
 }
 
@@ -189,7 +194,11 @@ async fn connect_with(client: TestClient, config: StreamableHttpClientTransportC
 }
 
 async fn connect(url: &str, client: TestClient) -> Client {
-    connect_with(client, StreamableHttpClientTransportConfig::with_uri(url.to_owned())).await
+    connect_with(
+        client,
+        StreamableHttpClientTransportConfig::with_uri(url.to_owned()),
+    )
+    .await
 }
 
 fn args(value: Value) -> JsonObject {
@@ -212,7 +221,10 @@ fn text(result: &CallToolResult) -> &str {
 }
 
 fn structured(result: &CallToolResult) -> &Value {
-    result.structured_content.as_ref().expect("structured content")
+    result
+        .structured_content
+        .as_ref()
+        .expect("structured content")
 }
 
 const READ_ONLY: [&str; 8] = [
@@ -255,21 +267,38 @@ async fn lists_fourteen_tools_with_honest_annotations_in_every_era() {
         }
         for name in WRITE {
             let a = annotations(&tools, name).expect("annotated");
-            assert_eq!((a.read_only_hint, a.destructive_hint), (Some(false), Some(false)), "{name}");
+            assert_eq!(
+                (a.read_only_hint, a.destructive_hint),
+                (Some(false), Some(false)),
+                "{name}"
+            );
         }
         for name in DESTRUCTIVE {
             let a = annotations(&tools, name).expect("annotated");
-            assert_eq!((a.read_only_hint, a.destructive_hint), (Some(false), Some(true)), "{name}");
+            assert_eq!(
+                (a.read_only_hint, a.destructive_hint),
+                (Some(false), Some(true)),
+                "{name}"
+            );
         }
         assert!(annotations(&tools, "rollback_deployment_unsafe").is_none());
 
-        let rollback = tools.iter().find(|t| t.name == "rollback_deployment").expect("listed");
+        let rollback = tools
+            .iter()
+            .find(|t| t.name == "rollback_deployment")
+            .expect("listed");
         let schema = Value::Object(rollback.input_schema.as_ref().clone());
         assert_eq!(schema["type"], "object");
         assert_eq!(schema["required"], json!(["deployment_id", "reason"]));
-        assert_eq!(schema["properties"]["deployment_id"]["pattern"], "^dep-[0-9]+$");
+        assert_eq!(
+            schema["properties"]["deployment_id"]["pattern"],
+            "^dep-[0-9]+$"
+        );
         assert_eq!(schema["additionalProperties"], false);
-        let restart = tools.iter().find(|t| t.name == "restart_service").expect("listed");
+        let restart = tools
+            .iter()
+            .find(|t| t.name == "restart_service")
+            .expect("listed");
         assert_eq!(
             restart.input_schema["properties"]["namespace"]["enum"],
             json!(["prod", "staging"])
@@ -298,21 +327,33 @@ async fn read_tools_return_deterministic_content_in_every_era() {
         let csv_text = text(&csv).to_owned();
         assert_eq!(csv_text.lines().count(), 4);
         assert!(csv_text.starts_with("unix_ts,service,namespace,"));
-        seen.push((text(&incident).to_owned(), structured(&incident).clone(), csv_text));
+        seen.push((
+            text(&incident).to_owned(),
+            structured(&incident).clone(),
+            csv_text,
+        ));
         assert_eq!(upstream.calls("get_incident"), 1);
         assert_eq!(upstream.calls("export_metrics_csv"), 1);
         assert_eq!(upstream.total_calls(), 2);
         client.cancel().await.expect("close client");
         upstream.shutdown().await;
     }
-    assert!(seen.windows(2).all(|w| w[0] == w[1]), "content differs between runs");
+    assert!(
+        seen.windows(2).all(|w| w[0] == w[1]),
+        "content differs between runs"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_ids_are_tool_errors_and_still_count() {
     let upstream = upstream(options(true)).await;
     let client = connect(&upstream.url(), TestClient::new(Era::V2026_07_28)).await;
-    let result = call(&client, "get_deployment", json!({"deployment_id": "dep-9999"})).await;
+    let result = call(
+        &client,
+        "get_deployment",
+        json!({"deployment_id": "dep-9999"}),
+    )
+    .await;
     assert_eq!(result.is_error, Some(true));
     assert!(text(&result).contains("unknown deployment `dep-9999`"));
     assert_eq!(upstream.calls("get_deployment"), 1);
@@ -338,7 +379,10 @@ async fn write_and_destructive_tools_change_state_and_count() {
         .await;
         assert_eq!(structured(&posted)["note_number"], 3);
         let incident = call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
-        assert_eq!(structured(&incident)["notes"][2]["text"], "rolling back dep-1042");
+        assert_eq!(
+            structured(&incident)["notes"][2]["text"],
+            "rolling back dep-1042"
+        );
 
         let rolled = call(
             &client,
@@ -354,7 +398,12 @@ async fn write_and_destructive_tools_change_state_and_count() {
         )
         .await;
         assert_eq!(structured(&unsafe_rolled)["live_deployment"], "dep-1031");
-        let health = call(&client, "get_service_health", json!({"service": "checkout"})).await;
+        let health = call(
+            &client,
+            "get_service_health",
+            json!({"service": "checkout"}),
+        )
+        .await;
         assert_eq!(structured(&health)["version"], "v2.13.0");
 
         assert_eq!(upstream.calls("post_incident_note"), 1);
@@ -374,7 +423,10 @@ async fn progress_notifications_arrive_before_the_result() {
         let state = Arc::clone(&client.0);
         let client = connect(&upstream.url(), client).await;
         for (tool, arguments) in [
-            ("export_metrics_csv", json!({"service": "search", "points": 10})),
+            (
+                "export_metrics_csv",
+                json!({"service": "search", "points": 10}),
+            ),
             (
                 "rollback_deployment",
                 json!({"deployment_id": "dep-1042", "reason": "INC-1001"}),
@@ -477,10 +529,17 @@ async fn confirmed_note_is_posted_only_when_the_user_accepts() {
             .await;
             assert_ne!(result.is_error, Some(true), "{}", text(&result));
             let accepted = action == ElicitationAction::Accept;
-            assert_eq!(structured(&result)["posted"], accepted, "{era:?} {action:?}");
+            assert_eq!(
+                structured(&result)["posted"],
+                accepted,
+                "{era:?} {action:?}"
+            );
             assert_eq!(state.elicitations.load(Ordering::SeqCst), 1);
             let incident = call(&client, "get_incident", json!({"incident_id": "INC-1002"})).await;
-            let notes = structured(&incident)["notes"].as_array().expect("notes").len();
+            let notes = structured(&incident)["notes"]
+                .as_array()
+                .expect("notes")
+                .len();
             assert_eq!(notes, if accepted { 2 } else { 1 }, "{era:?} {action:?}");
             client.cancel().await.expect("close client");
             upstream.shutdown().await;
@@ -502,7 +561,13 @@ async fn confirmation_without_elicitation_capability_posts_nothing() {
         .await;
         assert_eq!(result.is_error, Some(true));
         let incident = call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
-        assert_eq!(structured(&incident)["notes"].as_array().expect("notes").len(), 2);
+        assert_eq!(
+            structured(&incident)["notes"]
+                .as_array()
+                .expect("notes")
+                .len(),
+            2
+        );
         client.cancel().await.expect("close client");
         upstream.shutdown().await;
     }
@@ -540,7 +605,12 @@ async fn renamed_tool_is_announced_to_session_clients() {
         .collect();
     assert!(names.contains(&"get_incident_v2".to_owned()));
     assert!(!names.contains(&"get_incident".to_owned()));
-    let renamed = call(&client, "get_incident_v2", json!({"incident_id": "INC-1003"})).await;
+    let renamed = call(
+        &client,
+        "get_incident_v2",
+        json!({"incident_id": "INC-1003"}),
+    )
+    .await;
     assert_eq!(structured(&renamed)["status"], "resolved");
     assert_eq!(upstream.calls("get_incident_v2"), 1);
 
@@ -558,7 +628,9 @@ async fn renamed_tool_is_announced_to_session_clients() {
     assert_eq!(structured(&echoed)["arguments"]["table"], "orders");
     assert_eq!(
         upstream.rename_tool("nope", "x").await,
-        Err(demo::ToolCatalogError::UnknownTool { name: "nope".into() })
+        Err(demo::ToolCatalogError::UnknownTool {
+            name: "nope".into()
+        })
     );
     client.cancel().await.expect("close client");
     upstream.shutdown().await;
@@ -572,8 +644,14 @@ async fn tool_changes_reach_modern_listeners() {
         .listen(SubscriptionFilter::builder().tools_list_changed().build())
         .await
         .expect("subscriptions/listen");
-    wait_until("the listener to start", || upstream.subscription_count() == 1).await;
-    upstream.remove_tool("restart_service").await.expect("remove");
+    wait_until("the listener to start", || {
+        upstream.subscription_count() == 1
+    })
+    .await;
+    upstream
+        .remove_tool("restart_service")
+        .await
+        .expect("remove");
     let notification = tokio::time::timeout(WAIT, subscription.next())
         .await
         .expect("notification in time")
@@ -583,7 +661,9 @@ async fn tool_changes_reach_modern_listeners() {
         notification,
         ServerNotification::ToolListChangedNotification(_)
     ));
-    assert!(!upstream.tool_names().contains(&"restart_service".to_owned()));
+    assert!(!upstream
+        .tool_names()
+        .contains(&"restart_service".to_owned()));
     subscription.cancel().await.expect("cancel subscription");
     client.cancel().await.expect("close client");
     upstream.shutdown().await;
@@ -599,7 +679,11 @@ async fn request_headers_are_recorded() {
     let requests = upstream.recorded_requests();
     let tools_call = requests
         .iter()
-        .find(|r| r.headers.get("mcp-method").is_some_and(|m| m == "tools/call"))
+        .find(|r| {
+            r.headers
+                .get("mcp-method")
+                .is_some_and(|m| m == "tools/call")
+        })
         .expect("the tools/call request was recorded");
     assert_eq!(tools_call.method, http::Method::POST);
     assert_eq!(tools_call.headers["authorization"], "Bearer s3cret");
@@ -648,7 +732,11 @@ async fn raw_post(url: &str, host: Option<&str>, body: &Value, tool: &str) -> re
 async fn modern_json_mode_answers_json_without_progress_token_and_sse_with_one() {
     let upstream = upstream(options(true)).await;
     let url = upstream.url();
-    let plain = modern_call_body("export_metrics_csv", json!({"service": "auth", "points": 2}), None);
+    let plain = modern_call_body(
+        "export_metrics_csv",
+        json!({"service": "auth", "points": 2}),
+        None,
+    );
     let response = raw_post(&url, None, &plain, "export_metrics_csv").await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "application/json");
@@ -666,8 +754,14 @@ async fn modern_json_mode_answers_json_without_progress_token_and_sse_with_one()
     );
     let response = raw_post(&url, None, &with_token, "export_metrics_csv").await;
     assert_eq!(response.status(), 200);
-    let content_type = response.headers()["content-type"].to_str().expect("ascii").to_owned();
-    assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
     let sse = response.text().await.expect("sse body");
     let progress_at = sse.find("notifications/progress").expect("progress event");
     let result_at = sse.find("\"result\"").expect("result event");
@@ -687,7 +781,11 @@ async fn proxy_hosts_on_any_loopback_port_are_accepted_and_others_refused() {
     }
     let response = raw_post(&url, Some("evil.example:80"), &body, "list_incidents").await;
     assert_eq!(response.status(), 403);
-    assert_eq!(upstream.requests().len(), 4, "rejected requests are recorded too");
+    assert_eq!(
+        upstream.requests().len(),
+        4,
+        "rejected requests are recorded too"
+    );
     assert_eq!(upstream.calls("list_incidents"), 3);
     upstream.shutdown().await;
 }
@@ -731,4 +829,3 @@ async fn cleartext_http2_is_served() {
     assert_eq!(body["result"]["structuredContent"]["status"], "mitigated");
     upstream.shutdown().await;
 }
-

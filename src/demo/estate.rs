@@ -977,7 +977,15 @@ struct Sample {
 /// extra p99, extra errors per 10k).
 const METRIC_INCIDENTS: [(Service, Namespace, u64, u64, u64, u64, u64); 2] = [
     // INC-1001: dep-1042 went live at 16:45.
-    (Service::Checkout, Namespace::Prod, 1_005, 1_440, 6, 380, 830),
+    (
+        Service::Checkout,
+        Namespace::Prod,
+        1_005,
+        1_440,
+        6,
+        380,
+        830,
+    ),
     // INC-1002: the stale cache degraded search from 07:30.
     (Service::Search, Namespace::Prod, 450, 1_440, 40, 1_900, 0),
 ];
@@ -1117,7 +1125,11 @@ impl State {
         let Some(deployment) = DEPLOYMENTS.get(index) else {
             return "unknown";
         };
-        match self.stacks.get(deployment.instance()).and_then(|s| s.last()) {
+        match self
+            .stacks
+            .get(deployment.instance())
+            .and_then(|s| s.last())
+        {
             Some(&live) if live == index => "live",
             _ => "superseded",
         }
@@ -1232,7 +1244,8 @@ impl Estate {
         let mut items = Vec::with_capacity(INCIDENTS.len());
         for incident in INCIDENTS {
             let current = state.incident_status(incident);
-            if status.is_some_and(|s| s != current) || service.is_some_and(|s| s != incident.service)
+            if status.is_some_and(|s| s != current)
+                || service.is_some_and(|s| s != incident.service)
             {
                 continue;
             }
@@ -1697,7 +1710,12 @@ impl Estate {
 
     /// Checks that a note could be posted, without posting it. Lets a tool
     /// refuse bad input before it asks a human to confirm it.
-    pub fn check_note(&self, incident_id: &str, author: &str, note: &str) -> Result<(), EstateError> {
+    pub fn check_note(
+        &self,
+        incident_id: &str,
+        author: &str,
+        note: &str,
+    ) -> Result<(), EstateError> {
         find_incident(incident_id).ok_or_else(|| EstateError::UnknownIncident {
             id: incident_id.to_owned(),
         })?;

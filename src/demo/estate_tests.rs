@@ -26,8 +26,16 @@ fn metrics_csv_has_header_and_requested_rows() {
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines.len(), 6);
     assert_eq!(lines[0], METRICS_CSV_HEADER);
-    assert!(lines[1].starts_with("1773187200,payments,staging,"), "{}", lines[1]);
-    assert!(lines[5].starts_with("1773187440,payments,staging,"), "{}", lines[5]);
+    assert!(
+        lines[1].starts_with("1773187200,payments,staging,"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[5].starts_with("1773187440,payments,staging,"),
+        "{}",
+        lines[5]
+    );
     assert!(lines.iter().skip(1).all(|l| l.split(',').count() == 7));
 }
 
@@ -70,7 +78,11 @@ fn checkout_errors_jump_when_the_bad_deploy_goes_live() {
         .expect("csv");
     let error_rate = |minute: usize| -> f64 {
         let line = csv.lines().nth(minute + 1).expect("row");
-        line.split(',').nth(5).expect("error_rate").parse().expect("number")
+        line.split(',')
+            .nth(5)
+            .expect("error_rate")
+            .parse()
+            .expect("number")
     };
     assert!(error_rate(1_004) < 0.01, "before: {}", error_rate(1_004));
     assert!(error_rate(1_005) > 0.08, "after: {}", error_rate(1_005));
@@ -85,7 +97,10 @@ fn rollback_of_live_deployment_moves_version_and_mitigates_incident() {
 
     let done = estate.rollback("dep-1042", "INC-1001").expect("rollback");
     assert_eq!(structured(&done)["to_version"], "v2.14.0");
-    assert_eq!(structured(&done)["mitigated_incidents"], json!(["INC-1001"]));
+    assert_eq!(
+        structured(&done)["mitigated_incidents"],
+        json!(["INC-1001"])
+    );
 
     let after = estate.service_health(Service::Checkout, Namespace::Prod);
     assert_eq!(structured(&after)["version"], "v2.14.0");
@@ -164,11 +179,15 @@ fn restart_clears_stale_cache_and_mitigates_latency_incident() {
 #[test]
 fn notes_are_appended_numbered_and_validated() {
     let estate = Estate::new();
-    let posted = estate.post_note("INC-1002", "sre", "cache rebuilt").expect("note");
+    let posted = estate
+        .post_note("INC-1002", "sre", "cache rebuilt")
+        .expect("note");
     assert_eq!(structured(&posted)["note_number"], 2);
     let incident = estate.get_incident("INC-1002").expect("incident");
     assert_eq!(structured(&incident)["notes"][1]["text"], "cache rebuilt");
-    assert!(incident.text.contains("#2 (posted during this session) sre: cache rebuilt"));
+    assert!(incident
+        .text
+        .contains("#2 (posted during this session) sre: cache rebuilt"));
     let long = "x".repeat(MAX_NOTE_CHARS + 1);
     assert_eq!(
         estate.post_note("INC-1002", "sre", &long),
@@ -189,7 +208,12 @@ fn findings_get_sequential_ids_and_store_audits() {
     let estate = Estate::new();
     let evidence = vec!["dep-1042 removes the idempotency key".to_owned()];
     let first = estate
-        .record_finding("INC-1001", "retries lack idempotency", FindingSeverity::Critical, &evidence)
+        .record_finding(
+            "INC-1001",
+            "retries lack idempotency",
+            FindingSeverity::Critical,
+            &evidence,
+        )
         .expect("finding");
     assert_eq!(structured(&first)["finding_id"], "F-1");
     let second = estate
@@ -203,7 +227,11 @@ fn findings_get_sequential_ids_and_store_audits() {
     assert_eq!(Estate::rule_verdict(&empty), Verdict::NeedsMoreEvidence);
 
     let audit = estate
-        .record_audit("F-1", Verdict::Rejected, AuditSource::Sampling { model: "m".into() })
+        .record_audit(
+            "F-1",
+            Verdict::Rejected,
+            AuditSource::Sampling { model: "m".into() },
+        )
         .expect("audit");
     assert_eq!(structured(&audit)["source"], "sampling");
     let incident = estate.get_incident("INC-1001").expect("incident");
@@ -245,7 +273,10 @@ fn list_filters_apply() {
     let deployments = estate
         .list_recent_deployments(Some(Service::Checkout), Some(Namespace::Prod), 2)
         .expect("list");
-    assert_eq!(structured(&deployments)["deployments"][0]["deployment_id"], "dep-1042");
+    assert_eq!(
+        structured(&deployments)["deployments"][0]["deployment_id"],
+        "dep-1042"
+    );
     assert_eq!(structured(&deployments)["count"], 2);
     assert!(estate.list_recent_deployments(None, None, 0).is_err());
 }
@@ -253,8 +284,14 @@ fn list_filters_apply() {
 #[test]
 fn verdicts_are_read_from_free_text() {
     assert_eq!(Verdict::from_reply("Rejected."), Verdict::Rejected);
-    assert_eq!(Verdict::from_reply("not confirmed: rejected"), Verdict::Rejected);
+    assert_eq!(
+        Verdict::from_reply("not confirmed: rejected"),
+        Verdict::Rejected
+    );
     assert_eq!(Verdict::from_reply("confirmed"), Verdict::Confirmed);
-    assert_eq!(Verdict::from_reply("needs more evidence"), Verdict::NeedsMoreEvidence);
+    assert_eq!(
+        Verdict::from_reply("needs more evidence"),
+        Verdict::NeedsMoreEvidence
+    );
     assert_eq!(Verdict::from_reply("no idea"), Verdict::NeedsMoreEvidence);
 }

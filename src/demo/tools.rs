@@ -29,7 +29,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
-use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState, ToolCallContext};
+use rmcp::handler::server::tool::{
+    InputResponses as ToolInputResponses, RequestState, ToolCallContext,
+};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientResult,
@@ -223,7 +225,8 @@ impl Shared {
             edit(&mut router)?;
             self.catalog.store(Arc::new(Catalog::new(router)));
         }
-        self.tools_changed.send_modify(|generation| *generation += 1);
+        self.tools_changed
+            .send_modify(|generation| *generation += 1);
         let peers: Vec<Peer<RoleServer>> = self
             .sessions
             .lock()
@@ -252,13 +255,14 @@ impl Shared {
 
     pub(crate) async fn rename_tool(&self, from: &str, to: &str) -> Result<(), ToolCatalogError> {
         self.edit_catalog(|router| {
-            let mut route = router
-                .map
-                .get(from)
-                .cloned()
-                .ok_or_else(|| ToolCatalogError::UnknownTool {
-                    name: from.to_owned(),
-                })?;
+            let mut route =
+                router
+                    .map
+                    .get(from)
+                    .cloned()
+                    .ok_or_else(|| ToolCatalogError::UnknownTool {
+                        name: from.to_owned(),
+                    })?;
             if router.has_route(to) {
                 return Err(ToolCatalogError::ToolExists {
                     name: to.to_owned(),
@@ -561,9 +565,9 @@ fn audit_request(brief: &FindingBrief) -> CreateMessageRequestParams {
 fn reply_text(result: &CreateMessageResult) -> String {
     match &result.message.content {
         SamplingContent::Single(block) => block.as_text().map(|t| t.text.clone()),
-        SamplingContent::Multiple(blocks) => {
-            blocks.iter().find_map(|b| b.as_text().map(|t| t.text.clone()))
-        }
+        SamplingContent::Multiple(blocks) => blocks
+            .iter()
+            .find_map(|b| b.as_text().map(|t| t.text.clone())),
     }
     .unwrap_or_default()
 }
@@ -599,16 +603,27 @@ impl DemoTools {
     #[tool(
         name = "list_incidents",
         description = "List incidents, optionally filtered by status and service.",
-        annotations(title = "List incidents", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "List incidents",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn list_incidents(&self, Parameters(args): Parameters<ListIncidentsArgs>) -> CallToolResult {
+    async fn list_incidents(
+        &self,
+        Parameters(args): Parameters<ListIncidentsArgs>,
+    ) -> CallToolResult {
         success(self.shared.estate.list_incidents(args.status, args.service))
     }
 
     #[tool(
         name = "get_service_health",
         description = "Current health of a service: version, replicas, latency, error rate, open incidents.",
-        annotations(title = "Get service health", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Get service health",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn get_service_health(&self, Parameters(args): Parameters<HealthArgs>) -> CallToolResult {
         success(
@@ -621,7 +636,11 @@ impl DemoTools {
     #[tool(
         name = "list_recent_deployments",
         description = "List deployments, newest first, optionally filtered by service and namespace.",
-        annotations(title = "List recent deployments", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "List recent deployments",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn list_recent_deployments(
         &self,
@@ -637,7 +656,11 @@ impl DemoTools {
     #[tool(
         name = "get_deployment",
         description = "Get one deployment: version, author, time, commit, status and predecessor.",
-        annotations(title = "Get deployment", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Get deployment",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn get_deployment(&self, Parameters(args): Parameters<DeploymentArgs>) -> CallToolResult {
         answer(self.shared.estate.get_deployment(&args.deployment_id))
@@ -646,16 +669,27 @@ impl DemoTools {
     #[tool(
         name = "get_deployment_diff",
         description = "Get the unified diff a deployment shipped, with per-file line counts.",
-        annotations(title = "Get deployment diff", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Get deployment diff",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn get_deployment_diff(&self, Parameters(args): Parameters<DeploymentArgs>) -> CallToolResult {
+    async fn get_deployment_diff(
+        &self,
+        Parameters(args): Parameters<DeploymentArgs>,
+    ) -> CallToolResult {
         answer(self.shared.estate.deployment_diff(&args.deployment_id))
     }
 
     #[tool(
         name = "export_metrics_csv",
         description = "Export raw one-minute metric samples of a service as CSV text (no analysis). Reports progress when the request carries a progress token.",
-        annotations(title = "Export metrics (CSV)", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Export metrics (CSV)",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn export_metrics_csv(
         &self,
@@ -664,11 +698,19 @@ impl DemoTools {
     ) -> CallToolResult {
         let namespace = args.namespace.unwrap_or(Namespace::Prod);
         let points = args.points.unwrap_or(60);
-        let csv = match self.shared.estate.metrics_csv(args.service, namespace, points) {
+        let csv = match self
+            .shared
+            .estate
+            .metrics_csv(args.service, namespace, points)
+        {
             Ok(csv) => csv,
             Err(error) => return tool_error(error.to_string()),
         };
-        if self.report_progress(&context, "exporting samples").await.is_err() {
+        if self
+            .report_progress(&context, "exporting samples")
+            .await
+            .is_err()
+        {
             return tool_error("export cancelled by the client");
         }
         CallToolResult::success(vec![ContentBlock::text(csv)])
@@ -677,9 +719,16 @@ impl DemoTools {
     #[tool(
         name = "preview_remediation",
         description = "Describe what a rollback or restart would do, without changing anything.",
-        annotations(title = "Preview remediation", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Preview remediation",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn preview_remediation(&self, Parameters(args): Parameters<PreviewArgs>) -> CallToolResult {
+    async fn preview_remediation(
+        &self,
+        Parameters(args): Parameters<PreviewArgs>,
+    ) -> CallToolResult {
         match args.action {
             RemediationAction::Rollback => match args.deployment_id {
                 Some(id) => answer(self.shared.estate.preview_rollback(&id)),
@@ -744,7 +793,10 @@ impl DemoTools {
             .into());
         }
         let action = if is_modern(&context) {
-            let expected = bound_state("post_incident_note", &[&args.incident_id, author, &args.note]);
+            let expected = bound_state(
+                "post_incident_note",
+                &[&args.incident_id, author, &args.note],
+            );
             let answer = input_responses
                 .as_ref()
                 .and_then(|responses| responses.get(CONFIRM_INPUT_KEY));
@@ -789,7 +841,9 @@ impl DemoTools {
             }
         };
         Ok(match action {
-            ElicitationAction::Accept => answer(estate.post_note(&args.incident_id, author, &args.note)),
+            ElicitationAction::Accept => {
+                answer(estate.post_note(&args.incident_id, author, &args.note))
+            }
             other => not_posted(&args.incident_id, other),
         }
         .into())
@@ -806,7 +860,10 @@ impl DemoTools {
             open_world_hint = false
         )
     )]
-    async fn record_finding(&self, Parameters(args): Parameters<RecordFindingArgs>) -> CallToolResult {
+    async fn record_finding(
+        &self,
+        Parameters(args): Parameters<RecordFindingArgs>,
+    ) -> CallToolResult {
         answer(self.shared.estate.record_finding(
             &args.incident_id,
             &args.summary,
@@ -874,8 +931,9 @@ impl DemoTools {
                 }
             }
         } else {
-            let request =
-                ServerRequest::CreateMessageRequest(CreateMessageRequest::new(audit_request(&brief)));
+            let request = ServerRequest::CreateMessageRequest(CreateMessageRequest::new(
+                audit_request(&brief),
+            ));
             match send_to_client(&context.peer, request).await {
                 Ok(ClientResult::CreateMessageResult(result)) => (
                     Verdict::from_reply(&reply_text(&result)),
@@ -952,7 +1010,11 @@ impl DemoTools {
         DemoTools { shared }
     }
 
-    async fn rollback(&self, args: RollbackArgs, context: &RequestContext<RoleServer>) -> CallToolResult {
+    async fn rollback(
+        &self,
+        args: RollbackArgs,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
         let estate = &self.shared.estate;
         // Refuse bad input before making the client wait through progress.
         if let Err(error) = estate.check_rollback(&args.deployment_id, &args.reason) {
@@ -1001,10 +1063,13 @@ async fn send_to_client(
     peer: &Peer<RoleServer>,
     request: ServerRequest,
 ) -> Result<ClientResult, ServiceError> {
-    peer.send_request_with_option(request, PeerRequestOptions::with_timeout(SERVER_REQUEST_TIMEOUT))
-        .await?
-        .await_response()
-        .await
+    peer.send_request_with_option(
+        request,
+        PeerRequestOptions::with_timeout(SERVER_REQUEST_TIMEOUT),
+    )
+    .await?
+    .await_response()
+    .await
 }
 
 impl ServerHandler for DemoTools {
@@ -1065,7 +1130,10 @@ impl ServerHandler for DemoTools {
         self.shared.register_session(context.peer);
     }
 
-    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
         Some(requested.supported_by(&self.get_info().capabilities))
     }
 
