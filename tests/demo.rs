@@ -507,6 +507,10 @@ async fn audit_falls_back_to_the_rule_without_sampling() {
         let audit = call(&client, "audit_finding", json!({"finding_id": "F-1"})).await;
         assert_eq!(structured(&audit)["verdict"], "needs_more_evidence");
         assert_eq!(structured(&audit)["source"], "rule");
+        assert_eq!(
+            structured(&audit)["rule_reason"],
+            "the client did not declare sampling"
+        );
         assert_eq!(state.samplings.load(Ordering::SeqCst), 0);
         client.cancel().await.expect("close client");
         upstream.shutdown().await;
@@ -827,5 +831,52 @@ async fn cleartext_http2_is_served() {
     assert_eq!(response.version(), reqwest::Version::HTTP_2);
     let body: Value = response.json().await.expect("json");
     assert_eq!(body["result"]["structuredContent"]["status"], "mitigated");
+    upstream.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_revisions_work_without_sessions() {
+    let upstream = upstream(UpstreamOptions {
+        legacy_session_mode: false,
+        ..options(true)
+    })
+    .await;
+    let client = TestClient::new(Era::V2025_11_25);
+    let state = Arc::clone(&client.0);
+    let client = connect(&upstream.url(), client).await;
+    let tools = client.list_all_tools().await.expect("tools/list");
+    assert_eq!(tools.len(), 14);
+    let posted = call(
+        &client,
+        "post_incident_note",
+        json!({"incident_id": "INC-1004", "note": "consumers scaled"}),
+    )
+    .await;
+    assert_eq!(structured(&posted)["note_number"], 2);
+    call(
+        &client,
+        "record_finding",
+        json!({"incident_id": "INC-1004", "summary": "shared queue is saturated", "severity": "medium", "evidence": ["lag 240s"]}),
+    )
+    .await;
+    // Without a session the server cannot ask the client anything: the audit
+    // falls back to the rule and says why, the confirmation refuses to post.
+    let audit = call(&client, "audit_finding", json!({"finding_id": "F-1"})).await;
+    assert_eq!(structured(&audit)["source"], "rule");
+    let reason = structured(&audit)["rule_reason"].as_str().expect("reason");
+    assert!(reason.contains("unknown for this request"), "{reason}");
+    assert_eq!(structured(&audit)["verdict"], "confirmed");
+    let confirm = call(
+        &client,
+        "post_incident_note",
+        json!({"incident_id": "INC-1004", "note": "x", "confirm": true}),
+    )
+    .await;
+    assert_eq!(confirm.is_error, Some(true));
+    assert!(text(&confirm).contains("unknown for this request"));
+    assert_eq!(state.samplings.load(Ordering::SeqCst), 0);
+    assert_eq!(state.elicitations.load(Ordering::SeqCst), 0);
+    assert_eq!(upstream.session_count(), 0);
+    client.cancel().await.expect("close client");
     upstream.shutdown().await;
 }

@@ -304,9 +304,13 @@ pub enum AuditSource {
         /// The model the client reported.
         model: String,
     },
-    /// The deterministic rule ([`Estate::rule_verdict`]), used when the client
-    /// cannot sample.
-    Rule,
+    /// The deterministic rule ([`Estate::rule_verdict`]), used when the
+    /// client's model could not be asked.
+    Rule {
+        /// Why the model was not asked, e.g. "the client did not declare
+        /// sampling".
+        why: &'static str,
+    },
 }
 
 /// A tool's answer before it is wrapped in an MCP result: human-readable text
@@ -1810,18 +1814,19 @@ impl Estate {
             .ok_or_else(|| EstateError::UnknownFinding {
                 id: finding_id.to_owned(),
             })?;
-        let (source_name, model) = match &source {
-            AuditSource::Sampling { model } => ("sampling", Some(model.clone())),
-            AuditSource::Rule => ("rule", None),
+        let (source_name, model, why) = match &source {
+            AuditSource::Sampling { model } => ("sampling", Some(model.clone()), None),
+            AuditSource::Rule { why } => ("rule", None, Some(*why)),
         };
-        let text = match &model {
-            Some(model) => format!(
+        let text = match (&model, why) {
+            (Some(model), _) => format!(
                 "Audit of {finding_id}: {} (decided by the client's model {model}).\n",
                 verdict.as_str()
             ),
-            None => format!(
-                "Audit of {finding_id}: {} (decided by the built-in rule: the client cannot sample).\n",
-                verdict.as_str()
+            (None, why) => format!(
+                "Audit of {finding_id}: {} (decided by the built-in rule because {}).\n",
+                verdict.as_str(),
+                why.unwrap_or("sampling was not used")
             ),
         };
         finding.audit = Some((verdict, source));
@@ -1832,6 +1837,7 @@ impl Estate {
                 "verdict": verdict.as_str(),
                 "source": source_name,
                 "model": model,
+                "rule_reason": why,
             })),
         })
     }

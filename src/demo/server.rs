@@ -32,7 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::tools::{DemoTools, ProgressPlan, Shared, ToolCatalogError};
+use super::tools::{Behaviour, DemoTools, ProgressPlan, Shared, ToolCatalogError};
 
 /// Longest [`DemoUpstream::shutdown`] waits for open connections to finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -126,9 +126,12 @@ pub async fn spawn(listener: TcpListener, opts: UpstreamOptions) -> anyhow::Resu
     let addr = listener
         .local_addr()
         .context("the demo upstream's listener has no local address")?;
-    let shared = Arc::new(Shared::new(ProgressPlan {
-        steps: opts.progress_steps,
-        delay: opts.progress_delay,
+    let shared = Arc::new(Shared::new(Behaviour {
+        progress: ProgressPlan {
+            steps: opts.progress_steps,
+            delay: opts.progress_delay,
+        },
+        legacy_sessions: opts.legacy_session_mode,
     }));
     let handler = DemoTools::new(Arc::clone(&shared));
     let config = StreamableHttpServerConfig::default()

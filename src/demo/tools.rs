@@ -34,11 +34,11 @@ use rmcp::handler::server::tool::{
 };
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientResult,
-    ContentBlock, ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction,
-    ElicitationSchema, Implementation, InputRequest, InputRequests, InputRequiredResult,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
-    ResultType, SamplingContent, ServerCapabilities, ServerConfig, ServerRequest,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities,
+    ClientResult, ContentBlock, ElicitRequest, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationSchema, Implementation, InputRequest, InputRequests,
+    InputRequiredResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProtocolVersion, ResultType, SamplingContent, ServerCapabilities, ServerConfig, ServerRequest,
     SubscriptionFilter, Tool,
 };
 // Sampling is deprecated by SEP-2577 but is still part of every revision the
@@ -117,6 +117,16 @@ pub(crate) struct ProgressPlan {
     pub(crate) delay: Duration,
 }
 
+/// What a handler needs to know about how the upstream is served.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Behaviour {
+    pub(crate) progress: ProgressPlan,
+    /// Whether legacy revisions get sessions. Without them rmcp serves each
+    /// legacy request on its own and reports empty client capabilities, so
+    /// the handler must treat them as unknown.
+    pub(crate) legacy_sessions: bool,
+}
+
 /// One immutable catalog snapshot: the router plus its sorted listing, so
 /// `tools/list` copies a ready vector instead of collecting and sorting.
 struct Catalog {
@@ -145,11 +155,11 @@ pub(crate) struct Shared {
     /// Bumped on every catalog change; each 2026-07-28 `subscriptions/listen`
     /// stream watches it.
     tools_changed: tokio::sync::watch::Sender<u64>,
-    progress: ProgressPlan,
+    behaviour: Behaviour,
 }
 
 impl Shared {
-    pub(crate) fn new(progress: ProgressPlan) -> Shared {
+    pub(crate) fn new(behaviour: Behaviour) -> Shared {
         let counters = DashMap::with_capacity(TOOL_NAMES.len() * 2);
         for name in TOOL_NAMES {
             counters.insert(name.to_owned(), AtomicU64::new(0));
@@ -162,7 +172,7 @@ impl Shared {
             total: AtomicU64::new(0),
             sessions: Mutex::new(Vec::new()),
             tools_changed: tokio::sync::watch::Sender::new(0),
-            progress,
+            behaviour,
         }
     }
 
@@ -783,14 +793,20 @@ impl DemoTools {
         if !args.confirm {
             return Ok(answer(estate.post_note(&args.incident_id, author, &args.note)).into());
         }
-        let can_elicit = context
-            .client_capabilities()
-            .is_some_and(|caps| caps.elicitation.is_some());
-        if !can_elicit {
-            return Ok(tool_error(
-                "confirm=true needs the client's elicitation capability, which it did not declare; nothing was posted",
-            )
-            .into());
+        match self.client_capabilities(&context) {
+            Some(caps) if caps.elicitation.is_some() => {}
+            Some(_) => {
+                return Ok(tool_error(
+                    "confirm=true needs the client's elicitation capability, which it did not declare; nothing was posted",
+                )
+                .into())
+            }
+            None => {
+                return Ok(tool_error(format!(
+                    "confirm=true needs the client's elicitation capability, but {UNKNOWN_CAPABILITIES}; nothing was posted"
+                ))
+                .into())
+            }
         }
         let action = if is_modern(&context) {
             let expected = bound_state(
@@ -896,54 +912,15 @@ impl DemoTools {
             Ok(brief) => brief,
             Err(error) => return Ok(tool_error(error.to_string()).into()),
         };
-        let can_sample = context
-            .client_capabilities()
-            .is_some_and(|caps| caps.sampling.is_some());
-        let rule = (Estate::rule_verdict(&brief), AuditSource::Rule);
-        let (verdict, source) = if !can_sample {
-            rule
-        } else if is_modern(&context) {
-            let expected = bound_state("audit_finding", &[&brief.finding_id]);
-            let reply = input_responses
-                .as_ref()
-                .and_then(|responses| responses.get(VERDICT_INPUT_KEY));
-            match (request_state.as_deref(), reply) {
-                (Some(state), Some(reply)) if state == expected => {
-                    match serde_json::from_value::<CreateMessageResult>(reply.clone()) {
-                        Ok(result) => (
-                            Verdict::from_reply(&reply_text(&result)),
-                            AuditSource::Sampling {
-                                model: result.model,
-                            },
-                        ),
-                        Err(_) => rule,
-                    }
+        let rule = |why| (Estate::rule_verdict(&brief), AuditSource::Rule { why });
+        let (verdict, source) = match self.client_capabilities(&context) {
+            None => rule(UNKNOWN_CAPABILITIES),
+            Some(caps) if caps.sampling.is_none() => rule("the client did not declare sampling"),
+            Some(_) => {
+                match sampled_verdict(&brief, &context, request_state, input_responses).await {
+                    Step::Done(outcome) => outcome,
+                    Step::AskClient(input_required) => return Ok(input_required.into()),
                 }
-                _ => {
-                    let mut requests = InputRequests::new();
-                    requests.insert(
-                        VERDICT_INPUT_KEY.to_owned(),
-                        InputRequest::CreateMessage(CreateMessageRequest::new(audit_request(
-                            &brief,
-                        ))),
-                    );
-                    return Ok(InputRequiredResult::new(Some(requests), Some(expected)).into());
-                }
-            }
-        } else {
-            let request = ServerRequest::CreateMessageRequest(CreateMessageRequest::new(
-                audit_request(&brief),
-            ));
-            match send_to_client(&context.peer, request).await {
-                Ok(ClientResult::CreateMessageResult(result)) => (
-                    Verdict::from_reply(&reply_text(&result)),
-                    AuditSource::Sampling {
-                        model: result.model,
-                    },
-                ),
-                // The client declared sampling but could not deliver; the
-                // audit still completes, and says which way it was decided.
-                Ok(_) | Err(_) => rule,
             }
         };
         Ok(answer(estate.record_audit(&brief.finding_id, verdict, source)).into())
@@ -1010,6 +987,18 @@ impl DemoTools {
         DemoTools { shared }
     }
 
+    /// The client's capabilities, or `None` when this request cannot know
+    /// them (see [`Behaviour::legacy_sessions`]).
+    fn client_capabilities(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<ClientCapabilities> {
+        if !self.shared.behaviour.legacy_sessions && !is_modern(context) {
+            return None;
+        }
+        context.client_capabilities()
+    }
+
     async fn rollback(
         &self,
         args: RollbackArgs,
@@ -1037,7 +1026,7 @@ impl DemoTools {
         let Some(token) = context.meta.get_progress_token() else {
             return Ok(());
         };
-        let ProgressPlan { steps, delay } = self.shared.progress;
+        let ProgressPlan { steps, delay } = self.shared.behaviour.progress;
         let mut deliver = true;
         for step in 1..=steps {
             if deliver {
@@ -1054,6 +1043,72 @@ impl DemoTools {
             }
         }
         Ok(())
+    }
+}
+
+/// The next step of a tool that may need input from the client.
+enum Step<T> {
+    /// The tool has what it needs.
+    Done(T),
+    /// 2026-07-28: return this and finish on the client's retry.
+    AskClient(InputRequiredResult),
+}
+
+/// Why a tool cannot rely on client capabilities: a legacy request served
+/// without a session carries none, and no handshake state exists for it.
+const UNKNOWN_CAPABILITIES: &str =
+    "the client's capabilities are unknown for this request (a legacy request without a session)";
+
+/// Asks the client's model for a verdict on `brief`: through MRTR from
+/// 2026-07-28 on, through a `sampling/createMessage` request before. Falls back
+/// to the rule, saying why, when the answer cannot be had.
+#[allow(deprecated)]
+async fn sampled_verdict(
+    brief: &FindingBrief,
+    context: &RequestContext<RoleServer>,
+    request_state: Option<String>,
+    input_responses: Option<rmcp::model::InputResponses>,
+) -> Step<(Verdict, AuditSource)> {
+    let rule = |why| Step::Done((Estate::rule_verdict(brief), AuditSource::Rule { why }));
+    let sampled = |result: CreateMessageResult| {
+        Step::Done((
+            Verdict::from_reply(&reply_text(&result)),
+            AuditSource::Sampling {
+                model: result.model,
+            },
+        ))
+    };
+    if is_modern(context) {
+        let expected = bound_state("audit_finding", &[&brief.finding_id]);
+        let reply = input_responses
+            .as_ref()
+            .and_then(|responses| responses.get(VERDICT_INPUT_KEY));
+        return match (request_state.as_deref(), reply) {
+            (Some(state), Some(reply)) if state == expected => {
+                match serde_json::from_value::<CreateMessageResult>(reply.clone()) {
+                    Ok(result) => sampled(result),
+                    Err(_) => rule("the client's sampling reply was malformed"),
+                }
+            }
+            // First round, or a retry whose state does not match: ask (again).
+            _ => {
+                let mut requests = InputRequests::new();
+                requests.insert(
+                    VERDICT_INPUT_KEY.to_owned(),
+                    InputRequest::CreateMessage(CreateMessageRequest::new(audit_request(brief))),
+                );
+                Step::AskClient(InputRequiredResult::new(Some(requests), Some(expected)))
+            }
+        };
+    }
+    let request =
+        ServerRequest::CreateMessageRequest(CreateMessageRequest::new(audit_request(brief)));
+    match send_to_client(&context.peer, request).await {
+        Ok(ClientResult::CreateMessageResult(result)) => sampled(*result),
+        // The client declared sampling but could not deliver; the audit still
+        // completes, and says which way it was decided.
+        Ok(_) => rule("the client answered sampling with an unexpected result"),
+        Err(_) => rule("the sampling request failed"),
     }
 }
 
