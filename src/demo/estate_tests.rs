@@ -1,3 +1,6 @@
+//! Unit tests of the estate: determinism, the metric series, and that every
+//! write changes exactly what it says (and nothing when it refuses).
+
 use super::*;
 
 fn structured(output: &ToolOutput) -> &Value {

@@ -80,6 +80,20 @@ impl Default for UpstreamOptions {
     }
 }
 
+impl UpstreamOptions {
+    /// Settings for throughput runs: JSON responses, no progress pauses, no
+    /// request log (it would grow with every request).
+    pub fn bench() -> Self {
+        UpstreamOptions {
+            json_response: true,
+            progress_steps: 0,
+            progress_delay: Duration::ZERO,
+            record_requests: false,
+            ..UpstreamOptions::default()
+        }
+    }
+}
+
 /// One HTTP request as the upstream received it.
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {

@@ -3,7 +3,7 @@
 //! counters, progress, server-to-client requests, `tools/list_changed`).
 //!
 //! Invariants:
-//! - One [`Shared`] per spawned upstream. rmcp builds a handler per session
+//! - One `Shared` per spawned upstream. rmcp builds a handler per session
 //!   (legacy) or per request (stateless, and for every 2026-07-28 `tools/call`
 //!   it validates headers against); [`DemoTools`] is one `Arc`, so that is a
 //!   reference-count bump.
