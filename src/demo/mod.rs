@@ -4,7 +4,8 @@
 //! tool executions and records request headers), and what the bench hammers.
 //!
 //! - [`estate`] owns the world (services, deployments, incidents, diffs,
-//!   metrics) and its mutable state; it knows nothing of MCP.
+//!   metrics) and its mutable state; it knows nothing of MCP. Its fixed data
+//!   lives in the private `catalog` module.
 //! - [`tools`] owns the MCP surface: fourteen tools with honest annotations,
 //!   progress, sampling and elicitation in both eras, `list_changed`.
 //! - [`server`] owns HTTP: [`spawn`] serves both eras on one URL and returns a
@@ -106,6 +107,7 @@
 //! changes arrive only on `client.listen(SubscriptionFilter::builder()
 //! .tools_list_changed().build())`, not on `ClientHandler::on_tool_list_changed`.
 
+mod catalog;
 pub mod estate;
 pub mod server;
 pub mod tools;
