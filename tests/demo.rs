@@ -29,6 +29,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Era {
+    V2025_03_26,
     V2025_06_18,
     V2025_11_25,
     V2026_07_28,
@@ -37,6 +38,7 @@ enum Era {
 impl Era {
     fn version(self) -> ProtocolVersion {
         match self {
+            Era::V2025_03_26 => ProtocolVersion::V_2025_03_26,
             Era::V2025_06_18 => ProtocolVersion::V_2025_06_18,
             Era::V2025_11_25 => ProtocolVersion::V_2025_11_25,
             Era::V2026_07_28 => ProtocolVersion::V_2026_07_28,
@@ -45,9 +47,10 @@ impl Era {
 }
 
 /// The era/transport combinations every protocol test runs in.
-const SETUPS: [(Era, bool); 4] = [
+const SETUPS: [(Era, bool); 5] = [
     (Era::V2025_11_25, false),
     (Era::V2025_06_18, false),
+    (Era::V2025_03_26, false),
     (Era::V2026_07_28, true),
     (Era::V2026_07_28, false),
 ];
@@ -459,7 +462,12 @@ async fn progress_notifications_arrive_before_the_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_asks_the_clients_model_when_it_can_sample() {
-    let eras = [Era::V2025_11_25, Era::V2025_06_18, Era::V2026_07_28];
+    let eras = [
+        Era::V2025_11_25,
+        Era::V2025_06_18,
+        Era::V2025_03_26,
+        Era::V2026_07_28,
+    ];
     for era in eras {
         let upstream = upstream(options(true)).await;
         let client = TestClient::new(era);
