@@ -420,8 +420,13 @@ async fn write_and_destructive_tools_change_state_and_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_notifications_arrive_before_the_result() {
+    const PROGRESS_DELAY: Duration = Duration::from_millis(100);
     for (era, json_response) in SETUPS {
-        let upstream = upstream(options(json_response)).await;
+        let upstream = upstream(UpstreamOptions {
+            progress_delay: PROGRESS_DELAY,
+            ..options(json_response)
+        })
+        .await;
         let client = TestClient::new(era);
         let state = Arc::clone(&client.0);
         let client = connect(&upstream.url(), client).await;
@@ -445,15 +450,21 @@ async fn progress_notifications_arrive_before_the_result() {
                 vec![1.0, 2.0, 3.0],
                 "{tool} in {era:?}"
             );
-            // Each notification is followed by a 40 ms pause before the
-            // result, so all of them must have been seen well before it.
-            for (at, _) in &progress {
+            // rmcp runs notification handlers as separate tasks, so a loaded
+            // machine may record them a little late; the margins allow for
+            // that. Every notification is followed by a pause before the
+            // result, the first one by three.
+            for (at, step) in &progress {
                 assert!(
-                    finished.duration_since(*at) >= Duration::from_millis(30),
-                    "{tool} in {era:?}: progress only {:?} before the result",
-                    finished.duration_since(*at)
+                    *at < finished,
+                    "{tool} in {era:?}: progress {step} arrived after the result"
                 );
             }
+            let lead = finished.duration_since(progress[0].0);
+            assert!(
+                lead >= PROGRESS_DELAY * 2,
+                "{tool} in {era:?}: first progress only {lead:?} before the result"
+            );
         }
         client.cancel().await.expect("close client");
         upstream.shutdown().await;
