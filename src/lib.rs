@@ -10,6 +10,7 @@ pub mod admin;
 pub mod app;
 pub mod catalog;
 pub mod config;
+pub mod demo;
 pub mod mcp;
 pub mod policy;
 pub mod proxy;
