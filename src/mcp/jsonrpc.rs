@@ -615,7 +615,9 @@ pub fn error_body(
     // and a Value holds no non-finite float.
     if serde_json::to_writer(&mut out, &body).is_err() {
         out.clear();
-        out.extend_from_slice(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Internal error"}}"#);
+        out.extend_from_slice(
+            br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Internal error"}}"#,
+        );
     }
     Bytes::from(out)
 }
@@ -743,7 +745,8 @@ fn validate(text: &str, limits: &Limits) -> Result<Root, ParseError> {
 fn syntax_error(err: serde_json::Error) -> ParseError {
     let (line, column) = (err.line(), err.column());
     let text = err.to_string();
-    if text.starts_with("lone leading surrogate") || text.starts_with("unexpected end of hex escape")
+    if text.starts_with("lone leading surrogate")
+        || text.starts_with("unexpected end of hex escape")
     {
         ParseError::LoneSurrogate { line, column }
     } else {
@@ -1158,12 +1161,14 @@ fn naming(method: &str) -> Option<(&'static str, &'static str)> {
 
 fn parse_id(raw: &RawValue, index: Option<usize>) -> Result<Id, ParseError> {
     match JsonType::of(raw) {
-        JsonType::String => raw_str(raw)
-            .map(|s| Id::String(s.into_owned()))
-            .ok_or(ParseError::IdInvalidType {
-                index,
-                found: JsonType::String,
-            }),
+        JsonType::String => {
+            raw_str(raw)
+                .map(|s| Id::String(s.into_owned()))
+                .ok_or(ParseError::IdInvalidType {
+                    index,
+                    found: JsonType::String,
+                })
+        }
         JsonType::Integer => raw
             .get()
             .parse::<i64>()
@@ -1204,9 +1209,7 @@ pub fn find_invisible(name: &str) -> Option<(usize, char)> {
     if name.bytes().all(|b| (0x20..0x7F).contains(&b)) {
         return None;
     }
-    name.chars()
-        .enumerate()
-        .find(|(_, c)| is_invisible(*c))
+    name.chars().enumerate().find(|(_, c)| is_invisible(*c))
 }
 
 fn is_invisible(c: char) -> bool {

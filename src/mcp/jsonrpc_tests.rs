@@ -65,9 +65,8 @@ fn notification_response_and_error_response_are_classified() {
 
 #[test]
 fn name_is_mirrored_from_uri_and_task_id() {
-    let m = one(
-        r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a b"}}"#,
-    );
+    let m =
+        one(r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a b"}}"#);
     assert_eq!(m.name.as_deref(), Some("file:///a b"));
     assert!(m.call.is_none());
     let t = one(r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"t-9"}}"#);
@@ -90,7 +89,10 @@ fn escaped_strings_are_unescaped_in_the_model() {
 fn surrounding_whitespace_is_outside_the_span() {
     let body = " \n\t{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\r\n ";
     let m = one(body);
-    assert_eq!(&body[m.span.clone()], "{\"jsonrpc\":\"2.0\",\"method\":\"x\"}");
+    assert_eq!(
+        &body[m.span.clone()],
+        "{\"jsonrpc\":\"2.0\",\"method\":\"x\"}"
+    );
 }
 
 #[test]
@@ -149,7 +151,13 @@ fn empty_and_truncated_bodies_are_parse_errors() {
 fn trailing_garbage_is_rejected() {
     let e = err(br#"{"jsonrpc":"2.0","method":"a"} x"#);
     assert!(
-        matches!(e, ParseError::TrailingCharacters { line: 1, column: 32 }),
+        matches!(
+            e,
+            ParseError::TrailingCharacters {
+                line: 1,
+                column: 32
+            }
+        ),
         "{e:?}"
     );
     assert_eq!(e.code(), PARSE_ERROR);
@@ -232,7 +240,10 @@ fn duplicate_detection_holds_in_objects_with_many_keys() {
         r#"{{"jsonrpc":"2.0","method":"m","params":{{{}}}}}"#,
         keys.join(",")
     );
-    assert!(matches!(err(body.as_bytes()), ParseError::DuplicateKey { .. }));
+    assert!(matches!(
+        err(body.as_bytes()),
+        ParseError::DuplicateKey { .. }
+    ));
 }
 
 #[test]
@@ -291,7 +302,8 @@ fn lone_surrogates_are_rejected() {
         assert_eq!(e.code(), PARSE_ERROR);
     }
     // A correctly paired surrogate is fine.
-    let m = one(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\ud83d\ude00"}}"#);
+    let m =
+        one(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\ud83d\ude00"}}"#);
     assert_eq!(m.name.as_deref(), Some("😀"));
 }
 
@@ -335,7 +347,10 @@ fn batch_over_the_limit_is_rejected() {
 #[test]
 fn non_object_batch_element_is_named_by_index() {
     let e = err(br#"[{"jsonrpc":"2.0","method":"a"},{"jsonrpc":"2.0","method":"b"},3]"#);
-    assert_eq!(e.to_string(), "batch element 2 must be an object, found an integer");
+    assert_eq!(
+        e.to_string(),
+        "batch element 2 must be an object, found an integer"
+    );
     assert_eq!(e.code(), INVALID_REQUEST);
     let e = err(br#"[[{"jsonrpc":"2.0","method":"a"}]]"#);
     assert!(matches!(
@@ -371,7 +386,10 @@ fn jsonrpc_version_is_required_and_exact() {
 #[test]
 fn method_must_be_a_string() {
     let e = err(br#"{"jsonrpc":"2.0","id":1,"method":5}"#);
-    assert_eq!(e.to_string(), r#""method" must be a string, found an integer"#);
+    assert_eq!(
+        e.to_string(),
+        r#""method" must be a string, found an integer"#
+    );
     assert_eq!(e.code(), INVALID_REQUEST);
     let e = err(br#"{"jsonrpc":"2.0","method":null}"#);
     assert!(matches!(
@@ -423,14 +441,38 @@ fn null_id_does_not_turn_a_request_into_a_notification() {
 #[test]
 fn message_shape_violations_name_their_reason() {
     let cases: [(&[u8], &str); 8] = [
-        (br#"{"jsonrpc":"2.0","id":1}"#, r#"message has neither "method" nor "result"/"error""#),
-        (br#"{"jsonrpc":"2.0","id":1,"method":"a","result":{}}"#, r#"a request or notification must not carry "result" or "error""#),
-        (br#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}"#, r#"response carries both "result" and "error""#),
-        (br#"{"jsonrpc":"2.0","result":{}}"#, r#"response has no "id""#),
-        (br#"{"jsonrpc":"2.0","id":1,"error":"boom"}"#, r#""error" must be an object, found a string"#),
-        (br#"{"jsonrpc":"2.0","id":1,"error":{"code":1.5,"message":"m"}}"#, r#""error.code" must be an integer"#),
-        (br#"{"jsonrpc":"2.0","id":1,"error":{"code":1}}"#, r#""error.message" must be a string"#),
-        (br#"{"jsonrpc":"2.0","id":1,"method":"a","params":"x"}"#, r#""params" must be an object or an array, found a string"#),
+        (
+            br#"{"jsonrpc":"2.0","id":1}"#,
+            r#"message has neither "method" nor "result"/"error""#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"a","result":{}}"#,
+            r#"a request or notification must not carry "result" or "error""#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}"#,
+            r#"response carries both "result" and "error""#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"response has no "id""#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"error":"boom"}"#,
+            r#""error" must be an object, found a string"#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":1.5,"message":"m"}}"#,
+            r#""error.code" must be an integer"#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":1}}"#,
+            r#""error.message" must be a string"#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"a","params":"x"}"#,
+            r#""params" must be an object or an array, found a string"#,
+        ),
     ];
     for (body, message) in cases {
         let e = err(body);
@@ -444,7 +486,10 @@ fn message_shape_violations_name_their_reason() {
 #[test]
 fn tools_call_params_must_be_an_object_with_a_string_name() {
     let e = err(br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":["t"]}"#);
-    assert_eq!(e.to_string(), "params of tools/call must be an object, found an array");
+    assert_eq!(
+        e.to_string(),
+        "params of tools/call must be an object, found an array"
+    );
     assert_eq!(e.code(), INVALID_PARAMS);
     assert_eq!(e.id(), Some(&Id::Number(4)));
     let e = err(br#"{"jsonrpc":"2.0","id":4,"method":"tools/call"}"#);
@@ -487,7 +532,10 @@ fn tools_call_arguments_must_be_an_object() {
 #[test]
 fn resources_read_needs_a_string_uri() {
     let e = err(br#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":1}}"#);
-    assert_eq!(e.to_string(), "params.uri of resources/read must be a string");
+    assert_eq!(
+        e.to_string(),
+        "params.uri of resources/read must be a string"
+    );
     assert_eq!(e.code(), INVALID_PARAMS);
 }
 
@@ -525,7 +573,9 @@ fn invisible_characters_in_tool_names_are_rejected() {
         }
         assert_eq!(e.code(), INVALID_PARAMS);
     }
-    let e = err(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get\u200bweather"}}"#);
+    let e = err(
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get\u200bweather"}}"#,
+    );
     assert_eq!(
         e.to_string(),
         "params.name of tools/call contains invisible or control character U+200B at character 3"
@@ -547,7 +597,8 @@ fn raw_invisible_characters_are_rejected_too() {
 
 #[test]
 fn visible_unicode_tool_names_are_accepted() {
-    let m = one(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"météo_北京 v2"}}"#);
+    let m =
+        one(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"météo_北京 v2"}}"#);
     assert_eq!(m.name.as_deref(), Some("météo_北京 v2"));
 }
 
@@ -561,7 +612,12 @@ fn invisible_characters_elsewhere_are_not_a_name_problem() {
 
 #[test]
 fn error_body_is_a_valid_json_rpc_error_response() {
-    let body = error_body(Some(&Id::String("q\"1".into())), INVALID_PARAMS, "bad \"x\"", None);
+    let body = error_body(
+        Some(&Id::String("q\"1".into())),
+        INVALID_PARAMS,
+        "bad \"x\"",
+        None,
+    );
     let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
     assert_eq!(
         v,
@@ -573,7 +629,8 @@ fn error_body_is_a_valid_json_rpc_error_response() {
     assert_eq!(v["id"], serde_json::Value::Null);
     assert_eq!(v["error"]["data"], data);
     // Our own error bodies are acceptable to our own parser.
-    let e = one(std::str::from_utf8(&error_body(Some(&Id::Number(5)), -1, "m", None)).expect("utf8"));
+    let e =
+        one(std::str::from_utf8(&error_body(Some(&Id::Number(5)), -1, "m", None)).expect("utf8"));
     assert!(e.is_error);
 }
 
@@ -585,7 +642,10 @@ fn id_display_and_serialize_use_the_json_form() {
         serde_json::to_string(&Id::String("x".into())).expect("serialize"),
         r#""x""#
     );
-    assert_eq!(serde_json::to_string(&Id::Number(3)).expect("serialize"), "3");
+    assert_eq!(
+        serde_json::to_string(&Id::Number(3)).expect("serialize"),
+        "3"
+    );
 }
 
 #[test]
@@ -600,9 +660,13 @@ fn protocol_version_is_none_without_meta_or_when_not_a_string() {
 
 #[test]
 fn large_numbers_inside_params_are_accepted_unless_out_of_f64_range() {
-    let m = one(r#"{"jsonrpc":"2.0","method":"m","params":[123456789012345678901234567890, -1e300]}"#);
+    let m =
+        one(r#"{"jsonrpc":"2.0","method":"m","params":[123456789012345678901234567890, -1e300]}"#);
     assert_eq!(m.kind, Kind::Notification);
-    assert_eq!(err(br#"{"jsonrpc":"2.0","method":"m","params":[1e400]}"#).code(), PARSE_ERROR);
+    assert_eq!(
+        err(br#"{"jsonrpc":"2.0","method":"m","params":[1e400]}"#).code(),
+        PARSE_ERROR
+    );
 }
 
 mod props {

@@ -257,21 +257,16 @@ fn apply_line(event: &mut Pending, line: &[u8]) {
             event.has_data = true;
         }
         b"event" => event.event = Some(text(value).into_owned()),
-        b"id" => {
-            if !value.contains(&0) {
-                event.id = Some(text(value).into_owned());
-            }
-        }
-        b"retry" => {
-            if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
-                // All digits, so this is valid UTF-8; a value beyond u64 is
-                // ignored like any other unusable retry.
-                if let Some(ms) = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.parse::<u64>().ok())
-                {
-                    event.retry = Some(ms);
-                }
+        // An id containing NUL is ignored (WHATWG), but stays in `raw`.
+        b"id" if !value.contains(&0) => event.id = Some(text(value).into_owned()),
+        // Only all-digit values count; a value beyond u64 is ignored like any
+        // other unusable retry. All digits also means valid UTF-8.
+        b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
+            if let Some(ms) = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                event.retry = Some(ms);
             }
         }
         // Unknown fields carry no meaning but stay in `raw`.

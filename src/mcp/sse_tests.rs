@@ -53,13 +53,19 @@ fn crlf_split_across_chunks_is_one_line_ending() {
 fn event_ending_in_cr_at_chunk_end_is_dispatched_immediately() {
     let mut d = Decoder::new(1024);
     d.push(b"data: a\r\n\r").expect("ok");
-    let e = d.next_event().expect("dispatched without waiting for the LF");
+    let e = d
+        .next_event()
+        .expect("dispatched without waiting for the LF");
     assert_eq!(e.data, "a");
     assert_eq!(&e.raw[..], b"data: a\r\n\r");
     d.push(b"\ndata: b\r\n\r\n").expect("ok");
     let e = d.next_event().expect("second event");
     assert_eq!(e.data, "b");
-    assert_eq!(&e.raw[..], b"data: b\r\n\r\n", "the completing LF belongs to no event");
+    assert_eq!(
+        &e.raw[..],
+        b"data: b\r\n\r\n",
+        "the completing LF belongs to no event"
+    );
 }
 
 #[test]
@@ -199,7 +205,9 @@ fn unterminated_final_event_is_discarded_and_reported() {
 fn oversized_event_is_rejected_whatever_the_chunking() {
     let event = b"data: 0123456789\n\n"; // 18 bytes
     let mut exact = Decoder::new(event.len());
-    exact.push(event).expect("an event of exactly the limit is fine");
+    exact
+        .push(event)
+        .expect("an event of exactly the limit is fine");
     assert!(exact.next_event().is_some());
 
     let mut one = Decoder::new(event.len() - 1);
@@ -252,7 +260,10 @@ fn limit_ignores_where_a_final_crlf_was_split() {
     let mut split = Decoder::new(12);
     split.push(&event[..12]).expect("ok");
     split.push(&event[12..]).expect("ok");
-    assert_eq!(whole.next_event().map(|e| e.data), split.next_event().map(|e| e.data));
+    assert_eq!(
+        whole.next_event().map(|e| e.data),
+        split.next_event().map(|e| e.data)
+    );
 }
 
 #[test]
@@ -299,7 +310,11 @@ fn encode_cannot_be_used_to_inject_fields() {
 #[test]
 fn encode_message_writes_one_data_line_for_compact_json() {
     let mut out = BytesMut::new();
-    encode_message(Some("s1-7"), br#"{"jsonrpc":"2.0","id":1,"result":{}}"#, &mut out);
+    encode_message(
+        Some("s1-7"),
+        br#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+        &mut out,
+    );
     assert_eq!(
         &out[..],
         b"id: s1-7\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n"
@@ -449,7 +464,16 @@ mod props {
         (events, d.finish())
     }
 
-    fn fields(e: &Event) -> (&Option<String>, &Option<String>, &str, Option<u64>, &[String], bool) {
+    type Fields<'a> = (
+        &'a Option<String>,
+        &'a Option<String>,
+        &'a str,
+        Option<u64>,
+        &'a [String],
+        bool,
+    );
+
+    fn fields(e: &Event) -> Fields<'_> {
         (&e.id, &e.event, &e.data, e.retry, &e.comments, e.has_data)
     }
 
