@@ -13,8 +13,13 @@
 //!   not change can be relayed byte-for-byte. Blank lines between events and
 //!   the optional leading BOM belong to no event and are dropped.
 //! - Every block of lines ended by a blank line is an event, even one with no
-//!   `data` (a keep-alive comment, an `id`/`retry`-only priming event), so a
-//!   relay never loses ids, retry hints or keep-alives.
+//!   `data` (an `id`/`retry`-only priming event), so a relay never loses ids or
+//!   retry hints.
+//! - A comment line outside an event (a keep-alive such as `:\r\n`, which
+//!   servers send as a bare line) is an event of its own, dispatched as soon as
+//!   its line ends, with `raw` = that line. Waiting for a blank line would hold
+//!   keep-alives back on long-lived streams until clients time out. A blank
+//!   line after it dispatches nothing (WHATWG) and is dropped.
 //! - Memory is bounded: the bytes buffered for one event never exceed
 //!   `max_event_bytes` before [`SseError::EventTooLarge`] is returned.
 
@@ -49,7 +54,8 @@ pub struct Event {
     pub data: String,
     /// The last `retry` field that was all ASCII digits, in milliseconds.
     pub retry: Option<u64>,
-    /// The comment lines (after `:`, one leading space stripped), in order.
+    /// The comment lines (after `:`, one leading space stripped), in order. A
+    /// comment outside any event is an event of its own with only this set.
     pub comments: Vec<String>,
     /// True when at least one `data` field was present: exactly the events an
     /// EventSource would dispatch (an empty `data:` line still dispatches).
@@ -185,9 +191,15 @@ impl Decoder {
             };
             let next = end + terminator;
             if end > self.scan {
-                self.current.started = true;
-                apply_line(&mut self.current, &self.buf[self.scan..end]);
-                self.scan = next;
+                let line = &self.buf[self.scan..end];
+                if !self.current.started && line[0] == b':' {
+                    apply_line(&mut self.current, line);
+                    self.dispatch(next)?;
+                } else {
+                    self.current.started = true;
+                    apply_line(&mut self.current, line);
+                    self.scan = next;
+                }
             } else if self.current.started {
                 self.dispatch(next)?;
             } else {
@@ -284,9 +296,13 @@ fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(bytes)
 }
 
-/// Writes `event` in canonical form: comments, `event:`, `id:`, `retry:`, then
-/// `data:` lines (one per line of `data`, split on CRLF, CR or LF), then a
-/// blank line; every line ends in LF.
+/// Writes `event` in canonical form: `event:`, `id:`, `retry:`, `data:` lines
+/// (one per line of `data`, split on CRLF, CR or LF), comments, then a blank
+/// line; every line ends in LF.
+///
+/// Comments come last so that [`Decoder`] reads them back as part of the same
+/// event; an event with nothing but comments decodes as one comment event per
+/// line (see the module invariants).
 ///
 /// Values that cannot be represented are made safe rather than allowed to
 /// inject fields: `event` and `id` are cut at their first CR or LF, an `id`
@@ -294,16 +310,6 @@ fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
 /// line breaks becomes several comment lines.
 pub fn encode(event: &Event, out: &mut BytesMut) {
     out.reserve(event.data.len() + 32);
-    for comment in &event.comments {
-        for line in lines(comment.as_bytes()) {
-            out.extend_from_slice(b":");
-            if !line.is_empty() {
-                out.extend_from_slice(b" ");
-                out.extend_from_slice(line);
-            }
-            out.extend_from_slice(b"\n");
-        }
-    }
     if let Some(kind) = &event.event {
         field(out, b"event", first_line(kind.as_bytes()));
     }
@@ -319,6 +325,16 @@ pub fn encode(event: &Event, out: &mut BytesMut) {
     if event.has_data || !event.data.is_empty() {
         for line in lines(event.data.as_bytes()) {
             field(out, b"data", line);
+        }
+    }
+    for comment in &event.comments {
+        for line in lines(comment.as_bytes()) {
+            out.extend_from_slice(b":");
+            if !line.is_empty() {
+                out.extend_from_slice(b" ");
+                out.extend_from_slice(line);
+            }
+            out.extend_from_slice(b"\n");
         }
     }
     out.extend_from_slice(b"\n");

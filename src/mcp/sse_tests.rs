@@ -150,9 +150,30 @@ fn comment_only_block_is_an_event_for_relaying() {
     assert_eq!(events[0].comments, vec!["ping".to_string()]);
     assert_eq!(events[0].data, "");
     assert!(!events[0].has_data);
-    assert_eq!(&events[0].raw[..], b": ping\n\n");
+    assert_eq!(&events[0].raw[..], b": ping\n");
     assert_eq!(events[1].comments, vec![String::new()]);
     assert_eq!(events[2].data, "x");
+    assert_eq!(&events[2].raw[..], b"data: x\n\n");
+}
+
+#[test]
+fn keep_alive_comment_line_is_dispatched_without_a_blank_line() {
+    let mut d = Decoder::new(1024);
+    d.push(b":\r\n").expect("ok");
+    let e = d.next_event().expect("keep-alive relayed at once");
+    assert_eq!(e.comments, vec![String::new()]);
+    assert_eq!(&e.raw[..], b":\r\n");
+    d.push(b":\r\n:\r\n").expect("ok");
+    assert!(d.next_event().is_some() && d.next_event().is_some());
+    assert_eq!(d.finish(), None, "nothing accumulates between keep-alives");
+}
+
+#[test]
+fn comment_inside_an_event_stays_in_it() {
+    let e = single("id: 1\n: note\ndata: x\n\n");
+    assert_eq!(e.comments, vec!["note".to_string()]);
+    assert_eq!(e.data, "x");
+    assert_eq!(&e.raw[..], b"id: 1\n: note\ndata: x\n\n");
 }
 
 #[test]
@@ -281,8 +302,23 @@ fn encode_writes_the_canonical_form() {
     encode(&event, &mut out);
     assert_eq!(
         &out[..],
-        b": hi\n:\nevent: message\nid: 9\nretry: 500\ndata: line1\ndata: line2\n\n"
+        b"event: message\nid: 9\nretry: 500\ndata: line1\ndata: line2\n: hi\n:\n\n"
     );
+}
+
+#[test]
+fn comment_only_event_encodes_to_lines_relayed_one_by_one() {
+    let event = Event {
+        comments: vec!["a".into(), "b".into()],
+        ..Event::default()
+    };
+    let mut out = BytesMut::new();
+    encode(&event, &mut out);
+    assert_eq!(&out[..], b": a\n: b\n\n");
+    let decoded = decode_all(&out);
+    let comments: Vec<_> = decoded.iter().map(|e| e.comments.clone()).collect();
+    assert_eq!(comments, vec![vec!["a".to_string()], vec!["b".to_string()]]);
+    assert_eq!(&decoded[1].raw[..], b": b\n");
 }
 
 #[test]
@@ -399,13 +435,25 @@ mod props {
         }
         let mut events = Vec::new();
         for (lines, blank) in spec {
-            let start = bytes.len();
+            let mut start = bytes.len();
             let mut e = Event::default();
+            let mut started = false;
             let mut last_ending = "";
             for (line, ending) in lines {
                 bytes.extend_from_slice(render(line).as_bytes());
                 bytes.extend_from_slice(ending.as_bytes());
                 last_ending = ending;
+                if let (false, Line::Comment(v)) = (started, line) {
+                    // A comment outside an event is an event of its own.
+                    events.push(Event {
+                        comments: vec![stripped(v, false)],
+                        raw: Bytes::copy_from_slice(&bytes[start..]),
+                        ..Event::default()
+                    });
+                    start = bytes.len();
+                    continue;
+                }
+                started = true;
                 match line {
                     Line::Data(v, s) => {
                         if e.has_data {
@@ -445,8 +493,10 @@ mod props {
                 blank
             };
             bytes.extend_from_slice(blank.as_bytes());
-            e.raw = Bytes::copy_from_slice(&bytes[start..]);
-            events.push(e);
+            if started {
+                e.raw = Bytes::copy_from_slice(&bytes[start..]);
+                events.push(e);
+            }
         }
         (bytes, events)
     }
@@ -516,7 +566,7 @@ mod props {
         fn encode_then_decode_round_trips(
             id in prop::option::of("[ a-z0-9\u{e9}:]{0,8}"),
             event in prop::option::of("[ a-z\u{4e16}]{0,8}"),
-            data in "[ a-z\n\u{1F600}:]{0,16}",
+            data in prop_oneof![Just(String::new()), "[ a-z\n\u{1F600}:]{0,16}"],
             has_data in any::<bool>(),
             retry in prop::option::of(any::<u64>()),
             comments in prop::collection::vec("[ a-z:]{0,6}", 0..3),
@@ -526,10 +576,18 @@ mod props {
             let mut out = BytesMut::new();
             encode(&original, &mut out);
             let decoded = decode_all(&out);
-            let empty = original.id.is_none() && original.event.is_none() && original.retry.is_none()
-                && original.comments.is_empty() && !original.has_data;
-            if empty {
-                prop_assert!(decoded.is_empty());
+            let fieldless = original.id.is_none() && original.event.is_none()
+                && original.retry.is_none() && !original.has_data;
+            if fieldless {
+                // Nothing but comments: one comment event per line.
+                prop_assert_eq!(decoded.len(), original.comments.len());
+                let mut relayed = Vec::new();
+                for (got, comment) in decoded.iter().zip(&original.comments) {
+                    prop_assert_eq!(&got.comments, &vec![comment.clone()]);
+                    relayed.extend_from_slice(&got.raw);
+                }
+                relayed.push(b'\n');
+                prop_assert_eq!(&relayed[..], &out[..]);
             } else {
                 prop_assert_eq!(decoded.len(), 1);
                 prop_assert_eq!(fields(&decoded[0]), fields(&original));
