@@ -522,19 +522,34 @@ impl ParseError {
     }
 }
 
+/// Methods whose request names its target, and the `params` member holding
+/// the name (documented on [`name_field`]).
+const NAMED_METHODS: [(&str, &str); 8] = [
+    ("tools/call", "name"),
+    ("prompts/get", "name"),
+    ("resources/read", "uri"),
+    ("resources/subscribe", "uri"),
+    ("resources/unsubscribe", "uri"),
+    ("tasks/get", "taskId"),
+    ("tasks/update", "taskId"),
+    ("tasks/cancel", "taskId"),
+];
+
 /// The `params` member that `Mcp-Name` mirrors for `method`, if any.
 ///
 /// Core (2026-07-28 transport table): `tools/call` and `prompts/get` use
 /// `name`, `resources/read` uses `uri`. Also covered, as rmcp 3.11 mirrors
-/// them: the legacy `resources/subscribe`/`unsubscribe` (`uri`) and the Tasks
-/// extension's `tasks/get|update|cancel` (`taskId`).
+/// them into `Mcp-Name`: the legacy `resources/subscribe`/`unsubscribe`
+/// (`uri`) and the Tasks extension's `tasks/get|update|cancel` (`taskId`).
+/// For these methods `params` must be an object with that member as a string
+/// (else -32602).
 pub fn name_field(method: &str) -> Option<&'static str> {
-    match method {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => Some("uri"),
-        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
-        _ => None,
-    }
+    naming(method).map(|(_, field)| field)
+}
+
+/// The method as a `'static` string (for error variants) and its name field.
+fn naming(method: &str) -> Option<(&'static str, &'static str)> {
+    NAMED_METHODS.iter().copied().find(|(m, _)| *m == method)
 }
 
 /// Parses and validates a POST body.
@@ -693,7 +708,8 @@ fn validate(text: &str, limits: &Limits) -> Result<Root, ParseError> {
     let mut state = State {
         limits: *limits,
         depth: 0,
-        keys: Vec::new(),
+        // Enough for the keys of a typical message's open objects.
+        keys: Vec::with_capacity(16),
         failure: None,
         path: Vec::new(),
         root: None,
@@ -1140,23 +1156,6 @@ fn parse_message(
     }
     message.method = Some(method.into_owned());
     Ok(message)
-}
-
-/// [`name_field`] plus the method as a `'static` string for error variants.
-fn naming(method: &str) -> Option<(&'static str, &'static str)> {
-    const METHODS: [&str; 8] = [
-        "tools/call",
-        "prompts/get",
-        "resources/read",
-        "resources/subscribe",
-        "resources/unsubscribe",
-        "tasks/get",
-        "tasks/update",
-        "tasks/cancel",
-    ];
-    let field = name_field(method)?;
-    let canonical = METHODS.iter().find(|m| **m == method)?;
-    Some((canonical, field))
 }
 
 fn parse_id(raw: &RawValue, index: Option<usize>) -> Result<Id, ParseError> {
