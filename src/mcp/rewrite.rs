@@ -326,6 +326,6 @@ mod tests {
                 Some(r#"{"type":"object"}"#.into())
             )
         );
-        assert_eq!(seen[2].1, false);
+        assert!(!seen[2].1);
     }
 }
