@@ -6,4 +6,5 @@
 //! there or a background task started by [`app`].
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod mcp;
