@@ -595,3 +595,7 @@ fn is_loopback(host: &str) -> bool {
     host.eq_ignore_ascii_case("localhost")
         || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;
