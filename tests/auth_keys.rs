@@ -67,7 +67,9 @@ impl KeyServer {
         let served = Arc::clone(&state);
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let state = Arc::clone(&served);
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
@@ -93,17 +95,25 @@ impl KeyServer {
                     match acceptor {
                         Some(acceptor) => {
                             if let Ok(tls) = acceptor.accept(stream).await {
-                                let _ = http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+                                let _ = http1::Builder::new()
+                                    .serve_connection(TokioIo::new(tls), service)
+                                    .await;
                             }
                         }
                         None => {
-                            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
                         }
                     }
                 });
             }
         });
-        let scheme = if tls { "https://localhost" } else { "http://127.0.0.1" };
+        let scheme = if tls {
+            "https://localhost"
+        } else {
+            "http://127.0.0.1"
+        };
         KeyServer {
             url: format!("{scheme}:{}/.well-known/jwks.json", addr.port()),
             state,
@@ -141,7 +151,8 @@ fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("ca");
     let server_key = rcgen::KeyPair::generate().expect("server key");
-    let server_params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    let server_params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
     let cert = server_params.signed_by(&server_key, &ca).expect("cert");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -158,7 +169,8 @@ fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, String) {
 
 fn es256(kid: &str) -> SigningKey {
     let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-    SigningKey::from_pem(Alg::ES256, pair.serialize_pem().as_bytes(), Some(kid)).expect("signing key")
+    SigningKey::from_pem(Alg::ES256, pair.serialize_pem().as_bytes(), Some(kid))
+        .expect("signing key")
 }
 
 fn jwks(keys: &[&SigningKey]) -> Value {
@@ -183,7 +195,10 @@ fn config(source: JwksSourceConfig) -> AuthConfig {
 }
 
 fn token(key: &SigningKey) -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
     key.sign(&json!({
         "iss": ISS, "aud": MCP_AUD, "sub": "u", "tenant_id": "t", "agent": "a", "run_id": "r",
         "mode": "agent", "scope": "mcp:tools", "jti": uuid::Uuid::new_v4().to_string(),
@@ -194,10 +209,14 @@ fn token(key: &SigningKey) -> String {
 
 #[tokio::test]
 async fn jwks_over_https_with_a_custom_ca_verifies() {
-    rustls::crypto::ring::default_provider().install_default().ok();
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .ok();
     let a = es256("a");
     let server = KeyServer::start(jwks(&[&a]), true).await;
-    let verifier = Verifier::new(&config(server.source(10))).await.expect("verifier");
+    let verifier = Verifier::new(&config(server.source(10)))
+        .await
+        .expect("verifier");
     assert!(verifier.ready(), "the first fetch succeeded");
     assert_eq!(verifier.key_count(), 1);
     assert!(verifier.verify(&token(&a), Audience::Mcp).await.is_ok());
@@ -213,26 +232,41 @@ async fn jwks_server_with_an_untrusted_certificate_is_not_trusted() {
     let verifier = Verifier::new(&config(source)).await.expect("verifier");
     assert!(!verifier.ready());
     assert_eq!(verifier.key_count(), 0);
-    assert_eq!(server.hits(), 0, "the TLS handshake failed before any request");
-    assert!(matches!(verifier.verify(&token(&a), Audience::Mcp).await, Err(TokenError::UnknownKid { .. })));
+    assert_eq!(
+        server.hits(),
+        0,
+        "the TLS handshake failed before any request"
+    );
+    assert!(matches!(
+        verifier.verify(&token(&a), Audience::Mcp).await,
+        Err(TokenError::UnknownKid { .. })
+    ));
 }
 
 #[tokio::test]
 async fn rotated_key_verifies_after_one_refresh_and_the_removed_key_stops_verifying() {
     let (a, b) = (es256("a"), es256("b"));
     let server = KeyServer::start(jwks(&[&a]), true).await;
-    let verifier = Verifier::new(&config(server.source(10))).await.expect("verifier");
+    let verifier = Verifier::new(&config(server.source(10)))
+        .await
+        .expect("verifier");
     let token_a = token(&a);
     assert!(verifier.verify(&token_a, Audience::Mcp).await.is_ok());
     assert_eq!(verifier.cached_tokens(), 1);
 
     server.publish(&[&b]);
-    let claims = verifier.verify(&token(&b), Audience::Mcp).await.expect("new kid verifies after a refresh");
+    let claims = verifier
+        .verify(&token(&b), Audience::Mcp)
+        .await
+        .expect("new kid verifies after a refresh");
     assert_eq!(claims.kid.as_deref(), Some("b"));
     assert_eq!(server.hits(), 2, "exactly one refresh");
 
     // Token A was cached, but its key is gone: the key-set change invalidated it.
-    assert_eq!(verifier.verify(&token_a, Audience::Mcp).await, Err(TokenError::UnknownKid { kid: "a".into() }));
+    assert_eq!(
+        verifier.verify(&token_a, Audience::Mcp).await,
+        Err(TokenError::UnknownKid { kid: "a".into() })
+    );
     assert_eq!(server.hits(), 2, "the refresh is rate-limited");
 }
 
@@ -240,9 +274,13 @@ async fn rotated_key_verifies_after_one_refresh_and_the_removed_key_stops_verify
 async fn unknown_kid_flood_causes_at_most_one_fetch_per_interval() {
     let a = es256("a");
     let server = KeyServer::start(jwks(&[&a]), false).await;
-    let verifier = Verifier::new(&config(server.source(1))).await.expect("verifier");
+    let verifier = Verifier::new(&config(server.source(1)))
+        .await
+        .expect("verifier");
     assert_eq!(server.hits(), 1);
-    let strangers: Vec<String> = (0..50).map(|i| token(&es256(&format!("stranger-{i}")))).collect();
+    let strangers: Vec<String> = (0..50)
+        .map(|i| token(&es256(&format!("stranger-{i}"))))
+        .collect();
 
     let flood = |tokens: &[String]| {
         let verifier = verifier.clone();
@@ -253,41 +291,67 @@ async fn unknown_kid_flood_causes_at_most_one_fetch_per_interval() {
         }
     };
     let results = flood(&strangers).await;
-    assert!(results.iter().all(|r| matches!(r, Err(TokenError::UnknownKid { .. }))));
-    assert_eq!(server.hits(), 2, "fifty concurrent unknown kids, one shared fetch");
+    assert!(results
+        .iter()
+        .all(|r| matches!(r, Err(TokenError::UnknownKid { .. }))));
+    assert_eq!(
+        server.hits(),
+        2,
+        "fifty concurrent unknown kids, one shared fetch"
+    );
 
     let results = flood(&strangers).await;
-    assert!(results.iter().all(|r| matches!(r, Err(TokenError::UnknownKid { .. }))));
+    assert!(results
+        .iter()
+        .all(|r| matches!(r, Err(TokenError::UnknownKid { .. }))));
     assert_eq!(server.hits(), 2, "within the interval no further fetch");
 
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let _ = flood(&strangers).await;
     assert_eq!(server.hits(), 3, "one more fetch in the next interval");
-    assert!(verifier.verify(&token(&a), Audience::Mcp).await.is_ok(), "known keys unaffected");
+    assert!(
+        verifier.verify(&token(&a), Audience::Mcp).await.is_ok(),
+        "known keys unaffected"
+    );
 }
 
 #[tokio::test]
 async fn slow_key_server_does_not_hold_a_request_past_the_bound() {
     let a = es256("a");
     let server = KeyServer::start(jwks(&[&a]), false).await;
-    let verifier = Verifier::new(&config(server.source(1))).await.expect("verifier");
+    let verifier = Verifier::new(&config(server.source(1)))
+        .await
+        .expect("verifier");
     server.state.delay_ms.store(3_000, Ordering::SeqCst);
 
     let started = Instant::now();
     let result = verifier.verify(&token(&es256("new")), Audience::Mcp).await;
     let waited = started.elapsed();
     assert_eq!(result, Err(TokenError::UnknownKid { kid: "new".into() }));
-    assert!(waited >= UNKNOWN_KID_WAIT - Duration::from_millis(50), "it did wait for the refresh: {waited:?}");
-    assert!(waited < UNKNOWN_KID_WAIT + Duration::from_millis(400), "held {waited:?}");
+    assert!(
+        waited >= UNKNOWN_KID_WAIT - Duration::from_millis(50),
+        "it did wait for the refresh: {waited:?}"
+    );
+    assert!(
+        waited < UNKNOWN_KID_WAIT + Duration::from_millis(400),
+        "held {waited:?}"
+    );
 
     // While that fetch is still hanging, known kids verify without waiting.
     let started = Instant::now();
     assert!(verifier.verify(&token(&a), Audience::Mcp).await.is_ok());
-    assert!(started.elapsed() < Duration::from_millis(200), "known kid took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(200),
+        "known kid took {:?}",
+        started.elapsed()
+    );
 
     // Joining the hanging fetch is bounded too.
     let started = Instant::now();
-    assert!(verifier.verify(&token(&es256("other")), Audience::Mcp).await.is_err());
+    assert!(verifier
+        .verify(&token(&es256("other")), Audience::Mcp)
+        .await
+        .is_err());
     assert!(started.elapsed() < UNKNOWN_KID_WAIT + Duration::from_millis(400));
 }
 
@@ -295,9 +359,14 @@ async fn slow_key_server_does_not_hold_a_request_past_the_bound() {
 async fn failed_fetch_keeps_the_previous_keys() {
     let a = es256("a");
     let server = KeyServer::start(jwks(&[&a]), false).await;
-    let verifier = Verifier::new(&config(server.source(1))).await.expect("verifier");
+    let verifier = Verifier::new(&config(server.source(1)))
+        .await
+        .expect("verifier");
     *server.state.status.lock().expect("lock") = StatusCode::INTERNAL_SERVER_ERROR;
-    assert!(verifier.verify(&token(&es256("b")), Audience::Mcp).await.is_err());
+    assert!(verifier
+        .verify(&token(&es256("b")), Audience::Mcp)
+        .await
+        .is_err());
     assert_eq!(server.hits(), 2, "the refresh was attempted");
     assert_eq!(verifier.key_count(), 1);
     assert!(verifier.verify(&token(&a), Audience::Mcp).await.is_ok());
@@ -308,10 +377,15 @@ async fn key_server_down_at_start_is_retried_on_demand() {
     let a = es256("a");
     let server = KeyServer::start(jwks(&[&a]), false).await;
     *server.state.status.lock().expect("lock") = StatusCode::SERVICE_UNAVAILABLE;
-    let verifier = Verifier::new(&config(server.source(10))).await.expect("a down key server is not fatal");
+    let verifier = Verifier::new(&config(server.source(10)))
+        .await
+        .expect("a down key server is not fatal");
     assert!(!verifier.ready());
     *server.state.status.lock().expect("lock") = StatusCode::OK;
-    assert!(verifier.verify(&token(&a), Audience::Mcp).await.is_ok(), "the start fetch does not use up the interval");
+    assert!(
+        verifier.verify(&token(&a), Audience::Mcp).await.is_ok(),
+        "the start fetch does not use up the interval"
+    );
     assert!(verifier.ready());
 }
 
@@ -328,7 +402,10 @@ async fn scheduled_refresh_revokes_removed_keys() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(server.hits() >= 2, "refreshed on schedule");
     assert_eq!(verifier.key_count(), 1);
-    assert_eq!(verifier.verify(&token_a, Audience::Mcp).await, Err(TokenError::UnknownKid { kid: "a".into() }));
+    assert_eq!(
+        verifier.verify(&token_a, Audience::Mcp).await,
+        Err(TokenError::UnknownKid { kid: "a".into() })
+    );
 }
 
 #[tokio::test]

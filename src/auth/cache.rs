@@ -81,7 +81,10 @@ pub(crate) struct TokenCache {
 impl TokenCache {
     /// A cache of at most `capacity` entries; 0 disables caching.
     pub(crate) fn new(capacity: usize) -> TokenCache {
-        TokenCache { map: DashMap::with_hasher(BuildHasherDefault::default()), capacity }
+        TokenCache {
+            map: DashMap::with_hasher(BuildHasherDefault::default()),
+            capacity,
+        }
     }
 
     /// Whether caching is on.
@@ -92,7 +95,13 @@ impl TokenCache {
     /// The claims cached for this token, if still valid for `audience` at
     /// `now` under key-set `generation`. A dead entry found on the way is
     /// removed.
-    pub(crate) fn get(&self, digest: &TokenDigest, audience: Audience, now: u64, generation: u64) -> Option<Arc<Claims>> {
+    pub(crate) fn get(
+        &self,
+        digest: &TokenDigest,
+        audience: Audience,
+        now: u64,
+        generation: u64,
+    ) -> Option<Arc<Claims>> {
         let entry = self.map.get(digest)?;
         let dead = entry.generation != generation || now >= entry.exp;
         if !dead && entry.audience == audience {
@@ -100,20 +109,32 @@ impl TokenCache {
         }
         drop(entry);
         if dead {
-            self.map.remove_if(digest, |_, e| e.generation != generation || now >= e.exp);
+            self.map
+                .remove_if(digest, |_, e| e.generation != generation || now >= e.exp);
         }
         None
     }
 
     /// Caches freshly verified claims.
-    pub(crate) fn insert(&self, digest: TokenDigest, claims: Arc<Claims>, now: u64, generation: u64) {
+    pub(crate) fn insert(
+        &self,
+        digest: TokenDigest,
+        claims: Arc<Claims>,
+        now: u64,
+        generation: u64,
+    ) {
         if !self.enabled() || now >= claims.exp {
             return;
         }
         if self.map.len() >= self.capacity {
             self.make_room(now, generation);
         }
-        let entry = Entry { audience: claims.audience, exp: claims.exp, claims, generation };
+        let entry = Entry {
+            audience: claims.audience,
+            exp: claims.exp,
+            claims,
+            generation,
+        };
         self.map.insert(digest, entry);
     }
 
@@ -125,7 +146,8 @@ impl TokenCache {
     /// Drops dead entries; if that frees too little, drops arbitrary ones down
     /// to 7/8 of capacity so the sweep is not repeated on every insert.
     fn make_room(&self, now: u64, generation: u64) {
-        self.map.retain(|_, e| e.generation == generation && now < e.exp);
+        self.map
+            .retain(|_, e| e.generation == generation && now < e.exp);
         let target = self.capacity - self.capacity / 8 - 1;
         let excess = self.map.len().saturating_sub(target);
         if excess == 0 {

@@ -29,7 +29,9 @@ fn hit_returns_the_cached_claims() {
     cache.insert(d, Arc::clone(&c), 900, 1);
     let got = cache.get(&d, Audience::Mcp, 900, 1).expect("hit");
     assert!(Arc::ptr_eq(&got, &c));
-    assert!(cache.get(&TokenDigest::of("token-b"), Audience::Mcp, 900, 1).is_none());
+    assert!(cache
+        .get(&TokenDigest::of("token-b"), Audience::Mcp, 900, 1)
+        .is_none());
 }
 
 #[test]
@@ -48,7 +50,10 @@ fn generation_change_invalidates() {
     let d = TokenDigest::of("t");
     cache.insert(d, claims(1_000, Audience::Mcp), 900, 1);
     assert!(cache.get(&d, Audience::Mcp, 900, 2).is_none());
-    assert!(cache.get(&d, Audience::Mcp, 900, 1).is_none(), "removed, not just hidden");
+    assert!(
+        cache.get(&d, Audience::Mcp, 900, 1).is_none(),
+        "removed, not just hidden"
+    );
 }
 
 #[test]
@@ -71,7 +76,12 @@ fn already_expired_claims_are_not_inserted() {
 fn full_cache_drops_dead_entries_first() {
     let cache = TokenCache::new(4);
     for i in 0..3 {
-        cache.insert(TokenDigest::of(&format!("dying-{i}")), claims(950, Audience::Mcp), 900, 1);
+        cache.insert(
+            TokenDigest::of(&format!("dying-{i}")),
+            claims(950, Audience::Mcp),
+            900,
+            1,
+        );
     }
     let live = TokenDigest::of("live");
     cache.insert(live, claims(2_000, Audience::Mcp), 900, 1);
@@ -79,18 +89,29 @@ fn full_cache_drops_dead_entries_first() {
     // At 960 the three "dying" entries are dead; inserting sweeps them.
     cache.insert(TokenDigest::of("new"), claims(2_000, Audience::Mcp), 960, 1);
     assert_eq!(cache.len(), 2);
-    assert!(cache.get(&live, Audience::Mcp, 960, 1).is_some(), "the live entry survived the sweep");
+    assert!(
+        cache.get(&live, Audience::Mcp, 960, 1).is_some(),
+        "the live entry survived the sweep"
+    );
 }
 
 #[test]
 fn full_cache_of_live_entries_stays_bounded() {
     let cache = TokenCache::new(16);
     for i in 0..1_000 {
-        cache.insert(TokenDigest::of(&format!("t-{i}")), claims(2_000, Audience::Mcp), 900, 1);
+        cache.insert(
+            TokenDigest::of(&format!("t-{i}")),
+            claims(2_000, Audience::Mcp),
+            900,
+            1,
+        );
         assert!(cache.len() <= 16);
     }
     let last = TokenDigest::of("t-999");
-    assert!(cache.get(&last, Audience::Mcp, 900, 1).is_some(), "the newest entry is always kept");
+    assert!(
+        cache.get(&last, Audience::Mcp, 900, 1).is_some(),
+        "the newest entry is always kept"
+    );
 }
 
 #[test]

@@ -37,7 +37,14 @@ pub enum Alg {
 impl Alg {
     /// Every supported algorithm, in a fixed order (also the index order of
     /// per-algorithm tables).
-    pub const ALL: [Alg; 6] = [Alg::RS256, Alg::PS256, Alg::ES256, Alg::ES384, Alg::EdDSA, Alg::HS256];
+    pub const ALL: [Alg; 6] = [
+        Alg::RS256,
+        Alg::PS256,
+        Alg::ES256,
+        Alg::ES384,
+        Alg::EdDSA,
+        Alg::HS256,
+    ];
 
     /// Parses the JOSE name (`"ES256"`); case-sensitive as RFC 7518 requires.
     pub fn from_name(name: &str) -> Option<Alg> {
@@ -390,13 +397,20 @@ impl AuthConfig {
         non_empty("auth.mcp_audience", &self.mcp_audience)?;
         non_empty("auth.admin_audience", &self.admin_audience)?;
         if self.mcp_audience == self.admin_audience {
-            return Err(ConfigError::SameAudiences { value: self.mcp_audience.clone() });
+            return Err(ConfigError::SameAudiences {
+                value: self.mcp_audience.clone(),
+            });
         }
         scope("auth.required_scope", &self.required_scope)?;
         scope("auth.admin_scope", &self.admin_scope)?;
         self.validate_issuers()?;
         in_range("auth.leeway_s", self.leeway_s, 0, MAX_LEEWAY_S)?;
-        in_range("auth.max_lifetime_s", self.max_lifetime_s, 1, MAX_MAX_LIFETIME_S)?;
+        in_range(
+            "auth.max_lifetime_s",
+            self.max_lifetime_s,
+            1,
+            MAX_MAX_LIFETIME_S,
+        )?;
         if self.keys.is_empty() && self.jwks.is_empty() {
             return Err(ConfigError::NoKeys);
         }
@@ -420,7 +434,10 @@ impl AuthConfig {
 
     /// The token header as an [`HeaderName`] (lower-cased).
     pub fn header_name(&self) -> Result<HeaderName, ConfigError> {
-        let bad = || ConfigError::BadHeader { key: "auth.header".into(), value: self.header.clone() };
+        let bad = || ConfigError::BadHeader {
+            key: "auth.header".into(),
+            value: self.header.clone(),
+        };
         let name = HeaderName::from_bytes(self.header.as_bytes()).map_err(|_| bad())?;
         // Authorization is always read; naming it again would make the
         // "two different tokens" rule meaningless.
@@ -461,7 +478,10 @@ impl AuthConfig {
             let key = format!("auth.issuers[{i}]");
             non_empty(&key, iss)?;
             if !seen.insert(iss.as_str()) {
-                return Err(ConfigError::Duplicate { key, value: iss.clone() });
+                return Err(ConfigError::Duplicate {
+                    key,
+                    value: iss.clone(),
+                });
             }
         }
         if let Some(sa) = &self.service_account_issuer {
@@ -476,7 +496,12 @@ impl AuthConfig {
 impl KeyConfig {
     /// The pinned algorithm, checked.
     pub fn parsed_alg(&self, index: usize) -> Result<Alg, ConfigError> {
-        parse_alg(&format!("auth.keys[{index}].alg"), &self.alg, KEY_ALGS, &Alg::ALL)
+        parse_alg(
+            &format!("auth.keys[{index}].alg"),
+            &self.alg,
+            KEY_ALGS,
+            &Alg::ALL,
+        )
     }
 
     fn validate(&self, i: usize) -> Result<(), ConfigError> {
@@ -522,13 +547,23 @@ impl KeyConfig {
 impl JwksSourceConfig {
     /// The algorithm RSA keys without `alg` are pinned to, checked.
     pub fn parsed_rsa_alg(&self, index: usize) -> Result<Alg, ConfigError> {
-        parse_alg(&format!("auth.jwks[{index}].rsa_alg"), &self.rsa_alg, RSA_ALGS, &[Alg::RS256, Alg::PS256])
+        parse_alg(
+            &format!("auth.jwks[{index}].rsa_alg"),
+            &self.rsa_alg,
+            RSA_ALGS,
+            &[Alg::RS256, Alg::PS256],
+        )
     }
 
     /// The URL, checked: `https://`, or `http://` to a loopback host.
     pub fn parsed_url(&self, index: usize) -> Result<Option<Uri>, ConfigError> {
-        let Some(url) = &self.url else { return Ok(None) };
-        let bad = || ConfigError::BadUrl { key: format!("auth.jwks[{index}].url"), value: url.clone() };
+        let Some(url) = &self.url else {
+            return Ok(None);
+        };
+        let bad = || ConfigError::BadUrl {
+            key: format!("auth.jwks[{index}].url"),
+            value: url.clone(),
+        };
         let uri: Uri = url.parse().map_err(|_| bad())?;
         let host = uri.host().ok_or_else(bad)?;
         match uri.scheme_str() {
@@ -539,38 +574,71 @@ impl JwksSourceConfig {
     }
 
     fn validate(&self, i: usize) -> Result<(), ConfigError> {
-        let found = [self.inline.is_some(), self.file.is_some(), self.url.is_some()]
-            .iter()
-            .filter(|given| **given)
-            .count();
+        let found = [
+            self.inline.is_some(),
+            self.file.is_some(),
+            self.url.is_some(),
+        ]
+        .iter()
+        .filter(|given| **given)
+        .count();
         if found != 1 {
-            return Err(ConfigError::ExactlyOne { key: format!("auth.jwks[{i}]"), options: "inline, file, url", found });
+            return Err(ConfigError::ExactlyOne {
+                key: format!("auth.jwks[{i}]"),
+                options: "inline, file, url",
+                found,
+            });
         }
         self.parsed_rsa_alg(i)?;
         if self.url.is_some() {
             self.parsed_url(i)?;
-            in_range(&format!("auth.jwks[{i}].refresh_s"), self.refresh_s, 1, 86_400)?;
-            in_range(&format!("auth.jwks[{i}].min_refresh_interval_s"), self.min_refresh_interval_s, 1, 3_600)?;
+            in_range(
+                &format!("auth.jwks[{i}].refresh_s"),
+                self.refresh_s,
+                1,
+                86_400,
+            )?;
+            in_range(
+                &format!("auth.jwks[{i}].min_refresh_interval_s"),
+                self.min_refresh_interval_s,
+                1,
+                3_600,
+            )?;
         } else if self.ca_file.is_some() {
-            return Err(ConfigError::OnlyForUrl { key: format!("auth.jwks[{i}].ca_file") });
+            return Err(ConfigError::OnlyForUrl {
+                key: format!("auth.jwks[{i}].ca_file"),
+            });
         }
         Ok(())
     }
 }
 
-fn parse_alg(key: &str, value: &str, expected: &'static str, allowed: &[Alg]) -> Result<Alg, ConfigError> {
+fn parse_alg(
+    key: &str,
+    value: &str,
+    expected: &'static str,
+    allowed: &[Alg],
+) -> Result<Alg, ConfigError> {
     if value.eq_ignore_ascii_case("none") {
-        return Err(ConfigError::AlgNone { key: key.to_owned() });
+        return Err(ConfigError::AlgNone {
+            key: key.to_owned(),
+        });
     }
     match Alg::from_name(value) {
         Some(alg) if allowed.contains(&alg) => Ok(alg),
-        _ => Err(ConfigError::UnsupportedAlg { key: key.to_owned(), value: value.to_owned(), expected }),
+        _ => Err(ConfigError::UnsupportedAlg {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            expected,
+        }),
     }
 }
 
 fn non_empty(key: &str, value: &str) -> Result<(), ConfigError> {
     if value.trim().is_empty() {
-        return Err(ConfigError::Empty { key: key.to_owned() });
+        return Err(ConfigError::Empty {
+            key: key.to_owned(),
+        });
     }
     Ok(())
 }
@@ -578,14 +646,22 @@ fn non_empty(key: &str, value: &str) -> Result<(), ConfigError> {
 fn scope(key: &str, value: &str) -> Result<(), ConfigError> {
     non_empty(key, value)?;
     if value.chars().any(char::is_whitespace) {
-        return Err(ConfigError::ScopeWhitespace { key: key.to_owned(), value: value.to_owned() });
+        return Err(ConfigError::ScopeWhitespace {
+            key: key.to_owned(),
+            value: value.to_owned(),
+        });
     }
     Ok(())
 }
 
 fn in_range(key: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
     if value < min || value > max {
-        return Err(ConfigError::OutOfRange { key: key.to_owned(), value, min, max });
+        return Err(ConfigError::OutOfRange {
+            key: key.to_owned(),
+            value,
+            min,
+            max,
+        });
     }
     Ok(())
 }
@@ -593,7 +669,9 @@ fn in_range(key: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError
 fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
-        || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]

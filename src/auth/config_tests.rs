@@ -40,15 +40,26 @@ fn defaults_are_applied() {
     assert_eq!(cfg.header, "X-Tool-Token");
     assert_eq!(cfg.required_scope, "mcp:tools");
     assert_eq!(cfg.admin_scope, "approvals");
-    assert_eq!((cfg.leeway_s, cfg.max_lifetime_s, cfg.cache_entries), (30, 900, 65_536));
+    assert_eq!(
+        (cfg.leeway_s, cfg.max_lifetime_s, cfg.cache_entries),
+        (30, 900, 65_536)
+    );
     let jwks = &cfg.jwks[0];
-    assert_eq!((jwks.refresh_s, jwks.min_refresh_interval_s, jwks.rsa_alg.as_str()), (300, 10, "RS256"));
+    assert_eq!(
+        (
+            jwks.refresh_s,
+            jwks.min_refresh_interval_s,
+            jwks.rsa_alg.as_str()
+        ),
+        (300, 10, "RS256")
+    );
     assert_eq!(cfg.header_name().expect("header").as_str(), "x-tool-token");
 }
 
 #[test]
 fn unknown_keys_are_refused() {
-    let err = parse("\n[[jwks]]\nurl = \"https://x.test/j\"\nrefresh = 5\n").expect_err("unknown key");
+    let err =
+        parse("\n[[jwks]]\nurl = \"https://x.test/j\"\nrefresh = 5\n").expect_err("unknown key");
     assert!(err.to_string().contains("refresh"), "{err}");
     let err = toml::from_str::<AuthConfig>(&format!("leway_s = 3\n{BASE}")).expect_err("typo");
     assert!(err.to_string().contains("leway_s"), "{err}");
@@ -59,7 +70,10 @@ fn alg_none_names_the_key() {
     let mut cfg = base();
     cfg.keys[2].alg = "none".into();
     let err = cfg.validate().expect_err("none");
-    assert_eq!(err.to_string(), "auth.keys[2].alg: \"none\" is never accepted");
+    assert_eq!(
+        err.to_string(),
+        "auth.keys[2].alg: \"none\" is never accepted"
+    );
 }
 
 #[test]
@@ -86,7 +100,10 @@ fn key_material_must_be_exactly_one_and_fit_the_alg() {
     );
     let mut cfg = base();
     cfg.keys[0].pem_file = None;
-    assert!(matches!(cfg.validate(), Err(ConfigError::ExactlyOne { found: 0, .. })));
+    assert!(matches!(
+        cfg.validate(),
+        Err(ConfigError::ExactlyOne { found: 0, .. })
+    ));
     let mut cfg = base();
     cfg.keys[0].pem_file = None;
     cfg.keys[0].secret = Some(SecretString::new("x".repeat(40)));
@@ -97,21 +114,36 @@ fn key_material_must_be_exactly_one_and_fit_the_alg() {
     let mut cfg = base();
     cfg.keys[1].secret = None;
     cfg.keys[1].pem_file = Some("k.pem".into());
-    assert!(matches!(cfg.validate(), Err(ConfigError::MaterialMismatch { alg: Alg::HS256, .. })));
+    assert!(matches!(
+        cfg.validate(),
+        Err(ConfigError::MaterialMismatch {
+            alg: Alg::HS256,
+            ..
+        })
+    ));
 }
 
 #[test]
 fn duplicate_kids_are_refused() {
     let mut cfg = base();
     cfg.keys[2].kid = Some("k0".into());
-    assert_eq!(cfg.validate(), Err(ConfigError::Duplicate { key: "auth.keys[2].kid".into(), value: "k0".into() }));
+    assert_eq!(
+        cfg.validate(),
+        Err(ConfigError::Duplicate {
+            key: "auth.keys[2].kid".into(),
+            value: "k0".into()
+        })
+    );
 }
 
 #[test]
 fn audiences_must_differ() {
     let mut cfg = base();
     cfg.admin_audience = cfg.mcp_audience.clone();
-    assert!(matches!(cfg.validate(), Err(ConfigError::SameAudiences { .. })));
+    assert!(matches!(
+        cfg.validate(),
+        Err(ConfigError::SameAudiences { .. })
+    ));
 }
 
 #[test]
@@ -147,7 +179,10 @@ fn some_key_source_is_required() {
 fn jwks_source_must_be_exactly_one_kind() {
     let mut cfg = base();
     cfg.jwks[0].inline = Some("{}".into());
-    assert!(matches!(cfg.validate(), Err(ConfigError::ExactlyOne { found: 2, .. })));
+    assert!(matches!(
+        cfg.validate(),
+        Err(ConfigError::ExactlyOne { found: 2, .. })
+    ));
 }
 
 #[test]
@@ -174,7 +209,12 @@ fn ca_file_only_applies_to_urls() {
     cfg.jwks[0].url = None;
     cfg.jwks[0].file = Some("jwks.json".into());
     cfg.jwks[0].ca_file = Some("ca.pem".into());
-    assert_eq!(cfg.validate(), Err(ConfigError::OnlyForUrl { key: "auth.jwks[0].ca_file".into() }));
+    assert_eq!(
+        cfg.validate(),
+        Err(ConfigError::OnlyForUrl {
+            key: "auth.jwks[0].ca_file".into()
+        })
+    );
 }
 
 #[test]
@@ -193,14 +233,25 @@ fn numbers_out_of_range_are_refused() {
     cfg.leeway_s = 301;
     assert_eq!(
         cfg.validate(),
-        Err(ConfigError::OutOfRange { key: "auth.leeway_s".into(), value: 301, min: 0, max: 300 })
+        Err(ConfigError::OutOfRange {
+            key: "auth.leeway_s".into(),
+            value: 301,
+            min: 0,
+            max: 300
+        })
     );
     let mut cfg = base();
     cfg.max_lifetime_s = 0;
-    assert!(matches!(cfg.validate(), Err(ConfigError::OutOfRange { .. })));
+    assert!(matches!(
+        cfg.validate(),
+        Err(ConfigError::OutOfRange { .. })
+    ));
     let mut cfg = base();
     cfg.jwks[0].min_refresh_interval_s = 0;
-    assert!(matches!(cfg.validate(), Err(ConfigError::OutOfRange { .. })));
+    assert!(matches!(
+        cfg.validate(),
+        Err(ConfigError::OutOfRange { .. })
+    ));
 }
 
 #[test]
@@ -208,7 +259,10 @@ fn token_header_must_be_a_name_other_than_authorization() {
     for bad in ["Authorization", "bad header", ""] {
         let mut cfg = base();
         cfg.header = bad.into();
-        assert!(matches!(cfg.validate(), Err(ConfigError::BadHeader { .. })), "{bad}");
+        assert!(
+            matches!(cfg.validate(), Err(ConfigError::BadHeader { .. })),
+            "{bad}"
+        );
     }
 }
 
@@ -216,7 +270,10 @@ fn token_header_must_be_a_name_other_than_authorization() {
 fn scopes_must_be_single_words() {
     let mut cfg = base();
     cfg.required_scope = "mcp tools".into();
-    assert!(matches!(cfg.validate(), Err(ConfigError::ScopeWhitespace { .. })));
+    assert!(matches!(
+        cfg.validate(),
+        Err(ConfigError::ScopeWhitespace { .. })
+    ));
 }
 
 #[test]
@@ -230,6 +287,12 @@ fn debug_output_never_shows_secrets() {
 fn relative_paths_resolve_against_the_config_directory() {
     let mut cfg = base();
     cfg.resolve_paths(Path::new("/etc/fw"));
-    assert_eq!(cfg.keys[0].pem_file.as_deref(), Some(Path::new("/etc/fw/keys/ec.pem")));
-    assert_eq!(cfg.keys[2].pem_file.as_deref(), Some(Path::new("/abs/ed.pem")));
+    assert_eq!(
+        cfg.keys[0].pem_file.as_deref(),
+        Some(Path::new("/etc/fw/keys/ec.pem"))
+    );
+    assert_eq!(
+        cfg.keys[2].pem_file.as_deref(),
+        Some(Path::new("/abs/ed.pem"))
+    );
 }

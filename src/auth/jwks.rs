@@ -151,7 +151,9 @@ impl KeyRing {
     /// Loads the fixed keys, fetches every URL source once (failures are
     /// logged, not fatal: the task keeps trying), and starts one refresh task
     /// per URL source. The caller owns the tasks and aborts them on drop.
-    pub(crate) async fn start(cfg: &AuthConfig) -> Result<(Arc<KeyRing>, Vec<JoinHandle<()>>), VerifierError> {
+    pub(crate) async fn start(
+        cfg: &AuthConfig,
+    ) -> Result<(Arc<KeyRing>, Vec<JoinHandle<()>>), VerifierError> {
         let mut fixed = Vec::with_capacity(cfg.keys.len());
         for (i, key) in cfg.keys.iter().enumerate() {
             fixed.push(Arc::new(keys::load_config_key(key, i)?));
@@ -161,7 +163,10 @@ impl KeyRing {
             let key = format!("auth.jwks[{i}]");
             let rsa_alg = source.parsed_rsa_alg(i).map_err(KeyError::from)?;
             if let Some(doc) = &source.inline {
-                fixed.extend(strict(keys::parse_jwks(doc.as_bytes(), rsa_alg, &key)?, &key)?);
+                fixed.extend(strict(
+                    keys::parse_jwks(doc.as_bytes(), rsa_alg, &key)?,
+                    &key,
+                )?);
             } else if let Some(path) = &source.file {
                 let doc = tokio::fs::read(path).await.map_err(|e| KeyError::Read {
                     key: format!("{key}.file"),
@@ -211,7 +216,11 @@ impl KeyRing {
     /// Returns false when no fetch could be started or joined (no URL source,
     /// or all rate-limited), so the caller can refuse at once.
     pub(crate) async fn refresh_for_unknown_kid(&self) -> bool {
-        let waits: Vec<_> = self.sources.iter().filter_map(|s| s.request_fetch()).collect();
+        let waits: Vec<_> = self
+            .sources
+            .iter()
+            .filter_map(|s| s.request_fetch())
+            .collect();
         if waits.is_empty() {
             return false;
         }
@@ -263,7 +272,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl UrlSource {
-    async fn new(key: String, url: Uri, cfg: &JwksSourceConfig, rsa_alg: Alg) -> Result<UrlSource, VerifierError> {
+    async fn new(
+        key: String,
+        url: Uri,
+        cfg: &JwksSourceConfig,
+        rsa_alg: Alg,
+    ) -> Result<UrlSource, VerifierError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = hyper_rustls::HttpsConnectorBuilder::new();
         let builder = match &cfg.ca_file {
@@ -277,22 +291,36 @@ impl UrlSource {
                 let certs = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok);
                 let (added, _) = roots.add_parsable_certificates(certs);
                 if added == 0 {
-                    return Err(JwksError::BadCa { key: format!("{key}.ca_file"), path: path.clone() }.into());
+                    return Err(JwksError::BadCa {
+                        key: format!("{key}.ca_file"),
+                        path: path.clone(),
+                    }
+                    .into());
                 }
                 let tls = rustls::ClientConfig::builder_with_provider(provider)
                     .with_safe_default_protocol_versions()
-                    .map_err(|source| JwksError::Tls { key: key.clone(), source })?
+                    .map_err(|source| JwksError::Tls {
+                        key: key.clone(),
+                        source,
+                    })?
                     .with_root_certificates(roots)
                     .with_no_client_auth();
                 builder.with_tls_config(tls)
             }
             None => builder
                 .with_provider_and_webpki_roots(provider)
-                .map_err(|source| JwksError::Tls { key: key.clone(), source })?,
+                .map_err(|source| JwksError::Tls {
+                    key: key.clone(),
+                    source,
+                })?,
         };
         // Plain http is only reachable for loopback URLs: config validation
         // refuses it elsewhere.
-        let connector = builder.https_or_http().enable_http1().enable_http2().build();
+        let connector = builder
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .build();
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(UrlSource {
             key,
@@ -315,7 +343,10 @@ impl UrlSource {
         let mut state = lock(&self.state);
         if !state.in_flight {
             let now = Instant::now();
-            if state.last_on_demand.is_some_and(|last| now.duration_since(last) < self.min_interval) {
+            if state
+                .last_on_demand
+                .is_some_and(|last| now.duration_since(last) < self.min_interval)
+            {
                 return None;
             }
             state.last_on_demand = Some(now);
@@ -328,28 +359,42 @@ impl UrlSource {
     async fn fetch(&self) -> Result<ParsedJwks, JwksError> {
         let url = &self.url;
         let request = http::Request::get(url.clone())
-            .header(http::header::ACCEPT, "application/jwk-set+json, application/json")
+            .header(
+                http::header::ACCEPT,
+                "application/jwk-set+json, application/json",
+            )
             .body(Empty::new())
             .map_err(|_| JwksError::Body { url: url.clone() })?;
         let work = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|source| JwksError::Request { url: url.clone(), source })?;
+            let response =
+                self.client
+                    .request(request)
+                    .await
+                    .map_err(|source| JwksError::Request {
+                        url: url.clone(),
+                        source,
+                    })?;
             if response.status() != StatusCode::OK {
-                return Err(JwksError::Status { url: url.clone(), status: response.status() });
+                return Err(JwksError::Status {
+                    url: url.clone(),
+                    status: response.status(),
+                });
             }
-            let body = Limited::new(response.into_body(), MAX_JWKS_BYTES).collect().await.map_err(|e| {
-                if e.downcast_ref::<LengthLimitError>().is_some() {
-                    JwksError::TooLarge { url: url.clone() }
-                } else {
-                    JwksError::Body { url: url.clone() }
-                }
-            })?;
+            let body = Limited::new(response.into_body(), MAX_JWKS_BYTES)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.downcast_ref::<LengthLimitError>().is_some() {
+                        JwksError::TooLarge { url: url.clone() }
+                    } else {
+                        JwksError::Body { url: url.clone() }
+                    }
+                })?;
             Ok(keys::parse_jwks(&body.to_bytes(), self.rsa_alg, &self.key)?)
         };
-        tokio::time::timeout(FETCH_TIMEOUT, work).await.map_err(|_| JwksError::Timeout { url: url.clone() })?
+        tokio::time::timeout(FETCH_TIMEOUT, work)
+            .await
+            .map_err(|_| JwksError::Timeout { url: url.clone() })?
     }
 
     /// Fetches and, on success, stores the keys (the caller rebuilds).
@@ -367,7 +412,9 @@ impl UrlSource {
                 }
                 *lock(&self.keys) = Some(parsed.keys);
             }
-            Err(error) => tracing::warn!(source = %self.key, %error, "auth: JWKS fetch failed; keeping previous keys"),
+            Err(error) => {
+                tracing::warn!(source = %self.key, %error, "auth: JWKS fetch failed; keeping previous keys")
+            }
         }
     }
 }

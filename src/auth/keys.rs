@@ -156,7 +156,10 @@ pub struct Key {
 impl std::fmt::Debug for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The material may be an HS256 secret: never print it.
-        f.debug_struct("Key").field("kid", &self.kid).field("alg", &self.alg).finish_non_exhaustive()
+        f.debug_struct("Key")
+            .field("kid", &self.kid)
+            .field("alg", &self.alg)
+            .finish_non_exhaustive()
     }
 }
 
@@ -164,7 +167,11 @@ impl Key {
     /// Checks `decoding` is usable for `alg` and wraps it.
     pub fn new(kid: Option<&str>, alg: Alg, decoding: DecodingKey) -> Result<Key, JwkProblem> {
         check_material(alg, &decoding)?;
-        Ok(Key { kid: kid.map(Into::into), alg, decoding })
+        Ok(Key {
+            kid: kid.map(Into::into),
+            alg,
+            decoding,
+        })
     }
 
     fn fingerprint_into(&self, hasher: &mut Sha256) {
@@ -220,11 +227,17 @@ pub(crate) fn load_secret(cfg: &KeyConfig, index: usize) -> Result<Vec<u8>, KeyE
         inline.expose().as_bytes().to_vec()
     } else if let Some(var) = &cfg.secret_env {
         std::env::var(var)
-            .map_err(|_| KeyError::SecretEnvMissing { key: format!("{key}.secret_env"), var: var.clone() })?
+            .map_err(|_| KeyError::SecretEnvMissing {
+                key: format!("{key}.secret_env"),
+                var: var.clone(),
+            })?
             .into_bytes()
     } else if let Some(path) = &cfg.secret_file {
-        let mut bytes = std::fs::read(path)
-            .map_err(|source| KeyError::Read { key: format!("{key}.secret_file"), path: path.clone(), source })?;
+        let mut bytes = std::fs::read(path).map_err(|source| KeyError::Read {
+            key: format!("{key}.secret_file"),
+            path: path.clone(),
+            source,
+        })?;
         // Files written by editors and `echo` end in a newline that is not
         // part of the secret.
         while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
@@ -235,7 +248,11 @@ pub(crate) fn load_secret(cfg: &KeyConfig, index: usize) -> Result<Vec<u8>, KeyE
         Vec::new()
     };
     if secret.len() < MIN_HS256_SECRET_BYTES {
-        return Err(KeyError::SecretTooShort { key, len: secret.len(), min: MIN_HS256_SECRET_BYTES });
+        return Err(KeyError::SecretTooShort {
+            key,
+            len: secret.len(),
+            min: MIN_HS256_SECRET_BYTES,
+        });
     }
     Ok(secret)
 }
@@ -259,10 +276,22 @@ pub(crate) fn load_config_key(cfg: &KeyConfig, index: usize) -> Result<Key, KeyE
     }
     let key = format!("auth.keys[{index}].pem_file");
     let Some(path) = &cfg.pem_file else {
-        return Err(KeyError::BadPem { key, alg, problem: JwkProblem::Missing("pem_file") });
+        return Err(KeyError::BadPem {
+            key,
+            alg,
+            problem: JwkProblem::Missing("pem_file"),
+        });
     };
-    let pem = std::fs::read(path).map_err(|source| KeyError::Read { key: key.clone(), path: path.clone(), source })?;
-    let bad = |problem| KeyError::BadPem { key: key.clone(), alg, problem };
+    let pem = std::fs::read(path).map_err(|source| KeyError::Read {
+        key: key.clone(),
+        path: path.clone(),
+        source,
+    })?;
+    let bad = |problem| KeyError::BadPem {
+        key: key.clone(),
+        alg,
+        problem,
+    };
     let decoding = match alg {
         Alg::RS256 | Alg::PS256 => DecodingKey::from_rsa_pem(&pem),
         Alg::ES256 | Alg::ES384 => DecodingKey::from_ec_pem(&pem),
@@ -333,17 +362,34 @@ struct RawJwk {
 /// are returned in [`ParsedJwks::skipped`] rather than failing the whole set,
 /// because one exotic key published by an IdP must not take the others down.
 pub fn parse_jwks(doc: &[u8], rsa_alg: Alg, key: &str) -> Result<ParsedJwks, KeyError> {
-    let raw: RawJwks = serde_json::from_slice(doc).map_err(|_| KeyError::NotJwks { key: key.to_owned() })?;
-    let mut parsed = ParsedJwks { keys: Vec::with_capacity(raw.keys.len()), skipped: Vec::new() };
+    let raw: RawJwks = serde_json::from_slice(doc).map_err(|_| KeyError::NotJwks {
+        key: key.to_owned(),
+    })?;
+    let mut parsed = ParsedJwks {
+        keys: Vec::with_capacity(raw.keys.len()),
+        skipped: Vec::new(),
+    };
     for (index, value) in raw.keys.into_iter().enumerate() {
-        let kid_of = |v: &serde_json::Value| v.get("kid").and_then(|k| k.as_str()).map_or_else(|| "-".to_owned(), shown);
+        let kid_of = |v: &serde_json::Value| {
+            v.get("kid")
+                .and_then(|k| k.as_str())
+                .map_or_else(|| "-".to_owned(), shown)
+        };
         let kid = kid_of(&value);
         match serde_json::from_value::<RawJwk>(value) {
             Ok(jwk) => match jwk_to_key(&jwk, rsa_alg) {
                 Ok(k) => parsed.keys.push(Arc::new(k)),
-                Err(problem) => parsed.skipped.push(Skipped { index, kid, problem }),
+                Err(problem) => parsed.skipped.push(Skipped {
+                    index,
+                    kid,
+                    problem,
+                }),
             },
-            Err(_) => parsed.skipped.push(Skipped { index, kid, problem: JwkProblem::NotAnObject }),
+            Err(_) => parsed.skipped.push(Skipped {
+                index,
+                kid,
+                problem: JwkProblem::NotAnObject,
+            }),
         }
     }
     Ok(parsed)
@@ -357,7 +403,10 @@ fn jwk_to_key(jwk: &RawJwk, rsa_alg: Alg) -> Result<Key, JwkProblem> {
         return Err(JwkProblem::PrivateMaterial);
     }
     if jwk.usage.as_deref().is_some_and(|u| u != "sig")
-        || jwk.key_ops.as_ref().is_some_and(|ops| !ops.iter().any(|op| op == "verify"))
+        || jwk
+            .key_ops
+            .as_ref()
+            .is_some_and(|ops| !ops.iter().any(|op| op == "verify"))
     {
         return Err(JwkProblem::NotForSignatures);
     }
@@ -365,7 +414,8 @@ fn jwk_to_key(jwk: &RawJwk, rsa_alg: Alg) -> Result<Key, JwkProblem> {
         alg: jwk.alg.as_deref().map_or_else(|| "-".to_owned(), shown),
         kty: shown(&jwk.kty),
     };
-    let member = |value: &Option<String>, name: &'static str| value.clone().ok_or(JwkProblem::Missing(name));
+    let member =
+        |value: &Option<String>, name: &'static str| value.clone().ok_or(JwkProblem::Missing(name));
     let (alg, decoding) = match jwk.kty.as_str() {
         "RSA" => {
             let alg = match jwk.alg.as_deref() {
@@ -375,7 +425,11 @@ fn jwk_to_key(jwk: &RawJwk, rsa_alg: Alg) -> Result<Key, JwkProblem> {
                 Some(_) => return Err(mismatch()),
             };
             let (n, e) = (member(&jwk.n, "n")?, member(&jwk.e, "e")?);
-            (alg, DecodingKey::from_rsa_components(&n, &e).map_err(|_| JwkProblem::InvalidMaterial(alg))?)
+            (
+                alg,
+                DecodingKey::from_rsa_components(&n, &e)
+                    .map_err(|_| JwkProblem::InvalidMaterial(alg))?,
+            )
         }
         "EC" => {
             let crv = jwk.crv.as_deref().ok_or(JwkProblem::Missing("crv"))?;
@@ -388,7 +442,11 @@ fn jwk_to_key(jwk: &RawJwk, rsa_alg: Alg) -> Result<Key, JwkProblem> {
                 return Err(mismatch());
             }
             let (x, y) = (member(&jwk.x, "x")?, member(&jwk.y, "y")?);
-            (alg, DecodingKey::from_ec_components(&x, &y).map_err(|_| JwkProblem::InvalidMaterial(alg))?)
+            (
+                alg,
+                DecodingKey::from_ec_components(&x, &y)
+                    .map_err(|_| JwkProblem::InvalidMaterial(alg))?,
+            )
         }
         "OKP" => {
             let crv = jwk.crv.as_deref().ok_or(JwkProblem::Missing("crv"))?;
@@ -397,11 +455,19 @@ fn jwk_to_key(jwk: &RawJwk, rsa_alg: Alg) -> Result<Key, JwkProblem> {
             }
             // RFC 9864 names the fully-specified algorithm `Ed25519`; tokens
             // still say `EdDSA`.
-            if jwk.alg.as_deref().is_some_and(|a| a != "EdDSA" && a != "Ed25519") {
+            if jwk
+                .alg
+                .as_deref()
+                .is_some_and(|a| a != "EdDSA" && a != "Ed25519")
+            {
                 return Err(mismatch());
             }
             let x = member(&jwk.x, "x")?;
-            (Alg::EdDSA, DecodingKey::from_ed_components(&x).map_err(|_| JwkProblem::InvalidMaterial(Alg::EdDSA))?)
+            (
+                Alg::EdDSA,
+                DecodingKey::from_ed_components(&x)
+                    .map_err(|_| JwkProblem::InvalidMaterial(Alg::EdDSA))?,
+            )
         }
         other => return Err(JwkProblem::UnsupportedKty(shown(other))),
     };
@@ -430,7 +496,12 @@ impl KeySet {
             by_alg[key.alg.index()].push(i);
             key.fingerprint_into(&mut hasher);
         }
-        KeySet { keys, by_kid, by_alg, fingerprint: hasher.finalize().into() }
+        KeySet {
+            keys,
+            by_kid,
+            by_alg,
+            fingerprint: hasher.finalize().into(),
+        }
     }
 
     /// A digest of every key's id, algorithm and material: equal fingerprints
@@ -453,7 +524,10 @@ impl KeySet {
                 let Some(indices) = self.by_kid.get(kid) else {
                     return Err(TokenError::UnknownKid { kid: shown(kid) });
                 };
-                if let Some(first) = indices.first().filter(|_| !indices.iter().any(|i| self.keys[*i].alg == alg)) {
+                if let Some(first) = indices
+                    .first()
+                    .filter(|_| !indices.iter().any(|i| self.keys[*i].alg == alg))
+                {
                     return Err(TokenError::AlgMismatch {
                         kid: shown(kid),
                         token_alg: alg,
@@ -470,7 +544,11 @@ impl KeySet {
                 indices
             }
         };
-        Ok(Candidates { set: self, indices: indices.iter(), alg })
+        Ok(Candidates {
+            set: self,
+            indices: indices.iter(),
+            alg,
+        })
     }
 }
 
@@ -485,7 +563,10 @@ impl<'a> Iterator for Candidates<'a> {
     type Item = &'a Key;
 
     fn next(&mut self) -> Option<&'a Key> {
-        self.indices.by_ref().map(|i| &*self.set.keys[*i]).find(|key| key.alg == self.alg)
+        self.indices
+            .by_ref()
+            .map(|i| &*self.set.keys[*i])
+            .find(|key| key.alg == self.alg)
     }
 }
 

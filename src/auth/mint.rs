@@ -73,7 +73,10 @@ pub struct SigningKey {
 
 impl fmt::Debug for SigningKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SigningKey").field("alg", &self.alg).field("kid", &self.kid).finish_non_exhaustive()
+        f.debug_struct("SigningKey")
+            .field("alg", &self.alg)
+            .field("kid", &self.kid)
+            .finish_non_exhaustive()
     }
 }
 
@@ -87,13 +90,21 @@ impl SigningKey {
             Alg::HS256 => return Err(MintError::BadPrivateKey { alg }),
         }
         .map_err(|_| MintError::BadPrivateKey { alg })?;
-        Ok(SigningKey { alg, kid: kid.map(str::to_owned), key })
+        Ok(SigningKey {
+            alg,
+            kid: kid.map(str::to_owned),
+            key,
+        })
     }
 
     /// An HS256 secret.
     pub fn from_secret(secret: &[u8], kid: Option<&str>) -> Result<SigningKey, MintError> {
         let key = EncodingKey::from_secret(secret).map_err(MintError::Sign)?;
-        Ok(SigningKey { alg: Alg::HS256, kid: kid.map(str::to_owned), key })
+        Ok(SigningKey {
+            alg: Alg::HS256,
+            kid: kid.map(str::to_owned),
+            key,
+        })
     }
 
     /// The first HS256 key of `cfg.keys`, the development minting key.
@@ -135,12 +146,17 @@ impl SigningKey {
             // jsonwebtoken's `Jwk::from_encoding_key` only takes 48-byte
             // PKCS#8 v1 Ed25519 keys; ring and rcgen write v2 (with the public
             // key), which its own key utilities parse fine.
-            let provider = CryptoProvider::try_get_default().ok_or(MintError::BadPrivateKey { alg: self.alg })?;
-            let x = (provider.key_utils.ed_pub_components_from_private_key)(self.key.as_bytes(), &EllipticCurve::Ed25519)
-                .map_err(MintError::Sign)?;
+            let provider = CryptoProvider::try_get_default()
+                .ok_or(MintError::BadPrivateKey { alg: self.alg })?;
+            let x = (provider.key_utils.ed_pub_components_from_private_key)(
+                self.key.as_bytes(),
+                &EllipticCurve::Ed25519,
+            )
+            .map_err(MintError::Sign)?;
             serde_json::json!({ "kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "x": URL_SAFE_NO_PAD.encode(x) })
         } else {
-            let jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&self.key, self.alg.jwt()).map_err(MintError::Sign)?;
+            let jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&self.key, self.alg.jwt())
+                .map_err(MintError::Sign)?;
             serde_json::to_value(&jwk).map_err(|e| MintError::Sign(e.into()))?
         };
         if let Some(object) = value.as_object_mut() {
@@ -199,28 +215,50 @@ struct Wire<'a> {
 }
 
 /// Mints a development token signed with the first HS256 key of `cfg`.
-pub fn mint(cfg: &AuthConfig, claims: &MintClaims, lifetime: Duration) -> Result<String, MintError> {
+pub fn mint(
+    cfg: &AuthConfig,
+    claims: &MintClaims,
+    lifetime: Duration,
+) -> Result<String, MintError> {
     mint_with(&SigningKey::from_config(cfg)?, cfg, claims, lifetime)
 }
 
 /// Mints a token signed with `key` (e.g. a PEM private key in tests), with
 /// `iat` now and `exp` after `lifetime`.
-pub fn mint_with(key: &SigningKey, cfg: &AuthConfig, claims: &MintClaims, lifetime: Duration) -> Result<String, MintError> {
+pub fn mint_with(
+    key: &SigningKey,
+    cfg: &AuthConfig,
+    claims: &MintClaims,
+    lifetime: Duration,
+) -> Result<String, MintError> {
     let requested_s = lifetime.as_secs();
     if requested_s == 0 || requested_s > cfg.max_lifetime_s {
-        return Err(MintError::Lifetime { requested_s, max_s: cfg.max_lifetime_s });
+        return Err(MintError::Lifetime {
+            requested_s,
+            max_s: cfg.max_lifetime_s,
+        });
     }
     let iss = match &claims.issuer {
         Some(iss) if cfg.issuers.contains(iss) => iss.as_str(),
         Some(iss) => return Err(MintError::UntrustedIssuer { iss: iss.clone() }),
-        None => cfg.issuers.first().map(String::as_str).ok_or(MintError::UntrustedIssuer { iss: String::new() })?,
+        None => cfg
+            .issuers
+            .first()
+            .map(String::as_str)
+            .ok_or(MintError::UntrustedIssuer { iss: String::new() })?,
     };
     let (aud, default_scope) = match claims.audience {
         Audience::Mcp => (&cfg.mcp_audience, &cfg.required_scope),
         Audience::Admin => (&cfg.admin_audience, &cfg.admin_scope),
     };
-    let scope = if claims.scopes.is_empty() { default_scope.clone() } else { claims.scopes.join(" ") };
-    let iat = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let scope = if claims.scopes.is_empty() {
+        default_scope.clone()
+    } else {
+        claims.scopes.join(" ")
+    };
+    let iat = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     key.sign(&Wire {
         iss,
         aud,
@@ -232,7 +270,10 @@ pub fn mint_with(key: &SigningKey, cfg: &AuthConfig, claims: &MintClaims, lifeti
         projects: &claims.projects,
         project_ceiling: claims.project_ceiling.as_deref(),
         scope,
-        jti: claims.jti.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        jti: claims
+            .jti
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
         iat,
         exp: iat + requested_s,
     })
@@ -255,14 +296,20 @@ pub struct Inspection {
 /// cache) whether it would be accepted for each audience, and if not, why.
 pub async fn inspect(verifier: &Verifier, token: &str) -> Inspection {
     let decode = |part: Option<&str>, err: Malformed| {
-        part.and_then(|p| token::decode_part(p, err).ok()).and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        part.and_then(|p| token::decode_part(p, err).ok())
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
     };
     let mut parts = token.split('.');
     let header = decode(parts.next(), Malformed::HeaderEncoding);
     let claims = decode(parts.next(), Malformed::PayloadEncoding);
     let mcp = verifier.verify_uncached(token, Audience::Mcp).await;
     let admin = verifier.verify_uncached(token, Audience::Admin).await;
-    Inspection { header, claims, mcp, admin }
+    Inspection {
+        header,
+        claims,
+        mcp,
+        admin,
+    }
 }
 
 impl fmt::Display for Inspection {
@@ -276,7 +323,11 @@ impl fmt::Display for Inspection {
         writeln!(f, "claims (unverified): {}", json(&self.claims))?;
         for (name, verdict) in [("mcp", &self.mcp), ("admin", &self.admin)] {
             match verdict {
-                Ok(c) => writeln!(f, "{name}: valid (sub {}, run {}, expires {})", c.sub, c.run_id, c.exp)?,
+                Ok(c) => writeln!(
+                    f,
+                    "{name}: valid (sub {}, run {}, expires {})",
+                    c.sub, c.run_id, c.exp
+                )?,
                 Err(e) => writeln!(f, "{name}: refused: {e}")?,
             }
         }

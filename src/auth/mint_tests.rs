@@ -37,25 +37,46 @@ async fn minted_dev_token_verifies_for_its_audience_only() {
     let claims = verifier.verify(&token, Audience::Mcp).await.expect("valid");
     assert_eq!(claims.sub, "dev-user");
     assert_eq!(claims.scopes, vec!["mcp:tools"]);
-    assert_eq!(claims.project_ceiling.as_deref(), Some(&["alpha".to_owned(), "beta".to_owned()][..]));
+    assert_eq!(
+        claims.project_ceiling.as_deref(),
+        Some(&["alpha".to_owned(), "beta".to_owned()][..])
+    );
     assert_eq!(claims.exp - claims.iat, 300);
     assert_eq!(claims.kid.as_deref(), Some("dev"));
     assert_eq!(claims.jti.len(), 36, "a random UUID jti");
     assert_eq!(
         verifier.verify(&token, Audience::Admin).await,
-        Err(TokenError::WrongAudience { expected: Audience::Admin })
+        Err(TokenError::WrongAudience {
+            expected: Audience::Admin
+        })
     );
     let admin = mint(&cfg, &mint_claims(Audience::Admin), Duration::from_secs(60)).expect("mint");
-    let claims = verifier.verify(&admin, Audience::Admin).await.expect("valid");
+    let claims = verifier
+        .verify(&admin, Audience::Admin)
+        .await
+        .expect("valid");
     assert_eq!(claims.scopes, vec!["approvals"]);
 }
 
 #[test]
 fn lifetime_beyond_the_maximum_is_refused() {
     let cfg = dev_config();
-    let err = mint(&cfg, &mint_claims(Audience::Mcp), Duration::from_secs(901)).expect_err("too long");
-    assert!(matches!(err, MintError::Lifetime { requested_s: 901, max_s: 900 }), "{err}");
-    assert!(matches!(mint(&cfg, &mint_claims(Audience::Mcp), Duration::ZERO), Err(MintError::Lifetime { .. })));
+    let err =
+        mint(&cfg, &mint_claims(Audience::Mcp), Duration::from_secs(901)).expect_err("too long");
+    assert!(
+        matches!(
+            err,
+            MintError::Lifetime {
+                requested_s: 901,
+                max_s: 900
+            }
+        ),
+        "{err}"
+    );
+    assert!(matches!(
+        mint(&cfg, &mint_claims(Audience::Mcp), Duration::ZERO),
+        Err(MintError::Lifetime { .. })
+    ));
 }
 
 #[test]
@@ -70,7 +91,10 @@ fn untrusted_issuer_is_refused() {
 fn config_without_hs256_key_cannot_mint() {
     let files = KeyFiles::new();
     let cfg = testkit::config(vec![files.entry(&testkit::key(Alg::ES256, "k"))]);
-    assert!(matches!(mint(&cfg, &mint_claims(Audience::Mcp), Duration::from_secs(60)), Err(MintError::NoDevKey)));
+    assert!(matches!(
+        mint(&cfg, &mint_claims(Audience::Mcp), Duration::from_secs(60)),
+        Err(MintError::NoDevKey)
+    ));
 }
 
 #[test]
@@ -83,7 +107,10 @@ fn secret_from_env_is_used_for_minting() {
     cfg.keys[0].secret_env = Some(var.into());
     assert!(SigningKey::from_config(&cfg).is_ok());
     cfg.keys[0].secret_env = Some("MCP_FIREWALL_AUTH_TEST_UNSET_VAR".into());
-    assert!(matches!(SigningKey::from_config(&cfg), Err(MintError::Key(KeyError::SecretEnvMissing { .. }))));
+    assert!(matches!(
+        SigningKey::from_config(&cfg),
+        Err(MintError::Key(KeyError::SecretEnvMissing { .. }))
+    ));
 }
 
 #[test]
@@ -93,7 +120,10 @@ fn pem_signing_key_with_wrong_alg_is_refused() {
         SigningKey::from_pem(Alg::EdDSA, ec.private_pem.as_bytes(), None),
         Err(MintError::BadPrivateKey { alg: Alg::EdDSA })
     ));
-    assert!(matches!(SigningKey::from_secret(b"s".repeat(32).as_slice(), None).map(|k| k.public_jwk()), Ok(Err(MintError::NoPublicJwk))));
+    assert!(matches!(
+        SigningKey::from_secret(b"s".repeat(32).as_slice(), None).map(|k| k.public_jwk()),
+        Ok(Err(MintError::NoPublicJwk))
+    ));
 }
 
 #[tokio::test]
@@ -102,14 +132,32 @@ async fn inspect_explains_each_audience() {
     let verifier = Verifier::new(&cfg).await.expect("verifier");
     let token = mint(&cfg, &mint_claims(Audience::Mcp), Duration::from_secs(60)).expect("mint");
     let report = inspect(&verifier, &token).await;
-    assert_eq!(report.header.as_ref().and_then(|h| h["alg"].as_str()), Some("HS256"));
-    assert_eq!(report.claims.as_ref().and_then(|c| c["sub"].as_str()), Some("dev-user"));
+    assert_eq!(
+        report.header.as_ref().and_then(|h| h["alg"].as_str()),
+        Some("HS256")
+    );
+    assert_eq!(
+        report.claims.as_ref().and_then(|c| c["sub"].as_str()),
+        Some("dev-user")
+    );
     assert!(report.mcp.is_ok());
-    assert_eq!(report.admin.as_ref().err(), Some(&TokenError::WrongAudience { expected: Audience::Admin }));
+    assert_eq!(
+        report.admin.as_ref().err(),
+        Some(&TokenError::WrongAudience {
+            expected: Audience::Admin
+        })
+    );
     let text = report.to_string();
     assert!(text.contains("mcp: valid"), "{text}");
-    assert!(text.contains("admin: refused: aud does not include the admin audience"), "{text}");
-    assert_eq!(verifier.cached_tokens(), 0, "inspection does not touch the cache");
+    assert!(
+        text.contains("admin: refused: aud does not include the admin audience"),
+        "{text}"
+    );
+    assert_eq!(
+        verifier.cached_tokens(),
+        0,
+        "inspection does not touch the cache"
+    );
 }
 
 #[tokio::test]
@@ -117,5 +165,8 @@ async fn inspect_of_garbage_says_why() {
     let verifier = Verifier::new(&dev_config()).await.expect("verifier");
     let report = inspect(&verifier, "garbage").await;
     assert!(report.header.is_none() && report.claims.is_none());
-    assert_eq!(report.mcp.err(), Some(TokenError::Malformed(Malformed::NotThreeParts)));
+    assert_eq!(
+        report.mcp.err(),
+        Some(TokenError::Malformed(Malformed::NotThreeParts))
+    );
 }

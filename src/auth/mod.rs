@@ -18,7 +18,7 @@
 //! Layout: [`config`] (the `[auth]` section), [`token`] (finding the token on a
 //! request and its error type), `keys` (key material and JWKS parsing), `jwks`
 //! (background refresh), [`verify`] (the checks), `cache` (verified tokens),
-//! [`mint`] (developer minting and inspection).
+//! [`mod@mint`] (developer minting and inspection).
 
 use std::fmt;
 
@@ -36,9 +36,9 @@ pub mod verify;
 mod testkit;
 
 pub use config::{Alg, AuthConfig, ConfigError, JwksSourceConfig, KeyConfig, SecretString};
-pub use jwks::UNKNOWN_KID_WAIT;
 pub use jwks::JwksError;
-pub use keys::{JwkProblem, KeyError};
+pub use jwks::{FETCH_TIMEOUT, MAX_JWKS_BYTES, UNKNOWN_KID_WAIT};
+pub use keys::{JwkProblem, KeyError, MIN_HS256_SECRET_BYTES, MIN_RSA_BITS};
 pub use mint::{inspect, mint, mint_with, Inspection, MintClaims, MintError, SigningKey};
 pub use token::{extract, ClaimProblem, Malformed, TokenError};
 pub use verify::{Verifier, VerifierError};

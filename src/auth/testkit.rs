@@ -21,7 +21,9 @@ pub(crate) const HS_SECRET: &str = "0123456789abcdef0123456789abcdef-dev";
 pub(crate) const NOW: u64 = 1_735_689_600;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/keys").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/keys")
+        .join(name)
 }
 
 /// A key pair: the signing half and the public PEM.
@@ -74,7 +76,9 @@ pub(crate) struct KeyFiles {
 
 impl KeyFiles {
     pub(crate) fn new() -> KeyFiles {
-        KeyFiles { dir: tempfile::tempdir().expect("tempdir") }
+        KeyFiles {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
     }
 
     /// A `[[auth.keys]]` entry for `key` (PEM file, or inline HS256 secret).
@@ -91,9 +95,19 @@ impl KeyFiles {
                 secret: Some(SecretString::new(HS_SECRET)),
             };
         }
-        let path = self.dir.path().join(format!("{}-{}.pem", alg, kid.as_deref().unwrap_or("nokid")));
+        let path =
+            self.dir
+                .path()
+                .join(format!("{}-{}.pem", alg, kid.as_deref().unwrap_or("nokid")));
         std::fs::write(&path, &key.public_pem).expect("write pem");
-        KeyConfig { kid, alg: alg.name().into(), pem_file: Some(path), secret_env: None, secret_file: None, secret: None }
+        KeyConfig {
+            kid,
+            alg: alg.name().into(),
+            pem_file: Some(path),
+            secret_env: None,
+            secret_file: None,
+            secret: None,
+        }
     }
 }
 
@@ -143,6 +157,8 @@ pub(crate) fn admin_claims(now: u64) -> Value {
 /// A verifier on a manual clock set to [`NOW`].
 pub(crate) async fn verifier(cfg: &AuthConfig) -> (Verifier, Arc<AtomicU64>) {
     let clock = Arc::new(AtomicU64::new(NOW));
-    let v = Verifier::with_clock(cfg, Clock::Manual(Arc::clone(&clock))).await.expect("verifier");
+    let v = Verifier::with_clock(cfg, Clock::Manual(Arc::clone(&clock)))
+        .await
+        .expect("verifier");
     (v, clock)
 }

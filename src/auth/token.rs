@@ -6,7 +6,7 @@
 //!   validity, so nothing downstream has to guess which one was meant;
 //! - every [`TokenError`] message is safe to put in a quoted
 //!   `WWW-Authenticate` `error_description` (RFC 6750 §3: no `"` or `\`, only
-//!   visible ASCII): values taken from the token pass through [`shown`], and
+//!   visible ASCII): values taken from the token pass through `shown`, and
 //!   no message ever contains the token or a secret.
 
 use std::borrow::Cow;
@@ -35,12 +35,14 @@ const MAX_SHOWN: usize = 64;
 /// safe in a quoted header value (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
-    /// `Authorization: Bearer` and the token header carry different tokens, or
-    /// one of them is repeated with different values.
-    #[error("the request carries two different tokens (Authorization and {header})")]
+    /// Two different tokens on one request: `Authorization: Bearer` and the
+    /// token header, or one of them repeated.
+    #[error("the request carries two different tokens (in {first} and {second})")]
     ConflictingTokens {
-        /// The configured token header.
-        header: String,
+        /// Where the first token was found.
+        first: String,
+        /// Where the second, different one was found.
+        second: String,
     },
     /// A header that should carry the token is not visible ASCII.
     #[error("the {header} header is not visible ASCII")]
@@ -261,41 +263,62 @@ impl TokenError {
 /// ignored. Two *different* tokens anywhere (including a repeated header) are
 /// [`TokenError::ConflictingTokens`] (the proxy answers 400); the same token in
 /// both places is fine. Borrowed from the header map: no allocation.
-pub fn extract<'h>(headers: &'h HeaderMap, header: &HeaderName) -> Result<Option<&'h str>, TokenError> {
-    let mut found: Option<&'h str> = None;
-    let mut take = |token: &'h str| -> Result<(), TokenError> {
-        match found {
-            Some(prev) if prev != token => {
-                Err(TokenError::ConflictingTokens { header: header.as_str().to_owned() })
-            }
-            _ => {
-                found = Some(token);
-                Ok(())
-            }
-        }
-    };
-    for value in headers.get_all(http::header::AUTHORIZATION) {
-        let text = value.to_str().map_err(|_| unreadable(&http::header::AUTHORIZATION))?;
+pub fn extract<'h>(
+    headers: &'h HeaderMap,
+    header: &HeaderName,
+) -> Result<Option<&'h str>, TokenError> {
+    let authorization = &http::header::AUTHORIZATION;
+    let mut found = None;
+    for value in headers.get_all(authorization) {
+        let text = value.to_str().map_err(|_| unreadable(authorization))?;
         if let Some(token) = strip_bearer(text) {
-            take(non_empty(token, &http::header::AUTHORIZATION)?)?;
+            take(
+                &mut found,
+                non_empty(token, authorization)?,
+                authorization.as_str(),
+            )?;
         }
     }
     for value in headers.get_all(header) {
         let text = value.to_str().map_err(|_| unreadable(header))?;
         let token = strip_bearer(text).unwrap_or(text);
-        take(non_empty(token, header)?)?;
+        take(&mut found, non_empty(token, header)?, header.as_str())?;
     }
-    Ok(found)
+    Ok(found.map(|(token, _)| token))
+}
+
+/// Records a token found in header `from`; a different one seen before is a
+/// conflict.
+fn take<'h, 'n>(
+    found: &mut Option<(&'h str, &'n str)>,
+    token: &'h str,
+    from: &'n str,
+) -> Result<(), TokenError> {
+    match *found {
+        Some((prev, prev_from)) if prev != token => Err(TokenError::ConflictingTokens {
+            first: prev_from.to_owned(),
+            second: from.to_owned(),
+        }),
+        Some(_) => Ok(()),
+        None => {
+            *found = Some((token, from));
+            Ok(())
+        }
+    }
 }
 
 fn unreadable(header: &HeaderName) -> TokenError {
-    TokenError::UnreadableHeader { header: header.as_str().to_owned() }
+    TokenError::UnreadableHeader {
+        header: header.as_str().to_owned(),
+    }
 }
 
 fn non_empty<'h>(token: &'h str, header: &HeaderName) -> Result<&'h str, TokenError> {
     let token = token.trim();
     if token.is_empty() {
-        return Err(TokenError::EmptyToken { header: header.as_str().to_owned() });
+        return Err(TokenError::EmptyToken {
+            header: header.as_str().to_owned(),
+        });
     }
     Ok(token)
 }
@@ -329,15 +352,26 @@ pub(crate) struct Parts<'t> {
 /// Splits a token into its three parts, checking size and count only.
 pub(crate) fn split(token: &str) -> Result<Parts<'_>, TokenError> {
     if token.len() > MAX_TOKEN_BYTES {
-        return Err(TokenError::TooLarge { len: token.len(), max: MAX_TOKEN_BYTES });
+        return Err(TokenError::TooLarge {
+            len: token.len(),
+            max: MAX_TOKEN_BYTES,
+        });
     }
-    let (signing_input, signature) = token.rsplit_once('.').ok_or(TokenError::Malformed(Malformed::NotThreeParts))?;
-    let (header, payload) =
-        signing_input.split_once('.').ok_or(TokenError::Malformed(Malformed::NotThreeParts))?;
+    let (signing_input, signature) = token
+        .rsplit_once('.')
+        .ok_or(TokenError::Malformed(Malformed::NotThreeParts))?;
+    let (header, payload) = signing_input
+        .split_once('.')
+        .ok_or(TokenError::Malformed(Malformed::NotThreeParts))?;
     if payload.contains('.') {
         return Err(TokenError::Malformed(Malformed::NotThreeParts));
     }
-    Ok(Parts { signing_input, header, payload, signature })
+    Ok(Parts {
+        signing_input,
+        header,
+        payload,
+        signature,
+    })
 }
 
 impl Parts<'_> {
@@ -352,12 +386,15 @@ impl Parts<'_> {
 }
 
 fn is_base64url(text: &str) -> bool {
-    text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    text.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Base64url-decodes one part (no padding, as RFC 7515 requires).
 pub(crate) fn decode_part(part: &str, err: Malformed) -> Result<Vec<u8>, TokenError> {
-    URL_SAFE_NO_PAD.decode(part).map_err(|_| TokenError::Malformed(err))
+    URL_SAFE_NO_PAD
+        .decode(part)
+        .map_err(|_| TokenError::Malformed(err))
 }
 
 /// The JOSE header members this verifier reads.
@@ -381,16 +418,24 @@ pub(crate) struct Header {
 
 /// Parses and checks a decoded header.
 pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header, TokenError> {
-    let raw: RawHeader<'_> = serde_json::from_slice(bytes).map_err(|_| TokenError::Malformed(Malformed::HeaderJson))?;
+    let raw: RawHeader<'_> =
+        serde_json::from_slice(bytes).map_err(|_| TokenError::Malformed(Malformed::HeaderJson))?;
     if raw.crit.is_some() {
         return Err(TokenError::CriticalHeader);
     }
     let alg = match Alg::from_name(&raw.alg) {
         Some(alg) => alg,
         None if raw.alg.eq_ignore_ascii_case("none") => return Err(TokenError::AlgNone),
-        None => return Err(TokenError::UnsupportedAlg { alg: shown(&raw.alg) }),
+        None => {
+            return Err(TokenError::UnsupportedAlg {
+                alg: shown(&raw.alg),
+            })
+        }
     };
-    Ok(Header { alg, kid: raw.kid.map(Cow::into_owned) })
+    Ok(Header {
+        alg,
+        kid: raw.kid.map(Cow::into_owned),
+    })
 }
 
 /// A value from a token made safe for an error message: visible ASCII other
@@ -402,7 +447,11 @@ pub(crate) fn shown(value: &str) -> String {
             out.push_str("...");
             break;
         }
-        out.push(if c.is_ascii_graphic() && c != '"' && c != '\\' { c } else { '?' });
+        out.push(if c.is_ascii_graphic() && c != '"' && c != '\\' {
+            c
+        } else {
+            '?'
+        });
     }
     if out.is_empty() {
         out.push_str("(empty)");

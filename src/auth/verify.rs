@@ -29,7 +29,8 @@ use super::config::{AuthConfig, ConfigError};
 use super::jwks::{JwksError, KeyRing};
 use super::keys::KeyError;
 use super::token::{
-    self, ClaimProblem, Header, Malformed, TokenError, MAX_CLAIM_BYTES, MAX_PROJECTS, MAX_TOKEN_BYTES,
+    self, ClaimProblem, Header, Malformed, TokenError, MAX_CLAIM_BYTES, MAX_PROJECTS,
+    MAX_TOKEN_BYTES,
 };
 use super::{Audience, Claims, Mode};
 
@@ -64,7 +65,9 @@ impl Clock {
         match self {
             // ~20 ns via the vDSO; a clock before 1970 reads as 0, which only
             // makes tokens look not yet valid.
-            Clock::System => SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            Clock::System => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             #[cfg(test)]
             Clock::Manual(now) => now.load(std::sync::atomic::Ordering::SeqCst),
         }
@@ -113,15 +116,19 @@ impl std::fmt::Debug for Verifier {
 }
 
 impl Verifier {
-    /// Validates `cfg`, loads its keys, fetches every JWKS URL once (a failed
-    /// first fetch is logged and retried in the background; see
+    /// Validates `cfg`, loads its keys, fetches every JWKS URL once (in
+    /// parallel, each bounded by [`super::FETCH_TIMEOUT`]; a failed first
+    /// fetch is logged and retried on schedule or on an unknown `kid`, see
     /// [`Verifier::ready`]) and starts the refresh tasks. Must run inside a
     /// Tokio runtime.
     pub async fn new(cfg: &AuthConfig) -> Result<Verifier, VerifierError> {
         Self::with_clock(cfg, Clock::System).await
     }
 
-    pub(crate) async fn with_clock(cfg: &AuthConfig, clock: Clock) -> Result<Verifier, VerifierError> {
+    pub(crate) async fn with_clock(
+        cfg: &AuthConfig,
+        clock: Clock,
+    ) -> Result<Verifier, VerifierError> {
         cfg.validate()?;
         if jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none() {
             return Err(VerifierError::NoCryptoProvider);
@@ -175,15 +182,27 @@ impl Verifier {
     }
 
     /// [`Verifier::verify`] without reading or filling the cache (inspection).
-    pub(crate) async fn verify_uncached(&self, token: &str, audience: Audience) -> Result<Arc<Claims>, TokenError> {
+    pub(crate) async fn verify_uncached(
+        &self,
+        token: &str,
+        audience: Audience,
+    ) -> Result<Arc<Claims>, TokenError> {
         self.verify_with(token, audience, false).await
     }
 
-    async fn verify_with(&self, token: &str, audience: Audience, use_cache: bool) -> Result<Arc<Claims>, TokenError> {
+    async fn verify_with(
+        &self,
+        token: &str,
+        audience: Audience,
+        use_cache: bool,
+    ) -> Result<Arc<Claims>, TokenError> {
         let inner = &*self.inner;
         // Size first: it bounds the hashing below as well as the parsing.
         if token.len() > MAX_TOKEN_BYTES {
-            return Err(TokenError::TooLarge { len: token.len(), max: MAX_TOKEN_BYTES });
+            return Err(TokenError::TooLarge {
+                len: token.len(),
+                max: MAX_TOKEN_BYTES,
+            });
         }
         let now = inner.clock.now();
         let mut generation = inner.ring.generation();
@@ -195,10 +214,15 @@ impl Verifier {
         }
 
         let parts = token::split(token)?;
-        let header = token::parse_header(&token::decode_part(parts.header, Malformed::HeaderEncoding)?)?;
+        let header = token::parse_header(&token::decode_part(
+            parts.header,
+            Malformed::HeaderEncoding,
+        )?)?;
         parts.check_signature_encoding()?;
         let mut keys = inner.ring.keys();
-        if let Err(TokenError::UnknownKid { .. }) = keys.candidates(header.kid.as_deref(), header.alg).map(drop) {
+        if let Err(TokenError::UnknownKid { .. }) =
+            keys.candidates(header.kid.as_deref(), header.alg).map(drop)
+        {
             if inner.ring.refresh_for_unknown_kid().await {
                 generation = inner.ring.generation();
                 keys = inner.ring.keys();
@@ -227,19 +251,29 @@ impl Verifier {
         let payload = token::decode_part(parts.payload, Malformed::PayloadEncoding)?;
         let claims = Arc::new(self.check_claims(&payload, header, audience, now)?);
         if let Some(digest) = digest {
-            inner.cache.insert(digest, Arc::clone(&claims), now, generation);
+            inner
+                .cache
+                .insert(digest, Arc::clone(&claims), now, generation);
         }
         Ok(claims)
     }
 
-    fn check_claims(&self, payload: &[u8], header: Header, audience: Audience, now: u64) -> Result<Claims, TokenError> {
+    fn check_claims(
+        &self,
+        payload: &[u8],
+        header: Header,
+        audience: Audience,
+        now: u64,
+    ) -> Result<Claims, TokenError> {
         let inner = &*self.inner;
-        let raw: RawClaims<'_> =
-            serde_json::from_slice(payload).map_err(|_| TokenError::Malformed(Malformed::PayloadJson))?;
+        let raw: RawClaims<'_> = serde_json::from_slice(payload)
+            .map_err(|_| TokenError::Malformed(Malformed::PayloadJson))?;
 
         let iss = string(raw.iss, "iss")?;
         if !inner.issuers.contains(&iss) {
-            return Err(TokenError::UntrustedIssuer { iss: token::shown(&iss) });
+            return Err(TokenError::UntrustedIssuer {
+                iss: token::shown(&iss),
+            });
         }
 
         let aud = required(raw.aud, "aud")?;
@@ -269,10 +303,16 @@ impl Verifier {
             return Err(TokenError::IssuedInFuture { iat, now });
         }
         if exp <= iat {
-            return Err(TokenError::InvalidClaim { claim: "exp", problem: ClaimProblem::NotAfterIat });
+            return Err(TokenError::InvalidClaim {
+                claim: "exp",
+                problem: ClaimProblem::NotAfterIat,
+            });
         }
         if exp - iat > inner.max_lifetime {
-            return Err(TokenError::LifetimeTooLong { lifetime_s: exp - iat, max_s: inner.max_lifetime });
+            return Err(TokenError::LifetimeTooLong {
+                lifetime_s: exp - iat,
+                max_s: inner.max_lifetime,
+            });
         }
 
         let sub = string(raw.sub, "sub")?;
@@ -281,28 +321,39 @@ impl Verifier {
         let run_id = string(raw.run_id, "run_id")?;
         let jti = string(raw.jti, "jti")?;
         let mode_text = string(raw.mode, "mode")?;
-        let mode = Mode::from_name(&mode_text)
-            .ok_or(TokenError::InvalidClaim { claim: "mode", problem: ClaimProblem::UnknownMode })?;
+        let mode = Mode::from_name(&mode_text).ok_or(TokenError::InvalidClaim {
+            claim: "mode",
+            problem: ClaimProblem::UnknownMode,
+        })?;
         let projects = match (raw.projects, mode) {
             (Some(value), _) => string_list(value, "projects")?,
             (None, Mode::Caller) => return Err(TokenError::MissingClaim { claim: "projects" }),
             (None, _) => Vec::new(),
         };
-        let project_ceiling = raw.project_ceiling.map(|v| string_list(v, "project_ceiling")).transpose()?;
+        let project_ceiling = raw
+            .project_ceiling
+            .map(|v| string_list(v, "project_ceiling"))
+            .transpose()?;
         let scopes = match raw.scope {
             Some(value) => scope_list(value)?,
             None => Vec::new(),
         };
 
-        if mode == Mode::ServiceAccount && inner.service_account_issuer.as_deref() != Some(iss.as_str()) {
-            return Err(TokenError::ServiceAccountNotAllowed { iss: token::shown(&iss) });
+        if mode == Mode::ServiceAccount
+            && inner.service_account_issuer.as_deref() != Some(iss.as_str())
+        {
+            return Err(TokenError::ServiceAccountNotAllowed {
+                iss: token::shown(&iss),
+            });
         }
         let needed = match audience {
             Audience::Mcp => &inner.required_scope,
             Audience::Admin => &inner.admin_scope,
         };
         if !scopes.iter().any(|s| s == needed) {
-            return Err(TokenError::MissingScope { scope: needed.clone() });
+            return Err(TokenError::MissingScope {
+                scope: needed.clone(),
+            });
         }
 
         Ok(Claims {
@@ -360,12 +411,18 @@ struct RawClaims<'a> {
     scope: Option<&'a RawValue>,
 }
 
-fn required<'a>(value: Option<&'a RawValue>, claim: &'static str) -> Result<&'a RawValue, TokenError> {
+fn required<'a>(
+    value: Option<&'a RawValue>,
+    claim: &'static str,
+) -> Result<&'a RawValue, TokenError> {
     value.ok_or(TokenError::MissingClaim { claim })
 }
 
 fn wrong_type(claim: &'static str, expected: &'static str) -> TokenError {
-    TokenError::InvalidClaim { claim, problem: ClaimProblem::WrongType { expected } }
+    TokenError::InvalidClaim {
+        claim,
+        problem: ClaimProblem::WrongType { expected },
+    }
 }
 
 /// A required string claim, checked by [`text`].
@@ -382,7 +439,9 @@ fn text(s: &str, claim: &'static str) -> Result<(), TokenError> {
     let problem = if s.is_empty() {
         ClaimProblem::Empty
     } else if s.len() > MAX_CLAIM_BYTES {
-        ClaimProblem::TooLong { max: MAX_CLAIM_BYTES }
+        ClaimProblem::TooLong {
+            max: MAX_CLAIM_BYTES,
+        }
     } else if s.chars().any(char::is_control) {
         ClaimProblem::ControlCharacter
     } else {
@@ -395,7 +454,8 @@ fn text(s: &str, claim: &'static str) -> Result<(), TokenError> {
 fn number(value: Option<&RawValue>, claim: &'static str) -> Result<u64, TokenError> {
     let raw = required(value, claim)?;
     let expected = "a non-negative number of seconds";
-    let n: serde_json::Number = serde_json::from_str(raw.get()).map_err(|_| wrong_type(claim, expected))?;
+    let n: serde_json::Number =
+        serde_json::from_str(raw.get()).map_err(|_| wrong_type(claim, expected))?;
     if let Some(n) = n.as_u64() {
         return Ok(n);
     }
@@ -411,7 +471,10 @@ fn string_list(value: &RawValue, claim: &'static str) -> Result<Vec<String>, Tok
     let list: Vec<String> =
         serde_json::from_str(value.get()).map_err(|_| wrong_type(claim, "an array of strings"))?;
     if list.len() > MAX_PROJECTS {
-        return Err(TokenError::InvalidClaim { claim, problem: ClaimProblem::TooLong { max: MAX_PROJECTS } });
+        return Err(TokenError::InvalidClaim {
+            claim,
+            problem: ClaimProblem::TooLong { max: MAX_PROJECTS },
+        });
     }
     for entry in &list {
         text(entry, claim)?;
@@ -420,9 +483,15 @@ fn string_list(value: &RawValue, claim: &'static str) -> Result<Vec<String>, Tok
 }
 
 fn scope_list(value: &RawValue) -> Result<Vec<String>, TokenError> {
-    let s: String = serde_json::from_str(value.get()).map_err(|_| wrong_type("scope", "a space-separated string"))?;
+    let s: String = serde_json::from_str(value.get())
+        .map_err(|_| wrong_type("scope", "a space-separated string"))?;
     if s.len() > MAX_CLAIM_BYTES * 16 {
-        return Err(TokenError::InvalidClaim { claim: "scope", problem: ClaimProblem::TooLong { max: MAX_CLAIM_BYTES * 16 } });
+        return Err(TokenError::InvalidClaim {
+            claim: "scope",
+            problem: ClaimProblem::TooLong {
+                max: MAX_CLAIM_BYTES * 16,
+            },
+        });
     }
     Ok(s.split_ascii_whitespace().map(str::to_owned).collect())
 }
@@ -436,10 +505,14 @@ fn audiences(aud: &RawValue, mcp: &str, admin: &str) -> Result<(bool, bool), Tok
         One(String),
         Many(Vec<String>),
     }
-    let aud: Aud = serde_json::from_str(aud.get()).map_err(|_| wrong_type("aud", "a string or an array of strings"))?;
+    let aud: Aud = serde_json::from_str(aud.get())
+        .map_err(|_| wrong_type("aud", "a string or an array of strings"))?;
     Ok(match aud {
         Aud::One(one) => (one == mcp, one == admin),
-        Aud::Many(many) => (many.iter().any(|a| a == mcp), many.iter().any(|a| a == admin)),
+        Aud::Many(many) => (
+            many.iter().any(|a| a == mcp),
+            many.iter().any(|a| a == admin),
+        ),
     })
 }
 

@@ -31,7 +31,14 @@ async fn setup_with(tweak: impl FnOnce(&mut AuthConfig)) -> Setup {
     let mut cfg = testkit::config(vec![files.entry(&ec), files.entry(&rsa), files.entry(&hs)]);
     tweak(&mut cfg);
     let (verifier, clock) = testkit::verifier(&cfg).await;
-    Setup { verifier, clock, ec, rsa, hs, _files: files }
+    Setup {
+        verifier,
+        clock,
+        ec,
+        rsa,
+        hs,
+        _files: files,
+    }
 }
 
 impl Setup {
@@ -53,14 +60,22 @@ fn b64(bytes: &[u8]) -> String {
 fn hs_raw(header: &str, payload: &str, secret: &[u8]) -> String {
     let signing_input = format!("{}.{}", b64(header.as_bytes()), b64(payload.as_bytes()));
     let key = jsonwebtoken::EncodingKey::from_secret(secret).expect("key");
-    let sig = jsonwebtoken::crypto::sign(signing_input.as_bytes(), &key, jsonwebtoken::Algorithm::HS256).expect("sign");
+    let sig = jsonwebtoken::crypto::sign(
+        signing_input.as_bytes(),
+        &key,
+        jsonwebtoken::Algorithm::HS256,
+    )
+    .expect("sign");
     format!("{signing_input}.{sig}")
 }
 
 #[tokio::test]
 async fn every_supported_algorithm_verifies() {
     let files = KeyFiles::new();
-    let keys: Vec<TestKey> = Alg::ALL.iter().map(|alg| testkit::key(*alg, &format!("k-{alg}"))).collect();
+    let keys: Vec<TestKey> = Alg::ALL
+        .iter()
+        .map(|alg| testkit::key(*alg, &format!("k-{alg}")))
+        .collect();
     let cfg = testkit::config(keys.iter().map(|k| files.entry(k)).collect());
     let (verifier, _) = testkit::verifier(&cfg).await;
     for key in &keys {
@@ -86,14 +101,22 @@ async fn every_supported_algorithm_verifies() {
 #[tokio::test]
 async fn token_without_kid_verifies_with_a_key_pinned_to_its_alg() {
     let s = setup().await;
-    let ec_no_kid = SigningKey::from_pem(Alg::ES256, s.ec.private_pem.as_bytes(), None).expect("key");
-    let got = s.mcp(&ec_no_kid.sign(&claims(NOW)).expect("sign")).await.expect("no-kid ES256 token verifies");
+    let ec_no_kid =
+        SigningKey::from_pem(Alg::ES256, s.ec.private_pem.as_bytes(), None).expect("key");
+    let got = s
+        .mcp(&ec_no_kid.sign(&claims(NOW)).expect("sign"))
+        .await
+        .expect("no-kid ES256 token verifies");
     assert_eq!(got.kid, None);
     let hs_no_kid = SigningKey::from_secret(testkit::HS_SECRET.as_bytes(), None).expect("key");
-    assert!(s.mcp(&hs_no_kid.sign(&claims(NOW)).expect("sign")).await.is_ok());
+    assert!(s
+        .mcp(&hs_no_kid.sign(&claims(NOW)).expect("sign"))
+        .await
+        .is_ok());
     // No ES384 key is configured at all.
     let es384 = testkit::key(Alg::ES384, "x");
-    let es384_no_kid = SigningKey::from_pem(Alg::ES384, es384.private_pem.as_bytes(), None).expect("key");
+    let es384_no_kid =
+        SigningKey::from_pem(Alg::ES384, es384.private_pem.as_bytes(), None).expect("key");
     assert_eq!(
         s.mcp(&es384_no_kid.sign(&claims(NOW)).expect("sign")).await,
         Err(TokenError::NoKeyForAlg { alg: Alg::ES384 })
@@ -105,7 +128,13 @@ async fn expired_token_is_refused() {
     let s = setup().await;
     let mut c = claims(NOW - 600);
     c["exp"] = json!(NOW - 31);
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::Expired { exp: NOW - 31, now: NOW }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::Expired {
+            exp: NOW - 31,
+            now: NOW
+        })
+    );
 }
 
 #[tokio::test]
@@ -121,9 +150,18 @@ async fn token_not_yet_valid_is_refused() {
     let s = setup().await;
     let mut c = claims(NOW);
     c["nbf"] = json!(NOW + 31);
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::NotYetValid { nbf: NOW + 31, now: NOW }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::NotYetValid {
+            nbf: NOW + 31,
+            now: NOW
+        })
+    );
     c["nbf"] = json!(NOW + 30);
-    assert!(s.mcp(&s.ec_token(&c)).await.is_ok(), "nbf within the leeway is accepted");
+    assert!(
+        s.mcp(&s.ec_token(&c)).await.is_ok(),
+        "nbf within the leeway is accepted"
+    );
 }
 
 #[tokio::test]
@@ -132,7 +170,13 @@ async fn token_issued_in_the_future_is_refused() {
     let mut c = claims(NOW);
     c["iat"] = json!(NOW + 60);
     c["exp"] = json!(NOW + 120);
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::IssuedInFuture { iat: NOW + 60, now: NOW }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::IssuedInFuture {
+            iat: NOW + 60,
+            now: NOW
+        })
+    );
 }
 
 #[tokio::test]
@@ -140,9 +184,18 @@ async fn lifetime_longer_than_the_maximum_is_refused() {
     let s = setup().await;
     let mut c = claims(NOW);
     c["exp"] = json!(NOW + 901);
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::LifetimeTooLong { lifetime_s: 901, max_s: 900 }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::LifetimeTooLong {
+            lifetime_s: 901,
+            max_s: 900
+        })
+    );
     c["exp"] = json!(NOW + 900);
-    assert!(s.mcp(&s.ec_token(&c)).await.is_ok(), "exactly the maximum is accepted");
+    assert!(
+        s.mcp(&s.ec_token(&c)).await.is_ok(),
+        "exactly the maximum is accepted"
+    );
 }
 
 #[tokio::test]
@@ -153,7 +206,10 @@ async fn exp_not_after_iat_is_refused() {
     c["exp"] = json!(NOW + 10);
     assert_eq!(
         s.mcp(&s.ec_token(&c)).await,
-        Err(TokenError::InvalidClaim { claim: "exp", problem: ClaimProblem::NotAfterIat })
+        Err(TokenError::InvalidClaim {
+            claim: "exp",
+            problem: ClaimProblem::NotAfterIat
+        })
     );
 }
 
@@ -168,7 +224,10 @@ async fn fractional_numeric_dates_are_truncated() {
     c["exp"] = json!(-5);
     assert!(matches!(
         s.mcp(&s.ec_token(&c)).await,
-        Err(TokenError::InvalidClaim { claim: "exp", problem: ClaimProblem::WrongType { .. } })
+        Err(TokenError::InvalidClaim {
+            claim: "exp",
+            problem: ClaimProblem::WrongType { .. }
+        })
     ));
 }
 
@@ -177,9 +236,19 @@ async fn wrong_audience_is_refused() {
     let s = setup().await;
     let mut c = claims(NOW);
     c["aud"] = json!("https://some-other-service.test");
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::WrongAudience { expected: Audience::Mcp }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::WrongAudience {
+            expected: Audience::Mcp
+        })
+    );
     c["aud"] = json!(["https://a.test", "https://b.test"]);
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::WrongAudience { expected: Audience::Mcp }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::WrongAudience {
+            expected: Audience::Mcp
+        })
+    );
 }
 
 #[tokio::test]
@@ -194,8 +263,16 @@ async fn audience_array_containing_the_audience_is_accepted() {
 async fn admin_token_on_the_mcp_audience_is_refused() {
     let s = setup().await;
     let token = s.ec_token(&admin_claims(NOW));
-    assert_eq!(s.mcp(&token).await, Err(TokenError::WrongAudience { expected: Audience::Mcp }));
-    assert!(s.verifier.verify(&token, Audience::Admin).await.is_ok(), "it is a valid admin token");
+    assert_eq!(
+        s.mcp(&token).await,
+        Err(TokenError::WrongAudience {
+            expected: Audience::Mcp
+        })
+    );
+    assert!(
+        s.verifier.verify(&token, Audience::Admin).await.is_ok(),
+        "it is a valid admin token"
+    );
 }
 
 #[tokio::test]
@@ -204,7 +281,9 @@ async fn mcp_token_on_the_admin_audience_is_refused() {
     let token = s.ec_token(&claims(NOW));
     assert_eq!(
         s.verifier.verify(&token, Audience::Admin).await,
-        Err(TokenError::WrongAudience { expected: Audience::Admin })
+        Err(TokenError::WrongAudience {
+            expected: Audience::Admin
+        })
     );
 }
 
@@ -216,7 +295,10 @@ async fn token_naming_both_audiences_is_refused_for_both() {
     c["scope"] = json!("mcp:tools approvals");
     let token = s.ec_token(&c);
     assert_eq!(s.mcp(&token).await, Err(TokenError::BothAudiences));
-    assert_eq!(s.verifier.verify(&token, Audience::Admin).await, Err(TokenError::BothAudiences));
+    assert_eq!(
+        s.verifier.verify(&token, Audience::Admin).await,
+        Err(TokenError::BothAudiences)
+    );
 }
 
 #[tokio::test]
@@ -226,7 +308,9 @@ async fn untrusted_issuer_is_refused() {
     c["iss"] = json!("https://evil.test");
     assert_eq!(
         s.mcp(&s.ec_token(&c)).await,
-        Err(TokenError::UntrustedIssuer { iss: "https://evil.test".into() })
+        Err(TokenError::UntrustedIssuer {
+            iss: "https://evil.test".into()
+        })
     );
 }
 
@@ -237,11 +321,19 @@ async fn alg_none_is_refused() {
     for alg in ["none", "None", "NONE"] {
         let header = b64(json!({ "alg": alg, "typ": "JWT" }).to_string().as_bytes());
         let unsigned = format!("{header}.{payload}.");
-        assert_eq!(s.mcp(&unsigned).await, Err(TokenError::AlgNone), "{alg}, empty signature");
+        assert_eq!(
+            s.mcp(&unsigned).await,
+            Err(TokenError::AlgNone),
+            "{alg}, empty signature"
+        );
         // A "signature" copied from a real token changes nothing.
         let real = s.ec_token(&claims(NOW));
         let sig = real.rsplit('.').next().expect("sig");
-        assert_eq!(s.mcp(&format!("{header}.{payload}.{sig}")).await, Err(TokenError::AlgNone), "{alg}, signed");
+        assert_eq!(
+            s.mcp(&format!("{header}.{payload}.{sig}")).await,
+            Err(TokenError::AlgNone),
+            "{alg}, signed"
+        );
     }
 }
 
@@ -252,10 +344,18 @@ async fn hs256_signed_with_the_rsa_public_key_is_refused() {
     // The classic confusion attack: HMAC over the token with the verifier's
     // own RSA public key PEM as the secret, naming the RSA key.
     let secret = testkit::rsa_public_pem();
-    let forged = hs_raw(r#"{"alg":"HS256","typ":"JWT","kid":"rsa1"}"#, &body, secret.as_bytes());
+    let forged = hs_raw(
+        r#"{"alg":"HS256","typ":"JWT","kid":"rsa1"}"#,
+        &body,
+        secret.as_bytes(),
+    );
     assert_eq!(
         s.mcp(&forged).await,
-        Err(TokenError::AlgMismatch { kid: "rsa1".into(), token_alg: Alg::HS256, key_alg: Alg::RS256 })
+        Err(TokenError::AlgMismatch {
+            kid: "rsa1".into(),
+            token_alg: Alg::HS256,
+            key_alg: Alg::RS256
+        })
     );
     // Without a kid only HS256 keys are tried, and the dev secret is not the PEM.
     let forged = hs_raw(r#"{"alg":"HS256","typ":"JWT"}"#, &body, secret.as_bytes());
@@ -270,10 +370,17 @@ async fn hs256_signed_with_the_ec_public_key_is_refused_without_an_hs256_key() {
     let with_kid = hs_raw(r#"{"alg":"HS256","kid":"ec1"}"#, &body, secret.as_bytes());
     assert_eq!(
         s.mcp(&with_kid).await,
-        Err(TokenError::AlgMismatch { kid: "ec1".into(), token_alg: Alg::HS256, key_alg: Alg::ES256 })
+        Err(TokenError::AlgMismatch {
+            kid: "ec1".into(),
+            token_alg: Alg::HS256,
+            key_alg: Alg::ES256
+        })
     );
     let without_kid = hs_raw(r#"{"alg":"HS256"}"#, &body, secret.as_bytes());
-    assert_eq!(s.mcp(&without_kid).await, Err(TokenError::NoKeyForAlg { alg: Alg::HS256 }));
+    assert_eq!(
+        s.mcp(&without_kid).await,
+        Err(TokenError::NoKeyForAlg { alg: Alg::HS256 })
+    );
 }
 
 #[tokio::test]
@@ -282,28 +389,45 @@ async fn token_alg_differing_from_the_pinned_alg_is_refused() {
     // PS256 with the RS256-pinned key: same RSA key, other algorithm.
     let ps = SigningKey::from_pem(
         Alg::PS256,
-        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/keys/rsa2048-private.pem"))
-            .expect("fixture")
-            .as_slice(),
+        std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/keys/rsa2048-private.pem"
+        ))
+        .expect("fixture")
+        .as_slice(),
         Some("rsa1"),
     )
     .expect("key");
     assert_eq!(
         s.mcp(&ps.sign(&claims(NOW)).expect("sign")).await,
-        Err(TokenError::AlgMismatch { kid: "rsa1".into(), token_alg: Alg::PS256, key_alg: Alg::RS256 })
+        Err(TokenError::AlgMismatch {
+            kid: "rsa1".into(),
+            token_alg: Alg::PS256,
+            key_alg: Alg::RS256
+        })
     );
 }
 
 #[tokio::test]
 async fn tampered_signature_is_refused() {
     let s = setup().await;
-    for token in [s.ec_token(&claims(NOW)), s.rsa.signing.sign(&claims(NOW)).expect("sign"), s.hs.signing.sign(&claims(NOW)).expect("sign")] {
+    for token in [
+        s.ec_token(&claims(NOW)),
+        s.rsa.signing.sign(&claims(NOW)).expect("sign"),
+        s.hs.signing.sign(&claims(NOW)).expect("sign"),
+    ] {
         let (input, sig) = token.rsplit_once('.').expect("parts");
         let mut raw = URL_SAFE_NO_PAD.decode(sig).expect("b64");
         raw[5] ^= 0x01;
-        assert_eq!(s.mcp(&format!("{input}.{}", b64(&raw))).await, Err(TokenError::BadSignature));
+        assert_eq!(
+            s.mcp(&format!("{input}.{}", b64(&raw))).await,
+            Err(TokenError::BadSignature)
+        );
         // A truncated signature is no better.
-        assert_eq!(s.mcp(&format!("{input}.{}", b64(&raw[..10]))).await, Err(TokenError::BadSignature));
+        assert_eq!(
+            s.mcp(&format!("{input}.{}", b64(&raw[..10]))).await,
+            Err(TokenError::BadSignature)
+        );
     }
 }
 
@@ -323,7 +447,12 @@ async fn unknown_kid_is_refused() {
     let s = setup().await;
     let stranger = testkit::key(Alg::ES256, "who-is-this");
     let token = stranger.signing.sign(&claims(NOW)).expect("sign");
-    assert_eq!(s.mcp(&token).await, Err(TokenError::UnknownKid { kid: "who-is-this".into() }));
+    assert_eq!(
+        s.mcp(&token).await,
+        Err(TokenError::UnknownKid {
+            kid: "who-is-this".into()
+        })
+    );
 }
 
 #[tokio::test]
@@ -339,20 +468,42 @@ async fn missing_tenant_id_is_refused() {
     let s = setup().await;
     let mut c = claims(NOW);
     c.as_object_mut().expect("object").remove("tenant_id");
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::MissingClaim { claim: "tenant_id" }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::MissingClaim { claim: "tenant_id" })
+    );
 }
 
 #[tokio::test]
 async fn every_required_claim_is_named_when_missing() {
     let s = setup().await;
-    for claim in ["iss", "aud", "exp", "iat", "sub", "tenant_id", "agent", "run_id", "mode", "jti"] {
+    for claim in [
+        "iss",
+        "aud",
+        "exp",
+        "iat",
+        "sub",
+        "tenant_id",
+        "agent",
+        "run_id",
+        "mode",
+        "jti",
+    ] {
         let mut c = claims(NOW);
         c.as_object_mut().expect("object").remove(claim);
-        assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::MissingClaim { claim }), "{claim}");
+        assert_eq!(
+            s.mcp(&s.ec_token(&c)).await,
+            Err(TokenError::MissingClaim { claim }),
+            "{claim}"
+        );
         // null is the same as absent
         let mut c = claims(NOW);
         c[claim] = Value::Null;
-        assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::MissingClaim { claim }), "{claim}: null");
+        assert_eq!(
+            s.mcp(&s.ec_token(&c)).await,
+            Err(TokenError::MissingClaim { claim }),
+            "{claim}: null"
+        );
     }
 }
 
@@ -361,9 +512,15 @@ async fn projects_are_required_for_caller_mode_only() {
     let s = setup().await;
     let mut c = claims(NOW);
     c.as_object_mut().expect("object").remove("projects");
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::MissingClaim { claim: "projects" }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::MissingClaim { claim: "projects" })
+    );
     c["mode"] = json!("agent");
-    let got = s.mcp(&s.ec_token(&c)).await.expect("agent mode without projects");
+    let got = s
+        .mcp(&s.ec_token(&c))
+        .await
+        .expect("agent mode without projects");
     assert!(got.projects.is_empty());
     assert_eq!(got.mode, Mode::Agent);
 }
@@ -376,28 +533,73 @@ async fn empty_projects_and_a_ceiling_are_accepted() {
     c["project_ceiling"] = json!(["alpha", "gamma"]);
     let got = s.mcp(&s.ec_token(&c)).await.expect("valid");
     assert!(got.projects.is_empty());
-    assert_eq!(got.project_ceiling, Some(vec!["alpha".to_owned(), "gamma".to_owned()]));
+    assert_eq!(
+        got.project_ceiling,
+        Some(vec!["alpha".to_owned(), "gamma".to_owned()])
+    );
 }
 
 #[tokio::test]
 async fn malformed_claims_name_the_claim_and_the_problem() {
     let s = setup().await;
     let cases = [
-        ("projects", json!("alpha"), ClaimProblem::WrongType { expected: "an array of strings" }),
+        (
+            "projects",
+            json!("alpha"),
+            ClaimProblem::WrongType {
+                expected: "an array of strings",
+            },
+        ),
         ("projects", json!(["ok", ""]), ClaimProblem::Empty),
-        ("project_ceiling", json!([1]), ClaimProblem::WrongType { expected: "an array of strings" }),
-        ("tenant_id", json!(7), ClaimProblem::WrongType { expected: "a string" }),
+        (
+            "project_ceiling",
+            json!([1]),
+            ClaimProblem::WrongType {
+                expected: "an array of strings",
+            },
+        ),
+        (
+            "tenant_id",
+            json!(7),
+            ClaimProblem::WrongType {
+                expected: "a string",
+            },
+        ),
         ("tenant_id", json!(""), ClaimProblem::Empty),
-        ("agent", json!("evil\r\nX-Injected: 1"), ClaimProblem::ControlCharacter),
-        ("run_id", json!("r".repeat(257)), ClaimProblem::TooLong { max: 256 }),
+        (
+            "agent",
+            json!("evil\r\nX-Injected: 1"),
+            ClaimProblem::ControlCharacter,
+        ),
+        (
+            "run_id",
+            json!("r".repeat(257)),
+            ClaimProblem::TooLong { max: 256 },
+        ),
         ("mode", json!("root"), ClaimProblem::UnknownMode),
-        ("scope", json!(["mcp:tools"]), ClaimProblem::WrongType { expected: "a space-separated string" }),
-        ("aud", json!(42), ClaimProblem::WrongType { expected: "a string or an array of strings" }),
+        (
+            "scope",
+            json!(["mcp:tools"]),
+            ClaimProblem::WrongType {
+                expected: "a space-separated string",
+            },
+        ),
+        (
+            "aud",
+            json!(42),
+            ClaimProblem::WrongType {
+                expected: "a string or an array of strings",
+            },
+        ),
     ];
     for (claim, value, problem) in cases {
         let mut c = claims(NOW);
         c[claim] = value;
-        assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::InvalidClaim { claim, problem }), "{claim}");
+        assert_eq!(
+            s.mcp(&s.ec_token(&c)).await,
+            Err(TokenError::InvalidClaim { claim, problem }),
+            "{claim}"
+        );
     }
 }
 
@@ -407,11 +609,21 @@ async fn missing_scope_is_refused_with_403() {
     let mut c = claims(NOW);
     c["scope"] = json!("other things");
     let err = s.mcp(&s.ec_token(&c)).await.expect_err("refused");
-    assert_eq!(err, TokenError::MissingScope { scope: "mcp:tools".into() });
+    assert_eq!(
+        err,
+        TokenError::MissingScope {
+            scope: "mcp:tools".into()
+        }
+    );
     assert_eq!(err.status(), http::StatusCode::FORBIDDEN);
     assert_eq!(err.oauth_error(), "insufficient_scope");
     c.as_object_mut().expect("object").remove("scope");
-    assert_eq!(s.mcp(&s.ec_token(&c)).await, Err(TokenError::MissingScope { scope: "mcp:tools".into() }));
+    assert_eq!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::MissingScope {
+            scope: "mcp:tools".into()
+        })
+    );
 }
 
 #[tokio::test]
@@ -421,7 +633,9 @@ async fn admin_audience_requires_the_admin_scope() {
     c["scope"] = json!("mcp:tools");
     assert_eq!(
         s.verifier.verify(&s.ec_token(&c), Audience::Admin).await,
-        Err(TokenError::MissingScope { scope: "approvals".into() })
+        Err(TokenError::MissingScope {
+            scope: "approvals".into()
+        })
     );
 }
 
@@ -432,10 +646,15 @@ async fn service_account_mode_from_another_issuer_is_refused() {
     c["mode"] = json!("service_account");
     assert_eq!(
         s.mcp(&s.ec_token(&c)).await,
-        Err(TokenError::ServiceAccountNotAllowed { iss: testkit::ISS.into() })
+        Err(TokenError::ServiceAccountNotAllowed {
+            iss: testkit::ISS.into()
+        })
     );
     c["iss"] = json!(testkit::SA_ISS);
-    let got = s.mcp(&s.ec_token(&c)).await.expect("the service-account issuer may");
+    let got = s
+        .mcp(&s.ec_token(&c))
+        .await
+        .expect("the service-account issuer may");
     assert_eq!(got.mode, Mode::ServiceAccount);
 }
 
@@ -447,7 +666,9 @@ async fn service_account_mode_is_refused_when_no_issuer_is_configured_for_it() {
     c["iss"] = json!(testkit::SA_ISS);
     assert_eq!(
         s.mcp(&s.ec_token(&c)).await,
-        Err(TokenError::ServiceAccountNotAllowed { iss: testkit::SA_ISS.into() })
+        Err(TokenError::ServiceAccountNotAllowed {
+            iss: testkit::SA_ISS.into()
+        })
     );
 }
 
@@ -465,10 +686,22 @@ async fn critical_header_parameters_are_refused() {
 #[tokio::test]
 async fn unsupported_algorithms_are_refused_by_name() {
     let s = setup().await;
-    let token = hs_raw(r#"{"alg":"HS512\"x"}"#, &claims(NOW).to_string(), testkit::HS_SECRET.as_bytes());
+    let token = hs_raw(
+        r#"{"alg":"HS512\"x"}"#,
+        &claims(NOW).to_string(),
+        testkit::HS_SECRET.as_bytes(),
+    );
     let err = s.mcp(&token).await.expect_err("refused");
-    assert_eq!(err, TokenError::UnsupportedAlg { alg: "HS512?x".into() });
-    assert!(!err.to_string().contains('"'), "messages must fit a quoted header: {err}");
+    assert_eq!(
+        err,
+        TokenError::UnsupportedAlg {
+            alg: "HS512?x".into()
+        }
+    );
+    assert!(
+        !err.to_string().contains('"'),
+        "messages must fit a quoted header: {err}"
+    );
 }
 
 #[tokio::test]
@@ -476,8 +709,15 @@ async fn repeated_claims_are_refused() {
     let s = setup().await;
     let c = claims(NOW).to_string();
     let payload = c.replacen('{', &format!("{{\"aud\":\"{}\",", "https://evil.test"), 1);
-    let token = hs_raw(r#"{"alg":"HS256","kid":"dev"}"#, &payload, testkit::HS_SECRET.as_bytes());
-    assert_eq!(s.mcp(&token).await, Err(TokenError::Malformed(Malformed::PayloadJson)));
+    let token = hs_raw(
+        r#"{"alg":"HS256","kid":"dev"}"#,
+        &payload,
+        testkit::HS_SECRET.as_bytes(),
+    );
+    assert_eq!(
+        s.mcp(&token).await,
+        Err(TokenError::Malformed(Malformed::PayloadJson))
+    );
 }
 
 #[tokio::test]
@@ -490,8 +730,14 @@ async fn malformed_tokens_are_refused_precisely() {
         (format!("{good}.extra"), Malformed::NotThreeParts),
         (format!("!!.{rest}"), Malformed::HeaderEncoding),
         (format!("{}.{rest}", b64(b"[1,2]")), Malformed::HeaderJson),
-        (format!("{h}.{}", rest.replacen('.', "*.", 1)), Malformed::PayloadEncoding),
-        (format!("{}.", good.rsplit_once('.').expect("sig").0), Malformed::SignatureEncoding),
+        (
+            format!("{h}.{}", rest.replacen('.', "*.", 1)),
+            Malformed::PayloadEncoding,
+        ),
+        (
+            format!("{}.", good.rsplit_once('.').expect("sig").0),
+            Malformed::SignatureEncoding,
+        ),
     ];
     for (token, why) in cases {
         let got = s.mcp(&token).await;
@@ -508,7 +754,13 @@ async fn malformed_tokens_are_refused_precisely() {
 async fn oversized_tokens_are_refused_before_any_work() {
     let s = setup().await;
     let token = "a".repeat(token::MAX_TOKEN_BYTES + 1);
-    assert_eq!(s.mcp(&token).await, Err(TokenError::TooLarge { len: token.len(), max: token::MAX_TOKEN_BYTES }));
+    assert_eq!(
+        s.mcp(&token).await,
+        Err(TokenError::TooLarge {
+            len: token.len(),
+            max: token::MAX_TOKEN_BYTES
+        })
+    );
 }
 
 #[tokio::test]
@@ -518,7 +770,10 @@ async fn cache_hit_returns_the_same_claims() {
     let first = s.mcp(&token).await.expect("valid");
     assert_eq!(s.verifier.cached_tokens(), 1);
     let second = s.mcp(&token).await.expect("valid");
-    assert!(Arc::ptr_eq(&first, &second), "the second call is served from the cache");
+    assert!(
+        Arc::ptr_eq(&first, &second),
+        "the second call is served from the cache"
+    );
 }
 
 #[tokio::test]
@@ -529,9 +784,18 @@ async fn cached_token_is_refused_once_expired() {
     let token = s.ec_token(&c);
     assert!(s.mcp(&token).await.is_ok());
     s.clock.store(NOW + 59, Ordering::SeqCst);
-    assert!(s.mcp(&token).await.is_ok(), "still valid one second before exp");
+    assert!(
+        s.mcp(&token).await.is_ok(),
+        "still valid one second before exp"
+    );
     s.clock.store(NOW + 60, Ordering::SeqCst);
-    assert_eq!(s.mcp(&token).await, Err(TokenError::Expired { exp: NOW + 60, now: NOW + 60 }));
+    assert_eq!(
+        s.mcp(&token).await,
+        Err(TokenError::Expired {
+            exp: NOW + 60,
+            now: NOW + 60
+        })
+    );
     assert_eq!(s.verifier.cached_tokens(), 0, "the dead entry was dropped");
 }
 
@@ -542,7 +806,9 @@ async fn cached_token_is_still_checked_against_the_audience() {
     assert!(s.mcp(&token).await.is_ok());
     assert_eq!(
         s.verifier.verify(&token, Audience::Admin).await,
-        Err(TokenError::WrongAudience { expected: Audience::Admin })
+        Err(TokenError::WrongAudience {
+            expected: Audience::Admin
+        })
     );
 }
 
@@ -553,7 +819,11 @@ async fn cache_stays_within_its_bound() {
         let mut c = claims(NOW);
         c["jti"] = json!(format!("jti-{i}"));
         assert!(s.mcp(&s.hs.signing.sign(&c).expect("sign")).await.is_ok());
-        assert!(s.verifier.cached_tokens() <= 4, "{} entries after {i}", s.verifier.cached_tokens());
+        assert!(
+            s.verifier.cached_tokens() <= 4,
+            "{} entries after {i}",
+            s.verifier.cached_tokens()
+        );
     }
 }
 
@@ -588,7 +858,10 @@ async fn invalid_config_is_refused_at_construction() {
         secret: Some(crate::auth::SecretString::new(testkit::HS_SECRET)),
     });
     let err = Verifier::new(&cfg).await.expect_err("refused");
-    assert_eq!(err.to_string(), "auth.keys[0].alg: \"none\" is never accepted");
+    assert_eq!(
+        err.to_string(),
+        "auth.keys[0].alg: \"none\" is never accepted"
+    );
 }
 
 #[tokio::test]
@@ -604,7 +877,13 @@ async fn small_rsa_keys_are_refused_at_load() {
     });
     let err = Verifier::new(&cfg).await.expect_err("refused");
     assert!(
-        matches!(&err, VerifierError::Key(KeyError::BadPem { problem: crate::auth::JwkProblem::RsaTooSmall { bits: 1024 }, .. })),
+        matches!(
+            &err,
+            VerifierError::Key(KeyError::BadPem {
+                problem: crate::auth::JwkProblem::RsaTooSmall { bits: 1024 },
+                ..
+            })
+        ),
         "{err}"
     );
 }
@@ -615,8 +894,19 @@ async fn pem_of_the_wrong_curve_is_refused_at_load() {
     let p384 = testkit::key(Alg::ES384, "k");
     let mut entry = files.entry(&p384);
     entry.alg = "ES256".into();
-    let err = Verifier::new(&testkit::config(vec![entry])).await.expect_err("refused");
-    assert!(matches!(&err, VerifierError::Key(KeyError::BadPem { alg: Alg::ES256, .. })), "{err}");
+    let err = Verifier::new(&testkit::config(vec![entry]))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(
+            &err,
+            VerifierError::Key(KeyError::BadPem {
+                alg: Alg::ES256,
+                ..
+            })
+        ),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -631,8 +921,21 @@ async fn short_hs256_secrets_are_refused_at_load() {
         secret: Some(crate::auth::SecretString::new("too-short")),
     });
     let err = Verifier::new(&cfg).await.expect_err("refused");
-    assert!(matches!(&err, VerifierError::Key(KeyError::SecretTooShort { len: 9, min: 32, .. })), "{err}");
-    assert!(!err.to_string().contains("too-short"), "the secret must not appear in the message");
+    assert!(
+        matches!(
+            &err,
+            VerifierError::Key(KeyError::SecretTooShort {
+                len: 9,
+                min: 32,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert!(
+        !err.to_string().contains("too-short"),
+        "the secret must not appear in the message"
+    );
 }
 
 #[tokio::test]
@@ -655,7 +958,11 @@ async fn inline_jwks_keys_verify() {
     assert!(verifier.ready());
     for key in [&ec, &ed] {
         let token = key.signing.sign(&claims(NOW)).expect("sign");
-        assert!(verifier.verify(&token, Audience::Mcp).await.is_ok(), "{}", key.signing.alg());
+        assert!(
+            verifier.verify(&token, Audience::Mcp).await.is_ok(),
+            "{}",
+            key.signing.alg()
+        );
     }
 }
 
@@ -672,7 +979,10 @@ async fn inline_jwks_with_an_unusable_key_is_refused_at_start() {
         rsa_alg: "RS256".into(),
     });
     let err = Verifier::new(&cfg).await.expect_err("refused");
-    assert_eq!(err.to_string(), "auth.jwks[0]: keys[0] (kid s): symmetric (oct) keys are not accepted from a JWKS");
+    assert_eq!(
+        err.to_string(),
+        "auth.jwks[0]: keys[0] (kid s): symmetric (oct) keys are not accepted from a JWKS"
+    );
 }
 
 #[test]
