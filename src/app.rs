@@ -54,6 +54,27 @@ pub async fn start_with(
     policy: Arc<PolicyStore>,
     registry: prometheus_client::registry::Registry,
 ) -> anyhow::Result<Running> {
+    let mcp_listener = TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("binding the MCP listener on {}", config.server.listen))?;
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener on {}", config.admin_listen))?;
+    let mcp_addr = mcp_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+    let config = if config.server.public_url_explicit {
+        config
+    } else {
+        // Derived from the address actually bound (port 0 in tests).
+        let mut c = (*config).clone();
+        let scheme = if c.server.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        c.server.public_url = format!("{scheme}://{mcp_addr}");
+        Arc::new(c)
+    };
     let state = Arc::new(
         State::new(config.clone(), verifier, policy.clone())
             .context("building upstream clients")?,
@@ -69,15 +90,6 @@ pub async fn start_with(
         }
         None => None,
     };
-
-    let mcp_listener = TcpListener::bind(config.server.listen)
-        .await
-        .with_context(|| format!("binding the MCP listener on {}", config.server.listen))?;
-    let admin_listener = TcpListener::bind(config.admin_listen)
-        .await
-        .with_context(|| format!("binding the admin listener on {}", config.admin_listen))?;
-    let mcp_addr = mcp_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
 
     let (shutdown, rx) = watch::channel(false);
     let admin = Arc::new(Admin {

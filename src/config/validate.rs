@@ -47,6 +47,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsConfig>,
     /// The externally visible base URL, without a trailing slash.
     pub public_url: String,
+    /// Whether `public_url` was configured (otherwise it is derived from the
+    /// bound address at start).
+    pub public_url_explicit: bool,
     /// Request body cap.
     pub max_request_bytes: usize,
     /// Buffered response cap.
@@ -318,6 +321,7 @@ impl Validator<'_> {
                 return Err(self.invalid(key, "must be greater than 0"));
             }
         }
+        let public_url_explicit = s.public_url.is_some();
         let public_url = match s.public_url {
             Some(u) => {
                 let uri: Uri = u
@@ -339,6 +343,7 @@ impl Validator<'_> {
             listen: s.listen,
             tls,
             public_url,
+            public_url_explicit,
             max_request_bytes: s.max_request_bytes,
             max_response_bytes: s.max_response_bytes,
             max_sse_event_bytes: s.max_sse_event_bytes,

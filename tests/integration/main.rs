@@ -3,8 +3,12 @@
 //! modes, a real ClickHouse server), no mocks of MCP.
 
 mod auth_keys;
+mod batch;
 mod common;
 mod demo_upstream;
 mod input;
+mod reload;
 mod through_firewall;
+mod tls;
+mod tokens;
 mod upstream_failures;
