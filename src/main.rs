@@ -1,6 +1,7 @@
 //! The `mcp-firewall` command: parse the command line, load the config, run.
 //! Nothing else lives here.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,6 +25,16 @@ enum Command {
         /// The TOML config file.
         #[arg(long, short, env = "MCP_FIREWALL_CONFIG")]
         config: PathBuf,
+    },
+    /// Run the sample SRE incident upstream with the firewall in front of it,
+    /// on the shipped demo config and policies, and print ready-to-use tokens.
+    Demo {
+        /// Where the firewall listens.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Where the admin endpoints listen.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        admin: SocketAddr,
     },
     /// Validate a config file (and everything it names) without serving.
     Check {
@@ -63,6 +74,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             running.until_signal().await;
             Ok(())
         }
+        Command::Demo { listen, admin } => mcp_firewall::demo::run::run(listen, admin).await,
         Command::Check { config } => {
             let cfg = config::load(&config)?;
             println!("{}: ok", cfg.source.display());

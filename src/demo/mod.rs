@@ -109,6 +109,7 @@
 
 mod catalog;
 pub mod estate;
+pub mod run;
 pub mod server;
 pub mod tools;
 
