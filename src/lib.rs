@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod audit;
 pub mod config;
 pub mod mcp;
 pub mod proxy;
