@@ -94,10 +94,11 @@ fn resolve_password(cfg: &ClickHouseConfig) -> Result<Option<String>, ClickHouse
             .map_err(|_| ClickHouseError::PasswordEnv { var: var.clone() });
     }
     if let Some(path) = &cfg.password_file {
-        let text = std::fs::read_to_string(path).map_err(|source| ClickHouseError::PasswordFile {
-            path: path.clone(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ClickHouseError::PasswordFile {
+                path: path.clone(),
+                source,
+            })?;
         return Ok(Some(text.trim_end_matches(['\n', '\r']).to_owned()));
     }
     Ok(None)
@@ -119,7 +120,10 @@ pub fn schema_statements(database: &str, table: &str) -> Vec<String> {
             let stmt = current.trim().trim_end_matches(';').trim().to_owned();
             current.clear();
             if !stmt.to_ascii_uppercase().starts_with("SET ") {
-                out.push(stmt.replace("{database}", database).replace("{table}", table));
+                out.push(
+                    stmt.replace("{database}", database)
+                        .replace("{table}", table),
+                );
             }
         }
     }
@@ -256,7 +260,11 @@ pub(crate) async fn enforce_retention(
         "SELECT DISTINCT table, partition FROM system.parts \
          WHERE database = '{database}' AND table IN ('{table}', '{stats}') AND active"
     );
-    let text = client.query_raw(&sql).fetch_bytes("TabSeparated")?.collect().await?;
+    let text = client
+        .query_raw(&sql)
+        .fetch_bytes("TabSeparated")?
+        .collect()
+        .await?;
     let text = String::from_utf8_lossy(&text);
     let mut dropped = 0;
     for name in [table, stats.as_str()] {
@@ -271,7 +279,11 @@ pub(crate) async fn enforce_retention(
                 .query_raw(&format!("ALTER TABLE {database}.{name} DROP PARTITION {p}"))
                 .execute()
                 .await?;
-            tracing::info!(table = name, partition = p, "audit retention: dropped partition");
+            tracing::info!(
+                table = name,
+                partition = p,
+                "audit retention: dropped partition"
+            );
             dropped += 1;
         }
     }

@@ -82,7 +82,8 @@ impl Metrics {
         self.rows_queued.inc_by(n);
     }
     pub(crate) fn set_spool_bytes(&self, bytes: u64) {
-        self.spool_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.spool_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
     pub(crate) fn rows_sent(&self, n: u64) {
         self.rows_sent.inc_by(n);

@@ -255,7 +255,12 @@ impl Auditor {
                 inner.max_arguments_bytes,
                 args,
             );
-            redact::render_payload(&mut row.result, &inner.redactor, inner.max_result_bytes, result);
+            redact::render_payload(
+                &mut row.result,
+                &inner.redactor,
+                inner.max_result_bytes,
+                result,
+            );
             let ack = inner
                 .spool
                 .append(|buf| record::encode_row(&row, args, result, &inner.instance, buf));
@@ -322,7 +327,9 @@ impl Auditor {
 
     /// Rows lost under fail-open so far.
     pub fn rows_lost(&self) -> u64 {
-        self.inner.as_ref().map_or(0, |i| i.metrics.rows_lost_total())
+        self.inner
+            .as_ref()
+            .map_or(0, |i| i.metrics.rows_lost_total())
     }
 }
 

@@ -80,13 +80,15 @@ impl Redactor {
             }
         }
         let globs = if any_glob {
-            Some(globs.build().map_err(|source| RedactError::BadGlob {
-                pattern: patterns
-                    .iter()
-                    .map(|p| p.as_ref())
-                    .collect::<Vec<_>>()
-                    .join(","),
-                source,
+            Some(globs.build().map_err(|source| {
+                RedactError::BadGlob {
+                    pattern: patterns
+                        .iter()
+                        .map(|p| p.as_ref())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    source,
+                }
             })?)
         } else {
             None
@@ -105,7 +107,9 @@ impl Redactor {
     /// Whether values under `key` must be hidden.
     pub fn matches(&self, key: &str) -> bool {
         let k = key.as_bytes();
-        self.substrings.iter().any(|p| contains_ignore_ascii_case(k, p))
+        self.substrings
+            .iter()
+            .any(|p| contains_ignore_ascii_case(k, p))
             || self.globs.as_ref().is_some_and(|g| g.is_match(key))
     }
 
@@ -116,7 +120,9 @@ impl Redactor {
             return true;
         }
         let t = text.as_bytes();
-        self.substrings.iter().any(|p| contains_ignore_ascii_case(t, p))
+        self.substrings
+            .iter()
+            .any(|p| contains_ignore_ascii_case(t, p))
     }
 }
 
@@ -182,7 +188,10 @@ pub(crate) fn render_payload(
 
 /// Serialises `v` into `out` but stops once `max_bytes` are written.
 fn write_capped(v: &Value, max_bytes: usize, out: &mut Vec<u8>) {
-    let mut w = CappedWriter { out, room: max_bytes };
+    let mut w = CappedWriter {
+        out,
+        room: max_bytes,
+    };
     // An error here only means the cap was hit; what was written is kept.
     let _ = serde_json::to_writer(&mut w, v);
     let valid = match std::str::from_utf8(w.out) {

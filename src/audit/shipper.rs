@@ -328,7 +328,9 @@ pub(crate) async fn retention_loop(
         match ch::enforce_retention(&client, &database, &table, keep_days, today).await {
             Ok(n) if n > 0 => tracing::info!(dropped = n, "audit retention pass done"),
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "audit retention pass failed; next try in an hour"),
+            Err(e) => {
+                tracing::warn!(error = %e, "audit retention pass failed; next try in an hour")
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(3600)) => {}

@@ -157,6 +157,8 @@ pub(crate) struct Shared {
     max_bytes: u64,
     /// False after a failed write or segment creation, true after the next success.
     healthy: AtomicBool,
+    /// Set when a row was refused for lack of room, cleared when segments are freed.
+    full: AtomicBool,
     metrics: Metrics,
     /// Held open so the `flock` lasts as long as the spool.
     _lock: File,
@@ -170,17 +172,23 @@ impl Shared {
 
     /// The writer's published position: active segment and committed length.
     pub(crate) fn committed(&self) -> Position {
-        *self.committed.lock().unwrap_or_else(PoisonError::into_inner)
+        *self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn publish(&self, pos: Position) {
-        *self.committed.lock().unwrap_or_else(PoisonError::into_inner) = pos;
+        *self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = pos;
     }
 
-    /// Whether the last write (or segment creation) succeeded and there is room.
+    /// Whether the last write (or segment creation) succeeded and no row was
+    /// refused for lack of room since segments were last freed.
     pub(crate) fn accepting(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
-            && self.bytes_on_disk.load(Ordering::Relaxed) < self.max_bytes
+        self.healthy.load(Ordering::Relaxed) && !self.full.load(Ordering::Relaxed)
     }
 
     /// Frames one record into the next group write. `encode` appends the payload.
@@ -209,6 +217,7 @@ impl Shared {
         let used = self.bytes_on_disk.load(Ordering::Relaxed) + q.buf.len() as u64;
         if used > self.max_bytes {
             q.buf.truncate(start);
+            self.full.store(true, Ordering::Relaxed);
             return Err(SpoolError::Full {
                 used,
                 max: self.max_bytes,
@@ -239,6 +248,7 @@ impl Shared {
     fn release(&self, bytes: u64) {
         let prev = self.bytes_on_disk.fetch_sub(bytes, Ordering::Relaxed);
         self.metrics.set_spool_bytes(prev.saturating_sub(bytes));
+        self.full.store(false, Ordering::Relaxed);
     }
 
     fn grow(&self, bytes: u64) {
@@ -346,6 +356,7 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         bytes_on_disk: AtomicU64::new(on_disk),
         max_bytes: settings.max_bytes,
         healthy: AtomicBool::new(true),
+        full: AtomicBool::new(false),
         metrics,
         _lock: lock,
     });
@@ -589,7 +600,9 @@ impl Writer {
                 buf.clear();
             }
             if self.dirty
-                && (closed || self.fsync_interval.is_zero() || self.last_sync.elapsed() >= self.fsync_interval)
+                && (closed
+                    || self.fsync_interval.is_zero()
+                    || self.last_sync.elapsed() >= self.fsync_interval)
             {
                 self.sync();
             }
@@ -993,9 +1006,13 @@ impl SpoolReader {
     fn skip_corrupt(&mut self, limit: u64, sealed: bool) -> Result<(), SpoolError> {
         let from = self.pos.offset;
         let path = segment_path(&self.shared.dir, self.pos.seq);
-        let Some(file) = &self.file else { return Ok(()) };
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
         let end = if sealed {
-            file.metadata().map_err(|e| SpoolError::dir(&path, e))?.len()
+            file.metadata()
+                .map_err(|e| SpoolError::dir(&path, e))?
+                .len()
         } else {
             limit
         };
@@ -1025,7 +1042,13 @@ impl SpoolReader {
         // segment after a failed rollback): keep them in rejected/.
         if self.consumed < self.buf.len() {
             let rest = self.buf[self.consumed..].to_vec();
-            save_rejected(&self.shared.dir, self.pos.seq, self.pos.offset, "corrupt", &rest)?;
+            save_rejected(
+                &self.shared.dir,
+                self.pos.seq,
+                self.pos.offset,
+                "corrupt",
+                &rest,
+            )?;
             self.shared.metrics.corrupt_bytes(rest.len() as u64);
         }
         batch.finished_segments.push(self.pos.seq);

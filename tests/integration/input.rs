@@ -7,7 +7,8 @@ use crate::common::{self, raw};
 /// A firewall in front of an upstream that answers everything with an empty
 /// result, so any request that reaches it is visible in `hits()`.
 async fn setup() -> (common::Firewall, raw::RawUpstream) {
-    let up = raw::upstream(|seen| async move { raw::result_for(&seen, serde_json::json!({})) }).await;
+    let up =
+        raw::upstream(|seen| async move { raw::result_for(&seen, serde_json::json!({})) }).await;
     let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
     (fw, up)
 }
@@ -18,7 +19,10 @@ async fn rejected(body: &[u8], headers: &[(&str, &str)]) -> (u16, Value) {
         .post(fw.mcp_url("u"))
         .header("accept", "application/json, text/event-stream")
         .body(body.to_vec());
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
         req = req.header("content-type", "application/json");
     }
     for (k, v) in headers {
@@ -27,18 +31,28 @@ async fn rejected(body: &[u8], headers: &[(&str, &str)]) -> (u16, Value) {
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
-    let json: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("error body is not JSON: {text}"));
-    assert_eq!(up.hits(), 0, "the upstream must see nothing of a refused request");
+    let json: Value =
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("error body is not JSON: {text}"));
+    assert_eq!(
+        up.hits(),
+        0,
+        "the upstream must see nothing of a refused request"
+    );
     fw.stop().await;
     (status, json)
 }
 
 fn code(v: &Value) -> i64 {
-    v["error"]["code"].as_i64().unwrap_or_else(|| panic!("no error code in {v}"))
+    v["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no error code in {v}"))
 }
 
 fn message(v: &Value) -> String {
-    v["error"]["message"].as_str().unwrap_or_default().to_owned()
+    v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 #[tokio::test]
@@ -140,7 +154,11 @@ async fn null_id_is_rejected() {
 
 #[tokio::test]
 async fn tools_call_without_name_is_invalid_params() {
-    let (status, v) = rejected(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#, &[]).await;
+    let (status, v) = rejected(
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#,
+        &[],
+    )
+    .await;
     assert_eq!(status, 400);
     assert_eq!(code(&v), -32602);
 }
@@ -155,7 +173,11 @@ async fn invisible_characters_in_tool_name_are_rejected() {
 
 #[tokio::test]
 async fn lone_surrogate_is_rejected() {
-    let (status, v) = rejected(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\ud800"}}"#, &[]).await;
+    let (status, v) = rejected(
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\ud800"}}"#,
+        &[],
+    )
+    .await;
     assert_eq!(status, 400);
     assert!(code(&v) == -32700 || code(&v) == -32602, "{v}");
 }
@@ -163,7 +185,11 @@ async fn lone_surrogate_is_rejected() {
 #[tokio::test]
 async fn unknown_upstream_is_404_with_json_body() {
     let (fw, up) = setup().await;
-    let resp = common::post_json(&fw.mcp_url("nope"), r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).await;
+    let resp = common::post_json(
+        &fw.mcp_url("nope"),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    )
+    .await;
     assert_eq!(resp.status(), 404);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"], "unknown_upstream");
@@ -174,7 +200,12 @@ async fn unknown_upstream_is_404_with_json_body() {
 #[tokio::test]
 async fn other_methods_are_405() {
     let (fw, up) = setup().await;
-    let resp = common::http().put(fw.mcp_url("u")).body("{}").send().await.unwrap();
+    let resp = common::http()
+        .put(fw.mcp_url("u"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 405);
     assert_eq!(up.hits(), 0);
     fw.stop().await;

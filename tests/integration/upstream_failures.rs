@@ -28,7 +28,13 @@ async fn refused_connection_names_upstream_and_cause() {
     drop(l);
     let fw = common::firewall(&common::config_text(&[("u", &url)], "")).await;
     let v = error_of(common::post_json(&fw.mcp_url("u"), CALL).await).await;
-    assert!(v["error"]["data"]["cause"].as_str().unwrap().contains("cannot connect"), "{v}");
+    assert!(
+        v["error"]["data"]["cause"]
+            .as_str()
+            .unwrap()
+            .contains("cannot connect"),
+        "{v}"
+    );
     fw.stop().await;
 }
 
@@ -37,7 +43,13 @@ async fn upstream_5xx_becomes_jsonrpc_error() {
     let up = raw::upstream(|_| async { raw::full(503, "text/plain", "overloaded") }).await;
     let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
     let v = error_of(common::post_json(&fw.mcp_url("u"), CALL).await).await;
-    assert!(v["error"]["data"]["cause"].as_str().unwrap().contains("HTTP 503"), "{v}");
+    assert!(
+        v["error"]["data"]["cause"]
+            .as_str()
+            .unwrap()
+            .contains("HTTP 503"),
+        "{v}"
+    );
     fw.stop().await;
 }
 
@@ -48,12 +60,19 @@ async fn upstream_timeout_becomes_jsonrpc_error() {
         raw::result_for(&seen, json!({}))
     })
     .await;
-    let text = common::config_text(&[("u", &up.url())], "").replace("request_timeout_ms = 5000", "request_timeout_ms = 300");
+    let text = common::config_text(&[("u", &up.url())], "")
+        .replace("request_timeout_ms = 5000", "request_timeout_ms = 300");
     let fw = common::firewall(&text).await;
     let started = Instant::now();
     let v = error_of(common::post_json(&fw.mcp_url("u"), CALL).await).await;
     assert!(started.elapsed() < Duration::from_secs(2));
-    assert!(v["error"]["data"]["cause"].as_str().unwrap().contains("no response within 300 ms"), "{v}");
+    assert!(
+        v["error"]["data"]["cause"]
+            .as_str()
+            .unwrap()
+            .contains("no response within 300 ms"),
+        "{v}"
+    );
     fw.stop().await;
 }
 
@@ -72,7 +91,10 @@ async fn reset_mid_stream_ends_sse_with_error_event() {
     let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
     let resp = common::post_json(&fw.mcp_url("u"), CALL).await;
     assert_eq!(resp.status(), 200);
-    let text = resp.text().await.expect("the stream ends cleanly for the client");
+    let text = resp
+        .text()
+        .await
+        .expect("the stream ends cleanly for the client");
     assert!(text.contains("notifications/progress"), "{text}");
     let last = text
         .split("\n\n")
@@ -85,7 +107,13 @@ async fn reset_mid_stream_ends_sse_with_error_event() {
     let v: Value = serde_json::from_str(last).unwrap();
     assert_eq!(v["id"], 7);
     assert_eq!(v["error"]["code"], -31004);
-    assert!(v["error"]["data"]["cause"].as_str().unwrap().contains("reset"), "{v}");
+    assert!(
+        v["error"]["data"]["cause"]
+            .as_str()
+            .unwrap()
+            .contains("reset"),
+        "{v}"
+    );
     fw.stop().await;
 }
 
@@ -117,19 +145,21 @@ async fn sse_events_are_relayed_as_they_arrive() {
     let total = started.elapsed();
     let progress_at = progress_at.expect("progress relayed");
     assert!(total >= Duration::from_millis(400));
-    assert!(progress_at + Duration::from_millis(300) < total, "progress at {progress_at:?}, end at {total:?}");
-    assert!(seen.contains("id: e1") && seen.contains("id: e2"), "event ids are kept: {seen}");
+    assert!(
+        progress_at + Duration::from_millis(300) < total,
+        "progress at {progress_at:?}, end at {total:?}"
+    );
+    assert!(
+        seen.contains("id: e1") && seen.contains("id: e2"),
+        "event ids are kept: {seen}"
+    );
     fw.stop().await;
 }
 
 #[tokio::test]
 async fn client_credentials_and_hop_by_hop_headers_never_reach_the_upstream() {
     let up = raw::upstream(|seen| async move { raw::result_for(&seen, json!({})) }).await;
-    let fw = common::firewall(&common::config_text(
-        &[("u", &up.url())],
-        "",
-    ))
-    .await;
+    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
     let resp = common::http()
         .post(fw.mcp_url("u"))
         .header("content-type", "application/json")
@@ -147,9 +177,18 @@ async fn client_credentials_and_hop_by_hop_headers_never_reach_the_upstream() {
     let seen = up.seen();
     assert_eq!(seen.len(), 1);
     let h = &seen[0].headers;
-    assert!(h.get("authorization").is_none(), "client Authorization leaked upstream");
-    assert!(h.get("x-private").is_none(), "Connection-listed header leaked upstream");
-    assert_eq!(h["x-forwarded-for"], "127.0.0.1", "client-supplied X-Forwarded-For must be replaced");
+    assert!(
+        h.get("authorization").is_none(),
+        "client Authorization leaked upstream"
+    );
+    assert!(
+        h.get("x-private").is_none(),
+        "Connection-listed header leaked upstream"
+    );
+    assert_eq!(
+        h["x-forwarded-for"], "127.0.0.1",
+        "client-supplied X-Forwarded-For must be replaced"
+    );
     assert_eq!(h["x-forwarded-proto"], "http");
     assert_eq!(h["mcp-session-id"], "abc", "session id passes through");
     assert_eq!(h["accept-encoding"], "identity");
@@ -161,7 +200,11 @@ async fn injected_credentials_reach_the_upstream() {
     let up = raw::upstream(|seen| async move { raw::result_for(&seen, json!({})) }).await;
     let extra = "[upstream.headers]\n\"X-Api-Key\" = { value = \"vendor-key\" }\n";
     let fw = common::firewall(&common::config_text(&[("u", &up.url())], extra)).await;
-    let resp = common::post_json(&fw.mcp_url("u"), r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).await;
+    let resp = common::post_json(
+        &fw.mcp_url("u"),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(up.seen()[0].headers["x-api-key"], "vendor-key");
     fw.stop().await;
@@ -176,7 +219,11 @@ async fn notification_gets_upstreams_202() {
     })
     .await;
     let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
-    let resp = common::post_json(&fw.mcp_url("u"), r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).await;
+    let resp = common::post_json(
+        &fw.mcp_url("u"),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
     assert_eq!(resp.status(), 202);
     assert_eq!(up.hits(), 1);
     fw.stop().await;

@@ -49,8 +49,10 @@ pub fn config_text(upstreams: &[(&str, &str)], extra: &str) -> String {
 /// Starts a firewall from config text; relative paths resolve against `base`.
 pub async fn firewall_in(text: &str, base: &Path) -> Firewall {
     mcp_firewall::telemetry::init_logging(config::LogFormat::Text, "warn");
-    let cfg = config::load_str(text, Path::new("test.toml"), base, &|k| std::env::var(k).ok())
-        .unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
+    let cfg = config::load_str(text, Path::new("test.toml"), base, &|k| {
+        std::env::var(k).ok()
+    })
+    .unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
     let running = app::start(Arc::new(cfg)).await.expect("firewall starts");
     let base = format!("http://{}", running.mcp_addr);
     let admin = format!("http://{}", running.admin_addr);

@@ -66,7 +66,9 @@ where
     let log = seen.clone();
     let task = tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
             let respond = respond.clone();
             let log = log.clone();
             tokio::spawn(async move {
@@ -75,7 +77,11 @@ where
                     let log = log.clone();
                     async move {
                         let (parts, body) = req.into_parts();
-                        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                        let body = body
+                            .collect()
+                            .await
+                            .map(|c| c.to_bytes())
+                            .unwrap_or_default();
                         let seen = Seen {
                             method: parts.method,
                             uri: parts.uri,
@@ -96,9 +102,14 @@ where
 }
 
 pub fn full(status: u16, content_type: &str, body: impl Into<Bytes>) -> Response<RawBody> {
-    let mut r = Response::new(Full::new(body.into()).map_err(|e| match e {}).boxed_unsync());
+    let mut r = Response::new(
+        Full::new(body.into())
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
     *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
-    r.headers_mut().insert("content-type", content_type.parse().unwrap());
+    r.headers_mut()
+        .insert("content-type", content_type.parse().unwrap());
     r
 }
 
@@ -112,17 +123,24 @@ pub fn result_for(seen: &Seen, result: serde_json::Value) -> Response<RawBody> {
 /// An SSE body made of `chunks`, each sent after `gap`, optionally ending
 /// with a transport error instead of a clean end.
 pub fn sse(chunks: Vec<Bytes>, gap: std::time::Duration, then_fail: bool) -> Response<RawBody> {
-    let stream = futures_util::stream::unfold((chunks.into_iter(), then_fail, false), move |(mut it, fail, first_done)| async move {
-        if first_done {
-            tokio::time::sleep(gap).await;
-        }
-        match it.next() {
-            Some(c) => Some((Ok::<_, BoxError>(Frame::data(c)), (it, fail, true))),
-            None if fail => Some((Err::<Frame<Bytes>, BoxError>("injected reset".into()), (it, false, true))),
-            None => None,
-        }
-    });
+    let stream = futures_util::stream::unfold(
+        (chunks.into_iter(), then_fail, false),
+        move |(mut it, fail, first_done)| async move {
+            if first_done {
+                tokio::time::sleep(gap).await;
+            }
+            match it.next() {
+                Some(c) => Some((Ok::<_, BoxError>(Frame::data(c)), (it, fail, true))),
+                None if fail => Some((
+                    Err::<Frame<Bytes>, BoxError>("injected reset".into()),
+                    (it, false, true),
+                )),
+                None => None,
+            }
+        },
+    );
     let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
-    r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+    r.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
     r
 }
