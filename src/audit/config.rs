@@ -114,7 +114,8 @@ pub struct SpoolConfig {
     /// Directory of segment files; created if missing, locked against a second process.
     #[serde(default = "default_spool_dir")]
     pub dir: PathBuf,
-    /// A segment is closed and a new one started once it reaches this size.
+    /// A segment is closed and a new one started once it reaches this size (at
+    /// most a quarter of `max_bytes`: space is freed a whole segment at a time).
     #[serde(default = "default_segment_bytes")]
     pub segment_bytes: u64,
     /// fsync cadence; 0 fsyncs after every group write (slowest, power-loss safe).

@@ -409,7 +409,9 @@ pub async fn start(
 
     let settings = spool::SpoolSettings {
         dir: cfg.spool.dir.clone(),
-        segment_bytes: cfg.spool.segment_bytes,
+        // Shipped rows are freed a whole segment at a time; capping segments at a
+        // quarter of the spool keeps shipped-but-undeleted bytes from filling it.
+        segment_bytes: cfg.spool.segment_bytes.min(cfg.spool.max_bytes / 4).max(1024),
         fsync_interval: Duration::from_millis(cfg.spool.fsync_interval_ms),
         max_bytes: cfg.spool.max_bytes,
     };

@@ -101,14 +101,24 @@ impl Shipper {
     pub(crate) async fn run(mut self) -> Result<(), ShipperError> {
         let mut batch = Batch::default();
         let mut last_fill;
+        let mut read_failures: u32 = 0;
         loop {
             let draining = *self.phase.borrow() == Phase::Draining;
             let outcome = match self.fill(&mut batch).await? {
-                Ok(o) => o,
+                Ok(o) => {
+                    read_failures = 0;
+                    o
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, "audit shipper: reading the spool failed; retrying");
-                    self.metrics.send_error();
-                    self.pause(self.settings.retry_min, &batch).await;
+                    read_failures = read_failures.saturating_add(1);
+                    let delay = backoff(
+                        read_failures,
+                        self.settings.retry_min,
+                        self.settings.retry_max,
+                        rand::random::<f64>(),
+                    );
+                    tracing::error!(error = %e, attempt = read_failures, "audit shipper: reading the spool failed; retrying");
+                    self.pause(delay, &batch).await;
                     continue;
                 }
             };
@@ -315,7 +325,8 @@ pub(crate) fn backoff(attempt: u32, min: Duration, max: Duration, jitter: f64) -
     base.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
 }
 
-/// Drops expired day partitions hourly until `phase` leaves `Running`.
+/// Drops expired day partitions hourly until `phase` leaves `Running` (a dropped
+/// handle does not stop it: the pipeline keeps running then, and so does this).
 pub(crate) async fn retention_loop(
     client: clickhouse::Client,
     database: String,
@@ -323,6 +334,7 @@ pub(crate) async fn retention_loop(
     keep_days: u32,
     mut phase: watch::Receiver<Phase>,
 ) {
+    let mut phase_gone = false;
     loop {
         let today = i64::try_from(now_ms() / 86_400_000).unwrap_or(0);
         match ch::enforce_retention(&client, &database, &table, keep_days, today).await {
@@ -334,7 +346,11 @@ pub(crate) async fn retention_loop(
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(3600)) => {}
-            r = phase.changed() => if r.is_err() || *phase.borrow() != Phase::Running { return; },
+            r = phase.changed(), if !phase_gone => match r {
+                Ok(()) if *phase.borrow() != Phase::Running => return,
+                Ok(()) => {}
+                Err(_) => phase_gone = true,
+            },
         }
     }
 }

@@ -309,7 +309,10 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
     let cursor = read_cursor(dir);
     let mut recovery = Recovery::default();
     let mut on_disk = 0u64;
-    let mut last_seq = 0u64;
+    // Numbering continues past the cursor too: if every segment was shipped and
+    // deleted, a new segment must not reuse a number the cursor points into.
+    let mut last_seq = cursor.map_or(0, |c| c.seq);
+    let mut remaining = Vec::new();
     for seq in list_segments(dir)? {
         last_seq = last_seq.max(seq);
         let path = segment_path(dir, seq);
@@ -319,22 +322,22 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
             fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
             continue;
         }
-        recovery.cut_bytes += repair_segment(dir, seq)?;
-        let len = fs::metadata(&path)
-            .map_err(|e| SpoolError::dir(&path, e))?
-            .len();
-        on_disk += len;
-        recovery.segments += 1;
+        let (cut, len) = repair_segment(dir, seq)?;
+        recovery.cut_bytes += cut;
+        if let Some(len) = len {
+            on_disk += len;
+            recovery.segments += 1;
+            remaining.push(seq);
+        }
     }
-
-    let first_seq = match list_segments(dir)?.first() {
-        Some(&s) => s,
-        None => last_seq + 1,
-    };
-    let start = match cursor {
-        Some(c) if c.seq >= first_seq => c,
-        _ => Position {
-            seq: first_seq,
+    let start = match (cursor, remaining.first()) {
+        (Some(c), Some(&first)) if c.seq == first => c,
+        (_, Some(&first)) => Position {
+            seq: first,
+            offset: SEGMENT_HEADER_LEN,
+        },
+        (_, None) => Position {
+            seq: last_seq + 1,
             offset: SEGMENT_HEADER_LEN,
         },
     };
@@ -411,13 +414,14 @@ pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u64>, SpoolError> {
 }
 
 /// Scans a segment left by a previous process and cuts any torn or corrupt tail,
-/// saving the cut bytes to `rejected/`. Returns the number of bytes cut.
-fn repair_segment(dir: &Path, seq: u64) -> Result<u64, SpoolError> {
+/// saving the cut bytes to `rejected/`. Returns the bytes cut and the segment's
+/// remaining length (`None`: removed, it had no valid header).
+fn repair_segment(dir: &Path, seq: u64) -> Result<(u64, Option<u64>), SpoolError> {
     let path = segment_path(dir, seq);
     let data = fs::read(&path).map_err(|e| SpoolError::dir(&path, e))?;
     let valid = valid_prefix(&data);
     if valid == data.len() {
-        return Ok(0);
+        return Ok((0, Some(valid as u64)));
     }
     let cut = (data.len() - valid) as u64;
     // A header-less file (crash right after create) holds no rows: remove it.
@@ -425,7 +429,7 @@ fn repair_segment(dir: &Path, seq: u64) -> Result<u64, SpoolError> {
         tracing::warn!(segment = %path.display(), bytes = cut, "audit spool: removing segment without a valid header");
         save_rejected(dir, seq, 0, "corrupt", &data)?;
         fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
-        return Ok(cut);
+        return Ok((cut, None));
     }
     tracing::warn!(
         segment = %path.display(),
@@ -441,7 +445,7 @@ fn repair_segment(dir: &Path, seq: u64) -> Result<u64, SpoolError> {
     f.set_len(valid as u64)
         .and_then(|()| f.sync_all())
         .map_err(|e| SpoolError::dir(&path, e))?;
-    Ok(cut)
+    Ok((cut, Some(valid as u64)))
 }
 
 /// Length of the longest prefix of a segment made of a valid header and whole,

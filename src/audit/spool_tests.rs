@@ -323,3 +323,39 @@ async fn segments_before_the_cursor_are_removed_at_open() {
     assert_eq!(now[0], segs[2]);
     stop(spool);
 }
+
+#[tokio::test]
+async fn numbering_continues_past_the_cursor_when_every_segment_was_shipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..3 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    let mut reader = stop(spool);
+    let batch = read_all(&mut reader);
+    write_cursor(dir.path(), batch.end.unwrap()).unwrap();
+    drop(reader);
+    for seq in list_segments(dir.path()).unwrap() {
+        fs::remove_file(segment_path(dir.path(), seq)).unwrap();
+    }
+
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert_eq!(list_segments(dir.path()).unwrap(), [2]);
+    append(&spool.shared, &payload(9)).await.unwrap();
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, payload(9));
+}
+
+#[tokio::test]
+async fn a_segment_without_a_valid_header_is_set_aside_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(segment_path(dir.path(), 4), b"MCPF").unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert_eq!(spool.recovery.segments, 0);
+    assert_eq!(spool.recovery.cut_bytes, 4);
+    assert_eq!(rejected_files(dir.path()).len(), 1);
+    append(&spool.shared, &payload(1)).await.unwrap();
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, payload(1));
+    assert_eq!(list_segments(dir.path()).unwrap(), [5]);
+}
