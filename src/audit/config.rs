@@ -150,6 +150,10 @@ pub struct BatchConfig {
     /// A partial batch is sent once its first row waited this long.
     #[serde(default = "default_batch_max_age_ms")]
     pub max_age_ms: u64,
+    /// `INSERT`s running at once (acknowledged in order); more hides network
+    /// latency to a remote ClickHouse.
+    #[serde(default = "default_batch_max_in_flight")]
+    pub max_in_flight: usize,
     /// First retry delay after a failed `INSERT`; doubles per attempt.
     #[serde(default = "default_retry_min_ms")]
     pub retry_min_ms: u64,
@@ -164,6 +168,7 @@ impl Default for BatchConfig {
             max_rows: default_batch_max_rows(),
             max_bytes: default_batch_max_bytes(),
             max_age_ms: default_batch_max_age_ms(),
+            max_in_flight: default_batch_max_in_flight(),
             retry_min_ms: default_retry_min_ms(),
             retry_max_ms: default_retry_max_ms(),
         }
@@ -296,6 +301,10 @@ pub fn default_batch_max_bytes() -> usize {
 pub fn default_batch_max_age_ms() -> u64 {
     1_000
 }
+/// Two `INSERT`s in flight: one being parsed by ClickHouse while the next is sent.
+pub fn default_batch_max_in_flight() -> usize {
+    2
+}
 /// First retry after 200 ms.
 pub fn default_retry_min_ms() -> u64 {
     200
@@ -364,10 +373,10 @@ impl AuditConfig {
                 problem: "must be at least 4096",
             });
         }
-        if self.batch.max_rows == 0 || self.batch.max_bytes == 0 {
+        if self.batch.max_rows == 0 || self.batch.max_bytes == 0 || self.batch.max_in_flight == 0 {
             return Err(AuditError::InvalidConfig {
                 field: "batch",
-                problem: "max_rows and max_bytes must be positive",
+                problem: "max_rows, max_bytes and max_in_flight must be positive",
             });
         }
         if self.batch.retry_min_ms == 0 || self.batch.retry_max_ms < self.batch.retry_min_ms {

@@ -48,6 +48,7 @@
 //! # Retention
 //! `retention_days` drops whole day partitions (`ALTER TABLE … DROP PARTITION`)
 //! of both tables hourly; `TTL` is not used since 18.16 lacks it.
+#![deny(missing_docs)]
 
 mod clickhouse;
 mod config;
@@ -411,7 +412,11 @@ pub async fn start(
         dir: cfg.spool.dir.clone(),
         // Shipped rows are freed a whole segment at a time; capping segments at a
         // quarter of the spool keeps shipped-but-undeleted bytes from filling it.
-        segment_bytes: cfg.spool.segment_bytes.min(cfg.spool.max_bytes / 4).max(1024),
+        segment_bytes: cfg
+            .spool
+            .segment_bytes
+            .min(cfg.spool.max_bytes / 4)
+            .max(1024),
         fsync_interval: Duration::from_millis(cfg.spool.fsync_interval_ms),
         max_bytes: cfg.spool.max_bytes,
     };
@@ -432,6 +437,7 @@ pub async fn start(
         client.clone(),
         ShipperSettings {
             max_rows: cfg.batch.max_rows,
+            max_in_flight: cfg.batch.max_in_flight,
             max_bytes: cfg.batch.max_bytes,
             max_age: Duration::from_millis(cfg.batch.max_age_ms),
             retry_min: Duration::from_millis(cfg.batch.retry_min_ms),

@@ -2,26 +2,33 @@
 //! ClickHouse, and only then lets the spool forget them.
 //!
 //! Invariants:
-//! * One `INSERT` in flight, batches in spool order, so the acknowledged prefix of
-//!   the spool is a single position (the cursor).
+//! * Up to `max_in_flight` `INSERT`s run at once, but they are acknowledged in
+//!   spool order (an ordered futures queue), so the acknowledged prefix of the
+//!   spool is a single position (the cursor).
 //! * A batch is retried (exponential backoff with jitter) until ClickHouse
 //!   acknowledges it, or, for bad-data errors only, saved to `rejected/`. Rows are
 //!   never dropped; a retry after a lost acknowledgement may insert a row twice,
 //!   which the `ReplacingMergeTree` on `event_id` absorbs (see [`super`]).
 //! * Segments are deleted only after the batch holding their last row was
 //!   acknowledged (or rejected and saved).
-//! * File reads run on the blocking pool; the task itself never blocks.
+//! * File reads run on the blocking pool; the task itself never blocks. In-flight
+//!   inserts are futures owned by the task, so aborting it stops them too.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use thiserror::Error;
 use tokio::sync::watch;
 
 use super::clickhouse::{self as ch, Disposition};
 use super::metrics::Metrics;
-use super::spool::{self, Batch, FillOutcome, Shared, SpoolError, SpoolReader};
+use super::spool::{self, Batch, FillOutcome, Position, Shared, SpoolError, SpoolReader};
 
 /// Minimum spacing of reads while a partial batch waits to fill: under load the
 /// writer notifies per group write, and one read per notify would cost more than
@@ -52,6 +59,7 @@ pub(crate) enum Phase {
 #[derive(Debug, Clone)]
 pub(crate) struct ShipperSettings {
     pub max_rows: usize,
+    pub max_in_flight: usize,
     pub max_bytes: usize,
     pub max_age: Duration,
     pub retry_min: Duration,
@@ -62,18 +70,41 @@ pub(crate) struct ShipperSettings {
     pub create_schema: bool,
 }
 
-/// The shipping task's state.
-pub(crate) struct Shipper {
+/// What every insert needs; shared by the in-flight insert futures.
+struct ShipCtx {
     client: clickhouse::Client,
     sql: String,
     settings: ShipperSettings,
-    reader: Option<SpoolReader>,
-    shared: Arc<Shared>,
     metrics: Metrics,
+    shared: Arc<Shared>,
+    /// Set once the schema exists; concurrent first inserts may both create it
+    /// (the DDL is idempotent).
+    schema_ready: AtomicBool,
+}
+
+/// Spool bookkeeping of a batch whose `INSERT` is in flight.
+struct InFlight {
+    /// Cursor value once acknowledged.
+    end: Option<Position>,
+    /// Segments deletable once acknowledged.
+    finished_segments: Vec<u64>,
+    /// Oldest row of the batch (for the age gauge).
+    first_time_ms: Option<u64>,
+}
+
+type InsertFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The shipping task's state.
+pub(crate) struct Shipper {
+    ctx: Arc<ShipCtx>,
+    reader: Option<SpoolReader>,
     phase: watch::Receiver<Phase>,
     /// The phase sender is gone (handle dropped): stop watching it.
     phase_gone: bool,
-    schema_ready: bool,
+    /// Futures of in-flight inserts, completing in dispatch order, and their
+    /// bookkeeping (same order, same length).
+    inserts: FuturesOrdered<InsertFuture>,
+    in_flight: VecDeque<InFlight>,
 }
 
 impl Shipper {
@@ -85,15 +116,19 @@ impl Shipper {
         phase: watch::Receiver<Phase>,
     ) -> Self {
         Self {
-            sql: ch::insert_sql(&settings.database, &settings.table),
-            schema_ready: !settings.create_schema,
-            shared: Arc::clone(reader.shared()),
-            client,
-            settings,
+            ctx: Arc::new(ShipCtx {
+                sql: ch::insert_sql(&settings.database, &settings.table),
+                schema_ready: AtomicBool::new(!settings.create_schema),
+                shared: Arc::clone(reader.shared()),
+                client,
+                settings,
+                metrics,
+            }),
             reader: Some(reader),
-            metrics,
             phase,
             phase_gone: false,
+            inserts: FuturesOrdered::new(),
+            in_flight: VecDeque::new(),
         }
     }
 
@@ -103,6 +138,13 @@ impl Shipper {
         let mut last_fill;
         let mut read_failures: u32 = 0;
         loop {
+            if self.in_flight.len() >= self.ctx.settings.max_in_flight {
+                // New data cannot be dispatched now: wait for an insert only, rather
+                // than waking on every group commit.
+                self.wait_inner(Some(Instant::now() + GAUGE_TICK), &batch, false)
+                    .await;
+                continue;
+            }
             let draining = *self.phase.borrow() == Phase::Draining;
             let outcome = match self.fill(&mut batch).await? {
                 Ok(o) => {
@@ -111,14 +153,10 @@ impl Shipper {
                 }
                 Err(e) => {
                     read_failures = read_failures.saturating_add(1);
-                    let delay = backoff(
-                        read_failures,
-                        self.settings.retry_min,
-                        self.settings.retry_max,
-                        rand::random::<f64>(),
-                    );
+                    let s = &self.ctx.settings;
+                    let delay = backoff(read_failures, s.retry_min, s.retry_max, rand::random());
                     tracing::error!(error = %e, attempt = read_failures, "audit shipper: reading the spool failed; retrying");
-                    self.pause(delay, &batch).await;
+                    self.wait(Some(Instant::now() + delay), &batch).await;
                     continue;
                 }
             };
@@ -126,32 +164,30 @@ impl Shipper {
             self.update_age(&batch);
 
             if batch.rows == 0 {
-                if !batch.finished_segments.is_empty() {
-                    spool::delete_segments(&self.shared, &batch.finished_segments);
-                    batch.finished_segments.clear();
-                }
+                self.release_finished(&mut batch.finished_segments);
                 if draining && outcome == FillOutcome::CaughtUp {
-                    return Ok(());
+                    if self.in_flight.is_empty() {
+                        return Ok(());
+                    }
+                    self.wait(Some(Instant::now() + GAUGE_TICK), &batch).await;
+                    continue;
                 }
-                self.wait_for_data(None).await;
+                self.wait(None, &batch).await;
                 continue;
             }
 
             if outcome == FillOutcome::CaughtUp && !draining {
                 let deadline = batch
                     .opened
-                    .map_or_else(Instant::now, |t| t + self.settings.max_age);
+                    .map_or_else(Instant::now, |t| t + self.ctx.settings.max_age);
                 if Instant::now() < deadline {
-                    let woke_for_data = self.wait_for_data(Some(deadline)).await;
-                    if woke_for_data {
+                    if self.wait(Some(deadline), &batch).await == Woke::NewData {
                         tokio::time::sleep_until((last_fill + MIN_FILL_INTERVAL).into()).await;
                     }
                     continue;
                 }
             }
-            self.ship(&mut batch).await;
-            batch.reset();
-            self.update_age(&batch);
+            self.dispatch(&mut batch);
         }
     }
 
@@ -164,7 +200,7 @@ impl Shipper {
             return Ok(Ok(FillOutcome::CaughtUp));
         };
         let mut b = std::mem::take(batch);
-        let (max_rows, max_bytes) = (self.settings.max_rows, self.settings.max_bytes);
+        let (max_rows, max_bytes) = (self.ctx.settings.max_rows, self.ctx.settings.max_bytes);
         let (reader, b, res) = tokio::task::spawn_blocking(move || {
             let res = reader.fill(&mut b, max_rows, max_bytes);
             (reader, b, res)
@@ -176,137 +212,182 @@ impl Shipper {
         Ok(res)
     }
 
-    /// Waits for new spool data, the deadline, a phase change or a gauge tick.
-    /// Returns true when woken by new data.
-    async fn wait_for_data(&mut self, deadline: Option<Instant>) -> bool {
+    /// Sealed segments read to their end: deletable now if no insert is in
+    /// flight, else once the newest in-flight batch (which may hold their last
+    /// rows) is acknowledged.
+    fn release_finished(&mut self, finished: &mut Vec<u64>) {
+        if finished.is_empty() {
+            return;
+        }
+        match self.in_flight.back_mut() {
+            Some(last) => last.finished_segments.append(finished),
+            None => {
+                spool::delete_segments(&self.ctx.shared, finished);
+                finished.clear();
+            }
+        }
+    }
+
+    /// Starts the `INSERT` of `batch` and empties it for the next one.
+    fn dispatch(&mut self, batch: &mut Batch) {
+        let capacity = batch.body.len();
+        let body = Bytes::from(std::mem::replace(
+            &mut batch.body,
+            Vec::with_capacity(capacity),
+        ));
+        let start = batch.start.unwrap_or(Position { seq: 0, offset: 0 });
+        self.in_flight.push_back(InFlight {
+            end: batch.end,
+            finished_segments: std::mem::take(&mut batch.finished_segments),
+            first_time_ms: batch.first_time_ms,
+        });
+        self.inserts.push_back(Box::pin(insert_until_done(
+            Arc::clone(&self.ctx),
+            body,
+            batch.rows as u64,
+            start,
+        )));
+        batch.reset();
+    }
+
+    /// Waits for the oldest in-flight insert to finish (then records it), new
+    /// spool data, the deadline (default: a gauge tick), or a phase change.
+    async fn wait(&mut self, deadline: Option<Instant>, batch: &Batch) -> Woke {
+        self.wait_inner(deadline, batch, true).await
+    }
+
+    async fn wait_inner(
+        &mut self,
+        deadline: Option<Instant>,
+        batch: &Batch,
+        want_data: bool,
+    ) -> Woke {
         let until = deadline.unwrap_or_else(|| Instant::now() + GAUGE_TICK);
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(&self.ctx.shared);
         let phase_gone = self.phase_gone;
-        tokio::select! {
-            () = shared.new_data.notified() => true,
-            () = tokio::time::sleep_until(until.into()) => false,
+        let has_inserts = !self.inserts.is_empty();
+        let woke = tokio::select! {
+            Some(()) = self.inserts.next(), if has_inserts => Woke::InsertDone,
+            () = shared.new_data.notified(), if want_data => Woke::NewData,
+            () = tokio::time::sleep_until(until.into()) => Woke::Timeout,
             changed = self.phase.changed(), if !phase_gone => {
                 if changed.is_err() {
                     self.phase_gone = true;
                 }
-                false
+                Woke::Phase
             }
+        };
+        if woke == Woke::InsertDone {
+            self.acknowledge();
         }
+        self.update_age(batch);
+        woke
     }
 
-    /// Inserts `batch` until acknowledged or rejected-and-saved; then advances the
-    /// cursor and deletes finished segments.
-    async fn ship(&mut self, batch: &mut Batch) {
-        let body = Bytes::from(std::mem::take(&mut batch.body));
-        let rows = batch.rows as u64;
-        let mut attempt: u32 = 0;
-        loop {
-            let result = self.try_insert(&body).await;
-            match result {
-                Ok(()) => {
-                    self.metrics.rows_sent(rows);
-                    break;
-                }
-                Err((err, disposition)) => {
-                    self.metrics.send_error();
-                    if disposition == Disposition::Reject {
-                        let start = batch.start.unwrap_or(spool::Position { seq: 0, offset: 0 });
-                        match spool::save_rejected(
-                            self.shared.dir(),
-                            start.seq,
-                            start.offset,
-                            "rowbinary",
-                            &body,
-                        ) {
-                            Ok(path) => {
-                                tracing::error!(
-                                    rows,
-                                    error = %err,
-                                    saved = %path.display(),
-                                    "audit: ClickHouse rejected a batch as bad data; saved to rejected/"
-                                );
-                                self.metrics.rows_rejected(rows);
-                                break;
-                            }
-                            Err(e) => {
-                                tracing::error!(error = %e, "audit: cannot save rejected batch; will retry it");
-                            }
-                        }
-                    }
-                    attempt = attempt.saturating_add(1);
-                    self.metrics.retry();
-                    let delay = backoff(
-                        attempt,
-                        self.settings.retry_min,
-                        self.settings.retry_max,
-                        rand::random::<f64>(),
-                    );
-                    tracing::warn!(
-                        rows,
-                        attempt,
-                        retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                        error = %err,
-                        "audit: INSERT into ClickHouse failed; retrying"
-                    );
-                    self.pause(delay, batch).await;
-                }
-            }
-        }
-        if let Some(end) = batch.end {
-            if let Err(e) = spool::write_cursor(self.shared.dir(), end) {
+    /// The oldest in-flight batch is in ClickHouse (or saved in `rejected/`):
+    /// advance the cursor and delete the segments it finished.
+    fn acknowledge(&mut self) {
+        let Some(done) = self.in_flight.pop_front() else {
+            return;
+        };
+        if let Some(end) = done.end {
+            if let Err(e) = spool::write_cursor(self.ctx.shared.dir(), end) {
                 // Only costs a larger (deduplicated) replay after a restart.
                 tracing::warn!(error = %e, "audit spool: cannot update cursor");
             }
         }
-        spool::delete_segments(&self.shared, &batch.finished_segments);
-        // Take the allocation back for the next batch when no clone survived.
-        if let Ok(buf) = body.try_into_mut() {
-            let mut v = Vec::from(buf);
-            v.clear();
-            batch.body = v;
-        }
-    }
-
-    /// Creates the schema if still needed, then inserts. Schema failures are
-    /// always retried: they say nothing about the rows.
-    async fn try_insert(
-        &mut self,
-        body: &Bytes,
-    ) -> Result<(), (clickhouse::error::Error, Disposition)> {
-        if !self.schema_ready {
-            ch::ensure_schema(&self.client, &self.settings.database, &self.settings.table)
-                .await
-                .map_err(|e| (e, Disposition::Retry))?;
-            self.schema_ready = true;
-        }
-        ch::insert(&self.client, &self.sql, body, self.settings.insert_timeout)
-            .await
-            .map_err(|e| {
-                let d = ch::classify(&e);
-                (e, d)
-            })
-    }
-
-    /// Sleeps `delay`, refreshing the age gauge every tick.
-    async fn pause(&self, delay: Duration, batch: &Batch) {
-        let end = Instant::now() + delay;
-        loop {
-            self.update_age(batch);
-            let now = Instant::now();
-            if now >= end {
-                return;
-            }
-            tokio::time::sleep((end - now).min(GAUGE_TICK)).await;
-        }
+        spool::delete_segments(&self.ctx.shared, &done.finished_segments);
     }
 
     fn update_age(&self, batch: &Batch) {
-        let age = match batch.first_time_ms {
-            Some(t) if batch.rows > 0 => now_ms().saturating_sub(t) as f64 / 1000.0,
-            _ => 0.0,
+        let oldest = match self.in_flight.front() {
+            Some(f) => f.first_time_ms,
+            None if batch.rows > 0 => batch.first_time_ms,
+            None => None,
         };
-        self.metrics.set_oldest_unsent_age(age);
+        let age = oldest.map_or(0.0, |t| now_ms().saturating_sub(t) as f64 / 1000.0);
+        self.ctx.metrics.set_oldest_unsent_age(age);
     }
+}
+
+/// What ended a [`Shipper::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    InsertDone,
+    NewData,
+    Timeout,
+    Phase,
+}
+
+/// Inserts one batch until ClickHouse acknowledges it or, for bad data, until it
+/// is saved to `rejected/`. Never gives up otherwise.
+async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Position) {
+    let mut attempt: u32 = 0;
+    loop {
+        let (err, disposition) = match try_insert(&ctx, &body).await {
+            Ok(()) => {
+                ctx.metrics.rows_sent(rows);
+                return;
+            }
+            Err(e) => e,
+        };
+        ctx.metrics.send_error();
+        if disposition == Disposition::Reject {
+            match spool::save_rejected(
+                ctx.shared.dir(),
+                start.seq,
+                start.offset,
+                "rowbinary",
+                &body,
+            ) {
+                Ok(path) => {
+                    tracing::error!(
+                        rows,
+                        error = %err,
+                        saved = %path.display(),
+                        "audit: ClickHouse rejected a batch as bad data; saved to rejected/"
+                    );
+                    ctx.metrics.rows_rejected(rows);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "audit: cannot save rejected batch; will retry it");
+                }
+            }
+        }
+        attempt = attempt.saturating_add(1);
+        ctx.metrics.retry();
+        let s = &ctx.settings;
+        let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+        tracing::warn!(
+            rows,
+            attempt,
+            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            error = %err,
+            "audit: INSERT into ClickHouse failed; retrying"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Creates the schema if still needed, then inserts. Schema failures are always
+/// retried: they say nothing about the rows.
+async fn try_insert(
+    ctx: &ShipCtx,
+    body: &Bytes,
+) -> Result<(), (clickhouse::error::Error, Disposition)> {
+    if !ctx.schema_ready.load(Ordering::Acquire) {
+        ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table)
+            .await
+            .map_err(|e| (e, Disposition::Retry))?;
+        ctx.schema_ready.store(true, Ordering::Release);
+    }
+    ch::insert(&ctx.client, &ctx.sql, body, ctx.settings.insert_timeout)
+        .await
+        .map_err(|e| {
+            let d = ch::classify(&e);
+            (e, d)
+        })
 }
 
 fn now_ms() -> u64 {
