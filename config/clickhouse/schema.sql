@@ -16,7 +16,8 @@
 -- Retention: TTL is not used (absent on 18.16); the firewall drops day partitions
 -- older than retention_days from both tables.
 
--- Needed on 18.16 (LowCardinality was experimental); ignored by later releases.
+-- Needed on 18.x only, where LowCardinality was experimental: remove this line
+-- for later releases. (The firewall sends it only to 18.x servers.)
 SET allow_experimental_low_cardinality_type = 1;
 
 CREATE DATABASE IF NOT EXISTS {database};

@@ -136,14 +136,33 @@ pub(crate) async fn ensure_schema(
     database: &str,
     table: &str,
 ) -> Result<(), clickhouse::error::Error> {
+    let version = client
+        .query_raw("SELECT version()")
+        .fetch_bytes("TabSeparated")?
+        .collect()
+        .await?;
+    // Only 18.x needs (and knows) the LowCardinality opt-in; later releases made
+    // it obsolete and may reject it as unknown.
+    let needs_opt_in = needs_low_cardinality_opt_in(&String::from_utf8_lossy(&version));
     for stmt in schema_statements(database, table) {
-        client
-            .query_raw(&stmt)
-            .with_setting(LOW_CARDINALITY_SETTING, "1")
-            .execute()
-            .await?;
+        let mut q = client.query_raw(&stmt);
+        if needs_opt_in {
+            q = q.with_setting(LOW_CARDINALITY_SETTING, "1");
+        }
+        q.execute().await?;
     }
     Ok(())
+}
+
+/// Pure: whether a server of `version` (`18.16.1`, `24.8.4.13`) needs
+/// `allow_experimental_low_cardinality_type` to create `LowCardinality` columns.
+pub(crate) fn needs_low_cardinality_opt_in(version: &str) -> bool {
+    version
+        .trim()
+        .split('.')
+        .next()
+        .and_then(|major| major.parse::<u32>().ok())
+        .is_some_and(|major| major < 19)
 }
 
 /// `INSERT INTO db.table (columns…) FORMAT RowBinary`.

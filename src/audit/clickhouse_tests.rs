@@ -108,3 +108,12 @@ fn password_comes_from_env_or_file_and_a_missing_one_is_an_error() {
         None
     );
 }
+
+#[test]
+fn only_18_x_servers_get_the_low_cardinality_opt_in() {
+    assert!(needs_low_cardinality_opt_in("18.16.1\n"));
+    assert!(needs_low_cardinality_opt_in("1.1.54394"));
+    assert!(!needs_low_cardinality_opt_in("19.1.6"));
+    assert!(!needs_low_cardinality_opt_in("25.3.2.39"));
+    assert!(!needs_low_cardinality_opt_in("garbage"));
+}

@@ -96,9 +96,12 @@ impl ClickHouse {
                     .map(Stdio::from)
                     .unwrap_or_else(|_| Stdio::null()),
             );
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("spawning {program}: {e}"))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            format!(
+                "spawning {program}: {e} (install Debian's clickhouse-server, \
+                 or set MCPFW_CLICKHOUSE_BIN)"
+            )
+        })?;
         let pid = child.id();
         let watchdog = Command::new("sh")
             .arg("-c")
@@ -189,12 +192,18 @@ impl ClickHouse {
 
     /// Runs `sql`; `Err` carries the status and error text.
     pub fn try_query(&self, sql: &str) -> Result<String, String> {
-        match http(
-            self.http_port,
-            "POST",
-            "/?allow_experimental_low_cardinality_type=1",
-            sql.as_bytes(),
-        ) {
+        // 18.x needs the opt-in to create LowCardinality columns; later releases
+        // dropped the setting.
+        static PATH: OnceLock<&'static str> = OnceLock::new();
+        let path = *PATH.get_or_init(|| {
+            match http(self.http_port, "GET", "/?query=SELECT%20version()", b"") {
+                Ok((200, v)) if v.starts_with("18.") => {
+                    "/?allow_experimental_low_cardinality_type=1"
+                }
+                _ => "/",
+            }
+        });
+        match http(self.http_port, "POST", path, sql.as_bytes()) {
             Ok((200, body)) => Ok(body),
             Ok((status, body)) => Err(format!("HTTP {status}: {body}")),
             Err(e) => Err(format!("connection: {e}")),
