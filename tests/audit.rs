@@ -811,6 +811,28 @@ async fn retention_drops_expired_day_partitions_only() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_is_created_at_start_before_any_row() {
+    let ch = ClickHouse::shared();
+    let db = format!("t_{:016x}", rand::random::<u64>());
+    let spool = tempfile::tempdir().unwrap();
+    let (_a, handle, _reg) = start(&test_config(spool.path(), &ch.http_url, &db)).await;
+    wait_until("schema creation", Duration::from_secs(30), || {
+        ch.try_query(&format!("SHOW TABLES FROM {db}"))
+            .is_ok_and(|t| t.lines().count() == 3)
+    });
+    handle.shutdown(Duration::from_secs(5)).await;
+    drop(_a); // the spool stays locked while an Auditor lives
+              // A second start finds it in place (idempotent DDL) and still works.
+    let (a, handle, _reg) = start(&test_config(spool.path(), &ch.http_url, &db)).await;
+    a.record(row(1, "r")).await.unwrap();
+    handle.shutdown(Duration::from_secs(30)).await;
+    assert_eq!(
+        ch.query_u64(&format!("SELECT count() FROM {db}.audit_events")),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabled_auditor_records_nothing_and_never_fails() {
     let cfg = AuditConfig {
         enabled: false,

@@ -134,6 +134,17 @@ impl Shipper {
 
     /// Runs until drained after shutdown (or the reader is lost).
     pub(crate) async fn run(mut self) -> Result<(), ShipperError> {
+        if !self.ctx.schema_ready.load(Ordering::Acquire) {
+            // Create the schema right away rather than with the first row; it
+            // queues like a batch that covers no spool range.
+            self.in_flight.push_back(InFlight {
+                end: None,
+                finished_segments: Vec::new(),
+                first_time_ms: None,
+            });
+            self.inserts
+                .push_back(Box::pin(ensure_schema_until_done(Arc::clone(&self.ctx))));
+        }
         let mut batch = Batch::default();
         let mut last_fill;
         let mut read_failures: u32 = 0;
@@ -166,7 +177,13 @@ impl Shipper {
             if batch.rows == 0 {
                 self.release_finished(&mut batch.finished_segments);
                 if draining && outcome == FillOutcome::CaughtUp {
-                    if self.in_flight.is_empty() {
+                    // Only rows matter at shutdown: a pending schema creation alone
+                    // does not hold it up.
+                    let rows_pending = self
+                        .in_flight
+                        .iter()
+                        .any(|f| f.end.is_some() || !f.finished_segments.is_empty());
+                    if !rows_pending {
                         return Ok(());
                     }
                     self.wait(Some(Instant::now() + GAUGE_TICK), &batch).await;
@@ -300,11 +317,16 @@ impl Shipper {
     }
 
     fn update_age(&self, batch: &Batch) {
-        let oldest = match self.in_flight.front() {
-            Some(f) => f.first_time_ms,
-            None if batch.rows > 0 => batch.first_time_ms,
-            None => None,
-        };
+        // In-flight batches are older than the one being filled.
+        let oldest = self
+            .in_flight
+            .iter()
+            .find_map(|f| f.first_time_ms)
+            .or(if batch.rows > 0 {
+                batch.first_time_ms
+            } else {
+                None
+            });
         let age = oldest.map_or(0.0, |t| now_ms().saturating_sub(t) as f64 / 1000.0);
         self.ctx.metrics.set_oldest_unsent_age(age);
     }
@@ -367,6 +389,24 @@ async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Pos
             "audit: INSERT into ClickHouse failed; retrying"
         );
         tokio::time::sleep(delay).await;
+    }
+}
+
+/// Creates the schema, retrying with backoff until ClickHouse accepts it.
+async fn ensure_schema_until_done(ctx: Arc<ShipCtx>) {
+    let mut attempt: u32 = 0;
+    while !ctx.schema_ready.load(Ordering::Acquire) {
+        match ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table).await {
+            Ok(()) => ctx.schema_ready.store(true, Ordering::Release),
+            Err(e) => {
+                attempt = attempt.saturating_add(1);
+                ctx.metrics.send_error();
+                let s = &ctx.settings;
+                let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+                tracing::warn!(attempt, error = %e, "audit: creating the ClickHouse schema failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
     }
 }
 

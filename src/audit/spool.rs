@@ -70,7 +70,7 @@ pub enum SpoolError {
     TooLarge {
         /// Encoded size.
         len: usize,
-        /// [`MAX_RECORD_LEN`].
+        /// The record size limit (16 MiB).
         max: usize,
     },
     /// `write(2)` to the active segment failed (disk full, I/O error).
