@@ -1,7 +1,8 @@
 //! The local write-ahead spool: every audit row is appended here before
 //! [`super::Auditor::record`] returns, and stays until ClickHouse acknowledged it.
 //!
-//! Layout of the spool directory:
+//! Layout of the spool directory (created `0700`, files `0600`: rows are
+//! sensitive even redacted):
 //! * `LOCK`: held (`flock`) for the process lifetime, so two firewalls never share
 //!   a spool and double-ship it.
 //! * `NNNNNNNNNNNNNNNNNNNN.seg`: segments, numbered in write order. A segment is a
@@ -30,7 +31,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -292,9 +293,19 @@ pub(crate) struct Spool {
 /// and starts the writer thread on a fresh segment.
 pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, SpoolError> {
     let dir = &settings.dir;
-    fs::create_dir_all(dir.join("rejected")).map_err(|e| SpoolError::dir(dir, e))?;
+    // Audit rows are sensitive even redacted: owner-only directories and files.
+    // (The mode applies to directories created here; an existing one is kept as
+    // the operator made it.)
+    for d in [dir.clone(), dir.join("rejected")] {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&d)
+            .map_err(|e| SpoolError::dir(&d, e))?;
+    }
     let lock_path = dir.join("LOCK");
     let lock = OpenOptions::new()
+        .mode(0o600)
         .create(true)
         .truncate(false)
         .write(true)
@@ -501,7 +512,12 @@ pub(crate) fn save_rejected(
         .join("rejected")
         .join(format!("{seq:020}-{offset:012}.{kind}"));
     let write = || -> io::Result<()> {
-        let mut f = File::create(&path)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)?;
         f.write_all(bytes)?;
         f.sync_all()
     };
@@ -537,7 +553,13 @@ pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
     let crc = crc32fast::hash(&bytes[..16]);
     bytes[16..].copy_from_slice(&crc.to_le_bytes());
     let tmp = dir.join("cursor.tmp");
-    fs::write(&tmp, bytes)?;
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?
+        .write_all(&bytes)?;
     fs::rename(&tmp, dir.join("cursor"))
 }
 
@@ -685,6 +707,7 @@ impl Writer {
             let mut f = OpenOptions::new()
                 .append(true)
                 .create_new(true)
+                .mode(0o600)
                 .open(&path)?;
             let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
             header[..8].copy_from_slice(MAGIC);

@@ -359,3 +359,20 @@ async fn a_segment_without_a_valid_header_is_set_aside_at_open() {
     assert_eq!(read_all(&mut reader).body, payload(1));
     assert_eq!(list_segments(dir.path()).unwrap(), [5]);
 }
+
+#[tokio::test]
+async fn spool_files_are_private_to_the_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("spool");
+    let spool = open(&settings(&root), Metrics::default()).unwrap();
+    append(&spool.shared, &payload(1)).await.unwrap();
+    let mut reader = stop(spool);
+    write_cursor(&root, read_all(&mut reader).end.unwrap()).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&root), 0o700);
+    assert_eq!(mode(&root.join("rejected")), 0o700);
+    assert_eq!(mode(&segment_path(&root, 1)), 0o600);
+    assert_eq!(mode(&root.join("cursor")), 0o600);
+    assert_eq!(mode(&root.join("LOCK")), 0o600);
+}

@@ -159,8 +159,10 @@ impl ClickHouse {
         let Some(mut child) = self.server.lock().unwrap().take() else {
             return;
         };
-        let _ = Command::new("kill")
-            .arg("-TERM")
+        // The shell's builtin `kill`: no dependency on a procps binary.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg("kill -TERM \"$0\"")
             .arg(child.id().to_string())
             .status();
         let deadline = Instant::now() + Duration::from_secs(10);
