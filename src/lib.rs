@@ -9,8 +9,11 @@
 pub mod admin;
 pub mod app;
 pub mod audit;
+pub mod catalog;
 pub mod config;
+pub mod demo;
 pub mod mcp;
+pub mod policy;
 pub mod proxy;
 pub mod server;
 pub mod telemetry;

@@ -53,23 +53,13 @@ fn row(i: u64, run: &str) -> AuditRow {
     let mut r = AuditRow::new();
     r.tenant = "acme".into();
     r.subject = format!("user-{}", i % 7);
-    r.agent_role = if i.is_multiple_of(2) {
-        "coder"
-    } else {
-        "reviewer"
-    }
-    .into();
+    r.agent_role = if i % 2 == 0 { "coder" } else { "reviewer" }.into();
     r.run_id = run.into();
     r.upstream = "github".into();
     r.method = "tools/call".into();
     r.tool = format!("tool_{}", i % 5);
     r.risk = Some(Risk::Read);
-    r.decision = if i.is_multiple_of(10) {
-        "deny"
-    } else {
-        "allow"
-    }
-    .into();
+    r.decision = if i % 10 == 0 { "deny" } else { "allow" }.into();
     r.jsonrpc_id = i.to_string();
     r.arguments = json!({"n": i, "path": format!("/src/file{i}.rs")}).into();
     r.latency_us = 100 + i % 1000;
@@ -655,7 +645,7 @@ async fn daily_stats_do_not_double_count_duplicate_inserts() {
     let (auditor, handle, _reg) = start(&cfg).await;
     for i in 0..200 {
         let mut r = row(i, &format!("run-{}", i % 4));
-        r.is_error = i.is_multiple_of(25);
+        r.is_error = i % 25 == 0;
         auditor.record(r).await.unwrap();
     }
     handle.shutdown(Duration::from_secs(30)).await;

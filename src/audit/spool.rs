@@ -311,10 +311,11 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         .write(true)
         .open(&lock_path)
         .map_err(|e| SpoolError::dir(&lock_path, e))?;
-    match lock.try_lock() {
+    // flock(2): released by the kernel when the process dies, even by SIGKILL.
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => return Err(SpoolError::Locked { path: lock_path }),
-        Err(fs::TryLockError::Error(e)) => return Err(SpoolError::dir(&lock_path, e)),
+        Err(rustix::io::Errno::WOULDBLOCK) => return Err(SpoolError::Locked { path: lock_path }),
+        Err(e) => return Err(SpoolError::dir(&lock_path, e.into())),
     }
 
     let cursor = read_cursor(dir);

@@ -39,6 +39,9 @@ pub struct RawConfig {
     /// Logging.
     #[serde(default)]
     pub log: RawLog,
+    /// Where the policy files are.
+    #[serde(default)]
+    pub policy: RawPolicy,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<RawUpstream>,
@@ -129,6 +132,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// `[policy]`: the policy directory, watched for changes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    /// Directory of `*.toml` policy files. Default `policies` (next to the config).
+    #[serde(default = "default_policy_dir")]
+    pub dir: PathBuf,
+    /// How often the directory is checked for changes. Default 1 s.
+    #[serde(default = "default_policy_reload_ms")]
+    pub reload_interval_ms: u64,
+}
+
 /// `[[upstream]]`: one MCP server behind the firewall.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -157,6 +172,18 @@ pub struct RawUpstream {
     /// Speak HTTP/2 to this upstream (h2 over TLS via ALPN, or prior-knowledge h2c).
     #[serde(default)]
     pub http2: bool,
+    /// Projects this upstream belongs to: a run reaches it only when one of
+    /// them is among the run's effective projects. None: nobody reaches it.
+    #[serde(default)]
+    pub projects: Vec<String>,
+    /// Categories (tags) policies refer to, e.g. `kubernetes`, `metrics`,
+    /// `database`, `knowledge`, `filesystem`, `ssh`.
+    #[serde(default)]
+    pub categories: Vec<String>,
+    /// Use the upstream's tool annotations as risk hints where the policy
+    /// names no risk. Default false: annotations are untrusted.
+    #[serde(default)]
+    pub trust_annotations: bool,
     /// Headers the firewall injects into every request to this upstream
     /// (vendor credentials). Values come from `value`, `env` or `file`.
     #[serde(default)]
@@ -218,6 +245,22 @@ fn default_request_timeout_ms() -> u64 {
 }
 fn default_idle_timeout_ms() -> u64 {
     300_000
+}
+
+fn default_policy_dir() -> PathBuf {
+    PathBuf::from("policies")
+}
+fn default_policy_reload_ms() -> u64 {
+    1_000
+}
+
+impl Default for RawPolicy {
+    fn default() -> Self {
+        RawPolicy {
+            dir: default_policy_dir(),
+            reload_interval_ms: default_policy_reload_ms(),
+        }
+    }
 }
 
 impl Default for RawAdmin {

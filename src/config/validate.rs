@@ -28,6 +28,10 @@ pub struct Config {
     pub log_level: String,
     /// Upstreams in file order.
     pub upstreams: Vec<Arc<Upstream>>,
+    /// The policy directory.
+    pub policy_dir: PathBuf,
+    /// Policy change-check interval.
+    pub policy_reload: Duration,
 }
 
 /// Validated `[server]`.
@@ -91,6 +95,12 @@ pub struct Upstream {
     pub http2: bool,
     /// Injected headers (credentials); values are secrets.
     pub inject: Vec<(HeaderName, Secret)>,
+    /// Projects it belongs to (sorted).
+    pub projects: Vec<String>,
+    /// Categories (sorted).
+    pub categories: Vec<String>,
+    /// Whether annotations count as risk hints.
+    pub trust_annotations: bool,
 }
 
 /// Where an injected header value came from, for diagnostics that must not
@@ -306,6 +316,8 @@ impl Validator<'_> {
             log_format: raw.log.format,
             log_level: raw.log.level,
             upstreams,
+            policy_dir: self.path(&raw.policy.dir),
+            policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
         })
     }
 
@@ -400,6 +412,9 @@ impl Validator<'_> {
             max_response_bytes: u.max_response_bytes.unwrap_or(server.max_response_bytes),
             http2: u.http2,
             inject,
+            projects: sorted(u.projects),
+            categories: sorted(u.categories),
+            trust_annotations: u.trust_annotations,
         })
     }
 
@@ -435,6 +450,12 @@ impl Validator<'_> {
         value.set_sensitive(true);
         Ok(Secret { value, source })
     }
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// Connection-specific headers (RFC 9110 §7.6.1) that a proxy never forwards.

@@ -4,4 +4,5 @@
 
 pub mod headers;
 pub mod jsonrpc;
+pub mod rewrite;
 pub mod sse;

@@ -37,8 +37,6 @@ pub mod codes {
     pub const UPSTREAM_ERROR: i32 = -31004;
     /// The audit trail cannot record this call and the policy is fail-closed.
     pub const AUDIT_UNAVAILABLE: i32 = -31005;
-    /// MCP 2026-07-28 `HeaderMismatch`: an `Mcp-*` header disagrees with the body.
-    pub const HEADER_MISMATCH: i32 = -32020;
 }
 
 /// Why a forwarded request failed at or on the way to the upstream.
@@ -101,13 +99,14 @@ pub enum ProxyError {
         /// What is wrong.
         message: String,
     },
-    /// `Mcp-Method` / `Mcp-Name` / `Mcp-Param-*` disagree with the body.
-    #[error("header mismatch: {message}")]
+    /// `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name` / `Mcp-Param-*`
+    /// disagree with the body (or are missing where 2026-07-28 requires them).
+    #[error("{source}")]
     HeaderMismatch {
         /// The id of the request, when it has one.
         id: Option<Id>,
         /// Which header, which values.
-        message: String,
+        source: crate::mcp::headers::HeaderMismatch,
     },
     /// The upstream failed; `ids` are the requests left unanswered.
     #[error("upstream {upstream:?}: {failure}")]
@@ -172,7 +171,7 @@ impl ProxyError {
                 &message,
                 None,
             ),
-            ProxyError::Parse(e) => rpc(StatusCode::BAD_REQUEST, None, e.code(), &message, None),
+            ProxyError::Parse(e) => rpc(StatusCode::BAD_REQUEST, e.id(), e.code(), &message, None),
             ProxyError::InvalidRequest { .. } => rpc(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -180,10 +179,10 @@ impl ProxyError {
                 &message,
                 None,
             ),
-            ProxyError::HeaderMismatch { id, .. } => rpc(
-                StatusCode::BAD_REQUEST,
+            ProxyError::HeaderMismatch { id, source } => rpc(
+                source.http_status(),
                 id.as_ref(),
-                codes::HEADER_MISMATCH,
+                source.code(),
                 &message,
                 None,
             ),

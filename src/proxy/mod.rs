@@ -21,6 +21,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use crate::config::Config;
+use crate::mcp::headers;
 use crate::mcp::jsonrpc::{self, Envelope, Kind};
 use crate::server::listener::ConnInfo;
 
@@ -120,6 +121,7 @@ async fn post(
     let env = jsonrpc::parse(&bytes, &state.limits)?;
     let version = ProtocolVersion::of_request(&parts.headers, &env);
     check_envelope(&env, version)?;
+    check_mirrored_headers(&parts.headers, &env)?;
 
     // Step 4: forward.
     let pending: Vec<Pending> = env
@@ -226,6 +228,22 @@ async fn read_bounded(
         }
         Err(e) => Err(ProxyError::BodyRead(e.to_string())),
     }
+}
+
+/// The 2026-07-28 `Mcp-*` headers must say what the body says: the firewall
+/// decides on the body, and no upstream may act on a value it did not see.
+fn check_mirrored_headers(headers: &HeaderMap, env: &Envelope) -> Result<(), ProxyError> {
+    let result = match env.messages.as_slice() {
+        [one] if !env.batch => {
+            headers::check(headers, one, None).map_err(|source| ProxyError::HeaderMismatch {
+                id: one.id.clone(),
+                source,
+            })
+        }
+        _ => headers::check_batch(headers)
+            .map_err(|source| ProxyError::HeaderMismatch { id: None, source }),
+    };
+    result
 }
 
 /// Rules about the whole body that depend on the protocol revision.

@@ -217,12 +217,8 @@ impl SseRelay {
                     if let Err(e) = self.decoder.push(&chunk) {
                         return self.end(UpstreamFailure::Invalid(e.to_string()));
                     }
-                    loop {
-                        match self.decoder.next_event() {
-                            Ok(Some(ev)) => self.on_event(ev, &mut out),
-                            Ok(None) => break,
-                            Err(e) => return self.end(UpstreamFailure::Invalid(e.to_string())),
-                        }
+                    while let Some(ev) = self.decoder.next_event() {
+                        self.on_event(ev, &mut out);
                     }
                     if !out.is_empty() {
                         return Some(out.freeze());
@@ -238,7 +234,7 @@ impl SseRelay {
     }
 
     fn on_event(&mut self, ev: sse::Event, out: &mut BytesMut) {
-        if !ev.data.is_empty() {
+        if ev.has_data && !ev.data.is_empty() {
             let limits = jsonrpc::Limits {
                 max_depth: 128,
                 max_batch: usize::MAX,

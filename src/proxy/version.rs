@@ -59,15 +59,8 @@ impl ProtocolVersion {
             return ProtocolVersion::parse(v.trim());
         }
         if let [m] = env.messages.as_slice() {
-            if let Some(meta) = &m.meta {
-                #[derive(Deserialize)]
-                struct Meta<'a> {
-                    #[serde(borrow, rename = "io.modelcontextprotocol/protocolVersion")]
-                    version: Option<&'a str>,
-                }
-                if let Ok(Meta { version: Some(v) }) = serde_json::from_str::<Meta>(meta.get()) {
-                    return ProtocolVersion::parse(v);
-                }
+            if let Some(v) = m.protocol_version() {
+                return ProtocolVersion::parse(&v);
             }
             if m.method.as_deref() == Some("initialize") {
                 if let Some(params) = &m.params {

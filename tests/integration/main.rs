@@ -3,5 +3,6 @@
 //! modes, a real ClickHouse server), no mocks of MCP.
 
 mod common;
+mod demo_upstream;
 mod input;
 mod upstream_failures;

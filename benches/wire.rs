@@ -1,0 +1,118 @@
+//! Throughput of the MCP wire formats on the request path: JSON-RPC body
+//! parsing (with serde_json's `Value` parse as the yardstick), SSE decoding and
+//! encoding, and the SEP-2243 header check.
+
+use bytes::BytesMut;
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use http::{HeaderMap, HeaderValue};
+use mcp_firewall::mcp::{headers, jsonrpc, sse};
+use std::hint::black_box;
+
+/// A typical modern `tools/call` (about 300 bytes).
+const CALL: &str = r#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"execute_sql","arguments":{"region":"us-west1","query":"SELECT id, name FROM users WHERE created_at > $1 LIMIT 50","params":["2026-01-01"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"progressToken":"p-42"}}}"#;
+
+fn batch_of(n: usize) -> String {
+    let elements: Vec<String> = (0..n)
+        .map(|i| CALL.replacen("\"id\":42", &format!("\"id\":{i}"), 1))
+        .collect();
+    format!("[{}]", elements.join(","))
+}
+
+fn bench_jsonrpc(c: &mut Criterion) {
+    let limits = jsonrpc::Limits::default();
+    let mut group = c.benchmark_group("jsonrpc");
+    group.throughput(Throughput::Bytes(CALL.len() as u64));
+    group.bench_function("parse_tools_call", |b| {
+        b.iter(|| jsonrpc::parse(black_box(CALL.as_bytes()), &limits))
+    });
+    group.bench_function("serde_json_value_tools_call", |b| {
+        b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(CALL.as_bytes())))
+    });
+    let batch = batch_of(20);
+    group.throughput(Throughput::Bytes(batch.len() as u64));
+    group.bench_function("parse_batch_20", |b| {
+        b.iter(|| jsonrpc::parse(black_box(batch.as_bytes()), &limits))
+    });
+    let env = jsonrpc::parse(batch.as_bytes(), &limits).expect("valid batch");
+    let spans: Vec<_> = env.messages.iter().step_by(2).map(|m| &m.span).collect();
+    group.bench_function("splice_batch_10_of_20", |b| {
+        b.iter(|| jsonrpc::splice_batch(black_box(batch.as_bytes()), spans.iter().copied()))
+    });
+    group.finish();
+}
+
+fn bench_sse(c: &mut Criterion) {
+    let mut stream = BytesMut::new();
+    for i in 0..100 {
+        sse::encode_message(Some(&format!("s-{i}")), CALL.as_bytes(), &mut stream);
+    }
+    let stream = stream.freeze();
+    let mut group = c.benchmark_group("sse");
+    group.throughput(Throughput::Bytes(stream.len() as u64));
+    group.bench_function("decode_100_events_4k_chunks", |b| {
+        b.iter_batched(
+            || sse::Decoder::new(1 << 20),
+            |mut decoder| {
+                let mut n = 0;
+                for chunk in stream.chunks(4096) {
+                    decoder.push(chunk).expect("within limit");
+                    while let Some(event) = decoder.next_event() {
+                        n += event.data.len();
+                    }
+                }
+                n
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.throughput(Throughput::Bytes(CALL.len() as u64));
+    group.bench_function("encode_message", |b| {
+        let mut out = BytesMut::with_capacity(1024);
+        b.iter(|| {
+            out.clear();
+            sse::encode_message(Some("s-1"), black_box(CALL.as_bytes()), &mut out);
+        })
+    });
+    group.finish();
+}
+
+fn bench_headers(c: &mut Criterion) {
+    let limits = jsonrpc::Limits::default();
+    let msg = jsonrpc::parse(CALL.as_bytes(), &limits)
+        .expect("valid")
+        .messages
+        .remove(0);
+    let schema = serde_json::json!({"type":"object","properties":{
+        "region":{"type":"string","x-mcp-header":"Region"},
+        "query":{"type":"string"}}});
+    let params = headers::ParamHeaders::from_input_schema(&schema);
+    let mut map = HeaderMap::new();
+    map.insert("host", HeaderValue::from_static("mcp.example.com"));
+    map.insert("content-type", HeaderValue::from_static("application/json"));
+    map.insert(
+        "accept",
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    map.insert(
+        "authorization",
+        HeaderValue::from_static("Bearer abc.def.ghi"),
+    );
+    map.insert(
+        "mcp-protocol-version",
+        HeaderValue::from_static("2026-07-28"),
+    );
+    map.insert("mcp-method", HeaderValue::from_static("tools/call"));
+    map.insert("mcp-name", HeaderValue::from_static("execute_sql"));
+    map.insert("mcp-param-region", HeaderValue::from_static("us-west1"));
+    let mut group = c.benchmark_group("headers");
+    group.bench_function("check_tools_call_with_param", |b| {
+        b.iter(|| headers::check(black_box(&map), &msg, Some(&params)))
+    });
+    group.bench_function("check_tools_call_without_schema", |b| {
+        b.iter(|| headers::check(black_box(&map), &msg, None))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_jsonrpc, bench_sse, bench_headers);
+criterion_main!(benches);

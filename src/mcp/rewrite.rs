@@ -1,0 +1,331 @@
+//! Rewriting an upstream's `tools/list` answer for one run.
+//!
+//! - Only tools the run may call are kept (the caller decides per tool).
+//! - Each kept tool's `annotations` are **derived from the policy's risk**:
+//!   read → `readOnlyHint: true`; write → `readOnlyHint: false,
+//!   destructiveHint: false`; destructive → `readOnlyHint: false,
+//!   destructiveHint: true`. The vendor's hints are dropped (only its display
+//!   `title` is kept); the gate is shown under `_meta` (`mcp-firewall/risk`,
+//!   `mcp-firewall/gate`).
+//! - The list now depends on who asked, so it must never be cached as shared:
+//!   `cacheScope` becomes `"private"` and `ttlMs` is capped (2026-07-28).
+//!
+//! The answer is scanned as borrowed raw JSON: untouched fields (input
+//! schemas, descriptions, cursors) are copied as the bytes they were, and only
+//! the small objects that change are rebuilt. This keeps a 100-tool list well
+//! inside the latency budget. Anything that cannot be read this way makes the
+//! rewrite fail, and the caller answers with an error: an unfiltered list
+//! never passes.
+
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::policy::{Gate, Risk};
+
+/// Longest `ttlMs` a filtered list may carry: policy reloads and token
+/// expiry change what a run may see.
+pub const MAX_TTL_MS: u64 = 60_000;
+
+/// One tool of the upstream's list, as the caller sees it to decide.
+pub struct ListedTool<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its whole JSON text (for change detection).
+    pub raw: &'a str,
+    /// Its `annotations`, if any.
+    pub annotations: Option<&'a RawValue>,
+    /// Its `inputSchema`, if any.
+    pub input_schema: Option<&'a RawValue>,
+}
+
+/// Why a list could not be rewritten.
+#[derive(Debug, thiserror::Error)]
+pub enum RewriteError {
+    /// Not a JSON-RPC response object.
+    #[error("tools/list answer is not a JSON-RPC response: {0}")]
+    NotResponse(String),
+    /// `result.tools` missing or not an array of objects.
+    #[error("tools/list result has no valid `tools` array: {0}")]
+    NoTools(String),
+    /// A tool without a string `name`.
+    #[error("a listed tool has no name")]
+    NoName,
+}
+
+/// Rewrites a complete JSON-RPC response to `tools/list`. `decide` returns
+/// the risk and gate of tools to keep, `None` for tools to drop.
+pub fn tools_list(
+    response: &str,
+    mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+) -> Result<String, RewriteError> {
+    let top: BTreeMap<&str, &RawValue> =
+        serde_json::from_str(response).map_err(|e| RewriteError::NotResponse(e.to_string()))?;
+    if top.contains_key("error") || !top.contains_key("result") {
+        // An error answer carries no tools: relay it as is.
+        return Ok(response.to_owned());
+    }
+    let mut out = String::with_capacity(response.len());
+    out.push('{');
+    let mut first = true;
+    for (k, v) in &top {
+        sep(&mut out, &mut first);
+        push_key(&mut out, k);
+        if *k == "result" {
+            rewrite_result(v.get(), &mut decide, &mut out)?;
+        } else {
+            out.push_str(v.get());
+        }
+    }
+    out.push('}');
+    Ok(out)
+}
+
+fn rewrite_result(
+    result: &str,
+    decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    out: &mut String,
+) -> Result<(), RewriteError> {
+    let fields: BTreeMap<&str, &RawValue> =
+        serde_json::from_str(result).map_err(|e| RewriteError::NoTools(e.to_string()))?;
+    let tools_raw = fields
+        .get("tools")
+        .ok_or_else(|| RewriteError::NoTools("missing".to_owned()))?;
+    let tools: Vec<&RawValue> =
+        serde_json::from_str(tools_raw.get()).map_err(|e| RewriteError::NoTools(e.to_string()))?;
+    let mut has_scope = false;
+    out.push('{');
+    let mut first = true;
+    for (k, v) in &fields {
+        match *k {
+            "tools" => {
+                sep(out, &mut first);
+                push_key(out, "tools");
+                out.push('[');
+                let mut first_tool = true;
+                for t in &tools {
+                    rewrite_tool(t.get(), decide, out, &mut first_tool)?;
+                }
+                out.push(']');
+            }
+            "cacheScope" => {
+                has_scope = true;
+                sep(out, &mut first);
+                out.push_str("\"cacheScope\":\"private\"");
+            }
+            "ttlMs" => {
+                sep(out, &mut first);
+                let ttl = v
+                    .get()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|t| t.is_finite() && *t >= 0.0);
+                let capped = ttl.map_or(0, |t| (t as u64).min(MAX_TTL_MS));
+                out.push_str("\"ttlMs\":");
+                out.push_str(&capped.to_string());
+            }
+            _ => {
+                sep(out, &mut first);
+                push_key(out, k);
+                out.push_str(v.get());
+            }
+        }
+    }
+    if !has_scope && (fields.contains_key("ttlMs") || fields.contains_key("resultType")) {
+        // A 2026-07-28 result without a scope: say it is private.
+        sep(out, &mut first);
+        out.push_str("\"cacheScope\":\"private\"");
+    }
+    out.push('}');
+    Ok(())
+}
+
+fn rewrite_tool(
+    raw: &str,
+    decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    out: &mut String,
+    first_tool: &mut bool,
+) -> Result<(), RewriteError> {
+    let fields: BTreeMap<&str, &RawValue> =
+        serde_json::from_str(raw).map_err(|e| RewriteError::NoTools(e.to_string()))?;
+    let name_raw = fields.get("name").ok_or(RewriteError::NoName)?;
+    let name: String = serde_json::from_str(name_raw.get()).map_err(|_| RewriteError::NoName)?;
+    let listed = ListedTool {
+        name: &name,
+        raw,
+        annotations: fields.get("annotations").copied(),
+        input_schema: fields.get("inputSchema").copied(),
+    };
+    let Some((risk, gate)) = decide(&listed) else {
+        return Ok(());
+    };
+    sep(out, first_tool);
+    out.push('{');
+    let mut first = true;
+    for (k, v) in &fields {
+        if *k == "annotations" || *k == "_meta" {
+            continue;
+        }
+        sep(out, &mut first);
+        push_key(out, k);
+        out.push_str(v.get());
+    }
+    // Annotations: derived from the policy's risk; only the vendor's display
+    // title survives.
+    let title = fields
+        .get("annotations")
+        .and_then(|a| serde_json::from_str::<Map<String, Value>>(a.get()).ok())
+        .and_then(|mut a| a.remove("title"))
+        .filter(Value::is_string);
+    let mut ann = Map::new();
+    if let Some(t) = title {
+        ann.insert("title".to_owned(), t);
+    }
+    ann.insert("readOnlyHint".to_owned(), Value::Bool(risk == Risk::Read));
+    ann.insert(
+        "destructiveHint".to_owned(),
+        Value::Bool(risk == Risk::Destructive),
+    );
+    sep(out, &mut first);
+    out.push_str("\"annotations\":");
+    out.push_str(&Value::Object(ann).to_string());
+    // _meta: the vendor's entries, plus the firewall's risk and gate (which
+    // overwrite any vendor entry of the same name).
+    let mut meta = fields
+        .get("_meta")
+        .and_then(|m| serde_json::from_str::<Map<String, Value>>(m.get()).ok())
+        .unwrap_or_default();
+    meta.insert("mcp-firewall/risk".to_owned(), Value::from(risk.as_str()));
+    meta.insert("mcp-firewall/gate".to_owned(), Value::from(gate.as_str()));
+    sep(out, &mut first);
+    out.push_str("\"_meta\":");
+    out.push_str(&Value::Object(meta).to_string());
+    out.push('}');
+    Ok(())
+}
+
+fn sep(out: &mut String, first: &mut bool) {
+    if !*first {
+        out.push(',');
+    }
+    *first = false;
+}
+
+/// Keys come from borrowed `&str` deserialization, which fails for keys with
+/// escape sequences, so they need no escaping here.
+fn push_key(out: &mut String, k: &str) {
+    out.push('"');
+    out.push_str(k);
+    out.push_str("\":");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn list() -> String {
+        json!({
+            "jsonrpc": "2.0", "id": 3,
+            "result": {
+                "tools": [
+                    {"name": "get_incident", "description": "d", "inputSchema": {"type": "object"},
+                     "annotations": {"title": "Get", "readOnlyHint": true, "openWorldHint": true}},
+                    {"name": "rollback_deployment", "inputSchema": {"type": "object"},
+                     "annotations": {"readOnlyHint": true, "destructiveHint": false}, "_meta": {"vendor/x": 1}},
+                    {"name": "restart_service", "inputSchema": {"type": "object"}}
+                ],
+                "nextCursor": "abc", "ttlMs": 3600000, "cacheScope": "public"
+            }
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn drops_hidden_tools_and_derives_annotations_from_risk() {
+        let out = tools_list(&list(), |t| match t.name {
+            "get_incident" => Some((Risk::Read, Gate::Allow)),
+            "rollback_deployment" => Some((Risk::Destructive, Gate::Approve)),
+            _ => None,
+        })
+        .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let tools = v["result"]["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 2);
+        assert_eq!(tools[0]["name"], "get_incident");
+        assert_eq!(
+            tools[0]["annotations"],
+            json!({"title": "Get", "readOnlyHint": true, "destructiveHint": false})
+        );
+        assert_eq!(tools[0]["description"], "d");
+        assert_eq!(
+            tools[1]["annotations"],
+            json!({"readOnlyHint": false, "destructiveHint": true}),
+            "the vendor's claim of read-only must not survive"
+        );
+        assert_eq!(tools[1]["_meta"]["mcp-firewall/gate"], "approve");
+        assert_eq!(tools[1]["_meta"]["mcp-firewall/risk"], "destructive");
+        assert_eq!(tools[1]["_meta"]["vendor/x"], 1);
+        assert_eq!(v["result"]["nextCursor"], "abc");
+        assert_eq!(v["result"]["cacheScope"], "private");
+        assert_eq!(v["result"]["ttlMs"], MAX_TTL_MS);
+        assert_eq!(v["id"], 3);
+    }
+
+    #[test]
+    fn write_risk_is_not_destructive() {
+        let out = tools_list(&list(), |_| Some((Risk::Write, Gate::Approve))).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["result"]["tools"][2]["annotations"],
+            json!({"readOnlyHint": false, "destructiveHint": false})
+        );
+    }
+
+    #[test]
+    fn error_answers_pass_unchanged() {
+        let e = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"nope"}}"#;
+        assert_eq!(tools_list(e, |_| None).unwrap(), e);
+    }
+
+    #[test]
+    fn unreadable_lists_fail_closed() {
+        assert!(
+            tools_list(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":{}}}"#, |_| {
+                None
+            })
+            .is_err()
+        );
+        assert!(tools_list(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, |_| None).is_err());
+        assert!(tools_list(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"title":"x"}]}}"#,
+            |_| None
+        )
+        .is_err());
+        assert!(tools_list("not json", |_| None).is_err());
+    }
+
+    #[test]
+    fn decide_sees_schema_and_annotations() {
+        let mut seen = Vec::new();
+        tools_list(&list(), |t| {
+            seen.push((
+                t.name.to_owned(),
+                t.annotations.is_some(),
+                t.input_schema.map(|s| s.get().to_owned()),
+            ));
+            None
+        })
+        .unwrap();
+        assert_eq!(
+            seen[0],
+            (
+                "get_incident".into(),
+                true,
+                Some(r#"{"type":"object"}"#.into())
+            )
+        );
+        assert!(!seen[2].1);
+    }
+}

@@ -1,0 +1,406 @@
+//! Policy files -> one compiled [`Policy`]. Runs at start and on reload, never
+//! per request: globs become matchers, CEL expressions become programs, and
+//! every mistake is reported with its file and line.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use cel::Program;
+use globset::{Glob, GlobBuilder, GlobMatcher, GlobSetBuilder};
+use toml::Spanned;
+
+use super::file::{
+    GateName, RawAgent, RawCondition, RawGates, RawMatch, RawNameMatch, RawNamedAccess,
+    RawPolicyFile, RiskName,
+};
+use super::{
+    Agent, Condition, Gate, Gates, Matcher, NameSet, NamedAccess, NamedRule, Policy, Risk,
+    ServerRequests, ServiceAccount, ToolRule,
+};
+
+/// A policy error: file, line and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The directory or a file could not be read.
+    #[error("{path}: cannot read: {reason}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        reason: String,
+    },
+    /// TOML syntax, unknown key, wrong type (toml's message names line and key).
+    #[error("{file}: {message}")]
+    Parse {
+        /// The file.
+        file: PathBuf,
+        /// toml's description.
+        message: String,
+    },
+    /// A semantic error at a line.
+    #[error("{file}:{line}: {message}")]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line (0 when unknown).
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Loads and compiles every `*.toml` file in `dir` (sorted by name).
+pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| PolicyError::Read {
+            path: dir.to_owned(),
+            reason: e.to_string(),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+        .collect();
+    paths.sort();
+    let mut sources = Vec::with_capacity(paths.len());
+    for p in paths {
+        let text = std::fs::read_to_string(&p).map_err(|e| PolicyError::Read {
+            path: p.clone(),
+            reason: e.to_string(),
+        })?;
+        sources.push((p, text));
+    }
+    compile(&sources)
+}
+
+/// Compiles policy sources given as (file name, text).
+pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
+    let mut policy = Policy {
+        gates: Gates::DEFAULT,
+        tool_rules: Vec::new(),
+        agents: HashMap::new(),
+        service_accounts: HashMap::new(),
+        conditions: Vec::new(),
+        server_requests: ServerRequests::default(),
+        files: sources.iter().map(|(p, _)| p.clone()).collect(),
+    };
+    let mut gates_from: Option<PathBuf> = None;
+    let mut raw_agents: Vec<(PathBuf, String, RawAgent)> = Vec::new();
+    for (file, text) in sources {
+        let raw: RawPolicyFile = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            file: file.clone(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let cx = Cx { file, text };
+        if let Some(g) = raw.gates {
+            if let Some(prev) = &gates_from {
+                return Err(cx.err(
+                    0..0,
+                    format!("[gates] is already set in {}", prev.display()),
+                ));
+            }
+            gates_from = Some(file.clone());
+            policy.gates = Gates::DEFAULT.overridden(&g);
+        }
+        for rule in raw.tools {
+            let names = cx.name_set(&rule.names)?;
+            if rule.names.is_empty() {
+                return Err(cx.err(
+                    rule.upstream.span(),
+                    "[[tools]] needs at least one name in `match`",
+                ));
+            }
+            if let Some(p) = rule.price {
+                if !(p.is_finite() && p >= 0.0) {
+                    return Err(cx.err(rule.upstream.span(), "price must be a finite number >= 0"));
+                }
+            }
+            policy.tool_rules.push(ToolRule {
+                upstream: cx.glob(&rule.upstream)?,
+                names,
+                risk: rule.risk.into(),
+                preview: rule.preview,
+                price: rule.price,
+            });
+        }
+        for a in raw.agents {
+            let name = a.name.get_ref().clone();
+            if raw_agents.iter().any(|(_, n, _)| *n == name) {
+                return Err(cx.err(a.name.span(), format!("agent {name:?} is defined twice")));
+            }
+            raw_agents.push((file.clone(), name, a));
+        }
+        for sa in raw.service_accounts {
+            let name = sa.name.get_ref().clone();
+            if policy.service_accounts.contains_key(&name) {
+                return Err(cx.err(
+                    sa.name.span(),
+                    format!("service account {name:?} is defined twice"),
+                ));
+            }
+            policy.service_accounts.insert(
+                name.clone(),
+                ServiceAccount {
+                    name,
+                    agent: sa.agent,
+                    projects: sorted(sa.projects),
+                    line: cx.line(sa.name.span().start),
+                    file: file.clone(),
+                },
+            );
+        }
+        for c in raw.conditions {
+            policy.conditions.push(cx.condition(c)?);
+        }
+        if let Some(sr) = raw.server_requests {
+            policy.server_requests = ServerRequests {
+                sampling: sr.sampling.unwrap_or(true),
+                elicitation: sr.elicitation.unwrap_or(true),
+                roots: sr.roots.unwrap_or(true),
+            };
+        }
+    }
+    // Agents last: their gates default to the (possibly later-file) [gates].
+    for (file, name, a) in raw_agents {
+        let text = sources
+            .iter()
+            .find(|(p, _)| *p == file)
+            .map(|(_, t)| t.as_str())
+            .unwrap_or("");
+        let cx = Cx { file: &file, text };
+        let agent = cx.agent(a, policy.gates)?;
+        policy.agents.insert(name, agent);
+    }
+    for sa in policy.service_accounts.values() {
+        if !policy.agents.contains_key(&sa.agent) {
+            return Err(PolicyError::Invalid {
+                file: sa.file.clone(),
+                line: sa.line,
+                message: format!(
+                    "service account {:?} names unknown agent {:?}",
+                    sa.name, sa.agent
+                ),
+            });
+        }
+    }
+    Ok(policy)
+}
+
+struct Cx<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+impl Cx<'_> {
+    fn line(&self, offset: usize) -> usize {
+        if offset == 0 && self.text.is_empty() {
+            return 0;
+        }
+        self.text
+            .get(..offset.min(self.text.len()))
+            .map_or(0, |t| t.bytes().filter(|&b| b == b'\n').count() + 1)
+    }
+
+    fn err(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> PolicyError {
+        PolicyError::Invalid {
+            file: self.file.to_owned(),
+            line: if span == (0..0) {
+                0
+            } else {
+                self.line(span.start)
+            },
+            message: message.into(),
+        }
+    }
+
+    fn glob(&self, s: &Spanned<String>) -> Result<GlobMatcher, PolicyError> {
+        build_glob(s.get_ref())
+            .map(|g| g.compile_matcher())
+            .map_err(|e| self.err(s.span(), format!("bad glob {:?}: {e}", s.get_ref())))
+    }
+
+    fn name_set(&self, names: &[Spanned<String>]) -> Result<NameSet, PolicyError> {
+        let mut exact = HashSet::new();
+        let mut globs = GlobSetBuilder::new();
+        let mut any_glob = false;
+        for n in names {
+            let s = n.get_ref();
+            if s.is_empty() {
+                return Err(self.err(n.span(), "empty name"));
+            }
+            if is_glob(s) {
+                globs.add(
+                    build_glob(s)
+                        .map_err(|e| self.err(n.span(), format!("bad glob {s:?}: {e}")))?,
+                );
+                any_glob = true;
+            } else {
+                exact.insert(s.clone());
+            }
+        }
+        let globs =
+            if any_glob {
+                Some(globs.build().map_err(|e| {
+                    self.err(names.first().map_or(0..0, Spanned::span), e.to_string())
+                })?)
+            } else {
+                None
+            };
+        Ok(NameSet { exact, globs })
+    }
+
+    fn matcher(&self, m: &RawMatch) -> Result<Matcher, PolicyError> {
+        Ok(Matcher {
+            upstream: m.upstream.as_ref().map(|u| self.glob(u)).transpose()?,
+            category: m.category.clone(),
+            tools: m.tools.as_deref().map(|t| self.name_set(t)).transpose()?,
+        })
+    }
+
+    fn named_access(&self, a: &RawNamedAccess) -> Result<NamedAccess, PolicyError> {
+        let rules = |list: &[RawNameMatch]| -> Result<Vec<NamedRule>, PolicyError> {
+            list.iter()
+                .map(|r| {
+                    Ok(NamedRule {
+                        upstream: r.upstream.as_ref().map(|u| self.glob(u)).transpose()?,
+                        names: self.name_set(&r.names)?,
+                    })
+                })
+                .collect()
+        };
+        Ok(NamedAccess {
+            allow: a.allow.as_deref().map(rules).transpose()?,
+            deny: rules(&a.deny)?,
+        })
+    }
+
+    fn agent(&self, a: RawAgent, defaults: Gates) -> Result<Agent, PolicyError> {
+        let name = a.name.get_ref().clone();
+        if name.is_empty() {
+            return Err(self.err(a.name.span(), "agent name is empty"));
+        }
+        let mut risks = [false; 3];
+        for r in &a.risks {
+            risks[Risk::from(*r) as usize] = true;
+        }
+        if let Some(c) = a.max_cost {
+            if !(c.is_finite() && c >= 0.0) {
+                return Err(self.err(a.name.span(), "max_cost must be a finite number >= 0"));
+            }
+        }
+        Ok(Agent {
+            name,
+            description: a.description,
+            projects: sorted(a.projects),
+            risks,
+            allow: a
+                .allow
+                .iter()
+                .map(|m| self.matcher(m))
+                .collect::<Result<_, _>>()?,
+            deny: a
+                .deny
+                .iter()
+                .map(|m| self.matcher(m))
+                .collect::<Result<_, _>>()?,
+            gates: defaults.overridden(&a.gates),
+            prompts: self.named_access(&a.prompts)?,
+            resources: self.named_access(&a.resources)?,
+            self_approval: a.self_approval,
+            max_steps: a.max_steps,
+            max_cost: a.max_cost,
+        })
+    }
+
+    fn cel(&self, s: &Spanned<String>) -> Result<Program, PolicyError> {
+        let src = s.get_ref().as_str();
+        // A parser bug must not take the firewall down on a policy reload.
+        let compiled = std::panic::catch_unwind(|| Program::compile(src));
+        match compiled {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(e)) => Err(self.err(
+                s.span(),
+                format!("CEL expression {src:?} does not compile: {e}"),
+            )),
+            Err(_) => Err(self.err(
+                s.span(),
+                format!("CEL expression {src:?} crashed the parser"),
+            )),
+        }
+    }
+
+    fn condition(&self, c: RawCondition) -> Result<Condition, PolicyError> {
+        if c.tools.is_empty() {
+            return Err(self.err(
+                c.require.span(),
+                "[[conditions]] needs at least one tool in `tools`",
+            ));
+        }
+        Ok(Condition {
+            upstream: self.glob(&c.upstream)?,
+            tools: self.name_set(&c.tools)?,
+            agents: c.agents.as_deref().map(|a| self.name_set(a)).transpose()?,
+            when: c.when.as_ref().map(|w| self.cel(w)).transpose()?,
+            require: self.cel(&c.require)?,
+            require_text: c.require.get_ref().clone(),
+            reason: c.reason,
+            origin: format!(
+                "{}:{}",
+                self.file.display(),
+                self.line(c.require.span().start)
+            ),
+        })
+    }
+}
+
+fn is_glob(s: &str) -> bool {
+    s.contains(['*', '?', '[', '{'])
+}
+
+/// Globs match whole names, case-sensitively, and `*` crosses `/` (tool and
+/// resource names are not paths).
+fn build_glob(s: &str) -> Result<Glob, globset::Error> {
+    GlobBuilder::new(s).literal_separator(false).build()
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v.dedup();
+    v
+}
+
+// === conversions ===
+
+impl From<RiskName> for Risk {
+    fn from(r: RiskName) -> Risk {
+        match r {
+            RiskName::Read => Risk::Read,
+            RiskName::Write => Risk::Write,
+            RiskName::Destructive => Risk::Destructive,
+        }
+    }
+}
+
+impl From<GateName> for Gate {
+    fn from(g: GateName) -> Gate {
+        match g {
+            GateName::Allow => Gate::Allow,
+            GateName::Approve => Gate::Approve,
+            GateName::Deny => Gate::Deny,
+        }
+    }
+}
+
+impl Gates {
+    fn overridden(self, g: &RawGates) -> Gates {
+        let mut out = self;
+        if let Some(x) = g.read {
+            out.0[Risk::Read as usize] = x.into();
+        }
+        if let Some(x) = g.write {
+            out.0[Risk::Write as usize] = x.into();
+        }
+        if let Some(x) = g.destructive {
+            out.0[Risk::Destructive as usize] = x.into();
+        }
+        out
+    }
+}

@@ -1,0 +1,774 @@
+//! The policy engine: what each run may see and call. This is where the
+//! firewall's decisions are made; the request path asks, this answers.
+//!
+//! A decision on `tools/call` goes through these steps, in this order, and
+//! stops at the first that refuses:
+//!
+//! 1. **authority**: the run's effective projects ([`Policy::authority`]);
+//!    an upstream outside them does not exist for this run (404);
+//! 2. **risk**: the policy's risk for the tool (exact name, then the first
+//!    matching glob); else, only for upstreams marked `trust_annotations`, the
+//!    upstream's annotations; else **destructive**;
+//! 3. **role**: the agent role must allow the risk and match an `allow` rule
+//!    and no `deny` rule; otherwise the tool is *hidden*: answered exactly as
+//!    a tool that does not exist;
+//! 4. **gate** for the risk (role override, else policy default): `deny`
+//!    hides the tool too (it can never run), `approve` needs a person,
+//!    `allow` runs unattended;
+//! 5. **conditions**: every matching CEL condition must evaluate to `true`;
+//!    `false`, an evaluation error or a missing field refuses the call.
+//!
+//! `tools/list` applies steps 1–4 to each tool, so the list holds exactly the
+//! tools a `tools/call` could reach. Everything here is compiled once
+//! ([`compile`]) and read through an `Arc` snapshot; nothing is parsed per
+//! request.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::PathBuf;
+
+use cel::{Context, Program, Value as CelValue};
+use globset::{GlobMatcher, GlobSet};
+use serde_json::Value;
+
+use crate::config::Upstream;
+
+pub mod compile;
+pub mod file;
+pub mod reload;
+
+pub use compile::{compile, load_dir, PolicyError};
+
+/// How much harm a tool can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Risk {
+    /// Reads only.
+    Read = 0,
+    /// Changes state, reversibly.
+    Write = 1,
+    /// Changes state in ways that may not be undone.
+    Destructive = 2,
+}
+
+/// What happens to a call of a given risk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Runs unattended.
+    Allow,
+    /// Waits for a person to approve this exact call.
+    Approve,
+    /// Never runs.
+    Deny,
+}
+
+/// A gate per risk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gates(pub [Gate; 3]);
+
+/// How a run was started (the token's `mode` claim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A person's request: role memberships ∩ the person's projects.
+    Caller,
+    /// A scheduled agent, no person: role memberships.
+    Agent,
+    /// A service account: exactly its policy bindings.
+    ServiceAccount,
+}
+
+/// The verified identity of a run, as the policy needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity<'a> {
+    /// Token subject.
+    pub subject: &'a str,
+    /// Tenant.
+    pub tenant: &'a str,
+    /// The role claimed by the token.
+    pub agent: &'a str,
+    /// The run.
+    pub run_id: &'a str,
+    /// How the run was started.
+    pub mode: Mode,
+    /// The caller's projects (the token's `projects`).
+    pub projects: &'a [String],
+    /// An optional further restriction (the token's `project_ceiling`).
+    pub ceiling: Option<&'a [String]>,
+    /// Whether the token came from the issuer configured for service accounts.
+    pub service_issuer: bool,
+}
+
+/// What a run may reach: its role and its effective projects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authority {
+    /// The role (an agent defined in the policy).
+    pub agent: String,
+    /// Effective projects, sorted.
+    pub projects: Vec<String>,
+}
+
+/// Why a run has no authority at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoAuthority {
+    /// The token names a role the policy does not define.
+    #[error("unknown agent role {0:?}")]
+    UnknownAgent(String),
+    /// `service_account` mode from an issuer not configured for it.
+    #[error("service_account tokens are only accepted from the service-account issuer")]
+    ServiceIssuer,
+    /// `service_account` mode for a subject the policy does not bind.
+    #[error("no service account {0:?} in the policy")]
+    UnknownServiceAccount(String),
+    /// The token's role differs from the service account's bound role.
+    #[error("service account {subject:?} runs as {bound:?}, token claims {claimed:?}")]
+    ServiceAgentMismatch {
+        /// The subject.
+        subject: String,
+        /// Role bound by the policy.
+        bound: String,
+        /// Role claimed by the token.
+        claimed: String,
+    },
+}
+
+/// Untrusted risk hints from an upstream's tool annotations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hints {
+    /// `readOnlyHint`.
+    pub read_only: Option<bool>,
+    /// `destructiveHint`.
+    pub destructive: Option<bool>,
+}
+
+/// Where a tool's risk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RiskSource {
+    /// A `[[tools]]` rule (index in the compiled list).
+    Policy(usize),
+    /// The upstream's annotations (upstream marked `trust_annotations`).
+    Annotations,
+    /// Neither: destructive.
+    Default,
+}
+
+/// Whether a run may see a tool, and if so at which risk and gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// The run may call it (possibly after approval).
+    Visible {
+        /// Its risk.
+        risk: Risk,
+        /// Its gate (never `Deny`).
+        gate: Gate,
+        /// Where the risk came from.
+        source: RiskSource,
+    },
+    /// The tool does not exist for this run.
+    Hidden(Hidden),
+}
+
+/// Why a tool is hidden from a run (for logs, audit and `explain`; never
+/// shown to the agent, which just sees an unknown tool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hidden {
+    /// The role is not in the policy.
+    UnknownAgent,
+    /// The upstream is outside the run's effective projects.
+    Unreachable,
+    /// The role may not use this risk.
+    Risk(Risk),
+    /// No `allow` rule of the role matches.
+    NotAllowed,
+    /// A `deny` rule of the role matches.
+    Denied,
+    /// The gate for this risk is `deny`.
+    GateDeny(Risk),
+}
+
+/// The verdict on one `tools/call`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Forward it.
+    Allow {
+        /// Its risk.
+        risk: Risk,
+    },
+    /// Hold it for a person's approval.
+    Approve {
+        /// Its risk.
+        risk: Risk,
+    },
+    /// Visible, but refused (a condition failed).
+    Deny {
+        /// Its risk.
+        risk: Risk,
+        /// What the agent can act on.
+        reason: String,
+        /// The rule that refused (`file:line`).
+        rule: String,
+    },
+    /// Answer exactly as for a tool that does not exist.
+    Unknown(Hidden),
+}
+
+/// One `tools/call` to decide.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    /// The run's identity.
+    pub identity: &'a Identity<'a>,
+    /// The run's authority (from [`Policy::authority`]).
+    pub authority: &'a Authority,
+    /// The upstream.
+    pub upstream: &'a Upstream,
+    /// The tool name.
+    pub tool: &'a str,
+    /// The call's arguments (an object, or `Null` when absent).
+    pub arguments: &'a Value,
+    /// The upstream's annotations for this tool, if the firewall saw them.
+    pub hints: Option<Hints>,
+}
+
+/// The compiled policy.
+pub struct Policy {
+    gates: Gates,
+    tool_rules: Vec<ToolRule>,
+    agents: HashMap<String, Agent>,
+    service_accounts: HashMap<String, ServiceAccount>,
+    conditions: Vec<Condition>,
+    server_requests: ServerRequests,
+    files: Vec<PathBuf>,
+}
+
+/// A compiled `[[agents]]` entry.
+pub struct Agent {
+    /// Role name.
+    pub name: String,
+    /// Free text.
+    pub description: String,
+    /// Memberships (sorted).
+    pub projects: Vec<String>,
+    risks: [bool; 3],
+    allow: Vec<Matcher>,
+    deny: Vec<Matcher>,
+    /// Gates after role overrides.
+    pub gates: Gates,
+    prompts: NamedAccess,
+    resources: NamedAccess,
+    /// Whether the run's own caller may approve its calls.
+    pub self_approval: bool,
+    /// Step cap per run, if the role sets one.
+    pub max_steps: Option<u32>,
+    /// Cost cap per run, if the role sets one.
+    pub max_cost: Option<f64>,
+}
+
+struct ToolRule {
+    upstream: GlobMatcher,
+    names: NameSet,
+    risk: Risk,
+    preview: Option<String>,
+    price: Option<f64>,
+}
+
+struct ServiceAccount {
+    name: String,
+    agent: String,
+    projects: Vec<String>,
+    file: PathBuf,
+    line: usize,
+}
+
+struct Condition {
+    upstream: GlobMatcher,
+    tools: NameSet,
+    agents: Option<NameSet>,
+    when: Option<Program>,
+    require: Program,
+    require_text: String,
+    reason: String,
+    origin: String,
+}
+
+/// Which server-to-client requests upstreams may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerRequests {
+    /// `sampling/createMessage`.
+    pub sampling: bool,
+    /// `elicitation/create`.
+    pub elicitation: bool,
+    /// `roots/list`.
+    pub roots: bool,
+}
+
+struct NameSet {
+    exact: HashSet<String>,
+    globs: Option<GlobSet>,
+}
+
+struct Matcher {
+    upstream: Option<GlobMatcher>,
+    category: Option<String>,
+    tools: Option<NameSet>,
+}
+
+struct NamedAccess {
+    allow: Option<Vec<NamedRule>>,
+    deny: Vec<NamedRule>,
+}
+
+struct NamedRule {
+    upstream: Option<GlobMatcher>,
+    names: NameSet,
+}
+
+// === impl Policy ===
+
+impl Policy {
+    /// The files it was compiled from.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// Default gates.
+    pub fn gates(&self) -> Gates {
+        self.gates
+    }
+
+    /// A role by name.
+    pub fn agent(&self, name: &str) -> Option<&Agent> {
+        self.agents.get(name)
+    }
+
+    /// All roles, sorted by name.
+    pub fn agents(&self) -> Vec<&Agent> {
+        let mut v: Vec<&Agent> = self.agents.values().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Server-to-client request permissions.
+    pub fn server_requests(&self) -> ServerRequests {
+        self.server_requests
+    }
+
+    /// The run's role and effective projects. Fails closed: an unknown role
+    /// or a service account that does not check out gives no authority.
+    pub fn authority(&self, id: &Identity<'_>) -> Result<Authority, NoAuthority> {
+        match id.mode {
+            Mode::ServiceAccount => {
+                if !id.service_issuer {
+                    return Err(NoAuthority::ServiceIssuer);
+                }
+                let sa = self
+                    .service_accounts
+                    .get(id.subject)
+                    .ok_or_else(|| NoAuthority::UnknownServiceAccount(id.subject.to_owned()))?;
+                if sa.agent != id.agent {
+                    return Err(NoAuthority::ServiceAgentMismatch {
+                        subject: id.subject.to_owned(),
+                        bound: sa.agent.clone(),
+                        claimed: id.agent.to_owned(),
+                    });
+                }
+                if !self.agents.contains_key(&sa.agent) {
+                    return Err(NoAuthority::UnknownAgent(sa.agent.clone()));
+                }
+                Ok(Authority {
+                    agent: sa.agent.clone(),
+                    projects: sa.projects.clone(),
+                })
+            }
+            Mode::Caller | Mode::Agent => {
+                let agent = self
+                    .agents
+                    .get(id.agent)
+                    .ok_or_else(|| NoAuthority::UnknownAgent(id.agent.to_owned()))?;
+                let mut projects: Vec<String> = agent.projects.clone();
+                if id.mode == Mode::Caller {
+                    projects.retain(|p| id.projects.contains(p));
+                }
+                if let Some(ceiling) = id.ceiling {
+                    projects.retain(|p| ceiling.contains(p));
+                }
+                Ok(Authority {
+                    agent: agent.name.clone(),
+                    projects,
+                })
+            }
+        }
+    }
+
+    /// Whether the run reaches the upstream at all.
+    pub fn reaches(&self, auth: &Authority, up: &Upstream) -> bool {
+        up.projects
+            .iter()
+            .any(|p| auth.projects.binary_search(p).is_ok())
+    }
+
+    /// The tool's risk and where it came from.
+    pub fn risk(&self, up: &Upstream, tool: &str, hints: Option<Hints>) -> (Risk, RiskSource) {
+        // Exact names first, then globs, each in file order.
+        for (i, r) in self.tool_rules.iter().enumerate() {
+            if r.names.exact.contains(tool) && r.upstream.is_match(&up.name) {
+                return (r.risk, RiskSource::Policy(i));
+            }
+        }
+        for (i, r) in self.tool_rules.iter().enumerate() {
+            if r.names.globs.as_ref().is_some_and(|g| g.is_match(tool))
+                && r.upstream.is_match(&up.name)
+            {
+                return (r.risk, RiskSource::Policy(i));
+            }
+        }
+        if up.trust_annotations {
+            if let Some(h) = hints {
+                return (h.risk(), RiskSource::Annotations);
+            }
+        }
+        (Risk::Destructive, RiskSource::Default)
+    }
+
+    /// The preview tool the policy names for a tool, if any.
+    pub fn preview(&self, up: &Upstream, tool: &str) -> Option<&str> {
+        match self.risk(up, tool, None).1 {
+            RiskSource::Policy(i) => self.tool_rules.get(i).and_then(|r| r.preview.as_deref()),
+            _ => None,
+        }
+    }
+
+    /// The price of one call of the tool (0 unless the policy sets one).
+    pub fn price(&self, up: &Upstream, tool: &str) -> f64 {
+        match self.risk(up, tool, None).1 {
+            RiskSource::Policy(i) => self.tool_rules.get(i).and_then(|r| r.price).unwrap_or(0.0),
+            _ => 0.0,
+        }
+    }
+
+    /// Steps 1–4: whether the run may see the tool, at which risk and gate.
+    pub fn access(
+        &self,
+        auth: &Authority,
+        up: &Upstream,
+        tool: &str,
+        hints: Option<Hints>,
+    ) -> Access {
+        let Some(agent) = self.agents.get(&auth.agent) else {
+            return Access::Hidden(Hidden::UnknownAgent);
+        };
+        if !self.reaches(auth, up) {
+            return Access::Hidden(Hidden::Unreachable);
+        }
+        let (risk, source) = self.risk(up, tool, hints);
+        if !agent.risks[risk as usize] {
+            return Access::Hidden(Hidden::Risk(risk));
+        }
+        if agent.deny.iter().any(|m| m.matches(up, tool)) {
+            return Access::Hidden(Hidden::Denied);
+        }
+        if !agent.allow.iter().any(|m| m.matches(up, tool)) {
+            return Access::Hidden(Hidden::NotAllowed);
+        }
+        match agent.gates.get(risk) {
+            Gate::Deny => Access::Hidden(Hidden::GateDeny(risk)),
+            gate => Access::Visible { risk, gate, source },
+        }
+    }
+
+    /// Decides a `tools/call`. `trace`, when given, receives the rules that
+    /// produced the decision (for `mcp-firewall explain`).
+    pub fn decide(&self, call: &Call<'_>, mut trace: Option<&mut Vec<String>>) -> Decision {
+        let mut note = |s: String| {
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(s);
+            }
+        };
+        note(format!(
+            "authority: role {:?}, effective projects {:?}",
+            call.authority.agent, call.authority.projects
+        ));
+        let (risk, gate) = match self.access(call.authority, call.upstream, call.tool, call.hints) {
+            Access::Hidden(h) => {
+                note(format!("hidden: {h}"));
+                return Decision::Unknown(h);
+            }
+            Access::Visible { risk, gate, source } => {
+                note(format!("risk {risk} from {}", self.describe_source(source)));
+                note(format!("gate for {risk}: {gate}"));
+                (risk, gate)
+            }
+        };
+        let agent_name = call.authority.agent.as_str();
+        let mut cel: Option<Context<'static, 'static>> = None;
+        for c in &self.conditions {
+            if !(c.upstream.is_match(&call.upstream.name) && c.tools.matches(call.tool)) {
+                continue;
+            }
+            if c.agents.as_ref().is_some_and(|a| !a.matches(agent_name)) {
+                continue;
+            }
+            let cx = cel.get_or_insert_with(|| cel_context(call));
+            if let Some(when) = &c.when {
+                match when.execute(cx) {
+                    Ok(CelValue::Bool(true)) => {}
+                    Ok(CelValue::Bool(false)) => {
+                        note(format!(
+                            "condition {} does not apply (`when` is false)",
+                            c.origin
+                        ));
+                        continue;
+                    }
+                    other => {
+                        note(format!(
+                            "condition {}: `when` did not evaluate to a boolean: {other:?}",
+                            c.origin
+                        ));
+                        return Decision::Deny {
+                            risk,
+                            reason: format!("{} (condition could not be evaluated)", c.reason),
+                            rule: c.origin.clone(),
+                        };
+                    }
+                }
+            }
+            match c.require.execute(cx) {
+                Ok(CelValue::Bool(true)) => {
+                    note(format!("condition {} holds: {}", c.origin, c.require_text))
+                }
+                outcome => {
+                    let why = match outcome {
+                        Ok(CelValue::Bool(false)) => "is false".to_owned(),
+                        Ok(v) => format!("is not a boolean ({v:?})"),
+                        Err(e) => format!("failed: {e}"),
+                    };
+                    note(format!("condition {} {why}: {}", c.origin, c.require_text));
+                    return Decision::Deny {
+                        risk,
+                        reason: c.reason.clone(),
+                        rule: c.origin.clone(),
+                    };
+                }
+            }
+        }
+        match gate {
+            Gate::Approve => Decision::Approve { risk },
+            _ => Decision::Allow { risk },
+        }
+    }
+
+    /// Whether the run may use a prompt of the upstream.
+    pub fn prompt_allowed(&self, auth: &Authority, up: &Upstream, name: &str) -> bool {
+        self.named_allowed(auth, up, name, |a| &a.prompts)
+    }
+
+    /// Whether the run may read a resource of the upstream.
+    pub fn resource_allowed(&self, auth: &Authority, up: &Upstream, uri: &str) -> bool {
+        self.named_allowed(auth, up, uri, |a| &a.resources)
+    }
+
+    fn named_allowed(
+        &self,
+        auth: &Authority,
+        up: &Upstream,
+        name: &str,
+        pick: impl Fn(&Agent) -> &NamedAccess,
+    ) -> bool {
+        let Some(agent) = self.agents.get(&auth.agent) else {
+            return false;
+        };
+        if !self.reaches(auth, up) {
+            return false;
+        }
+        let access = pick(agent);
+        if access.deny.iter().any(|r| r.matches(up, name)) {
+            return false;
+        }
+        match &access.allow {
+            None => true,
+            Some(rules) => rules.iter().any(|r| r.matches(up, name)),
+        }
+    }
+
+    fn describe_source(&self, s: RiskSource) -> String {
+        match s {
+            RiskSource::Policy(i) => format!("policy [[tools]] rule #{}", i + 1),
+            RiskSource::Annotations => {
+                "the upstream's annotations (trust_annotations = true)".to_owned()
+            }
+            RiskSource::Default => {
+                "no rule and no trusted annotation: destructive by default".to_owned()
+            }
+        }
+    }
+}
+
+/// Variables CEL expressions see: `arguments`, `tool`, `upstream`
+/// (`name`, `projects`, `categories`), `projects` (effective) and `token`
+/// (`sub`, `tenant_id`, `agent`, `run_id`, `mode`, `projects`, `project_ceiling`).
+fn cel_context(call: &Call<'_>) -> Context<'static, 'static> {
+    let mut cx = Context::default();
+    let token = serde_json::json!({
+        "sub": call.identity.subject,
+        "tenant_id": call.identity.tenant,
+        "agent": call.identity.agent,
+        "run_id": call.identity.run_id,
+        "mode": call.identity.mode.as_str(),
+        "projects": call.identity.projects,
+        "project_ceiling": call.identity.ceiling,
+    });
+    let upstream = serde_json::json!({
+        "name": call.upstream.name,
+        "projects": call.upstream.projects,
+        "categories": call.upstream.categories,
+    });
+    let vars: [(&str, Value); 5] = [
+        ("arguments", call.arguments.clone()),
+        ("token", token),
+        ("upstream", upstream),
+        ("projects", Value::from(call.authority.projects.clone())),
+        ("tool", Value::from(call.tool)),
+    ];
+    for (name, v) in vars {
+        // A value CEL cannot represent leaves the variable unset, so any
+        // expression using it fails and the call is denied.
+        if let Ok(cv) = cel::to_value(v) {
+            cx.add_variable_from_value(name, cv);
+        }
+    }
+    cx
+}
+
+// === impl Risk / Gate / Gates / Mode / Hints ===
+
+impl Risk {
+    /// All risks, cheapest first.
+    pub const ALL: [Risk; 3] = [Risk::Read, Risk::Write, Risk::Destructive];
+
+    /// `read`, `write` or `destructive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Risk::Read => "read",
+            Risk::Write => "write",
+            Risk::Destructive => "destructive",
+        }
+    }
+}
+
+impl fmt::Display for Risk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Gate {
+    /// `allow`, `approve` or `deny`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gate::Allow => "allow",
+            Gate::Approve => "approve",
+            Gate::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Default for ServerRequests {
+    fn default() -> Self {
+        ServerRequests {
+            sampling: true,
+            elicitation: true,
+            roots: true,
+        }
+    }
+}
+
+impl Gates {
+    /// Reads allow, writes and destructive calls approve.
+    pub const DEFAULT: Gates = Gates([Gate::Allow, Gate::Approve, Gate::Approve]);
+
+    /// The gate for a risk.
+    pub fn get(self, r: Risk) -> Gate {
+        self.0[r as usize]
+    }
+}
+
+impl Mode {
+    /// The claim value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Caller => "caller",
+            Mode::Agent => "agent",
+            Mode::ServiceAccount => "service_account",
+        }
+    }
+}
+
+impl Hints {
+    /// Reads tool annotations (`readOnlyHint`, `destructiveHint`) from a tool
+    /// object's `annotations`.
+    pub fn from_annotations(annotations: Option<&Value>) -> Option<Hints> {
+        let a = annotations?.as_object()?;
+        let h = Hints {
+            read_only: a.get("readOnlyHint").and_then(Value::as_bool),
+            destructive: a.get("destructiveHint").and_then(Value::as_bool),
+        };
+        (h != Hints::default()).then_some(h)
+    }
+
+    /// The risk the hints claim, read per the MCP defaults (`destructiveHint`
+    /// defaults to true when not read-only).
+    pub fn risk(self) -> Risk {
+        match (self.read_only, self.destructive) {
+            (Some(true), _) => Risk::Read,
+            (_, Some(false)) => Risk::Write,
+            _ => Risk::Destructive,
+        }
+    }
+}
+
+impl fmt::Display for Hidden {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Hidden::UnknownAgent => f.write_str("the role is not defined in the policy"),
+            Hidden::Unreachable => {
+                f.write_str("the upstream is outside the run's effective projects")
+            }
+            Hidden::Risk(r) => write!(f, "the role may not use {r} tools"),
+            Hidden::NotAllowed => f.write_str("no allow rule of the role matches"),
+            Hidden::Denied => f.write_str("a deny rule of the role matches"),
+            Hidden::GateDeny(r) => write!(f, "the gate for {r} tools is deny"),
+        }
+    }
+}
+
+// === impl NameSet / Matcher / NamedRule ===
+
+impl NameSet {
+    fn matches(&self, name: &str) -> bool {
+        self.exact.contains(name) || self.globs.as_ref().is_some_and(|g| g.is_match(name))
+    }
+}
+
+impl Matcher {
+    fn matches(&self, up: &Upstream, tool: &str) -> bool {
+        self.upstream.as_ref().is_none_or(|g| g.is_match(&up.name))
+            && self
+                .category
+                .as_ref()
+                .is_none_or(|c| up.categories.binary_search(c).is_ok())
+            && self.tools.as_ref().is_none_or(|t| t.matches(tool))
+    }
+}
+
+impl NamedRule {
+    fn matches(&self, up: &Upstream, name: &str) -> bool {
+        self.upstream.as_ref().is_none_or(|g| g.is_match(&up.name)) && self.names.matches(name)
+    }
+}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

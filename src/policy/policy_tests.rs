@@ -1,0 +1,658 @@
+//! Decision tests over the shipped policies (`policies/`) and the upstreams of
+//! the shipped example config, plus one test per file-validation rule.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::config;
+
+fn shipped() -> Policy {
+    load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"))
+        .expect("shipped policies compile")
+}
+
+/// The upstreams of config/example.toml (projects, categories, trust), in a
+/// plaintext config so no certificate or secret is needed.
+fn upstreams() -> Vec<Arc<Upstream>> {
+    let text = r#"
+[server]
+listen = "127.0.0.1:0"
+plaintext = true
+[[upstream]]
+name = "incidents"
+url = "http://x/mcp"
+projects = ["sre"]
+categories = ["incidents"]
+[[upstream]]
+name = "k8s-prod"
+url = "http://x/mcp"
+projects = ["platform"]
+categories = ["kubernetes"]
+[[upstream]]
+name = "prometheus"
+url = "http://x/mcp"
+projects = ["sre", "platform", "data"]
+categories = ["metrics"]
+[[upstream]]
+name = "grafana"
+url = "http://x/mcp"
+projects = ["sre", "platform"]
+categories = ["dashboards"]
+[[upstream]]
+name = "warehouse"
+url = "http://x/mcp"
+projects = ["data"]
+categories = ["database"]
+[[upstream]]
+name = "docs"
+url = "http://x/mcp"
+projects = ["sre", "platform", "data"]
+categories = ["knowledge"]
+trust_annotations = true
+[[upstream]]
+name = "files"
+url = "http://x/mcp"
+projects = ["data"]
+categories = ["filesystem"]
+[[upstream]]
+name = "bastion"
+url = "http://x/mcp"
+projects = ["platform"]
+categories = ["ssh"]
+"#;
+    config::load_str(text, Path::new("t.toml"), Path::new("."), &|_| None)
+        .unwrap()
+        .upstreams
+}
+
+use std::sync::Arc;
+
+struct Run {
+    agent: &'static str,
+    mode: Mode,
+    projects: Vec<String>,
+    ceiling: Option<Vec<String>>,
+    subject: &'static str,
+    service_issuer: bool,
+}
+
+fn caller(agent: &'static str, projects: &[&str]) -> Run {
+    Run {
+        agent,
+        mode: Mode::Caller,
+        projects: projects.iter().map(|s| s.to_string()).collect(),
+        ceiling: None,
+        subject: "alice",
+        service_issuer: false,
+    }
+}
+
+impl Run {
+    fn identity(&self) -> Identity<'_> {
+        Identity {
+            subject: self.subject,
+            tenant: "acme",
+            agent: self.agent,
+            run_id: "run-1",
+            mode: self.mode,
+            projects: &self.projects,
+            ceiling: self.ceiling.as_deref(),
+            service_issuer: self.service_issuer,
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Want {
+    Allow(Risk),
+    Approve(Risk),
+    Deny,
+    Hidden(Hidden),
+}
+
+fn decide(p: &Policy, run: &Run, upstream: &str, tool: &str, args: Value) -> Want {
+    let ups = upstreams();
+    let up = ups.iter().find(|u| u.name == upstream).unwrap();
+    let id = run.identity();
+    let auth = p.authority(&id).unwrap();
+    let d = p.decide(
+        &Call {
+            identity: &id,
+            authority: &auth,
+            upstream: up,
+            tool,
+            arguments: &args,
+            hints: None,
+        },
+        None,
+    );
+    match d {
+        Decision::Allow { risk } => Want::Allow(risk),
+        Decision::Approve { risk } => Want::Approve(risk),
+        Decision::Deny { .. } => Want::Deny,
+        Decision::Unknown(h) => Want::Hidden(h),
+    }
+}
+
+#[test]
+fn policy_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Policy>();
+}
+
+#[test]
+fn four_role_matrix_over_shipped_policies() {
+    use super::Hidden as H;
+    use Want::*;
+    let p = shipped();
+    let lead = caller("sre-lead", &["sre", "platform"]);
+    let obs = caller("observability", &["sre", "platform"]);
+    let data = caller("data-analyst", &["data", "sre"]);
+    let auditor = caller("auditor", &["sre", "platform", "data"]);
+    let dep = json!({"deployment_id": "dep-42"});
+    let ns = json!({"namespace": "platform"});
+    let none = json!({});
+    let table: Vec<(&Run, &str, &str, &Value, Want)> = vec![
+        // sre-lead: every tool under the gates.
+        (&lead, "incidents", "get_incident", &none, Allow(Risk::Read)),
+        (
+            &lead,
+            "incidents",
+            "post_incident_note",
+            &none,
+            Approve(Risk::Write),
+        ),
+        (
+            &lead,
+            "incidents",
+            "rollback_deployment",
+            &dep,
+            Approve(Risk::Destructive),
+        ),
+        (
+            &lead,
+            "incidents",
+            "rollback_deployment_unsafe",
+            &dep,
+            Approve(Risk::Destructive),
+        ),
+        (&lead, "k8s-prod", "get_pods", &ns, Allow(Risk::Read)),
+        (
+            &lead,
+            "k8s-prod",
+            "scale_deployment",
+            &ns,
+            Approve(Risk::Write),
+        ),
+        (
+            &lead,
+            "k8s-prod",
+            "delete_pod",
+            &ns,
+            Approve(Risk::Destructive),
+        ),
+        (
+            &lead,
+            "bastion",
+            "run_command",
+            &none,
+            Approve(Risk::Destructive),
+        ),
+        (&lead, "warehouse", "query", &none, Hidden(H::Unreachable)),
+        // observability: metrics, dashboards, read-only cluster tools.
+        (&obs, "prometheus", "query", &none, Allow(Risk::Read)),
+        (
+            &obs,
+            "grafana",
+            "search_dashboards",
+            &none,
+            Allow(Risk::Read),
+        ),
+        (
+            &obs,
+            "grafana",
+            "create_dashboard",
+            &none,
+            Approve(Risk::Write),
+        ),
+        (
+            &obs,
+            "grafana",
+            "delete_dashboard",
+            &none,
+            Hidden(H::Risk(Risk::Destructive)),
+        ),
+        (&obs, "k8s-prod", "get_pods", &ns, Allow(Risk::Read)),
+        (&obs, "k8s-prod", "logs", &ns, Allow(Risk::Read)),
+        (&obs, "k8s-prod", "scale_deployment", &ns, Hidden(H::Denied)),
+        (&obs, "k8s-prod", "apply_manifest", &ns, Hidden(H::Denied)),
+        (&obs, "k8s-prod", "patch_deployment", &ns, Hidden(H::Denied)),
+        (
+            &obs,
+            "k8s-prod",
+            "restart_deployment",
+            &ns,
+            Hidden(H::Risk(Risk::Destructive)),
+        ),
+        (
+            &obs,
+            "k8s-prod",
+            "delete_pod",
+            &ns,
+            Hidden(H::Risk(Risk::Destructive)),
+        ),
+        (&obs, "bastion", "list_hosts", &none, Hidden(H::NotAllowed)),
+        (&obs, "incidents", "get_incident", &none, Allow(Risk::Read)),
+        (
+            &obs,
+            "incidents",
+            "rollback_deployment",
+            &dep,
+            Hidden(H::Risk(Risk::Destructive)),
+        ),
+        // data-analyst: warehouse, docs, files, metrics; nothing on clusters or hosts.
+        (&data, "warehouse", "query", &none, Allow(Risk::Read)),
+        (&data, "warehouse", "execute", &none, Approve(Risk::Write)),
+        (
+            &data,
+            "warehouse",
+            "drop_table",
+            &none,
+            Hidden(H::Risk(Risk::Destructive)),
+        ),
+        (&data, "docs", "search", &none, Allow(Risk::Read)),
+        (&data, "files", "write_file", &none, Approve(Risk::Write)),
+        (&data, "prometheus", "query_range", &none, Allow(Risk::Read)),
+        (&data, "k8s-prod", "get_pods", &ns, Hidden(H::Unreachable)),
+        (
+            &data,
+            "incidents",
+            "get_incident",
+            &none,
+            Hidden(H::NotAllowed),
+        ),
+        // auditor: read-only everywhere.
+        (&auditor, "warehouse", "query", &none, Allow(Risk::Read)),
+        (&auditor, "k8s-prod", "get_pods", &ns, Allow(Risk::Read)),
+        (
+            &auditor,
+            "k8s-prod",
+            "delete_pod",
+            &ns,
+            Hidden(H::Risk(Risk::Destructive)),
+        ),
+        (
+            &auditor,
+            "incidents",
+            "post_incident_note",
+            &none,
+            Hidden(H::Risk(Risk::Write)),
+        ),
+        (
+            &auditor,
+            "incidents",
+            "rollback_deployment_unsafe",
+            &dep,
+            Hidden(H::Risk(Risk::Destructive)),
+        ),
+        (&auditor, "files", "read_file", &none, Allow(Risk::Read)),
+    ];
+    let mut failures = Vec::new();
+    for (run, up, tool, args, want) in table {
+        let got = decide(&p, run, up, tool, args.clone());
+        if got != want {
+            failures.push(format!(
+                "{} {up}/{tool}: want {want:?}, got {got:?}",
+                run.agent
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "decision table mismatches:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn unannotated_unnamed_tool_is_destructive() {
+    let p = shipped();
+    let ups = upstreams();
+    let incidents = ups.iter().find(|u| u.name == "incidents").unwrap();
+    assert_eq!(
+        p.risk(incidents, "rollback_deployment_unsafe", None),
+        (Risk::Destructive, RiskSource::Default)
+    );
+    // Annotations of an untrusted upstream do not lower it.
+    let hints = Some(Hints {
+        read_only: Some(true),
+        destructive: Some(false),
+    });
+    assert_eq!(
+        p.risk(incidents, "brand_new_tool", hints).0,
+        Risk::Destructive
+    );
+}
+
+#[test]
+fn trusted_annotations_count_only_where_policy_is_silent() {
+    let p = shipped();
+    let ups = upstreams();
+    let docs = ups.iter().find(|u| u.name == "docs").unwrap();
+    let read = Some(Hints {
+        read_only: Some(true),
+        destructive: None,
+    });
+    assert_eq!(
+        p.risk(docs, "summarize_space", read),
+        (Risk::Read, RiskSource::Annotations)
+    );
+    let write = Some(Hints {
+        read_only: Some(false),
+        destructive: Some(false),
+    });
+    assert_eq!(p.risk(docs, "archive_space", write).0, Risk::Write);
+    // Policy names `create_page` as write: a vendor claiming read-only changes nothing.
+    assert_eq!(p.risk(docs, "create_page", read).0, Risk::Write);
+    // Trusted but no annotations: destructive.
+    assert_eq!(p.risk(docs, "mystery", None).0, Risk::Destructive);
+}
+
+#[test]
+fn exact_names_beat_globs() {
+    let p = compile(&[(
+        PathBuf::from("p.toml"),
+        r#"
+[[tools]]
+match = ["get_*"]
+risk = "read"
+[[tools]]
+match = ["get_and_delete"]
+risk = "destructive"
+"#
+        .to_owned(),
+    )])
+    .unwrap();
+    let ups = upstreams();
+    let u = &ups[0];
+    assert_eq!(p.risk(u, "get_thing", None).0, Risk::Read);
+    assert_eq!(p.risk(u, "get_and_delete", None).0, Risk::Destructive);
+}
+
+#[test]
+fn conditions_on_arguments_deny_with_reason() {
+    let p = shipped();
+    let lead = caller("sre-lead", &["sre", "platform"]);
+    assert_eq!(
+        decide(
+            &p,
+            &lead,
+            "incidents",
+            "rollback_deployment",
+            json!({"deployment_id": "prod; drop"})
+        ),
+        Want::Deny
+    );
+    // A missing field denies.
+    assert_eq!(
+        decide(&p, &lead, "incidents", "rollback_deployment", json!({})),
+        Want::Deny
+    );
+    // Namespace outside the run's projects.
+    assert_eq!(
+        decide(
+            &p,
+            &lead,
+            "k8s-prod",
+            "delete_pod",
+            json!({"namespace": "kube-system"})
+        ),
+        Want::Deny
+    );
+    // `when` false: the namespace condition does not apply.
+    assert_eq!(
+        decide(&p, &lead, "k8s-prod", "list_nodes", json!({})),
+        Want::Allow(Risk::Read)
+    );
+}
+
+#[test]
+fn deny_reason_names_rule_and_reason() {
+    let p = shipped();
+    let lead = caller("sre-lead", &["sre"]);
+    let ups = upstreams();
+    let id = lead.identity();
+    let auth = p.authority(&id).unwrap();
+    let args = json!({"deployment_id": "nope"});
+    let mut trace = Vec::new();
+    let d = p.decide(
+        &Call {
+            identity: &id,
+            authority: &auth,
+            upstream: &ups[0],
+            tool: "rollback_deployment",
+            arguments: &args,
+            hints: None,
+        },
+        Some(&mut trace),
+    );
+    match d {
+        Decision::Deny { reason, rule, risk } => {
+            assert_eq!(risk, Risk::Destructive);
+            assert!(reason.contains("dep-<number>"), "{reason}");
+            assert!(rule.contains("30-conditions.toml:"), "{rule}");
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    assert!(trace.iter().any(|t| t.contains("is false")), "{trace:?}");
+}
+
+#[test]
+fn authority_modes() {
+    let p = shipped();
+    // caller: memberships ∩ caller's projects.
+    let id = caller("sre-lead", &["platform", "marketing"]);
+    assert_eq!(
+        p.authority(&id.identity()).unwrap().projects,
+        vec!["platform"]
+    );
+    // caller with a ceiling.
+    let mut id = caller("sre-lead", &["sre", "platform"]);
+    id.ceiling = Some(vec!["sre".into()]);
+    assert_eq!(p.authority(&id.identity()).unwrap().projects, vec!["sre"]);
+    // agent: memberships (∩ ceiling), the token's projects are not needed.
+    let mut id = caller("sre-lead", &[]);
+    id.mode = Mode::Agent;
+    assert_eq!(
+        p.authority(&id.identity()).unwrap().projects,
+        vec!["data", "platform", "sre"]
+    );
+    id.ceiling = Some(vec!["data".into(), "other".into()]);
+    assert_eq!(p.authority(&id.identity()).unwrap().projects, vec!["data"]);
+    // empty intersection: no upstream reachable.
+    let id = caller("sre-lead", &["marketing"]);
+    let auth = p.authority(&id.identity()).unwrap();
+    assert!(auth.projects.is_empty());
+    assert!(upstreams().iter().all(|u| !p.reaches(&auth, u)));
+    // unknown role.
+    let id = caller("root", &["sre"]);
+    assert_eq!(
+        p.authority(&id.identity()),
+        Err(NoAuthority::UnknownAgent("root".into()))
+    );
+}
+
+#[test]
+fn service_accounts_get_exactly_their_bindings() {
+    let p = shipped();
+    let mut run = caller("reporter", &["sre", "platform", "data"]);
+    run.mode = Mode::ServiceAccount;
+    run.subject = "svc-nightly-report";
+    run.service_issuer = true;
+    assert_eq!(
+        p.authority(&run.identity()).unwrap(),
+        Authority {
+            agent: "reporter".into(),
+            projects: vec!["sre".into()]
+        }
+    );
+    run.service_issuer = false;
+    assert_eq!(
+        p.authority(&run.identity()),
+        Err(NoAuthority::ServiceIssuer)
+    );
+    run.service_issuer = true;
+    run.subject = "svc-unknown";
+    assert!(matches!(
+        p.authority(&run.identity()),
+        Err(NoAuthority::UnknownServiceAccount(_))
+    ));
+    run.subject = "svc-nightly-report";
+    run.agent = "sre-lead";
+    assert!(matches!(
+        p.authority(&run.identity()),
+        Err(NoAuthority::ServiceAgentMismatch { .. })
+    ));
+}
+
+#[test]
+fn gates_per_role_and_risk() {
+    let text = r#"
+[gates]
+read = "allow"
+write = "deny"
+destructive = "approve"
+[[tools]]
+match = ["r"]
+risk = "read"
+[[tools]]
+match = ["w"]
+risk = "write"
+[[tools]]
+match = ["d"]
+risk = "destructive"
+[[agents]]
+name = "strict"
+projects = ["sre"]
+risks = ["read", "write", "destructive"]
+allow = [{}]
+[[agents]]
+name = "loose"
+projects = ["sre"]
+risks = ["read", "write", "destructive"]
+allow = [{}]
+gates = { read = "approve", write = "allow", destructive = "deny" }
+"#;
+    let p = compile(&[(PathBuf::from("g.toml"), text.to_owned())]).unwrap();
+    let strict = caller("strict", &["sre"]);
+    let loose = caller("loose", &["sre"]);
+    let none = json!({});
+    assert_eq!(
+        decide(&p, &strict, "incidents", "r", none.clone()),
+        Want::Allow(Risk::Read)
+    );
+    assert_eq!(
+        decide(&p, &strict, "incidents", "w", none.clone()),
+        Want::Hidden(Hidden::GateDeny(Risk::Write))
+    );
+    assert_eq!(
+        decide(&p, &strict, "incidents", "d", none.clone()),
+        Want::Approve(Risk::Destructive)
+    );
+    assert_eq!(
+        decide(&p, &loose, "incidents", "r", none.clone()),
+        Want::Approve(Risk::Read)
+    );
+    assert_eq!(
+        decide(&p, &loose, "incidents", "w", none.clone()),
+        Want::Allow(Risk::Write)
+    );
+    assert_eq!(
+        decide(&p, &loose, "incidents", "d", none),
+        Want::Hidden(Hidden::GateDeny(Risk::Destructive))
+    );
+}
+
+#[test]
+fn prompts_and_resources_follow_membership_and_rules() {
+    let p = shipped();
+    let ups = upstreams();
+    let incidents = ups.iter().find(|u| u.name == "incidents").unwrap();
+    let k8s = ups.iter().find(|u| u.name == "k8s-prod").unwrap();
+    let auditor = caller("auditor", &["sre"]);
+    let auth = p.authority(&auditor.identity()).unwrap();
+    assert!(p.prompt_allowed(&auth, incidents, "triage"));
+    assert!(
+        !p.prompt_allowed(&auth, k8s, "triage"),
+        "unreachable upstream"
+    );
+    assert!(p.resource_allowed(&auth, incidents, "incident://INC-1001"));
+    assert!(!p.resource_allowed(&auth, incidents, "secret://db-password"));
+}
+
+fn compile_err(text: &str) -> String {
+    match compile(&[(PathBuf::from("bad.toml"), text.to_owned())]) {
+        Ok(_) => panic!("policy unexpectedly valid:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn unknown_key_names_file_and_line() {
+    let e = compile_err("[[agents]]\nname = \"a\"\nallow = [{}]\nmax_stepz = 3\n");
+    assert!(e.starts_with("bad.toml: "), "{e}");
+    assert!(e.contains("max_stepz") && e.contains("line 4"), "{e}");
+}
+
+#[test]
+fn bad_cel_names_file_and_line() {
+    let e = compile_err(
+        "\n\n[[conditions]]\ntools = [\"x\"]\nrequire = \"arguments.a ==\"\nreason = \"r\"\n",
+    );
+    assert!(e.starts_with("bad.toml:5: CEL expression"), "{e}");
+}
+
+#[test]
+fn bad_risk_value_is_rejected() {
+    let e = compile_err("[[tools]]\nmatch = [\"x\"]\nrisk = \"harmless\"\n");
+    assert!(e.contains("harmless"), "{e}");
+}
+
+#[test]
+fn duplicate_agents_are_rejected() {
+    let e = compile_err("[[agents]]\nname = \"a\"\n[[agents]]\nname = \"a\"\n");
+    assert!(e.contains("defined twice"), "{e}");
+}
+
+#[test]
+fn service_account_with_unknown_agent_is_rejected() {
+    let e = compile_err("[[service_accounts]]\nname = \"svc\"\nagent = \"ghost\"\nprojects = []\n");
+    assert!(e.contains("unknown agent \"ghost\""), "{e}");
+}
+
+#[test]
+fn bad_glob_is_rejected() {
+    let e = compile_err("[[tools]]\nmatch = [\"get_[\"]\nrisk = \"read\"\n");
+    assert!(e.contains("bad glob"), "{e}");
+}
+
+#[test]
+fn gates_twice_is_rejected() {
+    let r = compile(&[
+        (
+            PathBuf::from("a.toml"),
+            "[gates]\nread = \"allow\"\n".to_owned(),
+        ),
+        (
+            PathBuf::from("b.toml"),
+            "[gates]\nread = \"deny\"\n".to_owned(),
+        ),
+    ]);
+    assert!(r
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("already set in a.toml"));
+}
