@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::clickhouse::ClickHouse;
+use common::clickhouse::{ClickHouse, INSERTER_PASSWORD};
 use mcp_firewall::audit::{
     self, AuditConfig, AuditError, AuditRow, Auditor, FailMode, JsonPayload, Recorded, Risk,
     SpoolError, REDACTED,
@@ -820,6 +820,56 @@ async fn schema_is_created_at_start_before_any_row() {
         ch.query_u64(&format!("SELECT count() FROM {db}.audit_events")),
         1
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_user_inserts_into_a_schema_the_dba_created() {
+    let ch = ClickHouse::shared();
+    let db = format!("t_{:016x}", rand::random::<u64>());
+    for stmt in audit::schema_statements(&db, "audit_events") {
+        ch.query(&stmt);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pw_file = dir.path().join("pw");
+    std::fs::write(&pw_file, format!("{INSERTER_PASSWORD}\n")).unwrap();
+    let mut cfg = test_config(&dir.path().join("spool"), &ch.http_url, &db);
+    cfg.clickhouse.user = "inserter".into();
+    cfg.clickhouse.password_file = Some(pw_file);
+    // Left on: the DDL is refused for this user, which must not block inserts.
+    cfg.clickhouse.create_schema = true;
+    let (auditor, handle, reg) = start(&cfg).await;
+    auditor.record(row(1, "lp")).await.unwrap();
+    wait_until("the refused DDL", Duration::from_secs(10), || {
+        metric(&reg, "audit_send_errors_total") >= 1.0
+    });
+    handle.shutdown(Duration::from_secs(30)).await;
+    let count = || ch.query_u64(&format!("SELECT count() FROM {db}.audit_events"));
+    assert_eq!(count(), 1);
+    assert_eq!(metric(&reg, "audit_rows_sent_total"), 1.0);
+
+    // A wrong password is retried, never dropped: the row waits in the spool.
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong-pw");
+    std::fs::write(&wrong, "wrong").unwrap();
+    let spool = dir.path().join("spool");
+    let mut cfg = test_config(&spool, &ch.http_url, &db);
+    cfg.clickhouse.user = "inserter".into();
+    cfg.clickhouse.password_file = Some(wrong);
+    let (auditor, handle, reg) = start(&cfg).await;
+    auditor.record(row(2, "lp")).await.unwrap();
+    wait_until("failed attempts", Duration::from_secs(10), || {
+        metric(&reg, "audit_retries_total") >= 2.0
+    });
+    handle.shutdown(Duration::from_millis(100)).await;
+    assert_eq!(count(), 1);
+    assert_eq!(metric(&reg, "audit_rows_rejected_total"), 0.0);
+    let segments_bytes: u64 = std::fs::read_dir(&spool)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(segments_bytes > 16, "the row is still spooled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::future::OptionFuture;
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use thiserror::Error;
 use tokio::sync::watch;
@@ -105,6 +106,8 @@ pub(crate) struct Shipper {
     /// bookkeeping (same order, same length).
     inserts: FuturesOrdered<InsertFuture>,
     in_flight: VecDeque<InFlight>,
+    /// Background schema creation, until it succeeds.
+    schema: Option<InsertFuture>,
 }
 
 impl Shipper {
@@ -129,21 +132,17 @@ impl Shipper {
             phase_gone: false,
             inserts: FuturesOrdered::new(),
             in_flight: VecDeque::new(),
+            schema: None,
         }
     }
 
     /// Runs until drained after shutdown (or the reader is lost).
     pub(crate) async fn run(mut self) -> Result<(), ShipperError> {
         if !self.ctx.schema_ready.load(Ordering::Acquire) {
-            // Create the schema right away rather than with the first row; it
-            // queues like a batch that covers no spool range.
-            self.in_flight.push_back(InFlight {
-                end: None,
-                finished_segments: Vec::new(),
-                first_time_ms: None,
-            });
-            self.inserts
-                .push_back(Box::pin(ensure_schema_until_done(Arc::clone(&self.ctx))));
+            // Create the schema right away rather than with the first row, beside
+            // the inserts (not in their queue: a user without DDL rights must
+            // still be able to insert into a schema a DBA created).
+            self.schema = Some(Box::pin(ensure_schema_until_done(Arc::clone(&self.ctx))));
         }
         let mut batch = Batch::default();
         let mut last_fill;
@@ -177,13 +176,7 @@ impl Shipper {
             if batch.rows == 0 {
                 self.release_finished(&mut batch.finished_segments);
                 if draining && outcome == FillOutcome::CaughtUp {
-                    // Only rows matter at shutdown: a pending schema creation alone
-                    // does not hold it up.
-                    let rows_pending = self
-                        .in_flight
-                        .iter()
-                        .any(|f| f.end.is_some() || !f.finished_segments.is_empty());
-                    if !rows_pending {
+                    if self.in_flight.is_empty() {
                         return Ok(());
                     }
                     self.wait(Some(Instant::now() + GAUGE_TICK), &batch).await;
@@ -283,8 +276,13 @@ impl Shipper {
         let shared = Arc::clone(&self.ctx.shared);
         let phase_gone = self.phase_gone;
         let has_inserts = !self.inserts.is_empty();
+        let has_schema = self.schema.is_some();
         let woke = tokio::select! {
             Some(()) = self.inserts.next(), if has_inserts => Woke::InsertDone,
+            Some(()) = OptionFuture::from(self.schema.as_mut()), if has_schema => {
+                self.schema = None;
+                Woke::SchemaDone
+            }
             () = shared.new_data.notified(), if want_data => Woke::NewData,
             () = tokio::time::sleep_until(until.into()) => Woke::Timeout,
             changed = self.phase.changed(), if !phase_gone => {
@@ -336,6 +334,7 @@ impl Shipper {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Woke {
     InsertDone,
+    SchemaDone,
     NewData,
     Timeout,
     Phase,
@@ -410,17 +409,18 @@ async fn ensure_schema_until_done(ctx: Arc<ShipCtx>) {
     }
 }
 
-/// Creates the schema if still needed, then inserts. Schema failures are always
-/// retried: they say nothing about the rows.
+/// Creates the schema if still needed, then inserts. A failed schema creation
+/// is not the batch's failure: only the insert's outcome counts.
 async fn try_insert(
     ctx: &ShipCtx,
     body: &Bytes,
 ) -> Result<(), (clickhouse::error::Error, Disposition)> {
     if !ctx.schema_ready.load(Ordering::Acquire) {
-        ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table)
-            .await
-            .map_err(|e| (e, Disposition::Retry))?;
-        ctx.schema_ready.store(true, Ordering::Release);
+        // Best effort: the insert below says whether the table is usable.
+        match ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table).await {
+            Ok(()) => ctx.schema_ready.store(true, Ordering::Release),
+            Err(e) => tracing::debug!(error = %e, "audit: schema creation before INSERT failed"),
+        }
     }
     ch::insert(&ctx.client, &ctx.sql, body, ctx.settings.insert_timeout)
         .await

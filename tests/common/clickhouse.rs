@@ -6,7 +6,9 @@
 //! [`ClickHouse::shared`] gives one server per test binary (starting one takes
 //! seconds); tests isolate themselves with [`ClickHouse::create_database`].
 //! [`ClickHouse::start`] gives a dedicated server for tests that stop and restart
-//! it. Invariant: no server outlives the test process: a dedicated server is
+//! it. Besides the passwordless `default` user there is `inserter` (password
+//! [`INSERTER_PASSWORD`], no DDL allowed) for least-privilege tests.
+//! Invariant: no server outlives the test process: a dedicated server is
 //! killed on drop, and every server has a watchdog shell that kills it (and
 //! removes its directory) once the test process is gone, even after a SIGKILL.
 //!
@@ -35,6 +37,9 @@ pub struct ClickHouse {
     server: Mutex<Option<Child>>,
     watchdog: Mutex<Option<Child>>,
 }
+
+/// Password of the `inserter` user (profile with `allow_ddl = 0`).
+pub const INSERTER_PASSWORD: &str = "inserter-pw";
 
 /// How long a server gets to answer `/ping` after spawning.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -307,7 +312,10 @@ fn write_config(dir: &Path, http_port: u16, tcp_port: u16) {
     );
     let users = r#"<?xml version="1.0"?>
 <yandex>
-  <profiles><default></default></profiles>
+  <profiles>
+    <default></default>
+    <insert_only><allow_ddl>0</allow_ddl></insert_only>
+  </profiles>
   <users>
     <default>
       <password></password>
@@ -315,6 +323,12 @@ fn write_config(dir: &Path, http_port: u16, tcp_port: u16) {
       <profile>default</profile>
       <quota>default</quota>
     </default>
+    <inserter>
+      <password>inserter-pw</password>
+      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+      <profile>insert_only</profile>
+      <quota>default</quota>
+    </inserter>
   </users>
   <quotas><default></default></quotas>
 </yandex>
