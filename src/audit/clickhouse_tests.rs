@@ -1,3 +1,6 @@
+//! Tests of the pure ClickHouse helpers: error classification, retention
+//! arithmetic, schema statements, insert SQL, password resolution.
+
 use super::*;
 
 #[test]

@@ -362,33 +362,32 @@ impl AuditConfig {
             });
         }
         if ch.password_env.is_some() && ch.password_file.is_some() {
-            return Err(AuditError::InvalidConfig {
-                field: "clickhouse.password_env",
-                problem: "set either password_env or password_file, not both",
-            });
+            return Err(AuditError::TwoPasswordSources);
         }
         if self.spool.segment_bytes < MIN_SEGMENT_BYTES {
-            return Err(AuditError::InvalidConfig {
-                field: "spool.segment_bytes",
-                problem: "must be at least 4096",
+            return Err(AuditError::SegmentTooSmall {
+                segment_bytes: self.spool.segment_bytes,
+                min: MIN_SEGMENT_BYTES,
             });
         }
-        if self.batch.max_rows == 0 || self.batch.max_bytes == 0 || self.batch.max_in_flight == 0 {
-            return Err(AuditError::InvalidConfig {
-                field: "batch",
-                problem: "max_rows, max_bytes and max_in_flight must be positive",
-            });
+        for (field, value) in [
+            ("batch.max_rows", self.batch.max_rows),
+            ("batch.max_bytes", self.batch.max_bytes),
+            ("batch.max_in_flight", self.batch.max_in_flight),
+        ] {
+            if value == 0 {
+                return Err(AuditError::ZeroLimit { field });
+            }
         }
         if self.batch.retry_min_ms == 0 || self.batch.retry_max_ms < self.batch.retry_min_ms {
-            return Err(AuditError::InvalidConfig {
-                field: "batch.retry_min_ms",
-                problem: "must be positive and not above retry_max_ms",
+            return Err(AuditError::RetryRange {
+                min_ms: self.batch.retry_min_ms,
+                max_ms: self.batch.retry_max_ms,
             });
         }
         if self.retention_days == Some(0) {
-            return Err(AuditError::InvalidConfig {
+            return Err(AuditError::ZeroLimit {
                 field: "retention_days",
-                problem: "must be at least 1 (omit it to keep everything)",
             });
         }
         Ok(())

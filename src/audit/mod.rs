@@ -165,13 +165,34 @@ pub enum AuditError {
         /// The configured URL.
         url: String,
     },
-    /// Another config value is out of range.
-    #[error("invalid audit config: {field} {problem}")]
-    InvalidConfig {
+    /// Both `password_env` and `password_file` are set.
+    #[error(
+        "invalid audit config: set clickhouse.password_env or clickhouse.password_file, not both"
+    )]
+    TwoPasswordSources,
+    /// `spool.segment_bytes` is below the minimum.
+    #[error(
+        "invalid audit config: spool.segment_bytes {segment_bytes} is below the minimum {min}"
+    )]
+    SegmentTooSmall {
+        /// The configured size.
+        segment_bytes: u64,
+        /// The minimum accepted.
+        min: u64,
+    },
+    /// A limit that must be positive is 0.
+    #[error("invalid audit config: {field} must be at least 1")]
+    ZeroLimit {
         /// Dotted path of the setting.
         field: &'static str,
-        /// What is wrong with it.
-        problem: &'static str,
+    },
+    /// The retry delays are 0 or inverted.
+    #[error("invalid audit config: batch.retry_min_ms {min_ms} must be positive and not above batch.retry_max_ms {max_ms}")]
+    RetryRange {
+        /// `batch.retry_min_ms`.
+        min_ms: u64,
+        /// `batch.retry_max_ms`.
+        max_ms: u64,
     },
     /// The redaction patterns do not compile.
     #[error(transparent)]

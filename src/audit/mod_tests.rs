@@ -1,3 +1,6 @@
+//! Tests of the config section (defaults, parsing, validation), risk names and
+//! the auditor's fail modes.
+
 use super::*;
 
 #[test]
@@ -95,6 +98,28 @@ fn out_of_range_values_are_rejected() {
         f(&mut cfg);
         assert!(cfg.validate().is_err(), "case {i}");
     }
+    let mut cfg = AuditConfig::default();
+    cfg.spool.segment_bytes = 10;
+    let err = cfg.validate().unwrap_err();
+    assert!(matches!(
+        err,
+        AuditError::SegmentTooSmall {
+            segment_bytes: 10,
+            min: 4096
+        }
+    ));
+    assert_eq!(
+        err.to_string(),
+        "invalid audit config: spool.segment_bytes 10 is below the minimum 4096"
+    );
+    let mut cfg = AuditConfig::default();
+    cfg.batch.max_in_flight = 0;
+    assert!(matches!(
+        cfg.validate(),
+        Err(AuditError::ZeroLimit {
+            field: "batch.max_in_flight"
+        })
+    ));
 }
 
 #[test]

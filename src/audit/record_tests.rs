@@ -1,3 +1,6 @@
+//! Tests of the RowBinary encoding: every field in column order, fixed offsets,
+//! and agreement with the shipped schema.
+
 use super::*;
 use crate::audit::clickhouse::SCHEMA_SQL;
 

@@ -1,3 +1,6 @@
+//! Tests of key redaction (nesting, arrays, case, globs, raw-text fast path,
+//! escapes) and of UTF-8-safe truncation, with property tests.
+
 use proptest::prelude::*;
 use serde_json::json;
 

@@ -1,3 +1,5 @@
+//! Tests of the retry backoff schedule.
+
 use super::*;
 
 const MIN: Duration = Duration::from_millis(200);

@@ -1,3 +1,7 @@
+//! Tests of the spool: group-committed appends read back in order, batches and
+//! cursor, rotation and deletion, full and closed spools, the lock, torn tails,
+//! corruption, permissions.
+
 use std::path::Path;
 
 use super::*;
