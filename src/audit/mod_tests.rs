@@ -184,3 +184,14 @@ async fn oversized_arguments_and_results_are_capped_before_spooling() {
     // Header + one row of ~100 + ~50 bytes of JSON plus fixed fields.
     assert!(bytes < 400, "{bytes}");
 }
+
+#[test]
+fn auditor_and_its_futures_can_cross_threads() {
+    fn send_sync<T: Send + Sync + Clone>(_: &T) {}
+    fn send<T: Send>(_: T) {}
+    let a = Auditor::disabled();
+    send_sync(&a);
+    // Request handlers run on a multi-threaded runtime: the futures must be Send.
+    send(a.record(AuditRow::new()));
+    send(a.record_or_fail(AuditRow::new()));
+}

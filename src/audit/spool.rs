@@ -52,6 +52,9 @@ pub(crate) const SEGMENT_HEADER_LEN: u64 = 16;
 const RECORD_HEADER_LEN: usize = 8;
 /// Larger lengths are corruption, not rows; bounds what a garbage header can allocate.
 pub(crate) const MAX_RECORD_LEN: usize = 16 << 20;
+/// After a failed write, [`Shared::accepting`] says no for this long, then lets
+/// one more attempt probe the disk.
+const REPROBE_AFTER: Duration = Duration::from_secs(1);
 /// Bytes requested per read of a segment: large reads, few syscalls.
 const READ_CHUNK: usize = 1 << 20;
 
@@ -158,6 +161,8 @@ pub(crate) struct Shared {
     max_bytes: u64,
     /// False after a failed write or segment creation, true after the next success.
     healthy: AtomicBool,
+    /// When `healthy` last turned false.
+    failed_at: Mutex<Option<Instant>>,
     /// Set when a row was refused for lack of room, cleared when segments are freed.
     full: AtomicBool,
     metrics: Metrics,
@@ -186,10 +191,29 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner) = pos;
     }
 
-    /// Whether the last write (or segment creation) succeeded and no row was
-    /// refused for lack of room since segments were last freed.
+    /// Whether a row would likely be accepted: no row was refused for lack of
+    /// room since segments were last freed, and the last write (or segment
+    /// creation) succeeded or failed more than [`REPROBE_AFTER`] ago. The
+    /// re-probe matters: callers that stop calling `record` on `false` would
+    /// otherwise never learn that the disk recovered.
     pub(crate) fn accepting(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed) && !self.full.load(Ordering::Relaxed)
+        if self.full.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.healthy.load(Ordering::Relaxed)
+            || self
+                .failed_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none_or(|t| t.elapsed() >= REPROBE_AFTER)
+    }
+
+    fn mark_failed(&self) {
+        self.healthy.store(false, Ordering::Relaxed);
+        *self
+            .failed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
     /// Frames one record into the next group write. `encode` appends the payload.
@@ -371,6 +395,7 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         bytes_on_disk: AtomicU64::new(on_disk),
         max_bytes: settings.max_bytes,
         healthy: AtomicBool::new(true),
+        failed_at: Mutex::new(None),
         full: AtomicBool::new(false),
         metrics,
         _lock: lock,
@@ -669,7 +694,7 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                self.shared.healthy.store(false, Ordering::Relaxed);
+                self.shared.mark_failed();
                 let path = seg.path.clone();
                 tracing::error!(segment = %path.display(), error = %e, "audit spool write failed");
                 // Roll back a partial write so the segment ends on a record boundary.
@@ -737,7 +762,7 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                self.shared.healthy.store(false, Ordering::Relaxed);
+                self.shared.mark_failed();
                 // Skip the number: a half-created file must not be reused.
                 if path.exists() {
                     let _ = fs::remove_file(&path);
