@@ -529,6 +529,9 @@ async fn unwritable_spool_dir_fails_calls_per_fail_mode_and_recovers() {
     // The directory comes back: the next row opens a new segment and succeeds.
     std::fs::remove_file(&dir).unwrap();
     std::fs::rename(&moved, &dir).unwrap();
+    // Callers that stopped recording on a refused admit get a re-probe window.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(auditor.admit(Risk::Destructive).is_ok());
     auditor
         .record(row(i + 2, "r"))
         .await
