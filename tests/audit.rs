@@ -928,7 +928,11 @@ async fn throughput_rows_per_second() {
     let dir = tempfile::tempdir().unwrap();
     let config = |spool: &Path, url: &str, db: &str| {
         let mut cfg = test_config(spool, url, db);
-        cfg.batch.max_rows = 10_000;
+        // MCPFW_BENCH_BATCH_ROWS compares batch sizes (18.16 favours large ones).
+        cfg.batch.max_rows = std::env::var("MCPFW_BENCH_BATCH_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
         cfg.batch.max_age_ms = 200;
         cfg.spool.segment_bytes = 64 << 20;
         cfg.spool.fsync_interval_ms = 100;

@@ -57,7 +57,7 @@ impl ClickHouse {
         // Ports are probed then released, so another process may grab one in
         // between: retry with fresh ports.
         for _ in 0..3 {
-            let (http_port, tcp_port) = (free_port(), free_port());
+            let (http_port, tcp_port) = free_ports();
             let dir = std::env::temp_dir().join(format!(
                 "mcpfw-clickhouse-{}-{}",
                 std::process::id(),
@@ -272,11 +272,12 @@ fn server_command() -> (String, Vec<String>) {
     ("clickhouse".into(), vec!["server".into()])
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
+/// Two distinct free ports (both listeners are held until both are known).
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").expect("no free port");
+    let b = TcpListener::bind("127.0.0.1:0").expect("no free port");
+    let port = |l: &TcpListener| l.local_addr().expect("bound socket").port();
+    (port(&a), port(&b))
 }
 
 fn write_config(dir: &Path, http_port: u16, tcp_port: u16) {
