@@ -11,8 +11,15 @@
 //!    never touched on this path.
 //! 3. The shipper task reads the spool back, batches (`batch.max_rows`,
 //!    `max_bytes`, `max_age_ms`), `INSERT`s the bytes unchanged (`FORMAT
-//!    RowBinary`), retries with backoff, and deletes a segment only once every row
-//!    in it was acknowledged. A restart replays whatever was not.
+//!    RowBinary`, lz4; up to `batch.max_in_flight` at once, acknowledged in spool
+//!    order), retries with backoff, and deletes a segment only once every row in
+//!    it was acknowledged. A restart replays whatever was not.
+//!
+//! Cost on the request path: redaction (a walk of the JSON, no parse of raw text
+//! without a candidate key), one encode into the shared group buffer under a
+//! mutex, one oneshot allocation, and the wait for the group's `write(2)`.
+//! ClickHouse 18.16 ingests far faster in large batches: raise `batch.max_rows`
+//! (50,000 roughly doubles its rate) where a second of latency is acceptable.
 //!
 //! # Guarantees
 //! * A row whose `record` returned `Ok` reaches ClickHouse, across ClickHouse
