@@ -379,6 +379,7 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
     };
 
     metrics.set_spool_bytes(on_disk);
+    metrics.corrupt_bytes(recovery.cut_bytes);
     let shared = Arc::new(Shared {
         dir: dir.clone(),
         queue: Mutex::new(Queue {
@@ -1023,6 +1024,8 @@ impl SpoolReader {
             return Ok(0);
         }
         let old = self.buf.len();
+        // Zero-filling is the price of reading without `unsafe`: one memset per
+        // chunk, small next to the copy into the batch.
         self.buf.resize(old + want, 0);
         let mut filled = 0;
         while filled < want {
