@@ -14,7 +14,9 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Admin};
+use crate::auth::Verifier;
 use crate::config::Config;
+use crate::policy::reload::PolicyStore;
 use crate::proxy::State;
 use crate::server::{listener, stack, tls};
 use crate::telemetry;
@@ -35,10 +37,30 @@ pub struct Running {
 
 /// Binds and starts everything described by `config`.
 pub async fn start(config: Arc<Config>) -> anyhow::Result<Running> {
-    let registry = telemetry::registry();
-    let state = Arc::new(State::new(config.clone()).context("building upstream clients")?);
+    let mut registry = telemetry::registry();
+    let verifier = Verifier::new(&config.auth)
+        .await
+        .context("loading token keys")?;
+    let policy =
+        PolicyStore::load(&config.policy_dir, &mut registry).context("loading the policy")?;
+    start_with(config, verifier, policy, registry).await
+}
+
+/// Starts with an already built verifier and policy (the demo embeds its
+/// policy instead of reading a directory).
+pub async fn start_with(
+    config: Arc<Config>,
+    verifier: Verifier,
+    policy: Arc<PolicyStore>,
+    registry: prometheus_client::registry::Registry,
+) -> anyhow::Result<Running> {
+    let state = Arc::new(
+        State::new(config.clone(), verifier, policy.clone())
+            .context("building upstream clients")?,
+    );
 
     let mut background = Vec::new();
+    background.push(tokio::spawn(policy.clone().watch(config.policy_reload)));
     let acceptor = match &config.server.tls {
         Some(tls_cfg) => {
             let resolver = tls::ReloadingCert::load(tls_cfg)?;

@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use dashmap::DashMap;
 use serde_json::Value;
 
+use crate::mcp::headers::ParamHeaders;
 use crate::policy::Hints;
 
 /// One upstream tool as last listed.
@@ -27,6 +28,7 @@ pub struct ToolEntry {
     /// Its annotations as risk hints (untrusted).
     pub hints: Option<Hints>,
     validator: OnceLock<Result<jsonschema::Validator, String>>,
+    param_headers: OnceLock<ParamHeaders>,
 }
 
 /// Why arguments were refused.
@@ -69,7 +71,7 @@ impl Catalogs {
         name: &str,
         raw: &str,
         parse: impl FnOnce() -> (Value, Option<Value>),
-    ) {
+    ) -> Arc<ToolEntry> {
         let mut h = DefaultHasher::new();
         raw.hash(&mut h);
         let fingerprint = h.finish();
@@ -81,11 +83,8 @@ impl Catalogs {
                 .or_default()
                 .clone(),
         };
-        if catalog
-            .get(name)
-            .is_some_and(|e| e.fingerprint == fingerprint)
-        {
-            return;
+        if let Some(e) = catalog.get(name).filter(|e| e.fingerprint == fingerprint) {
+            return e.clone();
         }
         let (input_schema, annotations) = parse();
         let entry = ToolEntry {
@@ -93,8 +92,11 @@ impl Catalogs {
             input_schema,
             hints: Hints::from_annotations(annotations.as_ref()),
             validator: OnceLock::new(),
+            param_headers: OnceLock::new(),
         };
-        catalog.insert(name.to_owned(), Arc::new(entry));
+        let entry = Arc::new(entry);
+        catalog.insert(name.to_owned(), entry.clone());
+        entry
     }
 
     /// Forgets an upstream's tools (its list changed).
@@ -108,6 +110,12 @@ impl Catalogs {
 // === impl ToolEntry ===
 
 impl ToolEntry {
+    /// The `x-mcp-header` parameters of the tool (2026-07-28), from its schema.
+    pub fn param_headers(&self) -> &ParamHeaders {
+        self.param_headers
+            .get_or_init(|| ParamHeaders::from_input_schema(&self.input_schema))
+    }
+
     /// Validates arguments against the tool's input schema.
     pub fn validate(&self, arguments: &Value) -> Result<(), ArgumentsError> {
         let validator = self.validator.get_or_init(|| {

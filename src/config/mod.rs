@@ -23,8 +23,8 @@ mod validate;
 pub(crate) use validate::is_hop_by_hop;
 
 pub use validate::{
-    load, load_str, Config, ConfigError, HeaderValueSource, Secret, ServerConfig, TlsConfig,
-    Upstream,
+    load, load_str, Config, ConfigError, HeaderValueSource, IdentityClaim, Secret, ServerConfig,
+    TlsConfig, Upstream,
 };
 
 /// The whole file.
@@ -39,6 +39,8 @@ pub struct RawConfig {
     /// Logging.
     #[serde(default)]
     pub log: RawLog,
+    /// Tool tokens: keys, issuers, audiences, scopes.
+    pub auth: crate::auth::AuthConfig,
     /// Where the policy files are.
     #[serde(default)]
     pub policy: RawPolicy,
@@ -72,6 +74,9 @@ pub struct RawServer {
     /// Largest single SSE event relayed. Default 4 MiB.
     #[serde(default = "default_max_sse_event_bytes")]
     pub max_sse_event_bytes: usize,
+    /// OAuth authorization servers advertised in the protected-resource
+    /// metadata (RFC 9728). Default: `auth.issuers`.
+    pub authorization_servers: Option<Vec<String>>,
     /// Deepest JSON nesting accepted. Default 64.
     #[serde(default = "default_max_json_depth")]
     pub max_json_depth: usize,
@@ -184,6 +189,12 @@ pub struct RawUpstream {
     /// names no risk. Default false: annotations are untrusted.
     #[serde(default)]
     pub trust_annotations: bool,
+    /// Headers set from the verified token on every request to this
+    /// upstream (header name = claim: `sub`, `tenant_id`, `agent`, `run_id`,
+    /// `mode`, `jti`, `iss`, or `projects` for the run's effective projects,
+    /// comma-separated). Client-sent headers of these names are replaced.
+    #[serde(default)]
+    pub identity_headers: BTreeMap<String, String>,
     /// Headers the firewall injects into every request to this upstream
     /// (vendor credentials). Values come from `value`, `env` or `file`.
     #[serde(default)]

@@ -28,6 +28,10 @@ pub struct Config {
     pub log_level: String,
     /// Upstreams in file order.
     pub upstreams: Vec<Arc<Upstream>>,
+    /// Tool-token verification settings (paths resolved).
+    pub auth: crate::auth::AuthConfig,
+    /// Authorization servers for the protected-resource metadata.
+    pub authorization_servers: Vec<String>,
     /// The policy directory.
     pub policy_dir: PathBuf,
     /// Policy change-check interval.
@@ -95,12 +99,51 @@ pub struct Upstream {
     pub http2: bool,
     /// Injected headers (credentials); values are secrets.
     pub inject: Vec<(HeaderName, Secret)>,
+    /// Headers set from the verified token.
+    pub identity_headers: Vec<(HeaderName, IdentityClaim)>,
     /// Projects it belongs to (sorted).
     pub projects: Vec<String>,
     /// Categories (sorted).
     pub categories: Vec<String>,
     /// Whether annotations count as risk hints.
     pub trust_annotations: bool,
+}
+
+/// A token claim an identity header carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityClaim {
+    /// `sub`.
+    Subject,
+    /// `tenant_id`.
+    Tenant,
+    /// `agent`.
+    Agent,
+    /// `run_id`.
+    Run,
+    /// `mode`.
+    Mode,
+    /// `jti`.
+    TokenId,
+    /// `iss`.
+    Issuer,
+    /// The run's effective projects, comma-separated.
+    Projects,
+}
+
+impl IdentityClaim {
+    fn parse(s: &str) -> Option<IdentityClaim> {
+        Some(match s {
+            "sub" => IdentityClaim::Subject,
+            "tenant_id" => IdentityClaim::Tenant,
+            "agent" => IdentityClaim::Agent,
+            "run_id" => IdentityClaim::Run,
+            "mode" => IdentityClaim::Mode,
+            "jti" => IdentityClaim::TokenId,
+            "iss" => IdentityClaim::Issuer,
+            "projects" => IdentityClaim::Projects,
+            _ => return None,
+        })
+    }
 }
 
 /// Where an injected header value came from, for diagnostics that must not
@@ -141,6 +184,14 @@ pub enum ConfigError {
         file: PathBuf,
         /// toml's description, with line/column and the offending key.
         message: String,
+    },
+    /// An `[auth]` value that is not acceptable (the message names the key).
+    #[error("{file}: {source}")]
+    Auth {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong, and where.
+        source: crate::auth::ConfigError,
     },
     /// A value that parses but is not acceptable.
     #[error("{file}: {key}: {reason}")]
@@ -225,6 +276,7 @@ impl Validator<'_> {
 
     fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
         let s = raw.server;
+        let s_authorization_servers = s.authorization_servers.clone();
         let tls = match (s.plaintext, s.tls) {
             (true, Some(_)) => {
                 return Err(self.invalid(
@@ -296,10 +348,21 @@ impl Validator<'_> {
             max_concurrent_requests: s.max_concurrent_requests,
         };
 
+        let mut auth = raw.auth;
+        auth.resolve_paths(self.base);
+        auth.validate().map_err(|source| ConfigError::Auth {
+            file: self.file.to_owned(),
+            source,
+        })?;
+        let token_header = auth
+            .header_name()
+            .map_err(|e| self.invalid("auth.header", e.to_string()))?;
+        let authorization_servers = s_authorization_servers.unwrap_or_else(|| auth.issuers.clone());
+
         let mut names = HashSet::new();
         let mut upstreams = Vec::with_capacity(raw.upstreams.len());
         for (i, u) in raw.upstreams.into_iter().enumerate() {
-            let up = self.upstream(i, u, &server)?;
+            let up = self.upstream(i, u, &server, &token_header)?;
             if !names.insert(up.name.clone()) {
                 return Err(self.invalid(
                     format!("upstream[{i}].name"),
@@ -316,6 +379,8 @@ impl Validator<'_> {
             log_format: raw.log.format,
             log_level: raw.log.level,
             upstreams,
+            auth,
+            authorization_servers,
             policy_dir: self.path(&raw.policy.dir),
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
         })
@@ -326,6 +391,7 @@ impl Validator<'_> {
         i: usize,
         u: RawUpstream,
         server: &ServerConfig,
+        token_header: &HeaderName,
     ) -> Result<Upstream, ConfigError> {
         let key = |k: &str| format!("upstream[{i}].{k}");
         let name_ok = !u.name.is_empty()
@@ -398,7 +464,33 @@ impl Validator<'_> {
                     "this header is managed by the proxy and cannot be injected",
                 ));
             }
+            if name == *token_header {
+                return Err(self.invalid(&hk, "the tool-token header is never sent upstream"));
+            }
             inject.push((name, self.secret(&hk, v)?));
+        }
+        let mut identity_headers = Vec::with_capacity(u.identity_headers.len());
+        for (h, claim) in u.identity_headers {
+            let hk = key(&format!("identity_headers.{h}"));
+            let name = HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| self.invalid(&hk, "not a valid HTTP header name"))?;
+            if is_hop_by_hop(&name)
+                || name == http::header::HOST
+                || name == http::header::AUTHORIZATION
+                || name == *token_header
+            {
+                return Err(self.invalid(&hk, "this header cannot carry identity"));
+            }
+            if inject.iter().any(|(n, _)| *n == name) {
+                return Err(self.invalid(&hk, "also set under `headers`"));
+            }
+            let claim = IdentityClaim::parse(&claim).ok_or_else(|| {
+                self.invalid(
+                    &hk,
+                    format!("{claim:?} is not one of sub, tenant_id, agent, run_id, mode, jti, iss, projects"),
+                )
+            })?;
+            identity_headers.push((name, claim));
         }
         Ok(Upstream {
             name: u.name,
@@ -412,6 +504,7 @@ impl Validator<'_> {
             max_response_bytes: u.max_response_bytes.unwrap_or(server.max_response_bytes),
             http2: u.http2,
             inject,
+            identity_headers,
             projects: sorted(u.projects),
             categories: sorted(u.categories),
             trust_annotations: u.trust_annotations,

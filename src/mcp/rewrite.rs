@@ -205,6 +205,71 @@ fn rewrite_tool(
     Ok(())
 }
 
+/// Rewrites a complete JSON-RPC response to a `prompts/list`,
+/// `resources/list` or `resources/templates/list`: keeps the entries of
+/// `array` whose string `key` (name, uri, uriTemplate) `keep` accepts. Other
+/// fields are copied; `cacheScope` becomes private like for tools.
+pub fn named_list(
+    response: &str,
+    array: &str,
+    key: &str,
+    mut keep: impl FnMut(&str) -> bool,
+) -> Result<String, RewriteError> {
+    let top: BTreeMap<&str, &RawValue> =
+        serde_json::from_str(response).map_err(|e| RewriteError::NotResponse(e.to_string()))?;
+    if top.contains_key("error") || !top.contains_key("result") {
+        return Ok(response.to_owned());
+    }
+    let mut out = String::with_capacity(response.len());
+    out.push('{');
+    let mut first = true;
+    for (k, v) in &top {
+        sep(&mut out, &mut first);
+        push_key(&mut out, k);
+        if *k != "result" {
+            out.push_str(v.get());
+            continue;
+        }
+        let fields: BTreeMap<&str, &RawValue> =
+            serde_json::from_str(v.get()).map_err(|e| RewriteError::NoTools(e.to_string()))?;
+        let items_raw = fields
+            .get(array)
+            .ok_or_else(|| RewriteError::NoTools(format!("missing `{array}`")))?;
+        let items: Vec<&RawValue> = serde_json::from_str(items_raw.get())
+            .map_err(|e| RewriteError::NoTools(e.to_string()))?;
+        out.push('{');
+        let mut first_field = true;
+        for (fk, fv) in &fields {
+            sep(&mut out, &mut first_field);
+            push_key(&mut out, fk);
+            match *fk {
+                f if f == array => {
+                    out.push('[');
+                    let mut first_item = true;
+                    for item in &items {
+                        let obj: BTreeMap<&str, &RawValue> = serde_json::from_str(item.get())
+                            .map_err(|e| RewriteError::NoTools(e.to_string()))?;
+                        let name: String = obj
+                            .get(key)
+                            .and_then(|n| serde_json::from_str(n.get()).ok())
+                            .ok_or(RewriteError::NoName)?;
+                        if keep(&name) {
+                            sep(&mut out, &mut first_item);
+                            out.push_str(item.get());
+                        }
+                    }
+                    out.push(']');
+                }
+                "cacheScope" => out.push_str("\"private\""),
+                _ => out.push_str(fv.get()),
+            }
+        }
+        out.push('}');
+    }
+    out.push('}');
+    Ok(out)
+}
+
 fn sep(out: &mut String, first: &mut bool) {
     if !*first {
         out.push(',');
@@ -281,6 +346,25 @@ mod tests {
             v["result"]["tools"][2]["annotations"],
             json!({"readOnlyHint": false, "destructiveHint": false})
         );
+    }
+
+    #[test]
+    fn named_lists_keep_only_permitted_entries() {
+        let r = json!({"jsonrpc":"2.0","id":1,"result":{"resources":[{"uri":"a://1","name":"x"},{"uri":"secret://2","name":"y"}],"cacheScope":"public"}}).to_string();
+        let out = named_list(&r, "resources", "uri", |u| !u.starts_with("secret://")).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["result"]["resources"],
+            json!([{"uri":"a://1","name":"x"}])
+        );
+        assert_eq!(v["result"]["cacheScope"], "private");
+        assert!(named_list(
+            r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+            "prompts",
+            "name",
+            |_| true
+        )
+        .is_err());
     }
 
     #[test]

@@ -104,7 +104,10 @@ impl RunContext {
             Some("tools/call") => self.decide_call(msg),
             Some("prompts/get") => {
                 let name = msg.name.as_deref().unwrap_or("");
-                if self.policy.prompt_allowed(&self.authority, &self.upstream.config, name) {
+                if self
+                    .policy
+                    .prompt_allowed(&self.authority, &self.upstream.config, name)
+                {
                     Verdict::Forward { risk: None }
                 } else {
                     answer(
@@ -118,12 +121,19 @@ impl RunContext {
             }
             Some("resources/read" | "resources/subscribe" | "resources/unsubscribe") => {
                 let uri = msg.name.as_deref().unwrap_or("");
-                if self.policy.resource_allowed(&self.authority, &self.upstream.config, uri) {
+                if self
+                    .policy
+                    .resource_allowed(&self.authority, &self.upstream.config, uri)
+                {
                     Verdict::Forward { risk: None }
                 } else {
                     // 2026-07-28 reports a missing resource as -32602; older
                     // revisions use -32002.
-                    let code = if self.version.is_stateless() { jsonrpc::INVALID_PARAMS } else { -32002 };
+                    let code = if self.version.is_stateless() {
+                        jsonrpc::INVALID_PARAMS
+                    } else {
+                        -32002
+                    };
                     answer(
                         msg.id.as_ref(),
                         code,
@@ -139,7 +149,13 @@ impl RunContext {
 
     fn decide_call(&self, msg: &Message) -> Verdict {
         let Some(call) = &msg.call else {
-            return answer(msg.id.as_ref(), jsonrpc::INVALID_PARAMS, "tools/call needs a tool name", None, Outcome::UnknownTool(None));
+            return answer(
+                msg.id.as_ref(),
+                jsonrpc::INVALID_PARAMS,
+                "tools/call needs a tool name",
+                None,
+                Outcome::UnknownTool(None),
+            );
         };
         let tool = call.name.as_str();
         let unknown = |hidden: Option<Hidden>| {
@@ -179,7 +195,9 @@ impl RunContext {
                     msg.id.as_ref(),
                     codes::DENIED,
                     &format!("Call to {tool} refused by policy: {reason}"),
-                    Some(json!({ "stop_reason": "denied", "tool": tool, "risk": risk.as_str(), "reason": reason })),
+                    Some(
+                        json!({ "stop_reason": "denied", "tool": tool, "risk": risk.as_str(), "reason": reason }),
+                    ),
                     Outcome::Denied { risk, reason, rule },
                 )
             }
@@ -205,7 +223,9 @@ impl RunContext {
                 msg.id.as_ref(),
                 codes::APPROVAL_REQUIRED,
                 &format!("Call to {tool} ({risk}) requires a person's approval"),
-                Some(json!({ "stop_reason": "approval_required", "tool": tool, "risk": risk.as_str() })),
+                Some(
+                    json!({ "stop_reason": "approval_required", "tool": tool, "risk": risk.as_str() }),
+                ),
                 Outcome::ApprovalRequired { risk },
             );
         }
@@ -231,7 +251,13 @@ pub fn identity(claims: &Claims, service_issuer: bool) -> Identity<'_> {
     }
 }
 
-fn answer(id: Option<&Id>, code: i32, message: &str, data: Option<Value>, outcome: Outcome) -> Verdict {
+fn answer(
+    id: Option<&Id>,
+    code: i32,
+    message: &str,
+    data: Option<Value>,
+    outcome: Outcome,
+) -> Verdict {
     Verdict::Answer {
         body: id.map(|id| jsonrpc::error_body(Some(id), code, message, data.as_ref())),
         outcome,

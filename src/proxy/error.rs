@@ -118,6 +118,16 @@ pub enum ProxyError {
         /// Requests to answer with an error.
         ids: Vec<Id>,
     },
+    /// No token, or a token that does not verify for the MCP audience.
+    #[error("{}", .error.as_ref().map_or_else(|| "a tool token is required".to_owned(), |e| e.to_string()))]
+    Unauthorized {
+        /// URL of the protected-resource metadata for this endpoint.
+        resource_metadata: String,
+        /// The scope MCP calls need.
+        scope: String,
+        /// Why the token was refused (`None`: there was none).
+        error: Option<crate::auth::TokenError>,
+    },
     /// The server is at its concurrency limit.
     #[error("overloaded")]
     Overloaded,
@@ -226,6 +236,36 @@ impl ProxyError {
                         json_response(StatusCode::OK, Bytes::from(out))
                     }
                 }
+            }
+            ProxyError::Unauthorized {
+                resource_metadata,
+                scope,
+                error,
+            } => {
+                let status = error
+                    .as_ref()
+                    .map_or(StatusCode::UNAUTHORIZED, |e| e.status());
+                let mut challenge =
+                    format!("Bearer resource_metadata=\"{resource_metadata}\", scope=\"{scope}\"");
+                if let Some(e) = &error {
+                    // TokenError messages hold no quote or backslash.
+                    challenge.push_str(&format!(
+                        ", error=\"{}\", error_description=\"{}\"",
+                        e.oauth_error(),
+                        e
+                    ));
+                }
+                let body = json!({
+                    "error": error.as_ref().map_or("invalid_request", |e| e.oauth_error()),
+                    "error_description": message,
+                });
+                let mut r = plain_json(status, body);
+                if status != StatusCode::BAD_REQUEST {
+                    if let Ok(v) = HeaderValue::from_str(&challenge) {
+                        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+                    }
+                }
+                r
             }
             ProxyError::Overloaded => {
                 let mut r = rpc(

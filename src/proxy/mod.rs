@@ -1,43 +1,55 @@
 //! The request path. [`handle`] runs the steps of every MCP request in a fixed
 //! order, so every decision the firewall makes is visible here in one look:
 //!
-//! 1. **route**: `/mcp/<upstream>`; an unknown name is a 404;
-//! 2. **read**: `Content-Type: application/json`, body bounded by the limit;
-//! 3. **parse** once into the JSON-RPC model (strict: duplicate keys, depth,
+//! 1. **authenticate**: a tool token for the MCP audience, or 401 with
+//!    `WWW-Authenticate` (before routing, so an unauthenticated caller learns
+//!    nothing about which upstreams exist);
+//! 2. **authority**: the run's role and effective projects from the policy;
+//!    an upstream outside them answers 404 exactly like one that does not
+//!    exist (fail closed: no role, no projects, no upstream);
+//! 3. **read**: `Content-Type: application/json`, body bounded by the limit;
+//! 4. **parse** once into the JSON-RPC model (strict: duplicate keys, depth,
 //!    batch rules per protocol revision, `Mcp-*` headers against the body);
-//! 4. **forward** what may go upstream, with clean headers;
-//! 5. **relay** the answer: JSON inspected whole, SSE event by event.
+//! 5. **decide** each message ([`decide`]): forward, or answer here;
+//! 6. **forward** what may go upstream, with clean headers;
+//! 7. **relay** the answer ([`relay`]): JSON inspected whole, SSE event by
+//!    event; `tools/list` filtered and re-annotated for this run.
 //!
 //! Nothing on this path waits on I/O it does not need: no config reads, no
-//! key fetches, no ClickHouse.
+//! key fetches (the verifier caches and refreshes off the path), no ClickHouse.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap};
-use http::{Method, Request, Response};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use crate::config::Config;
+use crate::auth::{self, Audience, Claims, Verifier};
+use crate::catalog::Catalogs;
+use crate::config::{Config, IdentityClaim};
 use crate::mcp::headers;
 use crate::mcp::jsonrpc::{self, Envelope, Kind};
+use crate::policy::reload::PolicyStore;
 use crate::server::listener::ConnInfo;
 
 pub mod body;
+pub mod decide;
 pub mod error;
 pub mod relay;
 pub mod upstream;
 pub mod version;
 
 use body::Body;
+use decide::{RunContext, Verdict};
 use error::ProxyError;
 use relay::{mime_is, Exchange, Pending};
 use upstream::{Forward, UpstreamClient};
 use version::ProtocolVersion;
 
-/// Shared, read-only state of the request path.
+/// Shared state of the request path.
 pub struct State {
     /// The validated configuration.
     pub config: Arc<Config>,
@@ -45,17 +57,31 @@ pub struct State {
     pub upstreams: HashMap<String, Arc<UpstreamClient>>,
     /// JSON-RPC parse limits.
     pub limits: jsonrpc::Limits,
+    /// Tool-token verification (cached).
+    pub verifier: Verifier,
+    /// The policy, hot-reloaded.
+    pub policy: Arc<PolicyStore>,
+    /// What each upstream offers.
+    pub catalogs: Arc<Catalogs>,
 }
 
 // === impl State ===
 
 impl State {
-    /// Builds the request-path state from a validated config.
-    pub fn new(config: Arc<Config>) -> Result<State, upstream::ClientError> {
-        let strip: Arc<[header::HeaderName]> = Arc::from(Vec::new());
+    /// Builds the request-path state.
+    pub fn new(
+        config: Arc<Config>,
+        verifier: Verifier,
+        policy: Arc<PolicyStore>,
+    ) -> Result<State, upstream::ClientError> {
+        let token_header = verifier.header_name().clone();
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
-            let client = UpstreamClient::new(u.clone(), strip.clone())?;
+            // The token header and the identity headers the firewall owns are
+            // removed from what the client sent.
+            let mut strip = vec![token_header.clone()];
+            strip.extend(u.identity_headers.iter().map(|(h, _)| h.clone()));
+            let client = UpstreamClient::new(u.clone(), Arc::from(strip))?;
             upstreams.insert(u.name.clone(), Arc::new(client));
         }
         let limits = jsonrpc::Limits {
@@ -66,6 +92,9 @@ impl State {
             config,
             upstreams,
             limits,
+            verifier,
+            policy,
+            catalogs: Arc::new(Catalogs::default()),
         })
     }
 }
@@ -86,81 +115,159 @@ async fn route(
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ProxyError> {
-    // Step 1: route.
-    let name = req
-        .uri()
-        .path()
+    let path = req.uri().path();
+    if let Some(rest) = path.strip_prefix("/.well-known/oauth-protected-resource") {
+        return protected_resource_metadata(state, rest);
+    }
+    let name = path
         .strip_prefix("/mcp/")
-        .ok_or(ProxyError::NotFound)?;
+        .ok_or(ProxyError::NotFound)?
+        .to_owned();
+
+    // Step 1: authenticate.
+    let claims = authenticate(state, req.headers(), &name).await?;
+
+    // Step 2: authority. Every way of not having it looks like a 404.
+    let policy = state.policy.load_full();
+    let service_issuer =
+        state.config.auth.service_account_issuer.as_deref() == Some(claims.iss.as_str());
+    let identity = decide::identity(&claims, service_issuer);
+    let authority = match policy.authority(&identity) {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::info!(run = %claims.run_id, agent = %claims.agent, reason = %why, "run has no authority");
+            return Err(ProxyError::UnknownUpstream(name));
+        }
+    };
     let up = state
         .upstreams
-        .get(name)
-        .ok_or_else(|| ProxyError::UnknownUpstream(name.to_owned()))?
+        .get(&name)
+        .filter(|u| policy.reaches(&authority, &u.config))
+        .ok_or_else(|| ProxyError::UnknownUpstream(name.clone()))?
         .clone();
+    let cx = RunContext {
+        policy,
+        claims,
+        authority,
+        service_issuer,
+        upstream: up,
+        catalogs: state.catalogs.clone(),
+        version: ProtocolVersion::V2025_03_26,
+    };
     match *req.method() {
-        Method::POST => post(state, conn, up, req).await,
-        Method::GET | Method::DELETE => stream(state, conn, up, req).await,
+        Method::POST => post(state, conn, cx, req).await,
+        Method::GET | Method::DELETE => stream(state, conn, cx, req).await,
         ref m => Err(ProxyError::MethodNotAllowed(m.clone())),
     }
 }
 
-/// A client-to-server message: read, parse, forward, relay.
+/// Finds and verifies the tool token; the error carries what the 401 needs.
+async fn authenticate(
+    state: &State,
+    headers: &HeaderMap,
+    upstream: &str,
+) -> Result<Arc<Claims>, ProxyError> {
+    let metadata = format!(
+        "{}/.well-known/oauth-protected-resource/mcp/{upstream}",
+        state.config.server.public_url
+    );
+    let unauthorized = |error: Option<auth::TokenError>| ProxyError::Unauthorized {
+        resource_metadata: metadata.clone(),
+        scope: state.config.auth.required_scope.clone(),
+        error,
+    };
+    let token = auth::extract(headers, state.verifier.header_name())
+        .map_err(|e| unauthorized(Some(e)))?
+        .ok_or_else(|| unauthorized(None))?;
+    state
+        .verifier
+        .verify(token, Audience::Mcp)
+        .await
+        .map_err(|e| unauthorized(Some(e)))
+}
+
+/// A client-to-server message: read, parse, decide, forward, relay.
 async fn post(
     state: &State,
     conn: ConnInfo,
-    up: Arc<UpstreamClient>,
+    mut cx: RunContext,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ProxyError> {
-    // Step 2: read.
+    // Step 3: read.
     let (parts, body) = req.into_parts();
     check_content_type(&parts.headers)?;
-    let limit = up.config.max_request_bytes;
+    let limit = cx.upstream.config.max_request_bytes;
     let bytes = read_bounded(body, &parts.headers, limit).await?;
 
-    // Step 3: parse once; everything after decides on this model.
+    // Step 4: parse once; everything after decides on this model.
     let env = jsonrpc::parse(&bytes, &state.limits)?;
-    let version = ProtocolVersion::of_request(&parts.headers, &env);
-    check_envelope(&env, version)?;
-    check_mirrored_headers(&parts.headers, &env)?;
+    cx.version = ProtocolVersion::of_request(&parts.headers, &env);
+    check_envelope(&env, cx.version)?;
+    check_mirrored_headers(&parts.headers, &env, &cx)?;
 
-    // Step 4: forward.
-    let pending: Vec<Pending> = env
-        .messages
-        .iter()
-        .filter(|m| m.kind == Kind::Request)
-        .filter_map(|m| {
-            Some(Pending {
-                id: m.id.clone()?,
-                method: m.method.clone()?,
-            })
-        })
-        .collect();
+    // Step 5: decide each message on its own.
+    let mut forward = Vec::with_capacity(env.messages.len());
+    let mut local_answers = Vec::new();
+    let mut pending = Vec::new();
+    for m in &env.messages {
+        match cx.decide(m) {
+            Verdict::Forward { .. } => {
+                forward.push(&m.span);
+                if let (Kind::Request, Some(id), Some(method)) = (m.kind, &m.id, &m.method) {
+                    pending.push(Pending {
+                        id: id.clone(),
+                        method: method.clone(),
+                    });
+                }
+            }
+            Verdict::Answer { body, outcome } => {
+                tracing::info!(
+                    run = %cx.claims.run_id,
+                    agent = %cx.claims.agent,
+                    upstream = %cx.upstream.config.name,
+                    method = m.method.as_deref().unwrap_or(""),
+                    tool = m.call.as_ref().map_or("", |c| c.name.as_str()),
+                    outcome = ?outcome,
+                    "answered by the firewall"
+                );
+                local_answers.extend(body);
+            }
+        }
+    }
+    if forward.is_empty() {
+        return Ok(local_response(env.batch, local_answers));
+    }
+    let upstream_body = if forward.len() == env.messages.len() {
+        bytes
+    } else {
+        // A denied element never travels upstream inside an allowed batch.
+        jsonrpc::splice_batch(&bytes, forward)
+    };
+
+    // Step 6: forward.
+    let identity_headers = identity_headers(&cx);
     let fwd = Forward {
         method: Method::POST,
         headers: &parts.headers,
         query: parts.uri.query(),
-        body: bytes,
+        body: upstream_body,
         conn,
-        set: &[],
+        set: &identity_headers,
     };
-    let exchange = Exchange {
-        upstream: up.clone(),
+    let up = cx.upstream.clone();
+    let exchange = Exchange::new(
+        Arc::new(cx),
         pending,
-        max_sse_event_bytes: state.config.server.max_sse_event_bytes,
-        local_answers: Vec::new(),
-    };
+        state.config.server.max_sse_event_bytes,
+        local_answers,
+    )
+    .with_reply(&parts.headers, conn, identity_headers.clone());
     let resp = match up.send(fwd).await {
         Ok(r) => r,
-        Err(failure) => {
-            return Err(ProxyError::Upstream {
-                upstream: up.config.name.clone(),
-                failure,
-                ids: exchange.pending.iter().map(|p| p.id.clone()).collect(),
-            })
-        }
+        Err(failure) => return Err(exchange.fail(failure)),
     };
 
-    // Step 5: relay.
+    // Step 7: relay.
     exchange.respond(resp).await
 }
 
@@ -170,30 +277,122 @@ async fn post(
 async fn stream(
     state: &State,
     conn: ConnInfo,
-    up: Arc<UpstreamClient>,
+    cx: RunContext,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ProxyError> {
     let (parts, _body) = req.into_parts();
+    let identity_headers = identity_headers(&cx);
     let fwd = Forward {
         method: parts.method.clone(),
         headers: &parts.headers,
         query: parts.uri.query(),
         body: Bytes::new(),
         conn,
-        set: &[],
+        set: &identity_headers,
     };
-    let exchange = Exchange {
-        upstream: up.clone(),
-        pending: Vec::new(),
-        max_sse_event_bytes: state.config.server.max_sse_event_bytes,
-        local_answers: Vec::new(),
+    let up = cx.upstream.clone();
+    let exchange = Exchange::new(
+        Arc::new(cx),
+        Vec::new(),
+        state.config.server.max_sse_event_bytes,
+        Vec::new(),
+    )
+    .with_reply(&parts.headers, conn, identity_headers.clone());
+    let resp = match up.send(fwd).await {
+        Ok(r) => r,
+        Err(failure) => return Err(exchange.fail(failure)),
     };
-    let resp = up.send(fwd).await.map_err(|failure| ProxyError::Upstream {
-        upstream: up.config.name.clone(),
-        failure,
-        ids: Vec::new(),
-    })?;
     exchange.respond(resp).await
+}
+
+/// The headers the upstream gets from the verified token (never from the
+/// client: same-named client headers were stripped).
+fn identity_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
+    let c = &cx.claims;
+    cx.upstream
+        .config
+        .identity_headers
+        .iter()
+        .filter_map(|(name, claim)| {
+            let value = match claim {
+                IdentityClaim::Subject => c.sub.clone(),
+                IdentityClaim::Tenant => c.tenant_id.clone(),
+                IdentityClaim::Agent => c.agent.clone(),
+                IdentityClaim::Run => c.run_id.clone(),
+                IdentityClaim::Mode => c.mode.name().to_owned(),
+                IdentityClaim::TokenId => c.jti.clone(),
+                IdentityClaim::Issuer => c.iss.clone(),
+                IdentityClaim::Projects => cx.authority.projects.join(","),
+            };
+            // Claims are verified to hold no control characters; a value a
+            // header cannot carry is left out rather than mangled.
+            HeaderValue::from_str(&value)
+                .ok()
+                .map(|v| (name.clone(), v))
+        })
+        .collect()
+}
+
+/// The answer when nothing went upstream.
+fn local_response(batch: bool, answers: Vec<Bytes>) -> Response<Body> {
+    match (batch, answers.as_slice()) {
+        (_, []) => {
+            // Only notifications, all refused: accepted, nothing to say.
+            let mut r = Response::new(body::empty());
+            *r.status_mut() = StatusCode::ACCEPTED;
+            r
+        }
+        (false, [one]) => error::json_response(StatusCode::OK, one.clone()),
+        _ => {
+            let mut out = Vec::with_capacity(
+                answers.iter().map(Bytes::len).sum::<usize>() + answers.len() + 1,
+            );
+            out.push(b'[');
+            for (i, a) in answers.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(a);
+            }
+            out.push(b']');
+            error::json_response(StatusCode::OK, Bytes::from(out))
+        }
+    }
+}
+
+/// RFC 9728 protected-resource metadata, at the root and per MCP endpoint.
+fn protected_resource_metadata(state: &State, rest: &str) -> Result<Response<Body>, ProxyError> {
+    let base = &state.config.server.public_url;
+    let resource = match rest {
+        "" | "/" => base.clone(),
+        r => {
+            // Any well-formed name answers, so the metadata reveals nothing
+            // about which upstreams exist.
+            let name = r.strip_prefix("/mcp/").ok_or(ProxyError::NotFound)?;
+            let ok = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                return Err(ProxyError::NotFound);
+            }
+            format!("{base}/mcp/{name}")
+        }
+    };
+    let doc = serde_json::json!({
+        "resource": resource,
+        "authorization_servers": state.config.authorization_servers,
+        "scopes_supported": [state.config.auth.required_scope],
+        "bearer_methods_supported": ["header"],
+        "resource_name": "mcp-firewall",
+    });
+    let mut r = error::json_response(StatusCode::OK, Bytes::from(doc.to_string()));
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=300"),
+    );
+    Ok(r)
 }
 
 fn check_content_type(headers: &HeaderMap) -> Result<(), ProxyError> {
@@ -232,18 +431,27 @@ async fn read_bounded(
 
 /// The 2026-07-28 `Mcp-*` headers must say what the body says: the firewall
 /// decides on the body, and no upstream may act on a value it did not see.
-fn check_mirrored_headers(headers: &HeaderMap, env: &Envelope) -> Result<(), ProxyError> {
-    let result = match env.messages.as_slice() {
+fn check_mirrored_headers(
+    headers: &HeaderMap,
+    env: &Envelope,
+    cx: &RunContext,
+) -> Result<(), ProxyError> {
+    match env.messages.as_slice() {
         [one] if !env.batch => {
-            headers::check(headers, one, None).map_err(|source| ProxyError::HeaderMismatch {
-                id: one.id.clone(),
-                source,
-            })
+            let params = one
+                .call
+                .as_ref()
+                .and_then(|c| cx.catalogs.get(&cx.upstream.config.name, &c.name));
+            headers::check(headers, one, params.as_ref().map(|e| e.param_headers())).map_err(
+                |source| ProxyError::HeaderMismatch {
+                    id: one.id.clone(),
+                    source,
+                },
+            )
         }
         _ => headers::check_batch(headers)
             .map_err(|source| ProxyError::HeaderMismatch { id: None, source }),
-    };
-    result
+    }
 }
 
 /// Rules about the whole body that depend on the protocol revision.

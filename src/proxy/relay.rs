@@ -1,34 +1,48 @@
-//! Relaying an upstream's response to the client.
+//! Relaying an upstream's response to the client, and the policy's view of
+//! what comes back.
 //!
 //! - `202` and other bodiless answers pass through as they are.
-//! - `application/json` bodies are read up to the response cap, inspected
-//!   (responses to `tools/list` are rewritten by the policy) and sent whole,
-//!   so a connection that breaks mid-body still becomes a readable JSON-RPC
-//!   error instead of a truncated document. A body over the cap is streamed
-//!   on unmodified when nothing in it needs rewriting.
-//! - `text/event-stream` bodies are relayed event by event as they arrive:
-//!   a progress notification reaches the client while the call still runs.
+//! - `application/json` bodies are read up to the response cap, inspected and
+//!   sent whole, so a connection that breaks mid-body still becomes a readable
+//!   JSON-RPC error instead of a truncated document. A body over the cap is
+//!   streamed on unmodified when nothing in it needs rewriting.
+//! - `text/event-stream` bodies are relayed event by event as they arrive: a
+//!   progress notification reaches the client while the call still runs.
 //!   Only the partial event in flight is held in memory (capped); events the
 //!   firewall does not change are forwarded byte for byte, keeping `id:` and
 //!   `retry:` so resumption works. When the stream breaks, every request still
 //!   waiting for its answer gets a JSON-RPC error event naming the upstream.
-//! - Upstream 5xx answers become a JSON-RPC error naming the upstream and the
-//!   status.
+//! - Upstream 5xx answers become a JSON-RPC error naming the upstream.
+//!
+//! What is inspected, in both JSON and SSE:
+//! - answers to `tools/list`, `prompts/list`, `resources/list` and
+//!   `resources/templates/list` are filtered for the run (and tools
+//!   re-annotated from the policy's risk); listed tools feed the catalog;
+//! - `notifications/tools/list_changed` clears the upstream's catalog;
+//! - server-to-client requests (`sampling/createMessage`, `elicitation/create`,
+//!   `roots/list`, and the same inside 2026-07-28 input-required results) are
+//!   checked against the policy; a refused one never reaches the client, and
+//!   the upstream gets a JSON-RPC error in the client's place.
 
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::{header, HeaderValue, Response, StatusCode};
+use http::header::{HeaderMap, HeaderName};
+use http::{header, HeaderValue, Method, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::json;
+use serde_json::value::RawValue;
 
-use crate::mcp::jsonrpc::{self, Id, Kind};
-use crate::mcp::sse;
+use crate::mcp::jsonrpc::{self, Id, Kind, Message};
+use crate::mcp::{rewrite, sse};
+use crate::policy::Access;
+use crate::server::listener::ConnInfo;
 
-use super::body::{full, Body, Collected, UpstreamBody};
+use super::body::{full, Body, BoxError, Collected, UpstreamBody};
+use super::decide::RunContext;
 use super::error::{codes, ProxyError, UpstreamFailure};
-use super::upstream::{response_headers, UpstreamClient};
+use super::upstream::{response_headers, Forward};
 
 /// A request forwarded upstream whose answer the firewall waits for.
 #[derive(Debug, Clone)]
@@ -41,24 +55,91 @@ pub struct Pending {
 
 /// Everything the relay needs to know about one exchange.
 pub struct Exchange {
-    /// The upstream.
-    pub upstream: Arc<UpstreamClient>,
-    /// Requests forwarded in this POST (empty for GET streams).
-    pub pending: Vec<Pending>,
-    /// Cap on one SSE event.
-    pub max_sse_event_bytes: usize,
+    cx: Arc<RunContext>,
+    pending: Vec<Pending>,
+    max_sse_event_bytes: usize,
     /// JSON-RPC answers the firewall produced itself for parts of a batch,
     /// merged into the upstream's answer.
-    pub local_answers: Vec<Bytes>,
+    local_answers: Vec<Bytes>,
+    /// How to answer the upstream in the client's place (refused
+    /// server-to-client requests): the session headers and the connection.
+    reply: Option<Reply>,
 }
+
+struct Reply {
+    headers: HeaderMap,
+    conn: ConnInfo,
+    identity: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// Parse limits for upstream messages: generous depth, any batch size.
+const UPSTREAM_LIMITS: jsonrpc::Limits = jsonrpc::Limits {
+    max_depth: 128,
+    max_batch: usize::MAX,
+};
 
 // === impl Exchange ===
 
 impl Exchange {
+    /// An exchange for `pending` requests of the run in `cx`.
+    pub fn new(
+        cx: Arc<RunContext>,
+        pending: Vec<Pending>,
+        max_sse_event_bytes: usize,
+        local_answers: Vec<Bytes>,
+    ) -> Self {
+        Exchange {
+            cx,
+            pending,
+            max_sse_event_bytes,
+            local_answers,
+            reply: None,
+        }
+    }
+
+    /// Lets the relay answer refused server-to-client requests on the
+    /// client's session.
+    pub fn with_reply(
+        mut self,
+        client: &HeaderMap,
+        conn: ConnInfo,
+        identity: Vec<(HeaderName, HeaderValue)>,
+    ) -> Self {
+        let mut headers = HeaderMap::new();
+        for name in ["mcp-session-id", "mcp-protocol-version"] {
+            if let Some(v) = client.get(name) {
+                headers.insert(HeaderName::from_static(name), v.clone());
+            }
+        }
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        self.reply = Some(Reply {
+            headers,
+            conn,
+            identity,
+        });
+        self
+    }
+
+    /// The error for a failed upstream, answering every pending request.
+    pub fn fail(&self, failure: UpstreamFailure) -> ProxyError {
+        ProxyError::Upstream {
+            upstream: self.cx.upstream.config.name.clone(),
+            failure,
+            ids: self.pending.iter().map(|p| p.id.clone()).collect(),
+        }
+    }
+
     /// Turns the upstream's response into the client's.
     pub async fn respond(mut self, resp: Response<Incoming>) -> Result<Response<Body>, ProxyError> {
         let (parts, incoming) = resp.into_parts();
-        let idle = self.upstream.config.idle_timeout;
+        let idle = self.cx.upstream.config.idle_timeout;
         let mut body = UpstreamBody::new(incoming, idle);
 
         if parts.status.is_server_error() {
@@ -76,6 +157,17 @@ impl Exchange {
             .unwrap_or("");
         let is_sse = mime_is(content_type, "text/event-stream");
         let is_json = mime_is(content_type, "application/json");
+        if self.filters() {
+            // The answer now depends on who asked.
+            headers.insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("private, no-store"),
+            );
+            headers.insert(
+                header::VARY,
+                HeaderValue::from_static("authorization, x-tool-token"),
+            );
+        }
 
         if parts.status == StatusCode::ACCEPTED || (!is_sse && !is_json) {
             if !self.local_answers.is_empty() && parts.status == StatusCode::ACCEPTED {
@@ -84,8 +176,7 @@ impl Exchange {
                 let merged = merge_json(None, &self.local_answers);
                 return Ok(json_with(StatusCode::OK, headers, merged));
             }
-            let stream = passthrough(body);
-            let mut r = Response::new(stream);
+            let mut r = Response::new(passthrough(body));
             *r.status_mut() = parts.status;
             *r.headers_mut() = headers;
             return Ok(r);
@@ -93,7 +184,7 @@ impl Exchange {
 
         if is_sse {
             headers.insert(
-                http::header::HeaderName::from_static("x-accel-buffering"),
+                HeaderName::from_static("x-accel-buffering"),
                 HeaderValue::from_static("no"),
             );
             let relay = SseRelay {
@@ -105,7 +196,7 @@ impl Exchange {
             };
             let stream = futures_util::stream::unfold(relay, |mut relay| async move {
                 let next = relay.next().await?;
-                Some((Ok::<_, super::body::BoxError>(Frame::data(next)), relay))
+                Some((Ok::<_, BoxError>(Frame::data(next)), relay))
             });
             let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
             *r.status_mut() = parts.status;
@@ -114,7 +205,7 @@ impl Exchange {
         }
 
         // application/json
-        let limit = self.upstream.config.max_response_bytes;
+        let limit = self.cx.upstream.config.max_response_bytes;
         let collected = match body.collect_bounded(limit).await {
             Ok(c) => c,
             Err(f) => return Err(self.fail(f)),
@@ -125,15 +216,17 @@ impl Exchange {
                 Ok(json_with(parts.status, headers, out))
             }
             Collected::Partial(prefix) => {
-                if self.needs_rewrite() {
+                if self.filters() {
                     return Err(self.fail(UpstreamFailure::TooLarge(limit)));
                 }
-                let rest = passthrough(body);
-                let stream = futures_util::stream::once(async move {
-                    Ok::<_, super::body::BoxError>(Frame::data(prefix))
-                })
-                .chain_body(rest);
-                let mut r = Response::new(stream);
+                let head =
+                    futures_util::stream::once(
+                        async move { Ok::<_, BoxError>(Frame::data(prefix)) },
+                    );
+                let rest = http_body_util::BodyStream::new(passthrough(body));
+                let mut r = Response::new(
+                    StreamBody::new(futures_util::StreamExt::chain(head, rest)).boxed_unsync(),
+                );
                 *r.status_mut() = parts.status;
                 *r.headers_mut() = headers;
                 Ok(r)
@@ -141,48 +234,242 @@ impl Exchange {
         }
     }
 
-    fn needs_rewrite(&self) -> bool {
-        self.pending.iter().any(|p| p.method == "tools/list")
-    }
-
-    fn fail(&self, failure: UpstreamFailure) -> ProxyError {
-        ProxyError::Upstream {
-            upstream: self.upstream.config.name.clone(),
-            failure,
-            ids: self.pending.iter().map(|p| p.id.clone()).collect(),
-        }
+    /// Whether some pending answer is rewritten for the run.
+    fn filters(&self) -> bool {
+        self.pending.iter().any(|p| is_list(&p.method))
     }
 
     /// Inspects a complete JSON answer (one message or a batch of them).
     fn inspect_json(&mut self, bytes: Bytes) -> Result<Bytes, ProxyError> {
-        if self.pending.is_empty() && self.local_answers.is_empty() {
-            return Ok(bytes);
-        }
-        let limits = jsonrpc::Limits {
-            max_depth: 128,
-            max_batch: usize::MAX,
-        };
-        let env = match jsonrpc::parse(&bytes, &limits) {
+        let env = match jsonrpc::parse(&bytes, &UPSTREAM_LIMITS) {
             Ok(env) => env,
             Err(e) => {
                 // What the firewall must filter and cannot read never passes.
-                if self.needs_rewrite() {
+                if self.filters() {
                     return Err(self.fail(UpstreamFailure::Invalid(e.to_string())));
                 }
-                return Ok(bytes);
+                return Ok(merge_if(bytes, &self.local_answers));
             }
         };
+        let text = std::str::from_utf8(&bytes).unwrap_or("");
+        let mut replaced: Vec<(std::ops::Range<usize>, String)> = Vec::new();
         for m in &env.messages {
-            if m.kind == Kind::Response {
-                if let Some(id) = &m.id {
-                    self.pending.retain(|p| &p.id != id);
-                }
+            let raw = text.get(m.span.clone()).unwrap_or("");
+            match self.on_message(m, raw) {
+                Ok(Some(new)) => replaced.push((m.span.clone(), new)),
+                Ok(None) => {}
+                Err(f) => return Err(self.fail(f)),
             }
         }
-        if self.local_answers.is_empty() {
-            return Ok(bytes);
+        let out = if replaced.is_empty() {
+            bytes
+        } else {
+            let mut out = String::with_capacity(bytes.len());
+            let mut at = 0;
+            for (span, new) in &replaced {
+                out.push_str(text.get(at..span.start).unwrap_or(""));
+                out.push_str(new);
+                at = span.end;
+            }
+            out.push_str(text.get(at..).unwrap_or(""));
+            Bytes::from(out)
+        };
+        Ok(merge_if(out, &self.local_answers))
+    }
+
+    /// Inspects one upstream message; returns its replacement, if any.
+    /// An error means the message cannot be let through as it is.
+    fn on_message(&mut self, m: &Message, raw: &str) -> Result<Option<String>, UpstreamFailure> {
+        match m.kind {
+            Kind::Response => {
+                let Some(id) = &m.id else { return Ok(None) };
+                let Some(pos) = self.pending.iter().position(|p| &p.id == id) else {
+                    // An answer the firewall did not ask for in this exchange
+                    // (resumed streams): filter lists by their shape.
+                    return self.filter_unknown_response(raw);
+                };
+                if m.is_error {
+                    self.pending.swap_remove(pos);
+                    return Ok(None);
+                }
+                let outcome = match self.pending[pos].method.as_str() {
+                    "tools/list" => self.filter_tools(raw).map(Some),
+                    "prompts/list" => self.filter_named(raw, "prompts", "name").map(Some),
+                    "resources/list" => self.filter_named(raw, "resources", "uri").map(Some),
+                    "resources/templates/list" => self
+                        .filter_named(raw, "resourceTemplates", "uriTemplate")
+                        .map(Some),
+                    "tools/call" | "prompts/get" | "resources/read" => {
+                        self.check_input_required(m, raw)
+                    }
+                    _ => Ok(None),
+                };
+                // A request whose answer cannot pass stays pending, so it is
+                // answered with the upstream error.
+                if outcome.is_ok() {
+                    self.pending.swap_remove(pos);
+                }
+                outcome
+            }
+            Kind::Notification => {
+                if m.method.as_deref() == Some("notifications/tools/list_changed") {
+                    self.cx.catalogs.clear(&self.cx.upstream.config.name);
+                }
+                Ok(None)
+            }
+            Kind::Request => Ok(None),
         }
-        Ok(merge_json(Some(&bytes), &self.local_answers))
+    }
+
+    fn filter_unknown_response(&self, raw: &str) -> Result<Option<String>, UpstreamFailure> {
+        if raw.contains("\"tools\"") {
+            // A resumed answer that looks like a tool list is filtered like one.
+            if let Ok(out) = self.filter_tools(raw) {
+                return Ok(Some(out));
+            }
+        }
+        Ok(None)
+    }
+
+    fn filter_tools(&self, raw: &str) -> Result<String, UpstreamFailure> {
+        let cx = &self.cx;
+        let up = &cx.upstream.config;
+        rewrite::tools_list(raw, |t| {
+            let entry = cx.catalogs.record(&up.name, t.name, t.raw, || {
+                let schema = t
+                    .input_schema
+                    .and_then(|s| serde_json::from_str(s.get()).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                let ann = t
+                    .annotations
+                    .and_then(|a| serde_json::from_str(a.get()).ok());
+                (schema, ann)
+            });
+            if entry.param_headers().violation().is_some() {
+                // MCP clients must drop tools with invalid x-mcp-header
+                // annotations; the firewall drops them first.
+                return None;
+            }
+            match cx.policy.access(&cx.authority, up, t.name, entry.hints) {
+                Access::Visible { risk, gate, .. } => Some((risk, gate)),
+                Access::Hidden(_) => None,
+            }
+        })
+        .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
+    }
+
+    fn filter_named(&self, raw: &str, array: &str, key: &str) -> Result<String, UpstreamFailure> {
+        let cx = &self.cx;
+        let up = &cx.upstream.config;
+        let prompts = array == "prompts";
+        rewrite::named_list(raw, array, key, |name| {
+            if prompts {
+                cx.policy.prompt_allowed(&cx.authority, up, name)
+            } else {
+                cx.policy.resource_allowed(&cx.authority, up, name)
+            }
+        })
+        .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
+    }
+
+    /// 2026-07-28 input-required results carry server-to-client requests; a
+    /// kind the policy refuses turns the answer into an error.
+    fn check_input_required(
+        &self,
+        m: &Message,
+        raw: &str,
+    ) -> Result<Option<String>, UpstreamFailure> {
+        if !raw.contains("input_required") {
+            return Ok(None);
+        }
+        #[derive(serde::Deserialize)]
+        struct Result<'a> {
+            #[serde(borrow, rename = "inputRequests")]
+            input_requests: Option<std::collections::BTreeMap<String, InputRequest<'a>>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct InputRequest<'a> {
+            #[serde(borrow)]
+            method: &'a str,
+        }
+        #[derive(serde::Deserialize)]
+        struct Resp<'a> {
+            #[serde(borrow)]
+            result: Option<&'a RawValue>,
+        }
+        let Ok(Resp {
+            result: Some(result),
+        }) = serde_json::from_str::<Resp>(raw)
+        else {
+            return Ok(None);
+        };
+        let Ok(parsed) = serde_json::from_str::<Result>(result.get()) else {
+            return Ok(None);
+        };
+        let refused: Vec<&str> = parsed
+            .input_requests
+            .iter()
+            .flatten()
+            .map(|(_, r)| r.method)
+            .filter(|method| !self.server_request_allowed(method))
+            .collect();
+        if refused.is_empty() {
+            return Ok(None);
+        }
+        let body = jsonrpc::error_body(
+            m.id.as_ref(),
+            codes::DENIED,
+            &format!(
+                "the upstream asked the client for {}, which the policy refuses",
+                refused.join(", ")
+            ),
+            Some(&json!({ "stop_reason": "denied", "refused": refused })),
+        );
+        Ok(Some(String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    fn server_request_allowed(&self, method: &str) -> bool {
+        let rules = self.cx.policy.server_requests();
+        match method {
+            "sampling/createMessage" => rules.sampling,
+            "elicitation/create" => rules.elicitation,
+            "roots/list" => rules.roots,
+            // ping and anything else harmless passes.
+            _ => true,
+        }
+    }
+
+    /// A legacy server-to-client request the policy refuses: the client never
+    /// sees it; the upstream gets an error answer on the client's session.
+    fn refuse_server_request(&self, m: &Message) {
+        let (Some(id), Some(reply)) = (&m.id, &self.reply) else {
+            return;
+        };
+        let method = m.method.as_deref().unwrap_or("");
+        tracing::info!(upstream = %self.cx.upstream.config.name, method, "server-to-client request refused by policy");
+        let body = jsonrpc::error_body(
+            Some(id),
+            jsonrpc::METHOD_NOT_FOUND,
+            &format!("{method} is not permitted by the firewall's policy"),
+            None,
+        );
+        let up = self.cx.upstream.clone();
+        let headers = reply.headers.clone();
+        let conn = reply.conn;
+        let identity = reply.identity.clone();
+        tokio::spawn(async move {
+            let fwd = Forward {
+                method: Method::POST,
+                headers: &headers,
+                query: None,
+                body,
+                conn,
+                set: &identity,
+            };
+            if let Err(e) = up.send(fwd).await {
+                tracing::warn!(upstream = %up.config.name, error = %e, "could not answer a refused server request");
+            }
+        });
     }
 }
 
@@ -218,7 +505,12 @@ impl SseRelay {
                         return self.end(UpstreamFailure::Invalid(e.to_string()));
                     }
                     while let Some(ev) = self.decoder.next_event() {
-                        self.on_event(ev, &mut out);
+                        if let Err(f) = self.on_event(ev, &mut out) {
+                            // Whatever was decided so far still goes out first.
+                            let tail = self.end(f);
+                            out.extend_from_slice(&tail.unwrap_or_default());
+                            return Some(out.freeze());
+                        }
                     }
                     if !out.is_empty() {
                         return Some(out.freeze());
@@ -233,36 +525,66 @@ impl SseRelay {
         }
     }
 
-    fn on_event(&mut self, ev: sse::Event, out: &mut BytesMut) {
-        if ev.has_data && !ev.data.is_empty() {
-            let limits = jsonrpc::Limits {
-                max_depth: 128,
-                max_batch: usize::MAX,
-            };
-            if let Ok(env) = jsonrpc::parse(ev.data.as_bytes(), &limits) {
-                for m in &env.messages {
-                    if m.kind == Kind::Response {
-                        if let Some(id) = &m.id {
-                            self.ex.pending.retain(|p| &p.id != id);
-                        }
-                    }
+    fn on_event(&mut self, ev: sse::Event, out: &mut BytesMut) -> Result<(), UpstreamFailure> {
+        if !ev.has_data || ev.data.is_empty() {
+            out.extend_from_slice(&ev.raw);
+            return Ok(());
+        }
+        let env = match jsonrpc::parse(ev.data.as_bytes(), &UPSTREAM_LIMITS) {
+            Ok(env) => env,
+            Err(_) => {
+                if self.ex.filters() {
+                    // Cannot tell whether this is the list to filter.
+                    return Err(UpstreamFailure::Invalid(
+                        "unreadable SSE event while a list answer is pending".to_owned(),
+                    ));
                 }
+                out.extend_from_slice(&ev.raw);
+                return Ok(());
+            }
+        };
+        let [m] = env.messages.as_slice() else {
+            // A batch inside one event (2025-03-26): relayed as is unless it
+            // answers something the firewall filters.
+            if env.messages.iter().any(|m| {
+                self.ex
+                    .pending
+                    .iter()
+                    .any(|p| Some(&p.id) == m.id.as_ref() && is_list(&p.method))
+            }) {
+                return Err(UpstreamFailure::Invalid(
+                    "batched answer to a filtered list".to_owned(),
+                ));
+            }
+            out.extend_from_slice(&ev.raw);
+            return Ok(());
+        };
+        if m.kind == Kind::Request {
+            let method = m.method.as_deref().unwrap_or("");
+            if !self.ex.server_request_allowed(method) {
+                self.ex.refuse_server_request(m);
+                return Ok(());
             }
         }
-        out.extend_from_slice(&ev.raw);
+        match self.ex.on_message(m, &ev.data)? {
+            None => out.extend_from_slice(&ev.raw),
+            Some(new) => {
+                let rewritten = sse::Event { data: new, ..ev };
+                sse::encode(&rewritten, out);
+            }
+        }
+        Ok(())
     }
 
     /// Ends a broken stream: every request still waiting gets an error event.
     fn end(&mut self, failure: UpstreamFailure) -> Option<Bytes> {
         self.done = true;
-        tracing::warn!(upstream = %self.ex.upstream.config.name, error = %failure, "upstream stream failed");
+        let name = self.ex.cx.upstream.config.name.clone();
+        tracing::warn!(upstream = %name, error = %failure, "upstream stream failed");
         let mut out = BytesMut::new();
-        let msg = format!(
-            "upstream {:?} failed: {failure}",
-            self.ex.upstream.config.name
-        );
+        let msg = format!("upstream {name:?} failed: {failure}");
         let data = json!({
-            "upstream": self.ex.upstream.config.name,
+            "upstream": name,
             "cause": failure.to_string(),
             "stop_reason": "upstream_error",
         });
@@ -278,34 +600,26 @@ impl SseRelay {
     }
 }
 
+fn is_list(method: &str) -> bool {
+    matches!(
+        method,
+        "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list"
+    )
+}
+
 /// A body that forwards the upstream's chunks as they come.
 fn passthrough(body: UpstreamBody) -> Body {
     let stream = futures_util::stream::unfold(body, |mut body| async move {
         match body.chunk().await {
             Ok(Some(chunk)) => Some((Ok(Frame::data(chunk)), body)),
             Ok(None) => None,
-            Err(f) => Some((Err(Box::new(f) as super::body::BoxError), body)),
+            Err(f) => Some((Err(Box::new(f) as BoxError), body)),
         }
     });
     StreamBody::new(stream).boxed_unsync()
 }
 
-trait ChainBody {
-    fn chain_body(self, rest: Body) -> Body;
-}
-
-impl<S> ChainBody for S
-where
-    S: futures_util::Stream<Item = Result<Frame<Bytes>, super::body::BoxError>> + Send + 'static,
-{
-    fn chain_body(self, rest: Body) -> Body {
-        use futures_util::StreamExt;
-        let rest = http_body_util::BodyStream::new(rest);
-        StreamBody::new(self.chain(rest)).boxed_unsync()
-    }
-}
-
-fn json_with(status: StatusCode, mut headers: http::HeaderMap, body: Bytes) -> Response<Body> {
+fn json_with(status: StatusCode, mut headers: HeaderMap, body: Bytes) -> Response<Body> {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -316,20 +630,30 @@ fn json_with(status: StatusCode, mut headers: http::HeaderMap, body: Bytes) -> R
     r
 }
 
+fn merge_if(upstream: Bytes, local: &[Bytes]) -> Bytes {
+    if local.is_empty() {
+        upstream
+    } else {
+        merge_json(Some(&upstream), local)
+    }
+}
+
 /// Merges the upstream's JSON answer (an object or an array) with the
 /// firewall's own answers into one JSON array.
 fn merge_json(upstream: Option<&Bytes>, local: &[Bytes]) -> Bytes {
     let mut out = Vec::with_capacity(
-        upstream.map_or(0, Bytes::len) + local.iter().map(Bytes::len).sum::<usize>() + 8,
+        upstream.map_or(0, Bytes::len)
+            + local.iter().map(Bytes::len).sum::<usize>()
+            + local.len()
+            + 2,
     );
     out.push(b'[');
     let mut first = true;
     if let Some(u) = upstream {
-        let t = trim_ascii(u);
-        let inner = if t.first() == Some(&b'[') && t.last() == Some(&b']') {
-            trim_ascii(&t[1..t.len() - 1])
-        } else {
-            t
+        let t = u.trim_ascii();
+        let inner = match (t.first(), t.last()) {
+            (Some(b'['), Some(b']')) => t[1..t.len() - 1].trim_ascii(),
+            _ => t,
         };
         if !inner.is_empty() {
             out.extend_from_slice(inner);
@@ -345,18 +669,6 @@ fn merge_json(upstream: Option<&Bytes>, local: &[Bytes]) -> Bytes {
     }
     out.push(b']');
     Bytes::from(out)
-}
-
-fn trim_ascii(b: &[u8]) -> &[u8] {
-    let start = b
-        .iter()
-        .position(|c| !c.is_ascii_whitespace())
-        .unwrap_or(b.len());
-    let end = b
-        .iter()
-        .rposition(|c| !c.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
-    &b[start..end]
 }
 
 /// `true` when a Content-Type's media type (parameters ignored) is `expected`.

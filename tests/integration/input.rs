@@ -17,6 +17,7 @@ async fn rejected(body: &[u8], headers: &[(&str, &str)]) -> (u16, Value) {
     let (fw, up) = setup().await;
     let mut req = common::http()
         .post(fw.mcp_url("u"))
+        .bearer_auth(common::token())
         .header("accept", "application/json, text/event-stream")
         .body(body.to_vec());
     if !headers
@@ -202,6 +203,7 @@ async fn other_methods_are_405() {
     let (fw, up) = setup().await;
     let resp = common::http()
         .put(fw.mcp_url("u"))
+        .bearer_auth(common::token())
         .body("{}")
         .send()
         .await

@@ -6,4 +6,5 @@ mod auth_keys;
 mod common;
 mod demo_upstream;
 mod input;
+mod through_firewall;
 mod upstream_failures;

@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 
 use crate::common::{self, raw};
 
-const CALL: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_incident","arguments":{"id":"INC-1001"}}}"#;
+/// A request the firewall forwards without inspecting its answer.
+const CALL: &str = r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#;
 
 async fn error_of(resp: reqwest::Response) -> Value {
     assert_eq!(resp.status(), 200, "upstream failures are JSON-RPC answers");
@@ -164,12 +165,12 @@ async fn client_credentials_and_hop_by_hop_headers_never_reach_the_upstream() {
         .post(fw.mcp_url("u"))
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
-        .header("authorization", "Bearer client-secret-token")
+        .header("authorization", format!("Bearer {}", common::token()))
         .header("x-forwarded-for", "6.6.6.6")
         .header("connection", "x-private, keep-alive")
         .header("x-private", "hop")
         .header("mcp-session-id", "abc")
-        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
         .send()
         .await
         .unwrap();
@@ -202,7 +203,7 @@ async fn injected_credentials_reach_the_upstream() {
     let fw = common::firewall(&common::config_text(&[("u", &up.url())], extra)).await;
     let resp = common::post_json(
         &fw.mcp_url("u"),
-        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
     )
     .await;
     assert_eq!(resp.status(), 200);
@@ -226,5 +227,24 @@ async fn notification_gets_upstreams_202() {
     .await;
     assert_eq!(resp.status(), 202);
     assert_eq!(up.hits(), 1);
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn unreadable_tool_list_is_an_error_not_an_unfiltered_list() {
+    // `tools` is not an array: the firewall cannot filter it, so it must not pass.
+    let up =
+        raw::upstream(
+            |seen| async move { raw::result_for(&seen, json!({"tools": {"name": "rm_rf"}})) },
+        )
+        .await;
+    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let resp = common::post_json(
+        &fw.mcp_url("u"),
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#,
+    )
+    .await;
+    let v = error_of(resp).await;
+    assert!(!v.to_string().contains("rm_rf"), "{v}");
     fw.stop().await;
 }

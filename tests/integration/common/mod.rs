@@ -3,10 +3,14 @@
 
 #![allow(dead_code)]
 
+pub mod mcp;
 pub mod raw;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_firewall::auth::{mint, Audience, AuthConfig, MintClaims, Mode};
 
 use mcp_firewall::app::{self, Running};
 use mcp_firewall::config;
@@ -31,19 +35,95 @@ impl Firewall {
     }
 }
 
+/// The HS256 development secret of test configs.
+pub const SECRET: &str = "test-secret-that-is-long-enough-for-hs256!";
+/// The MCP audience of test configs.
+pub const AUDIENCE: &str = "mcp-firewall";
+/// The trusted issuer of test configs.
+pub const ISSUER: &str = "https://idp.test";
+
+/// The shipped policies.
+pub fn shipped_policies() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")
+}
+
+/// A temporary policy directory: the shipped files plus `extra` (name, text).
+pub fn policy_dir(extra: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for e in std::fs::read_dir(shipped_policies()).expect("policies/") {
+        let p = e.expect("entry").path();
+        std::fs::copy(&p, dir.path().join(p.file_name().expect("name"))).expect("copy policy");
+    }
+    for (name, text) in extra {
+        std::fs::write(dir.path().join(name), text).expect("write policy");
+    }
+    dir
+}
+
+/// The `[auth]` and `[policy]` sections every test config shares: an HS256
+/// development key and the shipped policies.
+pub fn auth_and_policy() -> String {
+    auth_and_policy_in(&shipped_policies())
+}
+
+/// The same with another policy directory.
+pub fn auth_and_policy_in(policies: &Path) -> String {
+    format!(
+        "[auth]\nmcp_audience = \"{AUDIENCE}\"\nadmin_audience = \"mcp-firewall-admin\"\nissuers = [\"{ISSUER}\"]\nservice_account_issuer = \"{ISSUER}\"\n[[auth.keys]]\nalg = \"HS256\"\nsecret = \"{SECRET}\"\n\n[policy]\ndir = \"{}\"\nreload_interval_ms = 100\n\n",
+        policies.display()
+    )
+}
+
 /// Config text for a plaintext firewall on free ports in front of `upstreams`
-/// (name, url), followed by `extra` TOML.
+/// (name, url; each in project `sre`), followed by `extra` TOML.
 pub fn config_text(upstreams: &[(&str, &str)], extra: &str) -> String {
+    config_text_in(&shipped_policies(), upstreams, extra)
+}
+
+/// [`config_text`] with another policy directory.
+pub fn config_text_in(policies: &Path, upstreams: &[(&str, &str)], extra: &str) -> String {
     let mut s = String::from(
         "[server]\nlisten = \"127.0.0.1:0\"\nplaintext = true\ndrain_timeout_ms = 2000\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n",
     );
+    s.push_str(&auth_and_policy_in(policies));
     for (name, url) in upstreams {
         s.push_str(&format!(
-            "[[upstream]]\nname = \"{name}\"\nurl = \"{url}\"\nconnect_timeout_ms = 1000\nrequest_timeout_ms = 5000\nidle_timeout_ms = 5000\n\n"
+            "[[upstream]]\nname = \"{name}\"\nurl = \"{url}\"\nprojects = [\"sre\"]\nconnect_timeout_ms = 1000\nrequest_timeout_ms = 5000\nidle_timeout_ms = 5000\n\n"
         ));
     }
     s.push_str(extra);
     s
+}
+
+/// Claims for a test token: a caller run of `agent` over `projects`.
+pub fn claims(agent: &str, projects: &[&str]) -> MintClaims {
+    MintClaims {
+        audience: Audience::Mcp,
+        issuer: None,
+        sub: "alice".to_owned(),
+        tenant_id: "acme".to_owned(),
+        agent: agent.to_owned(),
+        run_id: format!("run-{}", uuid::Uuid::new_v4()),
+        mode: Mode::Caller,
+        projects: projects.iter().map(|p| p.to_string()).collect(),
+        project_ceiling: None,
+        scopes: Vec::new(),
+        jti: None,
+    }
+}
+
+/// Signs claims with the test key.
+pub fn sign(claims: &MintClaims) -> String {
+    let cfg: AuthConfig = toml::from_str(&format!(
+        "mcp_audience = \"{AUDIENCE}\"\nadmin_audience = \"mcp-firewall-admin\"\nissuers = [\"{ISSUER}\"]\n[[keys]]\nalg = \"HS256\"\nsecret = \"{SECRET}\"\n"
+    ))
+    .expect("test auth config");
+    mint(&cfg, claims, Duration::from_secs(600)).expect("mint")
+}
+
+/// A token for the `sre-lead` role over project `sre` (reaches test upstreams).
+pub fn token() -> String {
+    sign(&claims("sre-lead", &["sre"]))
 }
 
 /// Starts a firewall from config text; relative paths resolve against `base`.
@@ -77,10 +157,11 @@ pub fn http() -> reqwest::Client {
         .expect("reqwest client")
 }
 
-/// POSTs a JSON-RPC body the way MCP clients do.
+/// POSTs a JSON-RPC body the way MCP clients do, with a valid token.
 pub async fn post_json(url: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
     http()
         .post(url)
+        .bearer_auth(token())
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .body(body)
