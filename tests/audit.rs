@@ -351,13 +351,15 @@ async fn pipeline_killed_mid_load_replays_every_acknowledged_row_once() {
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     let ack_path = dir.path().join("acks");
+    // The test's own name, also when this file becomes a module of a larger
+    // test binary (libtest names omit the crate, module_path! includes it).
+    let fn_name = "pipeline_killed_mid_load_replays_every_acknowledged_row_once";
+    let test_name = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{fn_name}"),
+        None => fn_name.to_owned(),
+    };
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "pipeline_killed_mid_load_replays_every_acknowledged_row_once",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", &test_name, "--nocapture", "--test-threads=1"])
         .env(
             CHILD_ENV,
             format!(
