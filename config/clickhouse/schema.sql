@@ -1,0 +1,115 @@
+-- mcp-firewall audit schema (ClickHouse 18.16 and later).
+--
+-- The firewall runs this same file at start when [audit.clickhouse] create_schema
+-- is true, substituting {database} and {table}; every statement is idempotent.
+-- To create it by hand (defaults shown):
+--   sed -e 's/{database}/mcp_firewall/g' -e 's/{table}/audit_events/g' schema.sql \
+--     | clickhouse-client --multiquery
+--
+-- Duplicates: the firewall may send a row twice (retry after a lost ack, replay
+-- after a crash). Rows are identical and keyed by event_id, so:
+--   * read rows with FINAL:      SELECT ... FROM {database}.{table} FINAL WHERE ...
+--   * count with uniqExact:      SELECT uniqExact(event_id) FROM {database}.{table} WHERE ...
+--   * or collapse explicitly:    SELECT event_id, any(decision) ... GROUP BY event_id
+-- A plain count() may exceed these until background merges remove duplicates.
+--
+-- Retention: TTL is not used (absent on 18.16); the firewall drops day partitions
+-- older than retention_days from both tables.
+
+-- Needed on 18.x only, where LowCardinality was experimental: remove this line
+-- for later releases. (The firewall sends it only to 18.x servers.)
+SET allow_experimental_low_cardinality_type = 1;
+
+CREATE DATABASE IF NOT EXISTS {database};
+
+-- One row per JSON-RPC message the firewall decided on.
+-- ORDER BY (tenant, run_id, time, event_id): a run's timeline, and every
+-- destructive call of a run (WHERE run_id = ... AND risk = 'destructive'), are one
+-- contiguous range; day-level questions prune by the day partition; event_id
+-- last makes it the ReplacingMergeTree deduplication key.
+CREATE TABLE IF NOT EXISTS {database}.{table}
+(
+    event_id            UUID,
+    time                DateTime('UTC'),
+    time_ms             UInt64,
+    tenant              LowCardinality(String),
+    subject             String,
+    agent_role          LowCardinality(String),
+    run_id              String,
+    session_id          String,
+    token_id            String,
+    client_ip           String,
+    upstream            LowCardinality(String),
+    project             LowCardinality(String),
+    protocol_version    LowCardinality(String),
+    method              LowCardinality(String),
+    tool                LowCardinality(String),
+    risk                LowCardinality(String),
+    decision            LowCardinality(String),
+    reason              String,
+    stop_reason         LowCardinality(String),
+    jsonrpc_id          String,
+    arguments           String,
+    result_summary      String,
+    is_error            UInt8,
+    upstream_status     UInt16,
+    latency_us          UInt64,
+    upstream_latency_us UInt64,
+    bytes_in            UInt64,
+    bytes_out           UInt64,
+    instance            LowCardinality(String),
+    trace_id            String
+)
+ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMMDD(time)
+ORDER BY (tenant, run_id, time, event_id)
+SETTINGS index_granularity = 8192;
+
+-- Per day: calls, denials, errors, distinct runs, latency quantiles, by tenant,
+-- upstream, tool, decision, agent role and stop reason. Counts are uniqExact
+-- states over event_id, so a row inserted twice still counts once (merge them
+-- with uniqExactMerge / uniqExactIfMerge). Latency quantiles are not
+-- duplicate-proof: a duplicated row weighs twice in the distribution.
+--   SELECT day, tool, uniqExactMerge(calls) AS calls, uniqExactIfMerge(denials) AS denials,
+--          uniqExactIfMerge(errors) AS errors, uniqExactMerge(runs) AS runs,
+--          quantilesMerge(0.5, 0.95, 0.99)(latency_quantiles) AS p50_p95_p99_us
+--   FROM {database}.{table}_daily_stats GROUP BY day, tool ORDER BY day, tool
+CREATE TABLE IF NOT EXISTS {database}.{table}_daily_stats
+(
+    day               Date,
+    tenant            String,
+    upstream          String,
+    tool              String,
+    decision          String,
+    agent_role        String,
+    stop_reason       String,
+    calls             AggregateFunction(uniqExact, UUID),
+    denials           AggregateFunction(uniqExactIf, UUID, UInt8),
+    errors            AggregateFunction(uniqExactIf, UUID, UInt8),
+    runs              AggregateFunction(uniqExact, String),
+    latency_quantiles AggregateFunction(quantiles(0.5, 0.95, 0.99), UInt64)
+)
+ENGINE = AggregatingMergeTree()
+PARTITION BY toYYYYMMDD(day)
+ORDER BY (day, tenant, upstream, tool, decision, agent_role, stop_reason)
+SETTINGS index_granularity = 8192;
+
+-- CAST(... AS String): 18.16 cannot group LowCardinality columns into a plain
+-- String target column.
+CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{table}_daily_stats_mv
+TO {database}.{table}_daily_stats
+AS SELECT
+    toDate(time)                                               AS day,
+    CAST(tenant AS String)                                     AS tenant,
+    CAST(upstream AS String)                                   AS upstream,
+    CAST(tool AS String)                                       AS tool,
+    CAST(decision AS String)                                   AS decision,
+    CAST(agent_role AS String)                                 AS agent_role,
+    CAST(stop_reason AS String)                                AS stop_reason,
+    uniqExactState(event_id)                                   AS calls,
+    uniqExactIfState(event_id, CAST(decision AS String) = 'deny') AS denials,
+    uniqExactIfState(event_id, is_error = 1 OR CAST(decision AS String) = 'error') AS errors,
+    uniqExactState(run_id)                                     AS runs,
+    quantilesState(0.5, 0.95, 0.99)(latency_us)                AS latency_quantiles
+FROM {database}.{table}
+GROUP BY day, tenant, upstream, tool, decision, agent_role, stop_reason;

@@ -1,0 +1,314 @@
+//! Everything that talks to ClickHouse: the HTTP client, the schema (the DDL in
+//! `config/clickhouse/schema.sql`, compiled in), `INSERT`s, retention, and the
+//! classification of failures into retry / reject.
+//!
+//! Invariants:
+//! * Works against 18.16 and current releases: no `DateTime64`, `TTL`,
+//!   `async_insert`, `JSONExtract*`; row validation off (18.16 lacks
+//!   `RowBinaryWithNamesAndTypes`); the `INSERT` names its columns.
+//! * The connector sets `TCP_NODELAY`: with lz4 bodies, Nagle plus delayed ACKs
+//!   otherwise stall every `INSERT` by ~40 ms.
+//! * The password is resolved once, handed to the client, and never logged.
+//! * Database and table names are validated identifiers before reaching SQL here.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+use thiserror::Error;
+
+use super::config::ClickHouseConfig;
+use super::record::COLUMNS;
+
+/// The DDL shipped for DBAs, with `{database}` and `{table}` placeholders.
+pub const SCHEMA_SQL: &str = include_str!("../../config/clickhouse/schema.sql");
+
+/// Setting that 18.16 requires to create `LowCardinality` columns.
+const LOW_CARDINALITY_SETTING: &str = "allow_experimental_low_cardinality_type";
+
+/// Largest chunk handed to the client per `send`; each chunk is one lz4 block.
+const SEND_CHUNK: usize = 1 << 20;
+
+/// Why the ClickHouse client could not be set up.
+#[derive(Debug, Error)]
+pub enum ClickHouseError {
+    /// `password_env` names a variable that is unset or not UTF-8.
+    #[error("environment variable {var} (audit.clickhouse.password_env) is not set")]
+    PasswordEnv {
+        /// The variable name.
+        var: String,
+    },
+    /// `password_file` cannot be read.
+    #[error("cannot read audit.clickhouse.password_file {path}: {source}")]
+    PasswordFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// TLS setup for an `https://` URL failed.
+    #[error("TLS setup for ClickHouse failed: {source}")]
+    Tls {
+        /// rustls' reason.
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// Builds the ClickHouse client: our own hyper client (TCP_NODELAY, keep-alive,
+/// http and https), lz4 compression, no row validation.
+pub(crate) fn build_client(cfg: &ClickHouseConfig) -> Result<clickhouse::Client, ClickHouseError> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+        .map_err(|source| ClickHouseError::Tls { source })?
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    // ClickHouse closes idle keep-alive connections after 3 s (18.16 default);
+    // dropping ours first avoids sending an INSERT into a closing socket.
+    let hyper = HyperClient::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(2))
+        .pool_max_idle_per_host(4)
+        .build(https);
+    let mut client = clickhouse::Client::with_http_client(hyper)
+        .with_url(cfg.url.as_str())
+        .with_user(cfg.user.as_str())
+        .with_validation(false);
+    if let Some(pw) = resolve_password(cfg)? {
+        client = client.with_password(pw);
+    }
+    Ok(client)
+}
+
+fn resolve_password(cfg: &ClickHouseConfig) -> Result<Option<String>, ClickHouseError> {
+    if let Some(var) = &cfg.password_env {
+        return std::env::var(var)
+            .map(Some)
+            .map_err(|_| ClickHouseError::PasswordEnv { var: var.clone() });
+    }
+    if let Some(path) = &cfg.password_file {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ClickHouseError::PasswordFile {
+                path: path.clone(),
+                source,
+            })?;
+        return Ok(Some(text.trim_end_matches(['\n', '\r']).to_owned()));
+    }
+    Ok(None)
+}
+
+/// The schema statements for `database`/`table`, in execution order, without
+/// comments and without the `SET` (sent as a per-query setting instead).
+pub fn schema_statements(database: &str, table: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in SCHEMA_SQL.lines() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with("--") {
+            continue;
+        }
+        current.push_str(line);
+        current.push('\n');
+        if trimmed.ends_with(';') {
+            let stmt = current.trim().trim_end_matches(';').trim().to_owned();
+            current.clear();
+            if !stmt.to_ascii_uppercase().starts_with("SET ") {
+                out.push(
+                    stmt.replace("{database}", database)
+                        .replace("{table}", table),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Creates what is missing of the schema (idempotent).
+pub(crate) async fn ensure_schema(
+    client: &clickhouse::Client,
+    database: &str,
+    table: &str,
+) -> Result<(), clickhouse::error::Error> {
+    let version = client
+        .query_raw("SELECT version()")
+        .fetch_bytes("TabSeparated")?
+        .collect()
+        .await?;
+    // Only 18.x needs (and knows) the LowCardinality opt-in; later releases made
+    // it obsolete and may reject it as unknown.
+    let needs_opt_in = needs_low_cardinality_opt_in(&String::from_utf8_lossy(&version));
+    for stmt in schema_statements(database, table) {
+        let mut q = client.query_raw(&stmt);
+        if needs_opt_in {
+            q = q.with_setting(LOW_CARDINALITY_SETTING, "1");
+        }
+        q.execute().await?;
+    }
+    Ok(())
+}
+
+/// Pure: whether a server of `version` (`18.16.1`, `24.8.4.13`) needs
+/// `allow_experimental_low_cardinality_type` to create `LowCardinality` columns.
+pub(crate) fn needs_low_cardinality_opt_in(version: &str) -> bool {
+    version
+        .trim()
+        .split('.')
+        .next()
+        .and_then(|major| major.parse::<u32>().ok())
+        .is_some_and(|major| major < 19)
+}
+
+/// `INSERT INTO db.table (columns…) FORMAT RowBinary`.
+pub(crate) fn insert_sql(database: &str, table: &str) -> String {
+    format!(
+        "INSERT INTO {database}.{table} ({}) FORMAT RowBinary",
+        COLUMNS.join(", ")
+    )
+}
+
+/// Sends one batch body (concatenated RowBinary rows) as a single `INSERT`.
+/// `body` is shared, so a retry re-sends it without copying.
+pub(crate) async fn insert(
+    client: &clickhouse::Client,
+    sql: &str,
+    body: &Bytes,
+    timeout: Duration,
+) -> Result<(), clickhouse::error::Error> {
+    let mut insert = client
+        .insert_formatted_with(sql.to_owned())
+        .with_timeouts(Some(timeout), Some(timeout));
+    let mut start = 0;
+    while start < body.len() {
+        let end = (start + SEND_CHUNK).min(body.len());
+        insert.send(body.slice(start..end)).await?;
+        start = end;
+    }
+    insert.end().await
+}
+
+/// What to do with a batch whose `INSERT` failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Disposition {
+    /// Transient or operator-fixable (network, overload, auth, missing table):
+    /// keep the batch and retry with backoff.
+    Retry,
+    /// ClickHouse cannot parse the data; retrying cannot help. Move the batch to
+    /// `rejected/`, count it, and go on.
+    Reject,
+}
+
+/// Server exception codes that mean "this data is bad", not "try later".
+/// 6 CANNOT_PARSE_TEXT, 26/27 CANNOT_PARSE_*, 33 CANNOT_READ_ALL_DATA,
+/// 38/41 CANNOT_PARSE_DATE(TIME), 53 TYPE_MISMATCH, 69 ARGUMENT_OUT_OF_BOUND,
+/// 70 CANNOT_CONVERT_TYPE, 72 CANNOT_PARSE_NUMBER, 117 INCORRECT_DATA,
+/// 131 TOO_LARGE_STRING_SIZE. Deliberately absent: 40 CHECKSUM_DOESNT_MATCH (a
+/// corrupted transfer is retried) and schema errors such as 16 NO_SUCH_COLUMN or
+/// 60 UNKNOWN_TABLE (the operator fixes the schema; the rows are fine).
+const BAD_DATA_CODES: &[u32] = &[6, 26, 27, 33, 38, 41, 53, 69, 70, 72, 117, 131];
+
+/// Pure: the disposition for an `INSERT` error.
+pub(crate) fn classify(err: &clickhouse::error::Error) -> Disposition {
+    use clickhouse::error::Error as E;
+    match err {
+        E::BadResponse(msg) => classify_code(exception_code(msg)),
+        _ => Disposition::Retry,
+    }
+}
+
+/// Pure: the disposition for a server exception code (`None`: no code seen).
+pub(crate) fn classify_code(code: Option<u32>) -> Disposition {
+    match code {
+        Some(c) if BAD_DATA_CODES.contains(&c) => Disposition::Reject,
+        _ => Disposition::Retry,
+    }
+}
+
+/// The exception code in a ClickHouse error text: `Code: 117. DB::Exception…`
+/// (current releases) or `Code: 117, e.displayText() = …` (18.16).
+pub(crate) fn exception_code(msg: &str) -> Option<u32> {
+    let idx = msg.find("Code:")?;
+    let digits: &str = msg[idx + 5..].trim_start();
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    digits[..end].parse().ok()
+}
+
+/// Pure: partitions (`YYYYMMDD`) strictly older than `cutoff` (`YYYYMMDD`).
+pub(crate) fn partitions_to_drop(partitions: &[u32], cutoff: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = partitions.iter().copied().filter(|&p| p < cutoff).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Pure: `YYYYMMDD` of the UTC day `days` after 1970-01-01 (may be negative).
+pub(crate) fn yyyymmdd_from_days(days: i64) -> u32 {
+    // Howard Hinnant's civil-from-days algorithm.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    u32::try_from(y * 10_000 + m * 100 + d).unwrap_or(0)
+}
+
+/// Drops day partitions older than `keep_days` (counting today) from the audit
+/// table and its daily aggregate. Returns how many partitions were dropped.
+pub(crate) async fn enforce_retention(
+    client: &clickhouse::Client,
+    database: &str,
+    table: &str,
+    keep_days: u32,
+    today_days: i64,
+) -> Result<usize, clickhouse::error::Error> {
+    let cutoff = yyyymmdd_from_days(today_days - i64::from(keep_days) + 1);
+    let stats = format!("{table}_daily_stats");
+    let sql = format!(
+        "SELECT DISTINCT table, partition FROM system.parts \
+         WHERE database = '{database}' AND table IN ('{table}', '{stats}') AND active"
+    );
+    let text = client
+        .query_raw(&sql)
+        .fetch_bytes("TabSeparated")?
+        .collect()
+        .await?;
+    let text = String::from_utf8_lossy(&text);
+    let mut dropped = 0;
+    for name in [table, stats.as_str()] {
+        let parts: Vec<u32> = text
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .filter(|(t, _)| *t == name)
+            .filter_map(|(_, p)| p.trim_matches('\'').parse().ok())
+            .collect();
+        for p in partitions_to_drop(&parts, cutoff) {
+            client
+                .query_raw(&format!("ALTER TABLE {database}.{name} DROP PARTITION {p}"))
+                .execute()
+                .await?;
+            tracing::info!(
+                table = name,
+                partition = p,
+                "audit retention: dropped partition"
+            );
+            dropped += 1;
+        }
+    }
+    Ok(dropped)
+}
+
+#[cfg(test)]
+#[path = "clickhouse_tests.rs"]
+mod tests;

@@ -1,0 +1,113 @@
+//! Prometheus metrics of the audit pipeline, registered under the `audit_` prefix
+//! of the registry handed to [`super::start`].
+//!
+//! Invariant: every handle is a cheap clone of shared atomics, so the request path
+//! (rows queued, rows lost), the spool writer and the shipper update them without
+//! locks.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The pipeline's counters and gauges.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Metrics {
+    rows_queued: Counter,
+    spool_bytes: Gauge,
+    rows_sent: Counter,
+    send_errors: Counter,
+    retries: Counter,
+    rows_lost: Counter,
+    rows_rejected: Counter,
+    corrupt_bytes: Counter,
+    oldest_unsent_age: Gauge<f64, AtomicU64>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them into `registry` (prefix `audit`).
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("audit");
+        r.register(
+            "rows_queued",
+            "Rows written to the local spool (acknowledged to the caller)",
+            m.rows_queued.clone(),
+        );
+        r.register(
+            "spool_bytes",
+            "Bytes of spool segments on disk not yet deleted after shipping",
+            m.spool_bytes.clone(),
+        );
+        r.register(
+            "rows_sent",
+            "Rows acknowledged by ClickHouse",
+            m.rows_sent.clone(),
+        );
+        r.register(
+            "send_errors",
+            "Failed INSERTs (each retried or rejected)",
+            m.send_errors.clone(),
+        );
+        r.register(
+            "retries",
+            "INSERT attempts repeated after a retryable failure",
+            m.retries.clone(),
+        );
+        r.register(
+            "rows_lost",
+            "Calls served without an audit row because the spool failed (fail-open)",
+            m.rows_lost.clone(),
+        );
+        r.register(
+            "rows_rejected",
+            "Rows ClickHouse refused as bad data, moved to the spool's rejected/ folder",
+            m.rows_rejected.clone(),
+        );
+        r.register(
+            "spool_corrupt_bytes",
+            "Unreadable spool bytes moved to rejected/ (torn or corrupt records)",
+            m.corrupt_bytes.clone(),
+        );
+        r.register(
+            "oldest_unsent_age_seconds",
+            "Age of the oldest row spooled but not yet acknowledged by ClickHouse",
+            m.oldest_unsent_age.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn rows_queued(&self, n: u64) {
+        self.rows_queued.inc_by(n);
+    }
+    pub(crate) fn set_spool_bytes(&self, bytes: u64) {
+        self.spool_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+    pub(crate) fn rows_sent(&self, n: u64) {
+        self.rows_sent.inc_by(n);
+    }
+    pub(crate) fn send_error(&self) {
+        self.send_errors.inc();
+    }
+    pub(crate) fn retry(&self) {
+        self.retries.inc();
+    }
+    pub(crate) fn row_lost(&self) {
+        self.rows_lost.inc();
+    }
+    pub(crate) fn rows_rejected(&self, n: u64) {
+        self.rows_rejected.inc_by(n);
+    }
+    pub(crate) fn corrupt_bytes(&self, n: u64) {
+        self.corrupt_bytes.inc_by(n);
+    }
+    pub(crate) fn set_oldest_unsent_age(&self, seconds: f64) {
+        self.oldest_unsent_age.set(seconds);
+    }
+    /// Rows lost so far (tests and the lead's status page).
+    pub(crate) fn rows_lost_total(&self) -> u64 {
+        self.rows_lost.get()
+    }
+}

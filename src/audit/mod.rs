@@ -1,0 +1,526 @@
+//! The audit pipeline: one row per JSON-RPC message the firewall decided on, into
+//! ClickHouse, losing nothing.
+//!
+//! # Flow
+//! 1. The proxy builds an [`AuditRow`] and calls [`Auditor::record`]. On the
+//!    caller's task the arguments and result are redacted ([`redact_json`]) and
+//!    capped, the row is encoded once as ClickHouse `RowBinary`, and queued.
+//! 2. The spool writer thread appends everything queued with one `write(2)`
+//!    (group commit) to a checksummed segment file and only then acknowledges;
+//!    `record` returns. fsync is batched (`spool.fsync_interval_ms`). The network is
+//!    never touched on this path.
+//! 3. The shipper task reads the spool back, batches (`batch.max_rows`,
+//!    `max_bytes`, `max_age_ms`), `INSERT`s the bytes unchanged (`FORMAT
+//!    RowBinary`, lz4; up to `batch.max_in_flight` at once, acknowledged in spool
+//!    order), retries with backoff, and deletes a segment only once every row in
+//!    it was acknowledged. A restart replays whatever was not.
+//!
+//! Cost on the request path: redaction (a walk of the JSON, no parse of raw text
+//! without a candidate key), one encode into the shared group buffer under a
+//! mutex, one oneshot allocation, and the wait for the group's `write(2)`.
+//! ClickHouse 18.16 ingests far faster in large batches: raise `batch.max_rows`
+//! (50,000 roughly doubles its rate) where a second of latency is acceptable.
+//!
+//! # Guarantees
+//! * A row whose `record` returned `Ok` reaches ClickHouse, across ClickHouse
+//!   outages and firewall crashes (SIGKILL), unless ClickHouse rejects it as bad
+//!   data, in which case its batch is kept in the spool's `rejected/` folder.
+//! * A row may be *sent* more than once (retry after a lost acknowledgement, replay
+//!   after a crash) but never *counts* twice when read as below.
+//! * If the spool cannot take a row (full, disk error, directory gone), `record`
+//!   fails; the caller applies [`Auditor::fail_mode`]: `Closed` refuses the call
+//!   (no audit, no action), `Open` serves it and [`Auditor::note_lost`] counts and
+//!   logs the loss. [`Auditor::record_or_fail`] does both.
+//!
+//! # Reading without duplicates
+//! The table is a `ReplacingMergeTree` keyed (last sort column) by `event_id`;
+//! duplicates are byte-identical rows. Auditors query it in one of these forms:
+//! * rows: `SELECT … FROM mcp_firewall.audit_events FINAL WHERE …`
+//! * counts: `SELECT uniqExact(event_id) FROM mcp_firewall.audit_events WHERE …`
+//! * explicit collapse: `SELECT event_id, any(decision), … GROUP BY event_id`
+//!
+//! A plain `count()` may exceed these until background merges catch up. The daily
+//! aggregate `audit_events_daily_stats` stores `uniqExact*State(event_id)`, so its
+//! counts (`uniqExactMerge(calls)`, `uniqExactIfMerge(denials)`, …) are
+//! duplicate-proof as well; its latency quantiles are not (a duplicate weighs
+//! twice). The DDL, with example queries, is `config/clickhouse/schema.sql`.
+//!
+//! Typical questions:
+//! * a run's timeline: `… FINAL WHERE tenant = ? AND run_id = ? ORDER BY time_ms`
+//! * destructive calls of a run: add `AND risk = 'destructive'`
+//! * denials by role and reason: `SELECT agent_role, reason, uniqExact(event_id)
+//!   … WHERE decision = 'deny' AND time >= today() - 7 GROUP BY agent_role, reason`
+//! * p95 latency per tool per day, stop reasons per day: the daily aggregate.
+//!
+//! # Retention
+//! `retention_days` drops whole day partitions (`ALTER TABLE … DROP PARTITION`)
+//! of both tables hourly; `TTL` is not used since 18.16 lacks it.
+#![deny(missing_docs)]
+
+mod clickhouse;
+mod config;
+mod metrics;
+mod record;
+mod redact;
+mod shipper;
+mod spool;
+
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use thiserror::Error;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+pub use self::clickhouse::{schema_statements, ClickHouseError, SCHEMA_SQL};
+pub use self::config::*;
+pub use self::record::{AuditRow, JsonPayload, Label, COLUMNS};
+pub use self::redact::{redact_json, truncate_utf8, RedactError, Redactor, REDACTED};
+pub use self::shipper::ShipperError;
+pub use self::spool::SpoolError;
+
+use self::metrics::Metrics;
+use self::shipper::{Phase, Shipper, ShipperSettings};
+use self::spool::Shared;
+
+/// How dangerous a call is; selects the [`FailMode`] and fills the `risk` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Risk {
+    /// Reads state only.
+    Read,
+    /// Changes state.
+    Write,
+    /// Changes state irreversibly (deletes, payments, deploys).
+    Destructive,
+}
+
+impl Risk {
+    /// The value stored in the `risk` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Risk::Read => "read",
+            Risk::Write => "write",
+            Risk::Destructive => "destructive",
+        }
+    }
+}
+
+impl FromStr for Risk {
+    type Err = AuditError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "read" => Ok(Risk::Read),
+            "write" => Ok(Risk::Write),
+            "destructive" => Ok(Risk::Destructive),
+            other => Err(AuditError::UnknownRisk {
+                value: other.to_owned(),
+            }),
+        }
+    }
+}
+
+/// What the proxy does with a call whose audit row could not be spooled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailMode {
+    /// Serve the call; the loss is counted (`audit_rows_lost`) and logged.
+    Open,
+    /// Refuse the call: no audit, no action.
+    Closed,
+}
+
+/// Errors of the audit pipeline.
+#[derive(Debug, Error)]
+pub enum AuditError {
+    /// The spool did not take the row.
+    #[error("audit row not spooled: {0}")]
+    Spool(#[from] SpoolError),
+    /// The spool writer thread is gone before acknowledging the row.
+    #[error("audit spool writer stopped before acknowledging the row")]
+    WriterGone,
+    /// [`Auditor::admit`]: the spool is known not to accept rows and the call's
+    /// risk is configured fail-closed.
+    #[error("audit spool is not accepting rows; {risk:?} calls fail closed")]
+    NotAccepting {
+        /// Risk of the refused call.
+        risk: Risk,
+    },
+    /// A risk string other than `read`, `write`, `destructive`.
+    #[error("unknown risk {value:?} (expected read, write or destructive)")]
+    UnknownRisk {
+        /// The string given.
+        value: String,
+    },
+    /// `database`/`table` would not be a plain SQL identifier.
+    #[error("invalid audit config: clickhouse.{field} {value:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes)")]
+    InvalidIdentifier {
+        /// `database` or `table`.
+        field: &'static str,
+        /// The configured value.
+        value: String,
+    },
+    /// The ClickHouse URL is not HTTP(S).
+    #[error("invalid audit config: clickhouse.url {url:?} must start with http:// or https://")]
+    InvalidUrl {
+        /// The configured URL.
+        url: String,
+    },
+    /// Both `password_env` and `password_file` are set.
+    #[error(
+        "invalid audit config: set clickhouse.password_env or clickhouse.password_file, not both"
+    )]
+    TwoPasswordSources,
+    /// `spool.segment_bytes` is below the minimum.
+    #[error(
+        "invalid audit config: spool.segment_bytes {segment_bytes} is below the minimum {min}"
+    )]
+    SegmentTooSmall {
+        /// The configured size.
+        segment_bytes: u64,
+        /// The minimum accepted.
+        min: u64,
+    },
+    /// A limit that must be positive is 0.
+    #[error("invalid audit config: {field} must be at least 1")]
+    ZeroLimit {
+        /// Dotted path of the setting.
+        field: &'static str,
+    },
+    /// The retry delays are 0 or inverted.
+    #[error("invalid audit config: batch.retry_min_ms {min_ms} must be positive and not above batch.retry_max_ms {max_ms}")]
+    RetryRange {
+        /// `batch.retry_min_ms`.
+        min_ms: u64,
+        /// `batch.retry_max_ms`.
+        max_ms: u64,
+    },
+    /// The redaction patterns do not compile.
+    #[error(transparent)]
+    Redact(#[from] RedactError),
+    /// The ClickHouse client could not be set up.
+    #[error(transparent)]
+    ClickHouse(#[from] ClickHouseError),
+}
+
+/// What [`Auditor::record_or_fail`] did with a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// Written to the spool; it will reach ClickHouse.
+    Spooled,
+    /// Audit is disabled; nothing was written.
+    Disabled,
+    /// The spool failed and the risk is fail-open: the call may proceed, the row is
+    /// lost (counted and logged).
+    Lost,
+}
+
+/// Redaction settings and where rows go; shared by all clones of an [`Auditor`].
+struct Inner {
+    spool: Arc<Shared>,
+    redactor: Redactor,
+    max_result_bytes: usize,
+    max_arguments_bytes: usize,
+    instance: Box<str>,
+    fail: FailModes,
+    metrics: Metrics,
+}
+
+/// The proxy's handle for writing audit rows. Cheap to clone.
+#[derive(Clone)]
+pub struct Auditor {
+    /// `None` when audit is disabled.
+    inner: Option<Arc<Inner>>,
+}
+
+impl fmt::Debug for Auditor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auditor")
+            .field("enabled", &self.inner.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    /// Per-thread buffers for the rendered arguments and result: reused across
+    /// calls so rendering allocates nothing in steady state.
+    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Scratch buffers above this capacity are freed after use, so one huge tool
+/// argument does not pin memory on every worker thread.
+const SCRATCH_KEEP: usize = 256 << 10;
+
+impl Auditor {
+    /// An auditor that records nothing (audit disabled, demo without ClickHouse).
+    pub fn disabled() -> Self {
+        Self { inner: None }
+    }
+
+    /// Whether rows are actually recorded.
+    pub fn is_enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Redacts, encodes and spools `row`. Returns once the row is written to the
+    /// spool (write(2) done; fsync is batched by the writer). Never touches the
+    /// network. A no-op when disabled.
+    pub async fn record(&self, mut row: AuditRow) -> Result<(), AuditError> {
+        let Some(inner) = &self.inner else {
+            return Ok(());
+        };
+        let ack = SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let (args, result) = &mut *scratch;
+            redact::render_payload(
+                &mut row.arguments,
+                &inner.redactor,
+                inner.max_arguments_bytes,
+                args,
+            );
+            redact::render_payload(
+                &mut row.result,
+                &inner.redactor,
+                inner.max_result_bytes,
+                result,
+            );
+            let ack = inner
+                .spool
+                .append(|buf| record::encode_row(&row, args, result, &inner.instance, buf));
+            for b in [args, result] {
+                if b.capacity() > SCRATCH_KEEP {
+                    *b = Vec::new();
+                }
+            }
+            ack
+        })?;
+        ack.await.map_err(|_| AuditError::WriterGone)??;
+        Ok(())
+    }
+
+    /// The configured behaviour when a call of `risk` cannot be audited. `Open`
+    /// when audit is disabled.
+    pub fn fail_mode(&self, risk: Risk) -> FailMode {
+        self.inner
+            .as_ref()
+            .map_or(FailMode::Open, |i| i.fail.for_risk(risk))
+    }
+
+    /// Cheap pre-flight check before forwarding a call: `Err` when the spool is
+    /// known not to accept rows (full, or its last write failed) and `risk` is
+    /// fail-closed. A race remains (the spool may fail between this check and
+    /// `record`); it only narrows the window in which an action happens unaudited.
+    pub fn admit(&self, risk: Risk) -> Result<(), AuditError> {
+        match &self.inner {
+            Some(i) if !i.spool.accepting() && i.fail.for_risk(risk) == FailMode::Closed => {
+                Err(AuditError::NotAccepting { risk })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts and loudly logs a row lost under fail-open.
+    pub fn note_lost(&self, event_id: Uuid, err: &AuditError) {
+        if let Some(i) = &self.inner {
+            i.metrics.row_lost();
+            tracing::error!(%event_id, error = %err, "AUDIT ROW LOST: call served fail-open without an audit record");
+        }
+    }
+
+    /// [`Auditor::record`], then the fail mode of the row's risk (`None` counts as
+    /// read): `Err` means fail-closed, refuse the call; `Ok(Recorded::Lost)` means
+    /// fail-open, serve it (already counted and logged).
+    pub async fn record_or_fail(&self, row: AuditRow) -> Result<Recorded, AuditError> {
+        if self.inner.is_none() {
+            return Ok(Recorded::Disabled);
+        }
+        let risk = row.risk.unwrap_or(Risk::Read);
+        let event_id = row.event_id;
+        match self.record(row).await {
+            Ok(()) => Ok(Recorded::Spooled),
+            Err(e) => match self.fail_mode(risk) {
+                FailMode::Open => {
+                    self.note_lost(event_id, &e);
+                    Ok(Recorded::Lost)
+                }
+                FailMode::Closed => Err(e),
+            },
+        }
+    }
+
+    /// Rows lost under fail-open so far.
+    pub fn rows_lost(&self) -> u64 {
+        self.inner
+            .as_ref()
+            .map_or(0, |i| i.metrics.rows_lost_total())
+    }
+}
+
+/// Running background parts of an enabled pipeline.
+struct Running {
+    spool: Arc<Shared>,
+    writer: std::thread::JoinHandle<()>,
+    phase: watch::Sender<Phase>,
+    shipper: tokio::task::JoinHandle<Result<(), ShipperError>>,
+    retention: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Owns the pipeline's background work; [`AuditHandle::shutdown`] stops it.
+/// Dropping the handle without calling it leaves the pipeline running.
+pub struct AuditHandle {
+    running: Option<Running>,
+}
+
+impl fmt::Debug for AuditHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuditHandle")
+            .field("running", &self.running.is_some())
+            .finish()
+    }
+}
+
+impl AuditHandle {
+    /// Stops accepting rows, flushes the spool, and ships what is left until
+    /// `deadline` has passed. Rows not shipped by then stay in the spool and are
+    /// shipped by the next start.
+    pub async fn shutdown(self, deadline: Duration) {
+        let Some(run) = self.running else { return };
+        let end = Instant::now() + deadline;
+        run.spool.close();
+        let writer = run.writer;
+        if tokio::task::spawn_blocking(move || writer.join())
+            .await
+            .is_err()
+        {
+            tracing::error!("audit spool writer could not be joined");
+        }
+        // Ignored error: the shipper already exited.
+        let _ = run.phase.send(Phase::Draining);
+        let mut shipper = run.shipper;
+        match tokio::time::timeout_at(end.into(), &mut shipper).await {
+            Ok(Ok(Ok(()))) => tracing::info!("audit: spool drained into ClickHouse"),
+            Ok(Ok(Err(e))) => tracing::error!(error = %e, "audit shipper failed"),
+            Ok(Err(e)) => tracing::error!(error = %e, "audit shipper task failed"),
+            Err(_) => {
+                shipper.abort();
+                let _ = shipper.await;
+                tracing::warn!("audit: shutdown deadline reached; unshipped rows stay spooled for the next start");
+            }
+        }
+        if let Some(r) = run.retention {
+            r.abort();
+            let _ = r.await;
+        }
+    }
+}
+
+/// Starts the pipeline described by `cfg`: opens (and recovers) the spool, starts
+/// the writer thread, the shipper and, with `retention_days`, the retention task.
+/// ClickHouse need not be up: rows are spooled and shipped once it is. When
+/// `cfg.enabled` is false, returns a disabled auditor and an inert handle.
+pub async fn start(
+    cfg: &AuditConfig,
+    registry: &mut Registry,
+) -> anyhow::Result<(Auditor, AuditHandle)> {
+    if !cfg.enabled {
+        return Ok((Auditor::disabled(), AuditHandle { running: None }));
+    }
+    cfg.validate()?;
+    let redactor = Redactor::new(&cfg.redact.key_patterns)?;
+    let client = self::clickhouse::build_client(&cfg.clickhouse)?;
+    let metrics = Metrics::register(registry);
+
+    let settings = spool::SpoolSettings {
+        dir: cfg.spool.dir.clone(),
+        // Shipped rows are freed a whole segment at a time; capping segments at a
+        // quarter of the spool keeps shipped-but-undeleted bytes from filling it.
+        segment_bytes: cfg
+            .spool
+            .segment_bytes
+            .min(cfg.spool.max_bytes / 4)
+            .max(1024),
+        fsync_interval: Duration::from_millis(cfg.spool.fsync_interval_ms),
+        max_bytes: cfg.spool.max_bytes,
+    };
+    let m = metrics.clone();
+    // Recovery reads every leftover segment: blocking work, off the runtime.
+    let spool = tokio::task::spawn_blocking(move || spool::open(&settings, m)).await??;
+    if spool.recovery.segments > 0 || spool.recovery.cut_bytes > 0 {
+        tracing::info!(
+            segments = spool.recovery.segments,
+            cut_bytes = spool.recovery.cut_bytes,
+            "audit spool: replaying rows left by a previous run"
+        );
+    }
+
+    let (phase_tx, phase_rx) = watch::channel(Phase::Running);
+    let ch = &cfg.clickhouse;
+    let shipper = Shipper::new(
+        client.clone(),
+        ShipperSettings {
+            max_rows: cfg.batch.max_rows,
+            max_in_flight: cfg.batch.max_in_flight,
+            max_bytes: cfg.batch.max_bytes,
+            max_age: Duration::from_millis(cfg.batch.max_age_ms),
+            retry_min: Duration::from_millis(cfg.batch.retry_min_ms),
+            retry_max: Duration::from_millis(cfg.batch.retry_max_ms),
+            insert_timeout: Duration::from_millis(ch.insert_timeout_ms),
+            database: ch.database.clone(),
+            table: ch.table.clone(),
+            create_schema: ch.create_schema,
+        },
+        spool.reader,
+        metrics.clone(),
+        phase_rx.clone(),
+    );
+    let shipper = tokio::spawn(shipper.run());
+    let retention = cfg.retention_days.map(|days| {
+        tokio::spawn(shipper::retention_loop(
+            client,
+            ch.database.clone(),
+            ch.table.clone(),
+            days,
+            phase_rx,
+        ))
+    });
+
+    let instance = cfg.instance.clone().unwrap_or_else(host_name);
+    let auditor = Auditor {
+        inner: Some(Arc::new(Inner {
+            spool: Arc::clone(&spool.shared),
+            redactor,
+            max_result_bytes: cfg.redact.max_result_bytes,
+            max_arguments_bytes: cfg.redact.max_arguments_bytes,
+            instance: instance.into_boxed_str(),
+            fail: cfg.on_spool_failure,
+            metrics,
+        })),
+    };
+    let handle = AuditHandle {
+        running: Some(Running {
+            spool: spool.shared,
+            writer: spool.writer,
+            phase: phase_tx,
+            shipper,
+            retention,
+        }),
+    };
+    Ok((auditor, handle))
+}
+
+/// The kernel's host name, or empty when unreadable.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+#[path = "mod_tests.rs"]
+mod tests;

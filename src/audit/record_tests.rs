@@ -1,0 +1,162 @@
+//! Tests of the RowBinary encoding: every field in column order, fixed offsets,
+//! and agreement with the shipped schema.
+
+use super::*;
+use crate::audit::clickhouse::SCHEMA_SQL;
+
+/// Test-only RowBinary reader mirroring `encode_row`.
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> &[u8] {
+        let out = &self.data[self.pos..self.pos + n];
+        self.pos += n;
+        out
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take(8).try_into().unwrap())
+    }
+    fn string(&mut self) -> String {
+        let mut len = 0u64;
+        let mut shift = 0;
+        loop {
+            let b = self.take(1)[0];
+            len |= u64::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        String::from_utf8(self.take(len as usize).to_vec()).unwrap()
+    }
+}
+
+fn full_row() -> AuditRow {
+    let mut r = AuditRow::new();
+    r.time_ms = 1_700_000_000_999;
+    r.tenant = "t".into();
+    r.subject = "s".into();
+    r.agent_role = "role".into();
+    r.run_id = "run".into();
+    r.session_id = "sess".into();
+    r.token_id = "jti".into();
+    r.client_ip = Some("10.1.2.3".parse().unwrap());
+    r.upstream = "up".into();
+    r.project = "proj".into();
+    r.protocol_version = "2025-06-18".into();
+    r.method = "tools/call".into();
+    r.tool = "x".repeat(300); // multi-byte LEB128 length
+    r.risk = Some(Risk::Write);
+    r.decision = "deny".into();
+    r.reason = "why".into();
+    r.stop_reason = "denied".into();
+    r.jsonrpc_id = "7".into();
+    r.is_error = true;
+    r.upstream_status = 503;
+    r.latency_us = 11;
+    r.upstream_latency_us = 12;
+    r.bytes_in = 13;
+    r.bytes_out = 14;
+    r.trace_id = "trace".into();
+    r
+}
+
+#[test]
+fn encoded_row_decodes_to_every_field_in_column_order() {
+    let r = full_row();
+    let mut out = Vec::new();
+    encode_row(&r, br#"{"a":1}"#, b"res", "inst", &mut out);
+    let mut rd = Reader { data: &out, pos: 0 };
+    let (hi, lo) = r.event_id.as_u64_pair();
+    assert_eq!(rd.u64(), hi);
+    assert_eq!(rd.u64(), lo);
+    assert_eq!(
+        u32::from_le_bytes(rd.take(4).try_into().unwrap()),
+        1_700_000_000
+    );
+    assert_eq!(rd.u64(), 1_700_000_000_999);
+    let strings = [
+        "t",
+        "s",
+        "role",
+        "run",
+        "sess",
+        "jti",
+        "10.1.2.3",
+        "up",
+        "proj",
+        "2025-06-18",
+        "tools/call",
+    ];
+    for want in strings {
+        assert_eq!(rd.string(), want);
+    }
+    assert_eq!(rd.string(), "x".repeat(300));
+    for want in ["write", "deny", "why", "denied", "7", r#"{"a":1}"#, "res"] {
+        assert_eq!(rd.string(), want);
+    }
+    assert_eq!(rd.take(1), [1]);
+    assert_eq!(u16::from_le_bytes(rd.take(2).try_into().unwrap()), 503);
+    for want in [11, 12, 13, 14] {
+        assert_eq!(rd.u64(), want);
+    }
+    assert_eq!(rd.string(), "inst");
+    assert_eq!(rd.string(), "trace");
+    assert_eq!(rd.pos, out.len(), "no trailing bytes");
+}
+
+#[test]
+fn time_ms_is_read_from_its_fixed_offset() {
+    let r = full_row();
+    let mut out = Vec::new();
+    encode_row(&r, b"", b"", "", &mut out);
+    assert_eq!(payload_time_ms(&out), Some(1_700_000_000_999));
+    assert_eq!(payload_time_ms(&out[..10]), None);
+}
+
+#[test]
+fn absent_ip_and_risk_encode_as_empty_strings() {
+    let mut r = full_row();
+    r.client_ip = None;
+    r.risk = None;
+    let mut out = Vec::new();
+    encode_row(&r, b"", b"", "", &mut out);
+    let mut rd = Reader {
+        data: &out,
+        pos: 28,
+    };
+    for _ in 0..6 {
+        rd.string();
+    }
+    assert_eq!(rd.string(), "", "client_ip");
+    for _ in 0..5 {
+        rd.string();
+    }
+    assert_eq!(rd.string(), "", "risk");
+}
+
+#[test]
+fn new_rows_get_distinct_time_ordered_ids() {
+    let a = AuditRow::new();
+    let b = AuditRow::default();
+    assert_ne!(a.event_id, b.event_id);
+    assert_eq!(a.event_id.get_version_num(), 7);
+    assert!(a.time_ms > 1_600_000_000_000);
+}
+
+#[test]
+fn columns_match_the_shipped_schema_in_order() {
+    let start = SCHEMA_SQL
+        .find("CREATE TABLE IF NOT EXISTS {database}.{table}\n(")
+        .expect("main table DDL");
+    let body = &SCHEMA_SQL[start..];
+    let body = &body[body.find('(').unwrap() + 1..body.find("\n)").unwrap()];
+    let names: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(names, COLUMNS);
+}

@@ -1,0 +1,481 @@
+//! The shipper: reads spooled rows back in order, batches them, inserts them into
+//! ClickHouse, and only then lets the spool forget them.
+//!
+//! Invariants:
+//! * Up to `max_in_flight` `INSERT`s run at once, but they are acknowledged in
+//!   spool order (an ordered futures queue), so the acknowledged prefix of the
+//!   spool is a single position (the cursor).
+//! * A batch is retried (exponential backoff with jitter) until ClickHouse
+//!   acknowledges it, or, for bad-data errors only, saved to `rejected/`. Rows are
+//!   never dropped; a retry after a lost acknowledgement may insert a row twice,
+//!   which the `ReplacingMergeTree` on `event_id` absorbs (see [`super`]).
+//! * Segments are deleted only after the batch holding their last row was
+//!   acknowledged (or rejected and saved).
+//! * File reads run on the blocking pool; the task itself never blocks. In-flight
+//!   inserts are futures owned by the task, so aborting it stops them too.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::future::OptionFuture;
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use thiserror::Error;
+use tokio::sync::watch;
+
+use super::clickhouse::{self as ch, Disposition};
+use super::metrics::Metrics;
+use super::spool::{self, Batch, FillOutcome, Position, Shared, SpoolError, SpoolReader};
+
+/// Minimum spacing of reads while a partial batch waits to fill: under load the
+/// writer notifies per group write, and one read per notify would cost more than
+/// the rows it fetches. Bounds added latency to 5 ms.
+const MIN_FILL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// How often the oldest-unsent gauge is refreshed while idle or backing off.
+const GAUGE_TICK: Duration = Duration::from_secs(1);
+
+/// Why the shipper stopped early.
+#[derive(Debug, Error)]
+pub enum ShipperError {
+    /// The blocking read task died (runtime shutting down); the spool reader is gone.
+    #[error("audit spool reader task failed: {0}")]
+    ReaderLost(#[source] tokio::task::JoinError),
+}
+
+/// Lifecycle signal from [`super::AuditHandle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Normal operation.
+    Running,
+    /// The writer has stopped: ship everything left, then exit.
+    Draining,
+}
+
+/// Batching and retry parameters.
+#[derive(Debug, Clone)]
+pub(crate) struct ShipperSettings {
+    pub max_rows: usize,
+    pub max_in_flight: usize,
+    pub max_bytes: usize,
+    pub max_age: Duration,
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    pub insert_timeout: Duration,
+    pub database: String,
+    pub table: String,
+    pub create_schema: bool,
+}
+
+/// What every insert needs; shared by the in-flight insert futures.
+struct ShipCtx {
+    client: clickhouse::Client,
+    sql: String,
+    settings: ShipperSettings,
+    metrics: Metrics,
+    shared: Arc<Shared>,
+    /// Set once the schema exists; concurrent first inserts may both create it
+    /// (the DDL is idempotent).
+    schema_ready: AtomicBool,
+}
+
+/// Spool bookkeeping of a batch whose `INSERT` is in flight.
+struct InFlight {
+    /// Cursor value once acknowledged.
+    end: Option<Position>,
+    /// Segments deletable once acknowledged.
+    finished_segments: Vec<u64>,
+    /// Oldest row of the batch (for the age gauge).
+    first_time_ms: Option<u64>,
+}
+
+type InsertFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The shipping task's state.
+pub(crate) struct Shipper {
+    ctx: Arc<ShipCtx>,
+    reader: Option<SpoolReader>,
+    phase: watch::Receiver<Phase>,
+    /// The phase sender is gone (handle dropped): stop watching it.
+    phase_gone: bool,
+    /// Futures of in-flight inserts, completing in dispatch order, and their
+    /// bookkeeping (same order, same length).
+    inserts: FuturesOrdered<InsertFuture>,
+    in_flight: VecDeque<InFlight>,
+    /// Background schema creation, until it succeeds.
+    schema: Option<InsertFuture>,
+}
+
+impl Shipper {
+    pub(crate) fn new(
+        client: clickhouse::Client,
+        settings: ShipperSettings,
+        reader: SpoolReader,
+        metrics: Metrics,
+        phase: watch::Receiver<Phase>,
+    ) -> Self {
+        Self {
+            ctx: Arc::new(ShipCtx {
+                sql: ch::insert_sql(&settings.database, &settings.table),
+                schema_ready: AtomicBool::new(!settings.create_schema),
+                shared: Arc::clone(reader.shared()),
+                client,
+                settings,
+                metrics,
+            }),
+            reader: Some(reader),
+            phase,
+            phase_gone: false,
+            inserts: FuturesOrdered::new(),
+            in_flight: VecDeque::new(),
+            schema: None,
+        }
+    }
+
+    /// Runs until drained after shutdown (or the reader is lost).
+    pub(crate) async fn run(mut self) -> Result<(), ShipperError> {
+        if !self.ctx.schema_ready.load(Ordering::Acquire) {
+            // Create the schema right away rather than with the first row, beside
+            // the inserts (not in their queue: a user without DDL rights must
+            // still be able to insert into a schema a DBA created).
+            self.schema = Some(Box::pin(ensure_schema_until_done(Arc::clone(&self.ctx))));
+        }
+        let mut batch = Batch::default();
+        let mut last_fill;
+        let mut read_failures: u32 = 0;
+        loop {
+            if self.in_flight.len() >= self.ctx.settings.max_in_flight {
+                // New data cannot be dispatched now: wait for an insert only, rather
+                // than waking on every group commit.
+                self.wait_inner(Some(Instant::now() + GAUGE_TICK), &batch, false)
+                    .await;
+                continue;
+            }
+            let draining = *self.phase.borrow() == Phase::Draining;
+            let outcome = match self.fill(&mut batch).await? {
+                Ok(o) => {
+                    read_failures = 0;
+                    o
+                }
+                Err(e) => {
+                    read_failures = read_failures.saturating_add(1);
+                    let s = &self.ctx.settings;
+                    let delay = backoff(read_failures, s.retry_min, s.retry_max, rand::random());
+                    tracing::error!(error = %e, attempt = read_failures, "audit shipper: reading the spool failed; retrying");
+                    self.wait(Some(Instant::now() + delay), &batch).await;
+                    continue;
+                }
+            };
+            last_fill = Instant::now();
+            self.update_age(&batch);
+
+            if batch.rows == 0 {
+                self.release_finished(&mut batch.finished_segments);
+                if draining && outcome == FillOutcome::CaughtUp {
+                    if self.in_flight.is_empty() {
+                        return Ok(());
+                    }
+                    self.wait(Some(Instant::now() + GAUGE_TICK), &batch).await;
+                    continue;
+                }
+                self.wait(None, &batch).await;
+                continue;
+            }
+
+            if outcome == FillOutcome::CaughtUp && !draining {
+                let deadline = batch
+                    .opened
+                    .map_or_else(Instant::now, |t| t + self.ctx.settings.max_age);
+                if Instant::now() < deadline {
+                    if self.wait(Some(deadline), &batch).await == Woke::NewData {
+                        tokio::time::sleep_until((last_fill + MIN_FILL_INTERVAL).into()).await;
+                    }
+                    continue;
+                }
+            }
+            self.dispatch(&mut batch);
+        }
+    }
+
+    /// Reads more rows into `batch` on the blocking pool.
+    async fn fill(
+        &mut self,
+        batch: &mut Batch,
+    ) -> Result<Result<FillOutcome, SpoolError>, ShipperError> {
+        let Some(mut reader) = self.reader.take() else {
+            return Ok(Ok(FillOutcome::CaughtUp));
+        };
+        let mut b = std::mem::take(batch);
+        let (max_rows, max_bytes) = (self.ctx.settings.max_rows, self.ctx.settings.max_bytes);
+        let (reader, b, res) = tokio::task::spawn_blocking(move || {
+            let res = reader.fill(&mut b, max_rows, max_bytes);
+            (reader, b, res)
+        })
+        .await
+        .map_err(ShipperError::ReaderLost)?;
+        self.reader = Some(reader);
+        *batch = b;
+        Ok(res)
+    }
+
+    /// Sealed segments read to their end: deletable now if no insert is in
+    /// flight, else once the newest in-flight batch (which may hold their last
+    /// rows) is acknowledged.
+    fn release_finished(&mut self, finished: &mut Vec<u64>) {
+        if finished.is_empty() {
+            return;
+        }
+        match self.in_flight.back_mut() {
+            Some(last) => last.finished_segments.append(finished),
+            None => {
+                spool::delete_segments(&self.ctx.shared, finished);
+                finished.clear();
+            }
+        }
+    }
+
+    /// Starts the `INSERT` of `batch` and empties it for the next one.
+    fn dispatch(&mut self, batch: &mut Batch) {
+        let capacity = batch.body.len();
+        let body = Bytes::from(std::mem::replace(
+            &mut batch.body,
+            Vec::with_capacity(capacity),
+        ));
+        let start = batch.start.unwrap_or(Position { seq: 0, offset: 0 });
+        self.in_flight.push_back(InFlight {
+            end: batch.end,
+            finished_segments: std::mem::take(&mut batch.finished_segments),
+            first_time_ms: batch.first_time_ms,
+        });
+        self.inserts.push_back(Box::pin(insert_until_done(
+            Arc::clone(&self.ctx),
+            body,
+            batch.rows as u64,
+            start,
+        )));
+        batch.reset();
+    }
+
+    /// Waits for the oldest in-flight insert to finish (then records it), new
+    /// spool data, the deadline (default: a gauge tick), or a phase change.
+    async fn wait(&mut self, deadline: Option<Instant>, batch: &Batch) -> Woke {
+        self.wait_inner(deadline, batch, true).await
+    }
+
+    async fn wait_inner(
+        &mut self,
+        deadline: Option<Instant>,
+        batch: &Batch,
+        want_data: bool,
+    ) -> Woke {
+        let until = deadline.unwrap_or_else(|| Instant::now() + GAUGE_TICK);
+        let shared = Arc::clone(&self.ctx.shared);
+        let phase_gone = self.phase_gone;
+        let has_inserts = !self.inserts.is_empty();
+        let has_schema = self.schema.is_some();
+        let woke = tokio::select! {
+            Some(()) = self.inserts.next(), if has_inserts => Woke::InsertDone,
+            Some(()) = OptionFuture::from(self.schema.as_mut()), if has_schema => {
+                self.schema = None;
+                Woke::SchemaDone
+            }
+            () = shared.new_data.notified(), if want_data => Woke::NewData,
+            () = tokio::time::sleep_until(until.into()) => Woke::Timeout,
+            changed = self.phase.changed(), if !phase_gone => {
+                if changed.is_err() {
+                    self.phase_gone = true;
+                }
+                Woke::Phase
+            }
+        };
+        if woke == Woke::InsertDone {
+            self.acknowledge();
+        }
+        self.update_age(batch);
+        woke
+    }
+
+    /// The oldest in-flight batch is in ClickHouse (or saved in `rejected/`):
+    /// advance the cursor and delete the segments it finished.
+    fn acknowledge(&mut self) {
+        let Some(done) = self.in_flight.pop_front() else {
+            return;
+        };
+        if let Some(end) = done.end {
+            if let Err(e) = spool::write_cursor(self.ctx.shared.dir(), end) {
+                // Only costs a larger (deduplicated) replay after a restart.
+                tracing::warn!(error = %e, "audit spool: cannot update cursor");
+            }
+        }
+        spool::delete_segments(&self.ctx.shared, &done.finished_segments);
+    }
+
+    fn update_age(&self, batch: &Batch) {
+        // In-flight batches are older than the one being filled.
+        let oldest = self
+            .in_flight
+            .iter()
+            .find_map(|f| f.first_time_ms)
+            .or(if batch.rows > 0 {
+                batch.first_time_ms
+            } else {
+                None
+            });
+        let age = oldest.map_or(0.0, |t| now_ms().saturating_sub(t) as f64 / 1000.0);
+        self.ctx.metrics.set_oldest_unsent_age(age);
+    }
+}
+
+/// What ended a [`Shipper::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    InsertDone,
+    SchemaDone,
+    NewData,
+    Timeout,
+    Phase,
+}
+
+/// Inserts one batch until ClickHouse acknowledges it or, for bad data, until it
+/// is saved to `rejected/`. Never gives up otherwise.
+async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Position) {
+    let mut attempt: u32 = 0;
+    loop {
+        let (err, disposition) = match try_insert(&ctx, &body).await {
+            Ok(()) => {
+                ctx.metrics.rows_sent(rows);
+                return;
+            }
+            Err(e) => e,
+        };
+        ctx.metrics.send_error();
+        if disposition == Disposition::Reject {
+            match spool::save_rejected(
+                ctx.shared.dir(),
+                start.seq,
+                start.offset,
+                "rowbinary",
+                &body,
+            ) {
+                Ok(path) => {
+                    tracing::error!(
+                        rows,
+                        error = %err,
+                        saved = %path.display(),
+                        "audit: ClickHouse rejected a batch as bad data; saved to rejected/"
+                    );
+                    ctx.metrics.rows_rejected(rows);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "audit: cannot save rejected batch; will retry it");
+                }
+            }
+        }
+        attempt = attempt.saturating_add(1);
+        ctx.metrics.retry();
+        let s = &ctx.settings;
+        let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+        tracing::warn!(
+            rows,
+            attempt,
+            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            error = %err,
+            "audit: INSERT into ClickHouse failed; retrying"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Creates the schema, retrying with backoff until ClickHouse accepts it.
+async fn ensure_schema_until_done(ctx: Arc<ShipCtx>) {
+    let mut attempt: u32 = 0;
+    while !ctx.schema_ready.load(Ordering::Acquire) {
+        match ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table).await {
+            Ok(()) => ctx.schema_ready.store(true, Ordering::Release),
+            Err(e) => {
+                attempt = attempt.saturating_add(1);
+                ctx.metrics.send_error();
+                let s = &ctx.settings;
+                let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+                tracing::warn!(attempt, error = %e, "audit: creating the ClickHouse schema failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Creates the schema if still needed, then inserts. A failed schema creation
+/// is not the batch's failure: only the insert's outcome counts.
+async fn try_insert(
+    ctx: &ShipCtx,
+    body: &Bytes,
+) -> Result<(), (clickhouse::error::Error, Disposition)> {
+    if !ctx.schema_ready.load(Ordering::Acquire) {
+        // Best effort: the insert below says whether the table is usable.
+        match ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table).await {
+            Ok(()) => ctx.schema_ready.store(true, Ordering::Release),
+            Err(e) => tracing::debug!(error = %e, "audit: schema creation before INSERT failed"),
+        }
+    }
+    ch::insert(&ctx.client, &ctx.sql, body, ctx.settings.insert_timeout)
+        .await
+        .map_err(|e| {
+            let d = ch::classify(&e);
+            (e, d)
+        })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Pure: delay before retry number `attempt` (1-based): `min · 2^(attempt-1)`
+/// capped at `max`, then scaled into `[½, 1]` by `jitter ∈ [0, 1)` so many
+/// firewalls recovering together do not retry in lockstep.
+pub(crate) fn backoff(attempt: u32, min: Duration, max: Duration, jitter: f64) -> Duration {
+    let exp = attempt.saturating_sub(1).min(30);
+    let base = min.saturating_mul(1u32 << exp).min(max);
+    base.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// Drops expired day partitions hourly until `phase` leaves `Running` (a dropped
+/// handle does not stop it: the pipeline keeps running then, and so does this).
+pub(crate) async fn retention_loop(
+    client: clickhouse::Client,
+    database: String,
+    table: String,
+    keep_days: u32,
+    mut phase: watch::Receiver<Phase>,
+) {
+    let mut phase_gone = false;
+    loop {
+        let today = i64::try_from(now_ms() / 86_400_000).unwrap_or(0);
+        match ch::enforce_retention(&client, &database, &table, keep_days, today).await {
+            Ok(n) if n > 0 => tracing::info!(dropped = n, "audit retention pass done"),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "audit retention pass failed; next try in an hour")
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            r = phase.changed(), if !phase_gone => match r {
+                Ok(()) if *phase.borrow() != Phase::Running => return,
+                Ok(()) => {}
+                Err(_) => phase_gone = true,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "shipper_tests.rs"]
+mod tests;

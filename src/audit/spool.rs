@@ -1,0 +1,1151 @@
+//! The local write-ahead spool: every audit row is appended here before
+//! [`super::Auditor::record`] returns, and stays until ClickHouse acknowledged it.
+//!
+//! Layout of the spool directory (created `0700`, files `0600`: rows are
+//! sensitive even redacted):
+//! * `LOCK`: held (`flock`) for the process lifetime, so two firewalls never share
+//!   a spool and double-ship it.
+//! * `NNNNNNNNNNNNNNNNNNNN.seg`: segments, numbered in write order. A segment is a
+//!   16-byte header (`MCPFWAUD`, format version u32 LE, 4 reserved bytes) followed by
+//!   records `[len u32 LE][crc32(payload) u32 LE][payload]`; the payload is one
+//!   `RowBinary` row ([`super::record`]).
+//! * `cursor`: the last position ClickHouse acknowledged (segment, offset, crc),
+//!   replaced atomically by rename after each acknowledged batch.
+//! * `rejected/`: batches ClickHouse refused as bad data (`*.rowbinary`, replayable
+//!   with `clickhouse-client --query "INSERT INTO db.t (cols) FORMAT RowBinary"`)
+//!   and unreadable spool bytes (`*.corrupt`); nothing is silently dropped.
+//!
+//! Invariants:
+//! * Only the writer thread appends; it appends whole records with one `write(2)`
+//!   per group of callers (group commit) and acknowledges each caller after that
+//!   write returned. fsync runs on an interval (`fsync_interval_ms`), so a process
+//!   crash (SIGKILL) loses no acknowledged row; a power loss loses at most one
+//!   interval.
+//! * A failed write is rolled back with `ftruncate`; if that fails too the segment
+//!   is abandoned and a new one started, so later records never follow torn bytes.
+//! * The reader never reads past the writer's published committed length of the
+//!   active segment; segments with a lower number are sealed and read to EOF.
+//! * A segment is deleted only after every record in it was acknowledged.
+//! * At start, torn or corrupt tails are cut off (the cut bytes are kept in
+//!   `rejected/`), so a crash mid-write is never fatal.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use tokio::sync::{oneshot, Notify};
+
+use super::metrics::Metrics;
+
+/// First bytes of every segment.
+const MAGIC: &[u8; 8] = b"MCPFWAUD";
+/// Segment format written by this build; bump when the row layout changes.
+const FORMAT_VERSION: u32 = 1;
+/// Size of the segment header.
+pub(crate) const SEGMENT_HEADER_LEN: u64 = 16;
+/// `len` + `crc` before each payload.
+const RECORD_HEADER_LEN: usize = 8;
+/// Larger lengths are corruption, not rows; bounds what a garbage header can allocate.
+pub(crate) const MAX_RECORD_LEN: usize = 16 << 20;
+/// After a failed write, [`Shared::accepting`] says no for this long, then lets
+/// one more attempt probe the disk.
+const REPROBE_AFTER: Duration = Duration::from_secs(1);
+/// Bytes requested per read of a segment: large reads, few syscalls.
+const READ_CHUNK: usize = 1 << 20;
+
+/// Why the spool could not take or give back a row.
+#[derive(Debug, Clone, Error)]
+pub enum SpoolError {
+    /// Accepting the row would exceed `spool.max_bytes`.
+    #[error("audit spool is full: {used} bytes held, limit {max}")]
+    Full {
+        /// Bytes on disk plus bytes queued.
+        used: u64,
+        /// `spool.max_bytes`.
+        max: u64,
+    },
+    /// One encoded row is larger than a record may be.
+    #[error("audit row is {len} bytes, over the {max}-byte record limit")]
+    TooLarge {
+        /// Encoded size.
+        len: usize,
+        /// The record size limit (16 MiB).
+        max: usize,
+    },
+    /// `write(2)` to the active segment failed (disk full, I/O error).
+    #[error("writing audit spool segment {path}: {source}")]
+    Write {
+        /// Segment file.
+        path: PathBuf,
+        /// The OS error, shared by every caller of the failed group.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// A new segment could not be created (directory gone or unwritable).
+    #[error("creating audit spool segment {path}: {source}")]
+    CreateSegment {
+        /// Segment file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The spool directory cannot be prepared or read.
+    #[error("audit spool directory {path}: {source}")]
+    Dir {
+        /// Directory or file inside it.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// Another process holds the spool's `LOCK`.
+    #[error("audit spool {path} is locked by another process")]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The spool was shut down; no more rows are accepted.
+    #[error("audit spool is shut down")]
+    Closed,
+}
+
+impl SpoolError {
+    fn dir(path: &Path, e: io::Error) -> Self {
+        Self::Dir {
+            path: path.to_owned(),
+            source: Arc::new(e),
+        }
+    }
+}
+
+/// A caller's acknowledgement channel: `Ok` once its row's write returned.
+pub(crate) type Ack = oneshot::Receiver<Result<(), SpoolError>>;
+type AckSender = oneshot::Sender<Result<(), SpoolError>>;
+
+/// Rows waiting for the next group write.
+struct Queue {
+    /// Framed records, ready to append.
+    buf: Vec<u8>,
+    /// One acknowledgement per record in `buf`.
+    waiters: Vec<AckSender>,
+    /// Set by shutdown; the writer drains `buf` then exits.
+    closed: bool,
+}
+
+/// Position in the spool: segment number and byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Position {
+    /// Segment number.
+    pub seq: u64,
+    /// Byte offset inside the segment.
+    pub offset: u64,
+}
+
+/// State shared by callers, the writer thread and the shipper's reader.
+pub(crate) struct Shared {
+    dir: PathBuf,
+    queue: Mutex<Queue>,
+    wake_writer: Condvar,
+    /// Active segment and how much of it is fully written (readers stop there).
+    committed: Mutex<Position>,
+    /// Wakes the shipper when new records were committed.
+    pub(crate) new_data: Notify,
+    /// Bytes of segments on disk (headers included).
+    bytes_on_disk: AtomicU64,
+    max_bytes: u64,
+    /// False after a failed write or segment creation, true after the next success.
+    healthy: AtomicBool,
+    /// When `healthy` last turned false.
+    failed_at: Mutex<Option<Instant>>,
+    /// Set when a row was refused for lack of room, cleared when segments are freed.
+    full: AtomicBool,
+    metrics: Metrics,
+    /// Held open so the `flock` lasts as long as the spool.
+    _lock: File,
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        // No code panics while holding the lock, so a poisoned lock's data is intact.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The writer's published position: active segment and committed length.
+    pub(crate) fn committed(&self) -> Position {
+        *self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish(&self, pos: Position) {
+        *self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = pos;
+    }
+
+    /// Whether a row would likely be accepted: no row was refused for lack of
+    /// room since segments were last freed, and the last write (or segment
+    /// creation) succeeded or failed more than [`REPROBE_AFTER`] ago. The
+    /// re-probe matters: callers that stop calling `record` on `false` would
+    /// otherwise never learn that the disk recovered.
+    pub(crate) fn accepting(&self) -> bool {
+        if self.full.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.healthy.load(Ordering::Relaxed)
+            || self
+                .failed_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none_or(|t| t.elapsed() >= REPROBE_AFTER)
+    }
+
+    fn mark_failed(&self) {
+        self.healthy.store(false, Ordering::Relaxed);
+        *self
+            .failed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// Frames one record into the next group write. `encode` appends the payload.
+    /// Returns the acknowledgement to await; the write itself happens on the
+    /// writer thread.
+    ///
+    /// Encoding happens under the queue lock, straight into the group buffer: no
+    /// per-row buffer allocation; the lock is held for roughly one encode + crc.
+    pub(crate) fn append(&self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<Ack, SpoolError> {
+        let (tx, rx) = oneshot::channel();
+        let mut q = self.queue();
+        if q.closed {
+            return Err(SpoolError::Closed);
+        }
+        let start = q.buf.len();
+        q.buf.extend_from_slice(&[0u8; RECORD_HEADER_LEN]);
+        encode(&mut q.buf);
+        let len = q.buf.len() - start - RECORD_HEADER_LEN;
+        if len > MAX_RECORD_LEN {
+            q.buf.truncate(start);
+            return Err(SpoolError::TooLarge {
+                len,
+                max: MAX_RECORD_LEN,
+            });
+        }
+        let used = self.bytes_on_disk.load(Ordering::Relaxed) + q.buf.len() as u64;
+        if used > self.max_bytes {
+            q.buf.truncate(start);
+            self.full.store(true, Ordering::Relaxed);
+            return Err(SpoolError::Full {
+                used,
+                max: self.max_bytes,
+            });
+        }
+        let crc = crc32fast::hash(&q.buf[start + RECORD_HEADER_LEN..]);
+        // `len` fits: it is at most MAX_RECORD_LEN (16 MiB).
+        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
+        q.buf[start..start + 4].copy_from_slice(&len32.to_le_bytes());
+        q.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        let was_idle = q.waiters.is_empty();
+        q.waiters.push(tx);
+        drop(q);
+        // One wake-up per group, not per row: the writer takes everything queued.
+        if was_idle {
+            self.wake_writer.notify_one();
+        }
+        Ok(rx)
+    }
+
+    /// Stops accepting rows and lets the writer drain and exit.
+    pub(crate) fn close(&self) {
+        self.queue().closed = true;
+        self.wake_writer.notify_one();
+    }
+
+    /// Accounts for deleted segments (called by the shipper).
+    fn release(&self, bytes: u64) {
+        let prev = self.bytes_on_disk.fetch_sub(bytes, Ordering::Relaxed);
+        self.metrics.set_spool_bytes(prev.saturating_sub(bytes));
+        self.full.store(false, Ordering::Relaxed);
+    }
+
+    fn grow(&self, bytes: u64) {
+        let prev = self.bytes_on_disk.fetch_add(bytes, Ordering::Relaxed);
+        self.metrics.set_spool_bytes(prev + bytes);
+    }
+
+    /// Directory the spool lives in.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Settings the spool needs (a subset of [`super::SpoolConfig`]).
+#[derive(Debug, Clone)]
+pub(crate) struct SpoolSettings {
+    pub dir: PathBuf,
+    pub segment_bytes: u64,
+    pub fsync_interval: Duration,
+    pub max_bytes: u64,
+}
+
+/// What opening an existing spool found.
+#[derive(Debug, Default)]
+pub(crate) struct Recovery {
+    /// Segments found (not yet shipped), before the writer started a new one.
+    pub segments: usize,
+    /// Bytes cut from torn or corrupt tails (kept in `rejected/`).
+    pub cut_bytes: u64,
+}
+
+/// An opened spool: shared state, the writer thread, and where the reader starts.
+pub(crate) struct Spool {
+    pub shared: Arc<Shared>,
+    pub writer: std::thread::JoinHandle<()>,
+    pub reader: SpoolReader,
+    pub recovery: Recovery,
+}
+
+/// Opens (creating if needed) the spool, recovers what a previous process left,
+/// and starts the writer thread on a fresh segment.
+pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, SpoolError> {
+    let dir = &settings.dir;
+    // Audit rows are sensitive even redacted: owner-only directories and files.
+    // (The mode applies to directories created here; an existing one is kept as
+    // the operator made it.)
+    for d in [dir.clone(), dir.join("rejected")] {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&d)
+            .map_err(|e| SpoolError::dir(&d, e))?;
+    }
+    let lock_path = dir.join("LOCK");
+    let lock = OpenOptions::new()
+        .mode(0o600)
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| SpoolError::dir(&lock_path, e))?;
+    // flock(2): released by the kernel when the process dies, even by SIGKILL.
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => return Err(SpoolError::Locked { path: lock_path }),
+        Err(e) => return Err(SpoolError::dir(&lock_path, e.into())),
+    }
+
+    let cursor = read_cursor(dir);
+    let mut recovery = Recovery::default();
+    let mut on_disk = 0u64;
+    // Numbering continues past the cursor too: if every segment was shipped and
+    // deleted, a new segment must not reuse a number the cursor points into.
+    let mut last_seq = cursor.map_or(0, |c| c.seq);
+    let mut remaining = Vec::new();
+    for seq in list_segments(dir)? {
+        last_seq = last_seq.max(seq);
+        let path = segment_path(dir, seq);
+        // Segments before the cursor were fully acknowledged; a crash between the
+        // cursor write and the delete leaves them behind.
+        if cursor.is_some_and(|c| seq < c.seq) {
+            fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
+            continue;
+        }
+        let (cut, len) = repair_segment(dir, seq)?;
+        recovery.cut_bytes += cut;
+        if let Some(len) = len {
+            on_disk += len;
+            recovery.segments += 1;
+            remaining.push(seq);
+        }
+    }
+    let start = match (cursor, remaining.first()) {
+        (Some(c), Some(&first)) if c.seq == first => c,
+        (_, Some(&first)) => Position {
+            seq: first,
+            offset: SEGMENT_HEADER_LEN,
+        },
+        (_, None) => Position {
+            seq: last_seq + 1,
+            offset: SEGMENT_HEADER_LEN,
+        },
+    };
+
+    metrics.set_spool_bytes(on_disk);
+    metrics.corrupt_bytes(recovery.cut_bytes);
+    let shared = Arc::new(Shared {
+        dir: dir.clone(),
+        queue: Mutex::new(Queue {
+            buf: Vec::with_capacity(1 << 16),
+            waiters: Vec::with_capacity(256),
+            closed: false,
+        }),
+        wake_writer: Condvar::new(),
+        committed: Mutex::new(Position {
+            seq: last_seq,
+            offset: u64::MAX,
+        }),
+        new_data: Notify::new(),
+        bytes_on_disk: AtomicU64::new(on_disk),
+        max_bytes: settings.max_bytes,
+        healthy: AtomicBool::new(true),
+        failed_at: Mutex::new(None),
+        full: AtomicBool::new(false),
+        metrics,
+        _lock: lock,
+    });
+
+    let mut writer = Writer {
+        shared: Arc::clone(&shared),
+        segment_bytes: settings.segment_bytes,
+        fsync_interval: settings.fsync_interval,
+        active: None,
+        next_seq: last_seq + 1,
+        dirty: false,
+        last_sync: Instant::now(),
+    };
+    // The first segment is created now so an unusable directory fails start-up,
+    // not the first call.
+    writer.open_segment()?;
+    let writer = std::thread::Builder::new()
+        .name("audit-spool".into())
+        .spawn(move || writer.run())
+        .map_err(|e| SpoolError::dir(dir, e))?;
+
+    let reader = SpoolReader::new(Arc::clone(&shared), start);
+    Ok(Spool {
+        shared,
+        writer,
+        reader,
+        recovery,
+    })
+}
+
+pub(crate) fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}.seg"))
+}
+
+/// Segment numbers present in `dir`, ascending.
+pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u64>, SpoolError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| SpoolError::dir(dir, e))? {
+        let entry = entry.map_err(|e| SpoolError::dir(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(num) = name.strip_suffix(".seg") {
+            if num.len() == 20 {
+                if let Ok(seq) = num.parse::<u64>() {
+                    out.push(seq);
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Scans a segment left by a previous process and cuts any torn or corrupt tail,
+/// saving the cut bytes to `rejected/`. Returns the bytes cut and the segment's
+/// remaining length (`None`: removed, it had no valid header).
+fn repair_segment(dir: &Path, seq: u64) -> Result<(u64, Option<u64>), SpoolError> {
+    let path = segment_path(dir, seq);
+    let data = fs::read(&path).map_err(|e| SpoolError::dir(&path, e))?;
+    let valid = valid_prefix(&data);
+    if valid == data.len() {
+        return Ok((0, Some(valid as u64)));
+    }
+    let cut = (data.len() - valid) as u64;
+    // A header-less file (crash right after create) holds no rows: remove it.
+    if valid == 0 {
+        tracing::warn!(segment = %path.display(), bytes = cut, "audit spool: removing segment without a valid header");
+        save_rejected(dir, seq, 0, "corrupt", &data)?;
+        fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
+        return Ok((cut, None));
+    }
+    tracing::warn!(
+        segment = %path.display(),
+        valid_bytes = valid,
+        cut_bytes = cut,
+        "audit spool: torn record at segment end (crash during write); truncating"
+    );
+    save_rejected(dir, seq, valid as u64, "corrupt", &data[valid..])?;
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(|e| SpoolError::dir(&path, e))?;
+    f.set_len(valid as u64)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| SpoolError::dir(&path, e))?;
+    Ok((cut, Some(valid as u64)))
+}
+
+/// Length of the longest prefix of a segment made of a valid header and whole,
+/// checksum-correct records. 0 when the header itself is missing or wrong.
+pub(crate) fn valid_prefix(data: &[u8]) -> usize {
+    if !header_ok(data) {
+        return 0;
+    }
+    let mut pos = SEGMENT_HEADER_LEN as usize;
+    while let Some(next) = next_record(data, pos) {
+        pos = next.end;
+    }
+    pos
+}
+
+fn header_ok(data: &[u8]) -> bool {
+    data.len() >= SEGMENT_HEADER_LEN as usize
+        && &data[..8] == MAGIC
+        && data[8..12] == FORMAT_VERSION.to_le_bytes()
+}
+
+/// A record found in a buffer: payload range and where the next record starts.
+struct RecordSpan {
+    payload: std::ops::Range<usize>,
+    end: usize,
+}
+
+/// The complete, checksum-valid record at `pos`, or `None` (incomplete or bad).
+fn next_record(data: &[u8], pos: usize) -> Option<RecordSpan> {
+    let header = data.get(pos..pos + RECORD_HEADER_LEN)?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    if len > MAX_RECORD_LEN {
+        return None;
+    }
+    let start = pos + RECORD_HEADER_LEN;
+    let payload = data.get(start..start + len)?;
+    (crc32fast::hash(payload) == crc).then_some(RecordSpan {
+        payload: start..start + len,
+        end: start + len,
+    })
+}
+
+/// Writes `bytes` to `rejected/<seq>-<offset>.<kind>` and fsyncs it.
+pub(crate) fn save_rejected(
+    dir: &Path,
+    seq: u64,
+    offset: u64,
+    kind: &str,
+    bytes: &[u8],
+) -> Result<PathBuf, SpoolError> {
+    let path = dir
+        .join("rejected")
+        .join(format!("{seq:020}-{offset:012}.{kind}"));
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    write().map_err(|e| SpoolError::dir(&path, e))?;
+    Ok(path)
+}
+
+/// The cursor file: last acknowledged position, with a crc so a torn write is
+/// recognised (and ignored: replaying more is safe, rows are deduplicated).
+pub(crate) fn read_cursor(dir: &Path) -> Option<Position> {
+    let data = fs::read(dir.join("cursor")).ok()?;
+    let bytes: [u8; 20] = data.as_slice().try_into().ok()?;
+    let crc = u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
+    if crc32fast::hash(&bytes[..16]) != crc {
+        return None;
+    }
+    let mut seq = [0u8; 8];
+    let mut offset = [0u8; 8];
+    seq.copy_from_slice(&bytes[..8]);
+    offset.copy_from_slice(&bytes[8..16]);
+    Some(Position {
+        seq: u64::from_le_bytes(seq),
+        offset: u64::from_le_bytes(offset),
+    })
+}
+
+/// Replaces the cursor file atomically (write temp, rename). No fsync: losing a
+/// cursor update only means replaying rows ClickHouse deduplicates.
+pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
+    let mut bytes = [0u8; 20];
+    bytes[..8].copy_from_slice(&pos.seq.to_le_bytes());
+    bytes[8..16].copy_from_slice(&pos.offset.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..16]);
+    bytes[16..].copy_from_slice(&crc.to_le_bytes());
+    let tmp = dir.join("cursor.tmp");
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?
+        .write_all(&bytes)?;
+    fs::rename(&tmp, dir.join("cursor"))
+}
+
+/// The active segment of the writer.
+struct ActiveSegment {
+    seq: u64,
+    path: PathBuf,
+    file: File,
+    len: u64,
+}
+
+/// Owns appends; runs on its own OS thread because `write(2)`/`fsync` block.
+struct Writer {
+    shared: Arc<Shared>,
+    segment_bytes: u64,
+    fsync_interval: Duration,
+    active: Option<ActiveSegment>,
+    next_seq: u64,
+    dirty: bool,
+    last_sync: Instant,
+}
+
+impl Writer {
+    fn run(mut self) {
+        // Swapped with the queue's buffers each round, so steady state allocates nothing.
+        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
+        let mut waiters: Vec<AckSender> = Vec::with_capacity(256);
+        loop {
+            let closed = {
+                let mut q = self.shared.queue();
+                while q.buf.is_empty() && !q.closed {
+                    if self.dirty {
+                        let due = self.fsync_interval.saturating_sub(self.last_sync.elapsed());
+                        if due.is_zero() {
+                            break;
+                        }
+                        q = self
+                            .shared
+                            .wake_writer
+                            .wait_timeout(q, due)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    } else {
+                        q = self
+                            .shared
+                            .wake_writer
+                            .wait(q)
+                            .unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+                std::mem::swap(&mut q.buf, &mut buf);
+                std::mem::swap(&mut q.waiters, &mut waiters);
+                q.closed
+            };
+            if !buf.is_empty() {
+                let result = self.write_group(&buf);
+                if result.is_ok() {
+                    self.shared.metrics.rows_queued(waiters.len() as u64);
+                }
+                for w in waiters.drain(..) {
+                    // A caller that gave up waiting is fine: its row is written.
+                    let _ = w.send(result.clone());
+                }
+                buf.clear();
+            }
+            if self.dirty
+                && (closed
+                    || self.fsync_interval.is_zero()
+                    || self.last_sync.elapsed() >= self.fsync_interval)
+            {
+                self.sync();
+            }
+            if closed && self.shared.queue().buf.is_empty() {
+                break;
+            }
+        }
+        self.sync();
+        tracing::debug!("audit spool writer stopped");
+    }
+
+    /// Appends one group of framed records with a single write.
+    fn write_group(&mut self, buf: &[u8]) -> Result<(), SpoolError> {
+        if self.active.is_none() {
+            self.open_segment()?;
+        }
+        let Some(seg) = self.active.as_mut() else {
+            return Err(SpoolError::Closed);
+        };
+        let before = seg.len;
+        match seg.file.write_all(buf) {
+            Ok(()) => {
+                seg.len += buf.len() as u64;
+                self.dirty = true;
+                let pos = Position {
+                    seq: seg.seq,
+                    offset: seg.len,
+                };
+                let full = seg.len >= self.segment_bytes;
+                self.shared.grow(buf.len() as u64);
+                self.shared.publish(pos);
+                self.shared.healthy.store(true, Ordering::Relaxed);
+                self.shared.new_data.notify_one();
+                if full {
+                    self.rotate();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.mark_failed();
+                let path = seg.path.clone();
+                tracing::error!(segment = %path.display(), error = %e, "audit spool write failed");
+                // Roll back a partial write so the segment ends on a record boundary.
+                if let Err(e2) = seg.file.set_len(before) {
+                    tracing::error!(segment = %path.display(), error = %e2, "audit spool: cannot roll back partial write; abandoning segment");
+                    self.abandon();
+                }
+                Err(SpoolError::Write {
+                    path,
+                    source: Arc::new(e),
+                })
+            }
+        }
+    }
+
+    /// Seals the active segment (fsync) and starts the next one right away, so the
+    /// shipper sees the old one as complete and can delete it once shipped.
+    fn rotate(&mut self) {
+        self.sync();
+        self.active = None;
+        if let Err(e) = self.open_segment() {
+            // Retried on the next write; callers of that write see the error.
+            tracing::error!(error = %e, "audit spool: cannot start next segment");
+        }
+    }
+
+    /// Gives up on a segment whose tail may be torn; the reader cuts the tail.
+    fn abandon(&mut self) {
+        self.active = None;
+    }
+
+    fn open_segment(&mut self) -> Result<(), SpoolError> {
+        let seq = self.next_seq;
+        let path = segment_path(&self.shared.dir, seq);
+        let create = || -> io::Result<File> {
+            let mut f = OpenOptions::new()
+                .append(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)?;
+            let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
+            header[..8].copy_from_slice(MAGIC);
+            header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+            f.write_all(&header)?;
+            f.sync_all()?;
+            // The new directory entry must survive a power loss too.
+            File::open(&self.shared.dir)?.sync_all()?;
+            Ok(f)
+        };
+        match create() {
+            Ok(file) => {
+                self.next_seq += 1;
+                self.shared.grow(SEGMENT_HEADER_LEN);
+                self.active = Some(ActiveSegment {
+                    seq,
+                    path,
+                    file,
+                    len: SEGMENT_HEADER_LEN,
+                });
+                self.shared.publish(Position {
+                    seq,
+                    offset: SEGMENT_HEADER_LEN,
+                });
+                self.shared.new_data.notify_one();
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.mark_failed();
+                // Skip the number: a half-created file must not be reused.
+                if path.exists() {
+                    let _ = fs::remove_file(&path);
+                    self.next_seq += 1;
+                }
+                Err(SpoolError::CreateSegment {
+                    path,
+                    source: Arc::new(e),
+                })
+            }
+        }
+    }
+
+    fn sync(&mut self) {
+        if let Some(seg) = &self.active {
+            if let Err(e) = seg.file.sync_data() {
+                tracing::error!(segment = %seg.path.display(), error = %e, "audit spool fsync failed");
+            }
+        }
+        self.dirty = false;
+        self.last_sync = Instant::now();
+    }
+}
+
+/// Records read from the spool for one `INSERT`, and the spool range they cover.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    /// Concatenated `RowBinary` payloads: the `INSERT` body as is.
+    pub body: Vec<u8>,
+    /// Rows in `body`.
+    pub rows: usize,
+    /// `time_ms` of the first row (oldest unsent).
+    pub first_time_ms: Option<u64>,
+    /// Where the first row starts (names rejected files).
+    pub start: Option<Position>,
+    /// Position right after the last row: the cursor once acknowledged.
+    pub end: Option<Position>,
+    /// Sealed segments read to their end within or before this batch: deletable
+    /// once this batch is acknowledged.
+    pub finished_segments: Vec<u64>,
+    /// When the first row entered the batch.
+    pub opened: Option<Instant>,
+}
+
+impl Batch {
+    /// Empties the batch, keeping the body's capacity.
+    pub fn reset(&mut self) {
+        self.body.clear();
+        self.rows = 0;
+        self.first_time_ms = None;
+        self.start = None;
+        self.end = None;
+        self.finished_segments.clear();
+        self.opened = None;
+    }
+}
+
+/// Why [`SpoolReader::fill`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FillOutcome {
+    /// The batch reached `max_rows` or `max_bytes`.
+    Full,
+    /// Everything committed so far was read.
+    CaughtUp,
+}
+
+/// Reads records back in order, from the oldest unacknowledged position.
+pub(crate) struct SpoolReader {
+    shared: Arc<Shared>,
+    /// Segment being read and the offset of the next unread record.
+    pos: Position,
+    file: Option<File>,
+    /// Bytes read from `file` starting at `buf_offset`, not yet consumed.
+    buf: Vec<u8>,
+    buf_offset: u64,
+    /// Consumed prefix of `buf`.
+    consumed: usize,
+}
+
+impl SpoolReader {
+    fn new(shared: Arc<Shared>, pos: Position) -> Self {
+        Self {
+            shared,
+            pos,
+            file: None,
+            buf: Vec::with_capacity(READ_CHUNK),
+            buf_offset: pos.offset,
+            consumed: 0,
+        }
+    }
+
+    /// The spool this reader belongs to.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Moves committed records into `batch` until it holds `max_rows` rows or
+    /// `max_bytes` bytes, or nothing more is committed. Blocking file I/O: call it
+    /// from a blocking-capable thread.
+    pub fn fill(
+        &mut self,
+        batch: &mut Batch,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<FillOutcome, SpoolError> {
+        loop {
+            if batch.rows >= max_rows || (batch.rows > 0 && batch.body.len() >= max_bytes) {
+                return Ok(FillOutcome::Full);
+            }
+            let committed = self.shared.committed();
+            let sealed = self.pos.seq < committed.seq;
+            let limit = if sealed { u64::MAX } else { committed.offset };
+            if self.pos.seq > committed.seq {
+                return Ok(FillOutcome::CaughtUp);
+            }
+            if self.file.is_none() && !self.open_current()? {
+                continue;
+            }
+            // Parse whatever complete records the buffer holds.
+            let data = &self.buf[self.consumed..];
+            let mut local = 0usize;
+            let mut bad = false;
+            while batch.rows < max_rows && (batch.rows == 0 || batch.body.len() < max_bytes) {
+                let rec_start = self.buf_offset + (self.consumed + local) as u64;
+                if rec_start >= limit {
+                    break;
+                }
+                match next_record(data, local) {
+                    Some(span) => {
+                        let payload = &data[span.payload.clone()];
+                        if batch.rows == 0 {
+                            batch.first_time_ms = super::record::payload_time_ms(payload);
+                            batch.start = Some(Position {
+                                seq: self.pos.seq,
+                                offset: rec_start,
+                            });
+                            batch.opened = Some(Instant::now());
+                        }
+                        batch.body.extend_from_slice(payload);
+                        batch.rows += 1;
+                        local = span.end;
+                        batch.end = Some(Position {
+                            seq: self.pos.seq,
+                            offset: self.buf_offset + (self.consumed + local) as u64,
+                        });
+                    }
+                    None => {
+                        // Incomplete in the buffer is normal (read more); a bad
+                        // checksum or absurd length with the bytes present is not.
+                        bad = record_is_bad(data, local);
+                        break;
+                    }
+                }
+            }
+            self.consumed += local;
+            self.pos.offset = self.buf_offset + self.consumed as u64;
+            if bad {
+                self.skip_corrupt(limit, sealed)?;
+                continue;
+            }
+            if batch.rows >= max_rows || (batch.rows > 0 && batch.body.len() >= max_bytes) {
+                return Ok(FillOutcome::Full);
+            }
+            if self.pos.offset >= limit {
+                // Active segment fully read: wait for more.
+                return Ok(FillOutcome::CaughtUp);
+            }
+            if !sealed && self.buf_offset + self.buf.len() as u64 >= limit {
+                // Everything up to the committed length (a record boundary) is
+                // buffered, yet the head record is incomplete: its length lies.
+                self.skip_corrupt(limit, false)?;
+                continue;
+            }
+            let got = self.read_more(limit)?;
+            if got == 0 {
+                if sealed {
+                    self.finish_segment(batch)?;
+                    continue;
+                }
+                return Ok(FillOutcome::CaughtUp);
+            }
+        }
+    }
+
+    /// Opens the segment at `pos.seq`, or skips to the next existing one. Returns
+    /// false when it moved on without opening (caller re-checks).
+    fn open_current(&mut self) -> Result<bool, SpoolError> {
+        let path = segment_path(&self.shared.dir, self.pos.seq);
+        match File::open(&path) {
+            Ok(f) => {
+                let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
+                let header_ok = f.read_exact_at(&mut header, 0).is_ok() && header_ok(&header);
+                if !header_ok {
+                    tracing::error!(segment = %path.display(), "audit spool: segment header unreadable; skipping segment");
+                    self.file = Some(f);
+                    self.buf.clear();
+                    self.consumed = 0;
+                    self.buf_offset = 0;
+                    self.pos.offset = 0;
+                    self.skip_corrupt(u64::MAX, true)?;
+                    return Ok(false);
+                }
+                if self.pos.offset < SEGMENT_HEADER_LEN {
+                    self.pos.offset = SEGMENT_HEADER_LEN;
+                }
+                self.file = Some(f);
+                self.buf.clear();
+                self.consumed = 0;
+                self.buf_offset = self.pos.offset;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // A gap (e.g. a segment that could not be created): jump to the next
+                // existing segment, if any.
+                let next = list_segments(&self.shared.dir)?
+                    .into_iter()
+                    .find(|&s| s > self.pos.seq);
+                match next {
+                    Some(s) => {
+                        self.pos = Position {
+                            seq: s,
+                            offset: SEGMENT_HEADER_LEN,
+                        };
+                        Ok(false)
+                    }
+                    None => {
+                        let committed = self.shared.committed();
+                        if committed.seq > self.pos.seq {
+                            self.pos = Position {
+                                seq: committed.seq,
+                                offset: SEGMENT_HEADER_LEN,
+                            };
+                            Ok(false)
+                        } else {
+                            Err(SpoolError::dir(&path, e))
+                        }
+                    }
+                }
+            }
+            Err(e) => Err(SpoolError::dir(&path, e)),
+        }
+    }
+
+    /// Reads the next chunk (up to `limit`) into the buffer, dropping consumed bytes.
+    fn read_more(&mut self, limit: u64) -> Result<usize, SpoolError> {
+        let Some(file) = &self.file else { return Ok(0) };
+        if self.consumed > 0 {
+            self.buf.drain(..self.consumed);
+            self.buf_offset += self.consumed as u64;
+            self.consumed = 0;
+        }
+        let read_at = self.buf_offset + self.buf.len() as u64;
+        // At least the rest of the head record, else a full chunk; never past `limit`.
+        let want = usize::try_from(limit.saturating_sub(read_at))
+            .unwrap_or(usize::MAX)
+            .min(READ_CHUNK.max(self.needed_for_next_record()));
+        if want == 0 {
+            return Ok(0);
+        }
+        let old = self.buf.len();
+        // Zero-filling is the price of reading without `unsafe`: one memset per
+        // chunk, small next to the copy into the batch.
+        self.buf.resize(old + want, 0);
+        let mut filled = 0;
+        while filled < want {
+            match file.read_at(&mut self.buf[old + filled..], read_at + filled as u64) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.buf.truncate(old);
+                    let path = segment_path(&self.shared.dir, self.pos.seq);
+                    return Err(SpoolError::dir(&path, e));
+                }
+            }
+        }
+        self.buf.truncate(old + filled);
+        Ok(filled)
+    }
+
+    /// Bytes the buffer must hold for the record at its head to be complete.
+    fn needed_for_next_record(&self) -> usize {
+        let data = &self.buf[self.consumed..];
+        match data.get(..4) {
+            Some(h) => {
+                let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                (len.min(MAX_RECORD_LEN) + RECORD_HEADER_LEN).saturating_sub(data.len())
+            }
+            None => RECORD_HEADER_LEN,
+        }
+    }
+
+    /// Moves unreadable bytes from the read position to the end of the readable
+    /// region (EOF when sealed, the committed length otherwise, which is a record
+    /// boundary) into `rejected/`, and resumes after them.
+    fn skip_corrupt(&mut self, limit: u64, sealed: bool) -> Result<(), SpoolError> {
+        let from = self.pos.offset;
+        let path = segment_path(&self.shared.dir, self.pos.seq);
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        let end = if sealed {
+            file.metadata()
+                .map_err(|e| SpoolError::dir(&path, e))?
+                .len()
+        } else {
+            limit
+        };
+        let len = usize::try_from(end.saturating_sub(from)).unwrap_or(0);
+        let mut bytes = vec![0u8; len];
+        file.read_exact_at(&mut bytes, from)
+            .map_err(|e| SpoolError::dir(&path, e))?;
+        let saved = save_rejected(&self.shared.dir, self.pos.seq, from, "corrupt", &bytes)?;
+        tracing::error!(
+            segment = %path.display(),
+            offset = from,
+            bytes = len,
+            saved = %saved.display(),
+            "audit spool: corrupt records; moved to rejected/"
+        );
+        self.shared.metrics.corrupt_bytes(len as u64);
+        self.buf.clear();
+        self.consumed = 0;
+        self.pos.offset = end;
+        self.buf_offset = end;
+        Ok(())
+    }
+
+    /// The current sealed segment is read to its end: note it and move on.
+    fn finish_segment(&mut self, batch: &mut Batch) -> Result<(), SpoolError> {
+        // Bytes still buffered at EOF are a torn tail (the writer abandoned the
+        // segment after a failed rollback): keep them in rejected/.
+        if self.consumed < self.buf.len() {
+            let rest = self.buf[self.consumed..].to_vec();
+            save_rejected(
+                &self.shared.dir,
+                self.pos.seq,
+                self.pos.offset,
+                "corrupt",
+                &rest,
+            )?;
+            self.shared.metrics.corrupt_bytes(rest.len() as u64);
+        }
+        batch.finished_segments.push(self.pos.seq);
+        self.file = None;
+        self.buf.clear();
+        self.consumed = 0;
+        self.pos = Position {
+            seq: self.pos.seq + 1,
+            offset: SEGMENT_HEADER_LEN,
+        };
+        self.buf_offset = SEGMENT_HEADER_LEN;
+        Ok(())
+    }
+}
+
+/// At `pos` the bytes for a full record are present but it does not validate.
+fn record_is_bad(data: &[u8], pos: usize) -> bool {
+    let Some(header) = data.get(pos..pos + RECORD_HEADER_LEN) else {
+        return false;
+    };
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    if len > MAX_RECORD_LEN {
+        return true;
+    }
+    data.len() >= pos + RECORD_HEADER_LEN + len
+}
+
+/// Deletes segments whose rows were all acknowledged and releases their bytes.
+pub(crate) fn delete_segments(shared: &Shared, seqs: &[u64]) {
+    for &seq in seqs {
+        let path = segment_path(&shared.dir, seq);
+        match fs::metadata(&path).and_then(|m| fs::remove_file(&path).map(|()| m.len())) {
+            Ok(len) => shared.release(len),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::error!(segment = %path.display(), error = %e, "audit spool: cannot delete shipped segment");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "spool_tests.rs"]
+mod tests;

@@ -1,0 +1,382 @@
+//! Tests of the spool: group-committed appends read back in order, batches and
+//! cursor, rotation and deletion, full and closed spools, the lock, torn tails,
+//! corruption, permissions.
+
+use std::path::Path;
+
+use super::*;
+
+fn settings(dir: &Path) -> SpoolSettings {
+    SpoolSettings {
+        dir: dir.to_owned(),
+        segment_bytes: 1 << 20,
+        fsync_interval: Duration::from_millis(10),
+        max_bytes: 1 << 30,
+    }
+}
+
+/// A fake row: 28 bytes with `time_ms` at its offset, then a label.
+fn payload(i: u64) -> Vec<u8> {
+    let mut v = vec![0u8; 28];
+    v[20..28].copy_from_slice(&i.to_le_bytes());
+    v.extend_from_slice(format!("row-{i}").as_bytes());
+    v
+}
+
+async fn append(shared: &Shared, p: &[u8]) -> Result<(), SpoolError> {
+    shared.append(|b| b.extend_from_slice(p))?.await.unwrap()
+}
+
+fn stop(spool: Spool) -> SpoolReader {
+    spool.shared.close();
+    spool.writer.join().unwrap();
+    spool.reader
+}
+
+fn read_all(reader: &mut SpoolReader) -> Batch {
+    let mut batch = Batch::default();
+    reader.fill(&mut batch, usize::MAX, usize::MAX).unwrap();
+    batch
+}
+
+fn concat(range: std::ops::Range<u64>) -> Vec<u8> {
+    range.flat_map(payload).collect()
+}
+
+fn rejected_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = fs::read_dir(dir.join("rejected"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_from_concurrent_callers_are_all_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    let shared = Arc::clone(&spool.shared);
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        let s = Arc::clone(&shared);
+        tasks.push(tokio::spawn(async move { append(&s, &payload(i)).await }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let mut reader = stop(spool);
+    let batch = read_all(&mut reader);
+    assert_eq!(batch.rows, 200);
+    let mut got: Vec<u64> = Vec::new();
+    let mut rest = &batch.body[..];
+    while !rest.is_empty() {
+        let (row, tail) = rest.split_at(28 + format!("row-{}", payload_time_ms(rest)).len());
+        got.push(payload_time_ms(row));
+        rest = tail;
+    }
+    got.sort_unstable();
+    assert_eq!(got, (0..200).collect::<Vec<_>>());
+}
+
+fn payload_time_ms(p: &[u8]) -> u64 {
+    crate::audit::record::payload_time_ms(p).unwrap()
+}
+
+#[tokio::test]
+async fn batch_tracks_its_first_row_and_end_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..10 {
+        append(&spool.shared, &payload(1000 + i)).await.unwrap();
+    }
+    let mut reader = stop(spool);
+    let mut batch = Batch::default();
+    assert_eq!(
+        reader.fill(&mut batch, 4, usize::MAX).unwrap(),
+        FillOutcome::Full
+    );
+    assert_eq!(batch.rows, 4);
+    assert_eq!(batch.first_time_ms, Some(1000));
+    assert_eq!(batch.body, concat(1000..1004));
+    let first_len = (RECORD_HEADER_LEN + payload(1000).len()) as u64;
+    assert_eq!(batch.start.unwrap().offset, SEGMENT_HEADER_LEN);
+    assert_eq!(
+        batch.end.unwrap().offset,
+        SEGMENT_HEADER_LEN + 4 * first_len
+    );
+    batch.reset();
+    assert_eq!(
+        reader.fill(&mut batch, 100, usize::MAX).unwrap(),
+        FillOutcome::CaughtUp
+    );
+    assert_eq!(batch.body, concat(1004..1010));
+}
+
+#[tokio::test]
+async fn restart_resumes_after_the_acknowledged_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..10 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    let mut reader = stop(spool);
+    let mut batch = Batch::default();
+    reader.fill(&mut batch, 6, usize::MAX).unwrap();
+    write_cursor(dir.path(), batch.end.unwrap()).unwrap();
+    drop(reader);
+
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert_eq!(spool.recovery.segments, 1);
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, concat(6..10));
+}
+
+#[tokio::test]
+async fn rotation_spreads_rows_over_segments_and_finished_ones_are_deletable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.segment_bytes = 4096;
+    let spool = open(&s, Metrics::default()).unwrap();
+    for i in 0..300 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    let shared = Arc::clone(&spool.shared);
+    let mut reader = stop(spool);
+    let segs = list_segments(dir.path()).unwrap();
+    assert!(segs.len() > 3, "{segs:?}");
+    let on_disk: u64 = segs
+        .iter()
+        .map(|&s| fs::metadata(segment_path(dir.path(), s)).unwrap().len())
+        .sum();
+    assert_eq!(shared.bytes_on_disk.load(Ordering::Relaxed), on_disk);
+
+    let batch = read_all(&mut reader);
+    assert_eq!(batch.body, concat(0..300));
+    // Every segment but the active (last) one was read to its end.
+    assert_eq!(batch.finished_segments, segs[..segs.len() - 1]);
+    delete_segments(&shared, &batch.finished_segments);
+    assert_eq!(list_segments(dir.path()).unwrap(), segs[segs.len() - 1..]);
+    let last_len = fs::metadata(segment_path(dir.path(), segs[segs.len() - 1]))
+        .unwrap()
+        .len();
+    assert_eq!(shared.bytes_on_disk.load(Ordering::Relaxed), last_len);
+}
+
+#[tokio::test]
+async fn rows_beyond_max_bytes_are_refused_as_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.max_bytes = 1000;
+    let spool = open(&s, Metrics::default()).unwrap();
+    let mut ok = 0;
+    let err = loop {
+        match append(&spool.shared, &payload(ok)).await {
+            Ok(()) => ok += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, SpoolError::Full { max: 1000, .. }), "{err}");
+    // 16-byte header, 8 + 33..35 bytes per row.
+    assert!((20..=24).contains(&ok), "{ok}");
+    stop(spool);
+}
+
+#[tokio::test]
+async fn appends_after_close_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    let shared = Arc::clone(&spool.shared);
+    stop(spool);
+    assert!(matches!(
+        append(&shared, &payload(1)).await,
+        Err(SpoolError::Closed)
+    ));
+}
+
+#[test]
+fn a_second_process_cannot_open_a_locked_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert!(matches!(
+        open(&settings(dir.path()), Metrics::default()),
+        Err(SpoolError::Locked { .. })
+    ));
+    stop(spool);
+}
+
+#[tokio::test]
+async fn torn_tail_is_cut_at_open_and_kept_in_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..3 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    drop(stop(spool));
+    let seg = segment_path(dir.path(), 1);
+    let good_len = fs::metadata(&seg).unwrap().len();
+    let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
+    f.write_all(&[50, 0, 0, 0, 1, 2]).unwrap(); // half a record header
+    drop(f);
+
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert_eq!(spool.recovery.cut_bytes, 6);
+    assert_eq!(fs::metadata(&seg).unwrap().len(), good_len);
+    let rejected = rejected_files(dir.path());
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(fs::read(&rejected[0]).unwrap(), [50, 0, 0, 0, 1, 2]);
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, concat(0..3));
+}
+
+#[tokio::test]
+async fn corrupt_record_found_while_reading_is_moved_aside_and_reading_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..3 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    // Bit rot in the second record's payload, after it was written.
+    let seg = segment_path(dir.path(), 1);
+    let rec = (RECORD_HEADER_LEN + payload(0).len()) as u64;
+    let f = OpenOptions::new().write(true).open(&seg).unwrap();
+    f.write_all_at(b"X", SEGMENT_HEADER_LEN + rec + 8 + 25)
+        .unwrap();
+    drop(f);
+    let mut reader = spool.reader;
+    let mut batch = Batch::default();
+    reader.fill(&mut batch, usize::MAX, usize::MAX).unwrap();
+    // Row 0 is read; from the bad record up to the committed length (a record
+    // boundary) the bytes move to rejected/, good row 2 included.
+    assert_eq!(batch.body, payload(0));
+    for i in 3..5 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    reader.fill(&mut batch, usize::MAX, usize::MAX).unwrap();
+    assert_eq!(batch.body, [payload(0), payload(3), payload(4)].concat());
+    let rejected = rejected_files(dir.path());
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(fs::read(&rejected[0]).unwrap().len() as u64, 2 * rec);
+    spool.shared.close();
+    spool.writer.join().unwrap();
+}
+
+#[test]
+fn cursor_round_trips_and_a_damaged_cursor_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(read_cursor(dir.path()), None);
+    let pos = Position {
+        seq: 7,
+        offset: 12_345,
+    };
+    write_cursor(dir.path(), pos).unwrap();
+    assert_eq!(read_cursor(dir.path()), Some(pos));
+    let mut bytes = fs::read(dir.path().join("cursor")).unwrap();
+    bytes[3] ^= 1;
+    fs::write(dir.path().join("cursor"), bytes).unwrap();
+    assert_eq!(read_cursor(dir.path()), None);
+}
+
+#[test]
+fn valid_prefix_stops_at_the_first_bad_record() {
+    let mut seg = Vec::new();
+    seg.extend_from_slice(MAGIC);
+    seg.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    seg.extend_from_slice(&[0; 4]);
+    for p in [b"abc".as_slice(), b"defg"] {
+        seg.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        seg.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
+        seg.extend_from_slice(p);
+    }
+    let good = seg.len();
+    assert_eq!(valid_prefix(&seg), good);
+    seg.extend_from_slice(&3u32.to_le_bytes());
+    seg.extend_from_slice(&0u32.to_le_bytes()); // wrong crc
+    seg.extend_from_slice(b"xyz");
+    assert_eq!(valid_prefix(&seg), good);
+    assert_eq!(valid_prefix(&seg[..good - 1]), good - 4 - 8);
+    assert_eq!(valid_prefix(b"NOTMAGIC\x01\0\0\0\0\0\0\0"), 0);
+    // An absurd length is corruption, not a reason to wait for 4 GB.
+    let mut huge = seg[..good].to_vec();
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    huge.extend_from_slice(&[0; 4]);
+    assert_eq!(valid_prefix(&huge), good);
+}
+
+#[tokio::test]
+async fn segments_before_the_cursor_are_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.segment_bytes = 4096;
+    let spool = open(&s, Metrics::default()).unwrap();
+    for i in 0..200 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    drop(stop(spool));
+    let segs = list_segments(dir.path()).unwrap();
+    write_cursor(
+        dir.path(),
+        Position {
+            seq: segs[2],
+            offset: SEGMENT_HEADER_LEN,
+        },
+    )
+    .unwrap();
+    let spool = open(&s, Metrics::default()).unwrap();
+    let now = list_segments(dir.path()).unwrap();
+    assert_eq!(now[0], segs[2]);
+    stop(spool);
+}
+
+#[tokio::test]
+async fn numbering_continues_past_the_cursor_when_every_segment_was_shipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..3 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    let mut reader = stop(spool);
+    let batch = read_all(&mut reader);
+    write_cursor(dir.path(), batch.end.unwrap()).unwrap();
+    drop(reader);
+    for seq in list_segments(dir.path()).unwrap() {
+        fs::remove_file(segment_path(dir.path(), seq)).unwrap();
+    }
+
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert_eq!(list_segments(dir.path()).unwrap(), [2]);
+    append(&spool.shared, &payload(9)).await.unwrap();
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, payload(9));
+}
+
+#[tokio::test]
+async fn a_segment_without_a_valid_header_is_set_aside_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(segment_path(dir.path(), 4), b"MCPF").unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert_eq!(spool.recovery.segments, 0);
+    assert_eq!(spool.recovery.cut_bytes, 4);
+    assert_eq!(rejected_files(dir.path()).len(), 1);
+    append(&spool.shared, &payload(1)).await.unwrap();
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, payload(1));
+    assert_eq!(list_segments(dir.path()).unwrap(), [5]);
+}
+
+#[tokio::test]
+async fn spool_files_are_private_to_the_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("spool");
+    let spool = open(&settings(&root), Metrics::default()).unwrap();
+    append(&spool.shared, &payload(1)).await.unwrap();
+    let mut reader = stop(spool);
+    write_cursor(&root, read_all(&mut reader).end.unwrap()).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&root), 0o700);
+    assert_eq!(mode(&root.join("rejected")), 0o700);
+    assert_eq!(mode(&segment_path(&root, 1)), 0o600);
+    assert_eq!(mode(&root.join("cursor")), 0o600);
+    assert_eq!(mode(&root.join("LOCK")), 0o600);
+}

@@ -1,0 +1,3 @@
+//! Test harness shared by the integration test binaries.
+
+pub mod clickhouse;
