@@ -3,15 +3,13 @@
 //! child process), spool failures under both fail modes, torn records, bad data,
 //! duplicate-proof daily stats, retention, and (ignored) throughput.
 
-mod common;
-
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::clickhouse::{ClickHouse, INSERTER_PASSWORD};
+use crate::common::clickhouse::{ClickHouse, INSERTER_PASSWORD};
 use mcp_firewall::audit::{
     self, AuditConfig, AuditError, AuditRow, Auditor, FailMode, JsonPayload, Recorded, Risk,
     SpoolError, REDACTED,

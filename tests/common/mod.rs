@@ -1,3 +1,0 @@
-//! Test harness shared by the integration test binaries.
-
-pub mod clickhouse;
