@@ -7,6 +7,14 @@ const MINIMAL: &str = r#"
 listen = "127.0.0.1:8080"
 plaintext = true
 
+[auth]
+mcp_audience = "mcp-firewall"
+admin_audience = "mcp-firewall-admin"
+issuers = ["https://idp.test"]
+[[auth.keys]]
+alg = "HS256"
+secret = "test-secret-that-is-long-enough-for-hs256!"
+
 [[upstream]]
 name = "incidents"
 url = "http://127.0.0.1:9000/mcp"

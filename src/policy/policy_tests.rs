@@ -20,6 +20,14 @@ fn upstreams() -> Vec<Arc<Upstream>> {
 [server]
 listen = "127.0.0.1:0"
 plaintext = true
+
+[auth]
+mcp_audience = "mcp-firewall"
+admin_audience = "mcp-firewall-admin"
+issuers = ["https://idp.test"]
+[[auth.keys]]
+alg = "HS256"
+secret = "test-secret-that-is-long-enough-for-hs256!"
 [[upstream]]
 name = "incidents"
 url = "http://x/mcp"
