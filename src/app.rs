@@ -13,7 +13,12 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+
 use crate::admin::{self, Admin};
+use crate::audit::{self, AuditHandle, Auditor};
 use crate::auth::Verifier;
 use crate::config::Config;
 use crate::policy::reload::PolicyStore;
@@ -33,6 +38,7 @@ pub struct Running {
     admin: Arc<Admin>,
     servers: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
+    audit: Option<AuditHandle>,
 }
 
 /// Binds and starts everything described by `config`.
@@ -46,14 +52,33 @@ pub async fn start(config: Arc<Config>) -> anyhow::Result<Running> {
     start_with(config, verifier, policy, registry).await
 }
 
+async fn start_audit(
+    config: &Config,
+    registry: &mut Registry,
+) -> anyhow::Result<(Auditor, Option<AuditHandle>)> {
+    match &config.audit {
+        Some(a) if a.enabled => {
+            let (auditor, handle) = audit::start(a, registry)
+                .await
+                .context("starting the audit pipeline")?;
+            Ok((auditor, Some(handle)))
+        }
+        _ => {
+            tracing::warn!("audit is disabled: no [audit] section (or enabled = false); decisions are only logged");
+            Ok((Auditor::disabled(), None))
+        }
+    }
+}
+
 /// Starts with an already built verifier and policy (the demo embeds its
 /// policy instead of reading a directory).
 pub async fn start_with(
     config: Arc<Config>,
     verifier: Verifier,
     policy: Arc<PolicyStore>,
-    registry: prometheus_client::registry::Registry,
+    mut registry: Registry,
 ) -> anyhow::Result<Running> {
+    let (auditor, audit_handle) = start_audit(&config, &mut registry).await?;
     let mcp_listener = TcpListener::bind(config.server.listen)
         .await
         .with_context(|| format!("binding the MCP listener on {}", config.server.listen))?;
@@ -76,7 +101,7 @@ pub async fn start_with(
         Arc::new(c)
     };
     let state = Arc::new(
-        State::new(config.clone(), verifier, policy.clone())
+        State::new(config.clone(), verifier, policy.clone(), auditor)
             .context("building upstream clients")?,
     );
 
@@ -128,6 +153,7 @@ pub async fn start_with(
         admin,
         servers: vec![mcp, admin_task],
         background,
+        audit: audit_handle,
     })
 }
 
@@ -143,6 +169,10 @@ impl Running {
         }
         for b in self.background {
             b.abort();
+        }
+        if let Some(audit) = self.audit {
+            // Flush what it can; the rest stays in the spool for the next start.
+            audit.shutdown(Duration::from_secs(5)).await;
         }
         tracing::info!("mcp-firewall stopped");
     }

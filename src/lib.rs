@@ -14,6 +14,7 @@ pub mod catalog;
 pub mod config;
 pub mod demo;
 pub mod mcp;
+pub mod outcome;
 pub mod policy;
 pub mod proxy;
 pub mod server;

@@ -67,7 +67,7 @@ mod spool;
 
 use std::cell::RefCell;
 use std::fmt;
-use std::str::FromStr;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,43 +88,9 @@ use self::metrics::Metrics;
 use self::shipper::{Phase, Shipper, ShipperSettings};
 use self::spool::Shared;
 
-/// How dangerous a call is; selects the [`FailMode`] and fills the `risk` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Risk {
-    /// Reads state only.
-    Read,
-    /// Changes state.
-    Write,
-    /// Changes state irreversibly (deletes, payments, deploys).
-    Destructive,
-}
-
-impl Risk {
-    /// The value stored in the `risk` column.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Risk::Read => "read",
-            Risk::Write => "write",
-            Risk::Destructive => "destructive",
-        }
-    }
-}
-
-impl FromStr for Risk {
-    type Err = AuditError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "read" => Ok(Risk::Read),
-            "write" => Ok(Risk::Write),
-            "destructive" => Ok(Risk::Destructive),
-            other => Err(AuditError::UnknownRisk {
-                value: other.to_owned(),
-            }),
-        }
-    }
-}
+/// How dangerous a call is; selects the [`FailMode`] and fills the `risk`
+/// column. The policy's risk type, so the two can never disagree.
+pub use crate::policy::Risk;
 
 /// What the proxy does with a call whose audit row could not be spooled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -151,12 +117,6 @@ pub enum AuditError {
     NotAccepting {
         /// Risk of the refused call.
         risk: Risk,
-    },
-    /// A risk string other than `read`, `write`, `destructive`.
-    #[error("unknown risk {value:?} (expected read, write or destructive)")]
-    UnknownRisk {
-        /// The string given.
-        value: String,
     },
     /// `database`/`table` would not be a plain SQL identifier.
     #[error("invalid audit config: clickhouse.{field} {value:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes)")]

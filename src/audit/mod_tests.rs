@@ -127,10 +127,7 @@ fn risk_parses_its_three_names_only() {
     assert_eq!("read".parse::<Risk>().unwrap(), Risk::Read);
     assert_eq!("destructive".parse::<Risk>().unwrap(), Risk::Destructive);
     assert_eq!(Risk::Write.as_str(), "write");
-    assert!(matches!(
-        "Write".parse::<Risk>(),
-        Err(AuditError::UnknownRisk { .. })
-    ));
+    assert!("Write".parse::<Risk>().is_err());
 }
 
 #[tokio::test]

@@ -44,6 +44,8 @@ pub struct RawConfig {
     /// Where the policy files are.
     #[serde(default)]
     pub policy: RawPolicy,
+    /// The audit trail (ClickHouse through a local spool). Absent: no audit.
+    pub audit: Option<crate::audit::AuditConfig>,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<RawUpstream>,

@@ -32,6 +32,8 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// Authorization servers for the protected-resource metadata.
     pub authorization_servers: Vec<String>,
+    /// The audit pipeline, if configured (spool path resolved).
+    pub audit: Option<crate::audit::AuditConfig>,
     /// The policy directory.
     pub policy_dir: PathBuf,
     /// Policy change-check interval.
@@ -364,6 +366,16 @@ impl Validator<'_> {
             .map_err(|e| self.invalid("auth.header", e.to_string()))?;
         let authorization_servers = s_authorization_servers.unwrap_or_else(|| auth.issuers.clone());
 
+        let audit = match raw.audit {
+            Some(mut a) => {
+                a.spool.dir = self.path(&a.spool.dir);
+                a.validate()
+                    .map_err(|e| self.invalid("audit", e.to_string()))?;
+                Some(a)
+            }
+            None => None,
+        };
+
         let mut names = HashSet::new();
         let mut upstreams = Vec::with_capacity(raw.upstreams.len());
         for (i, u) in raw.upstreams.into_iter().enumerate() {
@@ -386,6 +398,7 @@ impl Validator<'_> {
             upstreams,
             auth,
             authorization_servers,
+            audit,
             policy_dir: self.path(&raw.policy.dir),
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
         })

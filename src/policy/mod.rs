@@ -40,7 +40,8 @@ pub mod reload;
 pub use compile::{compile, load_dir, PolicyError};
 
 /// How much harm a tool can do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Risk {
     /// Reads only.
     Read = 0,
@@ -648,6 +649,24 @@ impl Risk {
             Risk::Read => "read",
             Risk::Write => "write",
             Risk::Destructive => "destructive",
+        }
+    }
+}
+
+/// A risk name that is not `read`, `write` or `destructive`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown risk {0:?} (expected read, write or destructive)")]
+pub struct UnknownRisk(pub String);
+
+impl std::str::FromStr for Risk {
+    type Err = UnknownRisk;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "read" => Ok(Risk::Read),
+            "write" => Ok(Risk::Write),
+            "destructive" => Ok(Risk::Destructive),
+            other => Err(UnknownRisk(other.to_owned())),
         }
     }
 }

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use crate::auth::Claims;
 use crate::catalog::{ArgumentsError, Catalogs};
 use crate::mcp::jsonrpc::{self, Id, Kind, Message};
+use crate::outcome::{DecisionKind, StopReason};
 use crate::policy::{self, Authority, Call, Decision, Hidden, Identity, Policy, Risk};
 
 use super::error::codes;
@@ -85,6 +86,59 @@ pub enum Outcome {
     InvalidArguments(String),
     /// A prompt or resource outside the run's rules.
     NotPermitted,
+    /// The audit trail cannot record the call and its risk is fail-closed.
+    AuditUnavailable {
+        /// Risk of the tool.
+        risk: Risk,
+        /// The spool's error.
+        error: String,
+    },
+}
+
+// === impl Outcome ===
+
+impl Outcome {
+    /// Decision, stop reason, reason text and risk for the audit row.
+    pub fn audit(&self) -> (DecisionKind, Option<StopReason>, String, Option<Risk>) {
+        match self {
+            Outcome::UnknownTool(h) => (
+                DecisionKind::Hidden,
+                Some(StopReason::Denied),
+                h.as_ref().map_or_else(
+                    || "not in the upstream's catalog".to_owned(),
+                    |h| h.to_string(),
+                ),
+                None,
+            ),
+            Outcome::Denied { risk, reason, rule } => (
+                DecisionKind::Deny,
+                Some(StopReason::Denied),
+                format!("{reason} ({rule})"),
+                Some(*risk),
+            ),
+            Outcome::ApprovalRequired { risk } => (
+                DecisionKind::Approve,
+                Some(StopReason::ApprovalRequired),
+                format!("{risk} tool behind an approve gate"),
+                Some(*risk),
+            ),
+            Outcome::InvalidArguments(detail) => (
+                DecisionKind::Invalid,
+                Some(StopReason::Denied),
+                detail.clone(),
+                None,
+            ),
+            Outcome::NotPermitted => (
+                DecisionKind::Hidden,
+                Some(StopReason::Denied),
+                "prompt or resource outside the run's rules".to_owned(),
+                None,
+            ),
+            Outcome::AuditUnavailable { risk, error } => {
+                (DecisionKind::Error, None, error.clone(), Some(*risk))
+            }
+        }
+    }
 }
 
 // === impl RunContext ===

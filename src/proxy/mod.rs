@@ -27,6 +27,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use crate::audit::Auditor;
 use crate::auth::{self, Audience, Claims, Verifier};
 use crate::catalog::Catalogs;
 use crate::config::{Config, IdentityClaim};
@@ -38,13 +39,15 @@ use crate::server::listener::ConnInfo;
 pub mod body;
 pub mod decide;
 pub mod error;
+pub mod record;
 pub mod relay;
 pub mod upstream;
 pub mod version;
 
 use body::Body;
-use decide::{RunContext, Verdict};
+use decide::{Outcome, RunContext, Verdict};
 use error::ProxyError;
+use record::Recorder;
 use relay::{mime_is, Exchange, Pending};
 use upstream::{Forward, UpstreamClient};
 use version::ProtocolVersion;
@@ -63,6 +66,8 @@ pub struct State {
     pub policy: Arc<PolicyStore>,
     /// What each upstream offers.
     pub catalogs: Arc<Catalogs>,
+    /// Where audit rows go (a no-op when audit is off).
+    pub auditor: Auditor,
 }
 
 // === impl State ===
@@ -73,6 +78,7 @@ impl State {
         config: Arc<Config>,
         verifier: Verifier,
         policy: Arc<PolicyStore>,
+        auditor: Auditor,
     ) -> Result<State, upstream::ClientError> {
         let token_header = verifier.header_name().clone();
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
@@ -95,6 +101,7 @@ impl State {
             verifier,
             policy,
             catalogs: Arc::new(Catalogs::default()),
+            auditor,
         })
     }
 }
@@ -206,13 +213,48 @@ async fn post(
     check_mirrored_headers(&parts.headers, &env, &cx)?;
 
     // Step 5: decide each message on its own.
+    let recorder = Recorder::new(
+        state.auditor.clone(),
+        &cx,
+        &parts.headers,
+        conn.remote.ip(),
+        bytes.len(),
+    );
     let mut forward = Vec::with_capacity(env.messages.len());
     let mut local_answers = Vec::new();
     let mut pending = Vec::new();
+    let mut open_rows = Vec::new();
+    let mut local_rows = Vec::new();
     for m in &env.messages {
-        match cx.decide(m) {
-            Verdict::Forward { .. } => {
+        let verdict = match cx.decide(m) {
+            // Nothing runs that the audit trail cannot record, when the
+            // risk is fail-closed.
+            Verdict::Forward { risk } => match recorder
+                .auditor()
+                .admit(risk.unwrap_or(crate::policy::Risk::Read))
+            {
+                Ok(()) => Verdict::Forward { risk },
+                Err(e) => Verdict::Answer {
+                    body: m.id.as_ref().map(|id| {
+                        jsonrpc::error_body(
+                            Some(id),
+                            error::codes::AUDIT_UNAVAILABLE,
+                            "the audit trail cannot record this call; it was not executed",
+                            None,
+                        )
+                    }),
+                    outcome: Outcome::AuditUnavailable {
+                        risk: risk.unwrap_or(crate::policy::Risk::Read),
+                        error: e.to_string(),
+                    },
+                },
+            },
+            answer => answer,
+        };
+        match verdict {
+            Verdict::Forward { risk } => {
                 forward.push(&m.span);
+                open_rows.push(recorder.forwarded(m, risk));
                 if let (Kind::Request, Some(id), Some(method)) = (m.kind, &m.id, &m.method) {
                     pending.push(Pending {
                         id: id.clone(),
@@ -230,10 +272,13 @@ async fn post(
                     outcome = ?outcome,
                     "answered by the firewall"
                 );
+                local_rows.push(recorder.answered(m, &outcome));
                 local_answers.extend(body);
             }
         }
     }
+    // The firewall's own answers are on record before any answer leaves.
+    recorder.write(local_rows).await;
     if forward.is_empty() {
         return Ok(local_response(env.batch, local_answers));
     }
@@ -261,10 +306,11 @@ async fn post(
         state.config.server.max_sse_event_bytes,
         local_answers,
     )
-    .with_reply(&parts.headers, conn, identity_headers.clone());
+    .with_reply(&parts.headers, conn, identity_headers.clone())
+    .with_audit(recorder, open_rows);
     let resp = match up.send(fwd).await {
         Ok(r) => r,
-        Err(failure) => return Err(exchange.fail(failure)),
+        Err(failure) => return Err(exchange.fail(failure).await),
     };
 
     // Step 7: relay.
@@ -300,7 +346,7 @@ async fn stream(
     .with_reply(&parts.headers, conn, identity_headers.clone());
     let resp = match up.send(fwd).await {
         Ok(r) => r,
-        Err(failure) => return Err(exchange.fail(failure)),
+        Err(failure) => return Err(exchange.fail(failure).await),
     };
     exchange.respond(resp).await
 }

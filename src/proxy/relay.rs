@@ -25,6 +25,7 @@
 //!   the upstream gets a JSON-RPC error in the client's place.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName};
@@ -34,6 +35,7 @@ use hyper::body::{Frame, Incoming};
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use crate::audit::AuditRow;
 use crate::mcp::jsonrpc::{self, Id, Kind, Message};
 use crate::mcp::{rewrite, sse};
 use crate::policy::Access;
@@ -42,6 +44,7 @@ use crate::server::listener::ConnInfo;
 use super::body::{full, Body, BoxError, Collected, UpstreamBody};
 use super::decide::RunContext;
 use super::error::{codes, ProxyError, UpstreamFailure};
+use super::record::{OpenRow, Recorder};
 use super::upstream::{response_headers, Forward};
 
 /// A request forwarded upstream whose answer the firewall waits for.
@@ -64,6 +67,16 @@ pub struct Exchange {
     /// How to answer the upstream in the client's place (refused
     /// server-to-client requests): the session headers and the connection.
     reply: Option<Reply>,
+    /// Audit rows waiting for the upstream's answers.
+    audit: Option<Audit>,
+}
+
+struct Audit {
+    recorder: Recorder,
+    open: Vec<OpenRow>,
+    upstream_started: Instant,
+    status: u16,
+    bytes_out: usize,
 }
 
 struct Reply {
@@ -94,7 +107,52 @@ impl Exchange {
             max_sse_event_bytes,
             local_answers,
             reply: None,
+            audit: None,
         }
+    }
+
+    /// Rows to complete with the upstream's answers and write before those
+    /// answers reach the client.
+    pub fn with_audit(mut self, recorder: Recorder, open: Vec<OpenRow>) -> Self {
+        if recorder.enabled() {
+            self.audit = Some(Audit {
+                recorder,
+                open,
+                upstream_started: Instant::now(),
+                status: 0,
+                bytes_out: 0,
+            });
+        }
+        self
+    }
+
+    /// Completes the open row answering `id`, if any.
+    fn close_row(&mut self, id: &Id, answer: &str) -> Option<AuditRow> {
+        let a = self.audit.as_mut()?;
+        let pos = a.open.iter().position(|r| r.id.as_ref() == Some(id))?;
+        let open = a.open.swap_remove(pos);
+        Some(a.recorder.close(
+            open,
+            Some(answer),
+            a.status,
+            a.upstream_started,
+            a.bytes_out,
+        ))
+    }
+
+    /// Writes `rows` plus, when `all`, every row still open (forwarded
+    /// notifications and responses, requests the upstream did not answer).
+    async fn write_rows(&mut self, mut rows: Vec<AuditRow>, all: bool) {
+        let Some(a) = self.audit.as_mut() else { return };
+        if all {
+            for open in std::mem::take(&mut a.open) {
+                rows.push(
+                    a.recorder
+                        .close(open, None, a.status, a.upstream_started, a.bytes_out),
+                );
+            }
+        }
+        a.recorder.write(rows).await;
     }
 
     /// Lets the relay answer refused server-to-client requests on the
@@ -127,8 +185,10 @@ impl Exchange {
         self
     }
 
-    /// The error for a failed upstream, answering every pending request.
-    pub fn fail(&self, failure: UpstreamFailure) -> ProxyError {
+    /// The error for a failed upstream, answering every pending request;
+    /// the open audit rows are written as failed first.
+    pub async fn fail(mut self, failure: UpstreamFailure) -> ProxyError {
+        self.record_failure(&failure).await;
         ProxyError::Upstream {
             upstream: self.cx.upstream.config.name.clone(),
             failure,
@@ -136,9 +196,26 @@ impl Exchange {
         }
     }
 
+    async fn record_failure(&mut self, failure: &UpstreamFailure) {
+        if let Some(a) = self.audit.as_mut() {
+            let cause = failure.to_string();
+            let rows: Vec<AuditRow> = std::mem::take(&mut a.open)
+                .into_iter()
+                .map(|open| {
+                    a.recorder
+                        .failed(open, &cause, a.status, a.upstream_started)
+                })
+                .collect();
+            a.recorder.write(rows).await;
+        }
+    }
+
     /// Turns the upstream's response into the client's.
     pub async fn respond(mut self, resp: Response<Incoming>) -> Result<Response<Body>, ProxyError> {
         let (parts, incoming) = resp.into_parts();
+        if let Some(a) = self.audit.as_mut() {
+            a.status = parts.status.as_u16();
+        }
         let idle = self.cx.upstream.config.idle_timeout;
         let mut body = UpstreamBody::new(incoming, idle);
 
@@ -146,7 +223,9 @@ impl Exchange {
             // Drain a little so the pooled connection can be reused; the
             // content is the upstream's business, the status is the cause.
             let _ = body.collect_bounded(64 * 1024).await;
-            return Err(self.fail(UpstreamFailure::Status(parts.status.as_u16())));
+            return Err(self
+                .fail(UpstreamFailure::Status(parts.status.as_u16()))
+                .await);
         }
 
         let mut headers = response_headers(&parts.headers);
@@ -170,6 +249,7 @@ impl Exchange {
         }
 
         if parts.status == StatusCode::ACCEPTED || (!is_sse && !is_json) {
+            self.write_rows(Vec::new(), true).await;
             if !self.local_answers.is_empty() && parts.status == StatusCode::ACCEPTED {
                 // The upstream accepted the notifications/responses of a
                 // batch; the firewall still owes answers for what it refused.
@@ -208,17 +288,26 @@ impl Exchange {
         let limit = self.cx.upstream.config.max_response_bytes;
         let collected = match body.collect_bounded(limit).await {
             Ok(c) => c,
-            Err(f) => return Err(self.fail(f)),
+            Err(f) => return Err(self.fail(f).await),
         };
         match collected {
             Collected::Complete(bytes) => {
-                let out = self.inspect_json(bytes)?;
+                let (out, rows) = match self.inspect_json(bytes) {
+                    Ok(x) => x,
+                    Err(f) => return Err(self.fail(f).await),
+                };
+                if let Some(a) = self.audit.as_mut() {
+                    a.bytes_out = out.len();
+                }
+                // The answers are on record before they leave.
+                self.write_rows(rows, true).await;
                 Ok(json_with(parts.status, headers, out))
             }
             Collected::Partial(prefix) => {
                 if self.filters() {
-                    return Err(self.fail(UpstreamFailure::TooLarge(limit)));
+                    return Err(self.fail(UpstreamFailure::TooLarge(limit)).await);
                 }
+                self.write_rows(Vec::new(), true).await;
                 let head =
                     futures_util::stream::once(
                         async move { Ok::<_, BoxError>(Frame::data(prefix)) },
@@ -239,26 +328,30 @@ impl Exchange {
         self.pending.iter().any(|p| is_list(&p.method))
     }
 
-    /// Inspects a complete JSON answer (one message or a batch of them).
-    fn inspect_json(&mut self, bytes: Bytes) -> Result<Bytes, ProxyError> {
+    /// Inspects a complete JSON answer (one message or a batch of them);
+    /// returns what to send and the audit rows it completes.
+    fn inspect_json(&mut self, bytes: Bytes) -> Result<(Bytes, Vec<AuditRow>), UpstreamFailure> {
         let env = match jsonrpc::parse(&bytes, &UPSTREAM_LIMITS) {
             Ok(env) => env,
             Err(e) => {
                 // What the firewall must filter and cannot read never passes.
                 if self.filters() {
-                    return Err(self.fail(UpstreamFailure::Invalid(e.to_string())));
+                    return Err(UpstreamFailure::Invalid(e.to_string()));
                 }
-                return Ok(merge_if(bytes, &self.local_answers));
+                return Ok((merge_if(bytes, &self.local_answers), Vec::new()));
             }
         };
         let text = std::str::from_utf8(&bytes).unwrap_or("");
         let mut replaced: Vec<(std::ops::Range<usize>, String)> = Vec::new();
+        let mut rows = Vec::new();
         for m in &env.messages {
             let raw = text.get(m.span.clone()).unwrap_or("");
-            match self.on_message(m, raw) {
-                Ok(Some(new)) => replaced.push((m.span.clone(), new)),
-                Ok(None) => {}
-                Err(f) => return Err(self.fail(f)),
+            let new = self.on_message(m, raw)?;
+            if let (Kind::Response, Some(id)) = (m.kind, &m.id) {
+                rows.extend(self.close_row(id, new.as_deref().unwrap_or(raw)));
+            }
+            if let Some(new) = new {
+                replaced.push((m.span.clone(), new));
             }
         }
         let out = if replaced.is_empty() {
@@ -274,7 +367,7 @@ impl Exchange {
             out.push_str(text.get(at..).unwrap_or(""));
             Bytes::from(out)
         };
-        Ok(merge_if(out, &self.local_answers))
+        Ok((merge_if(out, &self.local_answers), rows))
     }
 
     /// Inspects one upstream message; returns its replacement, if any.
@@ -502,30 +595,43 @@ impl SseRelay {
             match self.body.chunk().await {
                 Ok(Some(chunk)) => {
                     if let Err(e) = self.decoder.push(&chunk) {
-                        return self.end(UpstreamFailure::Invalid(e.to_string()));
+                        return self.end(UpstreamFailure::Invalid(e.to_string())).await;
                     }
+                    let mut rows = Vec::new();
                     while let Some(ev) = self.decoder.next_event() {
-                        if let Err(f) = self.on_event(ev, &mut out) {
+                        if let Err(f) = self.on_event(ev, &mut out, &mut rows) {
                             // Whatever was decided so far still goes out first.
-                            let tail = self.end(f);
+                            self.ex.write_rows(rows, false).await;
+                            let tail = self.end(f).await;
                             out.extend_from_slice(&tail.unwrap_or_default());
                             return Some(out.freeze());
                         }
                     }
+                    if let Some(a) = self.ex.audit.as_mut() {
+                        a.bytes_out += out.len();
+                    }
+                    // Answers are on record before they are relayed.
+                    self.ex.write_rows(rows, false).await;
                     if !out.is_empty() {
                         return Some(out.freeze());
                     }
                 }
                 Ok(None) => {
                     self.done = true;
+                    self.ex.write_rows(Vec::new(), true).await;
                     return None;
                 }
-                Err(f) => return self.end(f),
+                Err(f) => return self.end(f).await,
             }
         }
     }
 
-    fn on_event(&mut self, ev: sse::Event, out: &mut BytesMut) -> Result<(), UpstreamFailure> {
+    fn on_event(
+        &mut self,
+        ev: sse::Event,
+        out: &mut BytesMut,
+        rows: &mut Vec<AuditRow>,
+    ) -> Result<(), UpstreamFailure> {
         if !ev.has_data || ev.data.is_empty() {
             out.extend_from_slice(&ev.raw);
             return Ok(());
@@ -566,7 +672,11 @@ impl SseRelay {
                 return Ok(());
             }
         }
-        match self.ex.on_message(m, &ev.data)? {
+        let new = self.ex.on_message(m, &ev.data)?;
+        if let (Kind::Response, Some(id)) = (m.kind, &m.id) {
+            rows.extend(self.ex.close_row(id, new.as_deref().unwrap_or(&ev.data)));
+        }
+        match new {
             None => out.extend_from_slice(&ev.raw),
             Some(new) => {
                 let rewritten = sse::Event { data: new, ..ev };
@@ -577,8 +687,9 @@ impl SseRelay {
     }
 
     /// Ends a broken stream: every request still waiting gets an error event.
-    fn end(&mut self, failure: UpstreamFailure) -> Option<Bytes> {
+    async fn end(&mut self, failure: UpstreamFailure) -> Option<Bytes> {
         self.done = true;
+        self.ex.record_failure(&failure).await;
         let name = self.ex.cx.upstream.config.name.clone();
         tracing::warn!(upstream = %name, error = %failure, "upstream stream failed");
         let mut out = BytesMut::new();

@@ -1,0 +1,89 @@
+//! The vocabulary of outcomes, shared by responses, logs, audit rows and
+//! metrics, so the same stop reason reads the same everywhere.
+
+use std::fmt;
+
+/// Why a call (or a run) stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    /// The call ran and answered.
+    Done,
+    /// The run reached its cap on `tools/call`.
+    StepCap,
+    /// The call's price would pass the run's or tenant's cost cap.
+    CostCap,
+    /// A rate limit refused the call.
+    RateLimited,
+    /// The policy refused the call.
+    Denied,
+    /// A person must approve the call first.
+    ApprovalRequired,
+    /// The upstream failed.
+    UpstreamError,
+}
+
+/// What the firewall decided about one message (the audit `decision` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecisionKind {
+    /// Forwarded upstream.
+    Allow,
+    /// Refused by a condition or gate.
+    Deny,
+    /// Answered as an unknown tool, prompt or resource (hidden from the run).
+    Hidden,
+    /// Held for a person's approval.
+    Approve,
+    /// Refused for invalid arguments.
+    Invalid,
+    /// Not executed: a budget or rate limit (a `skipped` result).
+    Skip,
+    /// The firewall could not do its job (audit unavailable, internal error).
+    Error,
+}
+
+impl StopReason {
+    /// Every stop reason, for metric initialisation.
+    pub const ALL: [StopReason; 7] = [
+        StopReason::Done,
+        StopReason::StepCap,
+        StopReason::CostCap,
+        StopReason::RateLimited,
+        StopReason::Denied,
+        StopReason::ApprovalRequired,
+        StopReason::UpstreamError,
+    ];
+
+    /// The wire and column name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Done => "done",
+            StopReason::StepCap => "step_cap",
+            StopReason::CostCap => "cost_cap",
+            StopReason::RateLimited => "rate_limited",
+            StopReason::Denied => "denied",
+            StopReason::ApprovalRequired => "approval_required",
+            StopReason::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl DecisionKind {
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionKind::Allow => "allow",
+            DecisionKind::Deny => "deny",
+            DecisionKind::Hidden => "hidden",
+            DecisionKind::Approve => "approve",
+            DecisionKind::Invalid => "invalid",
+            DecisionKind::Skip => "skip",
+            DecisionKind::Error => "error",
+        }
+    }
+}

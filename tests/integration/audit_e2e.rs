@@ -1,0 +1,319 @@
+//! The audit trail of real calls through the firewall, read back from a real
+//! ClickHouse: every field of an allowed call, a denied call and an upstream
+//! error; redaction; and the firewall killed with SIGKILL in the middle of a
+//! load and restarted on the same spool (every answered call present exactly
+//! once).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::clickhouse::ClickHouse;
+use crate::common::{self, mcp::*};
+use crate::through_firewall::{call_err, connect_via};
+
+fn audit_section(spool: &Path, ch: &ClickHouse, db: &str) -> String {
+    format!(
+        "[audit]\nenabled = true\ninstance = \"fw-e2e\"\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{db}\"\n[audit.spool]\ndir = \"{}\"\nfsync_interval_ms = 20\n[audit.batch]\nmax_rows = 1000\nmax_age_ms = 50\nretry_min_ms = 50\nretry_max_ms = 400\n\n",
+        ch.http_url,
+        spool.display()
+    )
+}
+
+/// Config for a firewall in front of `url` (as upstream `incidents`) that
+/// audits into `db`.
+fn config(spool: &Path, ch: &ClickHouse, db: &str, url: &str) -> String {
+    let base = common::config_text(&[], "");
+    format!(
+        "{base}{}[[upstream]]\nname = \"incidents\"\nurl = \"{url}\"\nprojects = [\"sre\"]\nrequest_timeout_ms = 5000\n",
+        audit_section(spool, ch, db)
+    )
+}
+
+fn wait_rows(ch: &ClickHouse, sql: &str, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = ch.query_u64(sql);
+        if n >= want || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn row(ch: &ClickHouse, db: &str, filter: &str) -> Value {
+    let text = ch.query(&format!(
+        "SELECT * FROM {db}.audit_events FINAL WHERE {filter} ORDER BY time_ms DESC LIMIT 1 FORMAT JSONEachRow"
+    ));
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("row for {filter}: {e}: {text:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
+    let ch = ClickHouse::shared();
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let fw = common::firewall(&config(&dir.path().join("spool"), ch, &db, &upstream.url())).await;
+    let token = common::token();
+    let s = crate::through_firewall::Setup { upstream, fw };
+    let client = connect_via(&s, Era::V2026_07_28, &token).await;
+    client.list_all_tools().await.unwrap();
+    // Allowed read, with a secret-looking argument key to redact.
+    let r = call(
+        &client,
+        "export_metrics_csv",
+        json!({"service": "checkout", "points": 3}),
+    )
+    .await;
+    assert!(r.is_error != Some(true));
+    // Denied by condition.
+    call_err(
+        &client,
+        "get_deployment",
+        json!({"deployment_id": "prod-1"}),
+    )
+    .await;
+    // Gated.
+    call_err(
+        &client,
+        "restart_service",
+        json!({"service": "checkout", "namespace": "prod", "reason": "r"}),
+    )
+    .await;
+    // Hidden / invented.
+    call_err(&client, "launch_missiles", json!({})).await;
+    client.cancel().await.ok();
+
+    let calls =
+        format!("SELECT uniqExact(event_id) FROM {db}.audit_events WHERE method = 'tools/call'");
+    assert_eq!(wait_rows(ch, &calls, 4), 4, "{}", ch.log_tail());
+
+    let allowed = row(ch, &db, "tool = 'export_metrics_csv'");
+    assert_eq!(allowed["tenant"], "acme");
+    assert_eq!(allowed["subject"], "alice");
+    assert_eq!(allowed["agent_role"], "sre-lead");
+    assert!(allowed["run_id"].as_str().unwrap().starts_with("run-"));
+    assert!(!allowed["token_id"].as_str().unwrap().is_empty());
+    assert_eq!(allowed["client_ip"].as_str().unwrap(), "127.0.0.1");
+    assert_eq!(allowed["upstream"], "incidents");
+    assert_eq!(allowed["project"], "sre");
+    assert_eq!(allowed["protocol_version"], "2026-07-28");
+    assert_eq!(allowed["method"], "tools/call");
+    assert_eq!(allowed["risk"], "read");
+    assert_eq!(allowed["decision"], "allow");
+    assert_eq!(allowed["stop_reason"], "done");
+    assert_eq!(allowed["is_error"], 0);
+    assert_eq!(allowed["upstream_status"], 200);
+    assert_eq!(allowed["instance"], "fw-e2e");
+    assert!(num(&allowed["latency_us"]) >= num(&allowed["upstream_latency_us"]));
+    assert!(num(&allowed["upstream_latency_us"]) > 0);
+    assert!(num(&allowed["bytes_in"]) > 0);
+    assert!(num(&allowed["bytes_out"]) > 0);
+    let args: Value = serde_json::from_str(allowed["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["service"], "checkout");
+    assert!(
+        allowed["result_summary"]
+            .as_str()
+            .unwrap()
+            .contains("content"),
+        "{allowed}"
+    );
+    assert!(!allowed["jsonrpc_id"].as_str().unwrap().is_empty());
+
+    let denied = row(ch, &db, "tool = 'get_deployment'");
+    assert_eq!(denied["decision"], "deny");
+    assert_eq!(denied["stop_reason"], "denied");
+    assert!(
+        denied["reason"].as_str().unwrap().contains("dep-<number>"),
+        "{denied}"
+    );
+    assert_eq!(denied["upstream_status"], 0, "never forwarded");
+    let gated = row(ch, &db, "tool = 'restart_service'");
+    assert_eq!(gated["decision"], "approve");
+    assert_eq!(gated["stop_reason"], "approval_required");
+    assert_eq!(gated["risk"], "destructive");
+    let hidden = row(ch, &db, "tool = 'launch_missiles'");
+    assert_eq!(hidden["decision"], "hidden");
+
+    s.fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_errors_are_audited() {
+    let ch = ClickHouse::shared();
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}/mcp", l.local_addr().unwrap());
+    drop(l);
+    let fw = common::firewall(&config(&dir.path().join("spool"), ch, &db, &dead)).await;
+    let resp = common::post_json(
+        &fw.mcp_url("incidents"),
+        r#"{"jsonrpc":"2.0","id":5,"method":"ping","params":{"password":"hunter2"}}"#,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let n = wait_rows(ch, &format!("SELECT count() FROM {db}.audit_events"), 1);
+    assert_eq!(n, 1);
+    let r = row(ch, &db, "method = 'ping'");
+    assert_eq!(r["stop_reason"], "upstream_error");
+    assert_eq!(r["is_error"], 1);
+    assert!(
+        r["reason"].as_str().unwrap().contains("cannot connect"),
+        "{r}"
+    );
+    assert_eq!(r["jsonrpc_id"], "5");
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firewall_killed_mid_load_loses_no_answered_call() {
+    let ch = ClickHouse::shared();
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let upstream = crate::common::raw::upstream(|seen| async move {
+        crate::common::raw::result_for(&seen, json!({}))
+    })
+    .await;
+    // A real firewall process.
+    let port = free_port();
+    let admin = free_port();
+    let text = config(&spool, ch, &db, &upstream.url())
+        .replacen(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+            1,
+        )
+        .replacen(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{admin}\""),
+            1,
+        );
+    let cfg_path = dir.path().join("fw.toml");
+    std::fs::write(&cfg_path, &text).unwrap();
+    let start = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+            .args(["serve", "--config", cfg_path.to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = start();
+    let url = format!("http://127.0.0.1:{port}/mcp/incidents");
+    wait_listening(port).await;
+    let token = common::token();
+    let http = common::http();
+    let send = |i: u64| {
+        http.post(&url)
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"ping"}}"#))
+            .send()
+    };
+    // Load from a few tasks; count the calls that were answered.
+    let answered = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for t in 0..4u64 {
+        let answered = answered.clone();
+        let url = url.clone();
+        let token = token.clone();
+        let http = http.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..1_000_000u64 {
+                let id = t * 1_000_000 + i;
+                let r = http
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .header("content-type", "application/json")
+                    .body(format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#))
+                    .send()
+                    .await;
+                let Ok(resp) = r else { return };
+                if resp.status() != 200 {
+                    return;
+                }
+                match resp.bytes().await {
+                    Ok(b) if b.ends_with(b"}") => answered.lock().unwrap().push(id),
+                    _ => return,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let answered = answered.lock().unwrap().clone();
+    assert!(
+        answered.len() > 50,
+        "the load ran ({} answered)",
+        answered.len()
+    );
+
+    // Restart on the same spool: it replays what ClickHouse has not acknowledged.
+    let mut child = start();
+    wait_listening(port).await;
+    let _ = send(0).await;
+    let ids = format!(
+        "SELECT uniqExact(jsonrpc_id) FROM {db}.audit_events WHERE method = 'ping' AND jsonrpc_id != '0'"
+    );
+    let have = wait_rows(ch, &ids, answered.len() as u64);
+    let missing: Vec<u64> = if have < answered.len() as u64 {
+        let present = ch.query(&format!(
+            "SELECT DISTINCT jsonrpc_id FROM {db}.audit_events"
+        ));
+        let present: std::collections::HashSet<&str> = present.lines().collect();
+        answered
+            .iter()
+            .copied()
+            .filter(|id| !present.contains(id.to_string().as_str()))
+            .take(10)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    assert!(
+        missing.is_empty(),
+        "answered calls missing from the audit trail: {missing:?}"
+    );
+    // Exactly once with the documented query form.
+    let dupes = ch.query_u64(&format!(
+        "SELECT count() FROM (SELECT event_id FROM {db}.audit_events FINAL GROUP BY event_id HAVING count() > 1)"
+    ));
+    assert_eq!(dupes, 0);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// ClickHouse quotes 64-bit integers in JSON output.
+fn num(v: &Value) -> u64 {
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "firewall did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
