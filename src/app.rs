@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::policy::reload::PolicyStore;
 use crate::proxy::State;
 use crate::server::{listener, stack, tls};
-use crate::telemetry;
+use crate::telemetry::{self, Metrics};
 
 /// A running firewall.
 pub struct Running {
@@ -101,12 +101,19 @@ pub async fn start_with(
         Arc::new(c)
     };
     let state = Arc::new(
-        State::new(config.clone(), verifier, policy.clone(), auditor)
-            .context("building upstream clients")?,
+        State::new(
+            config.clone(),
+            verifier,
+            policy.clone(),
+            auditor,
+            Metrics::register(&mut registry),
+        )
+        .context("building upstream clients")?,
     );
 
     let mut background = Vec::new();
     background.push(tokio::spawn(policy.clone().watch(config.policy_reload)));
+    background.push(tokio::spawn(sweep_budgets(state.clone())));
     let acceptor = match &config.server.tls {
         Some(tls_cfg) => {
             let resolver = tls::ReloadingCert::load(tls_cfg)?;
@@ -182,6 +189,16 @@ impl Running {
         wait_for_signal().await;
         tracing::info!("shutdown requested; draining");
         self.shutdown().await;
+    }
+}
+
+/// Drops budget state that expired with its tokens, off the request path.
+async fn sweep_budgets(state: Arc<State>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(30));
+    loop {
+        tick.tick().await;
+        state.budgets.sweep();
+        state.metrics.budget_runs.set(state.budgets.runs() as i64);
     }
 }
 

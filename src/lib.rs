@@ -10,6 +10,7 @@ pub mod admin;
 pub mod app;
 pub mod audit;
 pub mod auth;
+pub mod budget;
 pub mod catalog;
 pub mod config;
 pub mod demo;

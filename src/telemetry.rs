@@ -34,3 +34,59 @@ pub type SharedRegistry = Arc<Mutex<Registry>>;
 pub fn registry() -> Registry {
     Registry::with_prefix("mcp_firewall")
 }
+
+/// Labels of the per-call counter. Cardinality is bounded: upstreams are
+/// the configured ones, tools those the upstream listed (anything else is
+/// counted as `_unknown`), stop reasons a fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct CallLabels {
+    /// Upstream name.
+    pub upstream: String,
+    /// Tool name, or `_unknown`.
+    pub tool: String,
+    /// The stop reason (`done`, `step_cap`, ...).
+    pub stop_reason: String,
+}
+
+/// Request-path metrics.
+pub struct Metrics {
+    /// `tools/call` outcomes.
+    pub calls: prometheus_client::metrics::family::Family<
+        CallLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Runs whose budget state is held in memory.
+    pub budget_runs: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Metrics {
+    /// Creates and registers the metrics.
+    pub fn register(registry: &mut Registry) -> Arc<Metrics> {
+        let m = Metrics {
+            calls: Default::default(),
+            budget_runs: Default::default(),
+        };
+        registry.register(
+            "tool_calls",
+            "tools/call messages by upstream, tool and stop reason",
+            m.calls.clone(),
+        );
+        registry.register(
+            "budget_runs",
+            "Runs whose step and cost budgets are tracked in memory",
+            m.budget_runs.clone(),
+        );
+        Arc::new(m)
+    }
+
+    /// Counts one `tools/call` outcome.
+    pub fn call(&self, upstream: &str, tool: &str, stop: crate::outcome::StopReason) {
+        self.calls
+            .get_or_create(&CallLabels {
+                upstream: upstream.to_owned(),
+                tool: tool.to_owned(),
+                stop_reason: stop.as_str().to_owned(),
+            })
+            .inc();
+    }
+}

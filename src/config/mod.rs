@@ -44,6 +44,9 @@ pub struct RawConfig {
     /// Where the policy files are.
     #[serde(default)]
     pub policy: RawPolicy,
+    /// Rate limits and per-run caps (defaults; roles and upstreams refine them).
+    #[serde(default)]
+    pub limits: crate::budget::LimitsConfig,
     /// The audit trail (ClickHouse through a local spool). Absent: no audit.
     pub audit: Option<crate::audit::AuditConfig>,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
@@ -176,6 +179,9 @@ pub struct RawUpstream {
     pub max_request_bytes: Option<usize>,
     /// Overrides `server.max_response_bytes` for this upstream.
     pub max_response_bytes: Option<usize>,
+    /// Most `tools/call` per second to this upstream, all runs together
+    /// (protects a vendor). Default: no limit.
+    pub max_calls_per_s: Option<u32>,
     /// Speak HTTP/2 to this upstream (h2 over TLS via ALPN, or prior-knowledge h2c).
     #[serde(default)]
     pub http2: bool,

@@ -32,6 +32,8 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// Authorization servers for the protected-resource metadata.
     pub authorization_servers: Vec<String>,
+    /// Rate limits and caps.
+    pub limits: crate::budget::LimitsConfig,
     /// The audit pipeline, if configured (spool path resolved).
     pub audit: Option<crate::audit::AuditConfig>,
     /// The policy directory.
@@ -102,6 +104,8 @@ pub struct Upstream {
     pub max_response_bytes: usize,
     /// HTTP/2 to the upstream.
     pub http2: bool,
+    /// Calls per second to this upstream, all runs together.
+    pub max_calls_per_s: Option<u32>,
     /// Injected headers (credentials); values are secrets.
     pub inject: Vec<(HeaderName, Secret)>,
     /// Headers set from the verified token.
@@ -398,6 +402,7 @@ impl Validator<'_> {
             upstreams,
             auth,
             authorization_servers,
+            limits: raw.limits,
             audit,
             policy_dir: self.path(&raw.policy.dir),
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
@@ -521,6 +526,7 @@ impl Validator<'_> {
             max_request_bytes: u.max_request_bytes.unwrap_or(server.max_request_bytes),
             max_response_bytes: u.max_response_bytes.unwrap_or(server.max_response_bytes),
             http2: u.http2,
+            max_calls_per_s: u.max_calls_per_s,
             inject,
             identity_headers,
             projects: sorted(u.projects),

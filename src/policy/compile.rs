@@ -307,6 +307,7 @@ impl Cx<'_> {
             self_approval: a.self_approval,
             max_steps: a.max_steps,
             max_cost: a.max_cost,
+            calls_per_s: a.calls_per_s,
         })
     }
 

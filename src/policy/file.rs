@@ -124,6 +124,8 @@ pub struct RawAgent {
     pub max_steps: Option<u32>,
     /// Largest total price per run.
     pub max_cost: Option<f64>,
+    /// Most `tools/call` per second per run of this role.
+    pub calls_per_s: Option<u32>,
 }
 
 /// A rule matching tools by upstream, upstream category and tool name.

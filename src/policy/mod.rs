@@ -260,6 +260,8 @@ pub struct Agent {
     pub max_steps: Option<u32>,
     /// Cost cap per run, if the role sets one.
     pub max_cost: Option<f64>,
+    /// Calls per second per run, if the role sets it.
+    pub calls_per_s: Option<u32>,
 }
 
 struct ToolRule {

@@ -19,10 +19,12 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::auth::Claims;
+use crate::budget::{Budgets, CallBudget, Refusal, Reservation};
 use crate::catalog::{ArgumentsError, Catalogs};
 use crate::mcp::jsonrpc::{self, Id, Kind, Message};
 use crate::outcome::{DecisionKind, StopReason};
 use crate::policy::{self, Authority, Call, Decision, Hidden, Identity, Policy, Risk};
+use crate::telemetry::Metrics;
 
 use super::error::codes;
 use super::upstream::UpstreamClient;
@@ -44,6 +46,10 @@ pub struct RunContext {
     pub catalogs: Arc<Catalogs>,
     /// The request's protocol revision.
     pub version: ProtocolVersion,
+    /// Rate limits and caps.
+    pub budgets: Arc<Budgets>,
+    /// Request-path metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 /// What to do with one message.
@@ -53,6 +59,8 @@ pub enum Verdict {
     Forward {
         /// The tool's risk, for `tools/call`.
         risk: Option<Risk>,
+        /// The budget reserved for a `tools/call`, settled when it ends.
+        reservation: Option<Reservation>,
     },
     /// Answer it here; nothing reaches the upstream.
     Answer {
@@ -86,6 +94,13 @@ pub enum Outcome {
     InvalidArguments(String),
     /// A prompt or resource outside the run's rules.
     NotPermitted,
+    /// Over a budget: not executed.
+    Skipped {
+        /// Risk of the tool.
+        risk: Risk,
+        /// Which budget.
+        refusal: Refusal,
+    },
     /// The audit trail cannot record the call and its risk is fail-closed.
     AuditUnavailable {
         /// Risk of the tool.
@@ -134,6 +149,12 @@ impl Outcome {
                 "prompt or resource outside the run's rules".to_owned(),
                 None,
             ),
+            Outcome::Skipped { risk, refusal } => (
+                DecisionKind::Skip,
+                Some(refusal.stop_reason()),
+                refusal.describe(),
+                Some(*risk),
+            ),
             Outcome::AuditUnavailable { risk, error } => {
                 (DecisionKind::Error, None, error.clone(), Some(*risk))
             }
@@ -152,7 +173,10 @@ impl RunContext {
     /// Decides one message.
     pub fn decide(&self, msg: &Message) -> Verdict {
         if msg.kind != Kind::Request {
-            return Verdict::Forward { risk: None };
+            return Verdict::Forward {
+                risk: None,
+                reservation: None,
+            };
         }
         match msg.method.as_deref() {
             Some("tools/call") => self.decide_call(msg),
@@ -162,7 +186,10 @@ impl RunContext {
                     .policy
                     .prompt_allowed(&self.authority, &self.upstream.config, name)
                 {
-                    Verdict::Forward { risk: None }
+                    Verdict::Forward {
+                        risk: None,
+                        reservation: None,
+                    }
                 } else {
                     answer(
                         msg.id.as_ref(),
@@ -179,7 +206,10 @@ impl RunContext {
                     .policy
                     .resource_allowed(&self.authority, &self.upstream.config, uri)
                 {
-                    Verdict::Forward { risk: None }
+                    Verdict::Forward {
+                        risk: None,
+                        reservation: None,
+                    }
                 } else {
                     // 2026-07-28 reports a missing resource as -32602; older
                     // revisions use -32002.
@@ -197,7 +227,10 @@ impl RunContext {
                     )
                 }
             }
-            _ => Verdict::Forward { risk: None },
+            _ => Verdict::Forward {
+                risk: None,
+                reservation: None,
+            },
         }
     }
 
@@ -283,7 +316,56 @@ impl RunContext {
                 Outcome::ApprovalRequired { risk },
             );
         }
-        Verdict::Forward { risk: Some(risk) }
+        // Budgets last: only a call that would run spends them.
+        let role = self.policy.agent(&self.authority.agent);
+        let budget = CallBudget {
+            tenant: &self.claims.tenant_id,
+            run: &self.claims.run_id,
+            upstream: &self.upstream.config.name,
+            tool,
+            token_exp: self.claims.exp,
+            price: self.policy.price(&self.upstream.config, tool),
+            max_steps: role
+                .and_then(|a| a.max_steps)
+                .unwrap_or(self.budgets.config().default_max_steps),
+            max_cost: role
+                .and_then(|a| a.max_cost)
+                .or(self.budgets.config().default_max_cost),
+            run_per_s: role.and_then(|a| a.calls_per_s),
+            upstream_per_s: self.upstream.config.max_calls_per_s,
+        };
+        match self.budgets.admit(&budget) {
+            Ok(reservation) => Verdict::Forward {
+                risk: Some(risk),
+                reservation: Some(reservation),
+            },
+            Err(refusal) => match &refusal {
+                // Rate limits are transient: a JSON-RPC error saying when to
+                // retry. Caps are final for the run: a skipped tool result.
+                Refusal::RateLimited { scope, retry_after } => {
+                    let data = json!({
+                        "stop_reason": "rate_limited",
+                        "scope": scope,
+                        "retry_after_ms": retry_after.as_millis().max(1) as u64,
+                        "tool": tool,
+                    });
+                    answer(
+                        msg.id.as_ref(),
+                        codes::RATE_LIMITED,
+                        &format!("Call to {tool} refused: {}", refusal.describe()),
+                        Some(data),
+                        Outcome::Skipped {
+                            risk,
+                            refusal: refusal.clone(),
+                        },
+                    )
+                }
+                _ => Verdict::Answer {
+                    body: msg.id.as_ref().map(|id| skipped_result(id, tool, &refusal)),
+                    outcome: Outcome::Skipped { risk, refusal },
+                },
+            },
+        }
     }
 }
 
@@ -303,6 +385,48 @@ pub fn identity(claims: &Claims, service_issuer: bool) -> Identity<'_> {
         ceiling: claims.project_ceiling.as_deref(),
         service_issuer,
     }
+}
+
+/// A call past a step or cost cap is not executed: the agent gets a tool
+/// result marked `isError` that names the stop reason, so its framework
+/// records a result rather than a crash.
+pub fn skipped_result(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
+    let mut structured = json!({
+        "skipped": true,
+        "tool": tool,
+        "stop_reason": refusal.stop_reason().as_str(),
+    });
+    match refusal {
+        Refusal::StepCap { used, max } => {
+            structured["steps_used"] = json!(used);
+            structured["max_steps"] = json!(max);
+        }
+        Refusal::CostCap {
+            scope,
+            spent,
+            price,
+            cap,
+        } => {
+            structured["scope"] = json!(scope);
+            structured["spent"] = json!(spent);
+            structured["price"] = json!(price);
+            structured["cap"] = json!(cap);
+        }
+        Refusal::RateLimited { scope, retry_after } => {
+            structured["scope"] = json!(scope);
+            structured["retry_after_ms"] = json!(retry_after.as_millis() as u64);
+        }
+    }
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "result": {
+            "content": [{ "type": "text", "text": refusal.describe() }],
+            "structuredContent": structured,
+            "isError": true,
+        },
+    });
+    Bytes::from(body.to_string())
 }
 
 fn answer(

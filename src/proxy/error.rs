@@ -128,6 +128,12 @@ pub enum ProxyError {
         /// Why the token was refused (`None`: there was none).
         error: Option<crate::auth::TokenError>,
     },
+    /// The client's address is over the coarse per-IP limit.
+    #[error("too many requests from this address; retry in {} ms", .retry_after.as_millis().max(1))]
+    RateLimited {
+        /// When a retry can succeed.
+        retry_after: std::time::Duration,
+    },
     /// The server is at its concurrency limit.
     #[error("overloaded")]
     Overloaded,
@@ -264,6 +270,22 @@ impl ProxyError {
                     if let Ok(v) = HeaderValue::from_str(&challenge) {
                         r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
                     }
+                }
+                r
+            }
+            ProxyError::RateLimited { retry_after } => {
+                let ms = retry_after.as_millis().max(1) as u64;
+                let mut r = rpc(
+                    StatusCode::OK,
+                    None,
+                    codes::RATE_LIMITED,
+                    &message,
+                    Some(
+                        &json!({ "stop_reason": "rate_limited", "scope": "client_ip", "retry_after_ms": ms }),
+                    ),
+                );
+                if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
+                    r.headers_mut().insert(header::RETRY_AFTER, v);
                 }
                 r
             }

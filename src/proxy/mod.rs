@@ -1,6 +1,7 @@
 //! The request path. [`handle`] runs the steps of every MCP request in a fixed
 //! order, so every decision the firewall makes is visible here in one look:
 //!
+//! 0. **per-address limit** (coarse, before any signature is checked);
 //! 1. **authenticate**: a tool token for the MCP audience, or 401 with
 //!    `WWW-Authenticate` (before routing, so an unauthenticated caller learns
 //!    nothing about which upstreams exist);
@@ -10,10 +11,16 @@
 //! 3. **read**: `Content-Type: application/json`, body bounded by the limit;
 //! 4. **parse** once into the JSON-RPC model (strict: duplicate keys, depth,
 //!    batch rules per protocol revision, `Mcp-*` headers against the body);
-//! 5. **decide** each message ([`decide`]): forward, or answer here;
+//! 5. **decide** each message ([`decide`]): policy (authority, risk, role,
+//!    gate, conditions), arguments against the tool's schema, then budgets
+//!    (rate limits, step and cost caps, reserved before forwarding): forward,
+//!    or answer here; the firewall's own answers are audited before they
+//!    leave;
 //! 6. **forward** what may go upstream, with clean headers;
 //! 7. **relay** the answer ([`relay`]): JSON inspected whole, SSE event by
-//!    event; `tools/list` filtered and re-annotated for this run.
+//!    event; `tools/list` filtered and re-annotated for this run; each
+//!    answer's audit row is spooled and its budget settled before it reaches
+//!    the client.
 //!
 //! Nothing on this path waits on I/O it does not need: no config reads, no
 //! key fetches (the verifier caches and refreshes off the path), no ClickHouse.
@@ -29,12 +36,14 @@ use hyper::body::Incoming;
 
 use crate::audit::Auditor;
 use crate::auth::{self, Audience, Claims, Verifier};
+use crate::budget::Budgets;
 use crate::catalog::Catalogs;
 use crate::config::{Config, IdentityClaim};
 use crate::mcp::headers;
 use crate::mcp::jsonrpc::{self, Envelope, Kind};
 use crate::policy::reload::PolicyStore;
 use crate::server::listener::ConnInfo;
+use crate::telemetry::Metrics;
 
 pub mod body;
 pub mod decide;
@@ -68,6 +77,10 @@ pub struct State {
     pub catalogs: Arc<Catalogs>,
     /// Where audit rows go (a no-op when audit is off).
     pub auditor: Auditor,
+    /// Rate limits and caps.
+    pub budgets: Arc<Budgets>,
+    /// Request-path metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 // === impl State ===
@@ -79,6 +92,7 @@ impl State {
         verifier: Verifier,
         policy: Arc<PolicyStore>,
         auditor: Auditor,
+        metrics: Arc<Metrics>,
     ) -> Result<State, upstream::ClientError> {
         let token_header = verifier.header_name().clone();
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
@@ -94,6 +108,10 @@ impl State {
             max_depth: config.server.max_json_depth,
             max_batch: config.server.max_batch,
         };
+        let budgets = Arc::new(Budgets::new(
+            config.limits.clone(),
+            std::time::Duration::from_secs(config.auth.leeway_s),
+        ));
         Ok(State {
             config,
             upstreams,
@@ -102,6 +120,8 @@ impl State {
             policy,
             catalogs: Arc::new(Catalogs::default()),
             auditor,
+            budgets,
+            metrics,
         })
     }
 }
@@ -160,6 +180,8 @@ async fn route(
         upstream: up,
         catalogs: state.catalogs.clone(),
         version: ProtocolVersion::V2025_03_26,
+        budgets: state.budgets.clone(),
+        metrics: state.metrics.clone(),
     };
     match *req.method() {
         Method::POST => post(state, conn, cx, req).await,
@@ -229,40 +251,51 @@ async fn post(
         let verdict = match cx.decide(m) {
             // Nothing runs that the audit trail cannot record, when the
             // risk is fail-closed.
-            Verdict::Forward { risk } => match recorder
+            Verdict::Forward { risk, reservation } => match recorder
                 .auditor()
                 .admit(risk.unwrap_or(crate::policy::Risk::Read))
             {
-                Ok(()) => Verdict::Forward { risk },
-                Err(e) => Verdict::Answer {
-                    body: m.id.as_ref().map(|id| {
-                        jsonrpc::error_body(
-                            Some(id),
-                            error::codes::AUDIT_UNAVAILABLE,
-                            "the audit trail cannot record this call; it was not executed",
-                            None,
-                        )
-                    }),
-                    outcome: Outcome::AuditUnavailable {
-                        risk: risk.unwrap_or(crate::policy::Risk::Read),
-                        error: e.to_string(),
-                    },
-                },
+                Ok(()) => Verdict::Forward { risk, reservation },
+                Err(e) => {
+                    if let Some(r) = &reservation {
+                        cx.budgets.settle(r, crate::budget::Settle::NotExecuted);
+                    }
+                    Verdict::Answer {
+                        body: m.id.as_ref().map(|id| {
+                            jsonrpc::error_body(
+                                Some(id),
+                                error::codes::AUDIT_UNAVAILABLE,
+                                "the audit trail cannot record this call; it was not executed",
+                                None,
+                            )
+                        }),
+                        outcome: Outcome::AuditUnavailable {
+                            risk: risk.unwrap_or(crate::policy::Risk::Read),
+                            error: e.to_string(),
+                        },
+                    }
+                }
             },
             answer => answer,
         };
         match verdict {
-            Verdict::Forward { risk } => {
+            Verdict::Forward { risk, reservation } => {
                 forward.push(&m.span);
                 open_rows.push(recorder.forwarded(m, risk));
                 if let (Kind::Request, Some(id), Some(method)) = (m.kind, &m.id, &m.method) {
                     pending.push(Pending {
                         id: id.clone(),
                         method: method.clone(),
+                        tool: m.call.as_ref().map(|c| c.name.clone()),
+                        reservation,
                     });
                 }
             }
             Verdict::Answer { body, outcome } => {
+                if let (Some(call), (_, Some(stop), _, _)) = (&m.call, outcome.audit()) {
+                    cx.metrics
+                        .call(&cx.upstream.config.name, &tool_label(&cx, &call.name), stop);
+                }
                 tracing::info!(
                     run = %cx.claims.run_id,
                     agent = %cx.claims.agent,
@@ -349,6 +382,16 @@ async fn stream(
         Err(failure) => return Err(exchange.fail(failure).await),
     };
     exchange.respond(resp).await
+}
+
+/// The tool as a metric label: its name when the upstream listed it (a
+/// bounded set), else `_unknown` (invented names must not grow the series).
+pub fn tool_label(cx: &RunContext, tool: &str) -> String {
+    if cx.catalogs.get(&cx.upstream.config.name, tool).is_some() {
+        tool.to_owned()
+    } else {
+        "_unknown".to_owned()
+    }
 }
 
 /// The headers the upstream gets from the verified token (never from the

@@ -46,6 +46,8 @@ use super::decide::RunContext;
 use super::error::{codes, ProxyError, UpstreamFailure};
 use super::record::{OpenRow, Recorder};
 use super::upstream::{response_headers, Forward};
+use crate::budget::{Reservation, Settle};
+use crate::outcome::StopReason;
 
 /// A request forwarded upstream whose answer the firewall waits for.
 #[derive(Debug, Clone)]
@@ -54,6 +56,10 @@ pub struct Pending {
     pub id: Id,
     /// Its method.
     pub method: String,
+    /// The tool, for `tools/call`.
+    pub tool: Option<String>,
+    /// The budget reserved for it, settled when its answer (or failure) comes.
+    pub reservation: Option<Reservation>,
 }
 
 /// Everything the relay needs to know about one exchange.
@@ -196,7 +202,43 @@ impl Exchange {
         }
     }
 
+    /// Closes the budget reservation of pending request `pos` and counts its
+    /// outcome. `failure`: how the upstream failed, if it did.
+    fn settle(&mut self, pos: usize, raw: &str, failure: Option<&UpstreamFailure>) {
+        let cx = self.cx.clone();
+        let Some(p) = self.pending.get_mut(pos) else {
+            return;
+        };
+        let Some(r) = p.reservation.take() else {
+            return;
+        };
+        let how = match failure {
+            // It never reached the upstream: nothing ran, nothing is spent.
+            Some(UpstreamFailure::Connect(_)) => Settle::NotExecuted,
+            Some(_) => Settle::Executed { reported: None },
+            None => Settle::Executed {
+                reported: reported_cost(raw, &cx.budgets.config().cost_meta_key),
+            },
+        };
+        cx.budgets.settle(&r, how);
+        let stop = if failure.is_some() {
+            StopReason::UpstreamError
+        } else {
+            StopReason::Done
+        };
+        if let Some(tool) = &p.tool {
+            cx.metrics.call(
+                &cx.upstream.config.name,
+                &super::tool_label(&cx, tool),
+                stop,
+            );
+        }
+    }
+
     async fn record_failure(&mut self, failure: &UpstreamFailure) {
+        for pos in 0..self.pending.len() {
+            self.settle(pos, "", Some(failure));
+        }
         if let Some(a) = self.audit.as_mut() {
             let cause = failure.to_string();
             let rows: Vec<AuditRow> = std::mem::take(&mut a.open)
@@ -382,9 +424,11 @@ impl Exchange {
                     return self.filter_unknown_response(raw);
                 };
                 if m.is_error {
+                    self.settle(pos, raw, None);
                     self.pending.swap_remove(pos);
                     return Ok(None);
                 }
+                self.settle(pos, raw, None);
                 let outcome = match self.pending[pos].method.as_str() {
                     "tools/list" => self.filter_tools(raw).map(Some),
                     "prompts/list" => self.filter_named(raw, "prompts", "name").map(Some),
@@ -709,6 +753,15 @@ impl SseRelay {
             Some(out.freeze())
         }
     }
+}
+
+/// The cost an upstream reports in a `tools/call` result's `_meta[key]`.
+fn reported_cost(raw: &str, key: &str) -> Option<f64> {
+    if raw.is_empty() || !raw.contains(key) {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
+    v.get("result")?.get("_meta")?.get(key)?.as_f64()
 }
 
 fn is_list(method: &str) -> bool {

@@ -6,6 +6,7 @@ mod audit;
 mod audit_e2e;
 mod auth_keys;
 mod batch;
+mod budgets;
 mod common;
 mod demo_upstream;
 mod input;

@@ -1,0 +1,514 @@
+//! Budgets: rate limits and per-run caps, enforced in the graph of calls the
+//! firewall sees, not in a prompt.
+//!
+//! For every `tools/call` the policy lets through, [`Budgets::admit`] checks,
+//! in order, and stops at the first refusal:
+//!
+//! 1. rate limits (governor, keyed): per tenant, per upstream (protecting a
+//!    vendor), per run, per run and tool;
+//! 2. the run's step cap (at most N `tools/call` per run);
+//! 3. the run's cost cap and the tenant's daily cost cap, for the call's
+//!    price from the policy's price table.
+//!
+//! Steps and cost are **reserved** before the call is forwarded, under the
+//! run's map entry lock, so 100 concurrent calls of one run with a cap of 8
+//! execute exactly 8. [`Budgets::settle`] closes the reservation when the
+//! answer is known: a call that never reached the upstream (connect refused)
+//! is refunded; any other outcome keeps its step and cost (the upstream may
+//! have acted), and an upstream-reported cost replaces the reserved price.
+//!
+//! Memory stays bounded: a run's state expires when its token can no longer
+//! be valid (`exp` + leeway), tenant-day totals after two days, and idle
+//! limiter keys are dropped by [`Budgets::sweep`] (a background task).
+//!
+//! Time is injectable (governor's clock for limits, a wall-clock function for
+//! days and expiry), so tests are deterministic.
+
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use governor::clock::{Clock, DefaultClock};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota, RateLimiter};
+use serde::Deserialize;
+
+use crate::outcome::StopReason;
+
+type Keyed<K, C> = RateLimiter<K, DashMapStateStore<K>, C, NoOpMiddleware<<C as Clock>::Instant>>;
+/// Keyed limiters by their rate (roles and upstreams choose rates).
+type ByRate<K, C> = DashMap<u32, Arc<Keyed<K, C>>>;
+/// (tenant, run).
+type RunKey = (String, String);
+
+/// `[limits]`: defaults for every run; roles and upstreams refine them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Requests per second per client IP, checked before token verification
+    /// (protects the CPU spent on signatures). Default 1000; 0 disables.
+    #[serde(default = "default_per_ip")]
+    pub per_ip_per_s: u32,
+    /// `tools/call` per second per tenant. Default 200; 0 disables.
+    #[serde(default = "default_per_tenant")]
+    pub per_tenant_per_s: u32,
+    /// `tools/call` per second per run (roles may set `calls_per_s`). Default 20.
+    #[serde(default = "default_per_run")]
+    pub per_run_per_s: u32,
+    /// `tools/call` per second per run and tool. Default 10.
+    #[serde(default = "default_per_run_tool")]
+    pub per_run_tool_per_s: u32,
+    /// Most `tools/call` per run unless the role says otherwise. Default 8.
+    #[serde(default = "default_max_steps")]
+    pub default_max_steps: u32,
+    /// Largest total price per run unless the role says otherwise. Default: none.
+    pub default_max_cost: Option<f64>,
+    /// Largest total price per tenant per UTC day. Default: none.
+    pub tenant_daily_cost: Option<f64>,
+    /// The `_meta` key under which an upstream may report a call's actual cost.
+    #[serde(default = "default_cost_key")]
+    pub cost_meta_key: String,
+}
+
+fn default_per_ip() -> u32 {
+    1000
+}
+fn default_per_tenant() -> u32 {
+    200
+}
+fn default_per_run() -> u32 {
+    20
+}
+fn default_per_run_tool() -> u32 {
+    10
+}
+fn default_max_steps() -> u32 {
+    8
+}
+fn default_cost_key() -> String {
+    "mcp-firewall/cost".to_owned()
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            per_ip_per_s: default_per_ip(),
+            per_tenant_per_s: default_per_tenant(),
+            per_run_per_s: default_per_run(),
+            per_run_tool_per_s: default_per_run_tool(),
+            default_max_steps: default_max_steps(),
+            default_max_cost: None,
+            tenant_daily_cost: None,
+            cost_meta_key: default_cost_key(),
+        }
+    }
+}
+
+/// One `tools/call` asking for budget.
+#[derive(Debug, Clone)]
+pub struct CallBudget<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Run.
+    pub run: &'a str,
+    /// Upstream name.
+    pub upstream: &'a str,
+    /// Tool name.
+    pub tool: &'a str,
+    /// The token's expiry (seconds since the epoch): the run's state lives
+    /// until then (+ leeway).
+    pub token_exp: u64,
+    /// Price of this call.
+    pub price: f64,
+    /// Step cap for the run (role or default).
+    pub max_steps: u32,
+    /// Cost cap for the run, if any.
+    pub max_cost: Option<f64>,
+    /// Per-run rate for the role, if it overrides the default.
+    pub run_per_s: Option<u32>,
+    /// The upstream's own rate limit, if configured.
+    pub upstream_per_s: Option<u32>,
+}
+
+/// Why a call is not executed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// Over a rate limit; retry after the duration.
+    RateLimited {
+        /// `tenant`, `upstream`, `run` or `run_tool`.
+        scope: &'static str,
+        /// When a retry can succeed.
+        retry_after: Duration,
+    },
+    /// The run used all its steps.
+    StepCap {
+        /// Steps used.
+        used: u32,
+        /// The cap.
+        max: u32,
+    },
+    /// The call's price would pass a cost cap.
+    CostCap {
+        /// `run` or `tenant_day`.
+        scope: &'static str,
+        /// Spent (and reserved) so far.
+        spent: f64,
+        /// This call's price.
+        price: f64,
+        /// The cap.
+        cap: f64,
+    },
+}
+
+/// A reservation to settle once the call's outcome is known.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    run_key: (String, String),
+    tenant_day: Option<(String, u32)>,
+    price: f64,
+    /// Steps used by the run including this call.
+    pub steps_used: u32,
+    /// The run's cap.
+    pub max_steps: u32,
+}
+
+/// How a reserved call ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Settle {
+    /// The upstream may have acted; keep the step. `reported` replaces the
+    /// reserved price when the upstream reported its cost.
+    Executed {
+        /// Cost the upstream reported, if any.
+        reported: Option<f64>,
+    },
+    /// It never reached the upstream: refund step and price.
+    NotExecuted,
+}
+
+#[derive(Debug, Clone)]
+struct RunState {
+    steps: u32,
+    cost: f64,
+    expires_ms: u64,
+}
+
+/// All budget state.
+pub struct Budgets<C: Clock = DefaultClock> {
+    cfg: LimitsConfig,
+    clock: C,
+    now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
+    leeway_ms: u64,
+    ip: Option<Keyed<IpAddr, C>>,
+    tenant: Option<Keyed<String, C>>,
+    upstream: ByRate<String, C>,
+    run: ByRate<RunKey, C>,
+    run_tool: Option<Keyed<(String, String, String), C>>,
+    runs: DashMap<(String, String), RunState>,
+    tenant_days: DashMap<(String, u32), f64>,
+}
+
+// === impl Budgets ===
+
+impl Budgets<DefaultClock> {
+    /// Budgets on the real clocks.
+    pub fn new(cfg: LimitsConfig, leeway: Duration) -> Self {
+        Budgets::with_clock(cfg, leeway, DefaultClock::default(), Arc::new(unix_ms))
+    }
+}
+
+impl<C: Clock + Clone> Budgets<C> {
+    /// Budgets on injected clocks: `clock` for rate limits, `now_ms` (Unix
+    /// milliseconds) for days and expiry.
+    pub fn with_clock(
+        cfg: LimitsConfig,
+        leeway: Duration,
+        clock: C,
+        now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Self {
+        Budgets {
+            ip: keyed(cfg.per_ip_per_s, &clock),
+            tenant: keyed(cfg.per_tenant_per_s, &clock),
+            run_tool: keyed(cfg.per_run_tool_per_s, &clock),
+            upstream: DashMap::new(),
+            run: DashMap::new(),
+            runs: DashMap::new(),
+            tenant_days: DashMap::new(),
+            leeway_ms: leeway.as_millis() as u64,
+            clock,
+            now_ms,
+            cfg,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LimitsConfig {
+        &self.cfg
+    }
+
+    /// The coarse per-IP limit, before anything else is spent on a request.
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), Duration> {
+        match &self.ip {
+            Some(l) => l
+                .check_key(&ip)
+                .map_err(|n| n.wait_time_from(self.clock.now())),
+            None => Ok(()),
+        }
+    }
+
+    /// Rate limits, then step and cost caps; reserves on success.
+    pub fn admit(&self, call: &CallBudget<'_>) -> Result<Reservation, Refusal> {
+        let limited = |scope: &'static str, wait: Duration| Refusal::RateLimited {
+            scope,
+            retry_after: wait,
+        };
+        let now = self.clock.now();
+        if let Some(l) = &self.tenant {
+            l.check_key(&call.tenant.to_owned())
+                .map_err(|n| limited("tenant", n.wait_time_from(now)))?;
+        }
+        if let Some(per_s) = call.upstream_per_s {
+            check(
+                &self.upstream,
+                per_s,
+                &call.upstream.to_owned(),
+                &self.clock,
+            )
+            .map_err(|w| limited("upstream", w))?;
+        }
+        let run_key = (call.tenant.to_owned(), call.run.to_owned());
+        let run_rate = call.run_per_s.unwrap_or(self.cfg.per_run_per_s);
+        if run_rate > 0 {
+            check(&self.run, run_rate, &run_key, &self.clock).map_err(|w| limited("run", w))?;
+        }
+        if let Some(l) = &self.run_tool {
+            let key = (
+                call.tenant.to_owned(),
+                call.run.to_owned(),
+                call.tool.to_owned(),
+            );
+            l.check_key(&key)
+                .map_err(|n| limited("run_tool", n.wait_time_from(now)))?;
+        }
+
+        let now_ms = (self.now_ms)();
+        let expires_ms = call
+            .token_exp
+            .saturating_mul(1000)
+            .saturating_add(self.leeway_ms);
+        let steps_used;
+        {
+            let mut state = self
+                .runs
+                .entry(run_key.clone())
+                .or_insert_with(|| RunState {
+                    steps: 0,
+                    cost: 0.0,
+                    expires_ms,
+                });
+            state.expires_ms = state.expires_ms.max(expires_ms);
+            if state.steps >= call.max_steps {
+                return Err(Refusal::StepCap {
+                    used: state.steps,
+                    max: call.max_steps,
+                });
+            }
+            if let Some(cap) = call.max_cost {
+                if state.cost + call.price > cap + f64::EPSILON {
+                    return Err(Refusal::CostCap {
+                        scope: "run",
+                        spent: state.cost,
+                        price: call.price,
+                        cap,
+                    });
+                }
+            }
+            state.steps += 1;
+            state.cost += call.price;
+            steps_used = state.steps;
+        }
+        let mut reservation = Reservation {
+            run_key,
+            tenant_day: None,
+            price: call.price,
+            steps_used,
+            max_steps: call.max_steps,
+        };
+        if let Some(cap) = self.cfg.tenant_daily_cost {
+            let day = (now_ms / 86_400_000) as u32;
+            let key = (call.tenant.to_owned(), day);
+            let mut spent = self.tenant_days.entry(key.clone()).or_insert(0.0);
+            if *spent + call.price > cap + f64::EPSILON {
+                let refused = Refusal::CostCap {
+                    scope: "tenant_day",
+                    spent: *spent,
+                    price: call.price,
+                    cap,
+                };
+                drop(spent);
+                self.release(&reservation);
+                return Err(refused);
+            }
+            *spent += call.price;
+            reservation.tenant_day = Some(key);
+        }
+        Ok(reservation)
+    }
+
+    /// Closes a reservation.
+    pub fn settle(&self, r: &Reservation, how: Settle) {
+        match how {
+            Settle::NotExecuted => self.release(r),
+            Settle::Executed {
+                reported: Some(cost),
+            } if cost.is_finite() && cost >= 0.0 => {
+                let delta = cost - r.price;
+                if let Some(mut s) = self.runs.get_mut(&r.run_key) {
+                    s.cost = (s.cost + delta).max(0.0);
+                }
+                if let Some(k) = &r.tenant_day {
+                    if let Some(mut t) = self.tenant_days.get_mut(k) {
+                        *t = (*t + delta).max(0.0);
+                    }
+                }
+            }
+            Settle::Executed { .. } => {}
+        }
+    }
+
+    fn release(&self, r: &Reservation) {
+        if let Some(mut s) = self.runs.get_mut(&r.run_key) {
+            s.steps = s.steps.saturating_sub(1);
+            s.cost = (s.cost - r.price).max(0.0);
+        }
+        if let Some(k) = &r.tenant_day {
+            if let Some(mut t) = self.tenant_days.get_mut(k) {
+                *t = (*t - r.price).max(0.0);
+            }
+        }
+    }
+
+    /// Drops state that can no longer matter: runs whose tokens expired,
+    /// tenant-days older than yesterday, idle limiter keys.
+    pub fn sweep(&self) {
+        let now = (self.now_ms)();
+        self.runs.retain(|_, s| s.expires_ms > now);
+        let today = (now / 86_400_000) as u32;
+        self.tenant_days.retain(|(_, day), _| *day + 1 >= today);
+        if let Some(l) = &self.ip {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+        if let Some(l) = &self.tenant {
+            l.retain_recent();
+        }
+        if let Some(l) = &self.run_tool {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+        for l in self.run.iter() {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+        self.runs.shrink_to_fit();
+    }
+
+    /// Runs currently tracked.
+    pub fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Steps used by a run so far.
+    pub fn steps(&self, tenant: &str, run: &str) -> u32 {
+        self.runs
+            .get(&(tenant.to_owned(), run.to_owned()))
+            .map_or(0, |s| s.steps)
+    }
+
+    /// Cost spent by a run so far.
+    pub fn cost(&self, tenant: &str, run: &str) -> f64 {
+        self.runs
+            .get(&(tenant.to_owned(), run.to_owned()))
+            .map_or(0.0, |s| s.cost)
+    }
+}
+
+/// A keyed limiter allowing `per_s` per second (bursts of `per_s`); none for 0.
+fn keyed<K: Hash + Eq + Clone, C: Clock + Clone>(per_s: u32, clock: &C) -> Option<Keyed<K, C>> {
+    NonZeroU32::new(per_s)
+        .map(|n| RateLimiter::dashmap_with_clock(Quota::per_second(n), clock.clone()))
+}
+
+/// Checks `key` against the limiter for `per_s`, creating it on first use.
+fn check<K: Hash + Eq + Clone, C: Clock + Clone>(
+    limiters: &ByRate<K, C>,
+    per_s: u32,
+    key: &K,
+    clock: &C,
+) -> Result<(), Duration> {
+    let Some(n) = NonZeroU32::new(per_s) else {
+        return Ok(());
+    };
+    let limiter = match limiters.get(&per_s) {
+        Some(l) => l.clone(),
+        None => limiters
+            .entry(per_s)
+            .or_insert_with(|| {
+                Arc::new(RateLimiter::dashmap_with_clock(
+                    Quota::per_second(n),
+                    clock.clone(),
+                ))
+            })
+            .clone(),
+    };
+    limiter
+        .check_key(key)
+        .map_err(|n| n.wait_time_from(clock.now()))
+}
+
+// === impl Refusal ===
+
+impl Refusal {
+    /// The stop reason it records.
+    pub fn stop_reason(&self) -> StopReason {
+        match self {
+            Refusal::RateLimited { .. } => StopReason::RateLimited,
+            Refusal::StepCap { .. } => StopReason::StepCap,
+            Refusal::CostCap { .. } => StopReason::CostCap,
+        }
+    }
+
+    /// A sentence the agent reads.
+    pub fn describe(&self) -> String {
+        match self {
+            Refusal::RateLimited { scope, retry_after } => format!(
+                "rate limit ({scope}) reached; retry in {} ms",
+                retry_after.as_millis().max(1)
+            ),
+            Refusal::StepCap { used, max } => {
+                format!("skipped: step_cap ({used} of {max} tool calls used in this run)")
+            }
+            Refusal::CostCap {
+                scope,
+                spent,
+                price,
+                cap,
+            } => format!(
+                "skipped: cost_cap ({scope}: {spent} spent, this call costs {price}, cap {cap})"
+            ),
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+#[path = "budget_tests.rs"]
+mod tests;
