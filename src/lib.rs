@@ -12,6 +12,7 @@ pub mod audit;
 pub mod auth;
 pub mod budget;
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod mcp;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use mcp_firewall::{app, config, telemetry};
+use mcp_firewall::auth::{Audience, Mode};
+use mcp_firewall::{app, cli, config, telemetry};
 
 /// A reverse proxy that decides what AI agents may do with MCP servers.
 #[derive(Parser)]
@@ -36,11 +37,84 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         admin: SocketAddr,
     },
-    /// Validate a config file (and everything it names) without serving.
+    /// Validate a config file and its policies without serving; print what
+    /// each role may call.
     Check {
         /// The TOML config file.
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Explain the decision for one call and the rules that produced it.
+    Explain {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// A tool token (verified).
+        #[arg(long, conflicts_with = "claims")]
+        token: Option<String>,
+        /// A JSON file of claims (not verified: what-if).
+        #[arg(long)]
+        claims: Option<PathBuf>,
+        /// The upstream.
+        #[arg(long)]
+        upstream: String,
+        /// The tool.
+        #[arg(long)]
+        tool: String,
+        /// The call's arguments, as JSON.
+        #[arg(long)]
+        arguments: Option<String>,
+    },
+    /// Development tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Mint a token with the config's HS256 development key.
+    Mint {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// `mcp` (tool token) or `admin`.
+        #[arg(long, default_value = "mcp")]
+        audience: String,
+        /// Subject.
+        #[arg(long, default_value = "dev-user")]
+        sub: String,
+        /// Tenant.
+        #[arg(long, default_value = "dev")]
+        tenant: String,
+        /// Agent role.
+        #[arg(long)]
+        agent: String,
+        /// Run id.
+        #[arg(long, default_value = "run-dev")]
+        run: String,
+        /// `caller`, `agent` or `service_account`.
+        #[arg(long, default_value = "caller")]
+        mode: String,
+        /// The caller's projects (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        projects: Vec<String>,
+        /// Project ceiling (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        ceiling: Option<Vec<String>>,
+        /// Scopes (comma-separated; default: the audience's required scope).
+        #[arg(long, value_delimiter = ',')]
+        scope: Vec<String>,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 900)]
+        lifetime_s: u64,
+    },
+    /// Decode a token and say whether (and why not) it is accepted.
+    Inspect {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The token.
+        token: String,
     },
 }
 
@@ -77,20 +151,71 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Demo { listen, admin } => mcp_firewall::demo::run::run(listen, admin).await,
         Command::Check { config } => {
             let cfg = config::load(&config)?;
-            println!("{}: ok", cfg.source.display());
-            println!(
-                "  listen {} ({})",
-                cfg.server.listen,
-                if cfg.server.tls.is_some() {
-                    "TLS"
-                } else {
-                    "plaintext"
-                }
-            );
-            println!("  admin  {}", cfg.admin_listen);
-            for u in &cfg.upstreams {
-                println!("  upstream {:<20} {}", u.name, u.url);
-            }
+            print!("{}", cli::check(&cfg)?);
+            Ok(())
+        }
+        Command::Explain {
+            config,
+            token,
+            claims,
+            upstream,
+            tool,
+            arguments,
+        } => {
+            let cfg = config::load(&config)?;
+            let args = cli::ExplainArgs {
+                token: token.as_deref(),
+                claims: claims.as_deref(),
+                upstream: &upstream,
+                tool: &tool,
+                arguments: arguments.as_deref(),
+            };
+            print!("{}", cli::explain(&cfg, args).await?);
+            Ok(())
+        }
+        Command::Token(TokenCommand::Inspect { config, token }) => {
+            let cfg = config::load(&config)?;
+            println!("{}", cli::inspect(&cfg, &token).await?);
+            Ok(())
+        }
+        Command::Token(TokenCommand::Mint {
+            config,
+            audience,
+            sub,
+            tenant,
+            agent,
+            run,
+            mode,
+            projects,
+            ceiling,
+            scope,
+            lifetime_s,
+        }) => {
+            let cfg = config::load(&config)?;
+            let audience = match audience.as_str() {
+                "mcp" => Audience::Mcp,
+                "admin" => Audience::Admin,
+                other => anyhow::bail!("--audience must be mcp or admin, not {other:?}"),
+            };
+            let mode = Mode::from_name(&mode).ok_or_else(|| {
+                anyhow::anyhow!("--mode must be caller, agent or service_account")
+            })?;
+            let token = cli::mint(
+                &cfg,
+                cli::MintArgs {
+                    audience,
+                    sub,
+                    tenant,
+                    agent,
+                    run,
+                    mode,
+                    projects,
+                    ceiling,
+                    scopes: scope,
+                    lifetime: std::time::Duration::from_secs(lifetime_s),
+                },
+            )?;
+            println!("{token}");
             Ok(())
         }
     }

@@ -430,6 +430,20 @@ impl Policy {
         (Risk::Destructive, RiskSource::Default)
     }
 
+    /// Tool names the policy names exactly for an upstream (sorted), for
+    /// summaries; glob rules are not expanded.
+    pub fn named_tools(&self, up: &Upstream) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .tool_rules
+            .iter()
+            .filter(|r| r.upstream.is_match(&up.name))
+            .flat_map(|r| r.names.exact.iter().cloned())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// The preview tool the policy names for a tool, if any.
     pub fn preview(&self, up: &Upstream, tool: &str) -> Option<&str> {
         match self.risk(up, tool, None).1 {

@@ -7,6 +7,7 @@ mod audit_e2e;
 mod auth_keys;
 mod batch;
 mod budgets;
+mod cli;
 mod common;
 mod demo_upstream;
 mod input;

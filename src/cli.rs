@@ -1,0 +1,252 @@
+//! The command-line tools beside `serve`: `check` (config and policies, with
+//! a per-role summary), `explain` (one decision and the rules behind it) and
+//! `token mint` / `token inspect` for development.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::auth::{self, Audience, MintClaims, Mode, Verifier};
+use crate::config::Config;
+use crate::policy::{self, Access, Call, Identity, Policy};
+
+/// `mcp-firewall check`: validates the config and the policy directory and
+/// prints, per role, which named tools it may call at which gate.
+pub fn check(cfg: &Config) -> anyhow::Result<String> {
+    let policy = policy::load_dir(&cfg.policy_dir)
+        .with_context(|| format!("policy directory {}", cfg.policy_dir.display()))?;
+    let mut out = String::new();
+    let _ = writeln!(out, "{}: ok", cfg.source.display());
+    let _ = writeln!(
+        out,
+        "  listen {} ({}), admin {}",
+        cfg.server.listen,
+        if cfg.server.tls.is_some() {
+            "TLS"
+        } else {
+            "plaintext"
+        },
+        cfg.admin_listen
+    );
+    let _ = writeln!(
+        out,
+        "  audit {}",
+        match &cfg.audit {
+            Some(a) if a.enabled =>
+                format!("to {} (spool {})", a.clickhouse.url, a.spool.dir.display()),
+            _ => "disabled".to_owned(),
+        }
+    );
+    let _ = writeln!(out, "  policies: {}", policy.files().len());
+    for u in &cfg.upstreams {
+        let _ = writeln!(
+            out,
+            "  upstream {} -> {} projects {:?} categories {:?}",
+            u.name, u.url, u.projects, u.categories
+        );
+    }
+    for agent in policy.agents() {
+        let _ = writeln!(out, "\nrole {} (projects {:?})", agent.name, agent.projects);
+        let authority = policy::Authority {
+            agent: agent.name.clone(),
+            projects: agent.projects.clone(),
+        };
+        for u in &cfg.upstreams {
+            if !policy.reaches(&authority, u) {
+                continue;
+            }
+            let mut lines = Vec::new();
+            for tool in policy.named_tools(u) {
+                if let Access::Visible { risk, gate, .. } =
+                    policy.access(&authority, u, &tool, None)
+                {
+                    lines.push(format!("{tool} ({risk}, {gate})"));
+                }
+            }
+            let _ = writeln!(
+                out,
+                "  {}: {}",
+                u.name,
+                if lines.is_empty() {
+                    "no named tool".to_owned()
+                } else {
+                    lines.join(", ")
+                }
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// What `explain` decides about.
+pub struct ExplainArgs<'a> {
+    /// A tool token (verified against the config) ...
+    pub token: Option<&'a str>,
+    /// ... or a claims JSON file (not verified: for what-if questions).
+    pub claims: Option<&'a Path>,
+    /// Upstream name.
+    pub upstream: &'a str,
+    /// Tool name.
+    pub tool: &'a str,
+    /// Arguments JSON.
+    pub arguments: Option<&'a str>,
+}
+
+/// `mcp-firewall explain`: the decision for one call and the rules that
+/// produced it.
+pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<String> {
+    let policy: Policy = policy::load_dir(&cfg.policy_dir)?;
+    let claims: auth::Claims = match (args.token, args.claims) {
+        (Some(t), None) => {
+            let verifier = Verifier::new(&cfg.auth).await?;
+            (*verifier
+                .verify(t, Audience::Mcp)
+                .await
+                .map_err(|e| anyhow::anyhow!("the token would be refused: {e}"))?)
+            .clone()
+        }
+        (None, Some(path)) => claims_from_file(path)?,
+        _ => bail!("give exactly one of --token or --claims"),
+    };
+    let up = cfg
+        .upstreams
+        .iter()
+        .find(|u| u.name == args.upstream)
+        .with_context(|| format!("no upstream named {:?} in the config", args.upstream))?;
+    let arguments: Value = match args.arguments {
+        Some(a) => serde_json::from_str(a).context("--arguments is not JSON")?,
+        None => Value::Object(Default::default()),
+    };
+    let service_issuer = cfg.auth.service_account_issuer.as_deref() == Some(claims.iss.as_str());
+    let identity: Identity<'_> = crate::proxy::decide::identity(&claims, service_issuer);
+    let mut out = String::new();
+    let authority = match policy.authority(&identity) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = writeln!(
+                out,
+                "decision: no authority ({e}); every upstream answers 404"
+            );
+            return Ok(out);
+        }
+    };
+    if !policy.reaches(&authority, up) {
+        let _ = writeln!(
+            out,
+            "decision: upstream {:?} is outside the run's effective projects {:?} (404)",
+            up.name, authority.projects
+        );
+        return Ok(out);
+    }
+    let mut trace = Vec::new();
+    let decision = policy.decide(
+        &Call {
+            identity: &identity,
+            authority: &authority,
+            upstream: up,
+            tool: args.tool,
+            arguments: &arguments,
+            hints: None,
+        },
+        Some(&mut trace),
+    );
+    let _ = writeln!(out, "decision: {decision:?}");
+    for t in trace {
+        let _ = writeln!(out, "  - {t}");
+    }
+    let _ = writeln!(
+        out,
+        "  (arguments are also checked against the tool's inputSchema, and budgets apply, at call time)"
+    );
+    Ok(out)
+}
+
+fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path)?)?;
+    let s = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let list = |k: &str| -> Option<Vec<String>> {
+        v.get(k)?.as_array().map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+    };
+    Ok(auth::Claims {
+        sub: s("sub"),
+        tenant_id: s("tenant_id"),
+        agent: s("agent"),
+        run_id: s("run_id"),
+        mode: Mode::from_name(&s("mode")).unwrap_or(Mode::Caller),
+        projects: list("projects").unwrap_or_default(),
+        project_ceiling: list("project_ceiling"),
+        scopes: s("scope").split_whitespace().map(str::to_owned).collect(),
+        jti: s("jti"),
+        iss: s("iss"),
+        exp: 0,
+        iat: 0,
+        nbf: None,
+        audience: Audience::Mcp,
+        kid: None,
+    })
+}
+
+/// Claims for `token mint`.
+pub struct MintArgs {
+    /// `mcp` or `admin`.
+    pub audience: Audience,
+    /// `sub`.
+    pub sub: String,
+    /// `tenant_id`.
+    pub tenant: String,
+    /// `agent`.
+    pub agent: String,
+    /// `run_id`.
+    pub run: String,
+    /// `mode`.
+    pub mode: Mode,
+    /// `projects`.
+    pub projects: Vec<String>,
+    /// `project_ceiling`.
+    pub ceiling: Option<Vec<String>>,
+    /// `scope` (empty: the audience's required scope).
+    pub scopes: Vec<String>,
+    /// Lifetime.
+    pub lifetime: Duration,
+}
+
+/// `mcp-firewall token mint`: signs a development token with the config's
+/// HS256 key.
+pub fn mint(cfg: &Config, a: MintArgs) -> anyhow::Result<String> {
+    Ok(auth::mint(
+        &cfg.auth,
+        &MintClaims {
+            audience: a.audience,
+            issuer: None,
+            sub: a.sub,
+            tenant_id: a.tenant,
+            agent: a.agent,
+            run_id: a.run,
+            mode: a.mode,
+            projects: a.projects,
+            project_ceiling: a.ceiling,
+            scopes: a.scopes,
+            jti: None,
+        },
+        a.lifetime,
+    )?)
+}
+
+/// `mcp-firewall token inspect`: decodes a token and says exactly why it
+/// would be refused for each audience.
+pub async fn inspect(cfg: &Config, token: &str) -> anyhow::Result<String> {
+    let verifier = Verifier::new(&cfg.auth).await?;
+    Ok(auth::inspect(&verifier, token).await.to_string())
+}

@@ -1,0 +1,198 @@
+//! The command line: every shipped config validates with `check`, and
+//! `token mint`, `token inspect` and `explain` do what they say.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common;
+
+fn firewall() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+}
+
+fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().expect("run mcp-firewall");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// A copy of a shipped config in a temp dir, with what it refers to
+/// (certificates, secret files, the policies) created there.
+fn staged(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut text = std::fs::read_to_string(root.join("config").join(name)).unwrap();
+    text = text
+        .replace("{{LISTEN}}", "127.0.0.1:0")
+        .replace("{{ADMIN}}", "127.0.0.1:0")
+        .replace("{{SECRET}}", "0123456789abcdef0123456789abcdef")
+        .replace("{{UPSTREAM_URL}}", "http://127.0.0.1:1/mcp");
+    std::fs::create_dir_all(dir.path().join("config/certs")).unwrap();
+    std::fs::create_dir_all(dir.path().join("config/secrets")).unwrap();
+    std::fs::write(dir.path().join("config").join(name), text).unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    std::fs::write(dir.path().join("config/certs/server.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(
+        dir.path().join("config/certs/server.key"),
+        cert.signing_key.serialize_pem(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("config/certs/internal-ca.pem"),
+        cert.cert.pem(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("config/secrets/k8s-mcp-token"),
+        "k8s-token\n",
+    )
+    .unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    for e in std::fs::read_dir(common::shipped_policies()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, policies.join(p.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn every_shipped_config_passes_check() {
+    for name in ["example.toml", "demo.toml"] {
+        let dir = staged(name);
+        let (ok, out) = run(firewall()
+            .args(["check", "--config"])
+            .arg(dir.path().join("config").join(name))
+            .env("INCIDENTS_TOKEN", "t")
+            .env("GRAFANA_API_KEY", "g")
+            .env("CLICKHOUSE_PASSWORD", "p"));
+        assert!(ok, "{name}: {out}");
+        assert!(out.contains(": ok"), "{out}");
+        assert!(out.contains("role incident-investigator"), "{out}");
+    }
+}
+
+#[test]
+fn check_summarizes_roles_and_gates() {
+    let dir = staged("demo.toml");
+    let (ok, out) = run(firewall()
+        .args(["check", "--config"])
+        .arg(dir.path().join("config/demo.toml")));
+    assert!(ok, "{out}");
+    let investigator = out
+        .split("role incident-investigator")
+        .nth(1)
+        .unwrap()
+        .split("\nrole ")
+        .next()
+        .unwrap();
+    assert!(
+        investigator.contains("get_incident (read, allow)"),
+        "{investigator}"
+    );
+    assert!(
+        !investigator.contains("rollback_deployment"),
+        "{investigator}"
+    );
+    let lead = out
+        .split("role sre-lead")
+        .nth(1)
+        .unwrap()
+        .split("\nrole ")
+        .next()
+        .unwrap();
+    assert!(
+        lead.contains("rollback_deployment (destructive, approve)"),
+        "{lead}"
+    );
+}
+
+#[test]
+fn check_reports_a_bad_config_with_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[server]\nlisten = \"127.0.0.1:0\"\nplaintext = true\nlisten_port = 1\n",
+    )
+    .unwrap();
+    let (ok, out) = run(firewall().args(["check", "--config"]).arg(&path));
+    assert!(!ok);
+    assert!(
+        out.contains("bad.toml") && out.contains("listen_port") && out.contains("line 4"),
+        "{out}"
+    );
+}
+
+#[test]
+fn token_mint_inspect_and_explain() {
+    let dir = staged("demo.toml");
+    let cfg = dir.path().join("config/demo.toml");
+    let (ok, token) = run(firewall()
+        .args(["token", "mint", "--config"])
+        .arg(&cfg)
+        .args([
+            "--agent",
+            "incident-investigator",
+            "--projects",
+            "sre",
+            "--lifetime-s",
+            "600",
+        ]));
+    assert!(ok, "{token}");
+    let token = token.trim().to_owned();
+    assert_eq!(token.split('.').count(), 3);
+
+    let (ok, out) = run(firewall()
+        .args(["token", "inspect", "--config"])
+        .arg(&cfg)
+        .arg(&token));
+    assert!(ok, "{out}");
+    assert!(
+        out.to_lowercase().contains("incident-investigator"),
+        "{out}"
+    );
+
+    let (ok, out) = run(firewall().args(["explain", "--config"]).arg(&cfg).args([
+        "--token",
+        &token,
+        "--upstream",
+        "incidents",
+        "--tool",
+        "rollback_deployment",
+    ]));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("Unknown") && out.contains("may not use destructive"),
+        "{out}"
+    );
+
+    let (ok, out) = run(firewall().args(["explain", "--config"]).arg(&cfg).args([
+        "--token",
+        &token,
+        "--upstream",
+        "incidents",
+        "--tool",
+        "get_deployment",
+        "--arguments",
+        r#"{"deployment_id":"x"}"#,
+    ]));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("Deny") && out.contains("dep-<number>"),
+        "{out}"
+    );
+
+    // A forged token is explained as refused.
+    let (ok, out) = run(firewall().args(["explain", "--config"]).arg(&cfg).args([
+        "--token",
+        &format!("{token}x"),
+        "--upstream",
+        "incidents",
+        "--tool",
+        "get_incident",
+    ]));
+    assert!(!ok);
+    assert!(out.contains("would be refused"), "{out}");
+}
