@@ -24,7 +24,7 @@
 //! Time is injectable (governor's clock for limits, a wall-clock function for
 //! days and expiry), so tests are deterministic.
 
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -42,8 +42,11 @@ use crate::outcome::StopReason;
 type Keyed<K, C> = RateLimiter<K, DashMapStateStore<K>, C, NoOpMiddleware<<C as Clock>::Instant>>;
 /// Keyed limiters by their rate (roles and upstreams choose rates).
 type ByRate<K, C> = DashMap<u32, Arc<Keyed<K, C>>>;
-/// (tenant, run).
-type RunKey = (String, String);
+/// A run, as a keyed 64-bit hash of (tenant, run id): budget state for a
+/// million runs must fit in memory, and strings would triple it. The hash is
+/// keyed per process (SipHash with a random key), so run ids cannot be chosen
+/// to collide.
+type RunKey = u64;
 
 /// `[limits]`: defaults for every run; roles and upstreams refine them.
 #[derive(Debug, Clone, Deserialize)]
@@ -167,7 +170,7 @@ pub enum Refusal {
 /// A reservation to settle once the call's outcome is known.
 #[derive(Debug, Clone)]
 pub struct Reservation {
-    run_key: (String, String),
+    run_key: RunKey,
     tenant_day: Option<(String, u32)>,
     price: f64,
     /// Steps used by the run including this call.
@@ -191,9 +194,9 @@ pub enum Settle {
 
 #[derive(Debug, Clone)]
 struct RunState {
-    steps: u32,
     cost: f64,
     expires_ms: u64,
+    steps: u32,
 }
 
 /// All budget state.
@@ -206,8 +209,9 @@ pub struct Budgets<C: Clock = DefaultClock> {
     tenant: Option<Keyed<String, C>>,
     upstream: ByRate<String, C>,
     run: ByRate<RunKey, C>,
-    run_tool: Option<Keyed<(String, String, String), C>>,
-    runs: DashMap<(String, String), RunState>,
+    run_tool: Option<Keyed<u64, C>>,
+    runs: DashMap<RunKey, RunState>,
+    hasher: std::collections::hash_map::RandomState,
     tenant_days: DashMap<(String, u32), f64>,
 }
 
@@ -237,6 +241,7 @@ impl<C: Clock + Clone> Budgets<C> {
             run: DashMap::new(),
             runs: DashMap::new(),
             tenant_days: DashMap::new(),
+            hasher: std::collections::hash_map::RandomState::new(),
             leeway_ms: leeway.as_millis() as u64,
             clock,
             now_ms,
@@ -279,17 +284,13 @@ impl<C: Clock + Clone> Budgets<C> {
             )
             .map_err(|w| limited("upstream", w))?;
         }
-        let run_key = (call.tenant.to_owned(), call.run.to_owned());
+        let run_key = self.run_key(call.tenant, call.run);
         let run_rate = call.run_per_s.unwrap_or(self.cfg.per_run_per_s);
         if run_rate > 0 {
             check(&self.run, run_rate, &run_key, &self.clock).map_err(|w| limited("run", w))?;
         }
         if let Some(l) = &self.run_tool {
-            let key = (
-                call.tenant.to_owned(),
-                call.run.to_owned(),
-                call.tool.to_owned(),
-            );
+            let key = self.hasher.hash_one((call.tenant, call.run, call.tool));
             l.check_key(&key)
                 .map_err(|n| limited("run_tool", n.wait_time_from(now)))?;
         }
@@ -416,6 +417,10 @@ impl<C: Clock + Clone> Budgets<C> {
         self.runs.shrink_to_fit();
     }
 
+    fn run_key(&self, tenant: &str, run: &str) -> RunKey {
+        self.hasher.hash_one((tenant, run))
+    }
+
     /// Runs currently tracked.
     pub fn runs(&self) -> usize {
         self.runs.len()
@@ -424,14 +429,14 @@ impl<C: Clock + Clone> Budgets<C> {
     /// Steps used by a run so far.
     pub fn steps(&self, tenant: &str, run: &str) -> u32 {
         self.runs
-            .get(&(tenant.to_owned(), run.to_owned()))
+            .get(&self.run_key(tenant, run))
             .map_or(0, |s| s.steps)
     }
 
     /// Cost spent by a run so far.
     pub fn cost(&self, tenant: &str, run: &str) -> f64 {
         self.runs
-            .get(&(tenant.to_owned(), run.to_owned()))
+            .get(&self.run_key(tenant, run))
             .map_or(0.0, |s| s.cost)
     }
 }
