@@ -302,14 +302,11 @@ impl<C: Clock + Clone> Budgets<C> {
             .saturating_add(self.leeway_ms);
         let steps_used;
         {
-            let mut state = self
-                .runs
-                .entry(run_key.clone())
-                .or_insert_with(|| RunState {
-                    steps: 0,
-                    cost: 0.0,
-                    expires_ms,
-                });
+            let mut state = self.runs.entry(run_key).or_insert_with(|| RunState {
+                steps: 0,
+                cost: 0.0,
+                expires_ms,
+            });
             state.expires_ms = state.expires_ms.max(expires_ms);
             if state.steps >= call.max_steps {
                 return Err(Refusal::StepCap {
