@@ -143,6 +143,43 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
     let hidden = row(ch, &db, "tool = 'launch_missiles'");
     assert_eq!(hidden["decision"], "hidden");
 
+    // The auditors' queries in the README run as written and find these rows.
+    let run_id = allowed["run_id"].as_str().unwrap().to_owned();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let queries: Vec<String> = readme
+        .split("```sql")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .flat_map(|block| {
+            block
+                .split(';')
+                .map(str::trim)
+                .filter(|q| !q.is_empty() && q.lines().any(|l| !l.trim_start().starts_with("--")))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        queries.len() >= 5,
+        "README has the auditors' queries: {queries:?}"
+    );
+    let daily = wait_rows(
+        ch,
+        &format!("SELECT count() FROM {db}.audit_events_daily_stats"),
+        1,
+    );
+    assert!(daily >= 1);
+    for q in &queries {
+        let q = q
+            .replace("mcp_firewall.", &format!("{db}."))
+            .replace("run-42", &run_id);
+        let out = ch
+            .try_query(&q)
+            .unwrap_or_else(|e| panic!("README query fails: {e}\n{q}"));
+        assert!(!out.trim().is_empty(), "README query found nothing:\n{q}");
+    }
+
     s.fw.stop().await;
 }
 
