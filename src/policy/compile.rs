@@ -118,6 +118,9 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
                 names,
                 risk: rule.risk.into(),
                 preview: rule.preview,
+                preview_arguments: rule
+                    .preview_arguments
+                    .map(|t| serde_json::to_value(t).unwrap_or(serde_json::Value::Null)),
                 price: rule.price,
             });
         }

@@ -82,6 +82,9 @@ pub struct RawToolRule {
     /// A read-only tool of the same upstream that shows what a call would do,
     /// offered to approvers (e.g. `preview_remediation`).
     pub preview: Option<String>,
+    /// Fixed arguments of the preview call (merged over the gated call's
+    /// arguments that the preview tool accepts), e.g. `{ action = "rollback" }`.
+    pub preview_arguments: Option<toml::Table>,
     /// Price of one call, in the budget's unit (default 0).
     pub price: Option<f64>,
 }

@@ -269,6 +269,7 @@ struct ToolRule {
     names: NameSet,
     risk: Risk,
     preview: Option<String>,
+    preview_arguments: Option<Value>,
     price: Option<f64>,
 }
 
@@ -444,10 +445,14 @@ impl Policy {
         v
     }
 
-    /// The preview tool the policy names for a tool, if any.
-    pub fn preview(&self, up: &Upstream, tool: &str) -> Option<&str> {
+    /// The preview tool the policy names for a tool, and its fixed
+    /// arguments, if any.
+    pub fn preview(&self, up: &Upstream, tool: &str) -> Option<(&str, Option<&Value>)> {
         match self.risk(up, tool, None).1 {
-            RiskSource::Policy(i) => self.tool_rules.get(i).and_then(|r| r.preview.as_deref()),
+            RiskSource::Policy(i) => self
+                .tool_rules
+                .get(i)
+                .and_then(|r| Some((r.preview.as_deref()?, r.preview_arguments.as_ref()))),
             _ => None,
         }
     }
