@@ -36,6 +36,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         admin: SocketAddr,
     },
+    /// Approvals on a running firewall: list, show, approve, deny.
+    Approvals(mcp_firewall::approval::client::ApprovalsArgs),
     /// Validate a config file (and everything it names) without serving.
     Check {
         /// The TOML config file.
@@ -75,6 +77,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo { listen, admin } => mcp_firewall::demo::run::run(listen, admin).await,
+        Command::Approvals(args) => {
+            print!("{}", mcp_firewall::approval::client::run(&args).await?);
+            Ok(())
+        }
         Command::Check { config } => {
             let cfg = config::load(&config)?;
             println!("{}: ok", cfg.source.display());

@@ -46,7 +46,7 @@ fn element_hash(html: &str, tag: &str) -> Option<String> {
     let close = format!("</{tag}>");
     let start = html.find(&open)? + open.len();
     let end = start + html[start..].find(&close)?;
-    let digest = Sha256::digest(html[start..end].as_bytes());
+    let digest = Sha256::digest(&html.as_bytes()[start..end]);
     Some(format!(
         "'sha256-{}'",
         base64::engine::general_purpose::STANDARD.encode(digest)

@@ -918,7 +918,8 @@ impl Approvals {
 
     /// The pending or approved approval for exactly this call, or a new
     /// pending one. Idempotent for identical calls: retries of a held call
-    /// find the same approval.
+    /// find the same approval. Finding one costs a lock and a lookup;
+    /// creating one blocks the calling thread for one journal fsync.
     pub fn request(&self, new: NewApproval) -> Result<Approval, ApprovalError> {
         let now = self.clock.now_ms();
         let expiry_ms = self.cfg.expiry_s.saturating_mul(1000);
@@ -937,7 +938,8 @@ impl Approvals {
     /// If an approved, unconsumed, unexpired approval exists for exactly this
     /// call, marks it consumed (durably) and returns it. Exactly once: of
     /// concurrent identical calls, one gets it. A journal failure returns
-    /// `None` (the call does not run).
+    /// `None` (the call does not run). Without an approved approval this is
+    /// a lock and a lookup; consuming blocks for one journal fsync.
     pub fn consume(&self, key: &CallKey) -> Option<Approval> {
         let now = self.clock.now_ms();
         let mut transitions = Vec::new();

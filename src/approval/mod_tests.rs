@@ -682,7 +682,8 @@ async fn every_transition_reaches_the_hooks_with_who_and_when() {
     let dir = tempfile::tempdir().expect("dir");
     let clock = clock_at(T0);
     let (a, _r) = open_in(dir.path(), &clock, |c| c.expiry_s = 60).await;
-    let seen: Arc<Mutex<Vec<(Option<Status>, Status, u64, Option<String>)>>> = Arc::default();
+    type Seen = (Option<Status>, Status, u64, Option<String>);
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     {
         let seen = seen.clone();
         a.on_transition(Box::new(move |t: &Transition| {

@@ -775,7 +775,8 @@ impl Store {
         out
     }
 
-    /// Records in the journal file now (tests and metrics).
+    /// Records in the journal file now.
+    #[cfg(test)]
     pub(crate) fn journal_records(&self) -> u64 {
         self.lock().journal.records
     }
@@ -838,37 +839,41 @@ fn parse_line(line: &[u8]) -> Result<Record, Corruption> {
 }
 
 fn apply(by_id: &mut HashMap<ApprovalId, Approval>, rec: Record, stats: &mut Replay) {
-    let (id, change): (ApprovalId, Box<dyn FnOnce(&mut Approval)>) = match rec {
+    // Compaction writes every approval a later record can name, so an
+    // unknown id is an approval purged as old history: nothing to change.
+    fn target<'a>(
+        by_id: &'a mut HashMap<ApprovalId, Approval>,
+        stats: &mut Replay,
+        id: &ApprovalId,
+    ) -> Option<&'a mut Approval> {
+        let found = by_id.get_mut(id);
+        stats.unknown_ids += usize::from(found.is_none());
+        found
+    }
+    match rec {
         Record::Put { approval } => {
             by_id.insert(approval.id.clone(), *approval);
-            return;
         }
-        Record::Decide { id, decision } => (
-            id,
-            Box::new(move |a: &mut Approval| {
+        Record::Decide { id, decision } => {
+            if let Some(a) = target(by_id, stats, &id) {
                 a.status = if decision.approved {
                     Status::Approved
                 } else {
                     Status::Denied
                 };
                 a.decision = Some(decision);
-            }),
-        ),
-        Record::Consume { id, at_ms } => (
-            id,
-            Box::new(move |a: &mut Approval| {
+            }
+        }
+        Record::Consume { id, at_ms } => {
+            if let Some(a) = target(by_id, stats, &id) {
                 a.status = Status::Consumed;
                 a.consumed_ms = Some(at_ms);
-            }),
-        ),
-        Record::Expire { id, .. } => (id, Box::new(|a: &mut Approval| a.status = Status::Expired)),
-    };
-    match by_id.get_mut(&id) {
-        Some(a) => change(a),
-        None => {
-            // Compaction writes every approval a later record can name, so
-            // this is an approval purged as old history: nothing to change.
-            stats.unknown_ids += 1;
+            }
+        }
+        Record::Expire { id, .. } => {
+            if let Some(a) = target(by_id, stats, &id) {
+                a.status = Status::Expired;
+            }
         }
     }
 }
