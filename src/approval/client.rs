@@ -4,6 +4,9 @@
 //! Also owns the HTTP client the webhook uses ([`http_client`]): rustls with
 //! ring and the webpki roots, HTTP/1.1, no proxy lookups.
 //!
+//! Errors carry their cause as `source()` (printed by `{:#}`), not in
+//! their own message, so the CLI prints each cause once.
+//!
 //! Invariants: the admin token is only ever sent in an `Authorization`
 //! header and never printed (`Debug` of [`AdminClient`] hides it); ids are
 //! checked to be id-shaped before they go into a URL path.
@@ -48,13 +51,13 @@ pub enum ClientError {
         id: String,
     },
     /// The TLS configuration could not be built.
-    #[error("cannot set up TLS: {0}")]
+    #[error("cannot set up TLS")]
     Tls(#[source] rustls::Error),
     /// The request could not be built (a header value the token cannot be).
-    #[error("cannot build the request: {0}")]
+    #[error("cannot build the request")]
     Build(#[source] http::Error),
     /// The firewall could not be reached.
-    #[error("cannot reach the firewall's admin listener at {url}: {source}")]
+    #[error("cannot reach the firewall's admin listener at {url}")]
     Connect {
         /// The URL.
         url: String,
@@ -71,7 +74,7 @@ pub enum ClientError {
         timeout: Duration,
     },
     /// The answer could not be read.
-    #[error("cannot read the answer from {url}: {source}")]
+    #[error("cannot read the answer from {url}")]
     Body {
         /// The URL.
         url: String,
@@ -90,7 +93,7 @@ pub enum ClientError {
         message: String,
     },
     /// The answer is not what the API sends.
-    #[error("unexpected answer from {url}: {source}")]
+    #[error("unexpected answer from {url}")]
     Json {
         /// The URL.
         url: String,

@@ -19,6 +19,7 @@
 //!   is consumed at most once, so one human "yes" runs one call;
 //! - expiry is decided by the clock on every read, whether or not the
 //!   background sweeper has journaled it yet.
+#![deny(missing_docs)]
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -441,7 +441,15 @@ async fn an_expired_approval_is_gone() {
     // The tool token dies in a second; so does the approval.
     n.token_exp = now_s() + 1;
     let p = a.approvals.request(n).expect("request");
-    tokio::time::sleep(Duration::from_millis(p.expires_ms % 1000 + 1100)).await;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    assert!(p.expires_ms <= (now_s() + 1) * 1000, "capped by the token");
+    tokio::time::sleep(Duration::from_millis(
+        p.expires_ms.saturating_sub(now_ms) + 100,
+    ))
+    .await;
     let bob = admin_token("acme", "bob");
     let (status, v) = decide(&a.base, &bob, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 410, "{v}");
