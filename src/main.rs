@@ -37,6 +37,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         admin: SocketAddr,
     },
+    /// Approvals on a running firewall: list, show, approve, deny.
+    Approvals(mcp_firewall::approval::client::ApprovalsArgs),
     /// Validate a config file and its policies without serving; print what
     /// each role may call.
     Check {
@@ -149,6 +151,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo { listen, admin } => mcp_firewall::demo::run::run(listen, admin).await,
+        Command::Approvals(args) => {
+            print!("{}", mcp_firewall::approval::client::run(&args).await?);
+            Ok(())
+        }
         Command::Check { config } => {
             let cfg = config::load(&config)?;
             print!("{}", cli::check(&cfg)?);

@@ -2,6 +2,7 @@
 //! clients from the official Rust SDK, scripted raw HTTP upstreams for failure
 //! modes, a real ClickHouse server), no mocks of MCP.
 
+mod approvals_api;
 mod audit;
 mod audit_e2e;
 mod auth_keys;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod clickhouse;
 pub mod mcp;
 pub mod raw;
