@@ -1,7 +1,8 @@
 //! The admin listener, on its own port: `/healthz` (the process serves),
 //! `/readyz` (the firewall can do its job: listeners up, not draining) and
-//! `/metrics` (Prometheus text format). Later features (approvals) mount
-//! their endpoints here too; none of it is reachable from the MCP listener.
+//! `/metrics` (Prometheus text format), and the approvals API and console
+//! (`/approvals`, `/console`, admin-audience tokens only). None of it is
+//! reachable from the MCP listener.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,8 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 
+use crate::approval::{api, Approvals};
+use crate::auth::Verifier;
 use crate::proxy::body::{full, Body};
 
 /// What the admin endpoints read.
@@ -19,6 +22,8 @@ pub struct Admin {
     pub registry: Arc<Mutex<Registry>>,
     /// False once draining starts (load balancers stop sending traffic).
     pub ready: AtomicBool,
+    /// The approvals API and console, when approvals are configured.
+    pub approvals: Option<(Arc<Approvals>, Verifier)>,
 }
 
 /// Serves one admin request.
@@ -26,6 +31,14 @@ pub async fn handle(
     admin: Arc<Admin>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    if let Some((approvals, verifier)) = &admin.approvals {
+        if api::owns(req.uri().path()) {
+            if let Some(r) = api::handle(approvals.clone(), verifier.clone(), req).await {
+                return Ok(r);
+            }
+            return Ok(text(StatusCode::NOT_FOUND, "not found\n"));
+        }
+    }
     let resp = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {

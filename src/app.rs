@@ -18,6 +18,7 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 
 use crate::admin::{self, Admin};
+use crate::approval::Approvals;
 use crate::audit::{self, AuditHandle, Auditor};
 use crate::auth::Verifier;
 use crate::config::Config;
@@ -100,6 +101,7 @@ pub async fn start_with(
         c.server.public_url = format!("{scheme}://{mcp_addr}");
         Arc::new(c)
     };
+    let approvals = start_approvals(&config, &mut registry, admin_addr).await?;
     let state = Arc::new(
         State::new(
             config.clone(),
@@ -107,10 +109,14 @@ pub async fn start_with(
             policy.clone(),
             auditor,
             Metrics::register(&mut registry),
+            approvals,
         )
         .context("building upstream clients")?,
     );
 
+    if let Some(approvals) = &state.approvals {
+        crate::proxy::approvals::wire(&state, approvals);
+    }
     let mut background = Vec::new();
     background.push(tokio::spawn(policy.clone().watch(config.policy_reload)));
     background.push(tokio::spawn(sweep_budgets(state.clone())));
@@ -127,6 +133,7 @@ pub async fn start_with(
     let admin = Arc::new(Admin {
         registry: Arc::new(Mutex::new(registry)),
         ready: AtomicBool::new(true),
+        approvals: state.approvals.clone().map(|a| (a, state.verifier.clone())),
     });
 
     let permits = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
@@ -190,6 +197,24 @@ impl Running {
         tracing::info!("shutdown requested; draining");
         self.shutdown().await;
     }
+}
+
+async fn start_approvals(
+    config: &Config,
+    registry: &mut Registry,
+    admin_addr: SocketAddr,
+) -> anyhow::Result<Option<Arc<Approvals>>> {
+    let Some(cfg) = &config.approvals else {
+        tracing::warn!("approvals are not configured: calls behind an approve gate are refused");
+        return Ok(None);
+    };
+    let approvals = Approvals::open(cfg, registry)
+        .await
+        .context("opening the approvals store")?;
+    if cfg.public_url.is_none() {
+        approvals.set_public_url(&format!("http://{admin_addr}"));
+    }
+    Ok(Some(approvals))
 }
 
 /// Drops budget state that expired with its tokens, off the request path.

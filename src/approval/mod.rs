@@ -70,7 +70,8 @@ pub struct ApprovalsConfig {
     #[serde(default = "default_expiry_s")]
     pub expiry_s: u64,
     /// Seconds the request path holds a gated call open waiting for the
-    /// decision before answering "approval required" (used by the proxy).
+    /// decision before answering "approval required" (used by the proxy);
+    /// 0 never holds (every gated call gets the resumable answer at once).
     #[serde(default = "default_hold_s")]
     pub hold_s: u64,
     /// Seconds between progress notifications while a call is held (used by
@@ -191,7 +192,6 @@ impl ApprovalsConfig {
             }
         };
         positive("approvals.expiry_s", self.expiry_s)?;
-        positive("approvals.hold_s", self.hold_s)?;
         positive("approvals.progress_interval_s", self.progress_interval_s)?;
         positive(
             "approvals.max_pending_per_tenant",

@@ -47,6 +47,9 @@ pub struct RawConfig {
     /// Rate limits and per-run caps (defaults; roles and upstreams refine them).
     #[serde(default)]
     pub limits: crate::budget::LimitsConfig,
+    /// Human approvals of gated calls. Absent: gated calls are refused with
+    /// "approval required" and no approval can be granted.
+    pub approvals: Option<crate::approval::ApprovalsConfig>,
     /// The audit trail (ClickHouse through a local spool). Absent: no audit.
     pub audit: Option<crate::audit::AuditConfig>,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.

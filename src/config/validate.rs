@@ -34,6 +34,8 @@ pub struct Config {
     pub authorization_servers: Vec<String>,
     /// Rate limits and caps.
     pub limits: crate::budget::LimitsConfig,
+    /// Approvals (store path resolved).
+    pub approvals: Option<crate::approval::ApprovalsConfig>,
     /// The audit pipeline, if configured (spool path resolved).
     pub audit: Option<crate::audit::AuditConfig>,
     /// The policy directory.
@@ -370,6 +372,15 @@ impl Validator<'_> {
             .map_err(|e| self.invalid("auth.header", e.to_string()))?;
         let authorization_servers = s_authorization_servers.unwrap_or_else(|| auth.issuers.clone());
 
+        let approvals = match raw.approvals {
+            Some(mut a) => {
+                a.resolve_paths(self.base);
+                a.validate()
+                    .map_err(|e| self.invalid("approvals", e.to_string()))?;
+                Some(a)
+            }
+            None => None,
+        };
         let audit = match raw.audit {
             Some(mut a) => {
                 a.spool.dir = self.path(&a.spool.dir);
@@ -403,6 +414,7 @@ impl Validator<'_> {
             auth,
             authorization_servers,
             limits: raw.limits,
+            approvals,
             audit,
             policy_dir: self.path(&raw.policy.dir),
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),

@@ -53,6 +53,9 @@ pub struct Demo {
     pub investigator_token: String,
     /// An operator's token (writes and destructive calls need approval).
     pub operator_token: String,
+    /// An on-call approver's admin token (for the console).
+    pub approver_token: String,
+    _approvals_dir: tempfile::TempDir,
 }
 
 /// Starts the demo: upstream first, then the firewall in front of it.
@@ -65,7 +68,12 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
     let mut secret = [0u8; 32];
     rand::rng().fill_bytes(&mut secret);
     let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let approvals_dir = tempfile::tempdir().context("a temporary directory for approvals")?;
     let text = DEMO_CONFIG
+        .replace(
+            "{{APPROVALS_DIR}}",
+            &approvals_dir.path().display().to_string(),
+        )
         .replace("{{LISTEN}}", &listen.to_string())
         .replace("{{ADMIN}}", &admin.to_string())
         .replace("{{SECRET}}", &secret)
@@ -88,13 +96,13 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
     let verifier = Verifier::new(&cfg.auth).await?;
 
     let lifetime = Duration::from_secs(3600);
-    let mint = |agent: &str, projects: &[&str], run: &str| {
+    let mint = |audience: Audience, sub: &str, agent: &str, projects: &[&str], run: &str| {
         auth::mint(
             &cfg.auth,
             &MintClaims {
-                audience: Audience::Mcp,
+                audience,
                 issuer: None,
-                sub: "demo-user".to_owned(),
+                sub: sub.to_owned(),
                 tenant_id: "demo".to_owned(),
                 agent: agent.to_owned(),
                 run_id: run.to_owned(),
@@ -107,8 +115,28 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
             lifetime,
         )
     };
-    let investigator_token = mint("incident-investigator", &["sre"], "run-investigate-1")?;
-    let operator_token = mint("sre-lead", &["sre", "platform"], "run-operate-1")?;
+    let investigator_token = mint(
+        Audience::Mcp,
+        "demo-user",
+        "incident-investigator",
+        &["sre"],
+        "run-investigate-1",
+    )?;
+    let operator_token = mint(
+        Audience::Mcp,
+        "demo-user",
+        "sre-lead",
+        &["sre", "platform"],
+        "run-operate-1",
+    )?;
+    // A different person: the run's own caller may not approve its calls.
+    let approver_token = mint(
+        Audience::Admin,
+        "on-call-engineer",
+        "sre-lead",
+        &["sre"],
+        "console",
+    )?;
 
     let firewall = app::start_with(Arc::new(cfg), verifier, store, registry).await?;
     Ok(Demo {
@@ -116,6 +144,8 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
         upstream,
         investigator_token,
         operator_token,
+        approver_token,
+        _approvals_dir: approvals_dir,
     })
 }
 
@@ -148,13 +178,18 @@ Try it with curl (the 2026-07-28 stateless revision):
 
 Or point any MCP client (streamable HTTP) at {url} with the header
 "Authorization: Bearer <token>". The investigator lists 8 read-only tools;
-the operator lists all 14, and `rollback_deployment` answers "approval required".
+the operator lists all 14, and `rollback_deployment` waits for a person.
+
+Approve or deny it in the console: http://{admin}/console
+with this approver token (an on-call engineer, admin audience):
+  {approver}
 
 Ctrl-C stops the demo."#,
         admin = demo.firewall.admin_addr,
         upstream = demo.upstream.url(),
         inv = demo.investigator_token,
         op = demo.operator_token,
+        approver = demo.approver_token,
     );
     demo.firewall.until_signal().await;
     demo.upstream.shutdown().await;

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use crate::approval::{Approval, CallKey};
 use crate::auth::Claims;
 use crate::budget::{Budgets, CallBudget, Refusal, Reservation};
 use crate::catalog::{ArgumentsError, Catalogs};
@@ -26,6 +27,7 @@ use crate::outcome::{DecisionKind, StopReason};
 use crate::policy::{self, Authority, Call, Decision, Hidden, Identity, Policy, Risk};
 use crate::telemetry::Metrics;
 
+use super::approvals::Gated;
 use super::error::codes;
 use super::upstream::UpstreamClient;
 use super::version::ProtocolVersion;
@@ -50,6 +52,10 @@ pub struct RunContext {
     pub budgets: Arc<Budgets>,
     /// Request-path metrics.
     pub metrics: Arc<Metrics>,
+    /// Human approvals, when configured.
+    pub approvals: Option<Arc<crate::approval::Approvals>>,
+    /// Masks secrets in arguments shown to approvers.
+    pub redactor: Arc<crate::audit::Redactor>,
 }
 
 /// What to do with one message.
@@ -61,6 +67,15 @@ pub enum Verdict {
         risk: Option<Risk>,
         /// The budget reserved for a `tools/call`, settled when it ends.
         reservation: Option<Reservation>,
+    },
+    /// A call behind an `approve` gate waiting for a person.
+    Hold {
+        /// The pending approval.
+        approval: Box<Approval>,
+        /// Its key.
+        key: CallKey,
+        /// The tool's risk.
+        risk: Risk,
     },
     /// Answer it here; nothing reaches the upstream.
     Answer {
@@ -306,15 +321,28 @@ impl RunContext {
             );
         }
         if matches!(decision, Decision::Approve { .. }) {
-            return answer(
-                msg.id.as_ref(),
-                codes::APPROVAL_REQUIRED,
-                &format!("Call to {tool} ({risk}) requires a person's approval"),
-                Some(
-                    json!({ "stop_reason": "approval_required", "tool": tool, "risk": risk.as_str() }),
-                ),
-                Outcome::ApprovalRequired { risk },
-            );
+            match self.gate(tool, &arguments, risk) {
+                // Granted for exactly this call: it runs (once), under budgets.
+                Gated::Approved(approval) => {
+                    tracing::info!(tool, approval = approval.id.as_str(), "running an approved call");
+                }
+                Gated::Pending { approval, key } => {
+                    return Verdict::Hold {
+                        approval: Box::new(approval),
+                        key,
+                        risk,
+                    }
+                }
+                Gated::Refused(why) => {
+                    return answer(
+                        msg.id.as_ref(),
+                        codes::APPROVAL_REQUIRED,
+                        &format!("Call to {tool} ({risk}) requires a person's approval, and none can be requested: {why}"),
+                        Some(json!({ "stop_reason": "approval_required", "tool": tool, "risk": risk.as_str() })),
+                        Outcome::ApprovalRequired { risk },
+                    )
+                }
+            }
         }
         // Budgets last: only a call that would run spends them.
         let role = self.policy.agent(&self.authority.agent);

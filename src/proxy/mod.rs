@@ -34,7 +34,8 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use crate::audit::Auditor;
+use crate::approval::Approvals;
+use crate::audit::{Auditor, Redactor};
 use crate::auth::{self, Audience, Claims, Verifier};
 use crate::budget::Budgets;
 use crate::catalog::Catalogs;
@@ -45,9 +46,12 @@ use crate::policy::reload::PolicyStore;
 use crate::server::listener::ConnInfo;
 use crate::telemetry::Metrics;
 
+pub mod approvals;
 pub mod body;
 pub mod decide;
 pub mod error;
+pub mod hold;
+pub mod preview;
 pub mod record;
 pub mod relay;
 pub mod upstream;
@@ -81,6 +85,10 @@ pub struct State {
     pub budgets: Arc<Budgets>,
     /// Request-path metrics.
     pub metrics: Arc<Metrics>,
+    /// Human approvals, when configured.
+    pub approvals: Option<Arc<Approvals>>,
+    /// Masks secrets in arguments shown to approvers.
+    pub redactor: Arc<Redactor>,
 }
 
 // === impl State ===
@@ -93,6 +101,7 @@ impl State {
         policy: Arc<PolicyStore>,
         auditor: Auditor,
         metrics: Arc<Metrics>,
+        approvals: Option<Arc<Approvals>>,
     ) -> Result<State, upstream::ClientError> {
         let token_header = verifier.header_name().clone();
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
@@ -112,6 +121,7 @@ impl State {
             config.limits.clone(),
             std::time::Duration::from_secs(config.auth.leeway_s),
         ));
+        let redactor = Arc::new(redactor(&config));
         Ok(State {
             config,
             upstreams,
@@ -122,8 +132,20 @@ impl State {
             auditor,
             budgets,
             metrics,
+            approvals,
+            redactor,
         })
     }
+}
+
+/// The redactor of the audit config (or the default patterns).
+fn redactor(config: &Config) -> Redactor {
+    let patterns = config
+        .audit
+        .as_ref()
+        .map(|a| a.redact.key_patterns.clone())
+        .unwrap_or_else(|| crate::audit::RedactConfig::default().key_patterns);
+    Redactor::new(&patterns).unwrap_or_else(|_| Redactor::none())
 }
 
 /// Serves one request on the MCP listener.
@@ -182,6 +204,8 @@ async fn route(
         version: ProtocolVersion::V2025_03_26,
         budgets: state.budgets.clone(),
         metrics: state.metrics.clone(),
+        approvals: state.approvals.clone(),
+        redactor: state.redactor.clone(),
     };
     match *req.method() {
         Method::POST => post(state, conn, cx, req).await,
@@ -247,6 +271,7 @@ async fn post(
     let mut pending = Vec::new();
     let mut open_rows = Vec::new();
     let mut local_rows = Vec::new();
+    let mut held: Option<hold::Held> = None;
     for m in &env.messages {
         let verdict = match cx.decide(m) {
             // Nothing runs that the audit trail cannot record, when the
@@ -291,6 +316,40 @@ async fn post(
                     });
                 }
             }
+            Verdict::Hold {
+                approval,
+                key,
+                risk,
+            } => {
+                let Some(approvals) = state.approvals.clone() else {
+                    continue;
+                };
+                let (Some(id), Some(call)) = (&m.id, &m.call) else {
+                    continue;
+                };
+                let outcome = Outcome::ApprovalRequired { risk };
+                local_rows.push(recorder.answered(m, &outcome));
+                let can_hold = !env.batch
+                    && approvals.config().hold_s > 0
+                    && accepts(&parts.headers, "text/event-stream");
+                if can_hold {
+                    held = Some(hold::Held {
+                        approval: *approval,
+                        key,
+                        id: id.clone(),
+                        progress_token: progress_token(m),
+                        tool: call.name.clone(),
+                        body: bytes.clone(),
+                        headers: parts.headers.clone(),
+                        identity: identity_headers(&cx),
+                        conn,
+                    });
+                } else {
+                    local_answers.push(approvals::approval_required(
+                        id, &call.name, &approvals, &approval, risk,
+                    ));
+                }
+            }
             Verdict::Answer { body, outcome } => {
                 if let (Some(call), (_, Some(stop), _, _)) = (&m.call, outcome.audit()) {
                     cx.metrics
@@ -312,6 +371,10 @@ async fn post(
     }
     // The firewall's own answers are on record before any answer leaves.
     recorder.write(local_rows).await;
+    if let (Some(held), Some(approvals)) = (held, state.approvals.clone()) {
+        // A single gated call, and the client can wait: hold it open.
+        return Ok(hold::respond(Arc::new(cx), approvals, recorder, held));
+    }
     if forward.is_empty() {
         return Ok(local_response(env.batch, local_answers));
     }
@@ -382,6 +445,22 @@ async fn stream(
         Err(failure) => return Err(exchange.fail(failure).await),
     };
     exchange.respond(resp).await
+}
+
+/// Whether the client's `Accept` header allows `media`.
+fn accepts(headers: &HeaderMap, media: &str) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| mime_is(m, media) || m.trim().starts_with("*/*"))
+}
+
+/// The `progressToken` a request carries in `params._meta`.
+fn progress_token(m: &jsonrpc::Message) -> Option<serde_json::Value> {
+    let meta: serde_json::Value = serde_json::from_str(m.meta.as_ref()?.get()).ok()?;
+    meta.get("progressToken").cloned()
 }
 
 /// The tool as a metric label: its name when the upstream listed it (a

@@ -187,6 +187,49 @@ impl Recorder {
         row
     }
 
+    /// The row of a held call that ran after approval.
+    pub fn held_done(
+        &self,
+        tool: &str,
+        id: &Id,
+        reason: &str,
+        answer: Option<&str>,
+        status: u16,
+        upstream_started: Instant,
+    ) -> AuditRow {
+        let open = self.held_open(tool, id, reason);
+        self.close(open, answer, status, upstream_started, 0)
+    }
+
+    /// The row of a held call that ran after approval and failed upstream.
+    pub fn held_failed(
+        &self,
+        tool: &str,
+        id: &Id,
+        reason: &str,
+        cause: &str,
+        upstream_started: Instant,
+    ) -> AuditRow {
+        let open = self.held_open(tool, id, reason);
+        let mut row = self.failed(open, cause, 0, upstream_started);
+        row.reason = format!("{reason}; {cause}");
+        row
+    }
+
+    fn held_open(&self, tool: &str, id: &Id, reason: &str) -> OpenRow {
+        let mut row = self.base.clone();
+        row.event_id = uuid::Uuid::now_v7();
+        row.method = "tools/call".into();
+        row.tool = tool.to_owned();
+        row.jsonrpc_id = serde_json::to_string(id).unwrap_or_default();
+        row.decision = DecisionKind::Allow.as_str().into();
+        row.reason = reason.to_owned();
+        OpenRow {
+            id: Some(id.clone()),
+            row,
+        }
+    }
+
     /// Completes an open row for a failed upstream.
     pub fn failed(
         &self,

@@ -27,7 +27,8 @@ fn staged(name: &str) -> tempfile::TempDir {
         .replace("{{LISTEN}}", "127.0.0.1:0")
         .replace("{{ADMIN}}", "127.0.0.1:0")
         .replace("{{SECRET}}", "0123456789abcdef0123456789abcdef")
-        .replace("{{UPSTREAM_URL}}", "http://127.0.0.1:1/mcp");
+        .replace("{{UPSTREAM_URL}}", "http://127.0.0.1:1/mcp")
+        .replace("{{APPROVALS_DIR}}", "approvals");
     std::fs::create_dir_all(dir.path().join("config/certs")).unwrap();
     std::fs::create_dir_all(dir.path().join("config/secrets")).unwrap();
     std::fs::write(dir.path().join("config").join(name), text).unwrap();

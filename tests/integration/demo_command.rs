@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use serde_json::json;
 
 use crate::common::mcp::*;
-use crate::through_firewall::call_err;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_tokens_list_and_call_through_the_firewall() {
@@ -16,7 +15,7 @@ async fn demo_tokens_list_and_call_through_the_firewall() {
         .await
         .expect("demo starts");
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
-    for era in [Era::V2025_11_25, Era::V2026_07_28] {
+    for (n, era) in [Era::V2025_11_25, Era::V2026_07_28].into_iter().enumerate() {
         let mut cfg =
             rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
                 url.clone(),
@@ -43,14 +42,47 @@ async fn demo_tokens_list_and_call_through_the_firewall() {
             14,
             "{era:?}: the operator sees every tool"
         );
-        let e = call_err(
-            &client,
-            "rollback_deployment",
-            json!({"deployment_id": "dep-1042", "reason": "bad deploy"}),
-        )
-        .await;
-        assert_eq!(e.code.0, -31002, "{era:?}: {e:?}");
-        client.cancel().await.ok();
+        // The gated call waits for a person; the printed approver token
+        // approves it on the admin listener, and the call completes.
+        let held = tokio::spawn(async move {
+            let r = call(
+                &client,
+                "rollback_deployment",
+                json!({"deployment_id": "dep-1042", "reason": "bad deploy"}),
+            )
+            .await;
+            client.cancel().await.ok();
+            r
+        });
+        let admin = format!("http://{}", demo.firewall.admin_addr);
+        let id = loop {
+            let v: serde_json::Value = crate::common::http()
+                .get(format!("{admin}/approvals?status=pending"))
+                .bearer_auth(&demo.approver_token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if let Some(id) = v["approvals"][0]["id"].as_str() {
+                break id.to_owned();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        let approved = crate::common::http()
+            .post(format!("{admin}/approvals/{id}/approve"))
+            .bearer_auth(&demo.approver_token)
+            .json(&json!({"reason": "demo"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(approved.status(), 200);
+        let r = held.await.unwrap();
+        // It ran: the first rollback succeeds; the second finds the
+        // deployment already rolled back (a tool error from the upstream).
+        assert!(!r.content.is_empty(), "{era:?}: {r:?}");
+        assert_eq!(demo.upstream.calls("rollback_deployment"), n as u64 + 1);
     }
     demo.firewall.shutdown().await;
     demo.upstream.shutdown().await;

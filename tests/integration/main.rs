@@ -3,6 +3,7 @@
 //! modes, a real ClickHouse server), no mocks of MCP.
 
 mod approvals_api;
+mod approvals_e2e;
 mod audit;
 mod audit_e2e;
 mod auth_keys;

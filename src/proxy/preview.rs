@@ -1,0 +1,204 @@
+//! Calling an upstream's read-only preview tool for an approver (e.g.
+//! `preview_remediation` for `rollback_deployment`), so the person deciding
+//! sees what the gated call would do.
+//!
+//! The firewall acts as a small MCP client here, off the request path: it
+//! tries the stateless 2026-07-28 revision first (one POST), and falls back to
+//! a session (`initialize`, `notifications/initialized`, the call, `DELETE`)
+//! for servers that only speak the session-based revisions. The upstream's
+//! injected credentials apply as for any forwarded request.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{header, Method};
+use serde_json::{json, Value};
+
+use crate::mcp::sse;
+use crate::server::listener::ConnInfo;
+
+use super::body::{Collected, UpstreamBody};
+use super::relay::mime_is;
+use super::upstream::{Forward, UpstreamClient};
+
+const LOCAL: ConnInfo = ConnInfo {
+    remote: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0),
+    tls: false,
+};
+
+/// Calls `tool` with `arguments`; returns the tool's result object.
+pub async fn call_tool(up: &UpstreamClient, tool: &str, arguments: Value) -> Result<Value, String> {
+    match stateless(up, tool, &arguments).await {
+        Ok(v) => Ok(v),
+        Err(_) => session(up, tool, &arguments).await,
+    }
+}
+
+async fn stateless(up: &UpstreamClient, tool: &str, arguments: &Value) -> Result<Value, String> {
+    let version = "2026-07-28";
+    let body = json!({
+        "jsonrpc": "2.0", "id": "mcp-firewall-preview", "method": "tools/call",
+        "params": {
+            "name": tool, "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": version,
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": "mcp-firewall-preview", "version": env!("CARGO_PKG_VERSION")},
+            },
+        },
+    });
+    let mut headers = base_headers(version);
+    headers.insert(
+        HeaderName::from_static("mcp-method"),
+        HeaderValue::from_static("tools/call"),
+    );
+    if let Ok(v) = HeaderValue::from_str(tool) {
+        headers.insert(HeaderName::from_static("mcp-name"), v);
+    }
+    let (_, answer) = post(up, &headers, Bytes::from(body.to_string())).await?;
+    result_of(answer)
+}
+
+async fn session(up: &UpstreamClient, tool: &str, arguments: &Value) -> Result<Value, String> {
+    let version = "2025-06-18";
+    let init = json!({
+        "jsonrpc": "2.0", "id": "mcp-firewall-preview-init", "method": "initialize",
+        "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "mcp-firewall-preview", "version": env!("CARGO_PKG_VERSION")}},
+    });
+    let mut headers = base_headers(version);
+    headers.remove("mcp-protocol-version");
+    let (resp_headers, answer) = post(up, &headers, Bytes::from(init.to_string())).await?;
+    result_of(answer)?;
+    headers.insert(
+        HeaderName::from_static("mcp-protocol-version"),
+        HeaderValue::from_static(version),
+    );
+    if let Some(sid) = resp_headers.get("mcp-session-id") {
+        headers.insert(HeaderName::from_static("mcp-session-id"), sid.clone());
+    }
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(up, &headers, Bytes::from(initialized.to_string())).await?;
+    let call = json!({"jsonrpc": "2.0", "id": "mcp-firewall-preview", "method": "tools/call", "params": {"name": tool, "arguments": arguments}});
+    let outcome = post(up, &headers, Bytes::from(call.to_string())).await;
+    if headers.contains_key("mcp-session-id") {
+        let fwd = Forward {
+            method: Method::DELETE,
+            headers: &headers,
+            query: None,
+            body: Bytes::new(),
+            conn: LOCAL,
+            set: &[],
+        };
+        let _ = up.send(fwd).await;
+    }
+    result_of(outcome?.1)
+}
+
+fn base_headers(version: &'static str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    h.insert(
+        HeaderName::from_static("mcp-protocol-version"),
+        HeaderValue::from_static(version),
+    );
+    h
+}
+
+/// POSTs one message; returns the response headers and the JSON-RPC answer
+/// (from a JSON body or the SSE event carrying it), if any.
+async fn post(
+    up: &UpstreamClient,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(HeaderMap, Option<Value>), String> {
+    let fwd = Forward {
+        method: Method::POST,
+        headers,
+        query: None,
+        body,
+        conn: LOCAL,
+        set: &[],
+    };
+    let resp = up.send(fwd).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let (parts, incoming) = resp.into_parts();
+    if !status.is_success() {
+        return Err(format!("the upstream answered HTTP {status}"));
+    }
+    let ct = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let mut body = UpstreamBody::new(incoming, up.config.request_timeout);
+    let limit = up.config.max_response_bytes;
+    let bytes = match body
+        .collect_bounded(limit)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Collected::Complete(b) => b,
+        Collected::Partial(_) => return Err(format!("preview larger than {limit} bytes")),
+    };
+    if bytes.is_empty() {
+        return Ok((parts.headers, None));
+    }
+    if mime_is(&ct, "text/event-stream") {
+        let mut d = sse::Decoder::new(limit);
+        d.push(&bytes).map_err(|e| e.to_string())?;
+        while let Some(ev) = d.next_event() {
+            if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
+                if v.get("id").is_some() && (v.get("result").is_some() || v.get("error").is_some())
+                {
+                    return Ok((parts.headers, Some(v)));
+                }
+            }
+        }
+        return Err("no answer in the upstream's event stream".to_owned());
+    }
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("invalid JSON from the upstream: {e}"))?;
+    Ok((parts.headers, Some(v)))
+}
+
+fn result_of(answer: Option<Value>) -> Result<Value, String> {
+    let answer = answer.ok_or_else(|| "the upstream sent no answer".to_owned())?;
+    if let Some(e) = answer.get("error") {
+        return Err(format!("the upstream refused: {e}"));
+    }
+    answer
+        .get("result")
+        .cloned()
+        .ok_or_else(|| "the upstream's answer has no result".to_owned())
+}
+
+/// The preview tool's arguments: the gated call's arguments that the preview
+/// tool's schema knows, plus the policy's fixed `preview_arguments`.
+pub fn arguments(gated: &Value, preview_schema: Option<&Value>, fixed: Option<&Value>) -> Value {
+    let mut out = serde_json::Map::new();
+    let known = preview_schema
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object);
+    if let (Some(args), Some(known)) = (gated.as_object(), known) {
+        for (k, v) in args {
+            if known.contains_key(k) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    if let Some(fixed) = fixed.and_then(Value::as_object) {
+        for (k, v) in fixed {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    Value::Object(out)
+}

@@ -1,0 +1,410 @@
+//! Human approvals through the firewall with a real MCP client and the sample
+//! upstream (which counts executions): hold then approve, hold then deny,
+//! resume with an identical retry (runs once), changed arguments, expiry,
+//! who may approve, a restart with a pending approval, the console clicked in
+//! headless Chromium, and the audit rows of every transition.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{json, Value};
+
+use crate::common::browser::Browser;
+use crate::common::clickhouse::ClickHouse;
+use crate::common::{self, mcp::*, Firewall};
+use mcp_firewall::auth::Audience;
+use mcp_firewall::demo::DemoUpstream;
+
+const ROLLBACK: &str = "rollback_deployment";
+
+fn rollback_args() -> Value {
+    json!({"deployment_id": "dep-1042", "reason": "checkout errors after deploy"})
+}
+
+fn approvals_section(store: &Path, hold_s: u64, expiry_s: u64) -> String {
+    format!(
+        "[approvals]\nstore_dir = \"{}\"\nhold_s = {hold_s}\nexpiry_s = {expiry_s}\nprogress_interval_s = 1\n\n",
+        store.display()
+    )
+}
+
+async fn start(
+    upstream: &DemoUpstream,
+    store: &Path,
+    hold_s: u64,
+    expiry_s: u64,
+    extra: &str,
+) -> Firewall {
+    let base = common::config_text(&[], "");
+    let text = format!(
+        "{base}{}{extra}[[upstream]]\nname = \"incidents\"\nurl = \"{}\"\nprojects = [\"sre\"]\n",
+        approvals_section(store, hold_s, expiry_s),
+        upstream.url()
+    );
+    common::firewall(&text).await
+}
+
+fn admin_token(tenant: &str, sub: &str) -> String {
+    let mut c = common::claims("sre-lead", &["sre"]);
+    c.audience = Audience::Admin;
+    c.tenant_id = tenant.to_owned();
+    c.sub = sub.to_owned();
+    common::sign(&c)
+}
+
+async fn client(fw: &Firewall, token: &str) -> Client {
+    let mut cfg = StreamableHttpClientTransportConfig::with_uri(fw.mcp_url("incidents"));
+    cfg.auth_header = Some(token.to_owned());
+    let c = connect_with(TestClient::new(Era::V2026_07_28), cfg).await;
+    c.list_all_tools().await.unwrap();
+    c
+}
+
+async fn pending(fw: &Firewall, token: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v: Value = common::http()
+            .get(format!("{}/approvals?status=pending", fw.admin))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let list = v["approvals"].as_array().cloned().unwrap_or_default();
+        if !list.is_empty() || Instant::now() > deadline {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn decide(fw: &Firewall, token: &str, id: &str, action: &str, reason: &str) -> (u16, Value) {
+    let resp = common::http()
+        .post(format!("{}/approvals/{id}/{action}", fw.admin))
+        .bearer_auth(token)
+        .json(&json!({"reason": reason}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn call_raw(
+    client: &Client,
+    tool: &str,
+    args: Value,
+) -> Result<rmcp::model::CallToolResult, rmcp::ErrorData> {
+    let params =
+        CallToolRequestParams::new(tool.to_owned()).with_arguments(crate::common::mcp::args(args));
+    match tokio::time::timeout(Duration::from_secs(30), client.call_tool(params))
+        .await
+        .expect("no hang")
+    {
+        Ok(r) => Ok(r),
+        Err(rmcp::ServiceError::McpError(e)) => Err(e),
+        Err(other) => panic!("transport failure: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_then_approve_runs_the_call_once_on_the_held_stream() {
+    let store = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let fw = start(&upstream, store.path(), 30, 600, "").await;
+    let c = client(&fw, &common::token()).await;
+    let call = tokio::spawn(async move {
+        let r = call_raw(&c, ROLLBACK, rollback_args()).await;
+        (r, c)
+    });
+    let oncall = admin_token("acme", "oncall");
+    let list = pending(&fw, &oncall).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["tool"], ROLLBACK);
+    assert_eq!(
+        upstream.calls(ROLLBACK),
+        0,
+        "nothing runs before the approval"
+    );
+    let id = list[0]["id"].as_str().unwrap().to_owned();
+    let (status, _) = decide(&fw, &oncall, &id, "approve", "looks right").await;
+    assert_eq!(status, 200);
+    let (result, c) = call.await.unwrap();
+    let result = result.expect("the held call completes with the upstream's result");
+    assert!(result.is_error != Some(true), "{result:?}");
+    assert_eq!(upstream.calls(ROLLBACK), 1);
+    // The identical call again needs a new approval.
+    drop(c);
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_then_deny_ends_with_the_reason() {
+    let store = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let fw = start(&upstream, store.path(), 30, 600, "").await;
+    let c = client(&fw, &common::token()).await;
+    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
+    let oncall = admin_token("acme", "oncall");
+    let id = pending(&fw, &oncall).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _) = decide(&fw, &oncall, &id, "deny", "not during the freeze").await;
+    assert_eq!(status, 200);
+    let e = call.await.unwrap().expect_err("denied");
+    assert_eq!(e.code.0, -31001, "{e:?}");
+    assert!(e.message.contains("not during the freeze"), "{e:?}");
+    assert_eq!(upstream.calls(ROLLBACK), 0);
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once() {
+    let store = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let fw = start(&upstream, store.path(), 1, 600, "").await;
+    let c = client(&fw, &common::token()).await;
+    let e = call_raw(&c, ROLLBACK, rollback_args())
+        .await
+        .expect_err("approval required after the hold");
+    assert_eq!(e.code.0, -31002);
+    let data = e.data.clone().unwrap();
+    let id = data["approval_id"].as_str().unwrap().to_owned();
+    assert!(
+        data["status_url"].as_str().unwrap().ends_with(&id),
+        "{data}"
+    );
+    assert!(data["expires_at_ms"].as_u64().unwrap() > 0);
+    let oncall = admin_token("acme", "oncall");
+    assert_eq!(decide(&fw, &oncall, &id, "approve", "ok").await.0, 200);
+    // Changed arguments are not covered by the approval.
+    let e = call_raw(
+        &c,
+        ROLLBACK,
+        json!({"deployment_id": "dep-1041", "reason": "other"}),
+    )
+    .await
+    .expect_err("not covered");
+    assert_eq!(e.code.0, -31002);
+    assert_ne!(e.data.unwrap()["approval_id"], id.as_str());
+    assert_eq!(upstream.calls(ROLLBACK), 0);
+    // The identical retry runs once.
+    let r = call_raw(&c, ROLLBACK, rollback_args())
+        .await
+        .expect("approved retry runs");
+    assert!(r.is_error != Some(true));
+    assert_eq!(upstream.calls(ROLLBACK), 1);
+    // A second identical retry does not run again.
+    let e = call_raw(&c, ROLLBACK, rollback_args())
+        .await
+        .expect_err("needs a new approval");
+    assert_eq!(e.code.0, -31002);
+    assert_eq!(upstream.calls(ROLLBACK), 1);
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_nobody_decides_expires() {
+    let store = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let fw = start(&upstream, store.path(), 10, 1, "").await;
+    let c = client(&fw, &common::token()).await;
+    let started = Instant::now();
+    let e = call_raw(&c, ROLLBACK, rollback_args())
+        .await
+        .expect_err("expired");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "ends at expiry, not at the hold window"
+    );
+    assert_eq!(e.code.0, -31002);
+    assert_eq!(e.data.unwrap()["status"], "expired");
+    assert_eq!(upstream.calls(ROLLBACK), 0);
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn who_may_approve() {
+    let store = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let fw = start(&upstream, store.path(), 0, 600, "").await;
+    let c = client(&fw, &common::token()).await;
+    let e = call_raw(&c, ROLLBACK, rollback_args())
+        .await
+        .expect_err("approval required");
+    let id = e.data.unwrap()["approval_id"].as_str().unwrap().to_owned();
+    // A tool token can never approve.
+    let (status, _) = decide(&fw, &common::token(), &id, "approve", "me").await;
+    assert_eq!(status, 401);
+    // Another tenant: as if it did not exist.
+    let (status, _) = decide(
+        &fw,
+        &admin_token("other-corp", "oncall"),
+        &id,
+        "approve",
+        "x",
+    )
+    .await;
+    assert_eq!(status, 404);
+    // The run's own caller (alice) may not approve by default.
+    let (status, body) = decide(&fw, &admin_token("acme", "alice"), &id, "approve", "mine").await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(upstream.calls(ROLLBACK), 0);
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_approval_survives_a_restart() {
+    let store = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let token = common::token();
+    let fw = start(&upstream, store.path(), 0, 600, "").await;
+    let c = client(&fw, &token).await;
+    let e = call_raw(&c, ROLLBACK, rollback_args())
+        .await
+        .expect_err("approval required");
+    let id = e.data.unwrap()["approval_id"].as_str().unwrap().to_owned();
+    drop(c);
+    fw.stop().await;
+
+    let fw = start(&upstream, store.path(), 0, 600, "").await;
+    let oncall = admin_token("acme", "oncall");
+    let list = pending(&fw, &oncall).await;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["id"], id.as_str());
+    assert_eq!(
+        decide(&fw, &oncall, &id, "approve", "after restart")
+            .await
+            .0,
+        200
+    );
+    let c = client(&fw, &token).await;
+    call_raw(&c, ROLLBACK, rollback_args())
+        .await
+        .expect("runs after the restart");
+    assert_eq!(upstream.calls(ROLLBACK), 1);
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approver_sees_the_preview_and_clicks_approve_in_a_browser() {
+    let store = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let fw = start(&upstream, store.path(), 60, 600, "").await;
+    let c = client(&fw, &common::token()).await;
+    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
+    let oncall = admin_token("acme", "oncall");
+    let id = pending(&fw, &oncall).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The approver's view carries the read-only preview of the call.
+    let shown: Value = common::http()
+        .get(format!("{}/approvals/{id}", fw.admin))
+        .bearer_auth(&oncall)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let preview = shown["preview"].to_string();
+    assert!(
+        preview.contains("dep-1042") || preview.contains("rollback"),
+        "{shown}"
+    );
+    assert_eq!(upstream.calls("preview_remediation"), 1);
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/console#{id}", fw.admin)).await;
+    let field = browser.wait_for("#token", Duration::from_secs(10)).await;
+    browser.send_keys(&field, &oncall).await;
+    browser
+        .click(
+            &browser
+                .wait_for("#save-token", Duration::from_secs(5))
+                .await,
+        )
+        .await;
+    let card = format!("section.approval[data-id=\"{id}\"]");
+    browser.wait_for(&card, Duration::from_secs(10)).await;
+    let approve = browser
+        .wait_for(&format!("{card} button.approve"), Duration::from_secs(5))
+        .await;
+    browser.click(&approve).await;
+    browser.click(&approve).await;
+    let result = call
+        .await
+        .unwrap()
+        .expect("the held call completes after the click");
+    assert!(result.is_error != Some(true));
+    assert_eq!(upstream.calls(ROLLBACK), 1);
+    fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transition_is_an_audit_row() {
+    let ch = ClickHouse::shared();
+    let db = ch.create_database();
+    let store = tempfile::tempdir().unwrap();
+    let spool = tempfile::tempdir().unwrap();
+    let upstream = upstream(options(true)).await;
+    let audit = format!(
+        "[audit]\nenabled = true\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{db}\"\n[audit.spool]\ndir = \"{}\"\n[audit.batch]\nmax_age_ms = 50\n\n",
+        ch.http_url,
+        spool.path().display()
+    );
+    let fw = start(&upstream, store.path(), 30, 600, &audit).await;
+    let c = client(&fw, &common::token()).await;
+    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
+    let oncall = admin_token("acme", "oncall");
+    let id = pending(&fw, &oncall).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    decide(&fw, &oncall, &id, "approve", "go").await;
+    call.await.unwrap().expect("runs");
+    let sql = format!("SELECT groupArray(decision) FROM (SELECT decision FROM {db}.audit_events FINAL WHERE method = 'approval' ORDER BY time_ms)");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = String::new();
+    while Instant::now() < deadline {
+        got = ch.try_query(&sql).unwrap_or_default();
+        if got.contains("consumed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        got.contains("pending") && got.contains("approved") && got.contains("consumed"),
+        "{got}\nall rows: {}",
+        ch.try_query(&format!(
+            "SELECT method, decision, reason FROM {db}.audit_events"
+        ))
+        .unwrap_or_default()
+    );
+    let who = ch.query(&format!("SELECT subject, reason FROM {db}.audit_events FINAL WHERE method = 'approval' AND decision = 'approved'"));
+    assert!(who.contains("oncall") && who.contains("go"), "{who}");
+    // The executed call is on record with the approver.
+    let ran_sql = format!("SELECT reason FROM {db}.audit_events FINAL WHERE method = 'tools/call' AND decision = 'allow' AND tool = '{ROLLBACK}'");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut ran = String::new();
+    while Instant::now() < deadline && !ran.contains("approved by") {
+        ran = ch.try_query(&ran_sql).unwrap_or_default();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        ran.contains("approved by oncall"),
+        "{ran}\nall rows: {}",
+        ch.try_query(&format!(
+            "SELECT method, tool, decision, reason FROM {db}.audit_events"
+        ))
+        .unwrap_or_default()
+    );
+    fw.stop().await;
+}
