@@ -60,22 +60,36 @@ pub fn tools_list(
     response: &str,
     mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
 ) -> Result<String, RewriteError> {
+    with_result(response, |result, out| {
+        rewrite_result(result, &mut decide, out)
+    })
+}
+
+/// Copies a JSON-RPC response, letting `rewrite` write its `result`. Error
+/// answers (no `result`) are returned unchanged.
+fn with_result(
+    response: &str,
+    rewrite: impl FnOnce(&str, &mut String) -> Result<(), RewriteError>,
+) -> Result<String, RewriteError> {
     let top: BTreeMap<&str, &RawValue> =
         serde_json::from_str(response).map_err(|e| RewriteError::NotResponse(e.to_string()))?;
     if top.contains_key("error") || !top.contains_key("result") {
-        // An error answer carries no tools: relay it as is.
+        // An error answer carries no list: relay it as is.
         return Ok(response.to_owned());
     }
     let mut out = String::with_capacity(response.len());
     out.push('{');
     let mut first = true;
+    let mut rewrite = Some(rewrite);
     for (k, v) in &top {
         sep(&mut out, &mut first);
         push_key(&mut out, k);
-        if *k == "result" {
-            rewrite_result(v.get(), &mut decide, &mut out)?;
-        } else {
-            out.push_str(v.get());
+        match (*k, rewrite.take()) {
+            ("result", Some(f)) => f(v.get(), &mut out)?,
+            (_, f) => {
+                rewrite = f;
+                out.push_str(v.get());
+            }
         }
     }
     out.push('}');
@@ -215,23 +229,9 @@ pub fn named_list(
     key: &str,
     mut keep: impl FnMut(&str) -> bool,
 ) -> Result<String, RewriteError> {
-    let top: BTreeMap<&str, &RawValue> =
-        serde_json::from_str(response).map_err(|e| RewriteError::NotResponse(e.to_string()))?;
-    if top.contains_key("error") || !top.contains_key("result") {
-        return Ok(response.to_owned());
-    }
-    let mut out = String::with_capacity(response.len());
-    out.push('{');
-    let mut first = true;
-    for (k, v) in &top {
-        sep(&mut out, &mut first);
-        push_key(&mut out, k);
-        if *k != "result" {
-            out.push_str(v.get());
-            continue;
-        }
+    with_result(response, |result, out| {
         let fields: BTreeMap<&str, &RawValue> =
-            serde_json::from_str(v.get()).map_err(|e| RewriteError::NoTools(e.to_string()))?;
+            serde_json::from_str(result).map_err(|e| RewriteError::NoTools(e.to_string()))?;
         let items_raw = fields
             .get(array)
             .ok_or_else(|| RewriteError::NoTools(format!("missing `{array}`")))?;
@@ -240,8 +240,8 @@ pub fn named_list(
         out.push('{');
         let mut first_field = true;
         for (fk, fv) in &fields {
-            sep(&mut out, &mut first_field);
-            push_key(&mut out, fk);
+            sep(out, &mut first_field);
+            push_key(out, fk);
             match *fk {
                 f if f == array => {
                     out.push('[');
@@ -254,7 +254,7 @@ pub fn named_list(
                             .and_then(|n| serde_json::from_str(n.get()).ok())
                             .ok_or(RewriteError::NoName)?;
                         if keep(&name) {
-                            sep(&mut out, &mut first_item);
+                            sep(out, &mut first_item);
                             out.push_str(item.get());
                         }
                     }
@@ -265,9 +265,8 @@ pub fn named_list(
             }
         }
         out.push('}');
-    }
-    out.push('}');
-    Ok(out)
+        Ok(())
+    })
 }
 
 fn sep(out: &mut String, first: &mut bool) {
