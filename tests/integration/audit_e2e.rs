@@ -360,3 +360,69 @@ async fn wait_listening(port: u16) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_spool_refuses_writes_and_serves_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", l.local_addr().unwrap());
+    drop(l);
+    let upstream = upstream(options(true)).await;
+    // ClickHouse unreachable and a tiny spool: it fills up and stays full.
+    let audit = format!(
+        "[audit]\nenabled = true\n[audit.clickhouse]\nurl = \"{dead}\"\ndatabase = \"x\"\n[audit.spool]\ndir = \"{}\"\nsegment_bytes = 4096\nmax_bytes = 16384\n\n",
+        dir.path().join("spool").display()
+    );
+    let writer = "[[agents]]\nname = \"scribe\"\nprojects = [\"sre\"]\nrisks = [\"read\", \"write\"]\nallow = [{ upstream = \"incidents\" }]\ngates = { write = \"allow\" }\nmax_steps = 1000\ncalls_per_s = 1000\n";
+    let policies = common::policy_dir(&[("90-scribe.toml", writer)]);
+    let base = common::config_text_in(policies.path(), &[], "[limits]\nper_run_tool_per_s = 0\n");
+    let text = format!(
+        "{base}{audit}[[upstream]]\nname = \"incidents\"\nurl = \"{}\"\nprojects = [\"sre\"]\n",
+        upstream.url()
+    );
+    let fw = common::firewall(&text).await;
+    let token = common::sign(&common::claims("scribe", &["sre"]));
+    let s = crate::through_firewall::Setup { upstream, fw };
+    let client = connect_via(&s, Era::V2026_07_28, &token).await;
+    client.list_all_tools().await.unwrap();
+    // Fill the spool with read calls (fail-open: they are always served).
+    let mut reads = 0;
+    let refused = loop {
+        call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
+        reads += 1;
+        let params = rmcp::model::CallToolRequestParams::new("post_incident_note")
+            .with_arguments(args(json!({"incident_id": "INC-1001", "note": "n"})));
+        match client.call_tool(params).await {
+            Err(rmcp::ServiceError::McpError(e)) => break e,
+            Ok(_) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(reads < 500, "the spool never filled");
+    };
+    assert_eq!(refused.code.0, -31005, "{refused:?}");
+    let notes_before = s.upstream.calls("post_incident_note");
+    // Still refused (no audit, no action), while reads are served.
+    let params = rmcp::model::CallToolRequestParams::new("post_incident_note")
+        .with_arguments(args(json!({"incident_id": "INC-1001", "note": "again"})));
+    assert!(client.call_tool(params).await.is_err());
+    assert_eq!(s.upstream.calls("post_incident_note"), notes_before);
+    let r = call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
+    assert!(r.is_error != Some(true));
+    let metrics = common::http()
+        .get(format!("{}/metrics", s.fw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lost = metrics
+        .lines()
+        .find(|l| l.starts_with("mcp_firewall_audit_rows_lost"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no lost-rows metric in:\n{metrics}"));
+    assert!(lost >= 1.0, "fail-open losses are counted: {lost}");
+    client.cancel().await.ok();
+    s.fw.stop().await;
+}
