@@ -138,11 +138,11 @@ pub async fn start_with(
 
     let permits = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
     let drain = config.server.drain_timeout;
-    let mcp_state = state.clone();
+    let shared = stack::Shared::new(state.clone(), permits);
     let mcp = tokio::spawn(listener::serve(
         mcp_listener,
         acceptor,
-        move |conn| stack::mcp(mcp_state.clone(), permits.clone(), conn),
+        move |conn| stack::mcp(&shared, conn),
         rx.clone(),
         drain,
     ));

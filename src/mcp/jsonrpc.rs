@@ -596,6 +596,38 @@ pub fn parse(body: &[u8], limits: &Limits) -> Result<Envelope, ParseError> {
     }
 }
 
+/// Parses a message from an upstream into the same model, without the
+/// validating pass (duplicate keys, depth limit) that client bodies get: the
+/// firewall decides on the client's body, and what it takes from an
+/// upstream's answer (ids, lists to filter) it either relays byte for byte or
+/// re-serializes itself. Half the cost of [`parse`] on a typical answer.
+pub fn parse_upstream(body: &[u8]) -> Result<Envelope, ParseError> {
+    let text = std::str::from_utf8(body).map_err(|e| ParseError::InvalidUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let trimmed = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+    let base = text.as_ptr() as usize;
+    if trimmed.starts_with('[') {
+        let elements: Vec<&RawValue> = serde_json::from_str(trimmed).map_err(syntax_error)?;
+        let mut messages = Vec::with_capacity(elements.len());
+        for (index, element) in elements.into_iter().enumerate() {
+            let raw = element.get();
+            let start = raw.as_ptr() as usize - base;
+            messages.push(parse_message(raw, start..start + raw.len(), Some(index))?);
+        }
+        return Ok(Envelope {
+            batch: true,
+            messages,
+        });
+    }
+    let start = trimmed.as_ptr() as usize - base;
+    let message = parse_message(trimmed, start..start + trimmed.len(), None)?;
+    Ok(Envelope {
+        batch: false,
+        messages: vec![message],
+    })
+}
+
 /// A complete JSON-RPC error response body (single object) for `id` (null when None).
 pub fn error_body(
     id: Option<&Id>,

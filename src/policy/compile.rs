@@ -338,12 +338,15 @@ impl Cx<'_> {
                 "[[conditions]] needs at least one tool in `tools`",
             ));
         }
+        let when = c.when.as_ref().map(|w| self.cel(w)).transpose()?;
+        let require = self.cel(&c.require)?;
         Ok(Condition {
+            vars: super::referenced(&require) | when.as_ref().map_or(0, super::referenced),
             upstream: self.glob(&c.upstream)?,
             tools: self.name_set(&c.tools)?,
             agents: c.agents.as_deref().map(|a| self.name_set(a)).transpose()?,
-            when: c.when.as_ref().map(|w| self.cel(w)).transpose()?,
-            require: self.cel(&c.require)?,
+            when,
+            require,
             require_text: c.require.get_ref().clone(),
             reason: c.reason,
             origin: format!(

@@ -282,6 +282,8 @@ struct ServiceAccount {
 }
 
 struct Condition {
+    /// Which variables its expressions read ([`VAR_ARGUMENTS`], ...).
+    vars: u8,
     upstream: GlobMatcher,
     tools: NameSet,
     agents: Option<NameSet>,
@@ -519,55 +521,20 @@ impl Policy {
             }
         };
         let agent_name = call.authority.agent.as_str();
-        let mut cel: Option<Context<'static, 'static>> = None;
-        for c in &self.conditions {
-            if !(c.upstream.is_match(&call.upstream.name) && c.tools.matches(call.tool)) {
-                continue;
-            }
-            if c.agents.as_ref().is_some_and(|a| !a.matches(agent_name)) {
-                continue;
-            }
-            let cx = cel.get_or_insert_with(|| cel_context(call));
-            if let Some(when) = &c.when {
-                match when.execute(cx) {
-                    Ok(CelValue::Bool(true)) => {}
-                    Ok(CelValue::Bool(false)) => {
-                        note(format!(
-                            "condition {} does not apply (`when` is false)",
-                            c.origin
-                        ));
-                        continue;
-                    }
-                    other => {
-                        note(format!(
-                            "condition {}: `when` did not evaluate to a boolean: {other:?}",
-                            c.origin
-                        ));
-                        return Decision::Deny {
-                            risk,
-                            reason: format!("{} (condition could not be evaluated)", c.reason),
-                            rule: c.origin.clone(),
-                        };
-                    }
-                }
-            }
-            match c.require.execute(cx) {
-                Ok(CelValue::Bool(true)) => {
-                    note(format!("condition {} holds: {}", c.origin, c.require_text))
-                }
-                outcome => {
-                    let why = match outcome {
-                        Ok(CelValue::Bool(false)) => "is false".to_owned(),
-                        Ok(v) => format!("is not a boolean ({v:?})"),
-                        Err(e) => format!("failed: {e}"),
-                    };
-                    note(format!("condition {} {why}: {}", c.origin, c.require_text));
-                    return Decision::Deny {
-                        risk,
-                        reason: c.reason.clone(),
-                        rule: c.origin.clone(),
-                    };
-                }
+        let applicable: Vec<&Condition> = self
+            .conditions
+            .iter()
+            .filter(|c| c.upstream.is_match(&call.upstream.name) && c.tools.matches(call.tool))
+            .filter(|c| c.agents.as_ref().is_none_or(|a| a.matches(agent_name)))
+            .collect();
+        if !applicable.is_empty() {
+            let refused = CEL_ROOT.with(|root| {
+                let needs = applicable.iter().fold(0u8, |acc, c| acc | c.vars);
+                let cx = cel_context(root, call, needs);
+                evaluate(&applicable, &cx, &mut note)
+            });
+            if let Some((reason, rule)) = refused {
+                return Decision::Deny { risk, reason, rule };
             }
         }
         match gate {
@@ -622,39 +589,123 @@ impl Policy {
     }
 }
 
+thread_local! {
+    /// The CEL standard environment (functions), built once per thread: each
+    /// evaluation only adds its variables in an inner scope.
+    static CEL_ROOT: Context<'static, 'static> = Context::default();
+}
+
+/// Bits of [`Condition::vars`]: which variables an expression reads.
+const VAR_ARGUMENTS: u8 = 1;
+const VAR_TOKEN: u8 = 2;
+const VAR_UPSTREAM: u8 = 4;
+const VAR_PROJECTS: u8 = 8;
+const VAR_TOOL: u8 = 16;
+
+/// The variables a program references.
+fn referenced(p: &Program) -> u8 {
+    let r = p.references();
+    [
+        ("arguments", VAR_ARGUMENTS),
+        ("token", VAR_TOKEN),
+        ("upstream", VAR_UPSTREAM),
+        ("projects", VAR_PROJECTS),
+        ("tool", VAR_TOOL),
+    ]
+    .iter()
+    .filter(|(name, _)| r.has_variable(name))
+    .fold(0, |acc, (_, bit)| acc | bit)
+}
+
+/// Evaluates conditions in order; the first that refuses gives its reason and rule.
+fn evaluate(
+    conditions: &[&Condition],
+    cx: &Context<'_, '_>,
+    note: &mut impl FnMut(String),
+) -> Option<(String, String)> {
+    for c in conditions {
+        if let Some(when) = &c.when {
+            match when.execute(cx) {
+                Ok(CelValue::Bool(true)) => {}
+                Ok(CelValue::Bool(false)) => {
+                    note(format!(
+                        "condition {} does not apply (`when` is false)",
+                        c.origin
+                    ));
+                    continue;
+                }
+                other => {
+                    note(format!(
+                        "condition {}: `when` did not evaluate to a boolean: {other:?}",
+                        c.origin
+                    ));
+                    return Some((
+                        format!("{} (condition could not be evaluated)", c.reason),
+                        c.origin.clone(),
+                    ));
+                }
+            }
+        }
+        match c.require.execute(cx) {
+            Ok(CelValue::Bool(true)) => {
+                note(format!("condition {} holds: {}", c.origin, c.require_text))
+            }
+            outcome => {
+                let why = match outcome {
+                    Ok(CelValue::Bool(false)) => "is false".to_owned(),
+                    Ok(v) => format!("is not a boolean ({v:?})"),
+                    Err(e) => format!("failed: {e}"),
+                };
+                note(format!("condition {} {why}: {}", c.origin, c.require_text));
+                return Some((c.reason.clone(), c.origin.clone()));
+            }
+        }
+    }
+    None
+}
+
 /// Variables CEL expressions see: `arguments`, `tool`, `upstream`
 /// (`name`, `projects`, `categories`), `projects` (effective) and `token`
 /// (`sub`, `tenant_id`, `agent`, `run_id`, `mode`, `projects`, `project_ceiling`).
-fn cel_context(call: &Call<'_>) -> Context<'static, 'static> {
-    let mut cx = Context::default();
-    let token = serde_json::json!({
-        "sub": call.identity.subject,
-        "tenant_id": call.identity.tenant,
-        "agent": call.identity.agent,
-        "run_id": call.identity.run_id,
-        "mode": call.identity.mode.as_str(),
-        "projects": call.identity.projects,
-        "project_ceiling": call.identity.ceiling,
-    });
-    let upstream = serde_json::json!({
-        "name": call.upstream.name,
-        "projects": call.upstream.projects,
-        "categories": call.upstream.categories,
-    });
-    let vars: [(&str, Value); 5] = [
-        ("arguments", call.arguments.clone()),
-        ("token", token),
-        ("upstream", upstream),
-        ("projects", Value::from(call.authority.projects.clone())),
-        ("tool", Value::from(call.tool)),
-    ];
-    for (name, v) in vars {
+fn cel_context<'a>(
+    root: &'a Context<'static, 'static>,
+    call: &Call<'_>,
+    needs: u8,
+) -> Context<'a, 'static> {
+    let mut cx = root.new_inner_scope();
+    let mut add = |bit: u8, name: &str, make: &dyn Fn() -> Value| {
+        if needs & bit == 0 {
+            return;
+        }
         // A value CEL cannot represent leaves the variable unset, so any
         // expression using it fails and the call is denied.
-        if let Ok(cv) = cel::to_value(v) {
+        if let Ok(cv) = cel::to_value(make()) {
             cx.add_variable_from_value(name, cv);
         }
-    }
+    };
+    add(VAR_ARGUMENTS, "arguments", &|| call.arguments.clone());
+    add(VAR_TOKEN, "token", &|| {
+        serde_json::json!({
+            "sub": call.identity.subject,
+            "tenant_id": call.identity.tenant,
+            "agent": call.identity.agent,
+            "run_id": call.identity.run_id,
+            "mode": call.identity.mode.as_str(),
+            "projects": call.identity.projects,
+            "project_ceiling": call.identity.ceiling,
+        })
+    });
+    add(VAR_UPSTREAM, "upstream", &|| {
+        serde_json::json!({
+            "name": call.upstream.name,
+            "projects": call.upstream.projects,
+            "categories": call.upstream.categories,
+        })
+    });
+    add(VAR_PROJECTS, "projects", &|| {
+        Value::from(call.authority.projects.clone())
+    });
+    add(VAR_TOOL, "tool", &|| Value::from(call.tool));
     cx
 }
 

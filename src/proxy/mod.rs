@@ -220,12 +220,12 @@ async fn authenticate(
     headers: &HeaderMap,
     upstream: &str,
 ) -> Result<Arc<Claims>, ProxyError> {
-    let metadata = format!(
-        "{}/.well-known/oauth-protected-resource/mcp/{upstream}",
-        state.config.server.public_url
-    );
+    // Built only when refusing: the success path formats nothing.
     let unauthorized = |error: Option<auth::TokenError>| ProxyError::Unauthorized {
-        resource_metadata: metadata.clone(),
+        resource_metadata: format!(
+            "{}/.well-known/oauth-protected-resource/mcp/{upstream}",
+            state.config.server.public_url
+        ),
         scope: state.config.auth.required_scope.clone(),
         error,
     };

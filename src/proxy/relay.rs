@@ -91,12 +91,6 @@ struct Reply {
     identity: Vec<(HeaderName, HeaderValue)>,
 }
 
-/// Parse limits for upstream messages: generous depth, any batch size.
-const UPSTREAM_LIMITS: jsonrpc::Limits = jsonrpc::Limits {
-    max_depth: 128,
-    max_batch: usize::MAX,
-};
-
 // === impl Exchange ===
 
 impl Exchange {
@@ -373,7 +367,7 @@ impl Exchange {
     /// Inspects a complete JSON answer (one message or a batch of them);
     /// returns what to send and the audit rows it completes.
     fn inspect_json(&mut self, bytes: Bytes) -> Result<(Bytes, Vec<AuditRow>), UpstreamFailure> {
-        let env = match jsonrpc::parse(&bytes, &UPSTREAM_LIMITS) {
+        let env = match jsonrpc::parse_upstream(&bytes) {
             Ok(env) => env,
             Err(e) => {
                 // What the firewall must filter and cannot read never passes.
@@ -680,7 +674,7 @@ impl SseRelay {
             out.extend_from_slice(&ev.raw);
             return Ok(());
         }
-        let env = match jsonrpc::parse(ev.data.as_bytes(), &UPSTREAM_LIMITS) {
+        let env = match jsonrpc::parse_upstream(ev.data.as_bytes()) {
             Ok(env) => env,
             Err(_) => {
                 if self.ex.filters() {

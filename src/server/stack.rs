@@ -14,16 +14,18 @@
 
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
-use tower::util::BoxCloneService;
 use tower::ServiceBuilder;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 
 use crate::proxy::body::{full, Body};
 use crate::proxy::error::ProxyError;
@@ -31,12 +33,68 @@ use crate::proxy::{self, State};
 
 use super::listener::ConnInfo;
 
-/// The per-connection service type the listener serves.
-pub type ConnService =
-    TowerToHyperService<BoxCloneService<Request<Incoming>, Response<Body>, Infallible>>;
+/// Request ids: a random per-process prefix and a counter. Unique, cheap
+/// (no system call per request, unlike random UUIDs), and sortable per
+/// instance.
+#[derive(Clone)]
+pub struct MakeId {
+    prefix: Arc<str>,
+    next: Arc<AtomicU64>,
+}
 
-/// Builds the MCP listener's service for one connection.
-pub fn mcp(state: Arc<State>, permits: Arc<Semaphore>, conn: ConnInfo) -> ConnService {
+impl MakeId {
+    fn new() -> MakeId {
+        let prefix: u32 = rand::random();
+        MakeId {
+            prefix: Arc::from(format!("{prefix:08x}")),
+            next: Arc::new(AtomicU64::new(1)),
+        }
+    }
+}
+
+impl MakeRequestId for MakeId {
+    fn make_request_id<B>(&mut self, _request: &Request<B>) -> Option<RequestId> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        HeaderValue::from_str(&format!("{}-{n:x}", self.prefix))
+            .ok()
+            .map(RequestId::new)
+    }
+}
+
+/// What the per-connection services share.
+#[derive(Clone)]
+pub struct Shared {
+    state: Arc<State>,
+    permits: Arc<Semaphore>,
+    ids: MakeId,
+}
+
+impl Shared {
+    /// The shared parts of the MCP listener's services.
+    pub fn new(state: Arc<State>, permits: Arc<Semaphore>) -> Shared {
+        Shared {
+            state,
+            permits,
+            ids: MakeId::new(),
+        }
+    }
+}
+
+/// Builds the MCP listener's service for one connection. The service type is
+/// concrete (no boxing): hyper keeps each request's future inside the
+/// connection's own state instead of allocating and copying it per request.
+pub fn mcp(
+    shared: &Shared,
+    conn: ConnInfo,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Send
+       + 'static {
+    let state = shared.state.clone();
+    let permits = shared.permits.clone();
     let handler = tower::service_fn(move |req: Request<Incoming>| {
         let state = state.clone();
         let permits = permits.clone();
@@ -56,8 +114,8 @@ pub fn mcp(state: Arc<State>, permits: Arc<Semaphore>, conn: ConnInfo) -> ConnSe
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(SetRequestIdLayer::x_request_id(shared.ids.clone()))
         .layer(PropagateRequestIdLayer::x_request_id())
         .service(handler);
-    TowerToHyperService::new(BoxCloneService::new(svc))
+    TowerToHyperService::new(svc)
 }
