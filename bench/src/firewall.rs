@@ -104,11 +104,11 @@ pub struct Layout {
 /// Audit counters scraped from `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AuditCounters {
-    /// `audit_rows_queued_total`: rows written to the spool.
+    /// `mcp_firewall_audit_rows_queued_total`: rows written to the spool.
     pub spooled: f64,
-    /// `audit_rows_sent_total`: rows acknowledged by ClickHouse.
+    /// `mcp_firewall_audit_rows_sent_total`: rows acknowledged by ClickHouse.
     pub sent: f64,
-    /// `audit_rows_lost_total`.
+    /// `mcp_firewall_audit_rows_lost_total`.
     pub lost: f64,
 }
 
@@ -218,9 +218,9 @@ impl Firewall {
             return None;
         }
         Some(AuditCounters {
-            spooled: probe::metric(&text, "audit_rows_queued_total").unwrap_or(0.0),
-            sent: probe::metric(&text, "audit_rows_sent_total").unwrap_or(0.0),
-            lost: probe::metric(&text, "audit_rows_lost_total").unwrap_or(0.0),
+            spooled: probe::metric(&text, "mcp_firewall_audit_rows_queued_total").unwrap_or(0.0),
+            sent: probe::metric(&text, "mcp_firewall_audit_rows_sent_total").unwrap_or(0.0),
+            lost: probe::metric(&text, "mcp_firewall_audit_rows_lost_total").unwrap_or(0.0),
         })
     }
 

@@ -159,6 +159,8 @@ struct Shared {
     phase: AtomicU8,
     tickets: AtomicU64,
     measured: AtomicU64,
+    /// Woken by the worker that measures the last requested answer.
+    limit_hit: tokio::sync::Notify,
 }
 
 struct Worker {
@@ -346,6 +348,7 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
         phase: AtomicU8::new(PHASE_WARMUP),
         tickets: AtomicU64::new(0),
         measured: AtomicU64::new(0),
+        limit_hit: tokio::sync::Notify::new(),
     });
     let scheme_authority = format!(
         "{}://{}",
@@ -401,12 +404,15 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
             break;
         }
         tick(Phase::Measure(done));
-        let step = if spec.requests.is_some() { 10 } else { 200 };
-        tokio::time::sleep(Duration::from_millis(step).min(measure_end - now)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200).min(measure_end - now)) => {}
+            _ = shared.limit_hit.notified() => {}
+        }
     }
     shared.phase.store(PHASE_DONE, Ordering::Release);
     let elapsed = measure_start.elapsed();
-    tick(Phase::Done(shared.measured.load(Ordering::Relaxed)));
+    let measured = shared.measured.load(Ordering::Relaxed);
+    tick(Phase::Done(spec.requests.map_or(measured, |n| measured.min(n))));
 
     // Drain: in-flight requests finish (bounded by their timeout).
     let mut report = LoadReport {
@@ -538,17 +544,24 @@ impl Worker {
                 Err(_) => Some(format!("timeout after {:?}", spec.timeout)),
             };
             if measuring {
-                let us = u64::try_from(done.duration_since(intended).as_micros())
-                    .unwrap_or(MAX_LATENCY_US)
-                    .clamp(1, MAX_LATENCY_US);
-                let _ = self.hist.record(us);
-                self.shared.measured.fetch_add(1, Ordering::Relaxed);
-                match &failure {
-                    None => self.ok += 1,
-                    Some(label) => {
-                        self.failed += 1;
-                        *self.errors.entry(label.clone()).or_default() += 1;
+                let n = self.shared.measured.fetch_add(1, Ordering::Relaxed);
+                // With a request limit, exactly that many answers count.
+                if spec.requests.is_none_or(|limit| n < limit) {
+                    let us = u64::try_from(done.duration_since(intended).as_micros())
+                        .unwrap_or(MAX_LATENCY_US)
+                        .clamp(1, MAX_LATENCY_US);
+                    let _ = self.hist.record(us);
+                    match &failure {
+                        None => self.ok += 1,
+                        Some(label) => {
+                            self.failed += 1;
+                            *self.errors.entry(label.clone()).or_default() += 1;
+                        }
                     }
+                }
+                if spec.requests == Some(n + 1) {
+                    self.shared.phase.store(PHASE_DONE, Ordering::Release);
+                    self.shared.limit_hit.notify_one();
                 }
             }
             if !matches!(answer, Ok(Ok(_))) {
