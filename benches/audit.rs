@@ -105,7 +105,11 @@ fn record(c: &mut Criterion) {
     group.bench_function("record_one_row", |b| {
         b.iter_batched(
             || row(1),
-            |r| runtime.block_on(auditor.record(black_box(r))).expect("spooled"),
+            |r| {
+                runtime
+                    .block_on(auditor.record(black_box(r)))
+                    .expect("spooled")
+            },
             BatchSize::SmallInput,
         )
     });

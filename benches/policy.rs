@@ -65,7 +65,13 @@ fn identity<'a>(agent: &'a str, projects: &'a [String]) -> Identity<'a> {
     }
 }
 
-fn decide(policy: &Policy, id: &Identity<'_>, up: &config::Upstream, tool: &str, args: &Value) -> Decision {
+fn decide(
+    policy: &Policy,
+    id: &Identity<'_>,
+    up: &config::Upstream,
+    tool: &str,
+    args: &Value,
+) -> Decision {
     let authority = policy.authority(id).expect("authority");
     policy.decide(
         &Call {
@@ -80,6 +86,16 @@ fn decide(policy: &Policy, id: &Identity<'_>, up: &config::Upstream, tool: &str,
     )
 }
 
+/// One decision to measure and the verdict it must get.
+struct Case<'a> {
+    name: &'static str,
+    id: &'a Identity<'a>,
+    up: &'a config::Upstream,
+    tool: &'static str,
+    args: Value,
+    expect: fn(&Decision) -> bool,
+}
+
 fn decisions(c: &mut Criterion) {
     let cfg = config();
     let policy = policy::load_dir(&root().join("policies")).expect("shipped policies");
@@ -88,19 +104,70 @@ fn decisions(c: &mut Criterion) {
     let projects = vec!["sre".to_owned(), "platform".to_owned()];
     let lead = identity("sre-lead", &projects);
     let investigator = identity("incident-investigator", &projects);
-    let cases: [(&str, &Identity<'_>, &config::Upstream, &str, Value, fn(&Decision) -> bool); 6] = [
-        ("allow_no_condition", &investigator, incidents, "get_incident", json!({"incident_id": "INC-1001"}), |d| matches!(d, Decision::Allow { .. })),
-        ("allow_cel_regex_condition", &lead, incidents, "get_deployment", json!({"deployment_id": "dep-1042"}), |d| matches!(d, Decision::Allow { .. })),
-        ("deny_by_condition", &lead, incidents, "get_deployment", json!({"deployment_id": "latest"}), |d| matches!(d, Decision::Deny { .. })),
-        ("approve_gate_after_condition", &lead, incidents, "rollback_deployment", json!({"deployment_id": "dep-1042", "reason": "bad deploy"}), |d| matches!(d, Decision::Approve { .. })),
-        ("hidden_by_role", &investigator, incidents, "restart_service", json!({"service": "checkout"}), |d| matches!(d, Decision::Unknown(_))),
-        ("allow_k8s_namespace_condition", &lead, k8s, "get_pods", json!({"namespace": "sre"}), |d| matches!(d, Decision::Allow { .. })),
+    let cases = [
+        Case {
+            name: "allow_no_condition",
+            id: &investigator,
+            up: incidents,
+            tool: "get_incident",
+            args: json!({"incident_id": "INC-1001"}),
+            expect: |d| matches!(d, Decision::Allow { .. }),
+        },
+        Case {
+            name: "allow_cel_regex_condition",
+            id: &lead,
+            up: incidents,
+            tool: "get_deployment",
+            args: json!({"deployment_id": "dep-1042"}),
+            expect: |d| matches!(d, Decision::Allow { .. }),
+        },
+        Case {
+            name: "deny_by_condition",
+            id: &lead,
+            up: incidents,
+            tool: "get_deployment",
+            args: json!({"deployment_id": "latest"}),
+            expect: |d| matches!(d, Decision::Deny { .. }),
+        },
+        Case {
+            name: "approve_gate_after_condition",
+            id: &lead,
+            up: incidents,
+            tool: "rollback_deployment",
+            args: json!({"deployment_id": "dep-1042", "reason": "bad deploy"}),
+            expect: |d| matches!(d, Decision::Approve { .. }),
+        },
+        Case {
+            name: "hidden_by_role",
+            id: &investigator,
+            up: incidents,
+            tool: "restart_service",
+            args: json!({"service": "checkout"}),
+            expect: |d| matches!(d, Decision::Unknown(_)),
+        },
+        Case {
+            name: "allow_k8s_namespace_condition",
+            id: &lead,
+            up: k8s,
+            tool: "get_pods",
+            args: json!({"namespace": "sre"}),
+            expect: |d| matches!(d, Decision::Allow { .. }),
+        },
     ];
     let mut group = c.benchmark_group("policy_decide");
-    for (name, id, up, tool, args, ok) in &cases {
-        assert!(ok(&decide(&policy, id, up, tool, args)), "{name}: unexpected decision");
-        group.bench_function(*name, |b| {
-            b.iter(|| decide(&policy, black_box(id), up, black_box(tool), black_box(args)))
+    for case in &cases {
+        let decision = decide(&policy, case.id, case.up, case.tool, &case.args);
+        assert!((case.expect)(&decision), "{}: got {decision:?}", case.name);
+        group.bench_function(case.name, |b| {
+            b.iter(|| {
+                decide(
+                    &policy,
+                    black_box(case.id),
+                    case.up,
+                    black_box(case.tool),
+                    black_box(&case.args),
+                )
+            })
         });
     }
     // What the decide step does per call: parse the raw arguments into a
@@ -120,10 +187,19 @@ fn decisions(c: &mut Criterion) {
 /// realistic size.
 fn k8s_list() -> String {
     let verbs = [
-        "get", "list", "describe", "logs", "events", "apply", "patch", "scale", "annotate", "label",
-        "delete", "restart", "exec", "drain", "cordon",
+        "get", "list", "describe", "logs", "events", "apply", "patch", "scale", "annotate",
+        "label", "delete", "restart", "exec", "drain", "cordon",
     ];
-    let kinds = ["pod", "deployment", "service", "node", "configmap", "secret", "job", "ingress"];
+    let kinds = [
+        "pod",
+        "deployment",
+        "service",
+        "node",
+        "configmap",
+        "secret",
+        "job",
+        "ingress",
+    ];
     let mut tools = Vec::new();
     'outer: for kind in kinds {
         for verb in verbs {
@@ -172,9 +248,11 @@ fn tools_list(c: &mut Criterion) {
             .authority(&identity(role, &projects))
             .expect("authority");
         let filter = |list: &str| {
-            rewrite::tools_list(list, |t| match policy.access(&authority, k8s, t.name, None) {
-                Access::Visible { risk, gate, .. } => Some((risk, gate)),
-                Access::Hidden(_) => None,
+            rewrite::tools_list(list, |t| {
+                match policy.access(&authority, k8s, t.name, None) {
+                    Access::Visible { risk, gate, .. } => Some((risk, gate)),
+                    Access::Hidden(_) => None,
+                }
             })
             .expect("rewrite")
         };
@@ -198,7 +276,9 @@ fn tools_list(c: &mut Criterion) {
                     .input_schema
                     .and_then(|s| serde_json::from_str(s.get()).ok())
                     .unwrap_or(Value::Null);
-                let ann = t.annotations.and_then(|a| serde_json::from_str(a.get()).ok());
+                let ann = t
+                    .annotations
+                    .and_then(|a| serde_json::from_str(a.get()).ok());
                 (schema, ann)
             });
             if entry.param_headers().violation().is_some() {

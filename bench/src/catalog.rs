@@ -170,14 +170,11 @@ fn tools(count: usize) -> Vec<Tool> {
     let mut taken = [0usize; 4];
     while out.len() < count {
         // The class furthest behind its share goes next.
-        let Some(next) = (0..4)
-            .filter(|&c| taken[c] < totals[c])
-            .min_by(|&a, &b| {
-                let ka = (taken[a] as u64 + 1) * totals[b] as u64;
-                let kb = (taken[b] as u64 + 1) * totals[a] as u64;
-                ka.cmp(&kb)
-            })
-        else {
+        let Some(next) = (0..4).filter(|&c| taken[c] < totals[c]).min_by(|&a, &b| {
+            let ka = (taken[a] as u64 + 1) * totals[b] as u64;
+            let kb = (taken[b] as u64 + 1) * totals[a] as u64;
+            ka.cmp(&kb)
+        }) else {
             break;
         };
         let (class, names) = &mut by_class[next];
@@ -232,7 +229,11 @@ fn render_tool(t: &Tool, out: &mut String) {
     let object = object.replace('_', " ");
     let mut letters = verb.chars();
     let title = match letters.next() {
-        Some(first) => format!("{}{} {object}", first.to_ascii_uppercase(), letters.as_str()),
+        Some(first) => format!(
+            "{}{} {object}",
+            first.to_ascii_uppercase(),
+            letters.as_str()
+        ),
         None => object.clone(),
     };
     let (description, annotations, extra_props, required) = match t.class {

@@ -142,7 +142,13 @@ impl ClickHouse {
 
     /// Runs `sql` and returns the body.
     pub fn query(&self, sql: &str) -> Result<String, ClickHouseError> {
-        match probe::http(self.http, "POST", "/", sql.as_bytes(), Duration::from_secs(60))? {
+        match probe::http(
+            self.http,
+            "POST",
+            "/",
+            sql.as_bytes(),
+            Duration::from_secs(60),
+        )? {
             (200, body) => Ok(body),
             (status, body) => Err(ClickHouseError::Query {
                 sql: sql.to_owned(),

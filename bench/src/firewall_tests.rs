@@ -86,7 +86,9 @@ fn bench_policy_classifies_the_catalog_as_the_scenarios_expect() {
     let cfg = load(dir.path(), &spec(false, None));
     let policy = policy::load_dir(&dir.path().join("policies")).unwrap();
     let projects = vec![tokens::PROJECT.to_owned()];
-    let reader = policy.authority(&id(tokens::ROLE_READER, &projects)).unwrap();
+    let reader = policy
+        .authority(&id(tokens::ROLE_READER, &projects))
+        .unwrap();
     let operator = policy
         .authority(&id(tokens::ROLE_OPERATOR, &projects))
         .unwrap();
@@ -100,7 +102,10 @@ fn bench_policy_classifies_the_catalog_as_the_scenarios_expect() {
                 Class::Destructive | Class::Unclassified => Risk::Destructive,
             };
             assert_eq!(policy.risk(up, &t.name, None).0, want, "{}", t.name);
-            if matches!(policy.access(&reader, up, &t.name, None), Access::Visible { .. }) {
+            if matches!(
+                policy.access(&reader, up, &t.name, None),
+                Access::Visible { .. }
+            ) {
                 visible += 1;
             }
             assert!(matches!(

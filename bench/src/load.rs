@@ -412,7 +412,9 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
     shared.phase.store(PHASE_DONE, Ordering::Release);
     let elapsed = measure_start.elapsed();
     let measured = shared.measured.load(Ordering::Relaxed);
-    tick(Phase::Done(spec.requests.map_or(measured, |n| measured.min(n))));
+    tick(Phase::Done(
+        spec.requests.map_or(measured, |n| measured.min(n)),
+    ));
 
     // Drain: in-flight requests finish (bounded by their timeout).
     let mut report = LoadReport {
@@ -448,9 +450,9 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
 }
 
 /// Awaits all futures concurrently (a small join_all without extra deps).
-async fn futures_join<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output>
+async fn futures_join<F>(futures: Vec<F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();

@@ -73,9 +73,10 @@ fn plain(addr: SocketAddr, proto: Proto) -> Endpoint {
 async fn closed_loop_h1_records_every_measured_answer() {
     let (addr, _, catalog) = start(None).await;
     let mut phases = Vec::new();
-    let r = run(spec(plain(addr, Proto::H1), Scenario::Call, &catalog), |p| {
-        phases.push(p)
-    })
+    let r = run(
+        spec(plain(addr, Proto::H1), Scenario::Call, &catalog),
+        |p| phases.push(p),
+    )
     .await
     .unwrap();
     assert!(r.ok > 50, "{r:?}");
@@ -83,7 +84,13 @@ async fn closed_loop_h1_records_every_measured_answer() {
     assert_eq!(r.histogram.len(), r.ok);
     assert_eq!(r.outcomes.get("call: result"), Some(&r.ok));
     assert!(phases.contains(&Phase::Warmup));
-    assert_eq!(phases.iter().filter(|p| matches!(p, Phase::Done(_))).count(), 1);
+    assert_eq!(
+        phases
+            .iter()
+            .filter(|p| matches!(p, Phase::Done(_)))
+            .count(),
+        1
+    );
     assert!((0.25..0.6).contains(&r.elapsed.as_secs_f64()));
 }
 
@@ -92,23 +99,30 @@ async fn h2c_and_tls_h2_and_sse_lists_work() {
     let dir = tempfile::tempdir().unwrap();
     let m = crate::tls::Material::generate(dir.path()).unwrap();
     let (addr, tls_addr, catalog) = start(Some(&m)).await;
-    let r = run(spec(plain(addr, Proto::H2), Scenario::List, &catalog), |_| {})
-        .await
-        .unwrap();
+    let r = run(
+        spec(plain(addr, Proto::H2), Scenario::List, &catalog),
+        |_| {},
+    )
+    .await
+    .unwrap();
     assert!(r.ok > 5 && r.failed == 0, "{:?}", r.errors);
     let ep = Endpoint {
         addr: tls_addr.unwrap(),
         proto: Proto::H2,
         tls: Some(m.client(&[b"h2"]).unwrap()),
     };
-    let r = run(spec(ep, Scenario::CallSse, &catalog), |_| {}).await.unwrap();
+    let r = run(spec(ep, Scenario::CallSse, &catalog), |_| {})
+        .await
+        .unwrap();
     assert!(r.ok > 5 && r.failed == 0, "{:?}", r.errors);
     let ep = Endpoint {
         addr: tls_addr.unwrap(),
         proto: Proto::H1,
         tls: Some(m.client(&[b"http/1.1"]).unwrap()),
     };
-    let r = run(spec(ep, Scenario::Batch, &catalog), |_| {}).await.unwrap();
+    let r = run(spec(ep, Scenario::Batch, &catalog), |_| {})
+        .await
+        .unwrap();
     assert!(r.ok > 5 && r.failed == 0, "{:?}", r.errors);
 }
 

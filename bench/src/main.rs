@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Measure every target in interleaved rounds and write the reports.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Serve the canned upstream until SIGTERM or Ctrl-C.
     Upstream(UpstreamArgs),
 }
@@ -115,6 +115,9 @@ struct RunArgs {
     /// Also write latest.md, latest.svg and latest.json into the results directory.
     #[arg(long)]
     publish: bool,
+    /// Seconds of the dedicated audit-pipeline load (0 skips it; profile default).
+    #[arg(long)]
+    audit_seconds: Option<f64>,
     /// Exit non-zero when a target answered nothing as expected in a cell.
     #[arg(long)]
     fail_on_errors: bool,
@@ -154,7 +157,7 @@ struct UpstreamArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Upstream(args) => serve_upstream(args),
     };
     match result {
@@ -173,6 +176,7 @@ struct Profile {
     warmup: f64,
     tokens: usize,
     hold_ms: u64,
+    audit_seconds: f64,
 }
 
 fn profile(name: &str) -> anyhow::Result<Profile> {
@@ -200,14 +204,22 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
             warmup: 1.0,
             tokens: 10_000,
             hold_ms: 1000,
+            audit_seconds: 10.0,
         },
         "quick" => Profile {
-            cells: &["call/h1/1", "call/h1/16", "call/h1/64", "list/h1/16", "streams/h1/1000"],
+            cells: &[
+                "call/h1/1",
+                "call/h1/16",
+                "call/h1/64",
+                "list/h1/16",
+                "streams/h1/1000",
+            ],
             rounds: 2,
             duration: 3.0,
             warmup: 1.0,
             tokens: 10_000,
             hold_ms: 1000,
+            audit_seconds: 5.0,
         },
         "smoke" => Profile {
             cells: &[
@@ -229,6 +241,7 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
             warmup: 0.2,
             tokens: 300,
             hold_ms: 200,
+            audit_seconds: 1.5,
         },
         other => anyhow::bail!("unknown profile {other:?} (full, quick, smoke)"),
     })
@@ -266,7 +279,9 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pin_loadgen = match args.pin_loadgen.as_deref() {
         Some("none") => None,
-        Some(list) => Some(procs::parse_cpus(list).with_context(|| format!("bad CPU list {list:?}"))?),
+        Some(list) => {
+            Some(procs::parse_cpus(list).with_context(|| format!("bad CPU list {list:?}"))?)
+        }
         None if cpus >= 2 => Some(vec![0]),
         None => None,
     };
@@ -305,6 +320,9 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         clickhouse: !args.no_clickhouse,
         log_level: args.firewall_log_level.clone(),
         plain_progress: args.plain || !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        audit_duration: Duration::from_secs_f64(
+            args.audit_seconds.unwrap_or(p.audit_seconds).max(0.0),
+        ),
     })
 }
 
@@ -398,12 +416,20 @@ fn write_reports(report: &Report, out: &Path, publish: bool) -> anyhow::Result<P
     let json = serde_json::to_string_pretty(report)?;
     let md = report::markdown(report);
     let svg = plot::svg(report)?;
-    for (name, text) in [("report.json", &json), ("report.md", &md), ("report.svg", &svg)] {
+    for (name, text) in [
+        ("report.json", &json),
+        ("report.md", &md),
+        ("report.svg", &svg),
+    ] {
         std::fs::write(dir.join(name), text)
             .with_context(|| format!("writing {}", dir.join(name).display()))?;
     }
     if publish {
-        for (name, text) in [("latest.json", &json), ("latest.md", &md), ("latest.svg", &svg)] {
+        for (name, text) in [
+            ("latest.json", &json),
+            ("latest.md", &md),
+            ("latest.svg", &svg),
+        ] {
             std::fs::write(out.join(name), text)
                 .with_context(|| format!("writing {}", out.join(name).display()))?;
         }
@@ -443,7 +469,12 @@ fn serve_upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {
         if let Some((tls_addr, acceptor)) = tls {
             let (l, a) = upstream::bind(tls_addr).await?;
             println!("listening https://{a}");
-            tasks.push(tokio::spawn(upstream::serve(l, Some(acceptor), answers, rx)));
+            tasks.push(tokio::spawn(upstream::serve(
+                l,
+                Some(acceptor),
+                answers,
+                rx,
+            )));
         }
         wait_for_signal().await;
         let _ = stop.send(true);

@@ -116,11 +116,14 @@ impl Nginx {
                 continue;
             }
             let conf = prefix.join("nginx.conf");
-            std::fs::write(&conf, config_text(prefix, upstream, ports, cert, key, workers))
-                .map_err(|source| NginxError::Write {
-                    path: conf.clone(),
-                    source,
-                })?;
+            std::fs::write(
+                &conf,
+                config_text(prefix, upstream, ports, cert, key, workers),
+            )
+            .map_err(|source| NginxError::Write {
+                path: conf.clone(),
+                source,
+            })?;
             let mut cmd = Command::new(&bin);
             cmd.arg("-p")
                 .arg(prefix)
@@ -128,7 +131,8 @@ impl Nginx {
                 .arg(&conf)
                 .arg("-e")
                 .arg(prefix.join("logs/error.log"));
-            let mut process = Managed::spawn("nginx", cmd, &prefix.join("logs/stderr.log"), placement)?;
+            let mut process =
+                Managed::spawn("nginx", cmd, &prefix.join("logs/stderr.log"), placement)?;
             let addr = SocketAddr::from(([127, 0, 0, 1], ports.h1));
             let up = probe::wait_listening(addr, Duration::from_secs(10), || process.running())
                 && probe::wait_listening(

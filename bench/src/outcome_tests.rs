@@ -9,7 +9,10 @@ fn c(status: u16, body: &str) -> Outcome {
 #[test]
 fn single_result_and_error_are_told_apart() {
     assert_eq!(
-        c(200, r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#),
+        c(
+            200,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#
+        ),
         Outcome::Result
     );
     assert_eq!(
@@ -45,7 +48,10 @@ fn sse_answers_are_classified_like_json() {
 fn tool_lists_count_their_tools() {
     let body = r#"{"id":1,"result":{"tools":[{"name":"a","inputSchema":{}},{"name":"b","inputSchema":{}}]}}"#;
     assert_eq!(c(200, body), Outcome::Tools(2));
-    assert_eq!(c(200, r#"{"id":1,"result":{"tools":[]}}"#), Outcome::Tools(0));
+    assert_eq!(
+        c(200, r#"{"id":1,"result":{"tools":[]}}"#),
+        Outcome::Tools(0)
+    );
 }
 
 #[test]
@@ -63,7 +69,10 @@ fn batches_count_results_and_errors() {
 #[test]
 fn skipped_results_and_http_statuses_are_recognised() {
     assert_eq!(
-        c(200, r#"{"id":1,"result":{"content":[],"_meta":{"mcp-firewall/skipped":true}}}"#),
+        c(
+            200,
+            r#"{"id":1,"result":{"content":[],"_meta":{"mcp-firewall/skipped":true}}}"#
+        ),
         Outcome::Skipped
     );
     assert_eq!(c(202, ""), Outcome::Accepted);

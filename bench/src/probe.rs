@@ -80,7 +80,11 @@ pub fn wait_ready(
 }
 
 /// Waits until something accepts TCP connections on `addr`.
-pub fn wait_listening(addr: SocketAddr, deadline: Duration, mut alive: impl FnMut() -> bool) -> bool {
+pub fn wait_listening(
+    addr: SocketAddr,
+    deadline: Duration,
+    mut alive: impl FnMut() -> bool,
+) -> bool {
     let end = Instant::now() + deadline;
     while Instant::now() < end {
         if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
@@ -121,7 +125,8 @@ mod tests {
             let mut buf = [0u8; 1024];
             let n = s.read(&mut buf).unwrap();
             assert!(buf[..n].starts_with(b"GET /x HTTP/1.0\r\n"));
-            s.write_all(b"HTTP/1.0 418 I'm a teapot\r\n\r\nshort and stout").unwrap();
+            s.write_all(b"HTTP/1.0 418 I'm a teapot\r\n\r\nshort and stout")
+                .unwrap();
         });
         let (status, body) = http(addr, "GET", "/x", b"", Duration::from_secs(5)).unwrap();
         server.join().unwrap();

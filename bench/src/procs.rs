@@ -386,10 +386,7 @@ pub fn find_program(name: &str, fallbacks: &[&str]) -> Option<PathBuf> {
             }
         }
     }
-    fallbacks
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
+    fallbacks.iter().map(PathBuf::from).find(|p| p.is_file())
 }
 
 #[cfg(test)]

@@ -55,7 +55,11 @@ fn median_of_odd_and_even_lists() {
 
 #[test]
 fn figure_medians_sum_counts_and_keep_the_peak_rss() {
-    let m = Figures::median(&[figures(100.0, 3.0), figures(300.0, 1.0), figures(200.0, 2.0)]);
+    let m = Figures::median(&[
+        figures(100.0, 3.0),
+        figures(300.0, 1.0),
+        figures(200.0, 2.0),
+    ]);
     assert_eq!(m.rps, 200.0);
     assert_eq!(m.p99_ms, 2.0);
     assert_eq!((m.ok, m.failed), (30, 3));

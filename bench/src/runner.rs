@@ -29,7 +29,9 @@ use crate::firewall::{self, AuditCounters, AuditSink, Firewall, FirewallError};
 use crate::load::{self, Endpoint, LoadError, LoadSpec, Phase, Proto};
 use crate::nginx::{Nginx, NginxError};
 use crate::procs::{self, Managed, Placement, ProcError};
-use crate::report::{self, AuditSummary, CellReport, Figures, Meta, Report, TargetReport};
+use crate::report::{
+    self, AuditLoad, AuditSummary, CellReport, Figures, Meta, Report, TargetReport,
+};
 use crate::scenario::{Scenario, Workload};
 use crate::tls::{Material, TlsError};
 use crate::tokens::{Issuer, TokenError, Tokens};
@@ -196,6 +198,8 @@ pub struct Options {
     pub log_level: String,
     /// Print a line per round instead of progress bars.
     pub plain_progress: bool,
+    /// Length of the dedicated audit-pipeline load (zero skips it).
+    pub audit_duration: Duration,
 }
 
 /// An audited or unaudited, plain or TLS firewall instance.
@@ -313,12 +317,7 @@ impl Cell {
 
     fn title(&self) -> String {
         match self.rate {
-            Some(r) => format!(
-                "{} {} @{}/s",
-                self.scenario,
-                self.proto_name(),
-                r as u64
-            ),
+            Some(r) => format!("{} {} @{}/s", self.scenario, self.proto_name(), r as u64),
             None => format!(
                 "{} {} c={}",
                 self.scenario,
@@ -336,8 +335,15 @@ pub async fn run(opts: Options) -> Result<Report, RunError> {
         .map_or(0, |d| d.as_secs());
     let load_before = procs::load_average();
     let mut world = World::start(opts).await?;
-    let result = world.run_cells().await;
-    let audit = world.finish_audit();
+    let mut result = world.run_cells().await;
+    let mut load = None;
+    if result.is_ok() {
+        match world.audit_phase().await {
+            Ok(l) => load = l,
+            Err(e) => result = Err(e),
+        }
+    }
+    let audit = world.finish_audit(load);
     let load_after = procs::load_average();
     let meta = world.meta(started_unix, load_before, load_after);
     let notes = std::mem::take(&mut world.notes);
@@ -431,8 +437,14 @@ impl World {
 
     fn start_upstream(&mut self) -> Result<Upstream, RunError> {
         let io = |what| move |source| RunError::Io { what, source };
-        let plain = SocketAddr::from(([127, 0, 0, 1], procs::free_port().map_err(io("picking a port"))?));
-        let tls = SocketAddr::from(([127, 0, 0, 1], procs::free_port().map_err(io("picking a port"))?));
+        let plain = SocketAddr::from((
+            [127, 0, 0, 1],
+            procs::free_port().map_err(io("picking a port"))?,
+        ));
+        let tls = SocketAddr::from((
+            [127, 0, 0, 1],
+            procs::free_port().map_err(io("picking a port"))?,
+        ));
         match self.opts.upstream_mode {
             UpstreamMode::Process => {
                 let exe = std::env::current_exe().map_err(io("locating mcp-bench"))?;
@@ -487,17 +499,29 @@ impl World {
                     .enable_all()
                     .build()
                     .map_err(io("building the upstream runtime"))?;
-                let answers = Arc::new(crate::upstream::Answers::new(&self.catalog, self.opts.hold));
+                let answers =
+                    Arc::new(crate::upstream::Answers::new(&self.catalog, self.opts.hold));
                 let (stop, rx) = tokio::sync::watch::channel(false);
                 let server_tls = tokio_rustls::TlsAcceptor::from(self.tls.server()?);
-                let (plain_l, tls_l) = runtime.block_on(async {
-                    let a = tokio::net::TcpListener::bind(plain).await;
-                    let b = tokio::net::TcpListener::bind(tls).await;
-                    (a, b)
-                });
-                let plain_l = plain_l.map_err(io("binding the upstream"))?;
-                let tls_l = tls_l.map_err(io("binding the upstream"))?;
-                runtime.spawn(crate::upstream::serve(plain_l, None, answers.clone(), rx.clone()));
+                // Bound with std and registered inside the upstream runtime:
+                // this may run on the harness's runtime, where block_on is
+                // not allowed.
+                let bind = |addr: SocketAddr| -> Result<tokio::net::TcpListener, RunError> {
+                    let l =
+                        std::net::TcpListener::bind(addr).map_err(io("binding the upstream"))?;
+                    l.set_nonblocking(true)
+                        .map_err(io("binding the upstream"))?;
+                    let _entered = runtime.enter();
+                    tokio::net::TcpListener::from_std(l).map_err(io("binding the upstream"))
+                };
+                let plain_l = bind(plain)?;
+                let tls_l = bind(tls)?;
+                runtime.spawn(crate::upstream::serve(
+                    plain_l,
+                    None,
+                    answers.clone(),
+                    rx.clone(),
+                ));
                 runtime.spawn(crate::upstream::serve(tls_l, Some(server_tls), answers, rx));
                 Ok(Upstream::InProcess {
                     runtime: Some(runtime),
@@ -535,10 +559,7 @@ impl World {
             let audit = key.audit.then(|| AuditSink {
                 url: match &self.clickhouse {
                     Some(ch) => ch.url(),
-                    None => format!(
-                        "http://127.0.0.1:{}",
-                        procs::free_port().unwrap_or(1)
-                    ),
+                    None => format!("http://127.0.0.1:{}", procs::free_port().unwrap_or(1)),
                 },
                 database: self
                     .audit_db
@@ -570,12 +591,10 @@ impl World {
             self.firewalls.insert(key, fw);
             self.prime(&name, &endpoint).await?;
         }
-        self.firewalls
-            .get_mut(&key)
-            .ok_or_else(|| RunError::Died {
-                name: "firewall".to_owned(),
-                log: String::new(),
-            })
+        self.firewalls.get_mut(&key).ok_or_else(|| RunError::Died {
+            name: "firewall".to_owned(),
+            log: String::new(),
+        })
     }
 
     /// One `tools/list` per route through a new firewall: fills its catalog.
@@ -875,8 +894,96 @@ impl World {
         })
     }
 
+    /// A dedicated load on the audited plain firewall (`call`, 64 in
+    /// flight): how fast rows are spooled and acknowledged by ClickHouse
+    /// under load, and how long the backlog takes to drain after it.
+    async fn audit_phase(&mut self) -> Result<Option<AuditLoad>, RunError> {
+        if !self.opts.targets.contains(&TargetKind::Firewall) || self.opts.audit_duration.is_zero()
+        {
+            return Ok(None);
+        }
+        let cell = Cell {
+            scenario: Scenario::Call,
+            proto: Proto::H1,
+            tls: false,
+            concurrency: 64,
+            rate: None,
+        };
+        let Some((endpoint, _)) = self.endpoint(TargetKind::Firewall, &cell).await? else {
+            return Ok(None);
+        };
+        let key = FwKey {
+            audit: true,
+            tls: false,
+        };
+        let counters = |w: &World| {
+            w.firewalls
+                .get(&key)
+                .and_then(Firewall::audit_counters)
+                .unwrap_or_default()
+        };
+        let spec = LoadSpec {
+            endpoint,
+            workload: Arc::new(Workload::new(Scenario::Call, &self.catalog)),
+            tokens: self.tokens.clone(),
+            firewall: true,
+            concurrency: cell.concurrency,
+            h2_connections: 1,
+            rate: None,
+            warmup: Duration::ZERO,
+            duration: self.opts.audit_duration,
+            requests: None,
+            timeout: self.opts.timeout,
+        };
+        let mut start: Option<(Instant, AuditCounters)> = None;
+        let mut end: Option<(Instant, AuditCounters)> = None;
+        let report = load::run(spec, |phase| match phase {
+            Phase::Measure(_) if start.is_none() => start = Some((Instant::now(), counters(self))),
+            Phase::Done(_) => end = Some((Instant::now(), counters(self))),
+            _ => {}
+        })
+        .await
+        .map_err(|source| RunError::Load {
+            cell: "audit pipeline load".to_owned(),
+            target: "firewall".to_owned(),
+            source,
+        })?;
+        let (Some((t0, c0)), Some((t1, c1))) = (start, end) else {
+            return Ok(None);
+        };
+        // Drain: until ClickHouse acknowledged every row spooled by the end.
+        let mut drained = None;
+        if self.clickhouse.is_some() {
+            while t1.elapsed() < Duration::from_secs(60) {
+                let c = counters(self);
+                if c.sent >= c1.spooled {
+                    drained = Some((Instant::now(), c));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let load_s = t1.duration_since(t0).as_secs_f64().max(1e-3);
+        let rate = |a: f64, b: f64, s: f64| (b - a) / s;
+        Ok(Some(AuditLoad {
+            seconds: load_s,
+            rps: (report.ok + report.failed) as f64 / report.elapsed.as_secs_f64().max(1e-3),
+            spool_rows_per_s: rate(c0.spooled, c1.spooled, load_s),
+            clickhouse_rows_per_s_during_load: rate(c0.sent, c1.sent, load_s),
+            end_to_end_rows_per_s: drained.map(|(t2, c2)| {
+                rate(
+                    c0.sent,
+                    c2.sent,
+                    t2.duration_since(t0).as_secs_f64().max(1e-3),
+                )
+            }),
+            drain_after_load_s: drained.map(|(t2, _)| t2.duration_since(t1).as_secs_f64()),
+            failed: report.failed,
+        }))
+    }
+
     /// Waits for every audited row to reach ClickHouse and counts them there.
-    fn finish_audit(&mut self) -> Option<AuditSummary> {
+    fn finish_audit(&mut self, load: Option<AuditLoad>) -> Option<AuditSummary> {
         let audited: Vec<&Firewall> = self
             .firewalls
             .iter()
@@ -897,12 +1004,10 @@ impl World {
         };
         let start = Instant::now();
         let mut c = total(&audited);
-        let mut drain_s = None;
         if self.clickhouse.is_some() {
             while start.elapsed() < Duration::from_secs(60) {
                 c = total(&audited);
                 if c.sent >= c.spooled {
-                    drain_s = Some(start.elapsed().as_secs_f64());
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -911,7 +1016,9 @@ impl World {
         let (in_ch, dups) = match (&self.clickhouse, &self.audit_db) {
             (Some(ch), Some(db)) => {
                 let uniq = ch
-                    .query_u64(&format!("SELECT uniqExact(event_id) FROM {db}.audit_events"))
+                    .query_u64(&format!(
+                        "SELECT uniqExact(event_id) FROM {db}.audit_events"
+                    ))
                     .ok();
                 let all = ch
                     .query_u64(&format!("SELECT count() FROM {db}.audit_events"))
@@ -927,19 +1034,18 @@ impl World {
             rows_lost: c.lost as u64,
             rows_in_clickhouse: in_ch,
             duplicates_in_clickhouse: dups,
-            drain_s,
             peak_spool_rows_per_s: max(|r| r.0),
             peak_clickhouse_rows_per_s: max(|r| r.1),
             sink: self.audit_sink(),
+            load,
         })
     }
 
     fn audit_sink(&self) -> String {
         match (&self.clickhouse, &self.audit_db) {
-            (Some(ch), Some(db)) => format!(
-                "spool + throwaway ClickHouse ({}), database {db}",
-                ch.url()
-            ),
+            (Some(ch), Some(db)) => {
+                format!("spool + throwaway ClickHouse ({}), database {db}", ch.url())
+            }
             _ => "spool only (no ClickHouse)".to_owned(),
         }
     }
@@ -961,7 +1067,10 @@ impl World {
                     }),
                 ),
                 pin("proxies", o.pin_proxy.as_ref().map(|c| format!("cpu {c}"))),
-                pin("upstream", o.pin_upstream.as_ref().map(|c| format!("cpu {c}"))),
+                pin(
+                    "upstream",
+                    o.pin_upstream.as_ref().map(|c| format!("cpu {c}")),
+                ),
             ]
             .join("; ")
         } else {
@@ -1123,7 +1232,11 @@ impl TargetAcc {
             rounds: self.rounds,
             errors: self.errors,
             outcomes: self.outcomes,
-            curve: self.histogram.as_ref().map(report::curve).unwrap_or_default(),
+            curve: self
+                .histogram
+                .as_ref()
+                .map(report::curve)
+                .unwrap_or_default(),
         }
     }
 }
@@ -1173,9 +1286,62 @@ mod tests {
         let t = Cell::parse("list/tls-h2/16").unwrap();
         assert!(t.tls && t.proto == Proto::H2 && t.rate.is_none());
         assert_eq!(t.proto_name(), "tls-h2");
-        for bad in ["call/h3/1", "call/h1/0", "nope/h1/1", "call/h1", "call/h1/1/2", "call/h1/4@0"] {
+        for bad in [
+            "call/h3/1",
+            "call/h1/0",
+            "nope/h1/1",
+            "call/h1",
+            "call/h1/1/2",
+            "call/h1/4@0",
+        ] {
             assert_eq!(Cell::parse(bad), None, "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_direct_run_measures_the_in_process_upstream() {
+        let opts = Options {
+            profile: "test".into(),
+            cells: vec![
+                Cell::parse("call/h1/2").unwrap(),
+                Cell::parse("batch/tls-h2/2").unwrap(),
+            ],
+            targets: vec![TargetKind::Direct],
+            rounds: 2,
+            warmup: Duration::from_millis(20),
+            duration: Duration::from_millis(150),
+            requests: None,
+            timeout: Duration::from_secs(5),
+            tokens: 4,
+            tools: 20,
+            result_bytes: 310,
+            hold: Duration::from_millis(50),
+            h2_connections: 1,
+            loadgen_threads: 1,
+            pin_loadgen: None,
+            pin_proxy: None,
+            pin_upstream: None,
+            upstream_mode: UpstreamMode::InProcess,
+            upstream_threads: 1,
+            firewall_bin: PathBuf::from("/nonexistent/mcp-firewall"),
+            nginx_workers: "1".into(),
+            clickhouse: false,
+            log_level: "warn".into(),
+            plain_progress: true,
+            audit_duration: Duration::ZERO,
+        };
+        let report = run(opts).await.unwrap();
+        assert_eq!(report.cells.len(), 2);
+        for c in &report.cells {
+            let t = &c.targets[0];
+            assert_eq!(t.target, "direct");
+            assert_eq!(t.rounds.len(), 2);
+            assert!(t.median.ok > 0 && t.median.failed == 0, "{:?}", t.errors);
+            assert_eq!(t.ratio_direct, Some(1.0));
+            assert!(t.median.upstream_cpu.is_some());
+            assert!(!t.curve.is_empty());
+        }
+        assert!(report.audit.is_none());
     }
 
     #[test]

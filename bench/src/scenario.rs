@@ -223,7 +223,10 @@ fn interleave(weights: &[u32]) -> Vec<u8> {
         for (c, &w) in current.iter_mut().zip(weights) {
             *c += i64::from(w);
         }
-        let Some((best, _)) = current.iter().enumerate().max_by_key(|(i, &c)| (c, -(*i as i64)))
+        let Some((best, _)) = current
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, &c)| (c, -(*i as i64)))
         else {
             break;
         };
@@ -287,9 +290,27 @@ impl Templates {
         let all = u32::try_from(catalog.tools.len()).unwrap_or(u32::MAX);
         let reads = u32::try_from(catalog.reads()).unwrap_or(u32::MAX);
         Templates {
-            call: single("call", Route::Json, call_body.clone(), Pool::Reader, Expect::Result),
-            call_sse: single("call-sse", Route::Sse, call_body.clone(), Pool::Reader, Expect::Result),
-            hold: single("hold", Route::Hold, call_body.clone(), Pool::Reader, Expect::Result),
+            call: single(
+                "call",
+                Route::Json,
+                call_body.clone(),
+                Pool::Reader,
+                Expect::Result,
+            ),
+            call_sse: single(
+                "call-sse",
+                Route::Sse,
+                call_body.clone(),
+                Pool::Reader,
+                Expect::Result,
+            ),
+            hold: single(
+                "hold",
+                Route::Hold,
+                call_body.clone(),
+                Pool::Reader,
+                Expect::Result,
+            ),
             list: Template {
                 plain: Expect::Tools(all),
                 ..single(

@@ -18,11 +18,7 @@ fn interleave_keeps_weights_and_spreads_them() {
     assert_eq!(count(1), 10);
     assert_eq!(count(7), 10);
     // Spread: the heaviest never runs more than twice in a row at 50 %.
-    let longest = seq
-        .split(|&x| x != 0)
-        .map(<[u8]>::len)
-        .max()
-        .unwrap();
+    let longest = seq.split(|&x| x != 0).map(<[u8]>::len).max().unwrap();
     assert!(longest <= 2, "{seq:?}");
     assert_eq!(interleave(&[1]), vec![0]);
 }
@@ -41,10 +37,14 @@ fn every_body_is_valid_json_rpc_for_the_firewall_parser() {
     for s in Scenario::ALL {
         let w = Workload::new(s, &catalog());
         for t in &w.templates {
-            let env = jsonrpc::parse(&t.body, &limits)
-                .unwrap_or_else(|e| panic!("{s}/{}: {e}", t.label));
+            let env =
+                jsonrpc::parse(&t.body, &limits).unwrap_or_else(|e| panic!("{s}/{}: {e}", t.label));
             assert_eq!(env.batch, t.label == "batch", "{}", t.label);
-            assert_eq!(t.version.is_none(), env.batch, "only the batch omits the revision");
+            assert_eq!(
+                t.version.is_none(),
+                env.batch,
+                "only the batch omits the revision"
+            );
         }
     }
 }
@@ -55,7 +55,10 @@ fn firewall_expectations_differ_from_plain_targets_where_it_decides() {
     let one = |s| Workload::new(s, &c).templates.remove(0);
     assert_eq!(one(Scenario::Denied).firewall, Expect::Error(DENIED));
     assert_eq!(one(Scenario::Denied).plain, Expect::Result);
-    assert_eq!(one(Scenario::Gated).firewall, Expect::Error(APPROVAL_REQUIRED));
+    assert_eq!(
+        one(Scenario::Gated).firewall,
+        Expect::Error(APPROVAL_REQUIRED)
+    );
     assert_eq!(one(Scenario::Gated).pool, Pool::Operator);
     assert_eq!(one(Scenario::List).plain, Expect::Tools(100));
     assert_eq!(one(Scenario::List).firewall, Expect::Tools(50));
@@ -78,7 +81,13 @@ fn pick_cycles_through_the_mix_in_order() {
     let first: Vec<usize> = (0..100).map(|t| w.pick(t).0).collect();
     let again: Vec<usize> = (100..200).map(|t| w.pick(t).0).collect();
     assert_eq!(first, again);
-    assert_eq!(first.iter().filter(|&&i| w.templates[i].label == "list").count(), 5);
+    assert_eq!(
+        first
+            .iter()
+            .filter(|&&i| w.templates[i].label == "list")
+            .count(),
+        5
+    );
     let single = Workload::new(Scenario::Call, &catalog());
     assert_eq!(single.pick(12345).0, 0);
 }

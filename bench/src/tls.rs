@@ -66,8 +66,7 @@ impl Material {
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca_params, ca_key);
         let key = KeyPair::generate()?;
-        let params =
-            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+        let params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
         let cert = params.signed_by(&key, &issuer)?;
         let cert_file = dir.join("server.crt");
         let key_file = dir.join("server.key");
@@ -86,12 +85,11 @@ impl Material {
     pub fn client(&self, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsError> {
         let mut roots = RootCertStore::empty();
         roots.add(self.ca_der.clone())?;
-        let mut cfg = ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        let mut cfg =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
         cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(Arc::new(cfg))
     }
@@ -99,12 +97,11 @@ impl Material {
     /// A server config for the canned upstream (ALPN `h2`, `http/1.1`).
     pub fn server(&self) -> Result<Arc<ServerConfig>, TlsError> {
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_der.clone()));
-        let mut cfg = ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(self.chain.clone(), key)?;
+        let mut cfg =
+            ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_no_client_auth()
+                .with_single_cert(self.chain.clone(), key)?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(cfg))
     }
@@ -130,12 +127,11 @@ pub fn server_from_files(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, T
         .collect::<Result<_, _>>()
         .map_err(read_err(cert))?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(read_err(key))?;
-    let mut cfg = ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_single_cert(chain, key)?;
+    let mut cfg =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }

@@ -55,12 +55,24 @@ async fn tools_call_ping_and_unknown_methods() {
     );
     assert_eq!(call["id"], 7);
     assert_eq!(call["result"]["isError"], false);
-    let ping = json(&text(respond(&a, Route::Json, br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)).await.2);
+    let ping = json(
+        &text(respond(
+            &a,
+            Route::Json,
+            br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+        ))
+        .await
+        .2,
+    );
     assert_eq!(ping["result"], serde_json::json!({}));
     let unknown = json(
-        &text(respond(&a, Route::Json, br#"{"jsonrpc":"2.0","id":2,"method":"resources/list"}"#))
-            .await
-            .2,
+        &text(respond(
+            &a,
+            Route::Json,
+            br#"{"jsonrpc":"2.0","id":2,"method":"resources/list"}"#,
+        ))
+        .await
+        .2,
     );
     assert_eq!(unknown["error"]["code"], -32601);
     let (status, _, body) = text(respond(
@@ -124,14 +136,22 @@ async fn hold_route_sends_a_comment_then_waits_before_the_result() {
     assert!(start.elapsed() >= hold);
     assert!(std::str::from_utf8(&rest).unwrap().contains("\"result\""));
     // Only calls are held: a list on the hold route answers at once.
-    let list = respond(&a, Route::Hold, br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    let list = respond(
+        &a,
+        Route::Hold,
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    );
     assert!(list.body().size_hint().exact().is_some());
 }
 
 #[tokio::test]
 async fn json_answers_carry_an_exact_length() {
     let a = answers(Duration::ZERO);
-    let r = respond(&a, Route::Json, br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    let r = respond(
+        &a,
+        Route::Json,
+        br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
     let exact = r.body().size_hint().exact().unwrap();
     let (_, _, body) = text(r).await;
     assert_eq!(exact, body.len() as u64);
