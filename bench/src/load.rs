@@ -98,6 +98,11 @@ pub struct LoadSpec {
     pub requests: Option<u64>,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// Requests this target was sent before this load (selects tokens, so
+    /// a long-lived firewall keeps meeting runs it has not seen).
+    pub ticket_base: u64,
+    /// Consecutive requests that share a token (one agent run's calls).
+    pub calls_per_run: u64,
 }
 
 /// What a run measured.
@@ -115,6 +120,8 @@ pub struct LoadReport {
     pub outcomes: BTreeMap<String, u64>,
     /// Latency of every measured answer (ok or not), microseconds.
     pub histogram: Histogram<u64>,
+    /// Requests sent, warm-up and drain included.
+    pub tickets: u64,
 }
 
 /// Why a run could not start.
@@ -424,6 +431,7 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
         errors: BTreeMap::new(),
         outcomes: BTreeMap::new(),
         histogram: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)?,
+        tickets: 0,
     };
     let mut outcomes: Vec<(usize, Outcome, u64)> = Vec::new();
     for h in handles {
@@ -442,6 +450,7 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
             }
         }
     }
+    report.tickets = shared.tickets.load(Ordering::Relaxed);
     for (t, o, n) in outcomes {
         let label = spec.workload.templates.get(t).map_or("?", |t| t.label);
         *report.outcomes.entry(format!("{label}: {o}")).or_default() += n;
@@ -494,8 +503,9 @@ impl Worker {
                 Pool::Operator => &spec.tokens.operator,
                 Pool::Capped => &spec.tokens.capped,
             };
+            let run = (spec.ticket_base + ticket) / spec.calls_per_run.max(1);
             let token = pool
-                .get((ticket % pool.len().max(1) as u64) as usize)
+                .get((run % pool.len().max(1) as u64) as usize)
                 .cloned()
                 .unwrap_or_else(|| HeaderValue::from_static("Bearer none"));
             let mut req = Request::new(Full::new(template.body.clone()));

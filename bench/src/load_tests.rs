@@ -58,6 +58,8 @@ fn spec(ep: Endpoint, scenario: Scenario, catalog: &Catalog) -> LoadSpec {
         duration: Duration::from_millis(300),
         requests: None,
         timeout: Duration::from_secs(5),
+        ticket_base: 0,
+        calls_per_run: 1,
     }
 }
 

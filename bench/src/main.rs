@@ -66,6 +66,10 @@ struct RunArgs {
     /// Distinct reader tokens (runs) to cycle (profile default).
     #[arg(long)]
     tokens: Option<usize>,
+    /// Consecutive requests per token: the calls of one agent run (the
+    /// first pays a full ES256 verification, the rest hit the cache).
+    #[arg(long, default_value_t = 20)]
+    calls_per_run: u64,
     /// Tools in the upstream's catalog.
     #[arg(long, default_value_t = 100)]
     tools: usize,
@@ -202,7 +206,7 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
             rounds: 3,
             duration: 4.0,
             warmup: 1.0,
-            tokens: 10_000,
+            tokens: 20_000,
             hold_ms: 1000,
             audit_seconds: 10.0,
         },
@@ -301,6 +305,7 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         requests: args.requests,
         timeout: Duration::from_secs_f64(args.timeout.max(0.1)),
         tokens: args.tokens.unwrap_or(p.tokens).max(1),
+        calls_per_run: args.calls_per_run.max(1),
         tools: args.tools,
         result_bytes: args.result_bytes,
         hold: Duration::from_millis(args.hold_ms.unwrap_or(p.hold_ms)),

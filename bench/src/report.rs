@@ -63,6 +63,8 @@ pub struct Meta {
     pub duration_s: f64,
     /// Distinct tokens (runs) cycled by the reader pool.
     pub tokens: usize,
+    /// Consecutive requests per token (calls of one run).
+    pub calls_per_run: u64,
     /// Tools in the upstream's catalog.
     pub tools: usize,
     /// Bytes of a `tools/call` result.
@@ -153,6 +155,9 @@ pub struct Figures {
     pub audit_spool_rows_per_s: Option<f64>,
     /// Audit rows acknowledged by ClickHouse per second (audited firewall).
     pub audit_clickhouse_rows_per_s: Option<f64>,
+    /// Share of requests carrying a token this firewall had not verified
+    /// before (first call of a run).
+    pub first_time_token_share: Option<f64>,
 }
 
 /// The audit pipeline over the whole run.
@@ -250,6 +255,7 @@ impl Figures {
             loadgen_cpu: o(|f| f.loadgen_cpu),
             audit_spool_rows_per_s: o(|f| f.audit_spool_rows_per_s),
             audit_clickhouse_rows_per_s: o(|f| f.audit_clickhouse_rows_per_s),
+            first_time_token_share: o(|f| f.first_time_token_share),
         }
     }
 }
@@ -470,8 +476,8 @@ pub fn markdown(r: &Report) -> String {
         (
             "tokens",
             format!(
-                "{} distinct ES256 tokens (runs) for reads, minted in {:.1} s",
-                m.tokens, m.token_mint_s
+                "{} distinct ES256 tokens (runs) for reads, {} calls per run, minted in {:.1} s; every firewall instance meets each run first at its own pace, so the share of first-time verifications per cell is in the JSON (`first_time_token_share`)",
+                m.tokens, m.calls_per_run, m.token_mint_s
             ),
         ),
         (
@@ -508,16 +514,16 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "\n## Cells\n");
     for c in &r.cells {
         let _ = writeln!(s, "### {}\n", c.title());
-        let _ = writeln!(s, "| target | rps | p50 ms | p90 ms | p99 ms | p99.9 ms | x direct | x nginx | proxy CPU s / 10k | peak RSS MB | upstream CPU | loadgen CPU | errors |");
+        let _ = writeln!(s, "| target | rps | p50 ms | p90 ms | p99 ms | p99.9 ms | x direct | x nginx | proxy CPU s / 10k | peak RSS MB | upstream CPU | loadgen CPU | new runs | errors |");
         let _ = writeln!(
             s,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         );
         for t in &c.targets {
             let f = &t.median;
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 t.target,
                 k(f.rps),
                 ms(f.p50_ms),
@@ -532,6 +538,8 @@ pub fn markdown(r: &Report) -> String {
                     .map_or_else(|| "–".into(), |v| format!("{:.0} %", v * 100.0)),
                 f.loadgen_cpu
                     .map_or_else(|| "–".into(), |v| format!("{:.0} %", v * 100.0)),
+                f.first_time_token_share
+                    .map_or_else(|| "–".into(), |v| format!("{:.1} %", v * 100.0)),
                 errors_text(t).replace('|', "/"),
             );
         }

@@ -168,6 +168,8 @@ pub struct Options {
     pub timeout: Duration,
     /// Reader tokens (distinct runs).
     pub tokens: usize,
+    /// Consecutive requests per token (calls of one run).
+    pub calls_per_run: u64,
     /// Catalog size.
     pub tools: usize,
     /// `tools/call` result size.
@@ -230,6 +232,8 @@ struct World {
     notes: Vec<String>,
     audit_rounds: Vec<(f64, f64)>,
     mint_s: f64,
+    /// Requests sent so far per target instance (kind, TLS).
+    sent: BTreeMap<(TargetKind, bool), u64>,
 }
 
 /// The canned upstream, wherever it runs.
@@ -398,6 +402,7 @@ impl World {
             notes: Vec::new(),
             audit_rounds: Vec::new(),
             mint_s,
+            sent: BTreeMap::new(),
             opts,
         };
         world.upstream = world.start_upstream()?;
@@ -616,6 +621,8 @@ impl World {
                 duration: Duration::from_secs(10),
                 requests: Some(1),
                 timeout: Duration::from_secs(10),
+                ticket_base: 0,
+                calls_per_run: 1,
             };
             let r = load::run(spec, |_| {}).await.map_err(|e| RunError::Prime {
                 target: target.to_owned(),
@@ -809,7 +816,10 @@ impl World {
             duration: self.opts.duration,
             requests: self.opts.requests,
             timeout: self.opts.timeout,
+            ticket_base: self.sent(target, cell.tls),
+            calls_per_run: self.opts.calls_per_run,
         };
+        let base = spec.ticket_base;
         let mut window: Option<Sample> = None;
         let mut last: Option<Sample> = None;
         let sample = |w: &World| Sample {
@@ -847,6 +857,7 @@ impl World {
             source,
         })?;
         let end = sample(self);
+        self.add_sent(target, cell.tls, report.tickets);
         let mut figures = Figures::from_histogram(
             &report.histogram,
             report.elapsed.as_secs_f64(),
@@ -856,6 +867,15 @@ impl World {
         if let (Some(a), Some(b)) = (&window, last.as_ref().or(Some(&end))) {
             let secs = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
             let answers = (report.ok + report.failed).max(1) as f64;
+            if matches!(target, TargetKind::Firewall | TargetKind::FirewallNoAudit) {
+                let fresh = fresh_runs(
+                    base,
+                    report.tickets,
+                    self.opts.calls_per_run,
+                    self.tokens.reader.len() as u64,
+                );
+                figures.first_time_token_share = Some(fresh as f64 / report.tickets.max(1) as f64);
+            }
             if !pids.is_empty() {
                 figures.cpu_s_per_10k = Some((b.proxy.cpu_s - a.proxy.cpu_s) / answers * 10_000.0);
                 figures.peak_rss_mb = Some(end.proxy.peak_rss_kb as f64 / 1024.0);
@@ -892,6 +912,14 @@ impl World {
             errors: report.errors,
             outcomes: report.outcomes,
         })
+    }
+
+    fn sent(&self, target: TargetKind, tls: bool) -> u64 {
+        self.sent.get(&(target, tls)).copied().unwrap_or(0)
+    }
+
+    fn add_sent(&mut self, target: TargetKind, tls: bool, n: u64) {
+        *self.sent.entry((target, tls)).or_default() += n;
     }
 
     /// A dedicated load on the audited plain firewall (`call`, 64 in
@@ -934,6 +962,8 @@ impl World {
             duration: self.opts.audit_duration,
             requests: None,
             timeout: self.opts.timeout,
+            ticket_base: self.sent(TargetKind::Firewall, false),
+            calls_per_run: self.opts.calls_per_run,
         };
         let mut start: Option<(Instant, AuditCounters)> = None;
         let mut end: Option<(Instant, AuditCounters)> = None;
@@ -948,6 +978,7 @@ impl World {
             target: "firewall".to_owned(),
             source,
         })?;
+        self.add_sent(TargetKind::Firewall, false, report.tickets);
         let (Some((t0, c0)), Some((t1, c1))) = (start, end) else {
             return Ok(None);
         };
@@ -1100,6 +1131,7 @@ impl World {
             warmup_s: o.warmup.as_secs_f64(),
             duration_s: o.duration.as_secs_f64(),
             tokens: o.tokens,
+            calls_per_run: o.calls_per_run,
             tools: o.tools,
             result_bytes: o.result_bytes,
             hold_ms: u64::try_from(o.hold.as_millis()).unwrap_or(u64::MAX),
@@ -1258,6 +1290,17 @@ fn cell_line(c: &CellReport) -> String {
     format!("{}: {}", c.title(), parts.join(", "))
 }
 
+/// How many runs (tokens) a target met for the first time among requests
+/// `base..base + n`, with `per_run` requests per token and `pool` tokens:
+/// a token is new the first time its run starts, until the pool wraps.
+pub fn fresh_runs(base: u64, n: u64, per_run: u64, pool: u64) -> u64 {
+    let per_run = per_run.max(1);
+    // Runs start at multiples of per_run; count those in range, first pass only.
+    let first = base.div_ceil(per_run);
+    let end = (base + n).div_ceil(per_run).min(pool);
+    end.saturating_sub(first)
+}
+
 /// Removes `dir` once this process is gone, even after a SIGKILL.
 fn remove_when_gone(dir: &Path) {
     let _ = Command::new("sh")
@@ -1313,6 +1356,7 @@ mod tests {
             requests: None,
             timeout: Duration::from_secs(5),
             tokens: 4,
+            calls_per_run: 5,
             tools: 20,
             result_bytes: 310,
             hold: Duration::from_millis(50),
@@ -1342,6 +1386,18 @@ mod tests {
             assert!(!t.curve.is_empty());
         }
         assert!(report.audit.is_none());
+    }
+
+    #[test]
+    fn fresh_runs_count_first_uses_until_the_pool_wraps() {
+        // Runs of 10 calls: requests 0..25 start runs 0, 1, 2.
+        assert_eq!(fresh_runs(0, 25, 10, 100), 3);
+        // Continuing at 25: runs 3, 4 start at 30 and 40.
+        assert_eq!(fresh_runs(25, 20, 10, 100), 2);
+        // A pool of 4 runs: nothing is new past request 40.
+        assert_eq!(fresh_runs(35, 100, 10, 4), 0);
+        assert_eq!(fresh_runs(0, 1000, 10, 4), 4);
+        assert_eq!(fresh_runs(0, 5, 1, 1000), 5);
     }
 
     #[test]
