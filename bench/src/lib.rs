@@ -11,6 +11,7 @@
 //! Invariant: every process the harness starts is stopped by PID when the
 //! run ends, and killed by a watchdog if the harness itself dies.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod catalog;
 pub mod clickhouse;

@@ -158,6 +158,9 @@ pub struct Figures {
     /// Share of requests carrying a token this firewall had not verified
     /// before (first call of a run).
     pub first_time_token_share: Option<f64>,
+    /// ClickHouse's CPU use in the window, share of one core (audited
+    /// firewall; it runs on the same machine).
+    pub clickhouse_cpu: Option<f64>,
 }
 
 /// The audit pipeline over the whole run.
@@ -256,6 +259,7 @@ impl Figures {
             audit_spool_rows_per_s: o(|f| f.audit_spool_rows_per_s),
             audit_clickhouse_rows_per_s: o(|f| f.audit_clickhouse_rows_per_s),
             first_time_token_share: o(|f| f.first_time_token_share),
+            clickhouse_cpu: o(|f| f.clickhouse_cpu),
         }
     }
 }
@@ -322,6 +326,59 @@ impl CellReport {
             t.ratio_nginx = nginx.map(|n| t.median.rps / n);
         }
     }
+}
+
+/// The design targets, checked against the run: the audited firewall at
+/// least as fast as nginx on the small call (c=16, c=64), at most +0.3 ms
+/// p99 over direct at c=1, and under 64 MB peak RSS at 1,000 concurrent
+/// streams. One line per target that the run measured.
+pub fn design_targets(cells: &[CellReport]) -> Vec<String> {
+    let find = |scenario: &str, c: usize, target: &str| {
+        cells
+            .iter()
+            .find(|x| {
+                x.scenario == scenario && x.proto == "h1" && x.concurrency == c && x.rate.is_none()
+            })
+            .and_then(|x| x.targets.iter().find(|t| t.target == target))
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let mut out = Vec::new();
+    for c in [16, 64] {
+        if let (Some(fw), Some(ng)) = (find("call", c, "firewall"), find("call", c, "nginx")) {
+            let ratio = fw.median.rps / ng.median.rps.max(1e-9);
+            out.push(format!(
+                "target firewall (verification, policy, audit) ≥ nginx throughput, call c={c}: {} ({} vs {} rps, x{ratio:.2})",
+                verdict(ratio >= 1.0),
+                k(fw.median.rps),
+                k(ng.median.rps)
+            ));
+        }
+    }
+    if let (Some(fw), Some(d)) = (find("call", 1, "firewall"), find("call", 1, "direct")) {
+        let extra = fw.median.p99_ms - d.median.p99_ms;
+        out.push(format!(
+            "target ≤ +0.3 ms p99 at c=1: {} (firewall p99 {} ms, direct {} ms: +{extra:.2} ms)",
+            verdict(extra <= 0.3),
+            ms(fw.median.p99_ms),
+            ms(d.median.p99_ms)
+        ));
+    }
+    if let Some(cell) = cells
+        .iter()
+        .filter(|x| x.scenario == "streams" && x.concurrency >= 1000)
+        .max_by_key(|x| x.concurrency)
+    {
+        if let Some(fw) = cell.targets.iter().find(|t| t.target == "firewall") {
+            if let Some(rss) = fw.median.peak_rss_mb {
+                out.push(format!(
+                    "target peak RSS < 64 MB at {} concurrent streams: {} ({rss:.1} MB, after every earlier cell of the run)",
+                    cell.concurrency,
+                    verdict(rss < 64.0)
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn k(rps: f64) -> String {
@@ -541,6 +598,13 @@ pub fn markdown(r: &Report) -> String {
                 f.first_time_token_share
                     .map_or_else(|| "–".into(), |v| format!("{:.1} %", v * 100.0)),
                 errors_text(t).replace('|', "/"),
+            );
+        }
+        if let Some(cpu) = c.targets.iter().find_map(|t| t.median.clickhouse_cpu) {
+            let _ = writeln!(
+                s,
+                "\nClickHouse (same machine) used {:.0} % of a core while the audited firewall ran this cell.",
+                cpu * 100.0
             );
         }
         let _ = writeln!(s);

@@ -121,3 +121,26 @@ fn renderings_carry_every_target_and_the_errors() {
     assert!(md.contains("- a note"));
     assert!(md.contains("## Audit pipeline"));
 }
+
+#[test]
+fn design_targets_are_judged_from_the_cells() {
+    let mut call16 = cell();
+    call16.targets[2].median.rps = 30_000.0; // firewall above nginx (5k)
+    let mut call1 = cell();
+    call1.concurrency = 1;
+    call1.targets[0].median.p99_ms = 0.06;
+    call1.targets[2].median.p99_ms = 0.72;
+    let mut streams = cell();
+    streams.scenario = "streams".into();
+    streams.concurrency = 1000;
+    streams.targets[2].median.peak_rss_mb = Some(50.0);
+    let notes = design_targets(&[call16, call1, streams]);
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert!(notes[0].contains("c=16: met"), "{}", notes[0]);
+    assert!(
+        notes[1].contains("MISSED") && notes[1].contains("+0.66 ms"),
+        "{}",
+        notes[1]
+    );
+    assert!(notes[2].contains("met (50.0 MB"), "{}", notes[2]);
+}

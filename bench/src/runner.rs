@@ -350,9 +350,10 @@ pub async fn run(opts: Options) -> Result<Report, RunError> {
     let audit = world.finish_audit(load);
     let load_after = procs::load_average();
     let meta = world.meta(started_unix, load_before, load_after);
-    let notes = std::mem::take(&mut world.notes);
+    let mut notes = std::mem::take(&mut world.notes);
     world.stop();
     let cells = result?;
+    notes.extend(report::design_targets(&cells));
     Ok(Report {
         meta,
         cells,
@@ -828,6 +829,13 @@ impl World {
             upstream: w.upstream_cpu(),
             loadgen: w.loadgen_cpu(),
             audit: w.audit_counters(target, cell),
+            sink: (target == TargetKind::Firewall)
+                .then(|| {
+                    w.clickhouse
+                        .as_ref()
+                        .and_then(|c| procs::cpu_seconds(c.pid()).ok())
+                })
+                .flatten(),
         };
         let name = target.name();
         let started = Instant::now();
@@ -891,6 +899,9 @@ impl World {
                 let sent = (y.sent - x.sent) / secs;
                 figures.audit_spool_rows_per_s = Some(spool);
                 figures.audit_clickhouse_rows_per_s = Some(sent);
+                if let (Some(x), Some(y)) = (a.sink, b.sink) {
+                    figures.clickhouse_cpu = Some((y - x) / secs);
+                }
                 self.audit_rounds.push((spool, sent));
             }
         }
@@ -1211,6 +1222,9 @@ struct Sample {
     upstream: Option<f64>,
     loadgen: Option<f64>,
     audit: Option<AuditCounters>,
+    /// ClickHouse's CPU seconds (audited firewall only): it shares the
+    /// machine, so its ingest cost is reported next to the firewall's.
+    sink: Option<f64>,
 }
 
 /// One round of one target.
