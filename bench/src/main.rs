@@ -32,6 +32,15 @@ enum Command {
     Run(Box<RunArgs>),
     /// Serve the canned upstream until SIGTERM or Ctrl-C.
     Upstream(UpstreamArgs),
+    /// Re-render report.md and report.svg (and the design-target notes)
+    /// from a report.json.
+    Render {
+        /// The report.json to read.
+        json: PathBuf,
+        /// Also write latest.{json,md,svg} next to the results directory.
+        #[arg(long)]
+        publish: bool,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -163,6 +172,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Upstream(args) => serve_upstream(args),
+        Command::Render { json, publish } => render(&json, publish),
     };
     match result {
         Ok(code) => code,
@@ -297,6 +307,7 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
     };
     Ok(Options {
         profile: args.profile.clone(),
+        cpus,
         cells,
         targets,
         rounds: args.rounds.unwrap_or(p.rounds).max(1),
@@ -440,6 +451,33 @@ fn write_reports(report: &Report, out: &Path, publish: bool) -> anyhow::Result<P
         }
     }
     Ok(dir)
+}
+
+fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    let mut report: Report =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+    // Notes from older harness versions lack the target verdicts.
+    let targets = report::design_targets(&report.cells);
+    report.notes.retain(|n| !n.starts_with("target "));
+    report.notes.extend(targets);
+    let dir = json.parent().unwrap_or(Path::new("."));
+    let md = report::markdown(&report);
+    let svg = plot::svg(&report)?;
+    std::fs::write(dir.join("report.md"), &md)?;
+    std::fs::write(dir.join("report.svg"), &svg)?;
+    if publish {
+        let out = dir.parent().unwrap_or(Path::new("."));
+        std::fs::write(
+            out.join("latest.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
+        std::fs::write(out.join("latest.md"), &md)?;
+        std::fs::write(out.join("latest.svg"), &svg)?;
+    }
+    print!("{}", report::table(&report));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn serve_upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {

@@ -13,10 +13,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Everything a run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     /// How and where it ran.
     pub meta: Meta,
@@ -29,7 +29,8 @@ pub struct Report {
 }
 
 /// How and where a run happened.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default)]
 pub struct Meta {
     /// Unix time of the start.
     pub started_unix: u64,
@@ -80,7 +81,7 @@ pub struct Meta {
 }
 
 /// One cell: a scenario at one protocol and load, every target.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CellReport {
     /// Scenario name.
     pub scenario: String,
@@ -95,7 +96,7 @@ pub struct CellReport {
 }
 
 /// One target in one cell.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetReport {
     /// `direct`, `nginx`, `firewall`, `firewall-noaudit`.
     pub target: String,
@@ -116,7 +117,7 @@ pub struct TargetReport {
 }
 
 /// A point of a latency-percentile curve.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct CurvePoint {
     /// Percentile (0–100).
     pub percentile: f64,
@@ -125,7 +126,8 @@ pub struct CurvePoint {
 }
 
 /// The figures of one round (or their medians).
-#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
 pub struct Figures {
     /// Answers per second in the measured window (ok or not).
     pub rps: f64,
@@ -164,7 +166,8 @@ pub struct Figures {
 }
 
 /// The audit pipeline over the whole run.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default)]
 pub struct AuditSummary {
     /// Rows spooled by every audited firewall.
     pub rows_spooled: u64,
@@ -188,7 +191,8 @@ pub struct AuditSummary {
 
 /// The dedicated audit-pipeline load: `call` at 64 in flight on the audited
 /// firewall, then the wait until ClickHouse has every row.
-#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
 pub struct AuditLoad {
     /// Length of the load, seconds.
     pub seconds: f64,

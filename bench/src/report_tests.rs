@@ -144,3 +144,24 @@ fn design_targets_are_judged_from_the_cells() {
     );
     assert!(notes[2].contains("met (50.0 MB"), "{}", notes[2]);
 }
+
+#[test]
+fn reports_round_trip_through_json_for_re_rendering() {
+    let r = Report {
+        meta: Meta {
+            profile: "test".into(),
+            ..Meta::default()
+        },
+        cells: vec![cell()],
+        audit: None,
+        notes: Vec::new(),
+    };
+    let json = serde_json::to_string(&r).unwrap();
+    let back: Report = serde_json::from_str(&json).unwrap();
+    assert_eq!(markdown(&back), markdown(&r));
+    // Older reports without newer fields still load.
+    let old = json.replace(",\"clickhouse_cpu\":null", "");
+    assert_ne!(old, json);
+    let back: Report = serde_json::from_str(&old).unwrap();
+    assert_eq!(back.cells[0].targets[0].median.clickhouse_cpu, None);
+}

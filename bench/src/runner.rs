@@ -152,6 +152,9 @@ pub enum UpstreamMode {
 pub struct Options {
     /// Profile name (report only).
     pub profile: String,
+    /// Online CPUs, counted before the load generator was pinned (a
+    /// pinned thread sees only its own CPU).
+    pub cpus: usize,
     /// The cells, in order.
     pub cells: Vec<Cell>,
     /// Targets to measure, in order.
@@ -366,7 +369,7 @@ pub async fn run(opts: Options) -> Result<Report, RunError> {
 
 impl World {
     async fn start(opts: Options) -> Result<World, RunError> {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = opts.cpus.max(1);
         let taskset = procs::have_taskset();
         let base = std::env::temp_dir().join(format!(
             "mcp-bench-{}-{:08x}",
@@ -1359,6 +1362,7 @@ mod tests {
     async fn a_direct_run_measures_the_in_process_upstream() {
         let opts = Options {
             profile: "test".into(),
+            cpus: 2,
             cells: vec![
                 Cell::parse("call/h1/2").unwrap(),
                 Cell::parse("batch/tls-h2/2").unwrap(),
