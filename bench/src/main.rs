@@ -1,1 +1,547 @@
-fn main() {}
+//! The `mcp-bench` command: `run` (the harness) and `upstream` (the canned
+//! upstream on its own). Parses the command line, builds the runtime (pinned
+//! where asked), and writes the report files. Nothing else lives here.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+
+use mcp_bench::catalog::Catalog;
+use mcp_bench::report::{self, Report};
+use mcp_bench::runner::{self, Cell, Options, TargetKind, UpstreamMode};
+use mcp_bench::{plot, procs, upstream};
+
+/// Load harness for mcp-firewall: direct vs firewall vs nginx, interleaved.
+#[derive(Parser)]
+#[command(name = "mcp-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure every target in interleaved rounds and write the reports.
+    Run(Box<RunArgs>),
+    /// Serve the canned upstream until SIGTERM or Ctrl-C.
+    Upstream(UpstreamArgs),
+    /// Re-render report.md and report.svg (and the design-target notes)
+    /// from a report.json.
+    Render {
+        /// The report.json to read.
+        json: PathBuf,
+        /// Also write latest.{json,md,svg} next to the results directory.
+        #[arg(long)]
+        publish: bool,
+    },
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// `full` (the table of record), `quick` (the headline cells), `smoke`
+    /// (every scenario, ~2 s each, for CI).
+    #[arg(long, default_value = "full")]
+    profile: String,
+    /// Cells instead of the profile's, comma-separated
+    /// `scenario/proto/concurrency[@rate]`, e.g. `call/h1/16,list/tls-h2/16,call/h1/64@4000`.
+    #[arg(long, value_delimiter = ',')]
+    cells: Vec<String>,
+    /// Targets, comma-separated (default: every available one):
+    /// direct, nginx, firewall, firewall-noaudit.
+    #[arg(long, value_delimiter = ',')]
+    targets: Vec<String>,
+    /// Rounds per target per cell (profile default).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Measured seconds per round (profile default).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Warm-up seconds per round (profile default).
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Stop each round after this many answers instead of a duration.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 15.0)]
+    timeout: f64,
+    /// Distinct reader tokens (runs) to cycle (profile default).
+    #[arg(long)]
+    tokens: Option<usize>,
+    /// Consecutive requests per token: the calls of one agent run (the
+    /// first pays a full ES256 verification, the rest hit the cache).
+    #[arg(long, default_value_t = 20)]
+    calls_per_run: u64,
+    /// Tools in the upstream's catalog.
+    #[arg(long, default_value_t = 100)]
+    tools: usize,
+    /// Size of a tools/call result, bytes.
+    #[arg(long, default_value_t = 310)]
+    result_bytes: usize,
+    /// How long the streams scenario holds each SSE answer, ms (profile default).
+    #[arg(long)]
+    hold_ms: Option<u64>,
+    /// HTTP/2 connections per load.
+    #[arg(long, default_value_t = 4)]
+    h2_connections: usize,
+    /// Load-generator threads.
+    #[arg(long, default_value_t = 1)]
+    loadgen_threads: usize,
+    /// CPUs for the load generator (`0`, `0,1`, `none`); default `0` on
+    /// machines with 2+ CPUs.
+    #[arg(long)]
+    pin_loadgen: Option<String>,
+    /// CPUs for the proxies (taskset list); default: every CPU.
+    #[arg(long)]
+    pin_proxy: Option<String>,
+    /// CPUs for the upstream (taskset list); default: every CPU.
+    #[arg(long)]
+    pin_upstream: Option<String>,
+    /// Run the upstream inside the harness instead of its own process.
+    #[arg(long)]
+    upstream_in_process: bool,
+    /// Upstream runtime threads.
+    #[arg(long, default_value_t = 2)]
+    upstream_threads: usize,
+    /// The mcp-firewall binary (default: next to this binary).
+    #[arg(long)]
+    firewall_bin: Option<PathBuf>,
+    /// nginx `worker_processes` (`auto` or a number).
+    #[arg(long, default_value = "auto")]
+    nginx_workers: String,
+    /// Do not start ClickHouse (the audited firewall spools only).
+    #[arg(long)]
+    no_clickhouse: bool,
+    /// The firewall's `log.level` (the product's default is info).
+    #[arg(long, default_value = "info")]
+    firewall_log_level: String,
+    /// Directory for the results (default: bench/results).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Also write latest.md, latest.svg and latest.json into the results directory.
+    #[arg(long)]
+    publish: bool,
+    /// Seconds of the dedicated audit-pipeline load (0 skips it; profile default).
+    #[arg(long)]
+    audit_seconds: Option<f64>,
+    /// Exit non-zero when a target answered nothing as expected in a cell.
+    #[arg(long)]
+    fail_on_errors: bool,
+    /// One line per round instead of progress bars.
+    #[arg(long)]
+    plain: bool,
+}
+
+#[derive(Args)]
+struct UpstreamArgs {
+    /// Plain HTTP listener (HTTP/1.1 and h2c).
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    listen: SocketAddr,
+    /// TLS listener (needs --tls-cert and --tls-key).
+    #[arg(long)]
+    tls_listen: Option<SocketAddr>,
+    /// Certificate chain, PEM.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// Private key, PEM.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// Tools in the catalog.
+    #[arg(long, default_value_t = 100)]
+    tools: usize,
+    /// Size of a tools/call result, bytes.
+    #[arg(long, default_value_t = 310)]
+    result_bytes: usize,
+    /// How long /mcp/bench-hold holds a tools/call answer, ms.
+    #[arg(long, default_value_t = 1000)]
+    hold_ms: u64,
+    /// Runtime worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(*args),
+        Command::Upstream(args) => serve_upstream(args),
+        Command::Render { json, publish } => render(&json, publish),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mcp-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Profile {
+    cells: &'static [&'static str],
+    rounds: usize,
+    duration: f64,
+    warmup: f64,
+    tokens: usize,
+    hold_ms: u64,
+    audit_seconds: f64,
+}
+
+fn profile(name: &str) -> anyhow::Result<Profile> {
+    Ok(match name {
+        "full" => Profile {
+            cells: &[
+                "call/h1/1",
+                "call/h1/16",
+                "call/h1/64",
+                "list/h1/16",
+                "call-sse/h1/16",
+                "denied/h1/16",
+                "gated/h1/16",
+                "step-capped/h1/16",
+                "batch/h1/16",
+                "mix/h1/16",
+                "call/h2c/16",
+                "call/tls-h1/16",
+                "call/tls-h2/16",
+                "call/h1/64@4000",
+                "streams/h1/1000",
+            ],
+            rounds: 3,
+            duration: 4.0,
+            warmup: 1.0,
+            tokens: 20_000,
+            hold_ms: 1000,
+            audit_seconds: 10.0,
+        },
+        "quick" => Profile {
+            cells: &[
+                "call/h1/1",
+                "call/h1/16",
+                "call/h1/64",
+                "list/h1/16",
+                "streams/h1/1000",
+            ],
+            rounds: 2,
+            duration: 3.0,
+            warmup: 1.0,
+            tokens: 10_000,
+            hold_ms: 1000,
+            audit_seconds: 5.0,
+        },
+        "smoke" => Profile {
+            cells: &[
+                "call/h1/8",
+                "call-sse/h1/8",
+                "list/h1/8",
+                "denied/h1/8",
+                "gated/h1/8",
+                "step-capped/h1/8",
+                "batch/h1/8",
+                "mix/h1/8",
+                "streams/h1/64",
+                "call/h2c/8",
+                "call/tls-h2/8",
+                "call/h1/8@300",
+            ],
+            rounds: 1,
+            duration: 2.0,
+            warmup: 0.2,
+            tokens: 300,
+            hold_ms: 200,
+            audit_seconds: 1.5,
+        },
+        other => anyhow::bail!("unknown profile {other:?} (full, quick, smoke)"),
+    })
+}
+
+fn options(args: &RunArgs) -> anyhow::Result<Options> {
+    let p = profile(&args.profile)?;
+    let cell_texts: Vec<String> = if args.cells.is_empty() {
+        p.cells.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        args.cells.clone()
+    };
+    let cells = cell_texts
+        .iter()
+        .map(|c| {
+            Cell::parse(c).with_context(|| {
+                format!("bad cell {c:?}: want scenario/proto/concurrency[@rate], proto h1|h2c|tls-h1|tls-h2")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut targets = if args.targets.is_empty() {
+        vec![
+            TargetKind::Direct,
+            TargetKind::Nginx,
+            TargetKind::Firewall,
+            TargetKind::FirewallNoAudit,
+        ]
+    } else {
+        args.targets
+            .iter()
+            .map(|t| TargetKind::parse(t).with_context(|| format!("unknown target {t:?}")))
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
+    targets.dedup();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin_loadgen = match args.pin_loadgen.as_deref() {
+        Some("none") => None,
+        Some(list) => {
+            Some(procs::parse_cpus(list).with_context(|| format!("bad CPU list {list:?}"))?)
+        }
+        None if cpus >= 2 => Some(vec![0]),
+        None => None,
+    };
+    let firewall_bin = match &args.firewall_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .context("locating mcp-bench")?
+            .with_file_name("mcp-firewall"),
+    };
+    Ok(Options {
+        profile: args.profile.clone(),
+        cpus,
+        cells,
+        targets,
+        rounds: args.rounds.unwrap_or(p.rounds).max(1),
+        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(p.warmup).max(0.0)),
+        duration: Duration::from_secs_f64(args.duration.unwrap_or(p.duration).max(0.1)),
+        requests: args.requests,
+        timeout: Duration::from_secs_f64(args.timeout.max(0.1)),
+        tokens: args.tokens.unwrap_or(p.tokens).max(1),
+        calls_per_run: args.calls_per_run.max(1),
+        tools: args.tools,
+        result_bytes: args.result_bytes,
+        hold: Duration::from_millis(args.hold_ms.unwrap_or(p.hold_ms)),
+        h2_connections: args.h2_connections.max(1),
+        loadgen_threads: args.loadgen_threads.max(1),
+        pin_loadgen,
+        pin_proxy: args.pin_proxy.clone(),
+        pin_upstream: args.pin_upstream.clone(),
+        upstream_mode: if args.upstream_in_process {
+            UpstreamMode::InProcess
+        } else {
+            UpstreamMode::Process
+        },
+        upstream_threads: args.upstream_threads.max(1),
+        firewall_bin,
+        nginx_workers: args.nginx_workers.clone(),
+        clickhouse: !args.no_clickhouse,
+        log_level: args.firewall_log_level.clone(),
+        plain_progress: args.plain || !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        audit_duration: Duration::from_secs_f64(
+            args.audit_seconds.unwrap_or(p.audit_seconds).max(0.0),
+        ),
+    })
+}
+
+fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let opts = options(&args)?;
+    let nofile = procs::raise_nofile();
+    let biggest = opts.cells.iter().map(|c| c.concurrency).max().unwrap_or(1) as u64;
+    if nofile < biggest * 2 + 256 {
+        eprintln!("mcp-bench: warning: open-file limit {nofile} is low for concurrency {biggest}");
+    }
+    let runtime = match (opts.loadgen_threads, opts.pin_loadgen.clone()) {
+        (1, pin) => {
+            // The load generator is this thread.
+            if let Some(cpus) = &pin {
+                procs::pin_current_thread(cpus);
+            }
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+        }
+        (n, pin) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .thread_name("bench-loadgen")
+            .on_thread_start(move || {
+                if let Some(cpus) = &pin {
+                    procs::pin_current_thread(cpus);
+                }
+            })
+            .enable_all()
+            .build()?,
+    };
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
+    eprintln!(
+        "mcp-bench: {} cells x {} targets x {} rounds; load average {}",
+        opts.cells.len(),
+        opts.targets.len(),
+        opts.rounds,
+        procs::load_average().map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"))
+    );
+    let fail_on_errors = args.fail_on_errors;
+    let report = runtime.block_on(async move {
+        tokio::spawn(async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\nmcp-bench: interrupted; stopping after this round");
+                runner::INTERRUPTED.store(true, Ordering::Relaxed);
+            }
+        });
+        runner::run(opts).await
+    })?;
+    print!("{}", report::table(&report));
+    let dir = write_reports(&report, &out_dir, args.publish)?;
+    eprintln!("mcp-bench: reports in {}", dir.display());
+    if fail_on_errors {
+        let empty = only_errors(&report);
+        if !empty.is_empty() {
+            eprintln!("mcp-bench: these scenarios produced only errors:");
+            for e in &empty {
+                eprintln!("  {e}");
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cell / target: top error` for every target that got no expected answer.
+fn only_errors(report: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in &report.cells {
+        for t in &c.targets {
+            if t.median.ok == 0 {
+                let top = t
+                    .errors
+                    .iter()
+                    .max_by_key(|(_, n)| **n)
+                    .map_or("no answers at all", |(k, _)| k.as_str());
+                out.push(format!("{} / {}: {top}", c.title(), t.target));
+            }
+        }
+    }
+    out
+}
+
+fn write_reports(report: &Report, out: &Path, publish: bool) -> anyhow::Result<PathBuf> {
+    let stamp = report.meta.started_unix;
+    let dir = out.join(format!("{}-{stamp}", report.meta.profile));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let json = serde_json::to_string_pretty(report)?;
+    let md = report::markdown(report);
+    let svg = plot::svg(report)?;
+    for (name, text) in [
+        ("report.json", &json),
+        ("report.md", &md),
+        ("report.svg", &svg),
+    ] {
+        std::fs::write(dir.join(name), text)
+            .with_context(|| format!("writing {}", dir.join(name).display()))?;
+    }
+    if publish {
+        for (name, text) in [
+            ("latest.json", &json),
+            ("latest.md", &md),
+            ("latest.svg", &svg),
+        ] {
+            std::fs::write(out.join(name), text)
+                .with_context(|| format!("writing {}", out.join(name).display()))?;
+        }
+    }
+    Ok(dir)
+}
+
+fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    let mut report: Report =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+    // Notes from older harness versions lack the target verdicts.
+    let targets = report::design_targets(&report.cells);
+    report.notes.retain(|n| !n.starts_with("target "));
+    report.notes.extend(targets);
+    let dir = json.parent().unwrap_or(Path::new("."));
+    let md = report::markdown(&report);
+    let svg = plot::svg(&report)?;
+    std::fs::write(dir.join("report.md"), &md)?;
+    std::fs::write(dir.join("report.svg"), &svg)?;
+    if publish {
+        let out = dir.parent().unwrap_or(Path::new("."));
+        std::fs::write(
+            out.join("latest.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
+        std::fs::write(out.join("latest.md"), &md)?;
+        std::fs::write(out.join("latest.svg"), &svg)?;
+    }
+    print!("{}", report::table(&report));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve_upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {
+    let catalog = Catalog::new(args.tools, args.result_bytes)?;
+    let answers = Arc::new(upstream::Answers::new(
+        &catalog,
+        Duration::from_millis(args.hold_ms),
+    ));
+    let tls = match (&args.tls_listen, &args.tls_cert, &args.tls_key) {
+        (Some(addr), Some(cert), Some(key)) => Some((
+            *addr,
+            tokio_rustls::TlsAcceptor::from(mcp_bench::tls::server_from_files(cert, key)?),
+        )),
+        (None, _, _) => None,
+        _ => anyhow::bail!("--tls-listen needs --tls-cert and --tls-key"),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .thread_name("bench-upstream")
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let (plain, addr) = upstream::bind(args.listen).await?;
+        println!("listening http://{addr}");
+        let mut tasks = vec![tokio::spawn(upstream::serve(
+            plain,
+            None,
+            answers.clone(),
+            rx.clone(),
+        ))];
+        if let Some((tls_addr, acceptor)) = tls {
+            let (l, a) = upstream::bind(tls_addr).await?;
+            println!("listening https://{a}");
+            tasks.push(tokio::spawn(upstream::serve(
+                l,
+                Some(acceptor),
+                answers,
+                rx,
+            )));
+        }
+        wait_for_signal().await;
+        let _ = stop.send(true);
+        for t in tasks {
+            let _ = t.await;
+        }
+        anyhow::Ok(())
+    })?;
+    // Open connections are not drained: the process exits.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

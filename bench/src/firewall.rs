@@ -1,0 +1,300 @@
+//! The firewall as a bench target: the real binary (`mcp-firewall serve`)
+//! on a config and policy directory generated into the run's directory,
+//! started and stopped by PID, with its audit counters read from `/metrics`.
+//!
+//! Invariants:
+//! - the generated config is validated by the firewall's own loader in the
+//!   unit tests, so a config change in the product breaks the bench's tests,
+//!   not a measurement;
+//! - the bench policies are compiled into this binary (`bench/policies/`) and
+//!   written next to the config, so the harness runs from any directory;
+//! - the three upstream routes (`bench`, `bench-sse`, `bench-hold`) point at
+//!   the canned upstream's paths of the same names.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::probe;
+use crate::procs::{self, Managed, Placement, ProcError};
+use crate::tokens;
+
+/// The bench policy files, embedded.
+pub const POLICIES: [(&str, &str); 4] = [
+    ("00-gates.toml", include_str!("../policies/00-gates.toml")),
+    ("10-tools.toml", include_str!("../policies/10-tools.toml")),
+    ("20-agents.toml", include_str!("../policies/20-agents.toml")),
+    (
+        "30-conditions.toml",
+        include_str!("../policies/30-conditions.toml"),
+    ),
+];
+
+/// Upstream route names (`/mcp/<name>`) the config defines.
+pub const ROUTES: [&str; 3] = ["bench", "bench-sse", "bench-hold"];
+
+/// How long the firewall gets to become ready.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the firewall could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    /// The binary is missing.
+    #[error("firewall binary {0} not found: build it with `cargo build --release -p mcp-firewall` (or pass --firewall-bin)")]
+    NoBinary(PathBuf),
+    /// Writing the config, key or policies failed.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Starting the process failed.
+    #[error(transparent)]
+    Spawn(#[from] ProcError),
+    /// It did not report ready in time.
+    #[error("mcp-firewall did not become ready; log tail:\n{log}")]
+    NotReady {
+        /// The end of its log.
+        log: String,
+    },
+}
+
+/// Where an audited firewall sends its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditSink {
+    /// ClickHouse HTTP URL (a closed port keeps rows in the spool).
+    pub url: String,
+    /// Database (created by the firewall).
+    pub database: String,
+}
+
+/// What to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// Instance name (directory and log names).
+    pub name: String,
+    /// TLS certificate and key files, for a TLS listener.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Audit destination; `None` runs with audit disabled.
+    pub audit: Option<AuditSink>,
+    /// `log.level`.
+    pub log_level: String,
+}
+
+/// The paths and addresses a config refers to.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// MCP listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin: SocketAddr,
+    /// The canned upstream (plain HTTP).
+    pub upstream: SocketAddr,
+    /// The public key PEM file.
+    pub key_file: PathBuf,
+    /// The policy directory.
+    pub policy_dir: PathBuf,
+    /// The audit spool directory.
+    pub spool_dir: PathBuf,
+}
+
+/// Audit counters scraped from `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AuditCounters {
+    /// `mcp_firewall_audit_rows_queued_total`: rows written to the spool.
+    pub spooled: f64,
+    /// `mcp_firewall_audit_rows_sent_total`: rows acknowledged by ClickHouse.
+    pub sent: f64,
+    /// `mcp_firewall_audit_rows_lost_total`.
+    pub lost: f64,
+}
+
+/// A running firewall.
+pub struct Firewall {
+    /// MCP listener.
+    pub addr: SocketAddr,
+    /// Admin listener.
+    pub admin: SocketAddr,
+    /// What it was started with.
+    pub spec: Spec,
+    process: Managed,
+}
+
+// === impl Firewall ===
+
+impl Firewall {
+    /// Writes config and policies under `dir` and starts `bin` on them.
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        spec: Spec,
+        upstream: SocketAddr,
+        public_key_pem: &str,
+        placement: &Placement,
+    ) -> Result<Firewall, FirewallError> {
+        if !bin.is_file() {
+            return Err(FirewallError::NoBinary(bin.to_owned()));
+        }
+        let write = |path: PathBuf, text: &str| {
+            std::fs::write(&path, text).map_err(|source| FirewallError::Write { path, source })
+        };
+        let mkdir = |path: &Path| {
+            std::fs::create_dir_all(path).map_err(|source| FirewallError::Write {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let own = dir.join(&spec.name);
+        let policy_dir = own.join("policies");
+        mkdir(&policy_dir)?;
+        write_policies(&policy_dir)?;
+        let key_file = own.join("idp-es256.pub.pem");
+        write(key_file.clone(), public_key_pem)?;
+        let mut last = None;
+        for _ in 0..3 {
+            let port = || {
+                procs::free_port().map_err(|source| FirewallError::Write {
+                    path: own.clone(),
+                    source,
+                })
+            };
+            let listen = SocketAddr::from(([127, 0, 0, 1], port()?));
+            let admin = SocketAddr::from(([127, 0, 0, 1], port()?));
+            if listen == admin {
+                continue;
+            }
+            let layout = Layout {
+                listen,
+                admin,
+                upstream,
+                key_file: key_file.clone(),
+                policy_dir: policy_dir.clone(),
+                spool_dir: own.join("spool"),
+            };
+            let config = own.join("firewall.toml");
+            write(config.clone(), &config_text(&spec, &layout))?;
+            let mut cmd = Command::new(bin);
+            cmd.arg("serve").arg("--config").arg(&config);
+            let mut process =
+                Managed::spawn("mcp-firewall", cmd, &own.join("firewall.log"), placement)?;
+            if probe::wait_ready(admin, "/readyz", START_TIMEOUT, || process.running()) {
+                return Ok(Firewall {
+                    addr: listen,
+                    admin,
+                    spec,
+                    process,
+                });
+            }
+            let log = process.log_tail(30);
+            process.stop(Duration::from_secs(2));
+            last = Some(FirewallError::NotReady { log });
+        }
+        Err(last.unwrap_or(FirewallError::NotReady { log: String::new() }))
+    }
+
+    /// Its PID.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        self.process.running()
+    }
+
+    /// The end of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// Current audit counters, if `/metrics` answers.
+    pub fn audit_counters(&self) -> Option<AuditCounters> {
+        let (status, text) =
+            probe::http(self.admin, "GET", "/metrics", b"", Duration::from_secs(5)).ok()?;
+        if status != 200 {
+            return None;
+        }
+        Some(AuditCounters {
+            spooled: probe::metric(&text, "mcp_firewall_audit_rows_queued_total").unwrap_or(0.0),
+            sent: probe::metric(&text, "mcp_firewall_audit_rows_sent_total").unwrap_or(0.0),
+            lost: probe::metric(&text, "mcp_firewall_audit_rows_lost_total").unwrap_or(0.0),
+        })
+    }
+
+    /// SIGTERM (drain), SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        self.process.stop(grace);
+    }
+}
+
+/// Writes the bench policies into `dir`.
+pub fn write_policies(dir: &Path) -> Result<(), FirewallError> {
+    for (name, text) in POLICIES {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|source| FirewallError::Write { path, source })?;
+    }
+    Ok(())
+}
+
+/// The firewall config for `spec` at `layout`.
+pub fn config_text(spec: &Spec, l: &Layout) -> String {
+    let mut s = format!(
+        "# Generated by mcp-bench for one run.\n[server]\nlisten = \"{}\"\ndrain_timeout_ms = 2000\n",
+        l.listen
+    );
+    match &spec.tls {
+        Some((cert, key)) => s.push_str(&format!(
+            "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            cert.display(),
+            key.display()
+        )),
+        None => s.push_str("plaintext = true\n"),
+    }
+    s.push_str(&format!(
+        "\n[admin]\nlisten = \"{}\"\n\n[log]\nformat = \"text\"\nlevel = \"{}\"\n\n",
+        l.admin, spec.log_level
+    ));
+    s.push_str(&format!(
+        "[auth]\nmcp_audience = \"{}\"\nadmin_audience = \"mcp-firewall-bench-admin\"\nissuers = [\"{}\"]\nmax_lifetime_s = {}\n\n[[auth.keys]]\nkid = \"{}\"\nalg = \"ES256\"\npem_file = \"{}\"\n\n",
+        tokens::AUDIENCE,
+        tokens::ISSUER,
+        tokens::MAX_LIFETIME.as_secs(),
+        tokens::KID,
+        l.key_file.display()
+    ));
+    s.push_str(&format!(
+        "[policy]\ndir = \"{}\"\n\n",
+        l.policy_dir.display()
+    ));
+    // Every limiter stays on (its cost is part of the measurement) with
+    // ceilings no bench load reaches; the step-capped scenario uses a role
+    // with its own cap.
+    s.push_str(
+        "[limits]\nper_ip_per_s = 100000000\nper_tenant_per_s = 100000000\nper_run_per_s = 100000000\nper_run_tool_per_s = 100000000\ndefault_max_steps = 1000000000\n\n",
+    );
+    for route in ROUTES {
+        s.push_str(&format!(
+            "[[upstream]]\nname = \"{route}\"\nurl = \"http://{}/mcp/{route}\"\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\n\n",
+            l.upstream,
+            tokens::PROJECT
+        ));
+    }
+    match &spec.audit {
+        Some(a) => s.push_str(&format!(
+            "[audit]\nenabled = true\ninstance = \"mcp-bench-{}\"\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{}\"\n[audit.spool]\ndir = \"{}\"\n",
+            spec.name,
+            a.url,
+            a.database,
+            l.spool_dir.display()
+        )),
+        None => s.push_str("[audit]\nenabled = false\n"),
+    }
+    s
+}
+
+#[cfg(test)]
+#[path = "firewall_tests.rs"]
+mod tests;

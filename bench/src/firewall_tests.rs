@@ -1,0 +1,172 @@
+//! Tests of the generated firewall config and the bench policies, checked by
+//! the firewall's own loader and policy engine.
+
+use std::path::Path;
+
+use mcp_firewall::policy::{self, Access, Decision, Identity, Mode, Risk};
+
+use super::*;
+use crate::catalog::{self, Catalog, Class};
+
+fn layout(dir: &Path) -> Layout {
+    Layout {
+        listen: "127.0.0.1:18080".parse().unwrap(),
+        admin: "127.0.0.1:19090".parse().unwrap(),
+        upstream: "127.0.0.1:18081".parse().unwrap(),
+        key_file: dir.join("k.pem"),
+        policy_dir: dir.join("policies"),
+        spool_dir: dir.join("spool"),
+    }
+}
+
+fn load(dir: &Path, spec: &Spec) -> mcp_firewall::config::Config {
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    write_policies(&dir.join("policies")).unwrap();
+    let issuer = tokens::Issuer::generate().unwrap();
+    std::fs::write(dir.join("k.pem"), issuer.public_pem()).unwrap();
+    let text = config_text(spec, &layout(dir));
+    mcp_firewall::config::load_str(&text, Path::new("bench.toml"), dir, &|_| None)
+        .unwrap_or_else(|e| panic!("generated config refused: {e}\n{text}"))
+}
+
+fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
+    Spec {
+        name: "fw".into(),
+        tls,
+        audit: audit.then(|| AuditSink {
+            url: "http://127.0.0.1:1".into(),
+            database: "bench_x".into(),
+        }),
+        log_level: "warn".into(),
+    }
+}
+
+#[test]
+fn generated_configs_load_with_and_without_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = load(dir.path(), &spec(true, None));
+    assert_eq!(cfg.upstreams.len(), ROUTES.len());
+    assert!(cfg.audit.as_ref().is_some_and(|a| a.enabled));
+    // Limits stay on, far above any bench load (the defaults, 8 steps and
+    // 20 calls/s per run, would turn most bench calls into skipped results).
+    assert_eq!(cfg.limits.default_max_steps, 1_000_000_000);
+    assert!(cfg.limits.per_run_per_s >= 1_000_000);
+    assert!(cfg.limits.per_tenant_per_s >= 1_000_000);
+    assert_eq!(
+        cfg.upstreams[1].url.to_string(),
+        "http://127.0.0.1:18081/mcp/bench-sse"
+    );
+    let cfg = load(dir.path(), &spec(false, None));
+    assert!(cfg.audit.as_ref().is_some_and(|a| !a.enabled));
+    assert!(cfg.server.tls.is_none());
+}
+
+#[test]
+fn tls_config_names_the_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = crate::tls::Material::generate(dir.path()).unwrap();
+    let cfg = load(
+        dir.path(),
+        &spec(false, Some((m.cert_file.clone(), m.key_file.clone()))),
+    );
+    assert!(cfg.server.tls.is_some());
+}
+
+fn id<'a>(agent: &'a str, projects: &'a [String]) -> Identity<'a> {
+    Identity {
+        subject: "bench-user-1",
+        tenant: "bench-tenant",
+        agent,
+        run_id: "r1",
+        mode: Mode::Caller,
+        projects,
+        ceiling: None,
+        service_issuer: false,
+    }
+}
+
+#[test]
+fn bench_policy_classifies_the_catalog_as_the_scenarios_expect() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = load(dir.path(), &spec(false, None));
+    let policy = policy::load_dir(&dir.path().join("policies")).unwrap();
+    let projects = vec![tokens::PROJECT.to_owned()];
+    let reader = policy
+        .authority(&id(tokens::ROLE_READER, &projects))
+        .unwrap();
+    let operator = policy
+        .authority(&id(tokens::ROLE_OPERATOR, &projects))
+        .unwrap();
+    let cat = Catalog::new(100, 310).unwrap();
+    for up in &cfg.upstreams {
+        let mut visible = 0;
+        for t in &cat.tools {
+            let want = match t.class {
+                Class::Read => Risk::Read,
+                Class::Write => Risk::Write,
+                Class::Destructive | Class::Unclassified => Risk::Destructive,
+            };
+            assert_eq!(policy.risk(up, &t.name, None).0, want, "{}", t.name);
+            if matches!(
+                policy.access(&reader, up, &t.name, None),
+                Access::Visible { .. }
+            ) {
+                visible += 1;
+            }
+            assert!(matches!(
+                policy.access(&operator, up, &t.name, None),
+                Access::Visible { .. }
+            ));
+        }
+        assert_eq!(visible, cat.reads());
+    }
+}
+
+#[test]
+fn scenario_calls_get_the_decisions_the_scenarios_expect() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = load(dir.path(), &spec(false, None));
+    let policy = policy::load_dir(&dir.path().join("policies")).unwrap();
+    let projects = vec![tokens::PROJECT.to_owned()];
+    let up = &cfg.upstreams[0];
+    let decide = |role: &str, tool: &str, args: serde_json::Value| {
+        let identity = id(role, &projects);
+        let authority = policy.authority(&identity).unwrap();
+        policy.decide(
+            &policy::Call {
+                identity: &identity,
+                authority: &authority,
+                upstream: up,
+                tool,
+                arguments: &args,
+                hints: None,
+            },
+            None,
+        )
+    };
+    let call_args = crate::scenario::call_arguments();
+    assert_eq!(
+        decide(tokens::ROLE_READER, catalog::CALL_TOOL, call_args.clone()),
+        Decision::Allow { risk: Risk::Read }
+    );
+    assert_eq!(
+        decide(tokens::ROLE_CAPPED, catalog::CALL_TOOL, call_args),
+        Decision::Allow { risk: Risk::Read }
+    );
+    assert!(matches!(
+        decide(
+            tokens::ROLE_READER,
+            catalog::DENIED_TOOL,
+            crate::scenario::denied_arguments()
+        ),
+        Decision::Deny { .. }
+    ));
+    assert_eq!(
+        decide(
+            tokens::ROLE_OPERATOR,
+            catalog::GATED_TOOL,
+            crate::scenario::gated_arguments()
+        ),
+        Decision::Approve { risk: Risk::Write }
+    );
+}

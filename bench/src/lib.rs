@@ -1,0 +1,30 @@
+//! mcp-bench: what putting mcp-firewall in front of an MCP server costs,
+//! measured as ratios within one run.
+//!
+//! The harness starts a canned upstream ([`upstream`]), the real firewall
+//! binary ([`firewall`]), nginx as the reference proxy ([`nginx`]) and a
+//! throwaway ClickHouse for audit ([`clickhouse`]); drives them with its own
+//! load generator ([`load`]) in interleaved short rounds ([`runner`]); and
+//! writes a terminal table, JSON, Markdown and an SVG plot ([`report`],
+//! [`plot`]).
+//!
+//! Invariant: every process the harness starts is stopped by PID when the
+//! run ends, and killed by a watchdog if the harness itself dies.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod catalog;
+pub mod clickhouse;
+pub mod firewall;
+pub mod load;
+pub mod nginx;
+pub mod outcome;
+pub mod plot;
+pub mod probe;
+pub mod procs;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+pub mod tls;
+pub mod tokens;
+pub mod upstream;
