@@ -26,6 +26,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use cel::{Context, Program, Value as CelValue};
 use globset::{GlobMatcher, GlobSet};
@@ -132,7 +133,7 @@ pub enum NoAuthority {
 }
 
 /// Untrusted risk hints from an upstream's tool annotations.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Hints {
     /// `readOnlyHint`.
     pub read_only: Option<bool>,
@@ -237,6 +238,38 @@ pub struct Policy {
     conditions: Vec<Condition>,
     server_requests: ServerRequests,
     files: Vec<PathBuf>,
+    /// What the rules say about each (role, upstream, tool, hints) seen so
+    /// far; see [`Memo`].
+    memo: Memo,
+}
+
+/// Most entries the memo keeps; past it, classifications are computed on
+/// every call (a flood of invented tool names cannot grow memory).
+const MEMO_MAX: usize = 65_536;
+
+/// A memo of [`Policy::classify`]: the part of a decision that depends only
+/// on the role, the upstream, the tool name and its hints (globs, allow and
+/// deny lists, gates, which conditions apply), not on the run's projects or
+/// the call's arguments. A policy is immutable and a reload builds a new one
+/// with an empty memo, so an entry never outlives the rules it came from.
+/// Entries are keyed by a hash and carry their full key, so a hash
+/// collision costs a recomputation, never a wrong answer.
+#[derive(Default)]
+struct Memo {
+    hasher: std::hash::RandomState,
+    entries: dashmap::DashMap<u64, Arc<Classified>>,
+}
+
+/// What the rules say about one (role, upstream, tool, hints).
+struct Classified {
+    agent: Box<str>,
+    upstream: Box<str>,
+    tool: Box<str>,
+    hints: Option<Hints>,
+    /// The access, for a run that reaches the upstream.
+    access: Access,
+    /// Indices of the conditions that apply.
+    conditions: Box<[usize]>,
 }
 
 /// A compiled `[[agents]]` entry.
@@ -475,12 +508,73 @@ impl Policy {
         tool: &str,
         hints: Option<Hints>,
     ) -> Access {
-        let Some(agent) = self.agents.get(&auth.agent) else {
+        match self.classify_run(auth, up, tool, hints) {
+            Ok(c) => c.access.clone(),
+            Err(h) => Access::Hidden(h),
+        }
+    }
+
+    /// [`Policy::classify`] for a run: its role must exist and its projects
+    /// reach the upstream.
+    fn classify_run(
+        &self,
+        auth: &Authority,
+        up: &Upstream,
+        tool: &str,
+        hints: Option<Hints>,
+    ) -> Result<Arc<Classified>, Hidden> {
+        if !self.agents.contains_key(&auth.agent) {
+            return Err(Hidden::UnknownAgent);
+        }
+        if !self.reaches(auth, up) {
+            return Err(Hidden::Unreachable);
+        }
+        Ok(self.classify(&auth.agent, up, tool, hints))
+    }
+
+    /// The memoized part of a decision (see [`Memo`]).
+    fn classify(
+        &self,
+        agent: &str,
+        up: &Upstream,
+        tool: &str,
+        hints: Option<Hints>,
+    ) -> Arc<Classified> {
+        use std::hash::BuildHasher;
+        let key = self.memo.hasher.hash_one((agent, &up.name, tool, hints));
+        if let Some(c) = self.memo.entries.get(&key) {
+            if &*c.agent == agent && *c.upstream == *up.name && &*c.tool == tool && c.hints == hints
+            {
+                return c.clone();
+            }
+        }
+        let conditions = self
+            .conditions
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.upstream.is_match(&up.name) && c.tools.matches(tool))
+            .filter(|(_, c)| c.agents.as_ref().is_none_or(|a| a.matches(agent)))
+            .map(|(i, _)| i)
+            .collect();
+        let c = Arc::new(Classified {
+            agent: agent.into(),
+            upstream: up.name.as_str().into(),
+            tool: tool.into(),
+            hints,
+            access: self.rules_access(agent, up, tool, hints),
+            conditions,
+        });
+        if self.memo.entries.len() < MEMO_MAX {
+            self.memo.entries.insert(key, c.clone());
+        }
+        c
+    }
+
+    /// Steps 2–4 for a run that reaches the upstream.
+    fn rules_access(&self, agent: &str, up: &Upstream, tool: &str, hints: Option<Hints>) -> Access {
+        let Some(agent) = self.agents.get(agent) else {
             return Access::Hidden(Hidden::UnknownAgent);
         };
-        if !self.reaches(auth, up) {
-            return Access::Hidden(Hidden::Unreachable);
-        }
         let (risk, source) = self.risk(up, tool, hints);
         if !agent.risks[risk as usize] {
             return Access::Hidden(Hidden::Risk(risk));
@@ -500,32 +594,41 @@ impl Policy {
     /// Decides a `tools/call`. `trace`, when given, receives the rules that
     /// produced the decision (for `mcp-firewall explain`).
     pub fn decide(&self, call: &Call<'_>, mut trace: Option<&mut Vec<String>>) -> Decision {
-        let mut note = |s: String| {
+        // Notes are formatted only when someone reads them.
+        let mut note = |s: &dyn Fn() -> String| {
             if let Some(t) = trace.as_deref_mut() {
-                t.push(s);
+                t.push(s());
             }
         };
-        note(format!(
-            "authority: role {:?}, effective projects {:?}",
-            call.authority.agent, call.authority.projects
-        ));
-        let (risk, gate) = match self.access(call.authority, call.upstream, call.tool, call.hints) {
+        note(&|| {
+            format!(
+                "authority: role {:?}, effective projects {:?}",
+                call.authority.agent, call.authority.projects
+            )
+        });
+        let classified =
+            match self.classify_run(call.authority, call.upstream, call.tool, call.hints) {
+                Ok(c) => c,
+                Err(h) => {
+                    note(&|| format!("hidden: {h}"));
+                    return Decision::Unknown(h);
+                }
+            };
+        let (risk, gate) = match classified.access.clone() {
             Access::Hidden(h) => {
-                note(format!("hidden: {h}"));
+                note(&|| format!("hidden: {h}"));
                 return Decision::Unknown(h);
             }
             Access::Visible { risk, gate, source } => {
-                note(format!("risk {risk} from {}", self.describe_source(source)));
-                note(format!("gate for {risk}: {gate}"));
+                note(&|| format!("risk {risk} from {}", self.describe_source(source)));
+                note(&|| format!("gate for {risk}: {gate}"));
                 (risk, gate)
             }
         };
-        let agent_name = call.authority.agent.as_str();
-        let applicable: Vec<&Condition> = self
+        let applicable: Vec<&Condition> = classified
             .conditions
             .iter()
-            .filter(|c| c.upstream.is_match(&call.upstream.name) && c.tools.matches(call.tool))
-            .filter(|c| c.agents.as_ref().is_none_or(|a| a.matches(agent_name)))
+            .filter_map(|&i| self.conditions.get(i))
             .collect();
         if !applicable.is_empty() {
             let refused = CEL_ROOT.with(|root| {
@@ -621,24 +724,23 @@ fn referenced(p: &Program) -> u8 {
 fn evaluate(
     conditions: &[&Condition],
     cx: &Context<'_, '_>,
-    note: &mut impl FnMut(String),
+    note: &mut impl FnMut(&dyn Fn() -> String),
 ) -> Option<(String, String)> {
     for c in conditions {
         if let Some(when) = &c.when {
             match when.execute(cx) {
                 Ok(CelValue::Bool(true)) => {}
                 Ok(CelValue::Bool(false)) => {
-                    note(format!(
-                        "condition {} does not apply (`when` is false)",
-                        c.origin
-                    ));
+                    note(&|| format!("condition {} does not apply (`when` is false)", c.origin));
                     continue;
                 }
                 other => {
-                    note(format!(
-                        "condition {}: `when` did not evaluate to a boolean: {other:?}",
-                        c.origin
-                    ));
+                    note(&|| {
+                        format!(
+                            "condition {}: `when` did not evaluate to a boolean: {other:?}",
+                            c.origin
+                        )
+                    });
                     return Some((
                         format!("{} (condition could not be evaluated)", c.reason),
                         c.origin.clone(),
@@ -648,7 +750,7 @@ fn evaluate(
         }
         match c.require.execute(cx) {
             Ok(CelValue::Bool(true)) => {
-                note(format!("condition {} holds: {}", c.origin, c.require_text))
+                note(&|| format!("condition {} holds: {}", c.origin, c.require_text))
             }
             outcome => {
                 let why = match outcome {
@@ -656,7 +758,7 @@ fn evaluate(
                     Ok(v) => format!("is not a boolean ({v:?})"),
                     Err(e) => format!("failed: {e}"),
                 };
-                note(format!("condition {} {why}: {}", c.origin, c.require_text));
+                note(&|| format!("condition {} {why}: {}", c.origin, c.require_text));
                 return Some((c.reason.clone(), c.origin.clone()));
             }
         }
@@ -673,19 +775,22 @@ fn cel_context<'a>(
     needs: u8,
 ) -> Context<'a, 'static> {
     let mut cx = root.new_inner_scope();
-    let mut add = |bit: u8, name: &str, make: &dyn Fn() -> Value| {
-        if needs & bit == 0 {
-            return;
-        }
-        // A value CEL cannot represent leaves the variable unset, so any
-        // expression using it fails and the call is denied.
-        if let Ok(cv) = cel::to_value(make()) {
-            cx.add_variable_from_value(name, cv);
-        }
-    };
-    add(VAR_ARGUMENTS, "arguments", &|| call.arguments.clone());
+    let mut add =
+        |bit: u8, name: &str, make: &dyn Fn() -> Result<CelValue, cel::SerializationError>| {
+            if needs & bit == 0 {
+                return;
+            }
+            // A value CEL cannot represent leaves the variable unset, so any
+            // expression using it fails and the call is denied.
+            if let Ok(cv) = make() {
+                cx.add_variable_from_value(name, cv);
+            }
+        };
+    add(VAR_ARGUMENTS, "arguments", &|| {
+        cel::to_value(call.arguments)
+    });
     add(VAR_TOKEN, "token", &|| {
-        serde_json::json!({
+        cel::to_value(serde_json::json!({
             "sub": call.identity.subject,
             "tenant_id": call.identity.tenant,
             "agent": call.identity.agent,
@@ -693,19 +798,19 @@ fn cel_context<'a>(
             "mode": call.identity.mode.as_str(),
             "projects": call.identity.projects,
             "project_ceiling": call.identity.ceiling,
-        })
+        }))
     });
     add(VAR_UPSTREAM, "upstream", &|| {
-        serde_json::json!({
+        cel::to_value(serde_json::json!({
             "name": call.upstream.name,
             "projects": call.upstream.projects,
             "categories": call.upstream.categories,
-        })
+        }))
     });
     add(VAR_PROJECTS, "projects", &|| {
-        Value::from(call.authority.projects.clone())
+        cel::to_value(&call.authority.projects)
     });
-    add(VAR_TOOL, "tool", &|| Value::from(call.tool));
+    add(VAR_TOOL, "tool", &|| cel::to_value(call.tool));
     cx
 }
 

@@ -664,3 +664,80 @@ fn gates_twice_is_rejected() {
         .to_string()
         .contains("already set in a.toml"));
 }
+
+#[test]
+fn memoized_decisions_match_fresh_ones_in_any_order() {
+    // One policy answers many runs: the memo must key on everything the
+    // rules read (role, upstream, tool, hints) and nothing run-specific
+    // may leak through it (projects, arguments).
+    let ups = upstreams();
+    let docs = ups.iter().find(|u| u.name == "docs").unwrap();
+    let runs = [
+        caller("sre-lead", &["sre", "platform"]),
+        caller("auditor", &["sre", "platform", "data"]),
+        caller("observability", &["data"]),
+        caller("data-analyst", &["data", "sre"]),
+    ];
+    let hints = [
+        None,
+        Some(Hints {
+            read_only: Some(true),
+            destructive: None,
+        }),
+        Some(Hints {
+            read_only: Some(false),
+            destructive: Some(true),
+        }),
+    ];
+    let tools = ["summarize_space", "create_page", "mystery", "search"];
+    let warm = shipped();
+    let mut seen = 0;
+    for pass in 0..2 {
+        for run in &runs {
+            for tool in tools {
+                for h in hints {
+                    let id = run.identity();
+                    let fresh = shipped();
+                    let Ok(auth) = fresh.authority(&id) else {
+                        continue;
+                    };
+                    let want = fresh.access(&auth, docs, tool, h);
+                    let got = warm.access(&auth, docs, tool, h);
+                    assert_eq!(got, want, "pass {pass}: {} {tool} {h:?}", run.agent);
+                    if matches!(want, Access::Visible { .. }) {
+                        seen += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen > 0, "some combination must be visible");
+    // A run that does not reach the upstream is refused whatever the memo holds.
+    let outsider = caller("sre-lead", &["platform"]);
+    let id = outsider.identity();
+    let auth = warm.authority(&id).unwrap();
+    let files = ups.iter().find(|u| u.name == "files").unwrap();
+    assert_eq!(
+        warm.access(&auth, files, "read_file", None),
+        Access::Hidden(Hidden::Unreachable)
+    );
+}
+
+#[test]
+fn the_memo_stops_growing_at_its_bound() {
+    let p = shipped();
+    let ups = upstreams();
+    let docs = ups.iter().find(|u| u.name == "docs").unwrap();
+    let run = caller("sre-lead", &["sre", "platform"]);
+    let id = run.identity();
+    let auth = p.authority(&id).unwrap();
+    for i in 0..MEMO_MAX + 100 {
+        let _ = p.access(&auth, docs, &format!("invented_{i}"), None);
+    }
+    assert_eq!(p.memo.entries.len(), MEMO_MAX);
+    // Past the bound, answers are still computed correctly.
+    assert_eq!(
+        p.access(&auth, docs, "create_page", None),
+        shipped().access(&auth, docs, "create_page", None)
+    );
+}

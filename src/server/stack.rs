@@ -102,7 +102,10 @@ pub fn mcp(
             let Ok(_permit) = permits.try_acquire_owned() else {
                 return Ok::<_, Infallible>(ProxyError::Overloaded.into_response());
             };
-            let handled = AssertUnwindSafe(proxy::handle(state, conn, req)).catch_unwind();
+            // Boxed once here: the handler's state machine is large, and every
+            // layer above would otherwise move it by value.
+            let handled =
+                AssertUnwindSafe(Box::pin(proxy::handle(state, conn, req))).catch_unwind();
             Ok(handled.await.unwrap_or_else(|_panic| {
                 tracing::error!("request handler panicked");
                 let mut r = Response::new(full(
