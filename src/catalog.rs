@@ -17,6 +17,7 @@ use dashmap::DashMap;
 use serde_json::Value;
 
 use crate::mcp::headers::ParamHeaders;
+use crate::mcp::rewrite::ListedTool;
 use crate::policy::Hints;
 
 /// One upstream tool as last listed.
@@ -97,6 +98,20 @@ impl Catalogs {
         let entry = Arc::new(entry);
         catalog.insert(name.to_owned(), entry.clone());
         entry
+    }
+
+    /// Records one tool of a `tools/list` answer.
+    pub fn record_listed(&self, upstream: &str, t: &ListedTool<'_>) -> Arc<ToolEntry> {
+        self.record(upstream, t.name, t.raw, || {
+            let schema = t
+                .input_schema
+                .and_then(|s| serde_json::from_str(s.get()).ok())
+                .unwrap_or(Value::Null);
+            let ann = t
+                .annotations
+                .and_then(|a| serde_json::from_str(a.get()).ok());
+            (schema, ann)
+        })
     }
 
     /// Forgets an upstream's tools (its list changed).

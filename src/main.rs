@@ -226,8 +226,3 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
     }
 }
-
-/// mimalloc: a proxy allocates many small, short-lived buffers per request;
-/// glibc's allocator spent a fifth of the request path's instructions on them.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -152,8 +152,8 @@ async fn preview(state: &State, approval: &Approval) -> Result<Value, String> {
         .catalogs
         .get(&up.config.name, tool)
         .map(|e| e.input_schema.clone());
-    let arguments = super::preview::arguments(&approval.arguments, schema.as_ref(), fixed);
-    super::preview::call_tool(up, tool, arguments).await
+    let arguments = super::own_client::arguments(&approval.arguments, schema.as_ref(), fixed);
+    super::own_client::call_tool(up, tool, arguments).await
 }
 
 fn transition_row(t: &Transition) -> AuditRow {

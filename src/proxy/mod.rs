@@ -11,7 +11,9 @@
 //! 3. **read**: `Content-Type: application/json`, body bounded by the limit;
 //! 4. **parse** once into the JSON-RPC model (strict: duplicate keys, depth,
 //!    batch rules per protocol revision, `Mcp-*` headers against the body);
-//! 5. **decide** each message ([`decide`]): policy (authority, risk, role,
+//! 5. **decide** each message ([`decide`]) against the upstream's catalog
+//!    (refilled by the firewall's own `tools/list` when a call names a tool
+//!    not seen listed: [`refill`]): policy (authority, risk, role,
 //!    gate, conditions), arguments against the tool's schema, then budgets
 //!    (rate limits, step and cost caps, reserved before forwarding): forward,
 //!    or answer here; the firewall's own answers are audited before they
@@ -51,8 +53,9 @@ pub mod body;
 pub mod decide;
 pub mod error;
 pub mod hold;
-pub mod preview;
+pub mod own_client;
 pub mod record;
+pub mod refill;
 pub mod relay;
 pub mod upstream;
 pub mod version;
@@ -89,6 +92,8 @@ pub struct State {
     pub approvals: Option<Arc<Approvals>>,
     /// Masks secrets in arguments shown to approvers.
     pub redactor: Arc<Redactor>,
+    /// Catalog refills for calls naming tools not seen listed.
+    pub refills: refill::Refills,
 }
 
 // === impl State ===
@@ -134,6 +139,7 @@ impl State {
             metrics,
             approvals,
             redactor,
+            refills: refill::Refills::default(),
         })
     }
 }
@@ -258,7 +264,17 @@ async fn post(
     check_envelope(&env, cx.version)?;
     check_mirrored_headers(&parts.headers, &env, &cx)?;
 
-    // Step 5: decide each message on its own.
+    // Step 5: decide each message on its own, against a catalog that knows
+    // the tools called (refilled from the upstream when it does not).
+    let upstream_name = &cx.upstream.config.name;
+    let unseen = env.messages.iter().any(|m| {
+        m.call
+            .as_ref()
+            .is_some_and(|c| cx.catalogs.get(upstream_name, &c.name).is_none())
+    });
+    if unseen {
+        state.refills.refill(&cx.catalogs, &cx.upstream).await;
+    }
     let recorder = Recorder::new(
         state.auditor.clone(),
         &cx,

@@ -466,16 +466,7 @@ impl Exchange {
         let cx = &self.cx;
         let up = &cx.upstream.config;
         rewrite::tools_list(raw, |t| {
-            let entry = cx.catalogs.record(&up.name, t.name, t.raw, || {
-                let schema = t
-                    .input_schema
-                    .and_then(|s| serde_json::from_str(s.get()).ok())
-                    .unwrap_or(serde_json::Value::Null);
-                let ann = t
-                    .annotations
-                    .and_then(|a| serde_json::from_str(a.get()).ok());
-                (schema, ann)
-            });
+            let entry = cx.catalogs.record_listed(&up.name, t);
             if entry.param_headers().violation().is_some() {
                 // MCP clients must drop tools with invalid x-mcp-header
                 // annotations; the firewall drops them first.

@@ -143,7 +143,17 @@ async fn batch_of_only_denied_calls_never_reaches_the_upstream() {
     let answers: Vec<Value> = resp.json().await.unwrap();
     assert_eq!(answers.len(), 2);
     assert!(answers.iter().all(|a| a["error"]["code"] == -32602));
-    assert_eq!(up.hits(), hits);
+    // No element reached the upstream. The unknown name "x" may make the
+    // firewall list the upstream's tools itself (a catalog refill); that is
+    // all the upstream may have seen.
+    for r in &up.seen()[hits..] {
+        let body = String::from_utf8_lossy(&r.body);
+        assert!(!body.contains("tools/call"), "{body}");
+        assert!(
+            body.is_empty() || body.contains("tools/list") || body.contains("initialize"),
+            "{body}"
+        );
+    }
     fw.stop().await;
 }
 

@@ -453,3 +453,56 @@ async fn policy_can_refuse_sampling_requests_from_an_upstream() {
     client.cancel().await.ok();
     s.fw.stop().await;
 }
+
+/// The firewall's own `tools/list` requests the upstream received (they
+/// carry no run identity: the firewall asks as itself).
+fn own_lists(s: &Setup) -> usize {
+    s.upstream
+        .recorded_requests()
+        .iter()
+        .filter(|r| r.method == http::Method::POST && !r.headers.contains_key("x-run-id"))
+        .filter(|r| {
+            r.headers
+                .get("mcp-method")
+                .is_some_and(|v| v == "tools/list")
+                || r.headers.get("mcp-session-id").is_some()
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_before_any_list_is_decided_on_a_refilled_catalog() {
+    // A fresh firewall has seen no tools/list (a restart, another replica):
+    // the firewall lists the upstream's tools itself, then decides as usual.
+    for era in [Era::V2025_11_25, Era::V2026_07_28] {
+        let s = setup(options(true)).await;
+        let client = connect_via(&s, era, &common::token()).await;
+        let r = call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
+        assert_ne!(r.is_error, Some(true), "{era:?}: {r:?}");
+        assert_eq!(s.upstream.calls("get_incident"), 1, "{era:?}");
+        let refills = own_lists(&s);
+        assert!(
+            refills >= 1,
+            "{era:?}: the firewall listed the tools itself"
+        );
+        // The policy still decides on what was refilled: a destructive tool
+        // waits for approval and never runs.
+        let e = call_err(
+            &client,
+            "rollback_deployment",
+            json!({"deployment_id": "dep-1042", "reason": "bad deploy"}),
+        )
+        .await;
+        assert_eq!(e.code.0, -31002, "{era:?}: {e:?}");
+        assert_eq!(s.upstream.calls("rollback_deployment"), 0);
+        // Invented names stay unknown and cause no further listing within
+        // the refill interval.
+        for name in ["get_incidnet", "drop_all_tables"] {
+            let e = call_err(&client, name, json!({})).await;
+            assert_eq!(e.code.0, -32602, "{era:?} {name}: {e:?}");
+        }
+        assert_eq!(own_lists(&s), refills, "{era:?}: no refill storm");
+        client.cancel().await.ok();
+        s.fw.stop().await;
+    }
+}

@@ -1,12 +1,16 @@
-//! Calling an upstream's read-only preview tool for an approver (e.g.
-//! `preview_remediation` for `rollback_deployment`), so the person deciding
-//! sees what the gated call would do.
+//! The firewall as a small MCP client of its upstreams, for the two things it
+//! asks on its own behalf:
+//! * an upstream's read-only preview tool for an approver (e.g.
+//!   `preview_remediation` for `rollback_deployment`), so the person deciding
+//!   sees what the gated call would do ([`call_tool`]);
+//! * an upstream's `tools/list`, when a call names a tool the catalog has not
+//!   seen ([`list_tools`], used by [`super::refill`]).
 //!
-//! The firewall acts as a small MCP client here, off the request path: it
-//! tries the stateless 2026-07-28 revision first (one POST), and falls back to
-//! a session (`initialize`, `notifications/initialized`, the call, `DELETE`)
-//! for servers that only speak the session-based revisions. The upstream's
-//! injected credentials apply as for any forwarded request.
+//! Each request tries the stateless 2026-07-28 revision first (one POST), and
+//! falls back to a session (`initialize`, `notifications/initialized`, the
+//! request, `DELETE`) for servers that only speak the session-based
+//! revisions. The upstream's injected credentials apply as for any forwarded
+//! request; no run's identity is sent (the firewall asks as itself).
 
 use std::net::SocketAddr;
 
@@ -29,42 +33,86 @@ const LOCAL: ConnInfo = ConnInfo {
 
 /// Calls `tool` with `arguments`; returns the tool's result object.
 pub async fn call_tool(up: &UpstreamClient, tool: &str, arguments: Value) -> Result<Value, String> {
-    match stateless(up, tool, &arguments).await {
+    let params = json!({"name": tool, "arguments": arguments});
+    request(up, "tools/call", Some(tool), params).await
+}
+
+/// Most pages of a `tools/list` the firewall follows.
+const MAX_LIST_PAGES: usize = 20;
+
+/// Every page of the upstream's `tools/list`, as complete JSON-RPC
+/// responses (what [`crate::mcp::rewrite::tools_list`] reads).
+pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, String> {
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let result = request(up, "tools/list", None, params).await?;
+        cursor = result
+            .get("nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        pages.push(json!({"jsonrpc": "2.0", "id": "mcp-firewall", "result": result}).to_string());
+        if cursor.is_none() {
+            return Ok(pages);
+        }
+    }
+    Err(format!(
+        "tools/list has more than {MAX_LIST_PAGES} pages; stopped there"
+    ))
+}
+
+/// Sends one request as the firewall's own client; returns its result.
+async fn request(
+    up: &UpstreamClient,
+    method: &'static str,
+    name: Option<&str>,
+    params: Value,
+) -> Result<Value, String> {
+    match stateless(up, method, name, params.clone()).await {
         Ok(v) => Ok(v),
-        Err(_) => session(up, tool, &arguments).await,
+        Err(_) => session(up, method, params).await,
     }
 }
 
-async fn stateless(up: &UpstreamClient, tool: &str, arguments: &Value) -> Result<Value, String> {
+async fn stateless(
+    up: &UpstreamClient,
+    method: &'static str,
+    name: Option<&str>,
+    mut params: Value,
+) -> Result<Value, String> {
     let version = "2026-07-28";
-    let body = json!({
-        "jsonrpc": "2.0", "id": "mcp-firewall-preview", "method": "tools/call",
-        "params": {
-            "name": tool, "arguments": arguments,
-            "_meta": {
+    if let Some(p) = params.as_object_mut() {
+        p.insert(
+            "_meta".to_owned(),
+            json!({
                 "io.modelcontextprotocol/protocolVersion": version,
                 "io.modelcontextprotocol/clientCapabilities": {},
-                "io.modelcontextprotocol/clientInfo": {"name": "mcp-firewall-preview", "version": env!("CARGO_PKG_VERSION")},
-            },
-        },
-    });
+                "io.modelcontextprotocol/clientInfo": {"name": "mcp-firewall", "version": env!("CARGO_PKG_VERSION")},
+            }),
+        );
+    }
+    let body = json!({"jsonrpc": "2.0", "id": "mcp-firewall", "method": method, "params": params});
     let mut headers = base_headers(version);
     headers.insert(
         HeaderName::from_static("mcp-method"),
-        HeaderValue::from_static("tools/call"),
+        HeaderValue::from_static(method),
     );
-    if let Ok(v) = HeaderValue::from_str(tool) {
+    if let Some(v) = name.and_then(|n| HeaderValue::from_str(n).ok()) {
         headers.insert(HeaderName::from_static("mcp-name"), v);
     }
     let (_, answer) = post(up, &headers, Bytes::from(body.to_string())).await?;
     result_of(answer)
 }
 
-async fn session(up: &UpstreamClient, tool: &str, arguments: &Value) -> Result<Value, String> {
+async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Value, String> {
     let version = "2025-06-18";
     let init = json!({
-        "jsonrpc": "2.0", "id": "mcp-firewall-preview-init", "method": "initialize",
-        "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "mcp-firewall-preview", "version": env!("CARGO_PKG_VERSION")}},
+        "jsonrpc": "2.0", "id": "mcp-firewall-init", "method": "initialize",
+        "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "mcp-firewall", "version": env!("CARGO_PKG_VERSION")}},
     });
     let mut headers = base_headers(version);
     headers.remove("mcp-protocol-version");
@@ -79,7 +127,7 @@ async fn session(up: &UpstreamClient, tool: &str, arguments: &Value) -> Result<V
     }
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     post(up, &headers, Bytes::from(initialized.to_string())).await?;
-    let call = json!({"jsonrpc": "2.0", "id": "mcp-firewall-preview", "method": "tools/call", "params": {"name": tool, "arguments": arguments}});
+    let call = json!({"jsonrpc": "2.0", "id": "mcp-firewall", "method": method, "params": params});
     let outcome = post(up, &headers, Bytes::from(call.to_string())).await;
     if headers.contains_key("mcp-session-id") {
         let fwd = Forward {
@@ -147,7 +195,7 @@ async fn post(
         .map_err(|e| e.to_string())?
     {
         Collected::Complete(b) => b,
-        Collected::Partial(_) => return Err(format!("preview larger than {limit} bytes")),
+        Collected::Partial(_) => return Err(format!("answer larger than {limit} bytes")),
     };
     if bytes.is_empty() {
         return Ok((parts.headers, None));

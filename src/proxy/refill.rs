@@ -1,0 +1,75 @@
+//! Refilling an upstream's tool catalog. The catalog is learned from the
+//! `tools/list` answers the firewall relays, so after a restart, on a replica
+//! that never relayed this run's list, or after the upstream announced
+//! `notifications/tools/list_changed`, a `tools/call` can name a tool the
+//! firewall has not seen. Instead of calling it unknown, the firewall asks
+//! the upstream for its `tools/list` itself ([`super::own_client`]) and then
+//! decides as usual.
+//!
+//! Bounded, so an agent inventing tool names cannot turn into load on the
+//! upstream: one refill per upstream at a time (concurrent callers wait for
+//! it), at most one per [`MIN_INTERVAL`] per upstream, each bounded by the
+//! upstream's request timeout per page. A failed refill leaves the catalog as
+//! it was, and the call is answered "Unknown tool" as before: the firewall
+//! never decides on a tool it has not seen listed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use tokio::sync::Mutex;
+
+use crate::catalog::Catalogs;
+use crate::mcp::rewrite;
+
+use super::own_client;
+use super::upstream::UpstreamClient;
+
+/// Least time between two refills of one upstream.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// When each upstream was last refilled (by route name).
+#[derive(Default)]
+pub struct Refills {
+    last: DashMap<String, Arc<Mutex<Option<Instant>>>>,
+}
+
+impl Refills {
+    /// Fetches the upstream's tool list into `catalogs`, unless a refill of
+    /// this upstream ran less than [`MIN_INTERVAL`] ago. Returns how many
+    /// tools were recorded (0 when skipped or failed).
+    pub async fn refill(&self, catalogs: &Catalogs, up: &UpstreamClient) -> usize {
+        let name = &up.config.name;
+        let gate = match self.last.get(name) {
+            Some(g) => g.clone(),
+            None => self.last.entry(name.clone()).or_default().clone(),
+        };
+        // Waiting here is the single flight: whoever holds the lock is
+        // refilling; the others find a fresh timestamp and return.
+        let mut last = gate.lock().await;
+        if last.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
+            return 0;
+        }
+        *last = Some(Instant::now());
+        let pages = match own_client::list_tools(up).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(upstream = %name, error = %e, "catalog refill: tools/list failed");
+                return 0;
+            }
+        };
+        let mut recorded = 0;
+        for page in &pages {
+            let outcome = rewrite::tools_list(page, |t| {
+                catalogs.record_listed(name, t);
+                recorded += 1;
+                None
+            });
+            if let Err(e) = outcome {
+                tracing::warn!(upstream = %name, error = %e, "catalog refill: unreadable tools/list");
+            }
+        }
+        tracing::info!(upstream = %name, tools = recorded, "catalog refilled from the upstream's tools/list");
+        recorded
+    }
+}
