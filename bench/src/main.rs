@@ -32,6 +32,20 @@ enum Command {
     Run(Box<RunArgs>),
     /// Serve the canned upstream until SIGTERM or Ctrl-C.
     Upstream(UpstreamArgs),
+    /// The audit pipeline's capacity apart from the firewall: rows/s into
+    /// the spool, from the spool into a throwaway ClickHouse, and both at
+    /// once (needs `clickhouse-server`).
+    AuditPipeline {
+        /// Rows per phase.
+        #[arg(long, default_value_t = 500_000)]
+        rows: u64,
+        /// Concurrent recording tasks (calls in flight).
+        #[arg(long, default_value_t = 64)]
+        tasks: u64,
+        /// `audit.batch.max_rows` (default: the product's).
+        #[arg(long)]
+        batch_rows: Option<usize>,
+    },
     /// Re-render report.md and report.svg (and the design-target notes)
     /// from a report.json.
     Render {
@@ -172,6 +186,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Upstream(args) => serve_upstream(args),
+        Command::AuditPipeline {
+            rows,
+            tasks,
+            batch_rows,
+        } => audit_pipeline(mcp_bench::pipeline::Spec {
+            rows,
+            tasks,
+            batch_rows,
+        }),
         Command::Render { json, publish } => render(&json, publish),
     };
     match result {
@@ -477,6 +500,30 @@ fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
         std::fs::write(out.join("latest.svg"), &svg)?;
     }
     print!("{}", report::table(&report));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn audit_pipeline(spec: mcp_bench::pipeline::Spec) -> anyhow::Result<ExitCode> {
+    let dir = tempfile::tempdir()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let f = runtime.block_on(mcp_bench::pipeline::run(&spec, dir.path()))?;
+    println!(
+        "audit pipeline, {} rows per phase, {} tasks, INSERTs of {} rows:\n  \
+         spool only              {:>9.0} rows/s\n  \
+         spool -> ClickHouse     {:>9.0} rows/s\n  \
+         concurrent: recorded at {:>9.0} rows/s, all in ClickHouse at {:.0} rows/s\n  \
+         every row present exactly once in ClickHouse",
+        spec.rows,
+        spec.tasks,
+        f.batch_rows,
+        f.spool_rows_per_s,
+        f.ship_rows_per_s,
+        f.concurrent_record_rows_per_s,
+        f.concurrent_end_to_end_rows_per_s
+    );
     Ok(ExitCode::SUCCESS)
 }
 
