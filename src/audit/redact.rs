@@ -14,6 +14,7 @@
 
 use std::io;
 
+use aho_corasick::AhoCorasick;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde_json::Value;
 use thiserror::Error;
@@ -41,14 +42,20 @@ pub enum RedactError {
         #[source]
         source: globset::Error,
     },
+    /// The substring patterns could not be compiled into one automaton
+    /// (only when they are too large).
+    #[error("redaction patterns cannot be compiled: {0}")]
+    Automaton(String),
 }
 
 /// Compiled key patterns: ASCII case-insensitive substrings, plus case-insensitive
 /// whole-key globs for patterns with glob metacharacters.
 #[derive(Debug, Clone)]
 pub struct Redactor {
-    /// Lowercased substring patterns.
-    substrings: Vec<Box<[u8]>>,
+    /// The substring patterns, ASCII case-insensitive, searched in one pass
+    /// (a tool list or a result can be tens of kilobytes); `None` when there
+    /// are none.
+    substrings: Option<AhoCorasick>,
     /// Whole-key globs; `None` when no pattern is a glob.
     globs: Option<GlobSet>,
 }
@@ -76,7 +83,7 @@ impl Redactor {
                 globs.add(glob);
                 any_glob = true;
             } else {
-                substrings.push(p.to_ascii_lowercase().into_bytes().into_boxed_slice());
+                substrings.push(p.to_ascii_lowercase());
             }
         }
         let globs = if any_glob {
@@ -93,23 +100,30 @@ impl Redactor {
         } else {
             None
         };
+        let substrings = if substrings.is_empty() {
+            None
+        } else {
+            Some(
+                AhoCorasick::builder()
+                    .ascii_case_insensitive(true)
+                    .build(&substrings)
+                    .map_err(|e| RedactError::Automaton(e.to_string()))?,
+            )
+        };
         Ok(Self { substrings, globs })
     }
 
     /// A redactor that matches nothing.
     pub fn none() -> Self {
         Self {
-            substrings: Vec::new(),
+            substrings: None,
             globs: None,
         }
     }
 
     /// Whether values under `key` must be hidden.
     pub fn matches(&self, key: &str) -> bool {
-        let k = key.as_bytes();
-        self.substrings
-            .iter()
-            .any(|p| contains_ignore_ascii_case(k, p))
+        self.substrings.as_ref().is_some_and(|a| a.is_match(key))
             || self.globs.as_ref().is_some_and(|g| g.is_match(key))
     }
 
@@ -119,10 +133,7 @@ impl Redactor {
         if self.globs.is_some() || text.as_bytes().contains(&b'\\') {
             return true;
         }
-        let t = text.as_bytes();
-        self.substrings
-            .iter()
-            .any(|p| contains_ignore_ascii_case(t, p))
+        self.substrings.as_ref().is_some_and(|a| a.is_match(text))
     }
 }
 
@@ -235,26 +246,6 @@ pub fn truncate_utf8(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// `needle` must already be lowercase ASCII-wise.
-fn contains_ignore_ascii_case(haystack: &[u8], needle: &[u8]) -> bool {
-    let Some((&first, rest)) = needle.split_first() else {
-        return true;
-    };
-    if haystack.len() < needle.len() {
-        return false;
-    }
-    let last_start = haystack.len() - needle.len();
-    let mut i = 0;
-    while i <= last_start {
-        if haystack[i].to_ascii_lowercase() == first
-            && haystack[i + 1..i + needle.len()].eq_ignore_ascii_case(rest)
-        {
-            return true;
-        }
-        i += 1;
-    }
-    false
-}
 
 #[cfg(test)]
 #[path = "redact_tests.rs"]
