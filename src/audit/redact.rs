@@ -246,7 +246,6 @@ pub fn truncate_utf8(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-
 #[cfg(test)]
 #[path = "redact_tests.rs"]
 mod tests;

@@ -20,7 +20,6 @@
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 
 use crate::policy::{Gate, Risk};
 
@@ -186,35 +185,48 @@ fn rewrite_tool(
         out.push_str(v.get());
     }
     // Annotations: derived from the policy's risk; only the vendor's display
-    // title survives.
+    // title (a string) survives. Written straight into `out`: a list of 100
+    // tools must not cost 200 JSON maps.
     let title = fields
         .get("annotations")
-        .and_then(|a| serde_json::from_str::<Map<String, Value>>(a.get()).ok())
-        .and_then(|mut a| a.remove("title"))
-        .filter(Value::is_string);
-    let mut ann = Map::new();
+        .and_then(|a| serde_json::from_str::<BTreeMap<&str, &RawValue>>(a.get()).ok())
+        .and_then(|a| a.get("title").copied())
+        .filter(|t| t.get().starts_with('"'));
+    sep(out, &mut first);
+    out.push_str("\"annotations\":{");
     if let Some(t) = title {
-        ann.insert("title".to_owned(), t);
+        out.push_str("\"title\":");
+        out.push_str(t.get());
+        out.push(',');
     }
-    ann.insert("readOnlyHint".to_owned(), Value::Bool(risk == Risk::Read));
-    ann.insert(
-        "destructiveHint".to_owned(),
-        Value::Bool(risk == Risk::Destructive),
-    );
-    sep(out, &mut first);
-    out.push_str("\"annotations\":");
-    out.push_str(&Value::Object(ann).to_string());
+    out.push_str(if risk == Risk::Read {
+        "\"readOnlyHint\":true,"
+    } else {
+        "\"readOnlyHint\":false,"
+    });
+    out.push_str(if risk == Risk::Destructive {
+        "\"destructiveHint\":true}"
+    } else {
+        "\"destructiveHint\":false}"
+    });
     // _meta: the vendor's entries, plus the firewall's risk and gate (which
-    // overwrite any vendor entry of the same name).
-    let mut meta = fields
+    // overwrite any vendor entry of the same name), keys in sorted order.
+    let mut meta: BTreeMap<&str, &str> = fields
         .get("_meta")
-        .and_then(|m| serde_json::from_str::<Map<String, Value>>(m.get()).ok())
+        .and_then(|m| serde_json::from_str::<BTreeMap<&str, &RawValue>>(m.get()).ok())
+        .map(|m| m.into_iter().map(|(k, v)| (k, v.get())).collect())
         .unwrap_or_default();
-    meta.insert("mcp-firewall/risk".to_owned(), Value::from(risk.as_str()));
-    meta.insert("mcp-firewall/gate".to_owned(), Value::from(gate.as_str()));
+    meta.insert("mcp-firewall/risk", risk_json(risk));
+    meta.insert("mcp-firewall/gate", gate_json(gate));
     sep(out, &mut first);
-    out.push_str("\"_meta\":");
-    out.push_str(&Value::Object(meta).to_string());
+    out.push_str("\"_meta\":{");
+    let mut first_meta = true;
+    for (k, v) in &meta {
+        sep(out, &mut first_meta);
+        push_key(out, k);
+        out.push_str(v);
+    }
+    out.push('}');
     out.push('}');
     Ok(())
 }
@@ -269,6 +281,24 @@ pub fn named_list(
     })
 }
 
+/// The risk as a JSON string literal.
+fn risk_json(risk: Risk) -> &'static str {
+    match risk {
+        Risk::Read => "\"read\"",
+        Risk::Write => "\"write\"",
+        Risk::Destructive => "\"destructive\"",
+    }
+}
+
+/// The gate as a JSON string literal.
+fn gate_json(gate: Gate) -> &'static str {
+    match gate {
+        Gate::Allow => "\"allow\"",
+        Gate::Approve => "\"approve\"",
+        Gate::Deny => "\"deny\"",
+    }
+}
+
 fn sep(out: &mut String, first: &mut bool) {
     if !*first {
         out.push(',');
@@ -287,7 +317,7 @@ fn push_key(out: &mut String, k: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn list() -> String {
         json!({
@@ -335,6 +365,41 @@ mod tests {
         assert_eq!(v["result"]["cacheScope"], "private");
         assert_eq!(v["result"]["ttlMs"], MAX_TTL_MS);
         assert_eq!(v["id"], 3);
+    }
+
+    #[test]
+    fn vendor_meta_cannot_spoof_the_firewall_entries_and_odd_titles_are_dropped() {
+        let raw = json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [
+            {"name": "a", "inputSchema": {"type": "object"},
+             "annotations": {"title": {"not": "a string"}, "readOnlyHint": true},
+             "_meta": {"mcp-firewall/risk": "read", "mcp-firewall/gate": "allow", "z/last": [1, 2], "a/first": null}},
+            {"name": "b", "inputSchema": {"type": "object"}, "annotations": {"title": "B \"quoted\""}}
+        ]}})
+        .to_string();
+        let out = tools_list(&raw, |t| {
+            Some(if t.name == "a" {
+                (Risk::Destructive, Gate::Approve)
+            } else {
+                (Risk::Read, Gate::Allow)
+            })
+        })
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+        let a = &v["result"]["tools"][0];
+        assert_eq!(
+            a["annotations"],
+            json!({"readOnlyHint": false, "destructiveHint": true})
+        );
+        assert_eq!(
+            a["_meta"],
+            json!({"a/first": null, "mcp-firewall/gate": "approve", "mcp-firewall/risk": "destructive", "z/last": [1, 2]})
+        );
+        let b = &v["result"]["tools"][1];
+        assert_eq!(
+            b["annotations"],
+            json!({"title": "B \"quoted\"", "readOnlyHint": true, "destructiveHint": false})
+        );
+        assert_eq!(b["_meta"]["mcp-firewall/gate"], "allow");
     }
 
     #[test]
