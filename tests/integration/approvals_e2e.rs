@@ -94,6 +94,25 @@ async fn decide(fw: &Firewall, token: &str, id: &str, action: &str, reason: &str
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
+/// A rollback the firewall holds for approval (the call runs in a task), the
+/// on-call approver's token, and the id of the pending approval.
+async fn held_rollback(
+    fw: &Firewall,
+) -> (
+    tokio::task::JoinHandle<Result<rmcp::model::CallToolResult, rmcp::ErrorData>>,
+    String,
+    String,
+) {
+    let c = client(fw, &common::token()).await;
+    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
+    let oncall = admin_token("acme", "oncall");
+    let id = pending(fw, &oncall).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (call, oncall, id)
+}
+
 async fn call_raw(
     client: &Client,
     tool: &str,
@@ -147,13 +166,7 @@ async fn hold_then_deny_ends_with_the_reason() {
     let store = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, store.path(), 30, 600, "").await;
-    let c = client(&fw, &common::token()).await;
-    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
-    let oncall = admin_token("acme", "oncall");
-    let id = pending(&fw, &oncall).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (call, oncall, id) = held_rollback(&fw).await;
     let (status, _) = decide(&fw, &oncall, &id, "deny", "not during the freeze").await;
     assert_eq!(status, 200);
     let e = call.await.unwrap().expect_err("denied");
@@ -296,13 +309,7 @@ async fn approver_sees_the_preview_and_clicks_approve_in_a_browser() {
     let store = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, store.path(), 60, 600, "").await;
-    let c = client(&fw, &common::token()).await;
-    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
-    let oncall = admin_token("acme", "oncall");
-    let id = pending(&fw, &oncall).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (call, oncall, id) = held_rollback(&fw).await;
 
     // The approver's view carries the read-only preview of the call.
     let shown: Value = common::http()
@@ -361,13 +368,7 @@ async fn every_transition_is_an_audit_row() {
         spool.path().display()
     );
     let fw = start(&upstream, store.path(), 30, 600, &audit).await;
-    let c = client(&fw, &common::token()).await;
-    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
-    let oncall = admin_token("acme", "oncall");
-    let id = pending(&fw, &oncall).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (call, oncall, id) = held_rollback(&fw).await;
     decide(&fw, &oncall, &id, "approve", "go").await;
     call.await.unwrap().expect("runs");
     let sql = format!("SELECT groupArray(decision) FROM (SELECT decision FROM {db}.audit_events FINAL WHERE method = 'approval' ORDER BY time_ms)");
