@@ -284,33 +284,10 @@ fn write_config(dir: &Path, http_port: u16, tcp_port: u16) {
     for sub in ["data", "tmp", "log", "user_files", "format_schemas"] {
         std::fs::create_dir_all(dir.join(sub)).expect("create clickhouse dir");
     }
-    let d = dir.display();
-    let config = format!(
-        r#"<?xml version="1.0"?>
-<yandex>
-  <logger>
-    <level>warning</level>
-    <log>{d}/log/server.log</log>
-    <errorlog>{d}/log/err.log</errorlog>
-    <size>10M</size>
-    <count>1</count>
-  </logger>
-  <http_port>{http_port}</http_port>
-  <tcp_port>{tcp_port}</tcp_port>
-  <listen_host>127.0.0.1</listen_host>
-  <path>{d}/data/</path>
-  <tmp_path>{d}/tmp/</tmp_path>
-  <user_files_path>{d}/user_files/</user_files_path>
-  <format_schema_path>{d}/format_schemas/</format_schema_path>
-  <mark_cache_size>268435456</mark_cache_size>
-  <max_concurrent_queries>100</max_concurrent_queries>
-  <users_config>{d}/users.xml</users_config>
-  <default_profile>default</default_profile>
-  <default_database>default</default_database>
-  <timezone>UTC</timezone>
-</yandex>
-"#
-    );
+    let config = include_str!("../../../config/clickhouse/throwaway-server.xml")
+        .replace("@DIR@", &dir.display().to_string())
+        .replace("@HTTP_PORT@", &http_port.to_string())
+        .replace("@TCP_PORT@", &tcp_port.to_string());
     let users = r#"<?xml version="1.0"?>
 <yandex>
   <profiles>
