@@ -5,10 +5,11 @@
 //! 1. The proxy builds an [`AuditRow`] and calls [`Auditor::record`]. On the
 //!    caller's task the arguments and result are redacted ([`redact_json`]) and
 //!    capped, the row is encoded once as ClickHouse `RowBinary`, and queued.
-//! 2. The spool writer thread appends everything queued with one `write(2)`
-//!    (group commit) to a checksummed segment file and only then acknowledges;
-//!    `record` returns. fsync is batched (`spool.fsync_interval_ms`). The network is
-//!    never touched on this path.
+//! 2. The row is appended to a checksummed segment file with `write(2)` before
+//!    `record` returns: by the caller itself when no other write is in progress,
+//!    otherwise in the next group the current writer commits (group commit, see
+//!    [`spool`]). fsync is batched on the spool thread
+//!    (`spool.fsync_interval_ms`). The network is never touched on this path.
 //! 3. The shipper task reads the spool back, batches (`batch.max_rows`,
 //!    `max_bytes`, `max_age_ms`), `INSERT`s the bytes unchanged (`FORMAT
 //!    RowBinary`, lz4; up to `batch.max_in_flight` at once, acknowledged in spool
@@ -17,7 +18,8 @@
 //!
 //! Cost on the request path: redaction (a walk of the JSON, no parse of raw text
 //! without a candidate key), one encode into the shared group buffer under a
-//! mutex, one oneshot allocation, and the wait for the group's `write(2)`.
+//! mutex, and one `write(2)` (or, when another caller is writing, a oneshot and
+//! the wait for its group).
 //! ClickHouse 18.16 ingests far faster in large batches: raise `batch.max_rows`
 //! (50,000 roughly doubles its rate) where a second of latency is acceptable.
 //!
@@ -108,7 +110,7 @@ pub enum AuditError {
     /// The spool did not take the row.
     #[error("audit row not spooled: {0}")]
     Spool(#[from] SpoolError),
-    /// The spool writer thread is gone before acknowledging the row.
+    /// The row's group writer went away before acknowledging the row.
     #[error("audit spool writer stopped before acknowledging the row")]
     WriterGone,
     /// [`Auditor::admit`]: the spool is known not to accept rows and the call's
@@ -229,13 +231,14 @@ impl Auditor {
     }
 
     /// Redacts, encodes and spools `row`. Returns once the row is written to the
-    /// spool (write(2) done; fsync is batched by the writer). Never touches the
+    /// spool (write(2) done, usually by this very call; fsync is batched by the
+    /// spool thread). Never touches the
     /// network. A no-op when disabled.
     pub async fn record(&self, mut row: AuditRow) -> Result<(), AuditError> {
         let Some(inner) = &self.inner else {
             return Ok(());
         };
-        let ack = SCRATCH.with(|cell| {
+        let appended = SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             let (args, result) = &mut *scratch;
             redact::render_payload(
@@ -250,7 +253,7 @@ impl Auditor {
                 inner.max_result_bytes,
                 result,
             );
-            let ack = inner
+            let appended = inner
                 .spool
                 .append(|buf| record::encode_row(&row, args, result, &inner.instance, buf));
             for b in [args, result] {
@@ -258,9 +261,9 @@ impl Auditor {
                     *b = Vec::new();
                 }
             }
-            ack
+            appended
         })?;
-        ack.await.map_err(|_| AuditError::WriterGone)??;
+        appended.outcome().await.ok_or(AuditError::WriterGone)??;
         Ok(())
     }
 
@@ -325,7 +328,7 @@ impl Auditor {
 /// Running background parts of an enabled pipeline.
 struct Running {
     spool: Arc<Shared>,
-    writer: std::thread::JoinHandle<()>,
+    syncer: std::thread::JoinHandle<()>,
     phase: watch::Sender<Phase>,
     shipper: tokio::task::JoinHandle<Result<(), ShipperError>>,
     retention: Option<tokio::task::JoinHandle<()>>,
@@ -353,12 +356,12 @@ impl AuditHandle {
         let Some(run) = self.running else { return };
         let end = Instant::now() + deadline;
         run.spool.close();
-        let writer = run.writer;
-        if tokio::task::spawn_blocking(move || writer.join())
+        let syncer = run.syncer;
+        if tokio::task::spawn_blocking(move || syncer.join())
             .await
             .is_err()
         {
-            tracing::error!("audit spool writer could not be joined");
+            tracing::error!("audit spool thread could not be joined");
         }
         // Ignored error: the shipper already exited.
         let _ = run.phase.send(Phase::Draining);
@@ -381,7 +384,7 @@ impl AuditHandle {
 }
 
 /// Starts the pipeline described by `cfg`: opens (and recovers) the spool, starts
-/// the writer thread, the shipper and, with `retention_days`, the retention task.
+/// the spool thread, the shipper and, with `retention_days`, the retention task.
 /// ClickHouse need not be up: rows are spooled and shipped once it is. When
 /// `cfg.enabled` is false, returns a disabled auditor and an inert handle.
 pub async fn start(
@@ -465,7 +468,7 @@ pub async fn start(
     let handle = AuditHandle {
         running: Some(Running {
             spool: spool.shared,
-            writer: spool.writer,
+            syncer: spool.syncer,
             phase: phase_tx,
             shipper,
             retention,

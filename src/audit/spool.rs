@@ -16,11 +16,19 @@
 //!   and unreadable spool bytes (`*.corrupt`); nothing is silently dropped.
 //!
 //! Invariants:
-//! * Only the writer thread appends; it appends whole records with one `write(2)`
-//!   per group of callers (group commit) and acknowledges each caller after that
-//!   write returned. fsync runs on an interval (`fsync_interval_ms`), so a process
-//!   crash (SIGKILL) loses no acknowledged row; a power loss loses at most one
-//!   interval.
+//! * Appends are group-committed by whichever caller finds no write in progress
+//!   (the *leader*): it writes its own record and everything queued behind it
+//!   with one `write(2)` per group, on its own task, and acknowledges each queued
+//!   caller after that write returned. No thread hand-off on the request path:
+//!   at the load a proxy sees, the leader's group is usually just its own row. A
+//!   leader writes at most [`LEADER_ROUNDS`] groups, then hands the queue to the
+//!   spool thread, so no caller writes for others indefinitely.
+//! * fsync never runs on a caller's task: the spool thread syncs every
+//!   `fsync_interval_ms` (a process crash, SIGKILL, loses no acknowledged row; a
+//!   power loss loses at most one interval). Segments are created without an
+//!   fsync on the write path; the spool thread syncs them and the directory on
+//!   its next tick. `fsync_interval_ms = 0` syncs each group before acknowledging
+//!   (the leader waits for the disk).
 //! * A failed write is rolled back with `ftruncate`; if that fails too the segment
 //!   is abandoned and a new one started, so later records never follow torn bytes.
 //! * The reader never reads past the writer's published committed length of the
@@ -57,6 +65,10 @@ pub(crate) const MAX_RECORD_LEN: usize = 16 << 20;
 const REPROBE_AFTER: Duration = Duration::from_secs(1);
 /// Bytes requested per read of a segment: large reads, few syscalls.
 const READ_CHUNK: usize = 1 << 20;
+/// Groups one leader writes before handing the queue to the spool thread.
+const LEADER_ROUNDS: usize = 8;
+/// How often the spool thread looks for work when `fsync_interval_ms` is 0.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// Why the spool could not take or give back a row.
 #[derive(Debug, Clone, Error)]
@@ -128,13 +140,38 @@ impl SpoolError {
 pub(crate) type Ack = oneshot::Receiver<Result<(), SpoolError>>;
 type AckSender = oneshot::Sender<Result<(), SpoolError>>;
 
-/// Rows waiting for the next group write.
+/// What [`Shared::append`] did with a row.
+#[derive(Debug)]
+pub(crate) enum Appended {
+    /// The caller led the group write: the row is written (or the write failed).
+    Written(Result<(), SpoolError>),
+    /// Another caller (or the spool thread) is writing; it acknowledges this row
+    /// after the group that holds it was written.
+    Queued(Ack),
+}
+
+impl Appended {
+    /// The outcome of the row's write; `None` if its writer went away without
+    /// acknowledging (it panicked).
+    pub(crate) async fn outcome(self) -> Option<Result<(), SpoolError>> {
+        match self {
+            Appended::Written(result) => Some(result),
+            Appended::Queued(ack) => ack.await.ok(),
+        }
+    }
+}
+
+/// Rows waiting for the next group write, and who writes them.
 struct Queue {
     /// Framed records, ready to append.
     buf: Vec<u8>,
-    /// One acknowledgement per record in `buf`.
+    /// One acknowledgement per queued record (the leader's own row has none).
     waiters: Vec<AckSender>,
-    /// Set by shutdown; the writer drains `buf` then exits.
+    /// A leader is writing; new rows queue behind it.
+    writing: bool,
+    /// A leader used up its rounds: the spool thread takes over writing.
+    handed_off: bool,
+    /// Set by shutdown; queued rows are still written, new ones refused.
     closed: bool,
 }
 
@@ -147,11 +184,15 @@ pub(crate) struct Position {
     pub offset: u64,
 }
 
-/// State shared by callers, the writer thread and the shipper's reader.
+/// State shared by callers, the spool thread and the shipper's reader.
 pub(crate) struct Shared {
     dir: PathBuf,
     queue: Mutex<Queue>,
-    wake_writer: Condvar,
+    /// Wakes the spool thread (hand-off, shutdown); paired with `queue`.
+    wake_syncer: Condvar,
+    /// The segment being appended to. Locked by the current leader while it
+    /// writes, and briefly by the spool thread; never taken while `queue` is held.
+    log: Mutex<Log>,
     /// Active segment and how much of it is fully written (readers stop there).
     committed: Mutex<Position>,
     /// Wakes the shipper when new records were committed.
@@ -159,6 +200,8 @@ pub(crate) struct Shared {
     /// Bytes of segments on disk (headers included).
     bytes_on_disk: AtomicU64,
     max_bytes: u64,
+    segment_bytes: u64,
+    fsync_interval: Duration,
     /// False after a failed write or segment creation, true after the next success.
     healthy: AtomicBool,
     /// When `healthy` last turned false.
@@ -216,14 +259,19 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
-    /// Frames one record into the next group write. `encode` appends the payload.
-    /// Returns the acknowledgement to await; the write itself happens on the
-    /// writer thread.
+    fn log(&self) -> MutexGuard<'_, Log> {
+        // Nothing panics while holding the lock, so a poisoned lock's data is intact.
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Frames one record into the next group write (`encode` appends the
+    /// payload) and, if no write is in progress, writes it right away on the
+    /// calling thread as the group's leader. Otherwise the record waits for the
+    /// current leader, which acknowledges it.
     ///
     /// Encoding happens under the queue lock, straight into the group buffer: no
     /// per-row buffer allocation; the lock is held for roughly one encode + crc.
-    pub(crate) fn append(&self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<Ack, SpoolError> {
-        let (tx, rx) = oneshot::channel();
+    pub(crate) fn append(&self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<Appended, SpoolError> {
         let mut q = self.queue();
         if q.closed {
             return Err(SpoolError::Closed);
@@ -253,20 +301,66 @@ impl Shared {
         let len32 = u32::try_from(len).unwrap_or(u32::MAX);
         q.buf[start..start + 4].copy_from_slice(&len32.to_le_bytes());
         q.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-        let was_idle = q.waiters.is_empty();
-        q.waiters.push(tx);
-        drop(q);
-        // One wake-up per group, not per row: the writer takes everything queued.
-        if was_idle {
-            self.wake_writer.notify_one();
+        if q.writing {
+            let (tx, rx) = oneshot::channel();
+            q.waiters.push(tx);
+            return Ok(Appended::Queued(rx));
         }
-        Ok(rx)
+        q.writing = true;
+        drop(q);
+        Ok(Appended::Written(self.lead(LEADER_ROUNDS, true)))
     }
 
-    /// Stops accepting rows and lets the writer drain and exit.
+    /// Writes queued groups as the leader until the queue is empty (then clears
+    /// `writing`) or `rounds` groups are written (then hands off to the spool
+    /// thread, `writing` stays set). With `own`, the first group holds the
+    /// caller's own record, whose result is returned.
+    fn lead(&self, rounds: usize, own: bool) -> Result<(), SpoolError> {
+        let mut log = self.log();
+        let mut buf = std::mem::take(&mut log.buf);
+        let mut waiters = std::mem::take(&mut log.waiters);
+        let mut first = None;
+        for round in 0.. {
+            {
+                let mut q = self.queue();
+                if q.buf.is_empty() {
+                    q.writing = false;
+                    break;
+                }
+                if round == rounds {
+                    q.handed_off = true;
+                    drop(q);
+                    self.wake_syncer.notify_one();
+                    break;
+                }
+                std::mem::swap(&mut q.buf, &mut buf);
+                std::mem::swap(&mut q.waiters, &mut waiters);
+            }
+            let rows = waiters.len() + usize::from(own && round == 0);
+            let result = log.write_group(self, &buf);
+            if result.is_ok() && self.fsync_interval.is_zero() {
+                log.sync_inline(&self.dir);
+            }
+            if result.is_ok() {
+                self.metrics.rows_queued(rows as u64);
+            }
+            for w in waiters.drain(..) {
+                // A caller that gave up waiting is fine: its row is written.
+                let _ = w.send(result.clone());
+            }
+            buf.clear();
+            first.get_or_insert(result);
+        }
+        log.buf = buf;
+        log.waiters = waiters;
+        first.unwrap_or(Ok(()))
+    }
+
+    /// Stops accepting rows and lets the spool thread write what is queued,
+    /// sync, and exit.
     pub(crate) fn close(&self) {
         self.queue().closed = true;
-        self.wake_writer.notify_one();
+        self.wake_syncer.notify_one();
     }
 
     /// Accounts for deleted segments (called by the shipper).
@@ -285,6 +379,33 @@ impl Shared {
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// Flushes to disk what was written since the last sync: sealed segments, the
+    /// active one, and the directory if segments were created. The disk waits
+    /// happen without the log lock, so leaders keep writing meanwhile.
+    fn sync(&self) {
+        let (files, dir) = {
+            let mut log = self.log();
+            let mut files = std::mem::take(&mut log.unsynced);
+            if log.dirty {
+                if let Some(seg) = &log.active {
+                    files.push((seg.path.clone(), Arc::clone(&seg.file)));
+                }
+                log.dirty = false;
+            }
+            (files, std::mem::take(&mut log.dir_dirty))
+        };
+        for (path, file) in files {
+            if let Err(e) = file.sync_data() {
+                tracing::error!(segment = %path.display(), error = %e, "audit spool fsync failed");
+            }
+        }
+        if dir {
+            if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+                tracing::error!(dir = %self.dir.display(), error = %e, "audit spool: directory fsync failed");
+            }
+        }
+    }
 }
 
 /// Settings the spool needs (a subset of [`super::SpoolConfig`]).
@@ -299,22 +420,24 @@ pub(crate) struct SpoolSettings {
 /// What opening an existing spool found.
 #[derive(Debug, Default)]
 pub(crate) struct Recovery {
-    /// Segments found (not yet shipped), before the writer started a new one.
+    /// Segments found (not yet shipped), before a new one was started.
     pub segments: usize,
     /// Bytes cut from torn or corrupt tails (kept in `rejected/`).
     pub cut_bytes: u64,
 }
 
-/// An opened spool: shared state, the writer thread, and where the reader starts.
+/// An opened spool: shared state, the spool thread, and where the reader starts.
 pub(crate) struct Spool {
     pub shared: Arc<Shared>,
-    pub writer: std::thread::JoinHandle<()>,
+    /// Syncs on the interval, takes over writing from leaders that handed off,
+    /// and drains the queue at shutdown.
+    pub syncer: std::thread::JoinHandle<()>,
     pub reader: SpoolReader,
     pub recovery: Recovery,
 }
 
 /// Opens (creating if needed) the spool, recovers what a previous process left,
-/// and starts the writer thread on a fresh segment.
+/// starts a fresh segment and the spool thread.
 pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, SpoolError> {
     let dir = &settings.dir;
     // Audit rows are sensitive even redacted: owner-only directories and files.
@@ -380,14 +503,26 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
 
     metrics.set_spool_bytes(on_disk);
     metrics.corrupt_bytes(recovery.cut_bytes);
+    let mut log = Log {
+        active: None,
+        next_seq: last_seq + 1,
+        dirty: false,
+        unsynced: Vec::new(),
+        dir_dirty: false,
+        buf: Vec::with_capacity(1 << 16),
+        waiters: Vec::with_capacity(256),
+    };
     let shared = Arc::new(Shared {
         dir: dir.clone(),
         queue: Mutex::new(Queue {
             buf: Vec::with_capacity(1 << 16),
             waiters: Vec::with_capacity(256),
+            writing: false,
+            handed_off: false,
             closed: false,
         }),
-        wake_writer: Condvar::new(),
+        wake_syncer: Condvar::new(),
+        log: Mutex::new(Log::default()),
         committed: Mutex::new(Position {
             seq: last_seq,
             offset: u64::MAX,
@@ -395,34 +530,31 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         new_data: Notify::new(),
         bytes_on_disk: AtomicU64::new(on_disk),
         max_bytes: settings.max_bytes,
+        segment_bytes: settings.segment_bytes,
+        fsync_interval: settings.fsync_interval,
         healthy: AtomicBool::new(true),
         failed_at: Mutex::new(None),
         full: AtomicBool::new(false),
         metrics,
         _lock: lock,
     });
-
-    let mut writer = Writer {
-        shared: Arc::clone(&shared),
-        segment_bytes: settings.segment_bytes,
-        fsync_interval: settings.fsync_interval,
-        active: None,
-        next_seq: last_seq + 1,
-        dirty: false,
-        last_sync: Instant::now(),
+    // The first segment is created (and synced) now so an unusable directory
+    // fails start-up, not the first call.
+    log.open_segment(&shared)?;
+    log.sync_inline(dir);
+    *shared.log() = log;
+    let syncer = {
+        let shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("audit-spool".into())
+            .spawn(move || run_syncer(&shared))
+            .map_err(|e| SpoolError::dir(dir, e))?
     };
-    // The first segment is created now so an unusable directory fails start-up,
-    // not the first call.
-    writer.open_segment()?;
-    let writer = std::thread::Builder::new()
-        .name("audit-spool".into())
-        .spawn(move || writer.run())
-        .map_err(|e| SpoolError::dir(dir, e))?;
 
     let reader = SpoolReader::new(Arc::clone(&shared), start);
     Ok(Spool {
         shared,
-        writer,
+        syncer,
         reader,
         recovery,
     })
@@ -590,93 +722,43 @@ pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
     fs::rename(&tmp, dir.join("cursor"))
 }
 
-/// The active segment of the writer.
+/// The segment being appended to.
 struct ActiveSegment {
     seq: u64,
     path: PathBuf,
-    file: File,
+    /// Shared with the spool thread, which syncs it without the log lock.
+    file: Arc<File>,
     len: u64,
 }
 
-/// Owns appends; runs on its own OS thread because `write(2)`/`fsync` block.
-struct Writer {
-    shared: Arc<Shared>,
-    segment_bytes: u64,
-    fsync_interval: Duration,
+/// The write side of the spool, owned by whoever holds [`Shared::log`].
+#[derive(Default)]
+struct Log {
     active: Option<ActiveSegment>,
     next_seq: u64,
+    /// The active segment has bytes written since its last sync.
     dirty: bool,
-    last_sync: Instant,
+    /// Segments rotated away (or abandoned) since the last sync.
+    unsynced: Vec<(PathBuf, Arc<File>)>,
+    /// A segment was created since the directory was last synced.
+    dir_dirty: bool,
+    /// The leader's group buffers, swapped with the queue's each round, so
+    /// steady state allocates nothing.
+    buf: Vec<u8>,
+    waiters: Vec<AckSender>,
 }
 
-impl Writer {
-    fn run(mut self) {
-        // Swapped with the queue's buffers each round, so steady state allocates nothing.
-        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
-        let mut waiters: Vec<AckSender> = Vec::with_capacity(256);
-        loop {
-            let closed = {
-                let mut q = self.shared.queue();
-                while q.buf.is_empty() && !q.closed {
-                    if self.dirty {
-                        let due = self.fsync_interval.saturating_sub(self.last_sync.elapsed());
-                        if due.is_zero() {
-                            break;
-                        }
-                        q = self
-                            .shared
-                            .wake_writer
-                            .wait_timeout(q, due)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
-                    } else {
-                        q = self
-                            .shared
-                            .wake_writer
-                            .wait(q)
-                            .unwrap_or_else(PoisonError::into_inner);
-                    }
-                }
-                std::mem::swap(&mut q.buf, &mut buf);
-                std::mem::swap(&mut q.waiters, &mut waiters);
-                q.closed
-            };
-            if !buf.is_empty() {
-                let result = self.write_group(&buf);
-                if result.is_ok() {
-                    self.shared.metrics.rows_queued(waiters.len() as u64);
-                }
-                for w in waiters.drain(..) {
-                    // A caller that gave up waiting is fine: its row is written.
-                    let _ = w.send(result.clone());
-                }
-                buf.clear();
-            }
-            if self.dirty
-                && (closed
-                    || self.fsync_interval.is_zero()
-                    || self.last_sync.elapsed() >= self.fsync_interval)
-            {
-                self.sync();
-            }
-            if closed && self.shared.queue().buf.is_empty() {
-                break;
-            }
-        }
-        self.sync();
-        tracing::debug!("audit spool writer stopped");
-    }
-
+impl Log {
     /// Appends one group of framed records with a single write.
-    fn write_group(&mut self, buf: &[u8]) -> Result<(), SpoolError> {
+    fn write_group(&mut self, shared: &Shared, buf: &[u8]) -> Result<(), SpoolError> {
         if self.active.is_none() {
-            self.open_segment()?;
+            self.open_segment(shared)?;
         }
         let Some(seg) = self.active.as_mut() else {
             return Err(SpoolError::Closed);
         };
         let before = seg.len;
-        match seg.file.write_all(buf) {
+        match (&*seg.file).write_all(buf) {
             Ok(()) => {
                 seg.len += buf.len() as u64;
                 self.dirty = true;
@@ -684,24 +766,24 @@ impl Writer {
                     seq: seg.seq,
                     offset: seg.len,
                 };
-                let full = seg.len >= self.segment_bytes;
-                self.shared.grow(buf.len() as u64);
-                self.shared.publish(pos);
-                self.shared.healthy.store(true, Ordering::Relaxed);
-                self.shared.new_data.notify_one();
+                let full = seg.len >= shared.segment_bytes;
+                shared.grow(buf.len() as u64);
+                shared.publish(pos);
+                shared.healthy.store(true, Ordering::Relaxed);
+                shared.new_data.notify_one();
                 if full {
-                    self.rotate();
+                    self.rotate(shared);
                 }
                 Ok(())
             }
             Err(e) => {
-                self.shared.mark_failed();
+                shared.mark_failed();
                 let path = seg.path.clone();
                 tracing::error!(segment = %path.display(), error = %e, "audit spool write failed");
                 // Roll back a partial write so the segment ends on a record boundary.
                 if let Err(e2) = seg.file.set_len(before) {
                     tracing::error!(segment = %path.display(), error = %e2, "audit spool: cannot roll back partial write; abandoning segment");
-                    self.abandon();
+                    self.seal();
                 }
                 Err(SpoolError::Write {
                     path,
@@ -711,25 +793,32 @@ impl Writer {
         }
     }
 
-    /// Seals the active segment (fsync) and starts the next one right away, so the
-    /// shipper sees the old one as complete and can delete it once shipped.
-    fn rotate(&mut self) {
-        self.sync();
-        self.active = None;
-        if let Err(e) = self.open_segment() {
+    /// Seals the active segment and starts the next one right away, so the
+    /// shipper sees the old one as complete and can delete it once shipped. The
+    /// old segment is synced by the spool thread's next tick.
+    fn rotate(&mut self, shared: &Shared) {
+        self.seal();
+        if let Err(e) = self.open_segment(shared) {
             // Retried on the next write; callers of that write see the error.
             tracing::error!(error = %e, "audit spool: cannot start next segment");
         }
     }
 
-    /// Gives up on a segment whose tail may be torn; the reader cuts the tail.
-    fn abandon(&mut self) {
-        self.active = None;
+    /// Stops writing to the active segment; it is still synced. (After a failed
+    /// rollback its tail may be torn; the reader cuts the tail.)
+    fn seal(&mut self) {
+        if let Some(seg) = self.active.take() {
+            if std::mem::take(&mut self.dirty) {
+                self.unsynced.push((seg.path, seg.file));
+            }
+        }
     }
 
-    fn open_segment(&mut self) -> Result<(), SpoolError> {
+    /// Creates the next segment with its header. Not synced here: the spool
+    /// thread syncs the file and the directory on its next tick.
+    fn open_segment(&mut self, shared: &Shared) -> Result<(), SpoolError> {
         let seq = self.next_seq;
-        let path = segment_path(&self.shared.dir, seq);
+        let path = segment_path(&shared.dir, seq);
         let create = || -> io::Result<File> {
             let mut f = OpenOptions::new()
                 .append(true)
@@ -740,30 +829,30 @@ impl Writer {
             header[..8].copy_from_slice(MAGIC);
             header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
             f.write_all(&header)?;
-            f.sync_all()?;
-            // The new directory entry must survive a power loss too.
-            File::open(&self.shared.dir)?.sync_all()?;
             Ok(f)
         };
         match create() {
             Ok(file) => {
                 self.next_seq += 1;
-                self.shared.grow(SEGMENT_HEADER_LEN);
+                shared.grow(SEGMENT_HEADER_LEN);
                 self.active = Some(ActiveSegment {
                     seq,
                     path,
-                    file,
+                    file: Arc::new(file),
                     len: SEGMENT_HEADER_LEN,
                 });
-                self.shared.publish(Position {
+                // The header must reach the disk with the directory entry.
+                self.dirty = true;
+                self.dir_dirty = true;
+                shared.publish(Position {
                     seq,
                     offset: SEGMENT_HEADER_LEN,
                 });
-                self.shared.new_data.notify_one();
+                shared.new_data.notify_one();
                 Ok(())
             }
             Err(e) => {
-                self.shared.mark_failed();
+                shared.mark_failed();
                 // Skip the number: a half-created file must not be reused.
                 if path.exists() {
                     let _ = fs::remove_file(&path);
@@ -777,15 +866,84 @@ impl Writer {
         }
     }
 
-    fn sync(&mut self) {
-        if let Some(seg) = &self.active {
-            if let Err(e) = seg.file.sync_data() {
-                tracing::error!(segment = %seg.path.display(), error = %e, "audit spool fsync failed");
+    /// Syncs everything pending while holding the log (start-up, and
+    /// `fsync_interval_ms = 0`, where each group waits for the disk).
+    fn sync_inline(&mut self, dir: &Path) {
+        let mut files = std::mem::take(&mut self.unsynced);
+        if std::mem::take(&mut self.dirty) {
+            if let Some(seg) = &self.active {
+                files.push((seg.path.clone(), Arc::clone(&seg.file)));
             }
         }
-        self.dirty = false;
-        self.last_sync = Instant::now();
+        for (path, file) in files {
+            if let Err(e) = file.sync_data() {
+                tracing::error!(segment = %path.display(), error = %e, "audit spool fsync failed");
+            }
+        }
+        if std::mem::take(&mut self.dir_dirty) {
+            if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+                tracing::error!(dir = %dir.display(), error = %e, "audit spool: directory fsync failed");
+            }
+        }
     }
+}
+
+/// The spool thread: syncs every `fsync_interval`, writes for leaders that
+/// handed off, and at shutdown writes what is queued, syncs and returns.
+fn run_syncer(shared: &Shared) {
+    let tick = if shared.fsync_interval.is_zero() {
+        IDLE_TICK
+    } else {
+        shared.fsync_interval
+    };
+    let mut next_sync = Instant::now() + tick;
+    loop {
+        let (handed_off, closed) = {
+            let mut q = shared.queue();
+            let wait = next_sync.saturating_duration_since(Instant::now());
+            if !q.handed_off && !q.closed && !wait.is_zero() {
+                q = shared
+                    .wake_syncer
+                    .wait_timeout(q, wait)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            (std::mem::take(&mut q.handed_off), q.closed)
+        };
+        if handed_off {
+            let _ = shared.lead(usize::MAX, false);
+        }
+        if closed {
+            break;
+        }
+        if Instant::now() >= next_sync {
+            shared.sync();
+            next_sync = Instant::now() + tick;
+        }
+    }
+    // Closed: no new rows are accepted. A leader still writing either empties the
+    // queue or hands it over; wait for one or the other.
+    loop {
+        let handed_off = {
+            let mut q = shared.queue();
+            if !q.writing {
+                break;
+            }
+            if !q.handed_off {
+                q = shared
+                    .wake_syncer
+                    .wait_timeout(q, Duration::from_millis(1))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            std::mem::take(&mut q.handed_off)
+        };
+        if handed_off {
+            let _ = shared.lead(usize::MAX, false);
+        }
+    }
+    shared.sync();
+    tracing::debug!("audit spool thread stopped");
 }
 
 /// Records read from the spool for one `INSERT`, and the spool range they cover.

@@ -24,12 +24,16 @@ fn payload(i: u64) -> Vec<u8> {
 }
 
 async fn append(shared: &Shared, p: &[u8]) -> Result<(), SpoolError> {
-    shared.append(|b| b.extend_from_slice(p))?.await.unwrap()
+    shared
+        .append(|b| b.extend_from_slice(p))?
+        .outcome()
+        .await
+        .unwrap()
 }
 
 fn stop(spool: Spool) -> SpoolReader {
     spool.shared.close();
-    spool.writer.join().unwrap();
+    spool.syncer.join().unwrap();
     spool.reader
 }
 
@@ -68,15 +72,7 @@ async fn rows_from_concurrent_callers_are_all_read_back() {
     let mut reader = stop(spool);
     let batch = read_all(&mut reader);
     assert_eq!(batch.rows, 200);
-    let mut got: Vec<u64> = Vec::new();
-    let mut rest = &batch.body[..];
-    while !rest.is_empty() {
-        let (row, tail) = rest.split_at(28 + format!("row-{}", payload_time_ms(rest)).len());
-        got.push(payload_time_ms(row));
-        rest = tail;
-    }
-    got.sort_unstable();
-    assert_eq!(got, (0..200).collect::<Vec<_>>());
+    assert_eq!(labels(&batch), (0..200).collect::<Vec<_>>());
 }
 
 fn payload_time_ms(p: &[u8]) -> u64 {
@@ -182,6 +178,133 @@ async fn rows_beyond_max_bytes_are_refused_as_full() {
     stop(spool);
 }
 
+/// Reads every row of `batch` back as its `time_ms` label, sorted.
+fn labels(batch: &Batch) -> Vec<u64> {
+    let mut got: Vec<u64> = Vec::new();
+    let mut rest = &batch.body[..];
+    while !rest.is_empty() {
+        let (row, tail) = rest.split_at(28 + format!("row-{}", payload_time_ms(rest)).len());
+        got.push(payload_time_ms(row));
+        rest = tail;
+    }
+    got.sort_unstable();
+    got
+}
+
+#[test]
+fn threads_racing_for_the_leader_role_lose_and_duplicate_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small segments: leaders rotate while others queue behind them.
+    let spool = open(
+        &SpoolSettings {
+            segment_bytes: 4 << 10,
+            ..settings(dir.path())
+        },
+        Metrics::default(),
+    )
+    .unwrap();
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let s = Arc::clone(&spool.shared);
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                let mut led = 0;
+                for i in 0..500u64 {
+                    let p = payload(t * 1000 + i);
+                    match s.append(|b| b.extend_from_slice(&p)).unwrap() {
+                        Appended::Written(r) => {
+                            r.unwrap();
+                            led += 1;
+                        }
+                        queued => rt.block_on(queued.outcome()).unwrap().unwrap(),
+                    }
+                }
+                led
+            })
+        })
+        .collect();
+    let led: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(led > 0, "some appends must have led their own group");
+    let mut reader = stop(spool);
+    let mut all = Vec::new();
+    loop {
+        let batch = read_all(&mut reader);
+        if batch.rows == 0 {
+            break;
+        }
+        all.extend(labels(&batch));
+    }
+    all.sort_unstable();
+    let want: Vec<u64> = (0..8u64)
+        .flat_map(|t| (0..500u64).map(move |i| t * 1000 + i))
+        .collect();
+    assert_eq!(all, want);
+}
+
+#[tokio::test]
+async fn a_handed_off_queue_is_written_and_acknowledged_by_the_spool_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    let shared = Arc::clone(&spool.shared);
+    // Pretend a leader is mid-write: these rows queue behind it.
+    shared.queue().writing = true;
+    let queued: Vec<_> = (0..5u64)
+        .map(|i| shared.append(|b| b.extend_from_slice(&payload(i))).unwrap())
+        .collect();
+    assert!(queued.iter().all(|a| matches!(a, Appended::Queued(_))));
+    // The leader used up its rounds and hands over.
+    shared.queue().handed_off = true;
+    shared.wake_syncer.notify_one();
+    for a in queued {
+        a.outcome().await.unwrap().unwrap();
+    }
+    assert!(
+        !shared.queue().writing,
+        "the spool thread ends the hand-off"
+    );
+    // The next row is led by its caller again.
+    assert!(matches!(
+        shared.append(|b| b.extend_from_slice(&payload(5))).unwrap(),
+        Appended::Written(Ok(()))
+    ));
+    let mut reader = stop(spool);
+    assert_eq!(labels(&read_all(&mut reader)), (0..6).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn rows_queued_when_the_spool_closes_are_still_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    let shared = Arc::clone(&spool.shared);
+    shared.queue().writing = true;
+    let queued: Vec<_> = (0..3u64)
+        .map(|i| shared.append(|b| b.extend_from_slice(&payload(i))).unwrap())
+        .collect();
+    shared.queue().handed_off = true;
+    let mut reader = stop(spool);
+    for a in queued {
+        a.outcome().await.unwrap().unwrap();
+    }
+    assert_eq!(labels(&read_all(&mut reader)), vec![0, 1, 2]);
+}
+
+#[tokio::test]
+async fn the_spool_thread_syncs_written_rows_on_its_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    append(&spool.shared, &payload(1)).await.unwrap();
+    assert!(spool.shared.log().dirty, "written, not yet synced");
+    // settings(): fsync every 10 ms.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while spool.shared.log().dirty {
+        assert!(Instant::now() < deadline, "never synced");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop(spool);
+}
+
 #[tokio::test]
 async fn appends_after_close_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -258,7 +381,7 @@ async fn corrupt_record_found_while_reading_is_moved_aside_and_reading_continues
     assert_eq!(rejected.len(), 1);
     assert_eq!(fs::read(&rejected[0]).unwrap().len() as u64, 2 * rec);
     spool.shared.close();
-    spool.writer.join().unwrap();
+    spool.syncer.join().unwrap();
 }
 
 #[test]
