@@ -149,8 +149,73 @@ pub struct Key {
     pub kid: Option<Box<str>>,
     /// The only algorithm it verifies.
     pub alg: Alg,
-    /// The material, in `jsonwebtoken`'s form.
+    /// The material, in `jsonwebtoken`'s form (parsed from PEM or JWK).
     pub decoding: DecodingKey,
+    /// The signature check, prepared once when the key is loaded.
+    check: SignatureCheck,
+}
+
+/// How a key checks a signature: `ring`'s constant-time primitives (the same
+/// library rustls uses here), prepared once per key instead of per token.
+/// Verifying an ES256 token this way costs a fraction of what the pure-Rust
+/// backend of `jsonwebtoken` costs, and a first verification is paid on
+/// every new run.
+enum SignatureCheck {
+    /// HS256: the HMAC key schedule, computed once.
+    Hmac(ring::hmac::Key),
+    /// ECDSA (fixed-size `r || s` as JWS uses), Ed25519, or RSA from a DER
+    /// `RSAPublicKey`.
+    Public(ring::signature::UnparsedPublicKey<Vec<u8>>),
+    /// RSA from JWK components.
+    RsaComponents {
+        n: Vec<u8>,
+        e: Vec<u8>,
+        params: &'static ring::signature::RsaParameters,
+    },
+}
+
+impl SignatureCheck {
+    fn new(alg: Alg, key: &DecodingKey) -> SignatureCheck {
+        use ring::signature;
+        let rsa: &'static signature::RsaParameters = match alg {
+            Alg::PS256 => &signature::RSA_PSS_2048_8192_SHA256,
+            _ => &signature::RSA_PKCS1_2048_8192_SHA256,
+        };
+        match key.kind() {
+            DecodingKeyKind::RsaModulusExponent { n, e } => SignatureCheck::RsaComponents {
+                n: n.clone(),
+                e: e.clone(),
+                params: rsa,
+            },
+            DecodingKeyKind::SecretOrDer(bytes) => {
+                let public: &'static dyn signature::VerificationAlgorithm = match alg {
+                    Alg::HS256 => {
+                        return SignatureCheck::Hmac(ring::hmac::Key::new(
+                            ring::hmac::HMAC_SHA256,
+                            bytes,
+                        ))
+                    }
+                    Alg::ES256 => &signature::ECDSA_P256_SHA256_FIXED,
+                    Alg::ES384 => &signature::ECDSA_P384_SHA384_FIXED,
+                    Alg::EdDSA => &signature::ED25519,
+                    Alg::RS256 | Alg::PS256 => rsa,
+                };
+                SignatureCheck::Public(signature::UnparsedPublicKey::new(public, bytes.clone()))
+            }
+        }
+    }
+
+    fn verify(&self, signing_input: &[u8], signature: &[u8]) -> bool {
+        match self {
+            SignatureCheck::Hmac(key) => ring::hmac::verify(key, signing_input, signature).is_ok(),
+            SignatureCheck::Public(key) => key.verify(signing_input, signature).is_ok(),
+            SignatureCheck::RsaComponents { n, e, params } => {
+                ring::signature::RsaPublicKeyComponents { n, e }
+                    .verify(params, signing_input, signature)
+                    .is_ok()
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Key {
@@ -170,8 +235,15 @@ impl Key {
         Ok(Key {
             kid: kid.map(Into::into),
             alg,
+            check: SignatureCheck::new(alg, &decoding),
             decoding,
         })
+    }
+
+    /// Whether `signature` (already base64url-decoded) is this key's
+    /// signature of `signing_input` (`header.payload`).
+    pub fn verifies(&self, signing_input: &[u8], signature: &[u8]) -> bool {
+        self.check.verify(signing_input, signature)
     }
 
     fn fingerprint_into(&self, hasher: &mut Sha256) {

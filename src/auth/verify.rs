@@ -228,22 +228,13 @@ impl Verifier {
                 keys = inner.ring.keys();
             }
         }
-        let mut verified = false;
-        for key in keys.candidates(header.kid.as_deref(), header.alg)? {
-            // An error here (a signature of the wrong length, bad base64) is a
-            // signature that does not verify.
-            if jsonwebtoken::crypto::verify(
-                parts.signature,
-                parts.signing_input.as_bytes(),
-                &key.decoding,
-                header.alg.jwt(),
-            )
-            .unwrap_or(false)
-            {
-                verified = true;
-                break;
-            }
-        }
+        // Valid base64url (checked above) that still fails to decode (a
+        // dangling final character) is a signature that cannot verify.
+        let signature = token::decode_part(parts.signature, Malformed::SignatureEncoding)
+            .map_err(|_| TokenError::BadSignature)?;
+        let verified = keys
+            .candidates(header.kid.as_deref(), header.alg)?
+            .any(|key| key.verifies(parts.signing_input.as_bytes(), &signature));
         if !verified {
             return Err(TokenError::BadSignature);
         }

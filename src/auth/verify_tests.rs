@@ -990,3 +990,90 @@ fn verifier_is_send_sync_and_clone() {
     fn check<T: Send + Sync + Clone + 'static>() {}
     check::<Verifier>();
 }
+
+/// Flips one bit of the signature part: still valid base64url, never valid.
+fn tamper_signature(token: &str) -> String {
+    let (input, sig) = token.rsplit_once('.').expect("three parts");
+    let mut bytes = URL_SAFE_NO_PAD.decode(sig).expect("b64");
+    bytes[0] ^= 0x01;
+    format!("{input}.{}", b64(&bytes))
+}
+
+#[tokio::test]
+async fn every_algorithm_verifies_its_own_signatures_and_nothing_else() {
+    let files = KeyFiles::new();
+    let keys: Vec<TestKey> = Alg::ALL
+        .iter()
+        .map(|&alg| testkit::key(alg, alg.name()))
+        .collect();
+    let cfg = testkit::config(keys.iter().map(|k| files.entry(k)).collect());
+    let (verifier, _) = testkit::verifier(&cfg).await;
+    for key in &keys {
+        let alg = key.signing.alg();
+        let token = key.signing.sign(&claims(NOW)).expect("sign");
+        let got = verifier.verify(&token, Audience::Mcp).await;
+        assert!(got.is_ok(), "{alg}: {got:?}");
+        let tampered = tamper_signature(&token);
+        assert!(
+            matches!(
+                verifier.verify(&tampered, Audience::Mcp).await,
+                Err(TokenError::BadSignature)
+            ),
+            "{alg}: a tampered signature must not verify"
+        );
+        // The same signature over other claims does not verify either.
+        let (_, sig) = token.rsplit_once('.').expect("parts");
+        let other = key.signing.sign(&claims(NOW + 1)).expect("sign");
+        let (other_input, _) = other.rsplit_once('.').expect("parts");
+        assert!(
+            matches!(
+                verifier
+                    .verify(&format!("{other_input}.{sig}"), Audience::Mcp)
+                    .await,
+                Err(TokenError::BadSignature)
+            ),
+            "{alg}: a signature moved to other claims must not verify"
+        );
+    }
+}
+
+#[tokio::test]
+async fn jwk_component_keys_verify_for_every_asymmetric_algorithm() {
+    let keys: Vec<TestKey> = Alg::ALL
+        .iter()
+        .filter(|&&alg| alg != Alg::HS256 && alg != Alg::PS256)
+        .map(|&alg| testkit::key(alg, &format!("jwk-{}", alg.name())))
+        .collect();
+    let jwks = json!({
+        "keys": keys.iter().map(|k| k.signing.public_jwk().expect("jwk")).collect::<Vec<_>>()
+    });
+    let mut cfg = testkit::config(Vec::new());
+    cfg.jwks.push(JwksSourceConfig {
+        inline: Some(jwks.to_string()),
+        file: None,
+        url: None,
+        refresh_s: 300,
+        min_refresh_interval_s: 10,
+        ca_file: None,
+        rsa_alg: "RS256".into(),
+    });
+    let (verifier, _) = testkit::verifier(&cfg).await;
+    assert_eq!(verifier.key_count(), keys.len());
+    for key in &keys {
+        let token = key.signing.sign(&claims(NOW)).expect("sign");
+        let alg = key.signing.alg();
+        assert!(
+            verifier.verify(&token, Audience::Mcp).await.is_ok(),
+            "{alg}"
+        );
+        assert!(
+            matches!(
+                verifier
+                    .verify(&tamper_signature(&token), Audience::Mcp)
+                    .await,
+                Err(TokenError::BadSignature)
+            ),
+            "{alg}"
+        );
+    }
+}
