@@ -8,9 +8,19 @@
 //! tool. A JSON Schema is compiled on the first call that needs it and
 //! cached with the entry. `notifications/tools/list_changed` from an upstream
 //! clears its catalog; the next `tools/list` fills it again.
+//!
+//! It also remembers, per upstream, the last `tools/list` result and the view
+//! of it each run authority was shown ([`Catalogs::view`]): upstreams answer
+//! the same list again and again, and rewriting a 100-tool list means reading
+//! ~100 KB of JSON, where a repeat is a byte comparison and a copy. A view is
+//! reused only when everything it was computed from is unchanged: the
+//! result's bytes (compared in full, not by hash), the policy generation, the
+//! authority (role and effective projects), and the catalog (a clear starts
+//! over, so the next list records every tool again).
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
@@ -18,7 +28,13 @@ use serde_json::Value;
 
 use crate::mcp::headers::ParamHeaders;
 use crate::mcp::rewrite::ListedTool;
-use crate::policy::Hints;
+use crate::policy::{Authority, Hints};
+
+/// Views remembered per listing; past it, further authorities are computed
+/// each time (a flood of distinct project sets cannot grow memory).
+const MAX_VIEWS: usize = 64;
+/// Larger results are rewritten every time instead of remembered.
+const MAX_LISTING_BYTES: usize = 4 << 20;
 
 /// One upstream tool as last listed.
 pub struct ToolEntry {
@@ -47,6 +63,23 @@ pub enum ArgumentsError {
 #[derive(Default)]
 pub struct Catalogs {
     by_upstream: DashMap<String, Arc<DashMap<String, Arc<ToolEntry>>>>,
+    /// Bumped by every [`Catalogs::clear`]: a remembered view is only valid
+    /// while the tools it recorded are still in the catalog.
+    epoch: AtomicU64,
+    /// The last `tools/list` result of each upstream and its views.
+    listings: DashMap<String, Arc<Listing>>,
+}
+
+/// One upstream's last `tools/list` result and what each authority saw of it.
+struct Listing {
+    /// The upstream's `result`, byte for byte.
+    result: Box<str>,
+    /// The policy generation the views were decided under.
+    policy: u64,
+    /// The catalog epoch when the result's tools were recorded.
+    epoch: u64,
+    /// The rewritten `result` per authority.
+    views: DashMap<Authority, Arc<str>>,
 }
 
 // === impl Catalogs ===
@@ -116,9 +149,66 @@ impl Catalogs {
 
     /// Forgets an upstream's tools (its list changed).
     pub fn clear(&self, upstream: &str) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.listings.remove(upstream);
         if let Some(c) = self.by_upstream.get(upstream) {
             c.clear();
         }
+    }
+
+    /// The view of an upstream's `tools/list` `result` for one authority under
+    /// policy generation `policy`: remembered from an identical earlier
+    /// result, or computed by `rewrite` (which records the listed tools as
+    /// a side effect) and remembered. On a remembered view nothing is recorded:
+    /// the same bytes were recorded when it was computed, and no clear happened
+    /// since.
+    pub fn view<E>(
+        &self,
+        upstream: &str,
+        policy: u64,
+        authority: &Authority,
+        result: &str,
+        rewrite: impl FnOnce() -> Result<String, E>,
+    ) -> Result<Arc<str>, E> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let listing = self
+            .listings
+            .get(upstream)
+            .map(|l| Arc::clone(&l))
+            .filter(|l| l.policy == policy && l.epoch == epoch && *l.result == *result);
+        if let Some(view) = listing
+            .as_ref()
+            .and_then(|l| l.views.get(authority).map(|v| Arc::clone(&v)))
+        {
+            return Ok(view);
+        }
+        let view: Arc<str> = rewrite()?.into();
+        // Remember it only if no clear raced with the recording.
+        if self.epoch.load(Ordering::Acquire) != epoch {
+            return Ok(view);
+        }
+        match listing {
+            Some(l) if l.views.len() < MAX_VIEWS => {
+                l.views.insert(authority.clone(), Arc::clone(&view));
+            }
+            // Past the bound: computed each time.
+            Some(_) => {}
+            None if result.len() <= MAX_LISTING_BYTES => {
+                let views = DashMap::new();
+                views.insert(authority.clone(), Arc::clone(&view));
+                self.listings.insert(
+                    upstream.to_owned(),
+                    Arc::new(Listing {
+                        result: result.into(),
+                        policy,
+                        epoch,
+                        views,
+                    }),
+                );
+            }
+            None => {}
+        }
+        Ok(view)
     }
 }
 
@@ -161,3 +251,7 @@ impl ToolEntry {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "catalog_tests.rs"]
+mod tests;

@@ -128,6 +128,8 @@ pub struct Message {
     pub meta: Option<Box<RawValue>>,
     /// Responses: true when the message carries `error`.
     pub is_error: bool,
+    /// Responses: byte range of the raw `result` in the body.
+    pub result: Option<Range<usize>>,
 }
 
 impl Message {
@@ -1094,6 +1096,10 @@ fn parse_message(
         }
     }
 
+    let result = wire.result.map(|r| {
+        let start = span.start + (r.get().as_ptr() as usize - text.as_ptr() as usize);
+        start..start + r.get().len()
+    });
     let (kind, is_error) = match (&method, wire.result, wire.error) {
         (Some(_), None, None) if id.is_some() => (Kind::Request, false),
         (Some(_), None, None) => (Kind::Notification, false),
@@ -1118,6 +1124,7 @@ fn parse_message(
         name: None,
         meta: None,
         is_error,
+        result,
     };
     let Some(method) = method else {
         return Ok(message);

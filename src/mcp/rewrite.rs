@@ -64,6 +64,17 @@ pub fn tools_list(
     })
 }
 
+/// Rewrites the `result` of a `tools/list` answer (the object holding
+/// `tools`), as [`tools_list`] does inside a whole response.
+pub fn tools_result(
+    result: &str,
+    mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+) -> Result<String, RewriteError> {
+    let mut out = String::with_capacity(result.len());
+    rewrite_result(result, &mut decide, &mut out)?;
+    Ok(out)
+}
+
 /// Copies a JSON-RPC response, letting `rewrite` write its `result`. Error
 /// answers (no `result`) are returned unchanged.
 fn with_result(

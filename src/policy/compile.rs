@@ -82,6 +82,7 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
         server_requests: ServerRequests::default(),
         files: sources.iter().map(|(p, _)| p.clone()).collect(),
         memo: Default::default(),
+        generation: super::next_generation(),
     };
     let mut gates_from: Option<PathBuf> = None;
     let mut raw_agents: Vec<(PathBuf, String, RawAgent)> = Vec::new();

@@ -100,7 +100,7 @@ pub struct Identity<'a> {
 }
 
 /// What a run may reach: its role and its effective projects.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Authority {
     /// The role (an agent defined in the policy).
     pub agent: String,
@@ -241,6 +241,17 @@ pub struct Policy {
     /// What the rules say about each (role, upstream, tool, hints) seen so
     /// far; see [`Memo`].
     memo: Memo,
+    /// Unique per compiled policy in this process: what was derived from one
+    /// policy (remembered list views) is never reused under another.
+    generation: u64,
+}
+
+/// Source of [`Policy::generation`].
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The next policy generation.
+pub(crate) fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Most entries the memo keeps; past it, classifications are computed on
@@ -362,6 +373,11 @@ struct NamedRule {
 // === impl Policy ===
 
 impl Policy {
+    /// This policy's generation, unique in the process (a reload gets a new one).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// The files it was compiled from.
     pub fn files(&self) -> &[PathBuf] {
         &self.files

@@ -424,7 +424,7 @@ impl Exchange {
                 }
                 self.settle(pos, raw, None);
                 let outcome = match self.pending[pos].method.as_str() {
-                    "tools/list" => self.filter_tools(raw).map(Some),
+                    "tools/list" => self.filter_listed_tools(m, raw).map(Some),
                     "prompts/list" => self.filter_named(raw, "prompts", "name").map(Some),
                     "resources/list" => self.filter_named(raw, "resources", "uri").map(Some),
                     "resources/templates/list" => self
@@ -462,22 +462,61 @@ impl Exchange {
         Ok(None)
     }
 
+    /// The answer to a `tools/list` this exchange sent: its `result` is
+    /// replaced by the run's view of it (remembered by the catalog when the
+    /// upstream repeats itself), the rest of the message is kept as is.
+    fn filter_listed_tools(&self, m: &Message, raw: &str) -> Result<String, UpstreamFailure> {
+        let Some(at) = m.result.as_ref().and_then(|r| {
+            Some(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)
+        }) else {
+            return self.filter_tools(raw);
+        };
+        let (Some(head), Some(result), Some(tail)) =
+            (raw.get(..at.start), raw.get(at.clone()), raw.get(at.end..))
+        else {
+            return self.filter_tools(raw);
+        };
+        let cx = &self.cx;
+        let view = cx
+            .catalogs
+            .view(
+                &cx.upstream.config.name,
+                cx.policy.generation(),
+                &cx.authority,
+                result,
+                || rewrite::tools_result(result, |t| self.listed_tool(t)),
+            )
+            .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
+        let mut out = String::with_capacity(head.len() + view.len() + tail.len());
+        out.push_str(head);
+        out.push_str(&view);
+        out.push_str(tail);
+        Ok(out)
+    }
+
     fn filter_tools(&self, raw: &str) -> Result<String, UpstreamFailure> {
+        rewrite::tools_list(raw, |t| self.listed_tool(t))
+            .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
+    }
+
+    /// Records one listed tool in the catalog and decides whether (and with
+    /// which risk and gate) the run sees it.
+    fn listed_tool(
+        &self,
+        t: &rewrite::ListedTool<'_>,
+    ) -> Option<(crate::policy::Risk, crate::policy::Gate)> {
         let cx = &self.cx;
         let up = &cx.upstream.config;
-        rewrite::tools_list(raw, |t| {
-            let entry = cx.catalogs.record_listed(&up.name, t);
-            if entry.param_headers().violation().is_some() {
-                // MCP clients must drop tools with invalid x-mcp-header
-                // annotations; the firewall drops them first.
-                return None;
-            }
-            match cx.policy.access(&cx.authority, up, t.name, entry.hints) {
-                Access::Visible { risk, gate, .. } => Some((risk, gate)),
-                Access::Hidden(_) => None,
-            }
-        })
-        .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
+        let entry = cx.catalogs.record_listed(&up.name, t);
+        if entry.param_headers().violation().is_some() {
+            // MCP clients must drop tools with invalid x-mcp-header
+            // annotations; the firewall drops them first.
+            return None;
+        }
+        match cx.policy.access(&cx.authority, up, t.name, entry.hints) {
+            Access::Visible { risk, gate, .. } => Some((risk, gate)),
+            Access::Hidden(_) => None,
+        }
     }
 
     fn filter_named(&self, raw: &str, array: &str, key: &str) -> Result<String, UpstreamFailure> {

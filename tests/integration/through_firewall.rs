@@ -188,6 +188,40 @@ async fn read_only_role_lists_only_read_tools() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_lists_keep_each_roles_own_view() {
+    // The upstream answers the same list every time; the firewall remembers
+    // the filtered view per authority. Interleaving two roles must never hand
+    // one the other's view, and a call after a remembered list still works.
+    let s = setup(options(true)).await;
+    let reader_token = common::sign(&common::claims("incident-investigator", &["sre"]));
+    let reader = connect_via(&s, Era::V2026_07_28, &reader_token).await;
+    let operator = connect_via(&s, Era::V2026_07_28, &common::token()).await;
+    let mut read_only = READ_ONLY.to_vec();
+    read_only.sort_unstable();
+    let sorted = |tools: &[Tool]| {
+        let mut n: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+        n.sort_unstable();
+        n
+    };
+    let all = sorted(&operator.list_all_tools().await.unwrap());
+    assert!(all.len() > read_only.len(), "{all:?}");
+    for _ in 0..3 {
+        let r = reader.list_all_tools().await.unwrap();
+        assert_eq!(sorted(&r), read_only);
+        for t in &r {
+            assert_eq!(ann(&r, &t.name), (Some(true), Some(false)));
+        }
+        assert_eq!(sorted(&operator.list_all_tools().await.unwrap()), all);
+    }
+    let e = call_err(&reader, "restart_service", json!({"service": "checkout"})).await;
+    assert_eq!(e.code.0, -32602);
+    assert_eq!(s.upstream.calls("restart_service"), 0);
+    reader.cancel().await.ok();
+    operator.cancel().await.ok();
+    s.fw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invented_and_hidden_tools_get_the_identical_answer() {
     let s = setup(options(true)).await;
     let token = common::sign(&common::claims("incident-investigator", &["sre"]));

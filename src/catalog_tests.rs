@@ -1,0 +1,175 @@
+//! Tests of the remembered `tools/list` views: reused only while the result
+//! bytes, the policy generation, the authority and the catalog are unchanged;
+//! bounded.
+
+use std::cell::Cell;
+
+use super::*;
+
+fn authority(agent: &str, projects: &[&str]) -> Authority {
+    Authority {
+        agent: agent.to_owned(),
+        projects: projects.iter().map(|p| (*p).to_owned()).collect(),
+    }
+}
+
+const RESULT: &str = r#"{"tools":[{"name":"a","inputSchema":{"type":"object"}}]}"#;
+
+/// Calls `view` with a rewrite that counts its runs and returns `out`.
+fn view(
+    c: &Catalogs,
+    policy: u64,
+    who: &Authority,
+    result: &str,
+    out: &str,
+    runs: &Cell<u32>,
+) -> Arc<str> {
+    c.view::<()>("up", policy, who, result, || {
+        runs.set(runs.get() + 1);
+        Ok(out.to_owned())
+    })
+    .unwrap()
+}
+
+#[test]
+fn an_identical_result_for_the_same_authority_is_not_rewritten_again() {
+    let c = Catalogs::default();
+    let runs = Cell::new(0);
+    let reader = authority("reader", &["p"]);
+    assert_eq!(&*view(&c, 1, &reader, RESULT, "v1", &runs), "v1");
+    assert_eq!(&*view(&c, 1, &reader, RESULT, "other", &runs), "v1");
+    assert_eq!(runs.get(), 1);
+}
+
+#[test]
+fn anything_the_view_depends_on_changing_means_a_rewrite() {
+    let c = Catalogs::default();
+    let runs = Cell::new(0);
+    let reader = authority("reader", &["p"]);
+    view(&c, 1, &reader, RESULT, "v1", &runs);
+    // Another role, or the same role with other projects.
+    assert_eq!(
+        &*view(&c, 1, &authority("admin", &["p"]), RESULT, "admin", &runs),
+        "admin"
+    );
+    assert_eq!(
+        &*view(
+            &c,
+            1,
+            &authority("reader", &["p", "q"]),
+            RESULT,
+            "pq",
+            &runs
+        ),
+        "pq"
+    );
+    assert_eq!(runs.get(), 3);
+    // Both are remembered next to the first.
+    assert_eq!(
+        &*view(&c, 1, &authority("admin", &["p"]), RESULT, "x", &runs),
+        "admin"
+    );
+    assert_eq!(runs.get(), 3);
+    // One byte of the upstream's result differs.
+    let changed = RESULT.replace("\"a\"", "\"b\"");
+    assert_eq!(
+        &*view(&c, 1, &reader, &changed, "changed", &runs),
+        "changed"
+    );
+    assert_eq!(runs.get(), 4);
+    // A reloaded policy.
+    assert_eq!(
+        &*view(&c, 2, &reader, &changed, "reloaded", &runs),
+        "reloaded"
+    );
+    assert_eq!(runs.get(), 5);
+}
+
+#[test]
+fn a_cleared_catalog_is_recorded_again_by_the_next_identical_list() {
+    let c = Catalogs::default();
+    let runs = Cell::new(0);
+    let reader = authority("reader", &["p"]);
+    view(&c, 1, &reader, RESULT, "v", &runs);
+    c.clear("up");
+    view(&c, 1, &reader, RESULT, "v", &runs);
+    assert_eq!(
+        runs.get(),
+        2,
+        "after list_changed the rewrite (and recording) runs"
+    );
+    view(&c, 1, &reader, RESULT, "v", &runs);
+    assert_eq!(runs.get(), 2);
+}
+
+#[test]
+fn a_view_computed_while_the_catalog_was_cleared_is_not_remembered() {
+    let c = Catalogs::default();
+    let reader = authority("reader", &["p"]);
+    let runs = Cell::new(0);
+    let racing = || {
+        runs.set(runs.get() + 1);
+        // list_changed arrives while the tools are being recorded.
+        c.clear("up");
+        Ok::<_, ()>("v".to_owned())
+    };
+    c.view("up", 1, &reader, RESULT, racing).unwrap();
+    view(&c, 1, &reader, RESULT, "v", &runs);
+    assert_eq!(runs.get(), 2);
+}
+
+#[test]
+fn a_failed_rewrite_is_returned_and_not_remembered() {
+    let c = Catalogs::default();
+    let reader = authority("reader", &["p"]);
+    assert_eq!(
+        c.view("up", 1, &reader, RESULT, || Err::<String, _>("bad")),
+        Err("bad")
+    );
+    let runs = Cell::new(0);
+    view(&c, 1, &reader, RESULT, "v", &runs);
+    assert_eq!(runs.get(), 1);
+}
+
+#[test]
+fn views_per_listing_are_bounded() {
+    let c = Catalogs::default();
+    let runs = Cell::new(0);
+    for i in 0..MAX_VIEWS + 1 {
+        view(
+            &c,
+            1,
+            &authority(&format!("r{i}"), &["p"]),
+            RESULT,
+            "v",
+            &runs,
+        );
+    }
+    let last = authority(&format!("r{MAX_VIEWS}"), &["p"]);
+    view(&c, 1, &last, RESULT, "v", &runs);
+    assert_eq!(
+        runs.get() as usize,
+        MAX_VIEWS + 2,
+        "the one over the bound is recomputed"
+    );
+    let first = authority("r0", &["p"]);
+    view(&c, 1, &first, RESULT, "v", &runs);
+    assert_eq!(
+        runs.get() as usize,
+        MAX_VIEWS + 2,
+        "those within it are kept"
+    );
+}
+
+#[test]
+fn views_are_per_upstream() {
+    let c = Catalogs::default();
+    let reader = authority("reader", &["p"]);
+    let a = c
+        .view::<()>("a", 1, &reader, RESULT, || Ok("from a".into()))
+        .unwrap();
+    let b = c
+        .view::<()>("b", 1, &reader, RESULT, || Ok("from b".into()))
+        .unwrap();
+    assert_eq!((&*a, &*b), ("from a", "from b"));
+}
