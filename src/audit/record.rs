@@ -113,6 +113,11 @@ pub struct AuditRow {
 }
 
 impl AuditRow {
+    /// Whether the row is of a `tools/call` (whose result may carry `isError`).
+    pub fn tool_call(&self) -> bool {
+        self.method == "tools/call"
+    }
+
     /// A row with a fresh time-ordered (v7) event id, stamped now, all else empty.
     pub fn new() -> Self {
         let now = SystemTime::now()

@@ -7,7 +7,9 @@
 //! * Every object value whose key matches a pattern, at any depth (objects inside
 //!   arrays included), is replaced by [`REDACTED`]; the key itself is kept so
 //!   auditors see *that* a secret was passed.
-//! * Raw JSON text is parsed only when it may contain a matching key; the
+//! * Raw JSON text is parsed only when it may contain a matching key within
+//!   the part that is stored (the first `max_bytes`: a secret value follows its
+//!   key, so a key starting past that point cannot put one there); the
 //!   pre-filter is conservative (any backslash escape forces a parse, since
 //!   `"pass\u0077ord"` is the key `password`).
 //! * Output text is cut on a UTF-8 char boundary, never inside a character.
@@ -129,11 +131,16 @@ impl Redactor {
 
     /// Conservative pre-filter on raw JSON text: false only if no key in it can
     /// match. Globs and escapes make it answer true (we then parse and walk).
-    fn may_match_text(&self, text: &str) -> bool {
-        if self.globs.is_some() || text.as_bytes().contains(&b'\\') {
+    /// Whether some value that begins within the first `window` bytes of
+    /// `text` may belong to a matching key. A value comes after its key, so
+    /// only a key (and any escape in it) lying wholly inside the window can
+    /// put a secret there: the rest of a long text is not scanned.
+    fn may_match_text(&self, text: &str, window: usize) -> bool {
+        let head = &text.as_bytes()[..text.len().min(window)];
+        if self.globs.is_some() || head.contains(&b'\\') {
             return true;
         }
-        self.substrings.as_ref().is_some_and(|a| a.is_match(text))
+        self.substrings.as_ref().is_some_and(|a| a.is_match(head))
     }
 }
 
@@ -162,7 +169,8 @@ pub fn redact_json(value: &mut Value, patterns: &Redactor) {
 /// Writes the redacted JSON text of `payload` into `out`, at most `max_bytes`
 /// bytes (cut on a char boundary). `out` is cleared first.
 ///
-/// Cost: a `Raw` payload without a possible match is copied as is (no parse); a
+/// Cost: a `Raw` payload without a possible match in its first `max_bytes`
+/// is copied as is (no parse, and only that prefix is scanned); a
 /// `Value` is walked once and serialised only up to `max_bytes`, so a large tool
 /// result costs its walk, not its full serialisation.
 pub(crate) fn render_payload(
@@ -176,7 +184,7 @@ pub(crate) fn render_payload(
         JsonPayload::Absent => {}
         JsonPayload::Raw(raw) => {
             let text = raw.get();
-            if !patterns.may_match_text(text) {
+            if !patterns.may_match_text(text, max_bytes) {
                 out.extend_from_slice(truncate_utf8(text, max_bytes).as_bytes());
                 return;
             }

@@ -178,7 +178,72 @@ fn no_matching_key_keeps_a_value(v: &serde_json::Value, r: &Redactor) -> bool {
     }
 }
 
+/// Puts the marker `SECRET` under every matching key (whole values replaced).
+fn plant_secrets(v: &mut serde_json::Value, r: &Redactor) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                if r.matches(k) {
+                    *v = serde_json::Value::from("SECRET");
+                } else {
+                    plant_secrets(v, r);
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(|v| plant_secrets(v, r)),
+        _ => {}
+    }
+}
+
+#[test]
+fn only_keys_inside_the_stored_prefix_are_looked_for() {
+    let r = defaults();
+    let filler = "x".repeat(100);
+    // The secret's key starts past the 64 bytes kept: the prefix is stored as
+    // it is, without the secret.
+    let text = format!(r#"{{"a":"{filler}","password":"SECRET"}}"#);
+    let out = render(
+        JsonPayload::Raw(serde_json::value::RawValue::from_string(text.clone()).unwrap()),
+        &r,
+        64,
+    );
+    assert_eq!(out, text[..64]);
+    // A key straddling the cut: its value is past the cut, never stored.
+    let pad = "y".repeat(50);
+    let text = format!(r#"{{"{pad}":1,"my_password":"SECRET"}}"#);
+    let cut = text.find("password").unwrap() + 3;
+    let out = render(
+        JsonPayload::Raw(serde_json::value::RawValue::from_string(text.clone()).unwrap()),
+        &r,
+        cut,
+    );
+    assert!(!out.contains("SECRET"), "{out}");
+    // The key and the start of its value inside the prefix: redacted.
+    let text = r#"{"password":"SECRET-and-more-text-to-cut"}"#.to_owned();
+    let out = render(
+        JsonPayload::Raw(serde_json::value::RawValue::from_string(text).unwrap()),
+        &r,
+        20,
+    );
+    assert!(!out.contains("SECRET"), "{out}");
+    assert!(out.starts_with(r#"{"password":"[REDA"#), "{out}");
+}
+
 proptest! {
+    #[test]
+    fn no_stored_prefix_holds_a_secret(v in arb_json(), cut in 0usize..400) {
+        let r = defaults();
+        let mut v = v;
+        plant_secrets(&mut v, &r);
+        let text = v.to_string();
+        let raw = serde_json::value::RawValue::from_string(text).unwrap();
+        let out = render(JsonPayload::Raw(raw), &r, cut);
+        // Nothing else in these documents has an uppercase S: not even the
+        // first letter of a secret may be stored.
+        prop_assert!(!out.contains('S'), "{}", out);
+        prop_assert!(out.len() <= cut);
+    }
+
     #[test]
     fn redaction_leaves_no_secret_at_any_depth(v in arb_json()) {
         let r = defaults();

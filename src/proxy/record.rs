@@ -184,10 +184,13 @@ impl Recorder {
                     row.is_error = true;
                     row.result = JsonPayload::Raw(e.to_owned());
                 } else if let Some(r) = a.result {
-                    row.is_error = serde_json::from_str::<IsError>(r.get())
-                        .ok()
-                        .and_then(|x| x.is_error)
-                        .unwrap_or(false);
+                    // `isError` exists only on tool results; other results
+                    // (a 100-tool list) are not read a second time for it.
+                    row.is_error = row.tool_call()
+                        && serde_json::from_str::<IsError>(r.get())
+                            .ok()
+                            .and_then(|x| x.is_error)
+                            .unwrap_or(false);
                     row.result = JsonPayload::Raw(r.to_owned());
                 }
             }
