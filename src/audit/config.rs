@@ -293,9 +293,10 @@ pub fn default_spool_max_bytes() -> u64 {
 pub fn default_batch_max_rows() -> usize {
     10_000
 }
-/// 16 MiB per `INSERT` body before compression.
+/// 4 MiB per `INSERT` body before compression: ~10,000 typical rows, and a
+/// bound on what the shipper holds (batches in flight plus the one filling).
 pub fn default_batch_max_bytes() -> usize {
-    16 << 20
+    4 << 20
 }
 /// A row waits at most 1 s for its batch to fill.
 pub fn default_batch_max_age_ms() -> u64 {
