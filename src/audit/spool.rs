@@ -384,27 +384,8 @@ impl Shared {
     /// active one, and the directory if segments were created. The disk waits
     /// happen without the log lock, so leaders keep writing meanwhile.
     fn sync(&self) {
-        let (files, dir) = {
-            let mut log = self.log();
-            let mut files = std::mem::take(&mut log.unsynced);
-            if log.dirty {
-                if let Some(seg) = &log.active {
-                    files.push((seg.path.clone(), Arc::clone(&seg.file)));
-                }
-                log.dirty = false;
-            }
-            (files, std::mem::take(&mut log.dir_dirty))
-        };
-        for (path, file) in files {
-            if let Err(e) = file.sync_data() {
-                tracing::error!(segment = %path.display(), error = %e, "audit spool fsync failed");
-            }
-        }
-        if dir {
-            if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
-                tracing::error!(dir = %self.dir.display(), error = %e, "audit spool: directory fsync failed");
-            }
-        }
+        let pending = self.log().take_unsynced();
+        pending.sync(&self.dir);
     }
 }
 
@@ -869,18 +850,39 @@ impl Log {
     /// Syncs everything pending while holding the log (start-up, and
     /// `fsync_interval_ms = 0`, where each group waits for the disk).
     fn sync_inline(&mut self, dir: &Path) {
+        self.take_unsynced().sync(dir);
+    }
+
+    /// What needs a sync since the last one; the log counts as clean after.
+    fn take_unsynced(&mut self) -> Unsynced {
         let mut files = std::mem::take(&mut self.unsynced);
         if std::mem::take(&mut self.dirty) {
             if let Some(seg) = &self.active {
                 files.push((seg.path.clone(), Arc::clone(&seg.file)));
             }
         }
-        for (path, file) in files {
+        Unsynced {
+            files,
+            dir: std::mem::take(&mut self.dir_dirty),
+        }
+    }
+}
+
+/// Files (and whether the directory) to sync, taken from the log so the disk
+/// waits can happen without holding it.
+struct Unsynced {
+    files: Vec<(PathBuf, Arc<File>)>,
+    dir: bool,
+}
+
+impl Unsynced {
+    fn sync(self, dir: &Path) {
+        for (path, file) in self.files {
             if let Err(e) = file.sync_data() {
                 tracing::error!(segment = %path.display(), error = %e, "audit spool fsync failed");
             }
         }
-        if std::mem::take(&mut self.dir_dirty) {
+        if self.dir {
             if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
                 tracing::error!(dir = %dir.display(), error = %e, "audit spool: directory fsync failed");
             }
