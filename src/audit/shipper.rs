@@ -31,10 +31,11 @@ use super::clickhouse::{self as ch, Disposition};
 use super::metrics::Metrics;
 use super::spool::{self, Batch, FillOutcome, Position, Shared, SpoolError, SpoolReader};
 
-/// Minimum spacing of reads while a partial batch waits to fill: under load the
-/// writer notifies per group write, and one read per notify would cost more than
-/// the rows it fetches. Bounds added latency to 5 ms.
-const MIN_FILL_INTERVAL: Duration = Duration::from_millis(5);
+/// Minimum spacing of reads while a partial batch waits to fill: every spool
+/// write notifies (most are one row), and each read is a hop to the blocking
+/// pool that competes with request handling. A partial batch waits up to
+/// `max_age_ms` (1 s) anyway; this adds at most 50 ms to when rows ship.
+const MIN_FILL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How often the oldest-unsent gauge is refreshed while idle or backing off.
 const GAUGE_TICK: Duration = Duration::from_secs(1);
