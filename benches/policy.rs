@@ -271,16 +271,7 @@ fn tools_list(c: &mut Criterion) {
         .expect("authority");
     let relay = |list: &str| {
         rewrite::tools_list(list, |t| {
-            let entry = catalogs.record(&k8s.name, t.name, t.raw, || {
-                let schema = t
-                    .input_schema
-                    .and_then(|s| serde_json::from_str(s.get()).ok())
-                    .unwrap_or(Value::Null);
-                let ann = t
-                    .annotations
-                    .and_then(|a| serde_json::from_str(a.get()).ok());
-                (schema, ann)
-            });
+            let entry = catalogs.record_listed(&k8s.name, t);
             if entry.param_headers().violation().is_some() {
                 return None;
             }
