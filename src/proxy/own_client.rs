@@ -144,15 +144,7 @@ async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Val
 }
 
 fn base_headers(version: &'static str) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(
-        header::ACCEPT,
-        HeaderValue::from_static("application/json, text/event-stream"),
-    );
+    let mut h = super::upstream::own_post_headers();
     h.insert(
         HeaderName::from_static("mcp-protocol-version"),
         HeaderValue::from_static(version),

@@ -163,20 +163,12 @@ impl Exchange {
         conn: ConnInfo,
         identity: Vec<(HeaderName, HeaderValue)>,
     ) -> Self {
-        let mut headers = HeaderMap::new();
+        let mut headers = super::upstream::own_post_headers();
         for name in ["mcp-session-id", "mcp-protocol-version"] {
             if let Some(v) = client.get(name) {
                 headers.insert(HeaderName::from_static(name), v.clone());
             }
         }
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        );
         self.reply = Some(Reply {
             headers,
             conn,

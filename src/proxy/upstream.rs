@@ -55,6 +55,22 @@ pub enum ClientError {
     },
 }
 
+/// The headers of a POST the firewall itself sends upstream (its own
+/// listing, previews, answers in the client's place): a JSON-RPC body that
+/// accepts a JSON or SSE answer.
+pub fn own_post_headers() -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(4);
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    h
+}
+
 /// What to forward.
 pub struct Forward<'a> {
     /// HTTP method (POST, GET or DELETE).
