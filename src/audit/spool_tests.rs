@@ -243,16 +243,20 @@ fn threads_racing_for_the_leader_role_lose_and_duplicate_nothing() {
     assert_eq!(all, want);
 }
 
+/// Pretends a leader is mid-write, so the rows labelled `labels` queue behind it.
+fn queue_behind_a_leader(shared: &Shared, labels: std::ops::Range<u64>) -> Vec<Appended> {
+    shared.queue().writing = true;
+    labels
+        .map(|i| shared.append(|b| b.extend_from_slice(&payload(i))).unwrap())
+        .collect()
+}
+
 #[tokio::test]
 async fn a_handed_off_queue_is_written_and_acknowledged_by_the_spool_thread() {
     let dir = tempfile::tempdir().unwrap();
     let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
     let shared = Arc::clone(&spool.shared);
-    // Pretend a leader is mid-write: these rows queue behind it.
-    shared.queue().writing = true;
-    let queued: Vec<_> = (0..5u64)
-        .map(|i| shared.append(|b| b.extend_from_slice(&payload(i))).unwrap())
-        .collect();
+    let queued = queue_behind_a_leader(&shared, 0..5);
     assert!(queued.iter().all(|a| matches!(a, Appended::Queued(_))));
     // The leader used up its rounds and hands over.
     shared.queue().handed_off = true;
@@ -278,10 +282,7 @@ async fn rows_queued_when_the_spool_closes_are_still_written() {
     let dir = tempfile::tempdir().unwrap();
     let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
     let shared = Arc::clone(&spool.shared);
-    shared.queue().writing = true;
-    let queued: Vec<_> = (0..3u64)
-        .map(|i| shared.append(|b| b.extend_from_slice(&payload(i))).unwrap())
-        .collect();
+    let queued = queue_behind_a_leader(&shared, 0..3);
     shared.queue().handed_off = true;
     let mut reader = stop(spool);
     for a in queued {

@@ -51,6 +51,19 @@ impl Setup {
     }
 }
 
+/// A JWKS source given inline in the config.
+fn inline_jwks(jwks: String) -> JwksSourceConfig {
+    JwksSourceConfig {
+        inline: Some(jwks),
+        file: None,
+        url: None,
+        refresh_s: 300,
+        min_refresh_interval_s: 10,
+        ca_file: None,
+        rsa_alg: "RS256".into(),
+    }
+}
+
 fn b64(bytes: &[u8]) -> String {
     URL_SAFE_NO_PAD.encode(bytes)
 }
@@ -944,15 +957,7 @@ async fn inline_jwks_keys_verify() {
     let ed = testkit::key(Alg::EdDSA, "inline-ed");
     let jwks = json!({ "keys": [ec.signing.public_jwk().expect("jwk"), ed.signing.public_jwk().expect("jwk")] });
     let mut cfg = testkit::config(Vec::new());
-    cfg.jwks.push(JwksSourceConfig {
-        inline: Some(jwks.to_string()),
-        file: None,
-        url: None,
-        refresh_s: 300,
-        min_refresh_interval_s: 10,
-        ca_file: None,
-        rsa_alg: "RS256".into(),
-    });
+    cfg.jwks.push(inline_jwks(jwks.to_string()));
     let (verifier, _) = testkit::verifier(&cfg).await;
     assert_eq!(verifier.key_count(), 2);
     assert!(verifier.ready());
@@ -969,15 +974,9 @@ async fn inline_jwks_keys_verify() {
 #[tokio::test]
 async fn inline_jwks_with_an_unusable_key_is_refused_at_start() {
     let mut cfg = testkit::config(Vec::new());
-    cfg.jwks.push(JwksSourceConfig {
-        inline: Some(r#"{"keys":[{"kty":"oct","kid":"s","k":"c2VjcmV0"}]}"#.into()),
-        file: None,
-        url: None,
-        refresh_s: 300,
-        min_refresh_interval_s: 10,
-        ca_file: None,
-        rsa_alg: "RS256".into(),
-    });
+    cfg.jwks.push(inline_jwks(
+        r#"{"keys":[{"kty":"oct","kid":"s","k":"c2VjcmV0"}]}"#.into(),
+    ));
     let err = Verifier::new(&cfg).await.expect_err("refused");
     assert_eq!(
         err.to_string(),
@@ -1048,15 +1047,7 @@ async fn jwk_component_keys_verify_for_every_asymmetric_algorithm() {
         "keys": keys.iter().map(|k| k.signing.public_jwk().expect("jwk")).collect::<Vec<_>>()
     });
     let mut cfg = testkit::config(Vec::new());
-    cfg.jwks.push(JwksSourceConfig {
-        inline: Some(jwks.to_string()),
-        file: None,
-        url: None,
-        refresh_s: 300,
-        min_refresh_interval_s: 10,
-        ca_file: None,
-        rsa_alg: "RS256".into(),
-    });
+    cfg.jwks.push(inline_jwks(jwks.to_string()));
     let (verifier, _) = testkit::verifier(&cfg).await;
     assert_eq!(verifier.key_count(), keys.len());
     for key in &keys {
