@@ -10,7 +10,9 @@
 //!    otherwise in the next group the current writer commits (group commit, see
 //!    [`spool`]). fsync is batched on the spool thread
 //!    (`spool.fsync_interval_ms`). The network is never touched on this path.
-//! 3. The shipper task reads the spool back, batches (`batch.max_rows`,
+//! 3. The shipper, on a thread of its own (its own single-threaded runtime:
+//!    the lz4 compression and HTTP of an `INSERT` never occupy a worker that
+//!    serves requests), reads the spool back, batches (`batch.max_rows`,
 //!    `max_bytes`, `max_age_ms`), `INSERT`s the bytes unchanged (`FORMAT
 //!    RowBinary`, lz4; up to `batch.max_in_flight` at once, acknowledged in spool
 //!    order), retries with backoff, and deletes a segment only once every row in
@@ -73,6 +75,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use thiserror::Error;
@@ -330,8 +333,59 @@ struct Running {
     spool: Arc<Shared>,
     syncer: std::thread::JoinHandle<()>,
     phase: watch::Sender<Phase>,
+    ship_thread: ShipThread,
     shipper: tokio::task::JoinHandle<Result<(), ShipperError>>,
     retention: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The thread the shipper and the retention task run on: a single-threaded
+/// runtime of its own, so compressing and sending a batch (milliseconds for a
+/// full one) never holds a runtime worker that requests are waiting for.
+struct ShipThread {
+    runtime: tokio::runtime::Handle,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ShipThread {
+    fn start() -> std::io::Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let runtime = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("audit-ship".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    // A handle dropped without `shutdown` leaves the pipeline
+                    // running, as a detached task would.
+                    if stopped.await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                });
+                // A spool read in progress finishes quickly; do not hang on one.
+                rt.shutdown_timeout(Duration::from_secs(1));
+            })?;
+        Ok(Self {
+            runtime,
+            stop,
+            thread,
+        })
+    }
+
+    /// Ends the runtime (its tasks are finished or aborted by now) and joins.
+    async fn stop(self) {
+        // Ignored error: the thread already ended.
+        let _ = self.stop.send(());
+        let thread = self.thread;
+        if tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .map_or(true, |r| r.is_err())
+        {
+            tracing::error!("audit shipper thread could not be joined");
+        }
+    }
 }
 
 /// Owns the pipeline's background work; [`AuditHandle::shutdown`] stops it.
@@ -380,6 +434,7 @@ impl AuditHandle {
             r.abort();
             let _ = r.await;
         }
+        run.ship_thread.stop().await;
     }
 }
 
@@ -442,9 +497,10 @@ pub async fn start(
         metrics.clone(),
         phase_rx.clone(),
     );
-    let shipper = tokio::spawn(shipper.run());
+    let ship_thread = ShipThread::start().context("starting the audit shipper thread")?;
+    let shipper = ship_thread.runtime.spawn(shipper.run());
     let retention = cfg.retention_days.map(|days| {
-        tokio::spawn(shipper::retention_loop(
+        ship_thread.runtime.spawn(shipper::retention_loop(
             client,
             ch.database.clone(),
             ch.table.clone(),
@@ -470,6 +526,7 @@ pub async fn start(
             spool: spool.shared,
             syncer: spool.syncer,
             phase: phase_tx,
+            ship_thread,
             shipper,
             retention,
         }),

@@ -915,3 +915,29 @@ fn schema_file_creates_the_same_tables_by_hand() {
     ));
     assert_eq!(cols.lines().collect::<Vec<_>>(), audit::COLUMNS);
 }
+
+/// The shipper runs on a thread of its own: rows reach ClickHouse while the
+/// runtime that recorded them cannot run anything (its only thread is
+/// blocked here on purpose, as a saturated worker pool would be).
+#[tokio::test(flavor = "current_thread")]
+async fn rows_ship_while_the_recording_runtime_is_blocked() {
+    let ch = ClickHouse::shared();
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let cfg = test_config(spool.path(), &ch.http_url, &db);
+    let (auditor, handle, reg) = start(&cfg).await;
+    for i in 0..50 {
+        auditor.record(row(i, "run-blocked")).await.unwrap();
+    }
+    // Blocking sleeps from here on: no task of this runtime is polled.
+    wait_until("rows acknowledged", Duration::from_secs(30), || {
+        metric(&reg, "audit_rows_sent_total") >= 50.0
+    });
+    assert_eq!(
+        ch.query_u64(&format!(
+            "SELECT uniqExact(event_id) FROM {db}.audit_events WHERE run_id = 'run-blocked'"
+        )),
+        50
+    );
+    handle.shutdown(Duration::from_secs(5)).await;
+}
