@@ -1,5 +1,12 @@
 //! Accepting connections: TCP, optional rustls, HTTP/1.1 and HTTP/2 (ALPN or
-//! prior knowledge) through hyper-util's auto builder, and a graceful drain.
+//! prior knowledge), and a graceful drain.
+//!
+//! The protocol is chosen before hyper sees a byte: from ALPN on TLS, from a
+//! `peek` at the first bytes on plain TCP (the HTTP/2 preface or not). Letting
+//! hyper-util's auto builder sniff instead costs 8 KiB per connection: it
+//! consumes the first bytes itself and hands them back, after which hyper's
+//! read buffer holds a few bytes and doubles to 16 KiB. Only a client whose
+//! first packet is a cut-off preface is still left to the auto builder.
 //!
 //! On shutdown the accept loop stops, every open connection is told to finish
 //! its in-flight requests (HTTP/1 stops keep-alive, HTTP/2 sends GOAWAY), and
@@ -31,6 +38,90 @@ pub struct ConnInfo {
 /// A TLS handshake that takes longer than this is abandoned (slowloris).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A connection that sends no request head within this is closed.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a client speaking HTTP/2 with prior knowledge sends first (RFC 9113,
+/// section 3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The protocol a connection's first bytes announce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sniffed {
+    Http1,
+    Http2,
+    /// A prefix of the HTTP/2 preface, cut short.
+    Unsure,
+}
+
+/// Pure: which protocol `first` (the first bytes received) announces.
+fn sniff(first: &[u8]) -> Sniffed {
+    let n = first.len().min(H2_PREFACE.len());
+    if first[..n] != H2_PREFACE[..n] {
+        Sniffed::Http1
+    } else if n == H2_PREFACE.len() {
+        Sniffed::Http2
+    } else {
+        Sniffed::Unsure
+    }
+}
+
+/// One builder per way a connection's protocol was settled, configured alike.
+struct Builders {
+    /// Lets hyper-util read the first bytes and decide (rare fallback).
+    sniffing: auto::Builder<TokioExecutor>,
+    http1: auto::Builder<TokioExecutor>,
+    http2: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new() -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEAD_TIMEOUT)
+            .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .max_concurrent_streams(1024);
+        Self {
+            http1: builder.clone().http1_only(),
+            http2: builder.clone().http2_only(),
+            sniffing: builder,
+        }
+    }
+
+    fn for_protocol(&self, sniffed: Sniffed) -> &auto::Builder<TokioExecutor> {
+        match sniffed {
+            Sniffed::Http1 => &self.http1,
+            Sniffed::Http2 => &self.http2,
+            Sniffed::Unsure => &self.sniffing,
+        }
+    }
+
+    /// By ALPN; without it, by the first bytes.
+    fn for_alpn(&self, alpn: Option<&[u8]>) -> &auto::Builder<TokioExecutor> {
+        match alpn {
+            Some(b"h2") => &self.http2,
+            Some(_) => &self.http1,
+            None => &self.sniffing,
+        }
+    }
+}
+
+/// Waits for the first bytes of a plain connection, without consuming them.
+/// `None`: the peer closed, failed, or sent nothing within [`HEAD_TIMEOUT`].
+async fn peek_protocol(stream: &tokio::net::TcpStream) -> Option<Sniffed> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    match tokio::time::timeout(HEAD_TIMEOUT, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => first.get(..n).map(sniff),
+        _ => None,
+    }
+}
+
 /// Serves `listener` until `shutdown` turns true, then drains for at most
 /// `drain`. `service` builds the per-connection service from its [`ConnInfo`].
 pub async fn serve<F, S, B>(
@@ -49,18 +140,7 @@ pub async fn serve<F, S, B>(
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(1024);
-    let builder = Arc::new(builder);
+    let builders = Arc::new(Builders::new());
     let graceful = GracefulShutdown::new();
 
     loop {
@@ -82,14 +162,20 @@ pub async fn serve<F, S, B>(
             tls: tls.is_some(),
         };
         let svc = service(info);
-        let builder = builder.clone();
+        let builders = builders.clone();
         match &tls {
             None => {
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .into_owned();
-                let fut = graceful.watch(conn);
-                tokio::spawn(log_conn_end(fut, remote));
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let Some(sniffed) = peek_protocol(&stream).await else {
+                        return;
+                    };
+                    let conn = builders
+                        .for_protocol(sniffed)
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .into_owned();
+                    log_conn_end(watcher.watch(conn), remote).await;
+                });
             }
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
@@ -111,7 +197,9 @@ pub async fn serve<F, S, B>(
                             return;
                         }
                     };
-                    let conn = builder
+                    let alpn = tls_stream.get_ref().1.alpn_protocol();
+                    let conn = builders
+                        .for_alpn(alpn)
                         .serve_connection(TokioIo::new(tls_stream), svc)
                         .into_owned();
                     log_conn_end(watcher.watch(conn), remote).await;
@@ -145,5 +233,33 @@ pub async fn wait_true(rx: &mut watch::Receiver<bool>) {
         if rx.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_bytes_choose_the_protocol() {
+        assert_eq!(sniff(b"POST /mcp/x HTTP/1.1\r\n"), Sniffed::Http1);
+        assert_eq!(sniff(b"G"), Sniffed::Http1);
+        // "PRI" is a legal HTTP/1 method token; only the whole preface is h2.
+        assert_eq!(sniff(b"PRI /x HTTP/1.1\r\n"), Sniffed::Http1);
+        assert_eq!(sniff(H2_PREFACE), Sniffed::Http2);
+        let mut more = H2_PREFACE.to_vec();
+        more.extend_from_slice(b"\0\0\x12\x04");
+        assert_eq!(sniff(&more), Sniffed::Http2);
+        assert_eq!(sniff(b"PRI * HTTP/2.0\r\n"), Sniffed::Unsure);
+        assert_eq!(sniff(b"P"), Sniffed::Unsure);
+    }
+
+    #[test]
+    fn alpn_chooses_the_protocol_and_its_absence_leaves_it_to_the_bytes() {
+        let b = Builders::new();
+        assert!(std::ptr::eq(b.for_alpn(Some(b"h2")), &b.http2));
+        assert!(std::ptr::eq(b.for_alpn(Some(b"http/1.1")), &b.http1));
+        assert!(std::ptr::eq(b.for_alpn(None), &b.sniffing));
+        assert!(std::ptr::eq(b.for_protocol(Sniffed::Unsure), &b.sniffing));
     }
 }
