@@ -420,7 +420,11 @@ async fn post(
     )
     .with_reply(&parts.headers, conn, identity_headers.clone())
     .with_audit(recorder, open_rows);
-    let resp = match up.send(fwd).await {
+    let sending = up.send(fwd);
+    // The head's values share the client connection's read buffer: let it go
+    // now rather than hold it for as long as the upstream takes to answer.
+    drop(parts);
+    let resp = match sending.await {
         Ok(r) => r,
         Err(failure) => return Err(exchange.fail(failure).await),
     };
@@ -456,7 +460,9 @@ async fn stream(
         Vec::new(),
     )
     .with_reply(&parts.headers, conn, identity_headers.clone());
-    let resp = match up.send(fwd).await {
+    let sending = up.send(fwd);
+    drop(parts);
+    let resp = match sending.await {
         Ok(r) => r,
         Err(failure) => return Err(exchange.fail(failure).await),
     };
@@ -591,6 +597,23 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ProxyError> {
     }
 }
 
+/// Bodies up to this size are copied out of the connection's read buffer.
+const COPY_BODY_MAX: usize = 16 * 1024;
+
+/// A small body arrives as a slice of the connection's read buffer (8 KiB and
+/// more). The request is kept for as long as its answer streams, and with it
+/// that whole buffer, so the connection must allocate another for its next
+/// read: 8 KiB more per held stream. A copy of a small body costs less than
+/// that. Larger bodies were assembled from several reads into a buffer of
+/// their own already.
+fn own_allocation(body: Bytes) -> Bytes {
+    if body.len() <= COPY_BODY_MAX {
+        Bytes::copy_from_slice(&body)
+    } else {
+        body
+    }
+}
+
 /// Reads the body, refusing it as soon as it is known to exceed `limit`.
 async fn read_bounded(
     body: Incoming,
@@ -605,7 +628,7 @@ async fn read_bounded(
         return Err(ProxyError::BodyTooLarge { limit });
     }
     match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
+        Ok(c) => Ok(own_allocation(c.to_bytes())),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(ProxyError::BodyTooLarge { limit })
         }

@@ -165,8 +165,13 @@ impl Exchange {
     ) -> Self {
         let mut headers = super::upstream::own_post_headers();
         for name in ["mcp-session-id", "mcp-protocol-version"] {
-            if let Some(v) = client.get(name) {
-                headers.insert(HeaderName::from_static(name), v.clone());
+            // Copied, not cloned: a clone shares the client connection's read
+            // buffer, which would then stay allocated for the stream's life.
+            if let Some(v) = client
+                .get(name)
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+            {
+                headers.insert(HeaderName::from_static(name), v);
             }
         }
         self.reply = Some(Reply {

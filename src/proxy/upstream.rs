@@ -10,6 +10,7 @@
 //! `Accept-Encoding` is forced to `identity` because the firewall must read
 //! (and sometimes rewrite) what comes back.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -155,15 +156,25 @@ impl UpstreamClient {
 
     /// Sends a request and waits (bounded by the request timeout) for the
     /// response headers.
-    pub async fn send(&self, fwd: Forward<'_>) -> Result<Response<Incoming>, UpstreamFailure> {
-        let req = self
+    ///
+    /// The request is built before this returns and the future borrows
+    /// nothing: callers drop the client's request head before awaiting the
+    /// answer, which may take as long as the upstream holds it.
+    pub fn send(
+        &self,
+        fwd: Forward<'_>,
+    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamFailure>> + Send + 'static {
+        let request = self
             .build(fwd)
-            .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
+            .map(|req| self.client.request(req))
+            .map_err(|e| UpstreamFailure::Invalid(e.to_string()));
         let timeout = self.config.request_timeout;
-        match tokio::time::timeout(timeout, self.client.request(req)).await {
-            Err(_) => Err(UpstreamFailure::Timeout(timeout.as_millis() as u64)),
-            Ok(Err(e)) => Err(classify(&e)),
-            Ok(Ok(resp)) => Ok(resp),
+        async move {
+            match tokio::time::timeout(timeout, request?).await {
+                Err(_) => Err(UpstreamFailure::Timeout(timeout.as_millis() as u64)),
+                Ok(Err(e)) => Err(classify(&e)),
+                Ok(Ok(resp)) => Ok(resp),
+            }
         }
     }
 
