@@ -94,7 +94,48 @@ struct InFlight {
     first_time_ms: Option<u64>,
 }
 
-type InsertFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// An insert; yields its batch body back once acknowledged (or rejected).
+type InsertFuture = Pin<Box<dyn Future<Output = Bytes> + Send>>;
+type SchemaFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Batch buffers handed back by finished inserts, for the next batches: the
+/// shipper cycles through at most `max_in_flight + 1` buffers of up to
+/// `batch.max_bytes` instead of allocating megabytes per batch, which the
+/// allocator is slow to give back to the system.
+#[derive(Debug, Default)]
+pub(crate) struct BufferPool {
+    spares: Vec<Vec<u8>>,
+    keep: usize,
+}
+
+impl BufferPool {
+    pub(crate) fn new(keep: usize) -> Self {
+        Self {
+            spares: Vec::new(),
+            keep,
+        }
+    }
+
+    /// An empty buffer: a recycled one, else a new one of `capacity`.
+    pub(crate) fn take(&mut self, capacity: usize) -> Vec<u8> {
+        self.spares
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(capacity))
+    }
+
+    /// Keeps `body`'s buffer if nothing else refers to it and the pool is not
+    /// full.
+    pub(crate) fn give(&mut self, body: Bytes) {
+        if self.spares.len() >= self.keep {
+            return;
+        }
+        if let Ok(unique) = body.try_into_mut() {
+            let mut v = Vec::from(unique);
+            v.clear();
+            self.spares.push(v);
+        }
+    }
+}
 
 /// The shipping task's state.
 pub(crate) struct Shipper {
@@ -107,8 +148,9 @@ pub(crate) struct Shipper {
     /// bookkeeping (same order, same length).
     inserts: FuturesOrdered<InsertFuture>,
     in_flight: VecDeque<InFlight>,
+    buffers: BufferPool,
     /// Background schema creation, until it succeeds.
-    schema: Option<InsertFuture>,
+    schema: Option<SchemaFuture>,
 }
 
 impl Shipper {
@@ -119,6 +161,7 @@ impl Shipper {
         metrics: Metrics,
         phase: watch::Receiver<Phase>,
     ) -> Self {
+        let buffers = BufferPool::new(settings.max_in_flight);
         Self {
             ctx: Arc::new(ShipCtx {
                 sql: ch::insert_sql(&settings.database, &settings.table),
@@ -133,6 +176,7 @@ impl Shipper {
             phase_gone: false,
             inserts: FuturesOrdered::new(),
             in_flight: VecDeque::new(),
+            buffers,
             schema: None,
         }
     }
@@ -241,11 +285,8 @@ impl Shipper {
 
     /// Starts the `INSERT` of `batch` and empties it for the next one.
     fn dispatch(&mut self, batch: &mut Batch) {
-        let capacity = batch.body.len();
-        let body = Bytes::from(std::mem::replace(
-            &mut batch.body,
-            Vec::with_capacity(capacity),
-        ));
+        let next = self.buffers.take(batch.body.len());
+        let body = Bytes::from(std::mem::replace(&mut batch.body, next));
         let start = batch.start.unwrap_or(Position { seq: 0, offset: 0 });
         self.in_flight.push_back(InFlight {
             end: batch.end,
@@ -279,7 +320,10 @@ impl Shipper {
         let has_inserts = !self.inserts.is_empty();
         let has_schema = self.schema.is_some();
         let woke = tokio::select! {
-            Some(()) = self.inserts.next(), if has_inserts => Woke::InsertDone,
+            Some(body) = self.inserts.next(), if has_inserts => {
+                self.buffers.give(body);
+                Woke::InsertDone
+            }
             Some(()) = OptionFuture::from(self.schema.as_mut()), if has_schema => {
                 self.schema = None;
                 Woke::SchemaDone
@@ -342,14 +386,14 @@ enum Woke {
 }
 
 /// Inserts one batch until ClickHouse acknowledges it or, for bad data, until it
-/// is saved to `rejected/`. Never gives up otherwise.
-async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Position) {
+/// is saved to `rejected/`. Never gives up otherwise. Yields the body back.
+async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Position) -> Bytes {
     let mut attempt: u32 = 0;
     loop {
         let (err, disposition) = match try_insert(&ctx, &body).await {
             Ok(()) => {
                 ctx.metrics.rows_sent(rows);
-                return;
+                return body;
             }
             Err(e) => e,
         };
@@ -370,7 +414,7 @@ async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Pos
                         "audit: ClickHouse rejected a batch as bad data; saved to rejected/"
                     );
                     ctx.metrics.rows_rejected(rows);
-                    return;
+                    return body;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "audit: cannot save rejected batch; will retry it");

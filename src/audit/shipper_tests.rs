@@ -36,3 +36,29 @@ fn jitter_keeps_the_delay_between_half_and_full() {
 fn attempt_zero_is_treated_as_the_first() {
     assert_eq!(backoff(0, MIN, MAX, 1.0), MIN);
 }
+
+#[test]
+fn buffer_pool_reuses_unshared_bodies_up_to_its_size() {
+    let mut pool = BufferPool::new(2);
+    let mut first = pool.take(64);
+    assert!(first.is_empty() && first.capacity() >= 64);
+    first.extend_from_slice(b"rows of a batch");
+    let ptr = first.as_ptr();
+    pool.give(Bytes::from(first));
+    let again = pool.take(64);
+    assert!(again.is_empty(), "a recycled buffer comes back empty");
+    assert_eq!(again.as_ptr(), ptr, "the same allocation is reused");
+
+    // A body something else still refers to is not taken back.
+    let shared = Bytes::from(vec![1u8; 32]);
+    let other = shared.clone();
+    pool.give(shared);
+    assert_eq!(pool.take(8).capacity(), 8, "nothing recycled: a new buffer");
+    drop(other);
+
+    // At most `keep` spares.
+    for _ in 0..3 {
+        pool.give(Bytes::from(vec![0u8; 16]));
+    }
+    assert_eq!(pool.spares.len(), 2);
+}
