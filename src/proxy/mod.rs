@@ -601,9 +601,9 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ProxyError> {
 const COPY_BODY_MAX: usize = 16 * 1024;
 
 /// A small body arrives as a slice of the connection's read buffer (8 KiB and
-/// more). The request is kept for as long as its answer streams, and with it
-/// that whole buffer, so the connection must allocate another for its next
-/// read: 8 KiB more per held stream. A copy of a small body costs less than
+/// more). Whatever keeps the body for long (an approval hold keeps it until a
+/// human decides) would keep that whole buffer, and the connection would
+/// allocate another for its next read. A copy of a small body costs less than
 /// that. Larger bodies were assembled from several reads into a buffer of
 /// their own already.
 fn own_allocation(body: Bytes) -> Bytes {
