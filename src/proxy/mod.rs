@@ -398,7 +398,10 @@ async fn post(
         bytes
     } else {
         // A denied element never travels upstream inside an allowed batch.
-        jsonrpc::splice_batch(&bytes, forward)
+        let spliced = jsonrpc::splice_batch(&bytes, forward);
+        // Like the head below: the original shares the connection's buffer.
+        drop(bytes);
+        spliced
     };
 
     // Step 6: forward.
@@ -597,23 +600,6 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ProxyError> {
     }
 }
 
-/// Bodies up to this size are copied out of the connection's read buffer.
-const COPY_BODY_MAX: usize = 16 * 1024;
-
-/// A small body arrives as a slice of the connection's read buffer (8 KiB and
-/// more). Whatever keeps the body for long (an approval hold keeps it until a
-/// human decides) would keep that whole buffer, and the connection would
-/// allocate another for its next read. A copy of a small body costs less than
-/// that. Larger bodies were assembled from several reads into a buffer of
-/// their own already.
-fn own_allocation(body: Bytes) -> Bytes {
-    if body.len() <= COPY_BODY_MAX {
-        Bytes::copy_from_slice(&body)
-    } else {
-        body
-    }
-}
-
 /// Reads the body, refusing it as soon as it is known to exceed `limit`.
 async fn read_bounded(
     body: Incoming,
@@ -628,7 +614,7 @@ async fn read_bounded(
         return Err(ProxyError::BodyTooLarge { limit });
     }
     match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(own_allocation(c.to_bytes())),
+        Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(ProxyError::BodyTooLarge { limit })
         }
