@@ -19,6 +19,7 @@ pub mod firewall;
 pub mod load;
 pub mod nginx;
 pub mod outcome;
+pub mod passthrough;
 pub mod pipeline;
 pub mod plot;
 pub mod probe;

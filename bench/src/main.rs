@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use mcp_bench::catalog::Catalog;
 use mcp_bench::report::{self, Report};
 use mcp_bench::runner::{self, Cell, Options, TargetKind, UpstreamMode};
-use mcp_bench::{plot, procs, upstream};
+use mcp_bench::{passthrough, plot, procs, upstream};
 
 /// Load harness for mcp-firewall: direct vs firewall vs nginx, interleaved.
 #[derive(Parser)]
@@ -32,6 +32,19 @@ enum Command {
     Run(Box<RunArgs>),
     /// Serve the canned upstream until SIGTERM or Ctrl-C.
     Upstream(UpstreamArgs),
+    /// A bare hyper pass-through (no token, policy or audit) until SIGTERM
+    /// or Ctrl-C: what the HTTP stack alone costs.
+    Passthrough {
+        /// Plain HTTP/1.1 listener.
+        #[arg(long, default_value = "127.0.0.1:8091")]
+        listen: SocketAddr,
+        /// The upstream, `http://host:port`.
+        #[arg(long, default_value = "http://127.0.0.1:8090")]
+        upstream: http::Uri,
+        /// Runtime worker threads (default: one per CPU).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
     /// The audit pipeline's capacity apart from the firewall: rows/s into
     /// the spool, from the spool into a throwaway ClickHouse, and both at
     /// once (needs `clickhouse-server`).
@@ -68,7 +81,8 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',')]
     cells: Vec<String>,
     /// Targets, comma-separated (default: every available one):
-    /// direct, nginx, firewall, firewall-noaudit.
+    /// direct, nginx, hyper (a bare hyper pass-through), firewall,
+    /// firewall-noaudit.
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// Rounds per target per cell (profile default).
@@ -186,6 +200,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Upstream(args) => serve_upstream(args),
+        Command::Passthrough {
+            listen,
+            upstream,
+            threads,
+        } => serve_passthrough(listen, upstream, threads),
         Command::AuditPipeline {
             rows,
             tasks,
@@ -303,6 +322,7 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         vec![
             TargetKind::Direct,
             TargetKind::Nginx,
+            TargetKind::Hyper,
             TargetKind::Firewall,
             TargetKind::FirewallNoAudit,
         ]
@@ -524,6 +544,32 @@ fn audit_pipeline(spec: mcp_bench::pipeline::Spec) -> anyhow::Result<ExitCode> {
         f.concurrent_record_rows_per_s,
         f.concurrent_end_to_end_rows_per_s
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve_passthrough(
+    listen: SocketAddr,
+    upstream: http::Uri,
+    threads: Option<usize>,
+) -> anyhow::Result<ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n.max(1));
+    }
+    let runtime = builder
+        .thread_name("bench-passthrough")
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let (listener, addr) = passthrough::bind(listen).await?;
+        println!("listening http://{addr}");
+        let task = tokio::spawn(passthrough::serve(listener, upstream, rx));
+        wait_for_signal().await;
+        let _ = stop.send(true);
+        let _ = task.await;
+        anyhow::Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

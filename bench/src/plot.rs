@@ -30,6 +30,7 @@ fn color(target: &str) -> RGBColor {
     match target {
         "direct" => RGBColor(31, 119, 180),
         "nginx" => RGBColor(44, 160, 44),
+        "hyper" => RGBColor(148, 103, 189),
         "firewall" => RGBColor(214, 39, 40),
         "firewall-noaudit" => RGBColor(255, 127, 14),
         _ => RGBColor(100, 100, 100),

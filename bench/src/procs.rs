@@ -41,6 +41,22 @@ pub enum ProcError {
         /// The cause.
         source: std::io::Error,
     },
+    /// Picking a port or finding our own executable failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The child started but never listened.
+    #[error("{name} did not start listening; log tail:\n{log}")]
+    NotReady {
+        /// Role of the child.
+        name: String,
+        /// The end of its log.
+        log: String,
+    },
     /// A `/proc` file could not be read or parsed.
     #[error("reading /proc/{pid}/{file}")]
     Proc {

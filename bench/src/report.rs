@@ -98,7 +98,7 @@ pub struct CellReport {
 /// One target in one cell.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetReport {
-    /// `direct`, `nginx`, `firewall`, `firewall-noaudit`.
+    /// `direct`, `nginx`, `hyper`, `firewall`, `firewall-noaudit`.
     pub target: String,
     /// Medians over rounds.
     pub median: Figures,
@@ -356,6 +356,14 @@ pub fn design_targets(cells: &[CellReport]) -> Vec<String> {
                 k(fw.median.rps),
                 k(ng.median.rps)
             ));
+            if let Some(hy) = find("call", c, "hyper") {
+                out.push(format!(
+                    "  the HTTP stack's floor, call c={c}: a bare hyper pass-through {} rps (x{:.2} nginx); the firewall reaches x{:.2} of it",
+                    k(hy.median.rps),
+                    hy.median.rps / ng.median.rps.max(1e-9),
+                    fw.median.rps / hy.median.rps.max(1e-9)
+                ));
+            }
         }
     }
     if let (Some(fw), Some(d)) = (find("call", 1, "firewall"), find("call", 1, "direct")) {

@@ -146,6 +146,21 @@ fn design_targets_are_judged_from_the_cells() {
 }
 
 #[test]
+fn the_hyper_floor_is_reported_next_to_the_throughput_target() {
+    let mut call16 = cell();
+    call16.targets.push(target("hyper", 4_000.0));
+    let notes = design_targets(&[call16]);
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].contains("c=16: met"), "{}", notes[0]);
+    // hyper 4k against nginx 5k, the firewall's 6k against hyper's 4k.
+    assert!(
+        notes[1].contains("4.00k rps (x0.80 nginx)") && notes[1].contains("x1.50 of it"),
+        "{}",
+        notes[1]
+    );
+}
+
+#[test]
 fn reports_round_trip_through_json_for_re_rendering() {
     let r = Report {
         meta: Meta {

@@ -28,6 +28,7 @@ use crate::clickhouse::{ClickHouse, ClickHouseError};
 use crate::firewall::{self, AuditCounters, AuditSink, Firewall, FirewallError};
 use crate::load::{self, Endpoint, LoadError, LoadSpec, Phase, Proto};
 use crate::nginx::{Nginx, NginxError};
+use crate::passthrough::Passthrough;
 use crate::procs::{self, Managed, Placement, ProcError};
 use crate::report::{
     self, AuditLoad, AuditSummary, CellReport, Figures, Meta, Report, TargetReport,
@@ -117,6 +118,8 @@ pub enum TargetKind {
     Direct,
     /// nginx's plain proxy.
     Nginx,
+    /// A bare hyper pass-through (plain HTTP only): the HTTP stack's floor.
+    Hyper,
     /// The firewall with audit on.
     Firewall,
     /// The firewall with audit off.
@@ -230,6 +233,7 @@ struct World {
     firewalls: BTreeMap<FwKey, Firewall>,
     nginx: Option<Nginx>,
     nginx_failed: bool,
+    passthrough: Option<Passthrough>,
     client_h1: Arc<rustls::ClientConfig>,
     client_h2: Arc<rustls::ClientConfig>,
     notes: Vec<String>,
@@ -262,6 +266,7 @@ impl TargetKind {
         match self {
             TargetKind::Direct => "direct",
             TargetKind::Nginx => "nginx",
+            TargetKind::Hyper => "hyper",
             TargetKind::Firewall => "firewall",
             TargetKind::FirewallNoAudit => "firewall-noaudit",
         }
@@ -272,6 +277,7 @@ impl TargetKind {
         [
             TargetKind::Direct,
             TargetKind::Nginx,
+            TargetKind::Hyper,
             TargetKind::Firewall,
             TargetKind::FirewallNoAudit,
         ]
@@ -401,6 +407,7 @@ impl World {
             firewalls: BTreeMap::new(),
             nginx: None,
             nginx_failed: false,
+            passthrough: None,
             client_h1,
             client_h2,
             notes: Vec::new(),
@@ -666,6 +673,22 @@ impl World {
         Ok(self.nginx.as_ref())
     }
 
+    fn passthrough(&mut self) -> Result<&Passthrough, RunError> {
+        if self.passthrough.is_none() {
+            let placement = self.placement(self.opts.pin_proxy.as_deref());
+            let p = Passthrough::start(
+                self.upstream.plain(),
+                &self.dir.join("passthrough.log"),
+                &placement,
+            )?;
+            self.passthrough = Some(p);
+        }
+        match &self.passthrough {
+            Some(p) => Ok(p),
+            None => Err(RunError::Upstream("passthrough not started".to_owned())),
+        }
+    }
+
     /// Endpoint and process ids of `target` for `cell`; `None` if the target
     /// is unavailable.
     async fn endpoint(
@@ -703,6 +726,12 @@ impl World {
                     Some((ep(SocketAddr::from(([127, 0, 0, 1], port))), n.pids()))
                 }
             },
+            // The pass-through has no TLS listener: plain cells only.
+            TargetKind::Hyper if cell.tls => None,
+            TargetKind::Hyper => {
+                let p = self.passthrough()?;
+                Some((ep(p.addr), vec![p.pid()]))
+            }
             TargetKind::Firewall | TargetKind::FirewallNoAudit => {
                 let key = FwKey {
                     audit: target == TargetKind::Firewall,
@@ -1161,6 +1190,9 @@ impl World {
         }
         if let Some(n) = &mut self.nginx {
             n.stop(Duration::from_secs(5));
+        }
+        if let Some(p) = &mut self.passthrough {
+            p.stop(Duration::from_secs(5));
         }
         if let Some(ch) = &mut self.clickhouse {
             ch.stop();
