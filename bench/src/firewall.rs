@@ -82,6 +82,8 @@ pub struct Spec {
     pub audit: Option<AuditSink>,
     /// `log.level`.
     pub log_level: String,
+    /// Speak HTTP/2 (h2c) to the canned upstream (`http2 = true`).
+    pub upstream_http2: bool,
 }
 
 /// The paths and addresses a config refers to.
@@ -277,9 +279,10 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
     );
     for route in ROUTES {
         s.push_str(&format!(
-            "[[upstream]]\nname = \"{route}\"\nurl = \"http://{}/mcp/{route}\"\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\n\n",
+            "[[upstream]]\nname = \"{route}\"\nurl = \"http://{}/mcp/{route}\"\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\nhttp2 = {}\n\n",
             l.upstream,
-            tokens::PROJECT
+            tokens::PROJECT,
+            spec.upstream_http2
         ));
     }
     match &spec.audit {

@@ -38,6 +38,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
             database: "bench_x".into(),
         }),
         log_level: "warn".into(),
+        upstream_http2: false,
     }
 }
 
@@ -56,9 +57,17 @@ fn generated_configs_load_with_and_without_audit() {
         cfg.upstreams[1].url.to_string(),
         "http://127.0.0.1:18081/mcp/bench-sse"
     );
+    assert!(cfg.upstreams.iter().all(|u| !u.http2));
     let cfg = load(dir.path(), &spec(false, None));
     assert!(cfg.audit.as_ref().is_some_and(|a| !a.enabled));
     assert!(cfg.server.tls.is_none());
+    let mut h2 = spec(false, None);
+    h2.upstream_http2 = true;
+    let cfg = load(dir.path(), &h2);
+    assert!(cfg
+        .upstreams
+        .iter()
+        .all(|u| u.http2 && u.http2_max_streams == 100));
 }
 
 #[test]

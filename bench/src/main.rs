@@ -150,6 +150,10 @@ struct RunArgs {
     /// The firewall's `log.level` (the product's default is info).
     #[arg(long, default_value = "info")]
     firewall_log_level: String,
+    /// The firewall speaks HTTP/2 (h2c, `http2 = true`) to the canned
+    /// upstream instead of HTTP/1.1 keep-alive (nginx stays on HTTP/1.1).
+    #[arg(long)]
+    firewall_upstream_http2: bool,
     /// Directory for the results (default: bench/results).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -378,6 +382,7 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         nginx_workers: args.nginx_workers.clone(),
         clickhouse: !args.no_clickhouse,
         log_level: args.firewall_log_level.clone(),
+        firewall_upstream_http2: args.firewall_upstream_http2,
         plain_progress: args.plain || !std::io::IsTerminal::is_terminal(&std::io::stderr()),
         audit_duration: Duration::from_secs_f64(
             args.audit_seconds.unwrap_or(p.audit_seconds).max(0.0),

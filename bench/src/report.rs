@@ -76,6 +76,9 @@ pub struct Meta {
     pub audit_sink: String,
     /// The firewall's `log.level`.
     pub firewall_log_level: String,
+    /// How the firewall talks to the upstream (absent in older reports).
+    #[serde(default)]
+    pub firewall_upstream: String,
     /// Seconds spent minting tokens.
     pub token_mint_s: f64,
 }
@@ -535,10 +538,15 @@ pub fn markdown(r: &Report) -> String {
         (
             "firewall",
             format!(
-                "{} ({}), log level {}",
+                "{} ({}), log level {}{}",
                 m.firewall_bin,
                 if m.release { "release" } else { "debug" },
-                m.firewall_log_level
+                m.firewall_log_level,
+                if m.firewall_upstream.is_empty() {
+                    String::new()
+                } else {
+                    format!(", to the upstream over {}", m.firewall_upstream)
+                }
             ),
         ),
         ("audit", m.audit_sink.clone()),

@@ -204,6 +204,8 @@ pub struct Options {
     pub clickhouse: bool,
     /// The firewall's `log.level`.
     pub log_level: String,
+    /// The firewall speaks HTTP/2 (h2c) to the canned upstream.
+    pub firewall_upstream_http2: bool,
     /// Print a line per round instead of progress bars.
     pub plain_progress: bool,
     /// Length of the dedicated audit-pipeline load (zero skips it).
@@ -589,6 +591,7 @@ impl World {
                     .then(|| (self.tls.cert_file.clone(), self.tls.key_file.clone())),
                 audit,
                 log_level: self.opts.log_level.clone(),
+                upstream_http2: self.opts.firewall_upstream_http2,
             };
             let placement = self.placement(self.opts.pin_proxy.as_deref());
             let fw = Firewall::start(
@@ -1180,6 +1183,11 @@ impl World {
             hold_ms: u64::try_from(o.hold.as_millis()).unwrap_or(u64::MAX),
             audit_sink: self.audit_sink(),
             firewall_log_level: o.log_level.clone(),
+            firewall_upstream: if o.firewall_upstream_http2 {
+                "HTTP/2 (h2c)".to_owned()
+            } else {
+                "HTTP/1.1 keep-alive".to_owned()
+            },
             token_mint_s: self.mint_s,
         }
     }
@@ -1421,6 +1429,7 @@ mod tests {
             nginx_workers: "1".into(),
             clickhouse: false,
             log_level: "warn".into(),
+            firewall_upstream_http2: false,
             plain_progress: true,
             audit_duration: Duration::ZERO,
         };

@@ -188,6 +188,11 @@ pub struct RawUpstream {
     /// Speak HTTP/2 to this upstream (h2 over TLS via ALPN, or prior-knowledge h2c).
     #[serde(default)]
     pub http2: bool,
+    /// With `http2`: most streams one connection carries at once; a request
+    /// finding every connection full opens another. Default 100 (at or below
+    /// what common servers allow per connection).
+    #[serde(default = "default_http2_max_streams")]
+    pub http2_max_streams: usize,
     /// Projects this upstream belongs to: a run reaches it only when one of
     /// them is among the run's effective projects. None: nobody reaches it.
     #[serde(default)]
@@ -267,6 +272,9 @@ fn default_request_timeout_ms() -> u64 {
 }
 fn default_idle_timeout_ms() -> u64 {
     300_000
+}
+fn default_http2_max_streams() -> usize {
+    100
 }
 
 fn default_policy_dir() -> PathBuf {

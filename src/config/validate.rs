@@ -106,6 +106,8 @@ pub struct Upstream {
     pub max_response_bytes: usize,
     /// HTTP/2 to the upstream.
     pub http2: bool,
+    /// Streams per HTTP/2 connection.
+    pub http2_max_streams: usize,
     /// Calls per second to this upstream, all runs together.
     pub max_calls_per_s: Option<u32>,
     /// Injected headers (credentials); values are secrets.
@@ -538,6 +540,7 @@ impl Validator<'_> {
             max_request_bytes: u.max_request_bytes.unwrap_or(server.max_request_bytes),
             max_response_bytes: u.max_response_bytes.unwrap_or(server.max_response_bytes),
             http2: u.http2,
+            http2_max_streams: u.http2_max_streams,
             max_calls_per_s: u.max_calls_per_s,
             inject,
             identity_headers,

@@ -1,14 +1,18 @@
-//! Body types of the request path: the boxed body every response uses, and
-//! reading an upstream body frame by frame under an idle timeout.
+//! Body types of the request path: the boxed body every response uses, an
+//! upstream's body (with the HTTP/2 stream slot it holds), and reading it
+//! frame by frame under an idle timeout.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 
 use super::error::UpstreamFailure;
+use super::h2pool::StreamSlot;
 
 /// Errors a response body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -28,10 +32,54 @@ pub fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
+/// An upstream response body. Over HTTP/2 it holds its stream's slot on the
+/// connection until dropped, so the pool counts the stream for as long as
+/// the answer is being relayed.
+#[derive(Debug)]
+pub struct UpstreamIncoming {
+    body: Incoming,
+    _slot: Option<StreamSlot>,
+}
+
+impl UpstreamIncoming {
+    /// A body received over HTTP/1.1.
+    pub fn http1(body: Incoming) -> Self {
+        UpstreamIncoming { body, _slot: None }
+    }
+
+    /// A body received over HTTP/2, holding `slot`.
+    pub fn http2(body: Incoming, slot: StreamSlot) -> Self {
+        UpstreamIncoming {
+            body,
+            _slot: Some(slot),
+        }
+    }
+}
+
+impl hyper::body::Body for UpstreamIncoming {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Reads an upstream body one data chunk at a time. Trailers are ignored
 /// (MCP does not use them); silence longer than `idle` is a failure.
 pub struct UpstreamBody {
-    inner: Incoming,
+    inner: UpstreamIncoming,
     idle: Duration,
 }
 
@@ -39,7 +87,7 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     /// Wraps an upstream response body.
-    pub fn new(inner: Incoming, idle: Duration) -> Self {
+    pub fn new(inner: UpstreamIncoming, idle: Duration) -> Self {
         UpstreamBody { inner, idle }
     }
 

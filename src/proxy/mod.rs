@@ -52,6 +52,7 @@ pub mod approvals;
 pub mod body;
 pub mod decide;
 pub mod error;
+pub mod h2pool;
 pub mod hold;
 pub mod own_client;
 pub mod record;

@@ -31,7 +31,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName};
 use http::{header, HeaderValue, Method, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -41,7 +41,7 @@ use crate::mcp::{rewrite, sse};
 use crate::policy::Access;
 use crate::server::listener::ConnInfo;
 
-use super::body::{full, Body, BoxError, Collected, UpstreamBody};
+use super::body::{full, Body, BoxError, Collected, UpstreamBody, UpstreamIncoming};
 use super::decide::RunContext;
 use super::error::{codes, ProxyError, UpstreamFailure};
 use super::record::{OpenRow, Recorder};
@@ -244,7 +244,10 @@ impl Exchange {
     }
 
     /// Turns the upstream's response into the client's.
-    pub async fn respond(mut self, resp: Response<Incoming>) -> Result<Response<Body>, ProxyError> {
+    pub async fn respond(
+        mut self,
+        resp: Response<UpstreamIncoming>,
+    ) -> Result<Response<Body>, ProxyError> {
         let (parts, incoming) = resp.into_parts();
         if let Some(a) = self.audit.as_mut() {
             a.status = parts.status.as_u16();

@@ -1,6 +1,7 @@
 //! Talking to one upstream MCP server: a pooled hyper client (HTTP/1.1
-//! keep-alive or HTTP/2, plain or rustls with an optional extra CA), and the
-//! header hygiene of every forwarded request.
+//! keep-alive, or HTTP/2 over a set of connections: [`super::h2pool`]),
+//! plain or rustls with an optional extra CA, and the header hygiene of every
+//! forwarded request.
 //!
 //! What the upstream sees from the client is decided here and nowhere else:
 //! hop-by-hop headers, `Host`, `Authorization`, the tool-token header and any
@@ -18,7 +19,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Uri};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -29,16 +29,28 @@ use rustls_pki_types::CertificateDer;
 use crate::config::{is_hop_by_hop, Upstream};
 use crate::server::listener::ConnInfo;
 
+use super::body::UpstreamIncoming;
 use super::error::UpstreamFailure;
+use super::h2pool::{H2Error, H2Pool};
 
 /// A client for one upstream.
 pub struct UpstreamClient {
     /// The validated config of this upstream.
     pub config: Arc<Upstream>,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    transport: Transport,
     /// Headers stripped from every client request before forwarding: the
     /// token headers and the identity headers the firewall owns.
     strip: Arc<[HeaderName]>,
+}
+
+/// How requests reach the upstream.
+// One per upstream, built once and never moved: the size difference is moot.
+#[allow(clippy::large_enum_variant)]
+enum Transport {
+    /// HTTP/1.1 keep-alive, pooled.
+    Http1(Client<HttpsConnector<HttpConnector>, Full<Bytes>>),
+    /// HTTP/2 over as many connections as the streams in flight need.
+    Http2(Arc<H2Pool>),
 }
 
 /// Why an upstream client could not be built.
@@ -51,6 +63,14 @@ pub enum ClientError {
         upstream: String,
         /// The file.
         path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The TLS settings or the upstream's address cannot be used.
+    #[error("upstream {upstream:?}: {reason}")]
+    Setup {
+        /// Upstream name.
+        upstream: String,
         /// What went wrong.
         reason: String,
     },
@@ -114,9 +134,8 @@ impl UpstreamClient {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| ClientError::CaFile {
+            .map_err(|e| ClientError::Setup {
                 upstream: config.name.clone(),
-                path: String::new(),
                 reason: e.to_string(),
             })?
             .with_root_certificates(roots)
@@ -132,26 +151,44 @@ impl UpstreamClient {
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http();
-        let connector = if config.http2 {
-            builder.enable_all_versions().wrap_connector(http)
+        let transport = if config.http2 {
+            // HTTP/2 only: h2 in ALPN on TLS, prior knowledge on plain TCP.
+            let connector = builder.enable_http2().wrap_connector(http);
+            let mut target = config.url.clone().into_parts();
+            target.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+            let target = Uri::from_parts(target).map_err(|e| ClientError::Setup {
+                upstream: config.name.clone(),
+                reason: e.to_string(),
+            })?;
+            Transport::Http2(Arc::new(H2Pool::new(
+                connector,
+                target,
+                config.http2_max_streams,
+                Duration::from_secs(60),
+            )))
         } else {
-            builder.enable_http1().wrap_connector(http)
+            let connector = builder.enable_http1().wrap_connector(http);
+            let mut client = Client::builder(TokioExecutor::new());
+            client
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .pool_max_idle_per_host(1024);
+            Transport::Http1(client.build(connector))
         };
-        let mut client = Client::builder(TokioExecutor::new());
-        client
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024);
-        if config.http2 && !config.tls {
-            // Plain-text HTTP/2 needs prior knowledge.
-            client.http2_only(true);
-        }
         Ok(UpstreamClient {
-            client: client.build(connector),
+            transport,
             config,
             strip,
         })
+    }
+
+    /// Open HTTP/2 connections to this upstream (0 over HTTP/1.1).
+    pub fn http2_connections(&self) -> usize {
+        match &self.transport {
+            Transport::Http1(_) => 0,
+            Transport::Http2(pool) => pool.connections(),
+        }
     }
 
     /// Sends a request and waits (bounded by the request timeout) for the
@@ -163,17 +200,35 @@ impl UpstreamClient {
     pub fn send(
         &self,
         fwd: Forward<'_>,
-    ) -> impl Future<Output = Result<Response<Incoming>, UpstreamFailure>> + Send + 'static {
+    ) -> impl Future<Output = Result<Response<UpstreamIncoming>, UpstreamFailure>> + Send + 'static
+    {
         let request = self
             .build(fwd)
-            .map(|req| self.client.request(req))
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()));
+        let transport = match &self.transport {
+            Transport::Http1(c) => Ok(c.clone()),
+            Transport::Http2(p) => Err(p.clone()),
+        };
         let timeout = self.config.request_timeout;
         async move {
-            match tokio::time::timeout(timeout, request?).await {
+            let request = request?;
+            let sending = async move {
+                match transport {
+                    Ok(client) => client
+                        .request(request)
+                        .await
+                        .map(|r| r.map(UpstreamIncoming::http1))
+                        .map_err(|e| classify(&e)),
+                    Err(pool) => match pool.send(request).await {
+                        Ok((r, slot)) => Ok(r.map(|b| UpstreamIncoming::http2(b, slot))),
+                        Err(H2Error::Connect(m)) => Err(UpstreamFailure::Connect(m)),
+                        Err(H2Error::Send(m)) => Err(UpstreamFailure::Reset(m)),
+                    },
+                }
+            };
+            match tokio::time::timeout(timeout, sending).await {
                 Err(_) => Err(UpstreamFailure::Timeout(timeout.as_millis() as u64)),
-                Ok(Err(e)) => Err(classify(&e)),
-                Ok(Ok(resp)) => Ok(resp),
+                Ok(result) => result,
             }
         }
     }

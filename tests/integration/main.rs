@@ -20,3 +20,4 @@ mod through_firewall;
 mod tls;
 mod tokens;
 mod upstream_failures;
+mod upstream_h2;
