@@ -58,6 +58,9 @@ enum Command {
         /// `audit.batch.max_rows` (default: the product's).
         #[arg(long)]
         batch_rows: Option<usize>,
+        /// `audit.batch.max_bytes` (default: the product's).
+        #[arg(long)]
+        batch_bytes: Option<usize>,
     },
     /// Re-render report.md and report.svg (and the design-target notes)
     /// from a report.json.
@@ -213,10 +216,12 @@ fn main() -> ExitCode {
             rows,
             tasks,
             batch_rows,
+            batch_bytes,
         } => audit_pipeline(mcp_bench::pipeline::Spec {
             rows,
             tasks,
             batch_rows,
+            batch_bytes,
         }),
         Command::Render { json, publish } => render(&json, publish),
     };
@@ -536,7 +541,7 @@ fn audit_pipeline(spec: mcp_bench::pipeline::Spec) -> anyhow::Result<ExitCode> {
         .build()?;
     let f = runtime.block_on(mcp_bench::pipeline::run(&spec, dir.path()))?;
     println!(
-        "audit pipeline, {} rows per phase, {} tasks, INSERTs of {} rows:\n  \
+        "audit pipeline, {} rows per phase, {} tasks, INSERTs of at most {} rows / {} KiB:\n  \
          spool only              {:>9.0} rows/s\n  \
          spool -> ClickHouse     {:>9.0} rows/s\n  \
          concurrent: recorded at {:>9.0} rows/s, all in ClickHouse at {:.0} rows/s\n  \
@@ -544,6 +549,7 @@ fn audit_pipeline(spec: mcp_bench::pipeline::Spec) -> anyhow::Result<ExitCode> {
         spec.rows,
         spec.tasks,
         f.batch_rows,
+        f.batch_bytes / 1024,
         f.spool_rows_per_s,
         f.ship_rows_per_s,
         f.concurrent_record_rows_per_s,

@@ -28,6 +28,8 @@ pub struct Spec {
     pub tasks: u64,
     /// `audit.batch.max_rows` (the product's default when `None`).
     pub batch_rows: Option<usize>,
+    /// `audit.batch.max_bytes` (the product's default when `None`).
+    pub batch_bytes: Option<usize>,
 }
 
 /// Rows per second of each phase.
@@ -43,6 +45,8 @@ pub struct Figures {
     pub concurrent_end_to_end_rows_per_s: f64,
     /// `INSERT` batch size used.
     pub batch_rows: usize,
+    /// `INSERT` body cap used, bytes.
+    pub batch_bytes: usize,
 }
 
 /// Runs the three phases against a throwaway ClickHouse in `dir`.
@@ -56,6 +60,7 @@ pub async fn run(spec: &Spec, dir: &Path) -> anyhow::Result<Figures> {
 async fn phases(spec: &Spec, dir: &Path, ch: &ClickHouse) -> anyhow::Result<Figures> {
     let defaults = AuditConfig::default();
     let batch_rows = spec.batch_rows.unwrap_or(defaults.batch.max_rows);
+    let batch_bytes = spec.batch_bytes.unwrap_or(defaults.batch.max_bytes);
     let config = |spool: &Path, url: &str, db: &str| {
         let mut c = AuditConfig::default();
         c.clickhouse.url = url.to_owned();
@@ -63,6 +68,7 @@ async fn phases(spec: &Spec, dir: &Path, ch: &ClickHouse) -> anyhow::Result<Figu
         c.spool.dir = spool.to_owned();
         c.spool.max_bytes = 8 << 30;
         c.batch.max_rows = batch_rows;
+        c.batch.max_bytes = batch_bytes;
         c.batch.max_age_ms = 200;
         c.instance = Some("mcp-bench".to_owned());
         c
@@ -105,6 +111,7 @@ async fn phases(spec: &Spec, dir: &Path, ch: &ClickHouse) -> anyhow::Result<Figu
         concurrent_record_rows_per_s: rate(record_s),
         concurrent_end_to_end_rows_per_s: rate(both_s),
         batch_rows,
+        batch_bytes,
     })
 }
 
