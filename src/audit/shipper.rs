@@ -98,10 +98,16 @@ struct InFlight {
 type InsertFuture = Pin<Box<dyn Future<Output = Bytes> + Send>>;
 type SchemaFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// Spare batch buffers up to this size are kept whatever their last batch
+/// used: too small to be worth giving back.
+pub(crate) const KEEP_ANY_BELOW: usize = 256 << 10;
+
 /// Batch buffers handed back by finished inserts, for the next batches: the
 /// shipper cycles through at most `max_in_flight + 1` buffers of up to
 /// `batch.max_bytes` instead of allocating megabytes per batch, which the
-/// allocator is slow to give back to the system.
+/// allocator is slow to give back to the system. A buffer its last batch
+/// filled less than half of (beyond [`KEEP_ANY_BELOW`]) is not kept: it was
+/// sized by a busier time, and memory follows the load back down.
 #[derive(Debug, Default)]
 pub(crate) struct BufferPool {
     spares: Vec<Vec<u8>>,
@@ -123,14 +129,18 @@ impl BufferPool {
             .unwrap_or_else(|| Vec::with_capacity(capacity))
     }
 
-    /// Keeps `body`'s buffer if nothing else refers to it and the pool is not
-    /// full.
+    /// Keeps `body`'s buffer if nothing else refers to it, the pool is not
+    /// full, and the batch it carried used at least half of it.
     pub(crate) fn give(&mut self, body: Bytes) {
         if self.spares.len() >= self.keep {
             return;
         }
+        let used = body.len();
         if let Ok(unique) = body.try_into_mut() {
             let mut v = Vec::from(unique);
+            if v.capacity() > KEEP_ANY_BELOW && v.capacity() / 2 > used {
+                return;
+            }
             v.clear();
             self.spares.push(v);
         }

@@ -62,3 +62,24 @@ fn buffer_pool_reuses_unshared_bodies_up_to_its_size() {
     }
     assert_eq!(pool.spares.len(), 2);
 }
+
+#[test]
+fn buffer_pool_lets_oversized_buffers_go_when_batches_shrink() {
+    let mut pool = BufferPool::new(2);
+    // A small batch in a buffer a busier time grew: not kept.
+    let mut big = Vec::with_capacity(4 << 20);
+    big.extend_from_slice(&[7u8; 1024]);
+    pool.give(Bytes::from(big));
+    assert!(pool.spares.is_empty());
+    // A batch that used most of its buffer: kept.
+    let mut full = Vec::with_capacity(4 << 20);
+    full.resize(3 << 20, 7);
+    pool.give(Bytes::from(full));
+    assert_eq!(pool.spares.len(), 1);
+    assert!(pool.take(16).capacity() >= 3 << 20);
+    // Below the floor, any use keeps it.
+    let mut small = Vec::with_capacity(KEEP_ANY_BELOW);
+    small.push(1);
+    pool.give(Bytes::from(small));
+    assert_eq!(pool.spares.len(), 1);
+}
