@@ -482,6 +482,7 @@ impl Validator<'_> {
             ("connect_timeout_ms", u.connect_timeout_ms),
             ("request_timeout_ms", u.request_timeout_ms),
             ("idle_timeout_ms", u.idle_timeout_ms),
+            ("http2_max_streams", u.http2_max_streams as u64),
         ] {
             if v == 0 {
                 return Err(self.invalid(key(k), "must be greater than 0"));

@@ -114,6 +114,15 @@ fn ca_file_on_plain_http_upstream_is_rejected() {
 }
 
 #[test]
+fn zero_http2_streams_per_connection_is_rejected() {
+    let e = err(&format!("{MINIMAL}http2 = true\nhttp2_max_streams = 0\n"));
+    assert!(
+        e.contains("upstream[0].http2_max_streams: must be greater than 0"),
+        "{e}"
+    );
+}
+
+#[test]
 fn zero_limits_are_rejected() {
     let e = err(&MINIMAL.replace("plaintext = true", "plaintext = true\nmax_batch = 0"));
     assert!(
