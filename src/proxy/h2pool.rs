@@ -118,11 +118,6 @@ impl H2Pool {
         ))
     }
 
-    /// Open connections (for tests and metrics).
-    pub fn connections(&self) -> usize {
-        self.lock().len()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -183,14 +183,6 @@ impl UpstreamClient {
         })
     }
 
-    /// Open HTTP/2 connections to this upstream (0 over HTTP/1.1).
-    pub fn http2_connections(&self) -> usize {
-        match &self.transport {
-            Transport::Http1(_) => 0,
-            Transport::Http2(pool) => pool.connections(),
-        }
-    }
-
     /// Sends a request and waits (bounded by the request timeout) for the
     /// response headers.
     ///
