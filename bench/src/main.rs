@@ -573,7 +573,7 @@ fn serve_passthrough(
         .build()?;
     runtime.block_on(async move {
         let (stop, rx) = tokio::sync::watch::channel(false);
-        let (listener, addr) = passthrough::bind(listen).await?;
+        let (listener, addr) = upstream::bind(listen).await?;
         println!("listening http://{addr}");
         let task = tokio::spawn(passthrough::serve(listener, upstream, rx));
         wait_for_signal().await;

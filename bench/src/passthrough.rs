@@ -96,20 +96,7 @@ pub async fn serve(listener: TcpListener, upstream: Uri, mut stop: watch::Receiv
     let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .build(connector);
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.changed() => return,
-        };
-        let stream = match accepted {
-            Ok((s, _)) => s,
-            Err(e) => {
-                eprintln!("mcp-bench passthrough: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+    crate::upstream::accept_until(&listener, &mut stop, "passthrough", |stream| {
         let client = client.clone();
         let upstream = upstream.clone();
         let builder = builder.clone();
@@ -117,7 +104,8 @@ pub async fn serve(listener: TcpListener, upstream: Uri, mut stop: watch::Receiv
             let svc = service_fn(move |req| forward(client.clone(), upstream.clone(), req));
             let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
         });
-    }
+    })
+    .await;
 }
 
 async fn forward(
@@ -149,11 +137,4 @@ fn status(code: StatusCode) -> Response<Body> {
     let mut r = Response::new(Empty::new().map_err(|never| match never {}).boxed());
     *r.status_mut() = code;
     r
-}
-
-/// Binds `addr` and returns the listener with its bound address.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let l = TcpListener::bind(addr).await?;
-    let a = l.local_addr()?;
-    Ok((l, a))
 }

@@ -677,19 +677,15 @@ impl World {
     }
 
     fn passthrough(&mut self) -> Result<&Passthrough, RunError> {
-        if self.passthrough.is_none() {
-            let placement = self.placement(self.opts.pin_proxy.as_deref());
-            let p = Passthrough::start(
+        let p = match self.passthrough.take() {
+            Some(p) => p,
+            None => Passthrough::start(
                 self.upstream.plain(),
                 &self.dir.join("passthrough.log"),
-                &placement,
-            )?;
-            self.passthrough = Some(p);
-        }
-        match &self.passthrough {
-            Some(p) => Ok(p),
-            None => Err(RunError::Upstream("passthrough not started".to_owned())),
-        }
+                &self.placement(self.opts.pin_proxy.as_deref()),
+            )?,
+        };
+        Ok(self.passthrough.insert(p))
     }
 
     /// Endpoint and process ids of `target` for `cell`; `None` if the target

@@ -38,7 +38,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
@@ -130,22 +130,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.changed() => return,
-        };
-        let (stream, _) = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                eprintln!("mcp-bench upstream: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        // Small answers must not wait for Nagle.
-        let _ = stream.set_nodelay(true);
+    accept_until(&listener, &mut stop, "upstream", |stream| {
         let answers = answers.clone();
         let builder = builder.clone();
         let tls = tls.clone();
@@ -165,6 +150,34 @@ pub async fn serve(
                 }
             }
         });
+    })
+    .await;
+}
+
+/// Accepts connections on `listener` (TCP_NODELAY: small answers must not
+/// wait for Nagle) and hands each to `on_conn`, until `stop` turns true. A
+/// failed accept (EMFILE and friends) backs off instead of spinning.
+pub async fn accept_until(
+    listener: &TcpListener,
+    stop: &mut watch::Receiver<bool>,
+    who: &str,
+    mut on_conn: impl FnMut(TcpStream),
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                on_conn(stream);
+            }
+            Err(e) => {
+                eprintln!("mcp-bench {who}: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 }
 

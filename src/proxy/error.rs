@@ -330,3 +330,15 @@ pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
 fn plain_json(status: StatusCode, v: serde_json::Value) -> Response<Body> {
     json_response(status, Bytes::from(v.to_string()))
 }
+
+/// An error and its sources on one line (`outer: cause: root cause`).
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}

@@ -28,16 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
-/// Why a request could not be sent over HTTP/2.
-#[derive(Debug, thiserror::Error)]
-pub enum H2Error {
-    /// TCP, TLS or the HTTP/2 handshake failed.
-    #[error("connecting: {0}")]
-    Connect(String),
-    /// The connection failed while the request was in flight.
-    #[error("{0}")]
-    Send(String),
-}
+use super::error::{error_chain, UpstreamFailure};
 
 /// Counts one open stream on its connection until dropped.
 #[derive(Debug)]
@@ -89,11 +80,13 @@ impl H2Pool {
 
     /// Sends `req` and returns the response with the slot its stream holds.
     /// A request the connection refused before sending anything (it was
-    /// closing) is sent once more on another connection.
+    /// closing) is sent once more on another connection. Failing to open a
+    /// connection is [`UpstreamFailure::Connect`], a stream that breaks is
+    /// [`UpstreamFailure::Reset`].
     pub async fn send(
         &self,
         req: Request<Full<Bytes>>,
-    ) -> Result<(Response<Incoming>, StreamSlot), H2Error> {
+    ) -> Result<(Response<Incoming>, StreamSlot), UpstreamFailure> {
         let mut req = req;
         for attempt in 0..2 {
             let (mut tx, slot) = match self.pick() {
@@ -109,11 +102,11 @@ impl H2Pool {
                 Ok(resp) => return Ok((resp, slot)),
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if attempt == 0 => req = unsent,
-                    _ => return Err(H2Error::Send(chain(e.error()))),
+                    _ => return Err(UpstreamFailure::Reset(error_chain(e.error()))),
                 },
             }
         }
-        Err(H2Error::Send(
+        Err(UpstreamFailure::Reset(
             "the upstream closed every HTTP/2 connection".to_owned(),
         ))
     }
@@ -146,7 +139,7 @@ impl H2Pool {
     }
 
     /// Opens a connection (one at a time) unless one freed up meanwhile.
-    async fn open(&self) -> Result<(SendRequest<Full<Bytes>>, StreamSlot), H2Error> {
+    async fn open(&self) -> Result<(SendRequest<Full<Bytes>>, StreamSlot), UpstreamFailure> {
         let _opening = self.opening.lock().await;
         if let Some(picked) = self.pick() {
             return Ok(picked);
@@ -155,14 +148,14 @@ impl H2Pool {
         let io = connector
             .call(self.target.clone())
             .await
-            .map_err(|e| H2Error::Connect(chain(&*e)))?;
+            .map_err(|e| UpstreamFailure::Connect(error_chain(&*e)))?;
         let (tx, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(20))
             .handshake(io)
             .await
-            .map_err(|e| H2Error::Connect(chain(&e)))?;
+            .map_err(|e| UpstreamFailure::Connect(error_chain(&e)))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
@@ -176,16 +169,4 @@ impl H2Pool {
         });
         Ok((tx, StreamSlot(active)))
     }
-}
-
-/// An error and its sources, one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
 }

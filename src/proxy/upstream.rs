@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::{Either, FutureExt};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Uri};
 use http_body_util::Full;
@@ -30,8 +31,8 @@ use crate::config::{is_hop_by_hop, Upstream};
 use crate::server::listener::ConnInfo;
 
 use super::body::UpstreamIncoming;
-use super::error::UpstreamFailure;
-use super::h2pool::{H2Error, H2Pool};
+use super::error::{error_chain, UpstreamFailure};
+use super::h2pool::H2Pool;
 
 /// A client for one upstream.
 pub struct UpstreamClient {
@@ -194,31 +195,25 @@ impl UpstreamClient {
         fwd: Forward<'_>,
     ) -> impl Future<Output = Result<Response<UpstreamIncoming>, UpstreamFailure>> + Send + 'static
     {
-        let request = self
+        let sending = self
             .build(fwd)
-            .map_err(|e| UpstreamFailure::Invalid(e.to_string()));
-        let transport = match &self.transport {
-            Transport::Http1(c) => Ok(c.clone()),
-            Transport::Http2(p) => Err(p.clone()),
-        };
+            .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
+            .map(|request| match &self.transport {
+                Transport::Http1(client) => Either::Left(client.request(request).map(|r| {
+                    r.map(|r| r.map(UpstreamIncoming::http1))
+                        .map_err(|e| classify(&e))
+                })),
+                Transport::Http2(pool) => {
+                    let pool = Arc::clone(pool);
+                    Either::Right(async move {
+                        let (r, slot) = pool.send(request).await?;
+                        Ok(r.map(|b| UpstreamIncoming::http2(b, slot)))
+                    })
+                }
+            });
         let timeout = self.config.request_timeout;
         async move {
-            let request = request?;
-            let sending = async move {
-                match transport {
-                    Ok(client) => client
-                        .request(request)
-                        .await
-                        .map(|r| r.map(UpstreamIncoming::http1))
-                        .map_err(|e| classify(&e)),
-                    Err(pool) => match pool.send(request).await {
-                        Ok((r, slot)) => Ok(r.map(|b| UpstreamIncoming::http2(b, slot))),
-                        Err(H2Error::Connect(m)) => Err(UpstreamFailure::Connect(m)),
-                        Err(H2Error::Send(m)) => Err(UpstreamFailure::Reset(m)),
-                    },
-                }
-            };
-            match tokio::time::timeout(timeout, sending).await {
+            match tokio::time::timeout(timeout, sending?).await {
                 Err(_) => Err(UpstreamFailure::Timeout(timeout.as_millis() as u64)),
                 Ok(result) => result,
             }
@@ -307,13 +302,7 @@ fn connection_tokens(headers: &HeaderMap) -> Vec<HeaderName> {
 
 /// Turns a client error into a failure the agent can act on.
 fn classify(e: &hyper_util::client::legacy::Error) -> UpstreamFailure {
-    let mut msg = e.to_string();
-    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
+    let msg = error_chain(e);
     if e.is_connect() {
         UpstreamFailure::Connect(msg)
     } else {
