@@ -99,6 +99,11 @@ pub async fn start_with(
             "http"
         };
         c.server.public_url = format!("{scheme}://{mcp_addr}");
+        if c.server.origins_from_public_url {
+            c.server.allowed_origins = crate::config::origin_of(&c.server.public_url, false)
+                .into_iter()
+                .collect();
+        }
         Arc::new(c)
     };
     let approvals = start_approvals(&config, &mut registry, admin_addr).await?;
@@ -139,12 +144,25 @@ pub async fn start_with(
     let permits = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
     let drain = config.server.drain_timeout;
     let shared = stack::Shared::new(state.clone(), permits);
+    let metrics = state.metrics.clone();
+    let limits = listener::ConnLimits {
+        connections: Arc::new(Semaphore::new(config.server.max_connections)),
+        write_idle: config.server.write_idle_timeout,
+        on_refused: Arc::new(move |why| {
+            let counter = match why {
+                listener::Refused::TooMany => &metrics.refused_connections,
+                listener::Refused::WriteIdle => &metrics.write_idle_closed,
+            };
+            counter.inc();
+        }),
+    };
     let mcp = tokio::spawn(listener::serve(
         mcp_listener,
         acceptor,
         move |conn| stack::mcp(&shared, conn),
         rx.clone(),
         drain,
+        limits,
     ));
     let admin_state = admin.clone();
     let admin_task = tokio::spawn(listener::serve(
@@ -156,6 +174,7 @@ pub async fn start_with(
         },
         rx,
         drain,
+        listener::ConnLimits::unlimited(),
     ));
 
     tracing::info!(%mcp_addr, %admin_addr, tls = config.server.tls.is_some(), upstreams = config.upstreams.len(), "mcp-firewall listening");

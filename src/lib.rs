@@ -16,6 +16,7 @@ pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod http_util;
 pub mod mcp;
 pub mod outcome;
 pub mod policy;

@@ -20,6 +20,13 @@ pub enum StopReason {
     ApprovalRequired,
     /// The upstream failed.
     UpstreamError,
+    /// The client went away before the answer reached it (the upstream may
+    /// have acted).
+    ClientGone,
+    /// The upstream's stream ended without the answer.
+    UpstreamIncomplete,
+    /// The client cancelled the call before it ran.
+    Cancelled,
 }
 
 /// What the firewall decided about one message (the audit `decision` column).
@@ -39,11 +46,13 @@ pub enum DecisionKind {
     Skip,
     /// The firewall could not do its job (audit unavailable, internal error).
     Error,
+    /// The client cancelled a held call.
+    Cancel,
 }
 
 impl StopReason {
     /// Every stop reason, for metric initialisation.
-    pub const ALL: [StopReason; 7] = [
+    pub const ALL: [StopReason; 10] = [
         StopReason::Done,
         StopReason::StepCap,
         StopReason::CostCap,
@@ -51,6 +60,9 @@ impl StopReason {
         StopReason::Denied,
         StopReason::ApprovalRequired,
         StopReason::UpstreamError,
+        StopReason::ClientGone,
+        StopReason::UpstreamIncomplete,
+        StopReason::Cancelled,
     ];
 
     /// The wire and column name.
@@ -63,6 +75,9 @@ impl StopReason {
             StopReason::Denied => "denied",
             StopReason::ApprovalRequired => "approval_required",
             StopReason::UpstreamError => "upstream_error",
+            StopReason::ClientGone => "client_gone",
+            StopReason::UpstreamIncomplete => "upstream_incomplete",
+            StopReason::Cancelled => "cancelled",
         }
     }
 }
@@ -84,6 +99,7 @@ impl DecisionKind {
             DecisionKind::Invalid => "invalid",
             DecisionKind::Skip => "skip",
             DecisionKind::Error => "error",
+            DecisionKind::Cancel => "cancel",
         }
     }
 }

@@ -57,6 +57,12 @@ pub struct Metrics {
     >,
     /// Runs whose budget state is held in memory.
     pub budget_runs: prometheus_client::metrics::gauge::Gauge,
+    /// Requests refused by the per-address limit before token verification.
+    pub refused_ip: prometheus_client::metrics::counter::Counter,
+    /// Connections closed at once because `max_connections` were open.
+    pub refused_connections: prometheus_client::metrics::counter::Counter,
+    /// Connections closed because the client stopped reading.
+    pub write_idle_closed: prometheus_client::metrics::counter::Counter,
 }
 
 impl Metrics {
@@ -65,7 +71,25 @@ impl Metrics {
         let m = Metrics {
             calls: Default::default(),
             budget_runs: Default::default(),
+            refused_ip: Default::default(),
+            refused_connections: Default::default(),
+            write_idle_closed: Default::default(),
         };
+        registry.register(
+            "refused_ip",
+            "Requests refused by the per-address limit (before token verification)",
+            m.refused_ip.clone(),
+        );
+        registry.register(
+            "refused_connections",
+            "Connections closed at once because server.max_connections were open",
+            m.refused_connections.clone(),
+        );
+        registry.register(
+            "write_idle_closed",
+            "Connections closed because the client stopped reading (server.write_idle_timeout_ms)",
+            m.write_idle_closed.clone(),
+        );
         registry.register(
             "tool_calls",
             "tools/call messages by upstream, tool and stop reason",

@@ -58,14 +58,23 @@ CREATE TABLE IF NOT EXISTS {database}.{table}
     bytes_in            UInt64,
     bytes_out           UInt64,
     instance            LowCardinality(String),
-    trace_id            String
+    trace_id            String,
+    row_version         UInt8 DEFAULT 1
 )
-ENGINE = ReplacingMergeTree()
+ENGINE = ReplacingMergeTree(row_version)
 PARTITION BY toYYYYMMDD(time)
 ORDER BY (tenant, run_id, time, event_id)
 SETTINGS index_granularity = 8192;
 
--- Per day: calls, denials, errors, distinct runs, latency quantiles, by tenant,
+-- Tables created by releases before the write-ahead intent rows lack
+-- row_version: the firewall adds the column at start (ALTER TABLE ... ADD
+-- COLUMN row_version UInt8 DEFAULT 1; 18.16 has no ADD COLUMN IF NOT EXISTS).
+-- Such a table keeps working, but only one created with
+-- ReplacingMergeTree(row_version) collapses an intent into its completion
+-- under FINAL; recreate it to get that.
+
+-- Per day, over final rows (a call's intent row is not counted; its completion
+-- is): calls, denials, errors, distinct runs, latency quantiles, by tenant,
 -- upstream, tool, decision, agent role and stop reason. Counts are uniqExact
 -- states over event_id, so a row inserted twice still counts once (merge them
 -- with uniqExactMerge / uniqExactIfMerge). Latency quantiles are not
@@ -112,4 +121,5 @@ AS SELECT
     uniqExactState(run_id)                                     AS runs,
     quantilesState(0.5, 0.95, 0.99)(latency_us)                AS latency_quantiles
 FROM {database}.{table}
+WHERE row_version = 1
 GROUP BY day, tenant, upstream, tool, decision, agent_role, stop_reason;

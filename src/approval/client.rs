@@ -398,7 +398,7 @@ pub fn render_list(list: &ListView) -> String {
             upstream = a.key.upstream,
             run = a.key.run_id,
             agent = a.agent,
-            sub = a.subject,
+            sub = a.key.subject,
         );
     }
     out.push_str("\nmcp-firewall approvals show ID | approve ID | deny ID --reason TEXT\n");
@@ -414,7 +414,12 @@ pub fn render_approval(v: &ApprovalView, now_ms: u64) -> String {
     let _ = writeln!(out, "tool      {} on {}", a.key.tool, a.key.upstream);
     let _ = writeln!(out, "risk      {}", a.risk.as_str());
     let _ = writeln!(out, "run       {} (agent {})", a.key.run_id, a.agent);
-    let _ = writeln!(out, "asked by  {} at {}", a.subject, fmt_ms(a.created_ms));
+    let _ = writeln!(
+        out,
+        "asked by  {} at {}",
+        a.key.subject,
+        fmt_ms(a.created_ms)
+    );
     let _ = writeln!(
         out,
         "deadline  {} ({})",

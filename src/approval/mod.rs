@@ -399,6 +399,8 @@ pub enum Status {
     Expired,
     /// The approved call ran.
     Consumed,
+    /// The caller cancelled the call before it ran; it never will.
+    Withdrawn,
 }
 
 impl Status {
@@ -410,6 +412,7 @@ impl Status {
             Status::Denied => "denied",
             Status::Expired => "expired",
             Status::Consumed => "consumed",
+            Status::Withdrawn => "withdrawn",
         }
     }
 
@@ -421,6 +424,7 @@ impl Status {
             "denied" => Status::Denied,
             "expired" => Status::Expired,
             "consumed" => Status::Consumed,
+            "withdrawn" => Status::Withdrawn,
             _ => return None,
         })
     }
@@ -446,6 +450,10 @@ pub struct CallKey {
     pub tenant: String,
     /// The run (tool token `run_id`).
     pub run_id: String,
+    /// `sub` of the tool token: who asked. Part of the key: an approval
+    /// granted for one caller's call never runs another caller's identical
+    /// call of the same run.
+    pub subject: String,
     /// The upstream route name.
     pub upstream: String,
     /// The tool.
@@ -458,10 +466,8 @@ pub struct CallKey {
 /// What the request path knows when a call meets an `approve` gate.
 #[derive(Debug, Clone)]
 pub struct NewApproval {
-    /// The call.
+    /// The call (with who asked).
     pub key: CallKey,
-    /// `sub` of the tool token: who asked.
-    pub subject: String,
     /// The agent role.
     pub agent: String,
     /// The tool's risk.
@@ -495,11 +501,9 @@ pub struct Decision {
 pub struct Approval {
     /// The id.
     pub id: ApprovalId,
-    /// The call it is for.
+    /// The call it is for, and who asked (`subject`).
     #[serde(flatten)]
     pub key: CallKey,
-    /// Who asked (`sub` of the tool token).
-    pub subject: String,
     /// The agent role.
     pub agent: String,
     /// The tool's risk.
@@ -543,7 +547,7 @@ impl Approval {
             Status::Pending | Status::Approved => None,
             Status::Denied => self.decision.as_ref().map(|d| d.at_ms),
             Status::Expired => Some(self.expires_ms),
-            Status::Consumed => self.consumed_ms,
+            Status::Consumed | Status::Withdrawn => self.consumed_ms,
         }
     }
 }
@@ -945,6 +949,17 @@ impl Approvals {
         let now = self.clock.now_ms();
         let mut transitions = Vec::new();
         let approval = self.store.consume(key, now, &mut transitions);
+        self.emit(&transitions);
+        approval
+    }
+
+    /// Withdraws the live approval `id` of `tenant` (its call was cancelled
+    /// by the caller before it ran): it can no longer be decided or
+    /// consumed. Returns it when it was live.
+    pub fn withdraw(&self, tenant: &str, id: &ApprovalId) -> Option<Approval> {
+        let now = self.clock.now_ms();
+        let mut transitions = Vec::new();
+        let approval = self.store.withdraw(tenant, id, now, &mut transitions);
         self.emit(&transitions);
         approval
     }

@@ -46,6 +46,7 @@ pub(crate) fn key(tool: &str, args: &Value) -> CallKey {
     CallKey {
         tenant: "acme".to_owned(),
         run_id: "run-1".to_owned(),
+        subject: "alice".to_owned(),
         upstream: "incidents".to_owned(),
         tool: tool.to_owned(),
         args_sha256: args_sha256(args),
@@ -55,7 +56,6 @@ pub(crate) fn key(tool: &str, args: &Value) -> CallKey {
 pub(crate) fn new_approval(key: CallKey) -> NewApproval {
     NewApproval {
         key,
-        subject: "alice".to_owned(),
         agent: "sre-lead".to_owned(),
         risk: Risk::Destructive,
         arguments: json!({"deployment": "checkout", "to": "v41"}),
@@ -693,7 +693,7 @@ async fn every_transition_reaches_the_hooks_with_who_and_when() {
                 t.at_ms,
                 t.approval.decision.as_ref().map(|d| d.by.clone()),
             ));
-            assert_eq!(t.approval.subject, "alice");
+            assert_eq!(t.approval.key.subject, "alice");
         }));
     }
     let p = a.request(rollback()).expect("request");

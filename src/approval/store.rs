@@ -183,6 +183,10 @@ enum RecordRef<'a> {
         id: &'a ApprovalId,
         at_ms: u64,
     },
+    Withdraw {
+        id: &'a ApprovalId,
+        at_ms: u64,
+    },
 }
 
 /// A journal record, as read back.
@@ -203,6 +207,10 @@ enum Record {
     Expire {
         id: ApprovalId,
         #[allow(dead_code)]
+        at_ms: u64,
+    },
+    Withdraw {
+        id: ApprovalId,
         at_ms: u64,
     },
 }
@@ -504,7 +512,6 @@ impl Store {
         let approval = Approval {
             id: id.clone(),
             key: new.key,
-            subject: new.subject,
             agent: new.agent,
             risk: new.risk,
             arguments: Arc::new(new.arguments),
@@ -608,7 +615,7 @@ impl Store {
             }
             status => return Err(ApprovalError::NotPending { id, status }),
         }
-        if by.subject == entry.approval.subject && !entry.approval.self_approval {
+        if by.subject == entry.approval.key.subject && !entry.approval.self_approval {
             return Err(ApprovalError::SelfApproval {
                 subject: by.subject.clone(),
             });
@@ -645,6 +652,52 @@ impl Store {
             at_ms: now,
         });
         Ok(entry.approval.clone())
+    }
+
+    /// See [`super::Approvals::withdraw`].
+    pub(crate) fn withdraw(
+        &self,
+        tenant: &str,
+        id: &ApprovalId,
+        now: u64,
+        out: &mut Vec<Transition>,
+    ) -> Option<Approval> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let entry = inner
+            .by_id
+            .get(id)
+            .filter(|e| e.approval.key.tenant == tenant)?;
+        let from = entry.approval.status_at(now);
+        if !from.is_live() {
+            return None;
+        }
+        if let Err(e) = inner
+            .journal
+            .append(&RecordRef::Withdraw { id, at_ms: now })
+        {
+            tracing::error!(approval = %id, error = %e, "cannot journal the withdrawal of an approval");
+            return None;
+        }
+        let entry = inner.by_id.get_mut(id)?;
+        entry.approval.status = Status::Withdrawn;
+        entry.approval.consumed_ms = Some(now);
+        if let Some(w) = &entry.watch {
+            w.send_replace(Status::Withdrawn);
+        }
+        if from == Status::Pending {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+        if inner.by_key.get(&entry.approval.key) == Some(id) {
+            inner.by_key.remove(&entry.approval.key);
+        }
+        out.push(Transition {
+            approval: entry.approval.clone(),
+            from: Some(from),
+            to: Status::Withdrawn,
+            at_ms: now,
+        });
+        Some(entry.approval.clone())
     }
 
     /// Journals the expiry of `id` if it is live and past its deadline. A
@@ -873,6 +926,12 @@ fn apply(by_id: &mut HashMap<ApprovalId, Approval>, rec: Record, stats: &mut Rep
         Record::Expire { id, .. } => {
             if let Some(a) = target(by_id, stats, &id) {
                 a.status = Status::Expired;
+            }
+        }
+        Record::Withdraw { id, at_ms } => {
+            if let Some(a) = target(by_id, stats, &id) {
+                a.status = Status::Withdrawn;
+                a.consumed_ms = Some(at_ms);
             }
         }
     }

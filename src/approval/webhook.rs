@@ -118,6 +118,7 @@ impl Webhook {
             Status::Denied => "approval.denied",
             Status::Expired => "approval.expired",
             Status::Consumed => "approval.consumed",
+            Status::Withdrawn => "approval.withdrawn",
         };
         let body = match serde_json::to_vec(&Event {
             event,

@@ -151,6 +151,23 @@ pub(crate) async fn ensure_schema(
         }
         q.execute().await?;
     }
+    // A table from before intent rows: add the version column (18.16 has
+    // no ADD COLUMN IF NOT EXISTS, so look first).
+    let present = client
+        .query_raw(&format!(
+            "SELECT count() FROM system.columns WHERE database = '{database}' AND table = '{table}' AND name = 'row_version'"
+        ))
+        .fetch_bytes("TabSeparated")?
+        .collect()
+        .await?;
+    if String::from_utf8_lossy(&present).trim() == "0" {
+        client
+            .query_raw(&format!(
+                "ALTER TABLE {database}.{table} ADD COLUMN row_version UInt8 DEFAULT 1"
+            ))
+            .execute()
+            .await?;
+    }
     Ok(())
 }
 

@@ -72,8 +72,10 @@ fn schema_statements_substitute_names_and_skip_comments_and_set() {
     assert_eq!(stmts.len(), 4, "{stmts:#?}");
     assert_eq!(stmts[0], "CREATE DATABASE IF NOT EXISTS db1");
     assert!(stmts[1].starts_with("CREATE TABLE IF NOT EXISTS db1.ev\n("));
+    assert!(stmts[1].contains("ReplacingMergeTree(row_version)"));
     assert!(stmts[2].starts_with("CREATE TABLE IF NOT EXISTS db1.ev_daily_stats"));
     assert!(stmts[3].contains("TO db1.ev_daily_stats"));
+    assert!(stmts[3].contains("WHERE row_version = 1"));
     for s in &stmts {
         assert!(
             !s.contains('{') && !s.contains("--") && !s.ends_with(';'),
@@ -86,7 +88,7 @@ fn schema_statements_substitute_names_and_skip_comments_and_set() {
 fn insert_names_every_column_in_order() {
     let sql = insert_sql("db", "t");
     assert!(sql.starts_with("INSERT INTO db.t (event_id, time, time_ms, tenant,"));
-    assert!(sql.ends_with("instance, trace_id) FORMAT RowBinary"));
+    assert!(sql.ends_with("instance, trace_id, row_version) FORMAT RowBinary"));
 }
 
 #[test]

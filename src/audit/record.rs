@@ -110,6 +110,11 @@ pub struct AuditRow {
     pub bytes_out: u64,
     /// Distributed trace id (W3C `traceparent` trace-id), or empty.
     pub trace_id: String,
+    /// 0: the intent of a forwarded call, written before it was sent; 1: a
+    /// final row (the completion of that call, under the same `event_id`,
+    /// or a message the firewall answered itself). The table keeps the
+    /// highest version of each `event_id`.
+    pub row_version: u8,
 }
 
 impl AuditRow {
@@ -153,6 +158,7 @@ impl AuditRow {
             bytes_in: 0,
             bytes_out: 0,
             trace_id: String::new(),
+            row_version: 1,
         }
     }
 }
@@ -197,6 +203,7 @@ pub const COLUMNS: &[&str] = &[
     "bytes_out",
     "instance",
     "trace_id",
+    "row_version",
 ];
 
 /// Offset of `time_ms` in an encoded row (after the 16-byte UUID and 4-byte DateTime).
@@ -259,6 +266,7 @@ pub(crate) fn encode_row(
     out.extend_from_slice(&row.bytes_out.to_le_bytes());
     put_str(out, instance);
     put_str(out, &row.trace_id);
+    out.push(row.row_version);
 }
 
 /// The `time_ms` of an encoded row, read without decoding the rest.

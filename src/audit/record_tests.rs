@@ -105,6 +105,7 @@ fn encoded_row_decodes_to_every_field_in_column_order() {
     }
     assert_eq!(rd.string(), "inst");
     assert_eq!(rd.string(), "trace");
+    assert_eq!(rd.take(1), [1], "row_version");
     assert_eq!(rd.pos, out.len(), "no trailing bytes");
 }
 

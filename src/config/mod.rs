@@ -20,11 +20,11 @@ use serde::Deserialize;
 
 mod validate;
 
-pub(crate) use validate::is_hop_by_hop;
+pub(crate) use validate::origin_of;
 
 pub use validate::{
-    load, load_str, Config, ConfigError, HeaderValueSource, IdentityClaim, Secret, ServerConfig,
-    TlsConfig, Upstream,
+    load, load_str, Config, ConfigError, ExtraMethod, HeaderValueSource, IdentityClaim, Secret,
+    ServerConfig, TlsConfig, Upstream,
 };
 
 /// The whole file.
@@ -52,6 +52,9 @@ pub struct RawConfig {
     pub approvals: Option<crate::approval::ApprovalsConfig>,
     /// The audit trail (ClickHouse through a local spool). Absent: no audit.
     pub audit: Option<crate::audit::AuditConfig>,
+    /// The keys that seal session and event ids (shared by replicas).
+    #[serde(default)]
+    pub sessions: crate::proxy::session::SessionsConfig,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<RawUpstream>,
@@ -94,9 +97,32 @@ pub struct RawServer {
     /// How long SIGTERM waits for in-flight requests and streams. Default 30 s.
     #[serde(default = "default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
-    /// Most concurrent requests before new ones are shed with 503. Default 10 000.
+    /// Most concurrent requests before new ones are shed with 503, counted
+    /// until each response body ends (a held stream counts). Default 10 000.
     #[serde(default = "default_max_concurrent_requests")]
     pub max_concurrent_requests: usize,
+    /// Most open client connections; past it new ones are closed at once.
+    /// Default 20 000.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Longest a write to a client may wait (a client that stopped reading)
+    /// before the connection is closed. Default 60 s.
+    #[serde(default = "default_write_idle_timeout_ms")]
+    pub write_idle_timeout_ms: u64,
+    /// `Origin` values accepted from browsers (scheme://host[:port]); a
+    /// request with any other `Origin` is refused with 403, one without
+    /// `Origin` is accepted. Default: the origin of `public_url`.
+    pub allowed_origins: Option<Vec<String>>,
+    /// `Host` names (without port) the firewall answers to; a request for any
+    /// other host is refused with 403 (DNS rebinding). Default: the host of
+    /// an explicit `public_url`; without one, the loopback names when
+    /// listening on loopback, else any host.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Addresses or networks (CIDR) of proxies in front of the firewall whose
+    /// `X-Forwarded-For` is believed: the client address is the last entry
+    /// not in this list. Default: none (the peer address is the client).
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 /// `[server.tls]`: certificate and key, re-read when the files change.
@@ -215,6 +241,32 @@ pub struct RawUpstream {
     /// (vendor credentials). Values come from `value`, `env` or `file`.
     #[serde(default)]
     pub headers: BTreeMap<String, RawHeaderValue>,
+    /// Client headers forwarded to this upstream besides the ones MCP needs
+    /// (`Content-Type`, `Accept`, `MCP-Protocol-Version`, `Mcp-Method`,
+    /// `Mcp-Name`, `Mcp-Param-*`, `traceparent`, `tracestate`,
+    /// `User-Agent`). Everything else the client sends is dropped.
+    #[serde(default)]
+    pub forward_headers: Vec<String>,
+    /// Forward the client's query string. Default false: dropped.
+    #[serde(default)]
+    pub forward_query: bool,
+    /// Methods this upstream adds to MCP, each with a risk; any other method
+    /// the revision does not define is refused (-32601).
+    #[serde(default)]
+    pub extra_methods: Vec<RawExtraMethod>,
+}
+
+/// `[[upstream.extra_methods]]`: a method the upstream serves beyond MCP.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawExtraMethod {
+    /// The exact method name.
+    pub name: String,
+    /// `request` (default) or `notification`.
+    #[serde(default = "default_extra_kind")]
+    pub kind: String,
+    /// `read`, `write` or `destructive`; decides with the gates of that risk.
+    pub risk: String,
 }
 
 /// Where an injected header's value comes from.
@@ -254,6 +306,15 @@ fn default_drain_timeout_ms() -> u64 {
 }
 fn default_max_concurrent_requests() -> usize {
     10_000
+}
+fn default_max_connections() -> usize {
+    20_000
+}
+fn default_write_idle_timeout_ms() -> u64 {
+    60_000
+}
+fn default_extra_kind() -> String {
+    "request".to_owned()
 }
 fn default_tls_reload_ms() -> u64 {
     5_000

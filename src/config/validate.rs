@@ -11,7 +11,10 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
-use super::{LogFormat, RawConfig, RawHeaderValue, RawUpstream};
+use super::{LogFormat, RawConfig, RawExtraMethod, RawHeaderValue, RawUpstream};
+use crate::mcp::methods::Shape;
+use crate::policy::Risk;
+use crate::proxy::session::{valid_key_id, RawSessionKey, SessionKey, MIN_KEY_BYTES};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -42,6 +45,9 @@ pub struct Config {
     pub policy_dir: PathBuf,
     /// Policy change-check interval.
     pub policy_reload: Duration,
+    /// Keys sealing session and event ids (first seals); empty: a random
+    /// key per process.
+    pub session_keys: Vec<SessionKey>,
 }
 
 /// Validated `[server]`.
@@ -70,6 +76,18 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Concurrency limit before shedding.
     pub max_concurrent_requests: usize,
+    /// Open connection limit.
+    pub max_connections: usize,
+    /// Longest wait of a blocked write to a client.
+    pub write_idle_timeout: Duration,
+    /// Accepted `Origin` values (`scheme://host[:port]`, lower case).
+    pub allowed_origins: Vec<String>,
+    /// `allowed_origins` was not configured: it follows `public_url`.
+    pub origins_from_public_url: bool,
+    /// Accepted `Host` names (lower case, no port); empty: any.
+    pub allowed_hosts: Vec<String>,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// Validated `[server.tls]`.
@@ -120,6 +138,23 @@ pub struct Upstream {
     pub categories: Vec<String>,
     /// Whether annotations count as risk hints.
     pub trust_annotations: bool,
+    /// Client headers forwarded besides the ones MCP needs (lower case).
+    pub forward_headers: Vec<HeaderName>,
+    /// Forward the client's query string.
+    pub forward_query: bool,
+    /// Methods beyond MCP, with their risk.
+    pub extra_methods: Vec<ExtraMethod>,
+}
+
+/// A method an upstream serves beyond MCP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraMethod {
+    /// The exact name.
+    pub name: String,
+    /// Request or notification.
+    pub shape: Shape,
+    /// Its risk.
+    pub risk: Risk,
 }
 
 /// A token claim an identity header carries.
@@ -326,6 +361,11 @@ impl Validator<'_> {
             ("server.max_json_depth", s.max_json_depth),
             ("server.max_batch", s.max_batch),
             ("server.max_concurrent_requests", s.max_concurrent_requests),
+            ("server.max_connections", s.max_connections),
+            (
+                "server.write_idle_timeout_ms",
+                s.write_idle_timeout_ms as usize,
+            ),
         ] {
             if v == 0 {
                 return Err(self.invalid(key, "must be greater than 0"));
@@ -349,7 +389,61 @@ impl Validator<'_> {
                 format!("{scheme}://{}", s.listen)
             }
         };
+        let allowed_origins = match &s.allowed_origins {
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    origin_of(o, true).ok_or_else(|| {
+                        self.invalid(
+                            format!("server.allowed_origins[{i}]"),
+                            format!("{o:?} is not an origin (scheme://host[:port], no path)"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => origin_of(&public_url, false).into_iter().collect(),
+        };
+        let trusted_proxies = s
+            .trusted_proxies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                p.parse::<ipnet::IpNet>()
+                    .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        self.invalid(
+                            format!("server.trusted_proxies[{i}]"),
+                            format!("{p:?} is not an address or a CIDR network"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let allowed_hosts = match &s.allowed_hosts {
+            Some(list) => list.iter().map(|h| h.trim().to_ascii_lowercase()).collect(),
+            None if public_url_explicit => public_url
+                .parse::<Uri>()
+                .ok()
+                .and_then(|u| {
+                    u.host()
+                        .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+                })
+                .into_iter()
+                .collect(),
+            None if s.listen.ip().is_loopback() => vec![
+                "localhost".to_owned(),
+                "127.0.0.1".to_owned(),
+                "::1".to_owned(),
+            ],
+            None => Vec::new(),
+        };
         let server = ServerConfig {
+            allowed_hosts,
+            max_connections: s.max_connections,
+            write_idle_timeout: Duration::from_millis(s.write_idle_timeout_ms),
+            origins_from_public_url: s.allowed_origins.is_none(),
+            allowed_origins,
+            trusted_proxies,
             listen: s.listen,
             tls,
             public_url,
@@ -393,6 +487,8 @@ impl Validator<'_> {
             None => None,
         };
 
+        let session_keys = self.session_keys(raw.sessions.keys)?;
+
         let mut names = HashSet::new();
         let mut upstreams = Vec::with_capacity(raw.upstreams.len());
         for (i, u) in raw.upstreams.into_iter().enumerate() {
@@ -420,7 +516,46 @@ impl Validator<'_> {
             audit,
             policy_dir: self.path(&raw.policy.dir),
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
+            session_keys,
         })
+    }
+
+    fn session_keys(&self, raw: Vec<RawSessionKey>) -> Result<Vec<SessionKey>, ConfigError> {
+        let mut out: Vec<SessionKey> = Vec::with_capacity(raw.len());
+        for (i, k) in raw.into_iter().enumerate() {
+            let key = format!("sessions.keys[{i}]");
+            if !valid_key_id(&k.id) {
+                return Err(self.invalid(
+                    format!("{key}.id"),
+                    format!("{:?} must be 1-16 characters of [A-Za-z0-9_-]", k.id),
+                ));
+            }
+            if out.iter().any(|o| o.id == k.id) {
+                return Err(
+                    self.invalid(format!("{key}.id"), format!("duplicate key id {:?}", k.id))
+                );
+            }
+            let secret = self.secret_text(
+                &key,
+                RawHeaderValue {
+                    value: k.value,
+                    env: k.env,
+                    file: k.file,
+                    prefix: String::new(),
+                },
+            )?;
+            if secret.0.len() < MIN_KEY_BYTES {
+                return Err(self.invalid(
+                    key,
+                    format!("a session key needs at least {MIN_KEY_BYTES} bytes"),
+                ));
+            }
+            out.push(SessionKey {
+                id: k.id,
+                secret: secret.0.into_bytes(),
+            });
+        }
+        Ok(out)
     }
 
     fn upstream(
@@ -530,7 +665,45 @@ impl Validator<'_> {
             })?;
             identity_headers.push((name, claim));
         }
+        let mut forward_headers = Vec::with_capacity(u.forward_headers.len());
+        for (j, h) in u.forward_headers.iter().enumerate() {
+            let hk = key(&format!("forward_headers[{j}]"));
+            let name = HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| self.invalid(&hk, "not a valid HTTP header name"))?;
+            if is_hop_by_hop(&name)
+                || matches!(
+                    name.as_str(),
+                    "host"
+                        | "authorization"
+                        | "cookie"
+                        | "content-length"
+                        | "mcp-session-id"
+                        | "last-event-id"
+                        | "origin"
+                        | "forwarded"
+                        | "x-forwarded-for"
+                        | "x-forwarded-host"
+                        | "x-forwarded-proto"
+                )
+                || name == *token_header
+                || identity_headers.iter().any(|(n, _)| *n == name)
+                || inject.iter().any(|(n, _)| *n == name)
+            {
+                return Err(self.invalid(
+                    &hk,
+                    "this header is managed by the firewall and cannot be forwarded from the client",
+                ));
+            }
+            forward_headers.push(name);
+        }
+        let mut extra_methods: Vec<ExtraMethod> = Vec::with_capacity(u.extra_methods.len());
+        for (j, m) in u.extra_methods.into_iter().enumerate() {
+            extra_methods.push(self.extra_method(&key(&format!("extra_methods[{j}]")), m)?);
+        }
         Ok(Upstream {
+            forward_headers,
+            forward_query: u.forward_query,
+            extra_methods,
             name: u.name,
             url,
             tls,
@@ -551,7 +724,67 @@ impl Validator<'_> {
         })
     }
 
+    fn extra_method(&self, key: &str, m: RawExtraMethod) -> Result<ExtraMethod, ConfigError> {
+        let name_ok = !m.name.is_empty()
+            && m.name.len() <= 128
+            && m.name.bytes().all(|b| b.is_ascii_graphic());
+        if !name_ok {
+            return Err(self.invalid(
+                format!("{key}.name"),
+                format!("{:?} must be 1-128 visible ASCII characters", m.name),
+            ));
+        }
+        if crate::mcp::methods::METHODS
+            .iter()
+            .any(|k| k.name == m.name)
+        {
+            return Err(self.invalid(
+                format!("{key}.name"),
+                format!(
+                    "{:?} is an MCP method; it is decided by the firewall itself",
+                    m.name
+                ),
+            ));
+        }
+        let shape = match m.kind.as_str() {
+            "request" => Shape::Request,
+            "notification" => Shape::Notification,
+            other => {
+                return Err(self.invalid(
+                    format!("{key}.kind"),
+                    format!("{other:?} is not `request` or `notification`"),
+                ))
+            }
+        };
+        let risk: Risk = m.risk.parse().map_err(|e: crate::policy::UnknownRisk| {
+            self.invalid(format!("{key}.risk"), e.to_string())
+        })?;
+        Ok(ExtraMethod {
+            name: m.name,
+            shape,
+            risk,
+        })
+    }
+
     fn secret(&self, key: &str, v: RawHeaderValue) -> Result<Secret, ConfigError> {
+        let prefix = v.prefix.clone();
+        let (raw, source) = self.secret_text(key, v)?;
+        let mut value = HeaderValue::from_str(&format!("{prefix}{raw}")).map_err(|_| {
+            self.invalid(
+                key,
+                "the value contains characters not allowed in an HTTP header",
+            )
+        })?;
+        value.set_sensitive(true);
+        Ok(Secret { value, source })
+    }
+
+    /// A secret's text from exactly one of `value`, `env` or `file`.
+    fn secret_text(
+        &self,
+        key: &str,
+        v: RawHeaderValue,
+    ) -> Result<(String, HeaderValueSource), ConfigError> {
         let (raw, source) = match (v.value, v.env, v.file) {
             (Some(value), None, None) => (value, HeaderValueSource::Literal),
             (None, Some(name), None) => {
@@ -574,15 +807,32 @@ impl Validator<'_> {
                 return Err(self.invalid(key, "exactly one of `value`, `env` or `file` is required"))
             }
         };
-        let mut value = HeaderValue::from_str(&format!("{}{raw}", v.prefix)).map_err(|_| {
-            self.invalid(
-                key,
-                "the value contains characters not allowed in an HTTP header",
-            )
-        })?;
-        value.set_sensitive(true);
-        Ok(Secret { value, source })
+        Ok((raw, source))
     }
+}
+
+/// `scheme://host[:port]` of an absolute http(s) URL, lower case, without
+/// the scheme's default port (the form browsers send in `Origin`).
+/// `origin_only`: refuse a URL with a path, query or fragment.
+pub(crate) fn origin_of(url: &str, origin_only: bool) -> Option<String> {
+    let uri: Uri = url.parse().ok()?;
+    let scheme = uri.scheme_str()?.to_ascii_lowercase();
+    if !matches!(scheme.as_str(), "http" | "https") {
+        return None;
+    }
+    if origin_only
+        && uri
+            .path_and_query()
+            .is_some_and(|p| !matches!(p.as_str(), "" | "/"))
+    {
+        return None;
+    }
+    let host = uri.host()?.to_ascii_lowercase();
+    let default = if scheme == "https" { 443 } else { 80 };
+    Some(match uri.port_u16() {
+        Some(p) if p != default => format!("{scheme}://{host}:{p}"),
+        _ => format!("{scheme}://{host}"),
+    })
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {

@@ -130,9 +130,33 @@ pub struct Message {
     pub is_error: bool,
     /// Responses: byte range of the raw `result` in the body.
     pub result: Option<Range<usize>>,
+    /// `params.requestState` of a request that names its target (a
+    /// 2026-07-28 multi-round retry), unescaped, when it is a string.
+    pub request_state: Option<String>,
 }
 
 impl Message {
+    /// A `tools/call` request known only by its id and tool (for answers the
+    /// firewall builds for a call it holds, after the body is gone).
+    pub fn synthetic_call(id: Id, tool: &str) -> Message {
+        Message {
+            kind: Kind::Request,
+            id: Some(id),
+            method: Some("tools/call".to_owned()),
+            span: 0..0,
+            params: None,
+            call: Some(ToolCall {
+                name: tool.to_owned(),
+                arguments: None,
+            }),
+            name: Some(tool.to_owned()),
+            meta: None,
+            is_error: false,
+            result: None,
+            request_state: None,
+        }
+    }
+
     /// The protocol version a 2026-07-28+ request carries in
     /// `params._meta["io.modelcontextprotocol/protocolVersion"]`, if it is a
     /// string. Parsed on demand: only the header check needs it.
@@ -320,6 +344,29 @@ pub enum ParseError {
         /// The object holding it.
         path: JsonPath,
     },
+    /// An object has two keys that are equal when letter case is ignored:
+    /// a decoder matching keys case-insensitively reads either one.
+    #[error("key {} at {path} repeats another key of the same object when letter case is ignored", Quoted(.key))]
+    CaseDuplicateKey {
+        /// The second spelling, unescaped.
+        key: String,
+        /// The object holding it.
+        path: JsonPath,
+    },
+    /// A member name differs from a JSON-RPC or MCP member only by letter
+    /// case (`"Method"`, `"Params"`, `"NAME"`): the firewall reads one
+    /// member, a case-insensitive decoder behind it would read the other.
+    #[error("member {} at {path} differs from the {scope} member {} only by letter case", Quoted(.key), Quoted(.member))]
+    CaseVariantMember {
+        /// The key as sent.
+        key: String,
+        /// The member it imitates.
+        member: &'static str,
+        /// Which vocabulary (`JSON-RPC`, `MCP params`, `MCP _meta`).
+        scope: &'static str,
+        /// The object holding it.
+        path: JsonPath,
+    },
     /// Arrays and objects nest deeper than [`Limits::max_depth`].
     #[error("nesting deeper than {limit} at {path}")]
     TooDeep {
@@ -502,6 +549,7 @@ impl ParseError {
             | TrailingCharacters { .. }
             | LoneSurrogate { .. }
             | DuplicateKey { .. }
+            | CaseDuplicateKey { .. }
             | TooDeep { .. } => PARSE_ERROR,
             ParamsNotObject { .. }
             | NameNotString { .. }
@@ -598,15 +646,23 @@ pub fn parse(body: &[u8], limits: &Limits) -> Result<Envelope, ParseError> {
     }
 }
 
-/// Parses a message from an upstream into the same model, without the
-/// validating pass (duplicate keys, depth limit) that client bodies get: the
-/// firewall decides on the client's body, and what it takes from an
-/// upstream's answer (ids, lists to filter) it either relays byte for byte or
-/// re-serializes itself. Half the cost of [`parse`] on a typical answer.
+/// Limits for upstream answers: their nesting and batch size are the
+/// upstream's business; serde_json's own cap bounds the nesting.
+const UPSTREAM_LIMITS: Limits = Limits {
+    max_depth: 128,
+    max_batch: 4096,
+};
+
+/// Parses a message from an upstream into the same model, with the same
+/// validating pass as client bodies: the client behind the firewall reads
+/// these bytes, and must not read a member the firewall did not (a
+/// duplicate, or a case twin of `result`, `tools`, `inputRequests` that a
+/// case-insensitive client would take instead of the filtered one).
 pub fn parse_upstream(body: &[u8]) -> Result<Envelope, ParseError> {
     let text = std::str::from_utf8(body).map_err(|e| ParseError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
+    validate(text, &UPSTREAM_LIMITS)?;
     let trimmed = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
     let base = text.as_ptr() as usize;
     if trimmed.starts_with('[') {
@@ -671,6 +727,57 @@ pub fn error_body(
     Bytes::from(out)
 }
 
+/// `message` (one JSON-RPC message object, as validated by [`parse`]) with
+/// `params.<key>` set to the raw JSON `value`, or removed when `value` is
+/// `None`. Members keep their bytes; their order may change. `None` when
+/// `message` has no object `params`.
+pub fn with_param(message: &str, key: &str, value: Option<&str>) -> Option<String> {
+    use std::collections::BTreeMap;
+    let top: BTreeMap<&str, &RawValue> = serde_json::from_str(message).ok()?;
+    let params: BTreeMap<&str, &RawValue> = serde_json::from_str(top.get("params")?.get()).ok()?;
+    let mut out = String::with_capacity(message.len() + value.map_or(0, str::len));
+    out.push('{');
+    let mut first = true;
+    let mut put = |out: &mut String, k: &str, v: &str| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+        // Keys of a validated body are valid JSON strings when re-quoted.
+        out.push_str(&serde_json::to_string(k).unwrap_or_default());
+        out.push(':');
+        out.push_str(v);
+    };
+    for (k, v) in &top {
+        if *k != "params" {
+            put(&mut out, k, v.get());
+            continue;
+        }
+        let mut p = String::with_capacity(v.get().len());
+        p.push('{');
+        let mut pfirst = true;
+        let mut pput = |p: &mut String, k: &str, v: &str| {
+            if !std::mem::take(&mut pfirst) {
+                p.push(',');
+            }
+            p.push_str(&serde_json::to_string(k).unwrap_or_default());
+            p.push(':');
+            p.push_str(v);
+        };
+        for (pk, pv) in &params {
+            if *pk != key {
+                pput(&mut p, pk, pv.get());
+            }
+        }
+        if let Some(value) = value {
+            pput(&mut p, key, value);
+        }
+        p.push('}');
+        put(&mut out, k, &p);
+    }
+    out.push('}');
+    Some(out)
+}
+
 /// `[` + the raw bytes of the given spans of `body` joined by `,` + `]`:
 /// forwards a batch's allowed elements byte-for-byte.
 ///
@@ -708,6 +815,12 @@ enum Root {
 /// error, the detail travels here.
 enum Failure {
     Duplicate(String),
+    CaseDuplicate(String),
+    CaseVariant {
+        key: String,
+        member: &'static str,
+        scope: &'static str,
+    },
     TooDeep,
     NotObjectOrArray(JsonType),
     BatchTooLarge,
@@ -728,9 +841,140 @@ struct State<'de> {
 
 #[derive(Clone, Copy)]
 enum Role {
+    /// The body: a message object or a batch array.
     Root,
+    /// A batch element: a message object.
     Element(usize),
+    /// A message's `params`.
+    Params,
+    /// `params._meta`.
+    Meta,
+    /// A response's `result`.
+    Result,
+    /// Anything else.
     Inner,
+}
+
+impl Role {
+    /// The members of the object in this role that a case-insensitive decoder
+    /// could confuse with a differently cased key, and what they are called.
+    fn members(self) -> Option<(&'static [&'static str], &'static str)> {
+        match self {
+            Role::Root | Role::Element(_) => Some((MESSAGE_MEMBERS, "JSON-RPC")),
+            Role::Params => Some((PARAMS_MEMBERS, "MCP params")),
+            Role::Meta => Some((META_MEMBERS, "MCP _meta")),
+            Role::Result => Some((RESULT_MEMBERS, "MCP result")),
+            Role::Inner => None,
+        }
+    }
+
+    /// The role of the value of member `key` of an object in this role.
+    fn child(self, key: &str) -> Role {
+        match (self, key) {
+            (Role::Root | Role::Element(_), "params") => Role::Params,
+            (Role::Root | Role::Element(_), "result") => Role::Result,
+            (Role::Params, "_meta") => Role::Meta,
+            _ => Role::Inner,
+        }
+    }
+}
+
+/// Members of a JSON-RPC message.
+const MESSAGE_MEMBERS: &[&str] = &["jsonrpc", "id", "method", "params", "result", "error"];
+
+/// Members the MCP schema defines for request and notification `params`
+/// (2025-03-26 to 2026-07-28). Keys outside this set are the method's or the
+/// tool's own business; a key that equals one of these ignoring case is
+/// refused, because a decoder that matches keys case-insensitively (Go's
+/// `encoding/json`, several Java and .NET mappers) would read it as that
+/// member.
+const PARAMS_MEMBERS: &[&str] = &[
+    "_meta",
+    "name",
+    "arguments",
+    "uri",
+    "cursor",
+    "taskId",
+    "task",
+    "ref",
+    "argument",
+    "context",
+    "level",
+    "protocolVersion",
+    "capabilities",
+    "clientInfo",
+    "requestId",
+    "reason",
+    "progressToken",
+    "progress",
+    "total",
+    "message",
+    "inputResponses",
+    "requestState",
+    "notifications",
+    "filter",
+    "status",
+];
+
+/// Members of MCP results a client acts on (2025-03-26 to 2026-07-28): the
+/// firewall filters, settles or polices them, so a differently cased twin
+/// that a case-insensitive client would read instead is refused.
+const RESULT_MEMBERS: &[&str] = &[
+    "_meta",
+    "tools",
+    "prompts",
+    "resources",
+    "resourceTemplates",
+    "contents",
+    "content",
+    "structuredContent",
+    "isError",
+    "nextCursor",
+    "resultType",
+    "inputRequests",
+    "requestState",
+    "ttlMs",
+    "cacheScope",
+    "messages",
+    "protocolVersion",
+    "capabilities",
+    "serverInfo",
+    "instructions",
+    "completion",
+    "task",
+];
+
+/// Members of `params._meta` the firewall or MCP give a meaning to.
+const META_MEMBERS: &[&str] = &[
+    "progressToken",
+    "io.modelcontextprotocol/protocolVersion",
+    "io.modelcontextprotocol/clientCapabilities",
+    "io.modelcontextprotocol/clientInfo",
+    "io.modelcontextprotocol/logLevel",
+    "traceparent",
+    "tracestate",
+    "baggage",
+];
+
+/// A key as a decoder that ignores letter case compares it: lower case, with
+/// the two non-ASCII letters that Unicode case folding maps onto ASCII ones
+/// (U+017F LATIN SMALL LETTER LONG S folds to `s`, U+212A KELVIN SIGN to
+/// `k`) mapped too, as Go's `strings.EqualFold` does. Borrowed when the key
+/// is already folded (the common case: MCP keys are lower-camel ASCII):
+/// `None` means the key is its own folded form.
+fn fold_case(key: &str) -> Option<String> {
+    if key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
+        return None;
+    }
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        match c {
+            '\u{17F}' => out.push('s'),
+            c if c.is_ascii() => out.push(c.to_ascii_lowercase()),
+            c => out.extend(c.to_lowercase()),
+        }
+    }
+    (out != key).then_some(out)
 }
 
 struct Validate<'s, 'de> {
@@ -761,6 +1005,13 @@ fn validate(text: &str, limits: &Limits) -> Result<Root, ParseError> {
                 let path = JsonPath(std::mem::take(&mut state.path));
                 match failure {
                     Failure::Duplicate(key) => ParseError::DuplicateKey { key, path },
+                    Failure::CaseDuplicate(key) => ParseError::CaseDuplicateKey { key, path },
+                    Failure::CaseVariant { key, member, scope } => ParseError::CaseVariantMember {
+                        key,
+                        member,
+                        scope,
+                        path,
+                    },
                     Failure::TooDeep => ParseError::TooDeep {
                         limit: limits.max_depth,
                         path,
@@ -817,7 +1068,7 @@ impl<'de> Validate<'_, 'de> {
     /// Called for every non-container value.
     fn scalar<E: de::Error>(&mut self, found: JsonType) -> Result<(), E> {
         match self.role {
-            Role::Inner => Ok(()),
+            Role::Inner | Role::Params | Role::Meta | Role::Result => Ok(()),
             Role::Root => self.fail(Failure::NotObjectOrArray(found)),
             Role::Element(i) => self.fail(Failure::ElementNotObject(i, found)),
         }
@@ -888,7 +1139,7 @@ impl<'de> Visitor<'de> for Validate<'_, 'de> {
         let batch = match self.role {
             Role::Root => true,
             Role::Element(i) => return self.fail(Failure::ElementNotObject(i, JsonType::Array)),
-            Role::Inner => false,
+            Role::Inner | Role::Params | Role::Meta | Role::Result => false,
         };
         self.enter()?;
         let mut index = 0usize;
@@ -932,30 +1183,62 @@ impl<'de> Visitor<'de> for Validate<'_, 'de> {
             self.state.root = Some(Root::Object);
         }
         self.enter()?;
+        let members = self.role.members();
         let start = self.state.keys.len();
         let mut hashed: Option<HashSet<Cow<'de, str>>> = None;
+        // Whether a key of this object needed folding: only then can a
+        // duplicate be one of spelling rather than the same key twice.
+        let mut any_cased = false;
         while let Some(key) = map.next_key_seed(KeySeed)? {
+            // Keys are compared folded: two keys equal but for letter case
+            // are one key to a case-insensitive decoder.
+            let folded = fold_case(&key);
+            let cased = folded.is_some();
+            let compared: Cow<'de, str> = match folded {
+                Some(f) => Cow::Owned(f),
+                None => key.clone(),
+            };
+            if let Some((names, scope)) = members.filter(|_| cased) {
+                if let Some(member) = names
+                    .iter()
+                    .find(|m| m.eq_ignore_ascii_case(&compared) && **m != key)
+                {
+                    return self.fail(Failure::CaseVariant {
+                        key: key.into_owned(),
+                        member,
+                        scope,
+                    });
+                }
+            }
             let duplicate = match &mut hashed {
-                Some(set) => !set.insert(key.clone()),
+                Some(set) => !set.insert(compared.clone()),
                 None => {
-                    let duplicate = self.state.keys[start..].contains(&key);
+                    let duplicate = self.state.keys[start..].contains(&compared);
                     if !duplicate && self.state.keys.len() - start >= LINEAR_KEY_SCAN_MAX {
                         let mut set: HashSet<Cow<'de, str>> =
                             self.state.keys.drain(start..).collect();
-                        set.insert(key.clone());
+                        set.insert(compared.clone());
                         hashed = Some(set);
                     } else if !duplicate {
-                        self.state.keys.push(key.clone());
+                        self.state.keys.push(compared.clone());
                     }
                     duplicate
                 }
             };
             if duplicate {
-                return self.fail(Failure::Duplicate(key.into_owned()));
+                let key = key.into_owned();
+                // The same key twice, or two spellings that differ in case.
+                let failure = if cased || any_cased {
+                    Failure::CaseDuplicate(key)
+                } else {
+                    Failure::Duplicate(key)
+                };
+                return self.fail(failure);
             }
+            any_cased |= cased;
             let child = Validate {
                 state: &mut *self.state,
-                role: Role::Inner,
+                role: self.role.child(&key),
             };
             if let Err(e) = map.next_value_seed(child) {
                 self.unwind(|| PathSegment::Key(key.into_owned()));
@@ -1033,6 +1316,8 @@ struct ParamsView<'a> {
     arguments: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "_meta", deserialize_with = "present")]
     meta: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "requestState", deserialize_with = "present")]
+    request_state: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -1125,6 +1410,7 @@ fn parse_message(
         meta: None,
         is_error,
         result,
+        request_state: None,
     };
     let Some(method) = method else {
         return Ok(message);
@@ -1174,6 +1460,7 @@ fn parse_message(
             }
         }
         let name = name.into_owned();
+        message.request_state = view.request_state.and_then(raw_str).map(Cow::into_owned);
         if canonical == "tools/call" {
             let arguments = match view.arguments {
                 None => None,

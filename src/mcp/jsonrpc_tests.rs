@@ -714,3 +714,91 @@ mod props {
         }
     }
 }
+
+#[test]
+fn keys_equal_but_for_letter_case_are_duplicates() {
+    // Go's encoding/json and case-insensitive Java/.NET mappers read the
+    // later spelling; the firewall would have decided on the first.
+    // A JSON-RPC or MCP member in another case is refused as such.
+    let e = err(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","Method":"tools/call"}"#);
+    assert!(
+        matches!(&e, ParseError::CaseVariantMember { key, .. } if key == "Method"),
+        "{e:?}"
+    );
+    let e = err(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"safe","NAME":"rm_rf"}}"#);
+    assert!(matches!(e, ParseError::CaseVariantMember { .. }), "{e:?}");
+    // Any other two spellings of one key are case duplicates.
+    let e = err(br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"xKey":1,"XKEY":2}}"#);
+    assert!(
+        matches!(&e, ParseError::CaseDuplicateKey { key, .. } if key == "XKEY"),
+        "{e:?}"
+    );
+    assert_eq!(e.code(), PARSE_ERROR);
+    // Inside tool arguments too: a condition on `namespace` must see what
+    // the upstream sees.
+    let e = err(
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"namespace":"sre","Namespace":"prod"}}}"#,
+    );
+    assert_eq!(
+        e.to_string(),
+        r#"key "Namespace" at $.params.arguments repeats another key of the same object when letter case is ignored"#
+    );
+    // Unicode folding that lands on ASCII: U+017F folds to `s`, U+212A to `k`.
+    let e = err("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"t\",\"params\":{\"arguments\":{\"pods\":1,\"pod\u{17F}\":2}}}".as_bytes());
+    assert!(matches!(e, ParseError::CaseDuplicateKey { .. }), "{e:?}");
+    let e = err("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"t\",\"params\":{\"arguments\":{\"kind\":1,\"\u{212A}ind\":2}}}".as_bytes());
+    assert!(matches!(e, ParseError::CaseDuplicateKey { .. }), "{e:?}");
+}
+
+#[test]
+fn members_spelled_in_another_case_are_refused() {
+    for (body, key, member) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"Method":"tools/call"}"#,
+            "Method",
+            "method",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","ID":1,"method":"tools/list"}"#,
+            "ID",
+            "id",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","Params":{"name":"x"}}"#,
+            "Params",
+            "params",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"a","Arguments":{}}}"#,
+            "Arguments",
+            "arguments",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","RequestState":"x"}}"#,
+            "RequestState",
+            "requestState",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","_meta":{"ProgressToken":1}}}"#,
+            "ProgressToken",
+            "progressToken",
+        ),
+    ] {
+        let e = err(body.as_bytes());
+        match &e {
+            ParseError::CaseVariantMember {
+                key: k, member: m, ..
+            } => {
+                assert_eq!((k.as_str(), *m), (key, member), "{body}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+        assert_eq!(e.code(), INVALID_REQUEST);
+    }
+    // The exact members, other keys with capitals, and capitals inside
+    // arguments (the tool's own vocabulary) are fine.
+    let m = one(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"Name":"n","Method":"GET"},"xCustom":1}}"#,
+    );
+    assert_eq!(m.call.expect("call").name, "t");
+}

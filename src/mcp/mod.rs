@@ -4,5 +4,9 @@
 
 pub mod headers;
 pub mod jsonrpc;
+pub mod methods;
+pub mod numbers;
 pub mod rewrite;
+pub mod scan;
 pub mod sse;
+pub mod version;

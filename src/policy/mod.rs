@@ -662,6 +662,18 @@ impl Policy {
         }
     }
 
+    /// The gate of a method the upstream adds to MCP (`extra_methods`),
+    /// classified `risk` by the upstream's config: `None` when the run's
+    /// role may not use that risk (or does not exist, or cannot reach the
+    /// upstream), so the method is as unknown to it as any other.
+    pub fn method_gate(&self, auth: &Authority, up: &Upstream, risk: Risk) -> Option<Gate> {
+        let agent = self.agents.get(&auth.agent)?;
+        if !self.reaches(auth, up) || !agent.risks[risk as usize] {
+            return None;
+        }
+        Some(agent.gates.get(risk))
+    }
+
     /// Whether the run may use a prompt of the upstream.
     pub fn prompt_allowed(&self, auth: &Authority, up: &Upstream, name: &str) -> bool {
         self.named_allowed(auth, up, name, |a| &a.prompts)

@@ -1,62 +1,129 @@
 //! The request path's side of human approvals: what a gated call becomes
-//! (held, resumed, or run once after approval), the audit rows of approval
-//! transitions, and the preview an approver sees.
+//! (held, resumed, or run once after approval), how a multi-round call
+//! (2026-07-28) stays bound to the approval it ran under, the audit rows of
+//! approval transitions, and the preview an approver sees.
+//!
+//! A call approved once runs once. When its answer is an input-required
+//! result, the client must retry with the same tool and arguments plus its
+//! answers; the firewall seals into that result's `requestState` which
+//! approval the call ran under (with the upstream's own state inside), so
+//! the retry runs under the same approval without asking the person again,
+//! and only a retry of exactly that call by the same principal and run, within
+//! the approval's lifetime, can use it. The client's word counts for nothing:
+//! a state that does not verify is refused.
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures_util::FutureExt;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::approval::{args_sha256, Approval, Approvals, CallKey, NewApproval, Transition};
+use crate::approval::{Approval, ApprovalId, Approvals, CallKey, NewApproval, Transition};
 use crate::audit::{redact_json, AuditRow, JsonPayload};
-use crate::mcp::jsonrpc::{self, Id};
 use crate::outcome::StopReason;
 use crate::policy::Risk;
 
 use super::decide::RunContext;
-use super::error::codes;
 use super::State;
 
-/// What a call behind an `approve` gate becomes.
-pub enum Gated {
-    /// An approval for exactly this call was granted: run it (once).
-    Approved(Approval),
-    /// Waiting for a person.
-    Pending {
-        /// The approval.
-        approval: Approval,
-        /// Its key (to consume it once granted).
-        key: CallKey,
-    },
-    /// No approval can be created: answer with this error.
-    Refused(String),
+/// A call behind an `approve` gate, waiting for a person.
+#[derive(Debug)]
+pub struct Gated {
+    /// The pending approval.
+    pub approval: Approval,
+    /// Its key (to consume it once granted).
+    pub key: CallKey,
+    /// The tool's risk.
+    pub risk: Risk,
+}
+
+/// The approval a call runs under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The approval's id.
+    pub approval: ApprovalId,
+    /// Who approved.
+    pub by: String,
+    /// The tool.
+    pub tool: String,
+    /// Its arguments' hash.
+    pub args_sha256: [u8; 32],
+    /// Until when multi-round retries may run under it (ms since the epoch).
+    pub until_ms: u64,
+}
+
+impl Granted {
+    /// The approval `approval`, consumed for `tool` now.
+    pub fn of(approval: &Approval, approvals: &Approvals) -> Granted {
+        let now = now_ms();
+        Granted {
+            approval: approval.id.clone(),
+            by: approval
+                .decision
+                .as_ref()
+                .map_or_else(String::new, |d| d.by.clone()),
+            tool: approval.key.tool.clone(),
+            args_sha256: approval.key.args_sha256,
+            // Retries of a multi-round call may follow within the time a
+            // person would have had to approve it.
+            until_ms: now
+                .saturating_add(approvals.config().expiry_s.saturating_mul(1000))
+                .min(approval.token_exp.saturating_mul(1000).max(now)),
+        }
+    }
+
+    /// The audit reason of a call running under it.
+    pub fn reason(&self) -> String {
+        format!("approved by {} (approval {})", self.by, self.approval)
+    }
+}
+
+/// What the firewall seals into a `requestState` (see the module docs).
+#[derive(Serialize, Deserialize)]
+struct StatePayload {
+    /// Version of this layout.
+    v: u8,
+    /// The approval.
+    a: String,
+    /// Who approved.
+    b: String,
+    /// The run.
+    r: String,
+    /// The tool.
+    n: String,
+    /// Arguments hash, hex.
+    h: String,
+    /// Until, ms since the epoch.
+    x: u64,
+    /// The upstream's own `requestState`, if it sent one.
+    o: Option<String>,
 }
 
 // === impl RunContext ===
 
 impl RunContext {
-    /// Consumes a granted approval for this exact call, or files one.
-    pub fn gate(&self, tool: &str, arguments: &Value, risk: Risk) -> Gated {
+    /// Consumes a granted approval for this exact call, or files one:
+    /// `Ok(Ok(granted))` runs the call, `Ok(Err(gated))` waits for a person,
+    /// `Err(why)` means no approval can be had.
+    pub fn gate(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        args_sha256: [u8; 32],
+        risk: Risk,
+    ) -> Result<Result<Granted, Gated>, String> {
         let Some(approvals) = &self.approvals else {
-            return Gated::Refused("approvals are not configured on this firewall".to_owned());
+            return Err("approvals are not configured on this firewall".to_owned());
         };
-        let key = CallKey {
-            tenant: self.claims.tenant_id.clone(),
-            run_id: self.claims.run_id.clone(),
-            upstream: self.upstream.config.name.clone(),
-            tool: tool.to_owned(),
-            args_sha256: args_sha256(arguments),
-        };
+        let key = self.call_key(tool, args_sha256);
         if let Some(approval) = approvals.consume(&key) {
-            return Gated::Approved(approval);
+            return Ok(Ok(Granted::of(&approval, approvals)));
         }
         let mut shown = arguments.clone();
         redact_json(&mut shown, &self.redactor);
         let role = self.policy.agent(&self.authority.agent);
         let new = NewApproval {
             key: key.clone(),
-            subject: self.claims.sub.clone(),
             agent: self.authority.agent.clone(),
             risk,
             arguments: shown,
@@ -69,43 +136,89 @@ impl RunContext {
                 || approvals.config().self_approval_default,
         };
         match approvals.request(new) {
-            Ok(approval) => Gated::Pending { approval, key },
-            Err(e) => Gated::Refused(e.to_string()),
+            Ok(approval) => Ok(Err(Gated {
+                approval,
+                key,
+                risk,
+            })),
+            Err(e) => Err(e.to_string()),
         }
     }
 
-    /// The risk recorded on an approval.
-    pub fn approval_risk(&self, approval: &Approval) -> Risk {
-        approval.risk
+    /// Seals `granted` and the upstream's own `requestState` into the
+    /// `requestState` the client gets.
+    pub fn seal_granted(&self, granted: &Granted, upstream_state: Option<String>) -> String {
+        let payload = StatePayload {
+            v: 1,
+            a: granted.approval.as_str().to_owned(),
+            b: granted.by.clone(),
+            r: self.claims.run_id.clone(),
+            n: granted.tool.clone(),
+            h: hex(&granted.args_sha256),
+            x: granted.until_ms,
+            o: upstream_state,
+        };
+        let bytes = serde_json::to_vec(&payload).unwrap_or_default();
+        self.sessions.seal_state(&self.principal(), &bytes)
+    }
+
+    /// The approval a retry's sealed `requestState` binds it to, and the
+    /// upstream's own state, if the state was sealed for this principal,
+    /// run, tool and arguments and has not lapsed.
+    pub fn open_granted(
+        &self,
+        state: &str,
+        tool: &str,
+        args_sha256: &[u8; 32],
+    ) -> Result<(Granted, Option<String>), String> {
+        let refused = |why: &str| format!("requestState {why}");
+        let bytes = self
+            .sessions
+            .open_state(&self.principal(), state.as_bytes())
+            .map_err(|e| {
+                refused(&format!(
+                    "was not issued by this firewall to this caller ({e})"
+                ))
+            })?;
+        let p: StatePayload =
+            serde_json::from_slice(&bytes).map_err(|_| refused("is not readable"))?;
+        if p.v != 1 || p.r != self.claims.run_id {
+            return Err(refused("belongs to another run"));
+        }
+        if p.n != tool || p.h != hex(args_sha256) {
+            return Err(refused(
+                "belongs to another call (the retry must repeat the tool and its arguments)",
+            ));
+        }
+        if now_ms() >= p.x {
+            return Err(refused("has expired; call the tool again"));
+        }
+        let approval = ApprovalId::parse(&p.a).ok_or_else(|| refused("is not readable"))?;
+        Ok((
+            Granted {
+                approval,
+                by: p.b,
+                tool: p.n,
+                args_sha256: *args_sha256,
+                until_ms: p.x,
+            },
+            p.o,
+        ))
     }
 }
 
-/// The resumable "approval required" answer: the approval's id, where to
-/// follow it, and until when it can be granted.
-pub fn approval_required(
-    id: &Id,
-    tool: &str,
-    approvals: &Approvals,
-    approval: &Approval,
-    risk: Risk,
-) -> Bytes {
-    jsonrpc::error_body(
-        Some(id),
-        codes::APPROVAL_REQUIRED,
-        &format!(
-            "Call to {tool} ({risk}) requires a person's approval; retry the identical call once approval {} is granted",
-            approval.id.as_str()
-        ),
-        Some(&json!({
-            "stop_reason": StopReason::ApprovalRequired.as_str(),
-            "tool": tool,
-            "risk": risk.as_str(),
-            "approval_id": approval.id.as_str(),
-            "status": approval.status.as_str(),
-            "status_url": approvals.status_url(&approval.id),
-            "expires_at_ms": approval.expires_ms,
-        })),
-    )
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Connects approvals to the rest of the firewall: every transition becomes
@@ -163,7 +276,7 @@ fn transition_row(t: &Transition) -> AuditRow {
     row.subject = a
         .decision
         .as_ref()
-        .map_or_else(|| a.subject.clone(), |d| d.by.clone());
+        .map_or_else(|| a.key.subject.clone(), |d| d.by.clone());
     row.agent_role = a.agent.clone();
     row.run_id = a.key.run_id.clone();
     row.upstream = a.key.upstream.clone();
@@ -179,7 +292,7 @@ fn transition_row(t: &Transition) -> AuditRow {
         a.decision
             .as_ref()
             .map(|d| format!(" by {}: {}", d.by, d.reason))
-            .unwrap_or_else(|| format!(" (asked by {})", a.subject))
+            .unwrap_or_else(|| format!(" (asked by {})", a.key.subject))
     );
     row.stop_reason = StopReason::ApprovalRequired.as_str().into();
     let mut args = (*a.arguments).clone();

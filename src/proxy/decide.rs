@@ -1,36 +1,43 @@
 //! The decision step: what happens to each client-to-server message, decided
-//! on the parsed body against one policy snapshot.
+//! on the parsed body against one policy snapshot. Nothing here does I/O
+//! except what a gate needs (filing or consuming an approval).
 //!
 //! | message | verdict |
 //! |---|---|
+//! | a method the revision does not define (and the upstream's config does not add) | `-32601`, never forwarded |
 //! | `tools/call` of a tool hidden from the run, or not in the upstream's catalog | `-32602 Unknown tool` (identical either way) |
+//! | `tools/call` with a number the firewall cannot hold exactly, or arguments failing the tool's input schema | a tool result with `isError` (SEP-1303) |
 //! | `tools/call` whose condition fails | `-31001` denied, with the reason |
-//! | `tools/call` behind an `approve` gate | `-31002` approval required |
-//! | `tools/call` whose arguments fail the tool's input schema | `-32602` with the schema errors |
-//! | `prompts/get` / `resources/read|subscribe` outside the run's rules | `-32602` unknown prompt / resource not found |
+//! | `tools/call` behind an `approve` gate | held for a person, or `-31002` with the approval to follow |
+//! | `tools/call` past a rate limit | `-31003`; past a step or cost cap: a *skipped* tool result |
+//! | `prompts/get`, `resources/read|subscribe|unsubscribe`, `completion/complete` outside the run's rules | `-32602` unknown prompt / resource not found |
+//! | `notifications/cancelled` of a held call | the hold ends, its approval is withdrawn, nothing is forwarded |
 //! | everything else on a reachable upstream | forwarded |
-//!
-//! Answers are JSON-RPC errors with HTTP 200: MCP clients read them as the
-//! call's answer, not as a transport failure.
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
-use crate::approval::{Approval, CallKey};
+use crate::approval::{args_sha256, Approval, Approvals, CallKey};
+use crate::audit::Redactor;
 use crate::auth::Claims;
 use crate::budget::{Budgets, CallBudget, Refusal, Reservation};
 use crate::catalog::{ArgumentsError, Catalogs};
+use crate::mcp::headers::{self, HeaderMismatch};
 use crate::mcp::jsonrpc::{self, Id, Kind, Message};
+use crate::mcp::methods::{self, Class, Shape};
+use crate::mcp::numbers;
+use crate::mcp::version::ProtocolVersion;
 use crate::outcome::{DecisionKind, StopReason};
-use crate::policy::{self, Authority, Call, Decision, Hidden, Identity, Policy, Risk};
+use crate::policy::{self, Authority, Call, Decision, Gate, Hidden, Identity, Policy, Risk};
 use crate::telemetry::Metrics;
 
-use super::approvals::Gated;
-use super::error::codes;
+use super::approvals::{Gated, Granted};
+use super::hold::{HoldKey, Holds};
+use super::session::{Principal, Sessions, STATE_PREFIX};
 use super::upstream::UpstreamClient;
-use super::version::ProtocolVersion;
 
 /// Everything a decision needs about the run and the upstream.
 pub struct RunContext {
@@ -53,37 +60,84 @@ pub struct RunContext {
     /// Request-path metrics.
     pub metrics: Arc<Metrics>,
     /// Human approvals, when configured.
-    pub approvals: Option<Arc<crate::approval::Approvals>>,
+    pub approvals: Option<Arc<Approvals>>,
     /// Masks secrets in arguments shown to approvers.
-    pub redactor: Arc<crate::audit::Redactor>,
+    pub redactor: Arc<Redactor>,
+    /// Seals session ids, event ids and request states.
+    pub sessions: Arc<Sessions>,
+}
+
+/// What a decision knows besides the message and the run: the caller's
+/// session and the calls held for approval.
+pub struct Around<'a> {
+    /// The request body the messages were parsed from.
+    pub body: &'a str,
+    /// The upstream's session id (unsealed), if the request has one.
+    pub session: Option<&'a [u8]>,
+    /// Calls held for approval, to cancel.
+    pub holds: &'a Holds,
+    /// The request's headers (`Mcp-Param-*` are checked once the called
+    /// tool is known to be visible to the run).
+    pub headers: &'a http::HeaderMap,
 }
 
 /// What to do with one message.
 #[derive(Debug)]
 pub enum Verdict {
     /// Send it upstream.
-    Forward {
-        /// The tool's risk, for `tools/call`.
-        risk: Option<Risk>,
-        /// The budget reserved for a `tools/call`, settled when it ends.
-        reservation: Option<Reservation>,
-    },
+    Forward(Forwarding),
     /// A call behind an `approve` gate waiting for a person.
-    Hold {
-        /// The pending approval.
-        approval: Box<Approval>,
-        /// Its key.
-        key: CallKey,
-        /// The tool's risk.
-        risk: Risk,
-    },
+    Hold(Box<Gated>),
     /// Answer it here; nothing reaches the upstream.
-    Answer {
-        /// The JSON-RPC response (absent for a refused notification).
-        body: Option<Bytes>,
-        /// Why, for logs and audit.
-        outcome: Outcome,
-    },
+    Answer(Outcome),
+}
+
+/// A message that goes upstream.
+#[derive(Debug, Default)]
+pub struct Forwarding {
+    /// The tool's (or extra method's) risk.
+    pub risk: Option<Risk>,
+    /// The budget reserved for a `tools/call`, settled when it ends.
+    pub reservation: Option<Reservation>,
+    /// The approval this call runs under, if it was gated.
+    pub granted: Option<Arc<Granted>>,
+    /// The message to send instead of its bytes (a multi-round retry whose
+    /// `requestState` the firewall sealed gets the upstream's own back).
+    pub rewrite: Option<String>,
+}
+
+/// What an approver-facing answer says about a pending approval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalNote {
+    /// Its id.
+    pub id: String,
+    /// Its status.
+    pub status: String,
+    /// Where to follow it.
+    pub status_url: String,
+    /// Until when it can be granted.
+    pub expires_at_ms: u64,
+}
+
+impl ApprovalNote {
+    /// The note for `approval`.
+    pub fn of(approval: &Approval, approvals: &Approvals) -> ApprovalNote {
+        ApprovalNote {
+            id: approval.id.as_str().to_owned(),
+            status: approval.status.as_str().to_owned(),
+            status_url: approvals.status_url(&approval.id),
+            expires_at_ms: approval.expires_ms,
+        }
+    }
+}
+
+/// A prompt or resource outside the run's rules.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NotPermitted {
+    /// A prompt, by name.
+    Prompt(String),
+    /// A resource, by URI.
+    Resource(String),
 }
 
 /// Why the firewall answered a message itself.
@@ -91,7 +145,9 @@ pub enum Verdict {
 pub enum Outcome {
     /// Hidden or nonexistent tool.
     UnknownTool(Option<Hidden>),
-    /// Refused by a condition.
+    /// A method the revision does not define.
+    UnknownMethod,
+    /// Refused by a condition or a gate.
     Denied {
         /// Risk of the tool.
         risk: Risk,
@@ -100,15 +156,26 @@ pub enum Outcome {
         /// The rule.
         rule: String,
     },
-    /// Needs a person's approval.
+    /// Needs a person's approval; the one filed, when there is one.
     ApprovalRequired {
         /// Risk of the tool.
         risk: Risk,
+        /// The pending approval to follow.
+        approval: Option<Box<ApprovalNote>>,
     },
-    /// Arguments fail the schema.
+    /// Needs a person's approval and none can be requested.
+    ApprovalUnavailable {
+        /// Risk of the tool.
+        risk: Risk,
+        /// Why not.
+        why: String,
+    },
+    /// A `requestState` in the firewall's form that does not verify.
+    BadRequestState(String),
+    /// Arguments fail the schema or hold an inexact number.
     InvalidArguments(String),
     /// A prompt or resource outside the run's rules.
-    NotPermitted,
+    NotPermitted(NotPermitted),
     /// Over a budget: not executed.
     Skipped {
         /// Risk of the tool.
@@ -123,56 +190,123 @@ pub enum Outcome {
         /// The spool's error.
         error: String,
     },
+    /// `Mcp-Param-*` headers disagree with the arguments (answered with
+    /// HTTP 400, as the transport spec requires).
+    HeaderMismatch(HeaderMismatch),
+    /// The client cancelled a held call; its approval was withdrawn.
+    Cancelled {
+        /// The withdrawn approval.
+        approval: Option<String>,
+    },
+}
+
+/// An outcome's audit columns.
+pub struct AuditFacts {
+    /// `decision`.
+    pub decision: DecisionKind,
+    /// `stop_reason`.
+    pub stop: StopReason,
+    /// `reason`.
+    pub reason: String,
+    /// `risk`.
+    pub risk: Option<Risk>,
 }
 
 // === impl Outcome ===
 
 impl Outcome {
     /// Decision, stop reason, reason text and risk for the audit row.
-    pub fn audit(&self) -> (DecisionKind, Option<StopReason>, String, Option<Risk>) {
+    pub fn audit(&self) -> AuditFacts {
+        let facts = |decision, stop, reason: String, risk| AuditFacts {
+            decision,
+            stop,
+            reason,
+            risk,
+        };
         match self {
-            Outcome::UnknownTool(h) => (
+            Outcome::UnknownTool(h) => facts(
                 DecisionKind::Hidden,
-                Some(StopReason::Denied),
+                StopReason::Denied,
                 h.as_ref().map_or_else(
                     || "not in the upstream's catalog".to_owned(),
                     |h| h.to_string(),
                 ),
                 None,
             ),
-            Outcome::Denied { risk, reason, rule } => (
+            Outcome::UnknownMethod => facts(
                 DecisionKind::Deny,
-                Some(StopReason::Denied),
+                StopReason::Denied,
+                "method not defined by the protocol revision in use".to_owned(),
+                None,
+            ),
+            Outcome::Denied { risk, reason, rule } => facts(
+                DecisionKind::Deny,
+                StopReason::Denied,
                 format!("{reason} ({rule})"),
                 Some(*risk),
             ),
-            Outcome::ApprovalRequired { risk } => (
+            Outcome::ApprovalRequired { risk, approval } => facts(
                 DecisionKind::Approve,
-                Some(StopReason::ApprovalRequired),
-                format!("{risk} tool behind an approve gate"),
+                StopReason::ApprovalRequired,
+                match approval {
+                    Some(a) => format!("{risk} tool behind an approve gate (approval {})", a.id),
+                    None => format!("{risk} tool behind an approve gate"),
+                },
                 Some(*risk),
             ),
-            Outcome::InvalidArguments(detail) => (
+            Outcome::ApprovalUnavailable { risk, why } => facts(
+                DecisionKind::Approve,
+                StopReason::ApprovalRequired,
+                format!("{risk} tool behind an approve gate; no approval can be requested: {why}"),
+                Some(*risk),
+            ),
+            Outcome::BadRequestState(why) => {
+                facts(DecisionKind::Deny, StopReason::Denied, why.clone(), None)
+            }
+            Outcome::InvalidArguments(detail) => facts(
                 DecisionKind::Invalid,
-                Some(StopReason::Denied),
+                StopReason::Denied,
                 detail.clone(),
                 None,
             ),
-            Outcome::NotPermitted => (
+            Outcome::NotPermitted(what) => facts(
                 DecisionKind::Hidden,
-                Some(StopReason::Denied),
-                "prompt or resource outside the run's rules".to_owned(),
+                StopReason::Denied,
+                match what {
+                    NotPermitted::Prompt(_) => "prompt outside the run's rules".to_owned(),
+                    NotPermitted::Resource(_) => "resource outside the run's rules".to_owned(),
+                },
                 None,
             ),
-            Outcome::Skipped { risk, refusal } => (
+            Outcome::Skipped { risk, refusal } => facts(
                 DecisionKind::Skip,
-                Some(refusal.stop_reason()),
+                refusal.stop_reason(),
                 refusal.describe(),
                 Some(*risk),
             ),
-            Outcome::AuditUnavailable { risk, error } => {
-                (DecisionKind::Error, None, error.clone(), Some(*risk))
-            }
+            Outcome::AuditUnavailable { risk, error } => facts(
+                DecisionKind::Error,
+                StopReason::Denied,
+                error.clone(),
+                Some(*risk),
+            ),
+            Outcome::HeaderMismatch(e) => facts(
+                DecisionKind::Invalid,
+                StopReason::Denied,
+                e.to_string(),
+                None,
+            ),
+            Outcome::Cancelled { approval } => facts(
+                DecisionKind::Cancel,
+                StopReason::Cancelled,
+                match approval {
+                    Some(a) => {
+                        format!("cancelled by the client while held; approval {a} withdrawn")
+                    }
+                    None => "cancelled by the client while held".to_owned(),
+                },
+                None,
+            ),
         }
     }
 }
@@ -185,90 +319,149 @@ impl RunContext {
         identity(&self.claims, self.service_issuer)
     }
 
-    /// Decides one message.
-    pub fn decide(&self, msg: &Message) -> Verdict {
-        if msg.kind != Kind::Request {
-            return Verdict::Forward {
-                risk: None,
-                reservation: None,
-            };
-        }
-        match msg.method.as_deref() {
-            Some("tools/call") => self.decide_call(msg),
-            Some("prompts/get") => {
-                let name = msg.name.as_deref().unwrap_or("");
-                if self
-                    .policy
-                    .prompt_allowed(&self.authority, &self.upstream.config, name)
-                {
-                    Verdict::Forward {
-                        risk: None,
-                        reservation: None,
-                    }
-                } else {
-                    answer(
-                        msg.id.as_ref(),
-                        jsonrpc::INVALID_PARAMS,
-                        &format!("Unknown prompt: {name}"),
-                        None,
-                        Outcome::NotPermitted,
-                    )
-                }
-            }
-            Some("resources/read" | "resources/subscribe" | "resources/unsubscribe") => {
-                let uri = msg.name.as_deref().unwrap_or("");
-                if self
-                    .policy
-                    .resource_allowed(&self.authority, &self.upstream.config, uri)
-                {
-                    Verdict::Forward {
-                        risk: None,
-                        reservation: None,
-                    }
-                } else {
-                    // 2026-07-28 reports a missing resource as -32602; older
-                    // revisions use -32002.
-                    let code = if self.version.is_stateless() {
-                        jsonrpc::INVALID_PARAMS
-                    } else {
-                        -32002
-                    };
-                    answer(
-                        msg.id.as_ref(),
-                        code,
-                        &format!("Resource not found: {uri}"),
-                        Some(json!({ "uri": uri })),
-                        Outcome::NotPermitted,
-                    )
-                }
-            }
-            _ => Verdict::Forward {
-                risk: None,
-                reservation: None,
-            },
+    /// Who the run's sessions, event ids and request states belong to.
+    pub fn principal(&self) -> Principal<'_> {
+        Principal {
+            issuer: &self.claims.iss,
+            tenant: &self.claims.tenant_id,
+            subject: &self.claims.sub,
+            upstream: &self.upstream.config.name,
         }
     }
 
-    fn decide_call(&self, msg: &Message) -> Verdict {
+    /// Decides one message.
+    pub fn decide(&self, msg: &Message, around: &Around<'_>) -> Verdict {
+        let name = match (msg.kind, msg.method.as_deref()) {
+            // Answers to server-to-client requests (session revisions only:
+            // 2026-07-28 bodies with responses are refused before this).
+            (Kind::Response, _) | (_, None) => return forward(None),
+            (_, Some(name)) => name,
+        };
+        let shape = match msg.kind {
+            Kind::Request => Shape::Request,
+            _ => Shape::Notification,
+        };
+        let class = match methods::lookup(name, self.version) {
+            Some(m) if m.shape == shape => m.class,
+            // A notification-only method sent with an id names no request.
+            Some(_) => return Verdict::Answer(Outcome::UnknownMethod),
+            None => return self.decide_extra(name, shape),
+        };
+        match class {
+            Class::ToolCall => self.decide_call(msg, around),
+            Class::Prompt => {
+                let name = msg.name.as_deref().unwrap_or("");
+                self.permit(self.prompt_allowed(name), || {
+                    NotPermitted::Prompt(name.to_owned())
+                })
+            }
+            Class::Resource => {
+                let uri = msg.name.as_deref().unwrap_or("");
+                self.permit(self.resource_allowed(uri), || {
+                    NotPermitted::Resource(uri.to_owned())
+                })
+            }
+            Class::Completion => match completion_ref(msg) {
+                Some(CompletionRef::Prompt(name)) => self
+                    .permit(self.prompt_allowed(&name), || {
+                        NotPermitted::Prompt(name.clone())
+                    }),
+                Some(CompletionRef::Resource(uri)) => self
+                    .permit(self.resource_allowed(&uri), || {
+                        NotPermitted::Resource(uri.clone())
+                    }),
+                // Without a readable reference the upstream answers it.
+                None => forward(None),
+            },
+            Class::Cancel => self.decide_cancel(msg, around),
+            Class::List(_) | Class::Pass => forward(None),
+        }
+    }
+
+    fn prompt_allowed(&self, name: &str) -> bool {
+        self.policy
+            .prompt_allowed(&self.authority, &self.upstream.config, name)
+    }
+
+    fn resource_allowed(&self, uri: &str) -> bool {
+        self.policy
+            .resource_allowed(&self.authority, &self.upstream.config, uri)
+    }
+
+    fn permit(&self, allowed: bool, what: impl FnOnce() -> NotPermitted) -> Verdict {
+        if allowed {
+            forward(None)
+        } else {
+            Verdict::Answer(Outcome::NotPermitted(what()))
+        }
+    }
+
+    /// A method the upstream's config adds to MCP, decided by the gate of
+    /// its configured risk; any other unknown method is refused.
+    fn decide_extra(&self, name: &str, shape: Shape) -> Verdict {
+        let up = &self.upstream.config;
+        let Some(extra) = up
+            .extra_methods
+            .iter()
+            .find(|m| m.name == name && m.shape == shape)
+        else {
+            return Verdict::Answer(Outcome::UnknownMethod);
+        };
+        let risk = extra.risk;
+        match self.policy.method_gate(&self.authority, up, risk) {
+            None => Verdict::Answer(Outcome::UnknownMethod),
+            Some(Gate::Allow) => forward(Some(risk)),
+            Some(Gate::Deny) => Verdict::Answer(Outcome::Denied {
+                risk,
+                reason: format!("{risk} methods are denied for this role"),
+                rule: format!("upstream {}: extra_methods {name}", up.name),
+            }),
+            Some(Gate::Approve) => Verdict::Answer(Outcome::ApprovalUnavailable {
+                risk,
+                why: "approvals are given for tool calls only; this method's risk needs one"
+                    .to_owned(),
+            }),
+        }
+    }
+
+    /// `notifications/cancelled` for a call this caller has held for
+    /// approval ends the hold (which withdraws the approval); any other is
+    /// the upstream's business.
+    fn decide_cancel(&self, msg: &Message, around: &Around<'_>) -> Verdict {
+        #[derive(Deserialize)]
+        struct Params<'a> {
+            #[serde(borrow, rename = "requestId")]
+            request_id: Option<&'a RawValue>,
+        }
+        let id = msg
+            .params
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
+            .and_then(|p| p.request_id)
+            .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+            .and_then(|v| match v {
+                Value::Number(n) => n.as_i64().map(Id::Number),
+                Value::String(s) => Some(Id::String(s)),
+                _ => None,
+            });
+        let Some(id) = id else {
+            return forward(None);
+        };
+        let key = HoldKey::new(self, around.session, &id);
+        match around.holds.cancel(&key) {
+            Some(approval) => Verdict::Answer(Outcome::Cancelled {
+                approval: Some(approval),
+            }),
+            None => forward(None),
+        }
+    }
+
+    fn decide_call(&self, msg: &Message, around: &Around<'_>) -> Verdict {
+        let unknown = |hidden: Option<Hidden>| Verdict::Answer(Outcome::UnknownTool(hidden));
         let Some(call) = &msg.call else {
-            return answer(
-                msg.id.as_ref(),
-                jsonrpc::INVALID_PARAMS,
-                "tools/call needs a tool name",
-                None,
-                Outcome::UnknownTool(None),
-            );
+            return unknown(None);
         };
         let tool = call.name.as_str();
-        let unknown = |hidden: Option<Hidden>| {
-            answer(
-                msg.id.as_ref(),
-                jsonrpc::INVALID_PARAMS,
-                &format!("Unknown tool: {tool}"),
-                None,
-                Outcome::UnknownTool(hidden),
-            )
-        };
         // A tool the upstream never listed does not exist, whatever the
         // policy would say about its name.
         let Some(entry) = self.catalogs.get(&self.upstream.config.name, tool) else {
@@ -290,63 +483,92 @@ impl RunContext {
             },
             None,
         );
+        if let Decision::Unknown(h) = decision {
+            return unknown(Some(h));
+        }
+        // Only now, for a tool the run may see: a hidden tool answers
+        // exactly like an invented one, whatever its schema annotates.
+        if let Err(e) = headers::check(around.headers, msg, Some(entry.param_headers())) {
+            return Verdict::Answer(Outcome::HeaderMismatch(e));
+        }
         let risk = match decision {
-            Decision::Unknown(h) => return unknown(Some(h)),
             Decision::Deny { risk, reason, rule } => {
-                return answer(
-                    msg.id.as_ref(),
-                    codes::DENIED,
-                    &format!("Call to {tool} refused by policy: {reason}"),
-                    Some(
-                        json!({ "stop_reason": "denied", "tool": tool, "risk": risk.as_str(), "reason": reason }),
-                    ),
-                    Outcome::Denied { risk, reason, rule },
-                )
+                return Verdict::Answer(Outcome::Denied { risk, reason, rule })
             }
             Decision::Approve { risk } | Decision::Allow { risk } => risk,
+            Decision::Unknown(h) => return unknown(Some(h)),
         };
-        // Arguments are checked before any gate: an approver should never be
-        // asked about a call the upstream would reject anyway.
+        // A condition that let the call through read its numbers as the
+        // model holds them: only exact ones may pass. Arguments are checked
+        // before any gate: an approver is never asked about a call the
+        // upstream would reject anyway.
+        if let Some(why) = call
+            .arguments
+            .as_deref()
+            .and_then(|a| numbers::first_inexact(a.get()))
+        {
+            return Verdict::Answer(Outcome::InvalidArguments(why));
+        }
         if let Err(e) = entry.validate(&arguments) {
             let detail = match &e {
                 ArgumentsError::BadSchema(s) => s.clone(),
                 ArgumentsError::Invalid(list) => list.join("; "),
             };
-            return answer(
-                msg.id.as_ref(),
-                jsonrpc::INVALID_PARAMS,
-                &format!("Invalid arguments for tool {tool}: {detail}"),
-                None,
-                Outcome::InvalidArguments(detail),
-            );
+            return Verdict::Answer(Outcome::InvalidArguments(detail));
         }
-        if matches!(decision, Decision::Approve { .. }) {
-            match self.gate(tool, &arguments, risk) {
-                // Granted for exactly this call: it runs (once), under budgets.
-                Gated::Approved(approval) => {
-                    tracing::info!(tool, approval = approval.id.as_str(), "running an approved call");
-                }
-                Gated::Pending { approval, key } => {
-                    return Verdict::Hold {
-                        approval: Box::new(approval),
-                        key,
-                        risk,
+        let hash = args_sha256(&arguments);
+        // A multi-round retry carrying a request state the firewall sealed:
+        // it runs under the approval it was sealed for, and the upstream
+        // gets its own state back.
+        let mut granted = None;
+        let mut rewrite = None;
+        if let Some(state) = msg
+            .request_state
+            .as_deref()
+            .filter(|s| s.starts_with(STATE_PREFIX))
+        {
+            match self.open_granted(state, tool, &hash) {
+                Ok((g, original)) => {
+                    let original = original.map(|o| Value::String(o).to_string());
+                    let text = around.body.get(msg.span.clone()).unwrap_or("");
+                    rewrite = jsonrpc::with_param(text, "requestState", original.as_deref());
+                    if rewrite.is_none() {
+                        return Verdict::Answer(Outcome::BadRequestState(
+                            "requestState could not be restored for the upstream".to_owned(),
+                        ));
                     }
+                    granted = Some(Arc::new(g));
                 }
-                Gated::Refused(why) => {
-                    return answer(
-                        msg.id.as_ref(),
-                        codes::APPROVAL_REQUIRED,
-                        &format!("Call to {tool} ({risk}) requires a person's approval, and none can be requested: {why}"),
-                        Some(json!({ "stop_reason": "approval_required", "tool": tool, "risk": risk.as_str() })),
-                        Outcome::ApprovalRequired { risk },
-                    )
+                Err(why) => return Verdict::Answer(Outcome::BadRequestState(why)),
+            }
+        }
+        if matches!(decision, Decision::Approve { .. }) && granted.is_none() {
+            match self.gate(tool, &arguments, hash, risk) {
+                // Granted for exactly this call: it runs (once), under budgets.
+                Ok(Ok(g)) => {
+                    tracing::info!(tool, approval = %g.approval, "running an approved call");
+                    granted = Some(Arc::new(g));
                 }
+                Ok(Err(gated)) => return Verdict::Hold(Box::new(gated)),
+                Err(why) => return Verdict::Answer(Outcome::ApprovalUnavailable { risk, why }),
             }
         }
         // Budgets last: only a call that would run spends them.
+        match self.budgets.admit(&self.call_budget(tool)) {
+            Ok(reservation) => Verdict::Forward(Forwarding {
+                risk: Some(risk),
+                reservation: Some(reservation),
+                granted,
+                rewrite,
+            }),
+            Err(refusal) => Verdict::Answer(Outcome::Skipped { risk, refusal }),
+        }
+    }
+
+    /// The budget a `tools/call` of `tool` asks for.
+    pub fn call_budget<'a>(&'a self, tool: &'a str) -> CallBudget<'a> {
         let role = self.policy.agent(&self.authority.agent);
-        let budget = CallBudget {
+        CallBudget {
             tenant: &self.claims.tenant_id,
             run: &self.claims.run_id,
             upstream: &self.upstream.config.name,
@@ -361,39 +583,53 @@ impl RunContext {
                 .or(self.budgets.config().default_max_cost),
             run_per_s: role.and_then(|a| a.calls_per_s),
             upstream_per_s: self.upstream.config.max_calls_per_s,
-        };
-        match self.budgets.admit(&budget) {
-            Ok(reservation) => Verdict::Forward {
-                risk: Some(risk),
-                reservation: Some(reservation),
-            },
-            Err(refusal) => match &refusal {
-                // Rate limits are transient: a JSON-RPC error saying when to
-                // retry. Caps are final for the run: a skipped tool result.
-                Refusal::RateLimited { scope, retry_after } => {
-                    let data = json!({
-                        "stop_reason": "rate_limited",
-                        "scope": scope,
-                        "retry_after_ms": retry_after.as_millis().max(1) as u64,
-                        "tool": tool,
-                    });
-                    answer(
-                        msg.id.as_ref(),
-                        codes::RATE_LIMITED,
-                        &format!("Call to {tool} refused: {}", refusal.describe()),
-                        Some(data),
-                        Outcome::Skipped {
-                            risk,
-                            refusal: refusal.clone(),
-                        },
-                    )
-                }
-                _ => Verdict::Answer {
-                    body: msg.id.as_ref().map(|id| skipped_result(id, tool, &refusal)),
-                    outcome: Outcome::Skipped { risk, refusal },
-                },
-            },
         }
+    }
+
+    /// The call key of a gated call of this run.
+    pub fn call_key(&self, tool: &str, args_sha256: [u8; 32]) -> CallKey {
+        CallKey {
+            tenant: self.claims.tenant_id.clone(),
+            run_id: self.claims.run_id.clone(),
+            subject: self.claims.sub.clone(),
+            upstream: self.upstream.config.name.clone(),
+            tool: tool.to_owned(),
+            args_sha256,
+        }
+    }
+}
+
+fn forward(risk: Option<Risk>) -> Verdict {
+    Verdict::Forward(Forwarding {
+        risk,
+        ..Forwarding::default()
+    })
+}
+
+/// What `completion/complete` completes.
+enum CompletionRef {
+    Prompt(String),
+    Resource(String),
+}
+
+fn completion_ref(msg: &Message) -> Option<CompletionRef> {
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(rename = "ref")]
+        reference: Ref,
+    }
+    #[derive(Deserialize)]
+    struct Ref {
+        #[serde(rename = "type")]
+        kind: String,
+        name: Option<String>,
+        uri: Option<String>,
+    }
+    let p: Params = serde_json::from_str(msg.params.as_deref()?.get()).ok()?;
+    match (p.reference.kind.as_str(), p.reference.name, p.reference.uri) {
+        ("ref/prompt", Some(name), _) => Some(CompletionRef::Prompt(name)),
+        ("ref/resource", _, Some(uri)) => Some(CompletionRef::Resource(uri)),
+        _ => None,
     }
 }
 
@@ -412,60 +648,5 @@ pub fn identity(claims: &Claims, service_issuer: bool) -> Identity<'_> {
         projects: &claims.projects,
         ceiling: claims.project_ceiling.as_deref(),
         service_issuer,
-    }
-}
-
-/// A call past a step or cost cap is not executed: the agent gets a tool
-/// result marked `isError` that names the stop reason, so its framework
-/// records a result rather than a crash.
-pub fn skipped_result(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
-    let mut structured = json!({
-        "skipped": true,
-        "tool": tool,
-        "stop_reason": refusal.stop_reason().as_str(),
-    });
-    match refusal {
-        Refusal::StepCap { used, max } => {
-            structured["steps_used"] = json!(used);
-            structured["max_steps"] = json!(max);
-        }
-        Refusal::CostCap {
-            scope,
-            spent,
-            price,
-            cap,
-        } => {
-            structured["scope"] = json!(scope);
-            structured["spent"] = json!(spent);
-            structured["price"] = json!(price);
-            structured["cap"] = json!(cap);
-        }
-        Refusal::RateLimited { scope, retry_after } => {
-            structured["scope"] = json!(scope);
-            structured["retry_after_ms"] = json!(retry_after.as_millis() as u64);
-        }
-    }
-    let body = json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "result": {
-            "content": [{ "type": "text", "text": refusal.describe() }],
-            "structuredContent": structured,
-            "isError": true,
-        },
-    });
-    Bytes::from(body.to_string())
-}
-
-fn answer(
-    id: Option<&Id>,
-    code: i32,
-    message: &str,
-    data: Option<Value>,
-    outcome: Outcome,
-) -> Verdict {
-    Verdict::Answer {
-        body: id.map(|id| jsonrpc::error_body(Some(id), code, message, data.as_ref())),
-        outcome,
     }
 }

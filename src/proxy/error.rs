@@ -137,6 +137,22 @@ pub enum ProxyError {
     /// The server is at its concurrency limit.
     #[error("overloaded")]
     Overloaded,
+    /// An `Mcp-Session-Id` this caller does not own: forged, altered,
+    /// another principal's, or from a firewall with other keys.
+    #[error("session not found")]
+    SessionNotFound,
+    /// A DELETE without a session to end.
+    #[error("DELETE needs the Mcp-Session-Id of the session to end")]
+    SessionRequired,
+    /// A `Last-Event-ID` that was not issued on this caller's session.
+    #[error("Last-Event-ID was not issued on this session")]
+    UnknownEventId,
+    /// A browser `Origin` that is not allowed (DNS rebinding, CSRF).
+    #[error("origin {0:?} is not allowed")]
+    OriginNotAllowed(String),
+    /// A `Host` the firewall does not serve (DNS rebinding).
+    #[error("host {0:?} is not served here")]
+    HostNotAllowed(String),
 }
 
 // === impl ProxyError ===
@@ -207,23 +223,10 @@ impl ProxyError {
                 failure,
                 ids,
             } => {
-                let data = json!({ "upstream": upstream, "cause": failure.to_string(), "stop_reason": "upstream_error" });
-                let msg = format!("upstream {upstream:?} failed: {failure}");
+                let answer = |id| super::answer::upstream_error(id, &upstream, &failure);
                 match ids.as_slice() {
-                    [] => rpc(
-                        StatusCode::BAD_GATEWAY,
-                        None,
-                        codes::UPSTREAM_ERROR,
-                        &msg,
-                        Some(&data),
-                    ),
-                    [one] => rpc(
-                        StatusCode::OK,
-                        Some(one),
-                        codes::UPSTREAM_ERROR,
-                        &msg,
-                        Some(&data),
-                    ),
+                    [] => json_response(StatusCode::BAD_GATEWAY, answer(None)),
+                    [one] => json_response(StatusCode::OK, answer(Some(one))),
                     many => {
                         let mut out = Vec::with_capacity(many.len() * 160);
                         out.push(b'[');
@@ -231,12 +234,7 @@ impl ProxyError {
                             if i > 0 {
                                 out.push(b',');
                             }
-                            out.extend_from_slice(&jsonrpc::error_body(
-                                Some(id),
-                                codes::UPSTREAM_ERROR,
-                                &msg,
-                                Some(&data),
-                            ));
+                            out.extend_from_slice(&answer(Some(id)));
                         }
                         out.push(b']');
                         json_response(StatusCode::OK, Bytes::from(out))
@@ -281,7 +279,7 @@ impl ProxyError {
                     codes::RATE_LIMITED,
                     &message,
                     Some(
-                        &json!({ "stop_reason": "rate_limited", "scope": "client_ip", "retry_after_ms": ms }),
+                        &json!({ "stop_reason": crate::outcome::StopReason::RateLimited.as_str(), "scope": "client_ip", "retry_after_ms": ms }),
                     ),
                 );
                 if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
@@ -289,6 +287,23 @@ impl ProxyError {
                 }
                 r
             }
+            ProxyError::SessionNotFound => {
+                json_response(StatusCode::NOT_FOUND, super::answer::session_not_found())
+            }
+            ProxyError::SessionRequired | ProxyError::UnknownEventId => rpc(
+                StatusCode::BAD_REQUEST,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &message,
+                None,
+            ),
+            ProxyError::OriginNotAllowed(_) | ProxyError::HostNotAllowed(_) => rpc(
+                StatusCode::FORBIDDEN,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &message,
+                None,
+            ),
             ProxyError::Overloaded => {
                 let mut r = rpc(
                     StatusCode::SERVICE_UNAVAILABLE,

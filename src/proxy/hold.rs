@@ -1,77 +1,181 @@
-//! Holding a gated call until a person decides.
+//! The hold stage: a gated call waits for a person, then goes on through the
+//! same stages as any other call (budget, intent row, forward, the one
+//! relay). A hold is not a second relay.
 //!
 //! When a `tools/call` meets an `approve` gate and the client accepts SSE,
-//! the firewall keeps the request open as an event stream: it sends progress
-//! notifications while it waits (with the client's `progressToken` when it
-//! gave one, else SSE keep-alive comments), and the moment the approval is
-//! granted it consumes it (exactly once), spends the run's budget and
-//! forwards the call, relaying the upstream's answer on the same stream. A
-//! denial or an expiry ends the stream with a JSON-RPC error carrying the
-//! reason. The hold is bounded: past it, the answer is the resumable
-//! "approval required" error (approval id, status URL, expiry), and an
-//! identical retry after approval runs the call once.
+//! the firewall keeps the request open as an event stream: progress
+//! notifications while it waits (with the client's `progressToken`, else
+//! keep-alive comments); the moment the approval is granted it consumes it
+//! (exactly once) and forwards the call, relaying the upstream's answer on
+//! the same stream, the upstream's progress shifted past the hold's so it
+//! keeps increasing. A denial or an expiry ends the stream with a JSON-RPC
+//! error carrying the reason; past the hold window the answer is the
+//! resumable "approval required" error, and an identical retry after
+//! approval runs the call once.
+//!
+//! Cancellation: `notifications/cancelled` for the held request (same
+//! principal, same session, same id) ends the hold and **withdraws** the
+//! approval, so a person approving later runs nothing. On 2026-07-28,
+//! closing the stream is the cancellation (the transport spec says so); on
+//! the session revisions a disconnect is not a cancel, and the approval
+//! stays for the client's retry.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use dashmap::DashMap;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{header, Method, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
-use crate::approval::{Approval, Approvals, CallKey, Status};
-use crate::budget::{CallBudget, Settle};
-use crate::mcp::jsonrpc::{self, Id};
+use crate::approval::{ApprovalId, Approvals, Status};
+use crate::audit::AuditRow;
+use crate::budget::Settle;
+use crate::http_util::mime_is;
+use crate::mcp::jsonrpc::Id;
+use crate::mcp::methods::Class;
 use crate::mcp::sse;
 use crate::server::listener::ConnInfo;
 
-use super::approvals::approval_required;
-use super::body::{Body, BoxError, UpstreamBody};
-use super::decide::RunContext;
-use super::error::codes;
+use super::answer;
+use super::approvals::{Gated, Granted};
+use super::body::{Body, BoxError};
+use super::decide::{ApprovalNote, Outcome, RunContext};
+use super::error::{ProxyError, UpstreamFailure};
 use super::record::Recorder;
-use super::relay::mime_is;
+use super::relay::{Due, Exchange, Kind2};
 use super::upstream::Forward;
 
-/// A call held for approval.
+/// Which held call a `notifications/cancelled` names: the caller's
+/// principal, its session, and the request id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HoldKey {
+    principal: String,
+    session: Option<Vec<u8>>,
+    id: Id,
+}
+
+impl HoldKey {
+    /// The key of request `id` of the run in `cx` on `session`.
+    pub fn new(cx: &RunContext, session: Option<&[u8]>, id: &Id) -> HoldKey {
+        let p = cx.principal();
+        HoldKey {
+            principal: format!("{}\0{}\0{}\0{}", p.issuer, p.tenant, p.subject, p.upstream),
+            session: session.map(<[u8]>::to_vec),
+            id: id.clone(),
+        }
+    }
+}
+
+struct HoldEntry {
+    cancel: Arc<Notify>,
+    approval: ApprovalId,
+    tenant: String,
+}
+
+/// The calls held for approval right now, by [`HoldKey`].
+pub struct Holds {
+    held: DashMap<HoldKey, HoldEntry>,
+    approvals: Option<Arc<Approvals>>,
+}
+
+impl Holds {
+    /// Holds whose cancellation withdraws approvals from `approvals`.
+    pub fn new(approvals: Option<Arc<Approvals>>) -> Holds {
+        Holds {
+            held: DashMap::new(),
+            approvals,
+        }
+    }
+
+    /// Cancels the held call `key`, if there is one waiting: its approval is
+    /// withdrawn and its stream ends. Returns the approval's id.
+    pub fn cancel(&self, key: &HoldKey) -> Option<String> {
+        let (_, entry) = self.held.remove(key)?;
+        if let Some(a) = &self.approvals {
+            a.withdraw(&entry.tenant, &entry.approval);
+        }
+        entry.cancel.notify_one();
+        Some(entry.approval.as_str().to_owned())
+    }
+
+    /// Calls held now.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether no call is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+/// A call held for approval, with what forwarding it needs later.
 pub struct Held {
-    /// The approval.
-    pub approval: Approval,
-    /// Its call key (to consume it).
-    pub key: CallKey,
+    /// The gate it waits at.
+    pub gated: Gated,
     /// The request's JSON-RPC id.
     pub id: Id,
-    /// The client's progress token, if any.
-    pub progress_token: Option<Value>,
     /// The tool.
     pub tool: String,
-    /// The request body to forward once approved.
+    /// The client's progress token, if any.
+    pub progress_token: Option<Value>,
+    /// The message to forward once approved.
     pub body: Bytes,
-    /// The client's headers (cleaned when forwarded).
+    /// The client's headers (copied; cleaned when forwarded).
     pub headers: HeaderMap,
     /// Identity headers for the upstream.
     pub identity: Vec<(HeaderName, HeaderValue)>,
     /// The client connection.
     pub conn: ConnInfo,
+    /// The upstream's session id, if any.
+    pub session: Option<Vec<u8>>,
+    /// Rows of this request.
+    pub recorder: Recorder,
+    /// The call's intent row, written once it is approved (`None`: audit off).
+    pub intent: Option<AuditRow>,
+    /// Largest SSE event relayed.
+    pub max_sse_event_bytes: usize,
 }
 
 /// The SSE response that holds the call.
-pub fn respond(
-    cx: Arc<RunContext>,
-    approvals: Arc<Approvals>,
-    recorder: Recorder,
-    held: Held,
-) -> Response<Body> {
-    let (tx, rx) = mpsc::channel::<Bytes>(16);
-    tokio::spawn(run(cx, approvals, recorder, held, tx));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let b = rx.recv().await?;
-        Some((Ok::<_, BoxError>(Frame::data(b)), rx))
+pub fn respond(run: Arc<RunContext>, holds: Arc<Holds>, held: Held) -> Response<Body> {
+    let cancel = Arc::new(Notify::new());
+    let key = HoldKey::new(&run, held.session.as_deref(), &held.id);
+    holds.held.insert(
+        key.clone(),
+        HoldEntry {
+            cancel: cancel.clone(),
+            approval: held.gated.approval.id.clone(),
+            tenant: held.gated.key.tenant.clone(),
+        },
+    );
+    let hold_s = run.approvals.as_ref().map_or(0, |a| a.config().hold_s);
+    let stream = HoldStream {
+        guard: Guard {
+            holds,
+            key,
+            approval: held.gated.approval.id.clone(),
+            tenant: held.gated.key.tenant.clone(),
+            stateless: run.version.is_stateless(),
+            waiting: true,
+        },
+        run,
+        held: Some(held),
+        cancel,
+        step: Step::Wait,
+        ticks: 0,
+        until: Instant::now() + Duration::from_secs(hold_s),
+    };
+    let body = futures_util::stream::unfold(stream, |mut s| async move {
+        let next = s.next().await?;
+        Some((next, s))
     });
-    let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
+    let mut r = Response::new(StreamBody::new(body).boxed_unsync());
     *r.status_mut() = StatusCode::OK;
     let h = r.headers_mut();
     h.insert(
@@ -86,24 +190,146 @@ pub fn respond(
     r
 }
 
-async fn run(
-    cx: Arc<RunContext>,
-    approvals: Arc<Approvals>,
-    recorder: Recorder,
-    held: Held,
-    tx: mpsc::Sender<Bytes>,
-) {
-    let cfg = approvals.config();
-    let hold_until = Instant::now() + Duration::from_secs(cfg.hold_s);
-    let every = Duration::from_secs(cfg.progress_interval_s.max(1));
-    let mut step = 0u64;
-    let status = loop {
-        let until = (Instant::now() + every).min(hold_until);
-        let status = approvals.wait(&held.approval.id, until).await;
-        if status != Status::Pending || Instant::now() >= hold_until {
-            break status;
+/// Removes the hold from the registry when it stops waiting; a 2026-07-28
+/// stream closed while waiting withdraws the approval (closing is cancelling).
+struct Guard {
+    holds: Arc<Holds>,
+    key: HoldKey,
+    approval: ApprovalId,
+    tenant: String,
+    stateless: bool,
+    waiting: bool,
+}
+
+impl Guard {
+    /// The hold no longer waits (decided, or about to run).
+    fn stop_waiting(&mut self) {
+        self.waiting = false;
+        self.holds.held.remove(&self.key);
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let still_held = self.holds.held.remove(&self.key).is_some();
+        if still_held && self.waiting && self.stateless {
+            if let Some(a) = &self.holds.approvals {
+                a.withdraw(&self.tenant, &self.approval);
+            }
         }
-        step += 1;
+    }
+}
+
+enum Step {
+    Wait,
+    Relay(Body),
+    Done,
+}
+
+struct HoldStream {
+    guard: Guard,
+    run: Arc<RunContext>,
+    held: Option<Held>,
+    cancel: Arc<Notify>,
+    step: Step,
+    ticks: u64,
+    until: Instant,
+}
+
+impl HoldStream {
+    async fn next(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        loop {
+            match &mut self.step {
+                Step::Done => return None,
+                Step::Relay(body) => {
+                    return match body.frame().await {
+                        Some(Ok(f)) => Some(Ok(f)),
+                        Some(Err(e)) => Some(Err(e)),
+                        None => {
+                            self.step = Step::Done;
+                            None
+                        }
+                    }
+                }
+                Step::Wait => {
+                    if let Some(bytes) = self.wait().await {
+                        return Some(Ok(Frame::data(bytes)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One round of waiting: a progress event to send, or `None` once the
+    /// step moved on.
+    async fn wait(&mut self) -> Option<Bytes> {
+        let approvals = self.run.approvals.clone()?;
+        let held = self.held.as_ref()?;
+        let every = Duration::from_secs(approvals.config().progress_interval_s.max(1));
+        let until = (Instant::now() + every).min(self.until);
+        let id = held.gated.approval.id.clone();
+        let status = tokio::select! {
+            s = approvals.wait(&id, until) => s,
+            () = self.cancel.notified() => {
+                // Cancelled by the client: the approval is withdrawn, no
+                // answer follows (the client asked for none).
+                self.guard.stop_waiting();
+                self.step = Step::Done;
+                return None;
+            }
+        };
+        if status == Status::Pending && Instant::now() < self.until {
+            self.ticks += 1;
+            return Some(self.progress(held));
+        }
+        self.guard.stop_waiting();
+        let held = self.held.take()?;
+        self.step = match status {
+            Status::Approved => match approvals.consume(&held.gated.key) {
+                Some(approval) => {
+                    let granted = Granted::of(&approval, &approvals);
+                    Step::Relay(execute(self.run.clone(), self.ticks, held, granted).await)
+                }
+                // Someone else (an identical retry) consumed it first.
+                None => {
+                    let a = held.gated.approval.id.as_str().to_owned();
+                    once(answer::approval_ended(&held.id, &held.tool, &a, "consumed"))
+                }
+            },
+            Status::Denied => {
+                let decided = approvals.get(&held.gated.key.tenant, id.as_str());
+                let (by, reason) = decided
+                    .and_then(|a| a.decision)
+                    .map_or((String::new(), String::new()), |d| (d.by, d.reason));
+                once(answer::approval_denied(
+                    &held.id,
+                    &held.tool,
+                    id.as_str(),
+                    &by,
+                    &reason,
+                ))
+            }
+            Status::Expired | Status::Consumed => once(answer::approval_ended(
+                &held.id,
+                &held.tool,
+                id.as_str(),
+                status.as_str(),
+            )),
+            Status::Withdrawn => Step::Done,
+            // Still pending after the hold window: resumable.
+            Status::Pending => {
+                let outcome = Outcome::ApprovalRequired {
+                    risk: held.gated.risk,
+                    approval: Some(Box::new(ApprovalNote::of(&held.gated.approval, &approvals))),
+                };
+                let body = answer_for(&held, &outcome, &self.run);
+                once(body)
+            }
+        };
+        None
+    }
+
+    fn progress(&self, held: &Held) -> Bytes {
         let mut out = BytesMut::new();
         match &held.progress_token {
             Some(token) => {
@@ -112,233 +338,151 @@ async fn run(
                     "method": "notifications/progress",
                     "params": {
                         "progressToken": token,
-                        "progress": step,
-                        "message": format!("waiting for a person to approve {} (approval {})", held.tool, held.approval.id.as_str()),
+                        "progress": self.ticks,
+                        "message": format!("waiting for a person to approve {} (approval {})", held.tool, held.gated.approval.id.as_str()),
                     },
                 });
                 sse::encode_message(None, note.to_string().as_bytes(), &mut out);
             }
             None => out.extend_from_slice(b": waiting for approval\n\n"),
         }
-        if tx.send(out.freeze()).await.is_err() {
-            // The client left; the approval stays for a retry.
-            return;
-        }
-    };
-    let answer = match status {
-        Status::Approved => match approvals.consume(&held.key) {
-            Some(approval) => return execute(cx, recorder, held, approval, tx).await,
-            // Someone else (an identical retry) consumed it first.
-            None => error_event(
-                &held.id,
-                codes::APPROVAL_REQUIRED,
-                "the approval was already used by an identical call",
-                json!({"stop_reason": "approval_required", "approval_id": held.approval.id.as_str(), "status": "consumed"}),
-            ),
-        },
-        Status::Denied => {
-            let decided = approvals.get(&held.key.tenant, held.approval.id.as_str());
-            let (by, reason) = decided
-                .and_then(|a| a.decision)
-                .map_or((String::new(), String::new()), |d| (d.by, d.reason));
-            error_event(
-                &held.id,
-                codes::DENIED,
-                &format!("a person denied the call to {}: {reason}", held.tool),
-                json!({"stop_reason": "denied", "approval_id": held.approval.id.as_str(), "status": "denied", "by": by, "reason": reason}),
-            )
-        }
-        Status::Expired => error_event(
-            &held.id,
-            codes::APPROVAL_REQUIRED,
-            &format!("the approval for {} expired without a decision", held.tool),
-            json!({"stop_reason": "approval_required", "approval_id": held.approval.id.as_str(), "status": "expired"}),
-        ),
-        // Still pending after the hold window: resumable.
-        _ => {
-            let body = approval_required(
-                &held.id,
-                &held.tool,
-                &approvals,
-                &held.approval,
-                held.approval.risk,
-            );
-            let mut out = BytesMut::new();
-            sse::encode_message(None, &body, &mut out);
-            out.freeze()
-        }
-    };
-    let _ = tx.send(answer).await;
+        out.freeze()
+    }
 }
 
-/// Runs the approved call and relays its answer on the held stream.
-async fn execute(
-    cx: Arc<RunContext>,
-    recorder: Recorder,
-    held: Held,
-    approval: Approval,
-    tx: mpsc::Sender<Bytes>,
-) {
-    let up = cx.upstream.clone();
-    let role = cx.policy.agent(&cx.authority.agent);
-    let budget = CallBudget {
-        tenant: &cx.claims.tenant_id,
-        run: &cx.claims.run_id,
-        upstream: &up.config.name,
-        tool: &held.tool,
-        token_exp: cx.claims.exp,
-        price: cx.policy.price(&up.config, &held.tool),
-        max_steps: role
-            .and_then(|a| a.max_steps)
-            .unwrap_or(cx.budgets.config().default_max_steps),
-        max_cost: role
-            .and_then(|a| a.max_cost)
-            .or(cx.budgets.config().default_max_cost),
-        run_per_s: role.and_then(|a| a.calls_per_s),
-        upstream_per_s: up.config.max_calls_per_s,
-    };
-    let reservation = match cx.budgets.admit(&budget) {
-        Ok(r) => r,
-        Err(refusal) => {
-            let mut out = BytesMut::new();
-            sse::encode_message(
-                None,
-                &super::decide::skipped_result(&held.id, &held.tool, &refusal),
-                &mut out,
-            );
-            let _ = tx.send(out.freeze()).await;
-            return;
+/// Runs the approved call through the usual stages: budget, intent row,
+/// forward, relay. Returns the SSE body of its answer. `ticks`: the progress
+/// notifications the hold sent.
+async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Granted) -> Body {
+    {
+        let run = &run;
+        let risk = held.gated.risk;
+        let reservation = match run.budgets.admit(&run.call_budget(&held.tool)) {
+            Ok(r) => r,
+            Err(refusal) => {
+                let outcome = Outcome::Skipped { risk, refusal };
+                write_outcome(&held, &outcome).await;
+                return event_body(answer_for(&held, &outcome, run));
+            }
+        };
+        if let Some(row) = held.intent.as_mut() {
+            row.reason = granted.reason();
         }
-    };
-    let started = Instant::now();
-    let fwd = Forward {
-        method: Method::POST,
-        headers: &held.headers,
-        query: None,
-        body: held.body.clone(),
-        conn: held.conn,
-        set: &held.identity,
-    };
-    let reason = format!(
-        "approved by {} (approval {})",
-        approval.decision.as_ref().map_or("?", |d| d.by.as_str()),
-        approval.id.as_str()
-    );
-    let resp = match up.send(fwd).await {
-        Ok(r) => r,
-        Err(failure) => {
-            let how = match failure {
-                super::error::UpstreamFailure::Connect(_) => Settle::NotExecuted,
-                _ => Settle::Executed { reported: None },
-            };
-            cx.budgets.settle(&reservation, how);
-            let row =
-                recorder.held_failed(&held.tool, &held.id, &reason, &failure.to_string(), started);
-            recorder.write(vec![row]).await;
-            let msg = format!("upstream {:?} failed: {failure}", up.config.name);
-            let _ = tx
-                .send(error_event(&held.id, codes::UPSTREAM_ERROR, &msg, json!({"upstream": up.config.name, "cause": failure.to_string(), "stop_reason": "upstream_error"})))
-                .await;
-            return;
+        if let Some(row) = &held.intent {
+            if let Err(e) = held.recorder.write_ahead(row).await {
+                run.budgets.settle(&reservation, Settle::NotExecuted);
+                let outcome = Outcome::AuditUnavailable {
+                    risk,
+                    error: e.to_string(),
+                };
+                write_outcome(&held, &outcome).await;
+                return event_body(answer_for(&held, &outcome, run));
+            }
         }
-    };
-    let status = resp.status().as_u16();
-    let is_sse = resp
-        .headers()
+        tracing::info!(tool = %held.tool, approval = %granted.approval, "running an approved held call");
+        let due = Due {
+            id: Some(held.id.clone()),
+            method: "tools/call".to_owned(),
+            class: Class::ToolCall,
+            tool: Some(held.tool.clone()),
+            reservation: Some(reservation),
+            granted: Some(Arc::new(granted)),
+            row: held.intent.take(),
+            resumed: false,
+        };
+        let exchange = Exchange::new(
+            run.clone(),
+            held.recorder.clone(),
+            Kind2::Post,
+            vec![due],
+            held.session.clone(),
+            held.max_sse_event_bytes,
+        )
+        .with_reply(&held.headers, held.conn, held.identity.clone())
+        .with_progress(held.progress_token.clone(), ticks);
+        let fwd = Forward {
+            method: Method::POST,
+            headers: &held.headers,
+            query: None,
+            body: held.body.clone(),
+            conn: held.conn,
+            set: &held.identity,
+            session: held.session.as_deref(),
+            last_event_id: None,
+        };
+        let sending = run.upstream.send(fwd);
+        let exchange = exchange.started();
+        let relayed = match sending.await {
+            Ok(resp) => exchange.respond(resp).await,
+            Err(failure) => Err(exchange.fail(failure).await),
+        };
+        match relayed {
+            Ok(resp) => into_events(resp, &held.id, &run.upstream.config.name).await,
+            Err(e) => event_body(error_answer(&e, &held.id, &run.upstream.config.name)),
+        }
+    }
+}
+
+async fn write_outcome(held: &Held, outcome: &Outcome) {
+    {
+        let Some(template) = &held.intent else { return };
+        let mut row = template.clone();
+        let facts = outcome.audit();
+        row.row_version = 1;
+        row.decision = facts.decision.as_str().into();
+        row.stop_reason = facts.stop.as_str().into();
+        row.reason = facts.reason;
+        row.is_error = true;
+        held.recorder.write(vec![row]).await;
+    }
+}
+
+/// The answer of a held call for a decided outcome.
+fn answer_for(held: &Held, outcome: &Outcome, run: &RunContext) -> Bytes {
+    // The message is rebuilt from what the hold knows: its id and tool.
+    let msg = crate::mcp::jsonrpc::Message::synthetic_call(held.id.clone(), &held.tool);
+    answer::for_outcome(&msg, outcome, run.version).unwrap_or_default()
+}
+
+fn once(body: Bytes) -> Step {
+    Step::Relay(event_body(body))
+}
+
+/// One SSE event carrying `json`.
+fn event_body(json: Bytes) -> Body {
+    let mut out = BytesMut::new();
+    sse::encode_message(None, &json, &mut out);
+    super::body::full(out.freeze())
+}
+
+/// A relayed response as events on the held stream: SSE passes as it is, a
+/// JSON answer becomes one event, anything else an upstream error.
+async fn into_events(resp: Response<Body>, id: &Id, upstream: &str) -> Body {
+    let (parts, body) = resp.into_parts();
+    let ct = parts
+        .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| mime_is(ct, "text/event-stream"));
-    let mut body = UpstreamBody::new(resp.into_body(), up.config.idle_timeout);
-    if is_sse {
-        // Relay the upstream's events as they come; the answer is on record
-        // before it is relayed.
-        let mut decoder = sse::Decoder::new(1 << 22);
-        let mut recorded = false;
-        while let Ok(Some(chunk)) = body.chunk().await {
-            if decoder.push(&chunk).is_err() {
-                break;
-            }
-            let mut out = BytesMut::new();
-            while let Some(ev) = decoder.next_event() {
-                if !recorded && ev.has_data && answers(&ev.data, &held.id) {
-                    recorded = true;
-                    let row = recorder.held_done(
-                        &held.tool,
-                        &held.id,
-                        &reason,
-                        Some(&ev.data),
-                        status,
-                        started,
-                    );
-                    recorder.write(vec![row]).await;
-                }
-                out.extend_from_slice(&ev.raw);
-            }
-            if !out.is_empty() && tx.send(out.freeze()).await.is_err() {
-                break;
-            }
-        }
-        if !recorded {
-            let row = recorder.held_failed(
-                &held.tool,
-                &held.id,
-                &reason,
-                "the stream ended without an answer",
-                started,
-            );
-            recorder.write(vec![row]).await;
-        }
-        cx.budgets
-            .settle(&reservation, Settle::Executed { reported: None });
-        return;
+        .unwrap_or("");
+    if parts.status.is_success() && mime_is(ct, "text/event-stream") {
+        return body;
     }
-    let answer = match body.collect_bounded(up.config.max_response_bytes).await {
-        Ok(super::body::Collected::Complete(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
-        Ok(super::body::Collected::Partial(_)) | Err(_) => {
-            cx.budgets
-                .settle(&reservation, Settle::Executed { reported: None });
-            let row =
-                recorder.held_failed(&held.tool, &held.id, &reason, "unreadable answer", started);
-            recorder.write(vec![row]).await;
-            let msg = format!("upstream {:?} sent an unreadable answer", up.config.name);
-            let _ = tx
-                .send(error_event(
-                    &held.id,
-                    codes::UPSTREAM_ERROR,
-                    &msg,
-                    json!({"upstream": up.config.name, "stop_reason": "upstream_error"}),
-                ))
-                .await;
-            return;
+    if parts.status.is_success() && mime_is(ct, "application/json") {
+        if let Ok(c) = body.collect().await {
+            return event_body(c.to_bytes());
         }
-    };
-    let row = recorder.held_done(
-        &held.tool,
-        &held.id,
-        &reason,
-        Some(&answer),
-        status,
-        started,
-    );
-    recorder.write(vec![row]).await;
-    cx.budgets
-        .settle(&reservation, Settle::Executed { reported: None });
-    let mut out = BytesMut::new();
-    sse::encode_message(None, answer.as_bytes(), &mut out);
-    let _ = tx.send(out.freeze()).await;
+    }
+    let failure = UpstreamFailure::Status(parts.status.as_u16());
+    event_body(answer::upstream_error(Some(id), upstream, &failure))
 }
 
-/// Whether an event's data is the JSON-RPC answer to `id`.
-fn answers(data: &str, id: &Id) -> bool {
-    serde_json::from_str::<Value>(data).is_ok_and(|v| {
-        (v.get("result").is_some() || v.get("error").is_some())
-            && serde_json::to_value(id).is_ok_and(|i| v.get("id") == Some(&i))
-    })
-}
-
-fn error_event(id: &Id, code: i32, message: &str, data: Value) -> Bytes {
-    let body = jsonrpc::error_body(Some(id), code, message, Some(&data));
-    let mut out = BytesMut::new();
-    sse::encode_message(None, &body, &mut out);
-    out.freeze()
+fn error_answer(e: &ProxyError, id: &Id, upstream: &str) -> Bytes {
+    match e {
+        ProxyError::Upstream { failure, .. } => answer::upstream_error(Some(id), upstream, failure),
+        other => answer::upstream_error(
+            Some(id),
+            upstream,
+            &UpstreamFailure::Invalid(other.to_string()),
+        ),
+    }
 }

@@ -1,31 +1,48 @@
-//! The request path. [`handle`] runs the steps of every MCP request in a fixed
-//! order, so every decision the firewall makes is visible here in one look:
+//! The request path: every POST, GET and DELETE on `/mcp/<upstream>` passes
+//! the same stages, in this order, each a type of its own. A newcomer finds
+//! every check a message passes in this file, top to bottom.
 //!
-//! 0. **per-address limit** (coarse, before any signature is checked);
-//! 1. **authenticate**: a tool token for the MCP audience, or 401 with
-//!    `WWW-Authenticate` (before routing, so an unauthenticated caller learns
-//!    nothing about which upstreams exist);
-//! 2. **authority**: the run's role and effective projects from the policy;
-//!    an upstream outside them answers 404 exactly like one that does not
-//!    exist (fail closed: no role, no projects, no upstream);
-//! 3. **read**: `Content-Type: application/json`, body bounded by the limit;
-//! 4. **parse** once into the JSON-RPC model (strict: duplicate keys, depth,
-//!    batch rules per protocol revision, `Mcp-*` headers against the body);
-//! 5. **decide** each message ([`decide`]) against the upstream's catalog
-//!    (refilled by the firewall's own `tools/list` when a call names a tool
-//!    not seen listed: [`refill`]): policy (authority, risk, role,
-//!    gate, conditions), arguments against the tool's schema, then budgets
-//!    (rate limits, step and cost caps, reserved before forwarding): forward,
-//!    or answer here; the firewall's own answers are audited before they
-//!    leave;
-//! 6. **forward** what may go upstream, with clean headers;
-//! 7. **relay** the answer ([`relay`]): JSON inspected whole, SSE event by
-//!    event; `tools/list` filtered and re-annotated for this run; each
-//!    answer's audit row is spooled and its budget settled before it reaches
-//!    the client.
+//! Before [`handle`] (the tower stack, [`crate::server::stack`]): the
+//! concurrency permit (held until the response body ends), the client
+//! address (`X-Forwarded-For` only from trusted proxies) and its coarse
+//! per-address limit, before any signature is checked.
+//!
+//! 1. **Route**: `/mcp/<name>`, or the RFC 9728 metadata.
+//! 2. **Browser checks**: `Host` and `Origin` against the allowed ones (403):
+//!    the firewall validates them itself, so the upstream needs neither.
+//! 3. **Authenticate** ([`authenticate`]): a tool token for the MCP audience,
+//!    or 401 with `WWW-Authenticate`, before anything reveals which
+//!    upstreams exist.
+//! 4. **Authority** ([`authorize`] → [`decide::RunContext`]): the run's role
+//!    and effective projects; an upstream outside them answers 404 exactly
+//!    like one that does not exist.
+//! 5. **Session** ([`session`]): a sealed `Mcp-Session-Id` opens only for the
+//!    principal it was issued to, else 404 and nothing is forwarded;
+//!    2026-07-28 requests have no sessions.
+//! 6. **Parse** (POST, [`stage::Parsed`]): `application/json`, size, strict
+//!    JSON-RPC (duplicates, case twins, depth, invisible characters), the
+//!    revision's whole-body rules (batches, responses, request methods
+//!    without an id), the mirrored `Mcp-*` headers.
+//! 7. **Catalog**: a call naming a tool not seen listed refills the catalog
+//!    first ([`refill`]).
+//! 8. **Decide** each message ([`stage::Decided`], [`decide`]): method table,
+//!    policy, exact numbers, input schema, `Mcp-Param-*`, approval gate,
+//!    budgets.
+//! 9. **On record** ([`stage::Decided::record`], [`record`]): the firewall's
+//!    answers are written before they leave; every forwarded message's
+//!    intent row is written before it is sent (the admission check of
+//!    fail-closed audit).
+//! 10. **Hold** ([`hold`]): a gated call waits for a person, then rejoins at
+//!     budgets and record.
+//! 11. **Forward** ([`upstream`]): only the allowed headers, the upstream's own
+//!     session id, its credentials.
+//! 12. **Relay** ([`relay`]): JSON whole or streamed, SSE event by event,
+//!     lists filtered, server requests policed, rows completed before
+//!     answers leave.
 //!
 //! Nothing on this path waits on I/O it does not need: no config reads, no
-//! key fetches (the verifier caches and refreshes off the path), no ClickHouse.
+//! key fetches (the verifier caches and refreshes off the path), no
+//! ClickHouse; the spool write is the one local write.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,21 +50,20 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use crate::approval::Approvals;
 use crate::audit::{Auditor, Redactor};
 use crate::auth::{self, Audience, Claims, Verifier};
-use crate::budget::Budgets;
 use crate::catalog::Catalogs;
 use crate::config::{Config, IdentityClaim};
-use crate::mcp::headers;
-use crate::mcp::jsonrpc::{self, Envelope, Kind};
+use crate::mcp::jsonrpc;
+use crate::mcp::version::ProtocolVersion;
 use crate::policy::reload::PolicyStore;
 use crate::server::listener::ConnInfo;
 use crate::telemetry::Metrics;
 
+pub mod answer;
 pub mod approvals;
 pub mod body;
 pub mod decide;
@@ -58,16 +74,19 @@ pub mod own_client;
 pub mod record;
 pub mod refill;
 pub mod relay;
+pub mod session;
+pub mod stage;
 pub mod upstream;
-pub mod version;
 
 use body::Body;
-use decide::{Outcome, RunContext, Verdict};
+use decide::RunContext;
 use error::ProxyError;
+use hold::Holds;
 use record::Recorder;
-use relay::{mime_is, Exchange, Pending};
+use relay::{Due, Exchange, Kind2};
+use session::Sessions;
+use stage::{Decided, Next, Parsed};
 use upstream::{Forward, UpstreamClient};
-use version::ProtocolVersion;
 
 /// Shared state of the request path.
 pub struct State {
@@ -86,7 +105,7 @@ pub struct State {
     /// Where audit rows go (a no-op when audit is off).
     pub auditor: Auditor,
     /// Rate limits and caps.
-    pub budgets: Arc<Budgets>,
+    pub budgets: Arc<crate::budget::Budgets>,
     /// Request-path metrics.
     pub metrics: Arc<Metrics>,
     /// Human approvals, when configured.
@@ -95,6 +114,21 @@ pub struct State {
     pub redactor: Arc<Redactor>,
     /// Catalog refills for calls naming tools not seen listed.
     pub refills: refill::Refills,
+    /// Seals session ids, event ids and request states.
+    pub sessions: Arc<Sessions>,
+    /// Calls held for approval.
+    pub holds: Arc<Holds>,
+}
+
+/// Why the request-path state could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// An upstream client.
+    #[error(transparent)]
+    Client(#[from] upstream::ClientError),
+    /// No random session key could be made.
+    #[error("cannot generate a session key: the system's random source failed")]
+    SessionKey,
 }
 
 // === impl State ===
@@ -108,27 +142,28 @@ impl State {
         auditor: Auditor,
         metrics: Arc<Metrics>,
         approvals: Option<Arc<Approvals>>,
-    ) -> Result<State, upstream::ClientError> {
-        let token_header = verifier.header_name().clone();
+    ) -> Result<State, StateError> {
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
-            // The token header and the identity headers the firewall owns are
-            // removed from what the client sent.
-            let mut strip = vec![token_header.clone()];
-            strip.extend(u.identity_headers.iter().map(|(h, _)| h.clone()));
-            let client = UpstreamClient::new(u.clone(), Arc::from(strip))?;
+            let client = UpstreamClient::new(u.clone())?;
             upstreams.insert(u.name.clone(), Arc::new(client));
         }
         let limits = jsonrpc::Limits {
             max_depth: config.server.max_json_depth,
             max_batch: config.server.max_batch,
         };
-        let budgets = Arc::new(Budgets::new(
+        let budgets = Arc::new(crate::budget::Budgets::new(
             config.limits.clone(),
             std::time::Duration::from_secs(config.auth.leeway_s),
         ));
         let redactor = Arc::new(redactor(&config));
+        let sessions =
+            Arc::new(Sessions::new(&config.session_keys).map_err(|_| StateError::SessionKey)?);
+        if !sessions.shared() {
+            tracing::info!("sessions are sealed with a key of this process: configure [sessions] keys for several replicas");
+        }
         Ok(State {
+            holds: Arc::new(Holds::new(approvals.clone())),
             config,
             upstreams,
             limits,
@@ -141,6 +176,7 @@ impl State {
             approvals,
             redactor,
             refills: refill::Refills::default(),
+            sessions,
         })
     }
 }
@@ -157,7 +193,7 @@ fn redactor(config: &Config) -> Redactor {
 
 /// Serves one request on the MCP listener.
 pub async fn handle(state: Arc<State>, conn: ConnInfo, req: Request<Incoming>) -> Response<Body> {
-    match route(&state, conn, req).await {
+    match serve(&state, conn, req).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(error = %e, "request refused");
@@ -166,11 +202,12 @@ pub async fn handle(state: Arc<State>, conn: ConnInfo, req: Request<Incoming>) -
     }
 }
 
-async fn route(
+async fn serve(
     state: &State,
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ProxyError> {
+    // Step 1: route.
     let path = req.uri().path();
     if let Some(rest) = path.strip_prefix("/.well-known/oauth-protected-resource") {
         return protected_resource_metadata(state, rest);
@@ -180,45 +217,278 @@ async fn route(
         .ok_or(ProxyError::NotFound)?
         .to_owned();
 
-    // Step 1: authenticate.
+    // Step 2: browsers (DNS rebinding, cross-site requests).
+    check_host_and_origin(&state.config.server, req.headers())?;
+
+    // Step 3: authenticate.
     let claims = authenticate(state, req.headers(), &name).await?;
 
-    // Step 2: authority. Every way of not having it looks like a 404.
-    let policy = state.policy.load_full();
-    let service_issuer =
-        state.config.auth.service_account_issuer.as_deref() == Some(claims.iss.as_str());
-    let identity = decide::identity(&claims, service_issuer);
-    let authority = match policy.authority(&identity) {
-        Ok(a) => a,
-        Err(why) => {
-            tracing::info!(run = %claims.run_id, agent = %claims.agent, reason = %why, "run has no authority");
-            return Err(ProxyError::UnknownUpstream(name));
-        }
-    };
-    let up = state
-        .upstreams
-        .get(&name)
-        .filter(|u| policy.reaches(&authority, &u.config))
-        .ok_or_else(|| ProxyError::UnknownUpstream(name.clone()))?
-        .clone();
-    let cx = RunContext {
-        policy,
-        claims,
-        authority,
-        service_issuer,
-        upstream: up,
-        catalogs: state.catalogs.clone(),
-        version: ProtocolVersion::V2025_03_26,
-        budgets: state.budgets.clone(),
-        metrics: state.metrics.clone(),
-        approvals: state.approvals.clone(),
-        redactor: state.redactor.clone(),
-    };
+    // Step 4: authority. Every way of not having it looks like a 404.
+    let mut run = authorize(state, claims, &name)?;
+    run.version = header_version(req.headers());
+
+    // Step 5: the session, the caller's own or none.
+    let session = open_session(&run, req.headers())?;
+
     match *req.method() {
-        Method::POST => post(state, conn, cx, req).await,
-        Method::GET | Method::DELETE => stream(state, conn, cx, req).await,
+        Method::POST => post(state, conn, run, session, req).await,
+        Method::GET | Method::DELETE if run.version.is_stateless() => {
+            // 2026-07-28 has neither the GET stream nor sessions to end.
+            Err(ProxyError::MethodNotAllowed(req.method().clone()))
+        }
+        Method::GET => get(state, conn, Arc::new(run), session, req).await,
+        Method::DELETE => delete(state, conn, Arc::new(run), session, req).await,
         ref m => Err(ProxyError::MethodNotAllowed(m.clone())),
     }
+}
+
+/// A client-to-server message: parse, decide, record, then answer, hold or
+/// forward and relay.
+async fn post(
+    state: &State,
+    conn: ConnInfo,
+    mut run: RunContext,
+    session: Option<Vec<u8>>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ProxyError> {
+    // Step 6: read and parse once; everything after decides on this model.
+    let parsed = Parsed::read(state, &mut run, req).await?;
+    let session = session.filter(|_| !run.version.is_stateless());
+
+    // Step 7: a catalog that knows the tools called.
+    if parsed.calls_unseen_tools(&run) {
+        state.refills.refill(&run.catalogs, &run.upstream).await;
+    }
+
+    // Step 8: decide each message on its own.
+    let decided = Decided::decide(parsed, &run, session.as_deref(), state)?;
+
+    // Step 9: on record before anything is answered or sent.
+    let run = Arc::new(run);
+    let outgoing = match decided.record(state, &run, conn, session.as_deref()).await {
+        Next::Answer(response) => return Ok(response),
+        // Step 10: a gated call waits for a person.
+        Next::Hold(held) => return Ok(hold::respond(run, state.holds.clone(), *held)),
+        Next::Forward(outgoing) => *outgoing,
+    };
+
+    // Step 11: forward what may go upstream.
+    let identity = identity_headers(&run);
+    let fwd = Forward {
+        method: Method::POST,
+        headers: &outgoing.head.headers,
+        query: outgoing.head.uri.query(),
+        body: outgoing.body,
+        conn,
+        set: &identity,
+        session: session.as_deref(),
+        last_event_id: None,
+    };
+    let sending = run.upstream.send(fwd);
+    let exchange = Exchange::new(
+        run.clone(),
+        outgoing.recorder,
+        Kind2::Post,
+        outgoing.due,
+        session,
+        state.config.server.max_sse_event_bytes,
+    )
+    .with_local(outgoing.local)
+    .with_reply(&outgoing.head.headers, conn, identity.clone())
+    .started();
+    // The head's values share the client connection's read buffer: let it go
+    // now rather than hold it for as long as the upstream takes to answer.
+    drop(outgoing.head);
+
+    // Step 12: relay.
+    match sending.await {
+        Ok(resp) => exchange.respond(resp).await,
+        Err(failure) => Err(exchange.fail(failure).await),
+    }
+}
+
+/// GET: the server's stream of a session, or its resumption with
+/// `Last-Event-ID` (only an id sealed on the caller's own session).
+async fn get(
+    state: &State,
+    conn: ConnInfo,
+    run: Arc<RunContext>,
+    session: Option<Vec<u8>>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ProxyError> {
+    let (head, _body) = req.into_parts();
+    let mut due = Vec::new();
+    let mut last_event_id = None;
+    let mut reason = "server stream opened".to_owned();
+    if let Some(v) = head.headers.get("last-event-id") {
+        let context = run
+            .sessions
+            .open_event(&run.principal(), session.as_deref(), v.as_bytes())
+            .map_err(|e| {
+                tracing::info!(error = %e, "Last-Event-ID refused");
+                ProxyError::UnknownEventId
+            })?;
+        reason = format!("stream resumed; {} answers still due", context.due.len());
+        due.extend(
+            context
+                .due
+                .into_iter()
+                .map(|d| Due::resumed(d.id, d.method)),
+        );
+        last_event_id = Some(context.upstream_event_id);
+    }
+    transport(
+        state,
+        conn,
+        run,
+        session,
+        head,
+        Method::GET,
+        reason,
+        due,
+        last_event_id,
+    )
+    .await
+}
+
+/// DELETE: ends the caller's own session.
+async fn delete(
+    state: &State,
+    conn: ConnInfo,
+    run: Arc<RunContext>,
+    session: Option<Vec<u8>>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ProxyError> {
+    if session.is_none() {
+        return Err(ProxyError::SessionRequired);
+    }
+    let (head, _body) = req.into_parts();
+    let reason = "session ended by the client".to_owned();
+    transport(
+        state,
+        conn,
+        run,
+        session,
+        head,
+        Method::DELETE,
+        reason,
+        Vec::new(),
+        None,
+    )
+    .await
+}
+
+/// GET and DELETE after their own checks: on record, forwarded, relayed.
+#[allow(clippy::too_many_arguments)]
+async fn transport(
+    state: &State,
+    conn: ConnInfo,
+    run: Arc<RunContext>,
+    session: Option<Vec<u8>>,
+    head: http::request::Parts,
+    method: Method,
+    reason: String,
+    mut due: Vec<Due>,
+    last_event_id: Option<String>,
+) -> Result<Response<Body>, ProxyError> {
+    let session_name = session
+        .as_deref()
+        .map(|s| run.sessions.audit_name(&run.principal(), s))
+        .unwrap_or_default();
+    let recorder = Recorder::new(
+        state.auditor.clone(),
+        &run,
+        &head.headers,
+        conn.client,
+        0,
+        session_name,
+    );
+    let label: &'static str = if method == Method::GET {
+        "GET"
+    } else {
+        "DELETE"
+    };
+    let row = recorder
+        .enabled()
+        .then(|| recorder.transport(label, reason));
+    if let Some(row) = &row {
+        // Read risk: follows the audit's fail mode for reads.
+        if let Err(e) = recorder.write_ahead(row).await {
+            tracing::error!(error = %e, "audit refused the row of a {label}");
+        }
+    }
+    due.insert(0, Due::transport(&method, row));
+    let identity = identity_headers(&run);
+    let kind = if method == Method::GET {
+        Kind2::Get
+    } else {
+        Kind2::Delete
+    };
+    let fwd = Forward {
+        method,
+        headers: &head.headers,
+        query: head.uri.query(),
+        body: Bytes::new(),
+        conn,
+        set: &identity,
+        session: session.as_deref(),
+        last_event_id: last_event_id.as_deref(),
+    };
+    let sending = run.upstream.send(fwd);
+    let exchange = Exchange::new(
+        run.clone(),
+        recorder,
+        kind,
+        due,
+        session,
+        state.config.server.max_sse_event_bytes,
+    )
+    .with_reply(&head.headers, conn, identity.clone())
+    .started();
+    drop(head);
+    match sending.await {
+        Ok(resp) => exchange.respond(resp).await,
+        Err(failure) => Err(exchange.fail(failure).await),
+    }
+}
+
+/// `Host` and `Origin` as a browser would send them, against the allowed
+/// ones; a request without `Origin` (every non-browser client) passes that
+/// check.
+fn check_host_and_origin(
+    server: &crate::config::ServerConfig,
+    headers: &HeaderMap,
+) -> Result<(), ProxyError> {
+    if !server.allowed_hosts.is_empty() {
+        if let Some(host) = headers.get(header::HOST) {
+            let text = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
+            let name = host_name(&text);
+            if !server.allowed_hosts.iter().any(|h| h == name) {
+                return Err(ProxyError::HostNotAllowed(text));
+            }
+        }
+    }
+    for origin in headers.get_all(header::ORIGIN) {
+        let text = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+        let normalized = crate::config::origin_of(&text, true);
+        let ok = normalized
+            .as_ref()
+            .is_some_and(|o| server.allowed_origins.iter().any(|a| a == o));
+        if !ok {
+            return Err(ProxyError::OriginNotAllowed(text));
+        }
+    }
+    Ok(())
+}
+
+/// The host of a `Host` header value, without port or IPv6 brackets.
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    host.rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(host, |(h, _)| h)
 }
 
 /// Finds and verifies the tool token; the error carries what the 401 needs.
@@ -246,247 +516,73 @@ async fn authenticate(
         .map_err(|e| unauthorized(Some(e)))
 }
 
-/// A client-to-server message: read, parse, decide, forward, relay.
-async fn post(
-    state: &State,
-    conn: ConnInfo,
-    mut cx: RunContext,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, ProxyError> {
-    // Step 3: read.
-    let (parts, body) = req.into_parts();
-    check_content_type(&parts.headers)?;
-    let limit = cx.upstream.config.max_request_bytes;
-    let bytes = read_bounded(body, &parts.headers, limit).await?;
-
-    // Step 4: parse once; everything after decides on this model.
-    let env = jsonrpc::parse(&bytes, &state.limits)?;
-    cx.version = ProtocolVersion::of_request(&parts.headers, &env);
-    check_envelope(&env, cx.version)?;
-    check_mirrored_headers(&parts.headers, &env, &cx)?;
-
-    // Step 5: decide each message on its own, against a catalog that knows
-    // the tools called (refilled from the upstream when it does not).
-    let upstream_name = &cx.upstream.config.name;
-    let unseen = env.messages.iter().any(|m| {
-        m.call
-            .as_ref()
-            .is_some_and(|c| cx.catalogs.get(upstream_name, &c.name).is_none())
-    });
-    if unseen {
-        state.refills.refill(&cx.catalogs, &cx.upstream).await;
-    }
-    let recorder = Recorder::new(
-        state.auditor.clone(),
-        &cx,
-        &parts.headers,
-        conn.remote.ip(),
-        bytes.len(),
-    );
-    let mut forward = Vec::with_capacity(env.messages.len());
-    let mut local_answers = Vec::new();
-    let mut pending = Vec::new();
-    let mut open_rows = Vec::new();
-    let mut local_rows = Vec::new();
-    let mut held: Option<hold::Held> = None;
-    for m in &env.messages {
-        let verdict = match cx.decide(m) {
-            // Nothing runs that the audit trail cannot record, when the
-            // risk is fail-closed.
-            Verdict::Forward { risk, reservation } => match recorder
-                .auditor()
-                .admit(risk.unwrap_or(crate::policy::Risk::Read))
-            {
-                Ok(()) => Verdict::Forward { risk, reservation },
-                Err(e) => {
-                    if let Some(r) = &reservation {
-                        cx.budgets.settle(r, crate::budget::Settle::NotExecuted);
-                    }
-                    Verdict::Answer {
-                        body: m.id.as_ref().map(|id| {
-                            jsonrpc::error_body(
-                                Some(id),
-                                error::codes::AUDIT_UNAVAILABLE,
-                                "the audit trail cannot record this call; it was not executed",
-                                None,
-                            )
-                        }),
-                        outcome: Outcome::AuditUnavailable {
-                            risk: risk.unwrap_or(crate::policy::Risk::Read),
-                            error: e.to_string(),
-                        },
-                    }
-                }
-            },
-            answer => answer,
-        };
-        match verdict {
-            Verdict::Forward { risk, reservation } => {
-                forward.push(&m.span);
-                open_rows.push(recorder.forwarded(m, risk));
-                if let (Kind::Request, Some(id), Some(method)) = (m.kind, &m.id, &m.method) {
-                    pending.push(Pending {
-                        id: id.clone(),
-                        method: method.clone(),
-                        tool: m.call.as_ref().map(|c| c.name.clone()),
-                        reservation,
-                    });
-                }
-            }
-            Verdict::Hold {
-                approval,
-                key,
-                risk,
-            } => {
-                let Some(approvals) = state.approvals.clone() else {
-                    continue;
-                };
-                let (Some(id), Some(call)) = (&m.id, &m.call) else {
-                    continue;
-                };
-                let outcome = Outcome::ApprovalRequired { risk };
-                local_rows.push(recorder.answered(m, &outcome));
-                let can_hold = !env.batch
-                    && approvals.config().hold_s > 0
-                    && accepts(&parts.headers, "text/event-stream");
-                if can_hold {
-                    held = Some(hold::Held {
-                        approval: *approval,
-                        key,
-                        id: id.clone(),
-                        progress_token: progress_token(m),
-                        tool: call.name.clone(),
-                        body: bytes.clone(),
-                        headers: parts.headers.clone(),
-                        identity: identity_headers(&cx),
-                        conn,
-                    });
-                } else {
-                    local_answers.push(approvals::approval_required(
-                        id, &call.name, &approvals, &approval, risk,
-                    ));
-                }
-            }
-            Verdict::Answer { body, outcome } => {
-                if let (Some(call), (_, Some(stop), _, _)) = (&m.call, outcome.audit()) {
-                    cx.metrics
-                        .call(&cx.upstream.config.name, &tool_label(&cx, &call.name), stop);
-                }
-                tracing::info!(
-                    run = %cx.claims.run_id,
-                    agent = %cx.claims.agent,
-                    upstream = %cx.upstream.config.name,
-                    method = m.method.as_deref().unwrap_or(""),
-                    tool = m.call.as_ref().map_or("", |c| c.name.as_str()),
-                    outcome = ?outcome,
-                    "answered by the firewall"
-                );
-                local_rows.push(recorder.answered(m, &outcome));
-                local_answers.extend(body);
-            }
+/// The run's authority over the named upstream, or 404.
+fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContext, ProxyError> {
+    let policy = state.policy.load_full();
+    let service_issuer =
+        state.config.auth.service_account_issuer.as_deref() == Some(claims.iss.as_str());
+    let identity = decide::identity(&claims, service_issuer);
+    let authority = match policy.authority(&identity) {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::info!(run = %claims.run_id, agent = %claims.agent, reason = %why, "run has no authority");
+            return Err(ProxyError::UnknownUpstream(name.to_owned()));
         }
-    }
-    // The firewall's own answers are on record before any answer leaves.
-    recorder.write(local_rows).await;
-    if let (Some(held), Some(approvals)) = (held, state.approvals.clone()) {
-        // A single gated call, and the client can wait: hold it open.
-        return Ok(hold::respond(Arc::new(cx), approvals, recorder, held));
-    }
-    if forward.is_empty() {
-        return Ok(local_response(env.batch, local_answers));
-    }
-    let upstream_body = if forward.len() == env.messages.len() {
-        bytes
-    } else {
-        // A denied element never travels upstream inside an allowed batch.
-        let spliced = jsonrpc::splice_batch(&bytes, forward);
-        // Like the head below: the original shares the connection's buffer.
-        drop(bytes);
-        spliced
     };
-
-    // Step 6: forward.
-    let identity_headers = identity_headers(&cx);
-    let fwd = Forward {
-        method: Method::POST,
-        headers: &parts.headers,
-        query: parts.uri.query(),
-        body: upstream_body,
-        conn,
-        set: &identity_headers,
-    };
-    let up = cx.upstream.clone();
-    let exchange = Exchange::new(
-        Arc::new(cx),
-        pending,
-        state.config.server.max_sse_event_bytes,
-        local_answers,
-    )
-    .with_reply(&parts.headers, conn, identity_headers.clone())
-    .with_audit(recorder, open_rows);
-    let sending = up.send(fwd);
-    // The head's values share the client connection's read buffer: let it go
-    // now rather than hold it for as long as the upstream takes to answer.
-    drop(parts);
-    let resp = match sending.await {
-        Ok(r) => r,
-        Err(failure) => return Err(exchange.fail(failure).await),
-    };
-
-    // Step 7: relay.
-    exchange.respond(resp).await
+    let upstream = state
+        .upstreams
+        .get(name)
+        .filter(|u| policy.reaches(&authority, &u.config))
+        .ok_or_else(|| ProxyError::UnknownUpstream(name.to_owned()))?
+        .clone();
+    Ok(RunContext {
+        policy,
+        claims,
+        authority,
+        service_issuer,
+        upstream,
+        catalogs: state.catalogs.clone(),
+        version: ProtocolVersion::V2025_03_26,
+        budgets: state.budgets.clone(),
+        metrics: state.metrics.clone(),
+        approvals: state.approvals.clone(),
+        redactor: state.redactor.clone(),
+        sessions: state.sessions.clone(),
+    })
 }
 
-/// GET (the server's stream, resumption with `Last-Event-ID`) and DELETE
-/// (session end): no body to decide on; the answer is relayed and its
-/// server-to-client messages inspected.
-async fn stream(
-    state: &State,
-    conn: ConnInfo,
-    cx: RunContext,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, ProxyError> {
-    let (parts, _body) = req.into_parts();
-    let identity_headers = identity_headers(&cx);
-    let fwd = Forward {
-        method: parts.method.clone(),
-        headers: &parts.headers,
-        query: parts.uri.query(),
-        body: Bytes::new(),
-        conn,
-        set: &identity_headers,
-    };
-    let up = cx.upstream.clone();
-    let exchange = Exchange::new(
-        Arc::new(cx),
-        Vec::new(),
-        state.config.server.max_sse_event_bytes,
-        Vec::new(),
-    )
-    .with_reply(&parts.headers, conn, identity_headers.clone());
-    let sending = up.send(fwd);
-    drop(parts);
-    let resp = match sending.await {
-        Ok(r) => r,
-        Err(failure) => return Err(exchange.fail(failure).await),
-    };
-    exchange.respond(resp).await
-}
-
-/// Whether the client's `Accept` header allows `media`.
-fn accepts(headers: &HeaderMap, media: &str) -> bool {
+/// The revision the headers name (`MCP-Protocol-Version`), else 2025-03-26;
+/// a POST refines it from its body.
+fn header_version(headers: &HeaderMap) -> ProtocolVersion {
     headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|m| mime_is(m, media) || m.trim().starts_with("*/*"))
+        .get(crate::mcp::headers::PROTOCOL_VERSION)
+        .and_then(|v| v.to_str().ok())
+        .map_or(ProtocolVersion::V2025_03_26, |v| {
+            ProtocolVersion::parse(v.trim())
+        })
 }
 
-/// The `progressToken` a request carries in `params._meta`.
-fn progress_token(m: &jsonrpc::Message) -> Option<serde_json::Value> {
-    let meta: serde_json::Value = serde_json::from_str(m.meta.as_ref()?.get()).ok()?;
-    meta.get("progressToken").cloned()
+/// The upstream's session id inside the caller's sealed `Mcp-Session-Id`:
+/// `None` without one (and always on 2026-07-28, which has no sessions),
+/// 404 for one this caller does not own.
+fn open_session(run: &RunContext, headers: &HeaderMap) -> Result<Option<Vec<u8>>, ProxyError> {
+    if run.version.is_stateless() {
+        return Ok(None);
+    }
+    let mut values = headers.get_all("mcp-session-id").iter();
+    let Some(sealed) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ProxyError::SessionNotFound);
+    }
+    run.sessions
+        .open(&run.principal(), sealed.as_bytes())
+        .map(Some)
+        .map_err(|e| {
+            tracing::info!(run = %run.claims.run_id, error = %e, "Mcp-Session-Id refused");
+            ProxyError::SessionNotFound
+        })
 }
 
 /// The tool as a metric label: its name when the upstream listed it (a
@@ -500,7 +596,7 @@ pub fn tool_label(cx: &RunContext, tool: &str) -> String {
 }
 
 /// The headers the upstream gets from the verified token (never from the
-/// client: same-named client headers were stripped).
+/// client: client headers are not forwarded unless allowed).
 fn identity_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
     let c = &cx.claims;
     cx.upstream
@@ -525,33 +621,6 @@ fn identity_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
                 .map(|v| (name.clone(), v))
         })
         .collect()
-}
-
-/// The answer when nothing went upstream.
-fn local_response(batch: bool, answers: Vec<Bytes>) -> Response<Body> {
-    match (batch, answers.as_slice()) {
-        (_, []) => {
-            // Only notifications, all refused: accepted, nothing to say.
-            let mut r = Response::new(body::empty());
-            *r.status_mut() = StatusCode::ACCEPTED;
-            r
-        }
-        (false, [one]) => error::json_response(StatusCode::OK, one.clone()),
-        _ => {
-            let mut out = Vec::with_capacity(
-                answers.iter().map(Bytes::len).sum::<usize>() + answers.len() + 1,
-            );
-            out.push(b'[');
-            for (i, a) in answers.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(a);
-            }
-            out.push(b']');
-            error::json_response(StatusCode::OK, Bytes::from(out))
-        }
-    }
 }
 
 /// RFC 9728 protected-resource metadata, at the root and per MCP endpoint.
@@ -589,81 +658,15 @@ fn protected_resource_metadata(state: &State, rest: &str) -> Result<Response<Bod
     Ok(r)
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), ProxyError> {
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .unwrap_or_default();
-    if mime_is(&ct, "application/json") {
-        Ok(())
-    } else {
-        Err(ProxyError::UnsupportedMediaType(ct))
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::host_name;
 
-/// Reads the body, refusing it as soon as it is known to exceed `limit`.
-async fn read_bounded(
-    body: Incoming,
-    headers: &HeaderMap,
-    limit: usize,
-) -> Result<Bytes, ProxyError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ProxyError::BodyTooLarge { limit });
+    #[test]
+    fn host_names_lose_their_port() {
+        assert_eq!(host_name("example.com:8443"), "example.com");
+        assert_eq!(host_name("example.com"), "example.com");
+        assert_eq!(host_name("[::1]:8080"), "::1");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
-        }
-        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
-    }
-}
-
-/// The 2026-07-28 `Mcp-*` headers must say what the body says: the firewall
-/// decides on the body, and no upstream may act on a value it did not see.
-fn check_mirrored_headers(
-    headers: &HeaderMap,
-    env: &Envelope,
-    cx: &RunContext,
-) -> Result<(), ProxyError> {
-    match env.messages.as_slice() {
-        [one] if !env.batch => {
-            let params = one
-                .call
-                .as_ref()
-                .and_then(|c| cx.catalogs.get(&cx.upstream.config.name, &c.name));
-            headers::check(headers, one, params.as_ref().map(|e| e.param_headers())).map_err(
-                |source| ProxyError::HeaderMismatch {
-                    id: one.id.clone(),
-                    source,
-                },
-            )
-        }
-        _ => headers::check_batch(headers)
-            .map_err(|source| ProxyError::HeaderMismatch { id: None, source }),
-    }
-}
-
-/// Rules about the whole body that depend on the protocol revision.
-fn check_envelope(env: &Envelope, version: ProtocolVersion) -> Result<(), ProxyError> {
-    if env.batch && !version.allows_batches() {
-        // Batches were removed in 2025-06-18; a batch in a later revision is
-        // either a confused client or an attempt to hide a call from
-        // per-message checks.
-        return Err(ProxyError::InvalidRequest {
-            message: format!("JSON-RPC batches are not allowed in protocol version {version}"),
-        });
-    }
-    if version.is_stateless() && env.messages.iter().any(|m| m.kind == Kind::Response) {
-        return Err(ProxyError::InvalidRequest {
-            message: format!(
-                "clients must not send JSON-RPC responses in protocol version {version}"
-            ),
-        });
-    }
-    Ok(())
 }

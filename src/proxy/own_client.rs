@@ -23,11 +23,12 @@ use crate::mcp::sse;
 use crate::server::listener::ConnInfo;
 
 use super::body::{Collected, UpstreamBody};
-use super::relay::mime_is;
 use super::upstream::{Forward, UpstreamClient};
+use crate::http_util::mime_is;
 
 const LOCAL: ConnInfo = ConnInfo {
     remote: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0),
+    client: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
     tls: false,
 };
 
@@ -104,7 +105,7 @@ async fn stateless(
     if let Some(v) = name.and_then(|n| HeaderValue::from_str(n).ok()) {
         headers.insert(HeaderName::from_static("mcp-name"), v);
     }
-    let (_, answer) = post(up, &headers, Bytes::from(body.to_string())).await?;
+    let (_, answer) = post(up, &headers, None, Bytes::from(body.to_string())).await?;
     result_of(answer)
 }
 
@@ -116,20 +117,26 @@ async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Val
     });
     let mut headers = base_headers(version);
     headers.remove("mcp-protocol-version");
-    let (resp_headers, answer) = post(up, &headers, Bytes::from(init.to_string())).await?;
+    let (resp_headers, answer) = post(up, &headers, None, Bytes::from(init.to_string())).await?;
     result_of(answer)?;
     headers.insert(
         HeaderName::from_static("mcp-protocol-version"),
         HeaderValue::from_static(version),
     );
-    if let Some(sid) = resp_headers.get("mcp-session-id") {
-        headers.insert(HeaderName::from_static("mcp-session-id"), sid.clone());
-    }
+    let sid = resp_headers
+        .get("mcp-session-id")
+        .map(|v| v.as_bytes().to_vec());
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    post(up, &headers, Bytes::from(initialized.to_string())).await?;
+    post(
+        up,
+        &headers,
+        sid.as_deref(),
+        Bytes::from(initialized.to_string()),
+    )
+    .await?;
     let call = json!({"jsonrpc": "2.0", "id": "mcp-firewall", "method": method, "params": params});
-    let outcome = post(up, &headers, Bytes::from(call.to_string())).await;
-    if headers.contains_key("mcp-session-id") {
+    let outcome = post(up, &headers, sid.as_deref(), Bytes::from(call.to_string())).await;
+    if sid.is_some() {
         let fwd = Forward {
             method: Method::DELETE,
             headers: &headers,
@@ -137,6 +144,8 @@ async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Val
             body: Bytes::new(),
             conn: LOCAL,
             set: &[],
+            session: sid.as_deref(),
+            last_event_id: None,
         };
         let _ = up.send(fwd).await;
     }
@@ -157,6 +166,7 @@ fn base_headers(version: &'static str) -> HeaderMap {
 async fn post(
     up: &UpstreamClient,
     headers: &HeaderMap,
+    session: Option<&[u8]>,
     body: Bytes,
 ) -> Result<(HeaderMap, Option<Value>), String> {
     let fwd = Forward {
@@ -166,6 +176,8 @@ async fn post(
         body,
         conn: LOCAL,
         set: &[],
+        session,
+        last_event_id: None,
     };
     let resp = up.send(fwd).await.map_err(|e| e.to_string())?;
     let status = resp.status();

@@ -1,9 +1,21 @@
-//! Audit rows for the request path: one per JSON-RPC message the firewall
-//! decided on. Rows of messages the firewall answers itself are written
-//! before the answer leaves; rows of forwarded requests are completed with
-//! what came back and written before that answer reaches the client. A row
-//! is "written" once it is in the local spool (`write(2)` done), never on the
-//! network: ClickHouse is fed by the shipper in the background.
+//! Audit rows of the request path: one per JSON-RPC message the firewall
+//! decided on, plus one per GET stream and DELETE.
+//!
+//! - A message the firewall answers itself gets one final row, written
+//!   before the answer leaves.
+//! - A message that is forwarded gets an **intent** row (`row_version` 0:
+//!   who, run, tool, arguments, decision) written *before* it is sent. That
+//!   write is the admission check: when it fails and the risk is
+//!   fail-closed, the call is not sent. Its **completion** (`row_version`
+//!   1, same `event_id` and `time`, so the table's `FINAL` keeps only it)
+//!   follows when the answer comes, when the stream breaks
+//!   (`upstream_incomplete`), when the upstream fails (`upstream_error`), or
+//!   when the client goes away (`client_gone`, from the exchange's drop
+//!   guard). After a crash the intent of every call the upstream saw is in
+//!   the spool.
+//!
+//! A row is "written" once it is in the local spool (`write(2)` done), never
+//! on the network: ClickHouse is fed by the shipper in the background.
 
 use std::net::IpAddr;
 use std::time::Instant;
@@ -11,37 +23,33 @@ use std::time::Instant;
 use http::HeaderMap;
 use serde_json::value::RawValue;
 
-use crate::audit::{AuditRow, Auditor, JsonPayload, Recorded};
-use crate::mcp::jsonrpc::{Id, Message};
+use crate::audit::{AuditError, AuditRow, Auditor, JsonPayload, Recorded};
+use crate::mcp::jsonrpc::Message;
 use crate::outcome::{DecisionKind, StopReason};
 use crate::policy::Risk;
 
 use super::decide::{Outcome, RunContext};
 
 /// Builds and writes the rows of one HTTP request.
+#[derive(Clone)]
 pub struct Recorder {
     auditor: Auditor,
     base: AuditRow,
     started: Instant,
 }
 
-/// A row waiting for the upstream's answer.
-pub struct OpenRow {
-    /// The request id it answers (none for notifications and responses).
-    pub id: Option<Id>,
-    row: AuditRow,
-}
-
 // === impl Recorder ===
 
 impl Recorder {
-    /// The identity part every row of this request shares.
+    /// The identity part every row of this request shares. `session` is the
+    /// session's audit name (never the upstream's id itself).
     pub fn new(
         auditor: Auditor,
         cx: &RunContext,
         headers: &HeaderMap,
         client_ip: IpAddr,
         bytes_in: usize,
+        session: String,
     ) -> Recorder {
         let mut base = AuditRow::new();
         if !auditor.is_enabled() {
@@ -69,7 +77,7 @@ impl Recorder {
             .cloned()
             .unwrap_or_default();
         base.protocol_version = cx.version.to_string();
-        base.session_id = header(headers, "mcp-session-id");
+        base.session_id = session;
         base.trace_id = trace_id(headers);
         base.bytes_in = bytes_in as u64;
         Recorder {
@@ -82,11 +90,6 @@ impl Recorder {
     /// Whether rows go anywhere.
     pub fn enabled(&self) -> bool {
         self.auditor.is_enabled()
-    }
-
-    /// The auditor (fail-mode checks before forwarding).
-    pub fn auditor(&self) -> &Auditor {
-        &self.auditor
     }
 
     fn row(&self, m: &Message) -> AuditRow {
@@ -111,56 +114,74 @@ impl Recorder {
         row
     }
 
-    /// A row for a message the firewall answered itself.
+    /// The final row of a message the firewall answered itself.
     pub fn answered(&self, m: &Message, outcome: &Outcome) -> AuditRow {
         let mut row = self.row(m);
-        let (decision, stop, reason, risk) = outcome.audit();
-        row.decision = decision.as_str().into();
-        row.stop_reason = stop.map_or("", StopReason::as_str).into();
-        row.reason = reason;
-        row.risk = risk;
-        row.is_error = true;
+        let facts = outcome.audit();
+        row.decision = facts.decision.as_str().into();
+        row.stop_reason = facts.stop.as_str().into();
+        row.reason = facts.reason;
+        row.risk = facts.risk;
+        row.is_error = facts.decision != DecisionKind::Cancel;
         row.latency_us = self.started.elapsed().as_micros() as u64;
         row
     }
 
-    /// A row for a forwarded message, completed when the answer comes.
-    pub fn forwarded(&self, m: &Message, risk: Option<Risk>) -> OpenRow {
+    /// The intent row of a message about to be forwarded (`reason`: why it
+    /// may run, e.g. the approval it runs under).
+    pub fn intent(&self, m: &Message, risk: Option<Risk>, reason: String) -> AuditRow {
         let mut row = self.row(m);
         row.decision = DecisionKind::Allow.as_str().into();
         row.risk = risk;
-        OpenRow {
-            id: m.id.clone(),
-            row,
-        }
+        row.reason = reason;
+        row.row_version = 0;
+        row
     }
 
-    /// Writes rows to the spool. Fail-open rows that cannot be written are
-    /// counted as lost by the auditor; fail-closed ones return the error
-    /// (the caller has already refused or completed the call).
+    /// The intent row of a GET stream or a DELETE (`method` is the HTTP
+    /// method: these carry no JSON-RPC message).
+    pub fn transport(&self, method: &'static str, reason: String) -> AuditRow {
+        let mut row = self.base.clone();
+        row.event_id = uuid::Uuid::now_v7();
+        row.method = method.into();
+        row.decision = DecisionKind::Allow.as_str().into();
+        row.reason = reason;
+        row.row_version = 0;
+        row
+    }
+
+    /// Spools an intent row before its call is sent: `Err` means the risk
+    /// is fail-closed and the spool refused it (the call must not run); a
+    /// fail-open loss is counted and logged by the auditor and returns `Ok`.
+    pub async fn write_ahead(&self, row: &AuditRow) -> Result<(), AuditError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        self.auditor.record_or_fail(row.clone()).await.map(|_| ())
+    }
+
+    /// Writes final rows. Fail-open rows that cannot be written are counted
+    /// as lost by the auditor; fail-closed ones are logged (the call they
+    /// record has already been refused or completed).
     pub async fn write(&self, rows: Vec<AuditRow>) {
-        if !self.auditor.is_enabled() || rows.is_empty() {
-            return;
-        }
-        let writes = rows.into_iter().map(|r| self.auditor.record_or_fail(r));
-        for result in futures_util::future::join_all(writes).await {
-            match result {
-                Ok(Recorded::Spooled | Recorded::Disabled | Recorded::Lost) => {}
-                Err(e) => tracing::error!(error = %e, "audit row could not be written"),
-            }
-        }
+        write_rows(&self.auditor, rows).await;
     }
 
-    /// Completes an open row with the upstream's answer.
-    pub fn close(
+    /// The auditor (for rows written after the request is gone).
+    pub fn auditor(&self) -> &Auditor {
+        &self.auditor
+    }
+
+    /// Completes an intent row with the upstream's answer.
+    pub fn complete(
         &self,
-        open: OpenRow,
+        mut row: AuditRow,
         answer: Option<&str>,
         status: u16,
         upstream_started: Instant,
         bytes_out: usize,
     ) -> AuditRow {
-        let mut row = open.row;
+        row.row_version = 1;
         row.upstream_status = status;
         row.latency_us = self.started.elapsed().as_micros() as u64;
         row.upstream_latency_us = upstream_started.elapsed().as_micros() as u64;
@@ -198,65 +219,45 @@ impl Recorder {
         row
     }
 
-    /// The row of a held call that ran after approval.
-    pub fn held_done(
+    /// Completes an intent row whose call did not end with an answer.
+    pub fn fail(
         &self,
-        tool: &str,
-        id: &Id,
-        reason: &str,
-        answer: Option<&str>,
-        status: u16,
-        upstream_started: Instant,
-    ) -> AuditRow {
-        let open = self.held_open(tool, id, reason);
-        self.close(open, answer, status, upstream_started, 0)
-    }
-
-    /// The row of a held call that ran after approval and failed upstream.
-    pub fn held_failed(
-        &self,
-        tool: &str,
-        id: &Id,
-        reason: &str,
-        cause: &str,
-        upstream_started: Instant,
-    ) -> AuditRow {
-        let open = self.held_open(tool, id, reason);
-        let mut row = self.failed(open, cause, 0, upstream_started);
-        row.reason = format!("{reason}; {cause}");
-        row
-    }
-
-    fn held_open(&self, tool: &str, id: &Id, reason: &str) -> OpenRow {
-        let mut row = self.base.clone();
-        row.event_id = uuid::Uuid::now_v7();
-        row.method = "tools/call".into();
-        row.tool = tool.to_owned();
-        row.jsonrpc_id = serde_json::to_string(id).unwrap_or_default();
-        row.decision = DecisionKind::Allow.as_str().into();
-        row.reason = reason.to_owned();
-        OpenRow {
-            id: Some(id.clone()),
-            row,
-        }
-    }
-
-    /// Completes an open row for a failed upstream.
-    pub fn failed(
-        &self,
-        open: OpenRow,
+        mut row: AuditRow,
+        stop: StopReason,
         cause: &str,
         status: u16,
         upstream_started: Instant,
+        bytes_out: usize,
     ) -> AuditRow {
-        let mut row = open.row;
+        row.row_version = 1;
         row.upstream_status = status;
         row.latency_us = self.started.elapsed().as_micros() as u64;
         row.upstream_latency_us = upstream_started.elapsed().as_micros() as u64;
-        row.stop_reason = StopReason::UpstreamError.as_str().into();
-        row.reason = cause.to_owned();
+        row.bytes_out = bytes_out as u64;
+        row.stop_reason = stop.as_str().into();
+        if !cause.is_empty() {
+            row.reason = if row.reason.is_empty() {
+                cause.to_owned()
+            } else {
+                format!("{}; {cause}", row.reason)
+            };
+        }
         row.is_error = true;
         row
+    }
+}
+
+/// Writes final rows through `auditor` (see [`Recorder::write`]).
+pub async fn write_rows(auditor: &Auditor, rows: Vec<AuditRow>) {
+    if !auditor.is_enabled() || rows.is_empty() {
+        return;
+    }
+    let writes = rows.into_iter().map(|r| auditor.record_or_fail(r));
+    for result in futures_util::future::join_all(writes).await {
+        match result {
+            Ok(Recorded::Spooled | Recorded::Disabled | Recorded::Lost) => {}
+            Err(e) => tracing::error!(error = %e, "audit row could not be written"),
+        }
     }
 }
 

@@ -1,28 +1,51 @@
-//! Relaying an upstream's response to the client, and the policy's view of
-//! what comes back.
+//! Relaying an upstream's answer to the client: the one relay every POST,
+//! GET, DELETE and approved held call goes through, so every answer passes
+//! the same inspection.
 //!
-//! - `202` and other bodiless answers pass through as they are.
-//! - `application/json` bodies are read up to the response cap, inspected and
-//!   sent whole, so a connection that breaks mid-body still becomes a readable
-//!   JSON-RPC error instead of a truncated document. A body over the cap is
-//!   streamed on unmodified when nothing in it needs rewriting.
-//! - `text/event-stream` bodies are relayed event by event as they arrive: a
-//!   progress notification reaches the client while the call still runs.
-//!   Only the partial event in flight is held in memory (capped); events the
-//!   firewall does not change are forwarded byte for byte, keeping `id:` and
-//!   `retry:` so resumption works. When the stream breaks, every request still
-//!   waiting for its answer gets a JSON-RPC error event naming the upstream.
-//! - Upstream 5xx answers become a JSON-RPC error naming the upstream.
+//! By status and content type:
+//! - **5xx**, and **401/407** (the upstream refused the firewall's own
+//!   credentials: not the client's problem to solve): every request waiting
+//!   for an answer gets a JSON-RPC error naming the upstream.
+//! - **Other 4xx** reach the client with their status and body (a `404
+//!   Session not found` makes the client re-initialize, as the spec
+//!   requires): a JSON body must be JSON-RPC error responses only (anything
+//!   else is replaced by the firewall's error), a text body passes capped.
+//! - **202/204**: accepted; nothing to inspect.
+//! - **2xx JSON**: read whole up to `max_response_bytes` and inspected; a
+//!   larger answer is inspected as it streams ([`crate::mcp::scan`]): its
+//!   last chunk is held until the scan has seen everything, and an answer
+//!   that must not pass is cut off instead of completed. Lists cannot be
+//!   filtered as a stream: a list answer over the cap is an upstream error.
+//! - **2xx SSE**: event by event as they arrive (progress reaches the client
+//!   while the call runs); events the firewall does not change are forwarded
+//!   byte for byte except their `id:`, which is sealed with the stream's
+//!   context ([`super::session`]).
+//! - **2xx anything else**: the firewall cannot inspect it, so it does not
+//!   pass: an upstream error.
 //!
-//! What is inspected, in both JSON and SSE:
+//! What is inspected, in JSON and SSE alike (one function: [`Exchange::inspect`]):
 //! - answers to `tools/list`, `prompts/list`, `resources/list` and
 //!   `resources/templates/list` are filtered for the run (and tools
 //!   re-annotated from the policy's risk); listed tools feed the catalog;
-//! - `notifications/tools/list_changed` clears the upstream's catalog;
+//! - answers to `tools/call`: the upstream-reported cost settles the budget;
+//!   a 2026-07-28 input-required result asking the client for something the
+//!   policy refuses becomes an error, and one for a call that ran under an
+//!   approval gets the approval sealed into its `requestState`;
 //! - server-to-client requests (`sampling/createMessage`, `elicitation/create`,
-//!   `roots/list`, and the same inside 2026-07-28 input-required results) are
-//!   checked against the policy; a refused one never reaches the client, and
-//!   the upstream gets a JSON-RPC error in the client's place.
+//!   `roots/list`) are checked against the policy; a refused one never
+//!   reaches the client, and the upstream gets an error in the client's
+//!   place; on 2026-07-28 streams (where servers must not send requests)
+//!   none passes;
+//! - answers to requests the exchange did not send are dropped (on a
+//!   resumed stream, the requests still due are read from the sealed event
+//!   id, so a replayed answer is inspected as an answer to its own method);
+//! - `notifications/tools/list_changed` clears the upstream's catalog;
+//!   progress of a held call is shifted to stay monotonic.
+//!
+//! Every answer is on record before it is relayed: its intent row is
+//! completed and spooled first. When the client goes away, the exchange's
+//! drop guard completes the rows still open as `client_gone` and settles
+//! their budgets (the upstream may have acted).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,127 +55,198 @@ use http::header::{HeaderMap, HeaderName};
 use http::{header, HeaderValue, Method, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use serde_json::json;
 use serde_json::value::RawValue;
+use serde_json::Value;
 
-use crate::audit::AuditRow;
+use crate::audit::{AuditRow, JsonPayload};
+use crate::budget::{Reservation, Settle};
+use crate::http_util::{content_type, mime_is};
 use crate::mcp::jsonrpc::{self, Id, Kind, Message};
+use crate::mcp::methods::{Class, ListKind};
+use crate::mcp::scan::{Facts, Scan};
 use crate::mcp::{rewrite, sse};
+use crate::outcome::StopReason;
 use crate::policy::Access;
 use crate::server::listener::ConnInfo;
 
+use super::answer;
+use super::approvals::Granted;
 use super::body::{full, Body, BoxError, Collected, UpstreamBody, UpstreamIncoming};
 use super::decide::RunContext;
-use super::error::{codes, ProxyError, UpstreamFailure};
-use super::record::{OpenRow, Recorder};
+use super::error::{ProxyError, UpstreamFailure};
+use super::record::{write_rows, Recorder};
+use super::session::EventContext;
 use super::upstream::{response_headers, Forward};
-use crate::budget::{Reservation, Settle};
-use crate::outcome::StopReason;
 
-/// A request forwarded upstream whose answer the firewall waits for.
-#[derive(Debug, Clone)]
-pub struct Pending {
-    /// Its JSON-RPC id.
-    pub id: Id,
-    /// Its method.
+/// Most bytes of an upstream 4xx body relayed to the client.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Something forwarded whose end the exchange records: a request waiting for
+/// its answer, a notification or response the upstream must accept, or the
+/// GET stream / DELETE itself.
+#[derive(Debug)]
+pub struct Due {
+    /// The request id (`None`: nothing to answer).
+    pub id: Option<Id>,
+    /// Its method (`GET` / `DELETE` for transport rows).
     pub method: String,
+    /// What its answer needs.
+    pub class: Class,
     /// The tool, for `tools/call`.
     pub tool: Option<String>,
     /// The budget reserved for it, settled when its answer (or failure) comes.
     pub reservation: Option<Reservation>,
+    /// The approval it runs under.
+    pub granted: Option<Arc<Granted>>,
+    /// Its intent row, completed when it ends (`None` when audit is off).
+    pub row: Option<AuditRow>,
+    /// Learned from a sealed event id: its answer is replayed on a resumed
+    /// stream (its budget and intent were settled on the original stream).
+    pub resumed: bool,
 }
 
-/// Everything the relay needs to know about one exchange.
-pub struct Exchange {
-    cx: Arc<RunContext>,
-    pending: Vec<Pending>,
-    max_sse_event_bytes: usize,
-    /// JSON-RPC answers the firewall produced itself for parts of a batch,
-    /// merged into the upstream's answer.
-    local_answers: Vec<Bytes>,
-    /// How to answer the upstream in the client's place (refused
-    /// server-to-client requests): the session headers and the connection.
-    reply: Option<Reply>,
-    /// Audit rows waiting for the upstream's answers.
-    audit: Option<Audit>,
+/// What kind of HTTP exchange this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind2 {
+    /// A POST of messages.
+    Post,
+    /// A GET stream (new or resumed).
+    Get,
+    /// A DELETE ending the session.
+    Delete,
 }
 
-struct Audit {
-    recorder: Recorder,
-    open: Vec<OpenRow>,
-    upstream_started: Instant,
-    status: u16,
-    bytes_out: usize,
-}
-
+/// How to answer the upstream in the client's place (refused server-to-client
+/// requests) on the client's session.
 struct Reply {
     headers: HeaderMap,
     conn: ConnInfo,
     identity: Vec<(HeaderName, HeaderValue)>,
 }
 
+/// A held call's progress: the hold sent `after` notifications with the
+/// client's token; the upstream's progress on that token is shifted past
+/// them (progress must increase).
+struct ProgressShift {
+    token: Value,
+    offset: f64,
+}
+
+/// One exchange with the upstream, from forwarding to the end of the answer.
+pub struct Exchange {
+    run: Arc<RunContext>,
+    recorder: Recorder,
+    kind: Kind2,
+    due: Vec<Due>,
+    /// The firewall's own answers for parts of a batch, merged in.
+    local: Vec<Bytes>,
+    /// The upstream's session id (unsealed), if any.
+    session: Option<Vec<u8>>,
+    reply: Option<Reply>,
+    progress: Option<ProgressShift>,
+    max_sse_event_bytes: usize,
+    upstream_started: Instant,
+    status: u16,
+    bytes_out: usize,
+}
+
+/// What an upstream message becomes.
+enum Pass {
+    /// Relayed as it is.
+    Same,
+    /// Relayed as this text.
+    Replaced(String),
+    /// Not relayed.
+    Dropped,
+}
+
+// === impl Due ===
+
+impl Due {
+    /// A forwarded message: a request (with an id) waiting for its answer,
+    /// or a notification or response.
+    pub fn message(
+        msg: &Message,
+        class: Class,
+        reservation: Option<Reservation>,
+        granted: Option<Arc<Granted>>,
+        row: Option<AuditRow>,
+    ) -> Due {
+        Due {
+            id: (msg.kind == Kind::Request)
+                .then(|| msg.id.clone())
+                .flatten(),
+            method: msg.method.clone().unwrap_or_default(),
+            class,
+            tool: msg.call.as_ref().map(|c| c.name.clone()),
+            reservation,
+            granted,
+            row,
+            resumed: false,
+        }
+    }
+
+    /// The GET stream or DELETE itself.
+    pub fn transport(method: &Method, row: Option<AuditRow>) -> Due {
+        Due {
+            id: None,
+            method: method.as_str().to_owned(),
+            class: Class::Pass,
+            tool: None,
+            reservation: None,
+            granted: None,
+            row,
+            resumed: false,
+        }
+    }
+
+    /// A request still due on a resumed stream, from its sealed event id.
+    pub fn resumed(id: Id, method: String) -> Due {
+        Due {
+            id: Some(id),
+            class: crate::mcp::methods::class_of(&method),
+            tool: None,
+            method,
+            reservation: None,
+            granted: None,
+            row: None,
+            resumed: true,
+        }
+    }
+}
+
 // === impl Exchange ===
 
 impl Exchange {
-    /// An exchange for `pending` requests of the run in `cx`.
+    /// An exchange of `kind` for `due`, of the run in `run`.
     pub fn new(
-        cx: Arc<RunContext>,
-        pending: Vec<Pending>,
+        run: Arc<RunContext>,
+        recorder: Recorder,
+        kind: Kind2,
+        due: Vec<Due>,
+        session: Option<Vec<u8>>,
         max_sse_event_bytes: usize,
-        local_answers: Vec<Bytes>,
     ) -> Self {
         Exchange {
-            cx,
-            pending,
-            max_sse_event_bytes,
-            local_answers,
+            run,
+            recorder,
+            kind,
+            due,
+            local: Vec::new(),
+            session,
             reply: None,
-            audit: None,
+            progress: None,
+            max_sse_event_bytes,
+            upstream_started: Instant::now(),
+            status: 0,
+            bytes_out: 0,
         }
     }
 
-    /// Rows to complete with the upstream's answers and write before those
-    /// answers reach the client.
-    pub fn with_audit(mut self, recorder: Recorder, open: Vec<OpenRow>) -> Self {
-        if recorder.enabled() {
-            self.audit = Some(Audit {
-                recorder,
-                open,
-                upstream_started: Instant::now(),
-                status: 0,
-                bytes_out: 0,
-            });
-        }
+    /// The firewall's own answers for the parts of a batch it refused.
+    pub fn with_local(mut self, local: Vec<Bytes>) -> Self {
+        self.local = local;
         self
-    }
-
-    /// Completes the open row answering `id`, if any.
-    fn close_row(&mut self, id: &Id, answer: &str) -> Option<AuditRow> {
-        let a = self.audit.as_mut()?;
-        let pos = a.open.iter().position(|r| r.id.as_ref() == Some(id))?;
-        let open = a.open.swap_remove(pos);
-        Some(a.recorder.close(
-            open,
-            Some(answer),
-            a.status,
-            a.upstream_started,
-            a.bytes_out,
-        ))
-    }
-
-    /// Writes `rows` plus, when `all`, every row still open (forwarded
-    /// notifications and responses, requests the upstream did not answer).
-    async fn write_rows(&mut self, mut rows: Vec<AuditRow>, all: bool) {
-        let Some(a) = self.audit.as_mut() else { return };
-        if all {
-            for open in std::mem::take(&mut a.open) {
-                rows.push(
-                    a.recorder
-                        .close(open, None, a.status, a.upstream_started, a.bytes_out),
-                );
-            }
-        }
-        a.recorder.write(rows).await;
     }
 
     /// Lets the relay answer refused server-to-client requests on the
@@ -164,15 +258,13 @@ impl Exchange {
         identity: Vec<(HeaderName, HeaderValue)>,
     ) -> Self {
         let mut headers = super::upstream::own_post_headers();
-        for name in ["mcp-session-id", "mcp-protocol-version"] {
+        if let Some(v) = client
+            .get(crate::mcp::headers::PROTOCOL_VERSION)
+            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+        {
             // Copied, not cloned: a clone shares the client connection's read
             // buffer, which would then stay allocated for the stream's life.
-            if let Some(v) = client
-                .get(name)
-                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
-            {
-                headers.insert(HeaderName::from_static(name), v);
-            }
+            headers.insert(crate::mcp::headers::PROTOCOL_VERSION, v);
         }
         self.reply = Some(Reply {
             headers,
@@ -182,65 +274,116 @@ impl Exchange {
         self
     }
 
-    /// The error for a failed upstream, answering every pending request;
-    /// the open audit rows are written as failed first.
+    /// Shifts the upstream's progress on `token` past the `after`
+    /// notifications a hold already sent.
+    pub fn with_progress(mut self, token: Option<Value>, after: u64) -> Self {
+        if let (Some(token), true) = (token, after > 0) {
+            self.progress = Some(ProgressShift {
+                token,
+                offset: after as f64 + 1.0,
+            });
+        }
+        self
+    }
+
+    /// Starts the upstream clock (when the request is sent).
+    pub fn started(mut self) -> Self {
+        self.upstream_started = Instant::now();
+        self
+    }
+
+    /// The error for a failed upstream, answering every waiting request;
+    /// the open rows are written as failed first.
     pub async fn fail(mut self, failure: UpstreamFailure) -> ProxyError {
-        self.record_failure(&failure).await;
+        let ids: Vec<Id> = self.due.iter().filter_map(|d| d.id.clone()).collect();
+        let rows = self.end_all(
+            StopReason::UpstreamError,
+            &failure.to_string(),
+            settle_for(&failure),
+        );
+        self.recorder.write(rows).await;
         ProxyError::Upstream {
-            upstream: self.cx.upstream.config.name.clone(),
+            upstream: self.run.upstream.config.name.clone(),
             failure,
-            ids: self.pending.iter().map(|p| p.id.clone()).collect(),
+            ids,
         }
     }
 
-    /// Closes the budget reservation of pending request `pos` and counts its
-    /// outcome. `failure`: how the upstream failed, if it did.
-    fn settle(&mut self, pos: usize, raw: &str, failure: Option<&UpstreamFailure>) {
-        let cx = self.cx.clone();
-        let Some(p) = self.pending.get_mut(pos) else {
-            return;
-        };
-        let Some(r) = p.reservation.take() else {
-            return;
-        };
-        let how = match failure {
-            // It never reached the upstream: nothing ran, nothing is spent.
-            Some(UpstreamFailure::Connect(_)) => Settle::NotExecuted,
-            Some(_) => Settle::Executed { reported: None },
-            None => Settle::Executed {
-                reported: reported_cost(raw, &cx.budgets.config().cost_meta_key),
+    /// Ends every open due: rows completed with `stop`, budgets settled.
+    fn end_all(&mut self, stop: StopReason, cause: &str, how: Settle) -> Vec<AuditRow> {
+        let mut rows = Vec::new();
+        for mut d in std::mem::take(&mut self.due) {
+            self.settle(&mut d, how, stop, None);
+            if let Some(row) = d.row.take() {
+                rows.push(self.recorder.fail(
+                    row,
+                    stop,
+                    cause,
+                    self.status,
+                    self.upstream_started,
+                    self.bytes_out,
+                ));
+            }
+        }
+        rows
+    }
+
+    /// Closes a due's reservation and counts its outcome.
+    fn settle(&self, d: &mut Due, how: Settle, stop: StopReason, answer: Option<&str>) {
+        let how = match (how, answer) {
+            (Settle::Executed { .. }, Some(raw)) => Settle::Executed {
+                reported: reported_cost(raw, &self.run.budgets.config().cost_meta_key),
             },
+            (how, _) => how,
         };
-        cx.budgets.settle(&r, how);
-        let stop = if failure.is_some() {
-            StopReason::UpstreamError
-        } else {
-            StopReason::Done
-        };
-        if let Some(tool) = &p.tool {
-            cx.metrics.call(
-                &cx.upstream.config.name,
-                &super::tool_label(&cx, tool),
-                stop,
-            );
+        if let Some(r) = d.reservation.take() {
+            self.run.budgets.settle(&r, how);
+        }
+        if let (Some(tool), false) = (&d.tool, d.resumed) {
+            let cx = &self.run;
+            cx.metrics
+                .call(&cx.upstream.config.name, &super::tool_label(cx, tool), stop);
         }
     }
 
-    async fn record_failure(&mut self, failure: &UpstreamFailure) {
-        for pos in 0..self.pending.len() {
-            self.settle(pos, "", Some(failure));
-        }
-        if let Some(a) = self.audit.as_mut() {
-            let cause = failure.to_string();
-            let rows: Vec<AuditRow> = std::mem::take(&mut a.open)
-                .into_iter()
-                .map(|open| {
-                    a.recorder
-                        .failed(open, &cause, a.status, a.upstream_started)
-                })
-                .collect();
-            a.recorder.write(rows).await;
-        }
+    /// Completes the due answering `id` with `answer` (as relayed).
+    fn answered(&mut self, pos: usize, answer: &str) -> Option<AuditRow> {
+        let mut d = self.due.swap_remove(pos);
+        self.settle(
+            &mut d,
+            Settle::Executed { reported: None },
+            StopReason::Done,
+            Some(answer),
+        );
+        let row = match d.row.take() {
+            Some(row) => Some(row),
+            None if d.resumed && self.recorder.enabled() => {
+                let mut row = self.recorder.transport("GET", String::new());
+                row.method = d.method.clone().into();
+                row.jsonrpc_id = d.id.as_ref().map(|i| i.to_string()).unwrap_or_default();
+                row.reason = "answer delivered on a resumed stream".to_owned();
+                Some(row)
+            }
+            None => None,
+        };
+        row.map(|row| {
+            self.recorder.complete(
+                row,
+                Some(answer),
+                self.status,
+                self.upstream_started,
+                self.bytes_out,
+            )
+        })
+    }
+
+    /// Whether some answer due is a list rewritten for the run.
+    fn filters(&self) -> bool {
+        self.due.iter().any(|d| matches!(d.class, Class::List(_)))
+    }
+
+    fn requests_due(&self) -> bool {
+        self.due.iter().any(|d| d.id.is_some())
     }
 
     /// Turns the upstream's response into the client's.
@@ -249,29 +392,23 @@ impl Exchange {
         resp: Response<UpstreamIncoming>,
     ) -> Result<Response<Body>, ProxyError> {
         let (parts, incoming) = resp.into_parts();
-        if let Some(a) = self.audit.as_mut() {
-            a.status = parts.status.as_u16();
-        }
-        let idle = self.cx.upstream.config.idle_timeout;
+        self.status = parts.status.as_u16();
+        let idle = self.run.upstream.config.idle_timeout;
         let mut body = UpstreamBody::new(incoming, idle);
+        let status = parts.status;
 
-        if parts.status.is_server_error() {
+        if status.is_server_error()
+            || status == StatusCode::UNAUTHORIZED
+            || status == StatusCode::PROXY_AUTHENTICATION_REQUIRED
+        {
             // Drain a little so the pooled connection can be reused; the
             // content is the upstream's business, the status is the cause.
             let _ = body.collect_bounded(64 * 1024).await;
-            return Err(self
-                .fail(UpstreamFailure::Status(parts.status.as_u16()))
-                .await);
+            return Err(self.fail(UpstreamFailure::Status(status.as_u16())).await);
         }
 
         let mut headers = response_headers(&parts.headers);
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let is_sse = mime_is(content_type, "text/event-stream");
-        let is_json = mime_is(content_type, "application/json");
+        self.seal_session_header(&parts.headers, &mut headers);
         if self.filters() {
             // The answer now depends on who asked.
             headers.insert(
@@ -283,183 +420,331 @@ impl Exchange {
                 HeaderValue::from_static("authorization, x-tool-token"),
             );
         }
-
-        if parts.status == StatusCode::ACCEPTED || (!is_sse && !is_json) {
-            self.write_rows(Vec::new(), true).await;
-            if !self.local_answers.is_empty() && parts.status == StatusCode::ACCEPTED {
-                // The upstream accepted the notifications/responses of a
-                // batch; the firewall still owes answers for what it refused.
-                let merged = merge_json(None, &self.local_answers);
-                return Ok(json_with(StatusCode::OK, headers, merged));
-            }
-            let mut r = Response::new(passthrough(body));
-            *r.status_mut() = parts.status;
-            *r.headers_mut() = headers;
-            return Ok(r);
+        if status.is_client_error() {
+            return Ok(self.client_error(status, headers, body).await);
         }
+        let ct = content_type(&parts.headers).to_owned();
+        let is_sse = mime_is(&ct, "text/event-stream");
+        let is_json = mime_is(&ct, "application/json");
 
+        if status == StatusCode::ACCEPTED
+            || status == StatusCode::NO_CONTENT
+            || self.kind == Kind2::Delete
+        {
+            let _ = body.collect_bounded(64 * 1024).await;
+            return self.accepted(status, headers).await;
+        }
         if is_sse {
-            headers.insert(
-                HeaderName::from_static("x-accel-buffering"),
-                HeaderValue::from_static("no"),
-            );
-            let relay = SseRelay {
-                body,
-                decoder: sse::Decoder::new(self.max_sse_event_bytes),
-                ex: self,
-                done: false,
-                started: false,
-            };
-            let stream = futures_util::stream::unfold(relay, |mut relay| async move {
-                let next = relay.next().await?;
-                Some((Ok::<_, BoxError>(Frame::data(next)), relay))
-            });
-            let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
-            *r.status_mut() = parts.status;
-            *r.headers_mut() = headers;
-            return Ok(r);
+            return Ok(self.stream(status, headers, body));
+        }
+        if !is_json {
+            // An empty answer to notifications and responses is an acceptance.
+            if !self.requests_due() && self.kind == Kind2::Post {
+                if let Ok(Collected::Complete(b)) = body.collect_bounded(1024).await {
+                    if b.is_empty() {
+                        return self.accepted(status, headers).await;
+                    }
+                }
+            }
+            let what = if ct.is_empty() { "none".to_owned() } else { ct };
+            return Err(self
+                .fail(UpstreamFailure::Invalid(format!(
+                    "the firewall cannot inspect an answer of content type {what}"
+                )))
+                .await);
         }
 
-        // application/json
-        let limit = self.cx.upstream.config.max_response_bytes;
+        let limit = self.run.upstream.config.max_response_bytes;
         let collected = match body.collect_bounded(limit).await {
             Ok(c) => c,
             Err(f) => return Err(self.fail(f).await),
         };
         match collected {
             Collected::Complete(bytes) => {
-                let (out, rows) = match self.inspect_json(bytes) {
+                let text = match std::str::from_utf8(&bytes) {
+                    Ok(t) => t.to_owned(),
+                    Err(_) => {
+                        return Err(self
+                            .fail(UpstreamFailure::Invalid("answer is not UTF-8".to_owned()))
+                            .await)
+                    }
+                };
+                let (out, rows) = match self.inspect(&text) {
                     Ok(x) => x,
                     Err(f) => return Err(self.fail(f).await),
                 };
-                if let Some(a) = self.audit.as_mut() {
-                    a.bytes_out = out.len();
-                }
+                let out = match out {
+                    Pass::Same => bytes,
+                    Pass::Replaced(t) => Bytes::from(t),
+                    Pass::Dropped => Bytes::new(),
+                };
+                let out = merge_json(&out, &self.local);
+                self.bytes_out = out.len();
+                let mut rows = rows;
+                // Requests the answer did not answer get an error of their own.
+                let unanswered: Vec<Id> = self.due.iter().filter_map(|d| d.id.clone()).collect();
+                let failure =
+                    UpstreamFailure::Invalid("the answer did not answer this request".to_owned());
+                rows.extend(self.end_all(
+                    StopReason::UpstreamIncomplete,
+                    &failure.to_string(),
+                    Settle::Executed { reported: None },
+                ));
+                let name = self.run.upstream.config.name.clone();
+                let extra: Vec<Bytes> = unanswered
+                    .iter()
+                    .map(|id| answer::upstream_error(Some(id), &name, &failure))
+                    .collect();
+                let out = if extra.is_empty() {
+                    out
+                } else {
+                    merge_json(&out, &extra)
+                };
                 // The answers are on record before they leave.
-                self.write_rows(rows, true).await;
-                Ok(json_with(parts.status, headers, out))
+                self.recorder.write(rows).await;
+                if out.is_empty() {
+                    return Err(self
+                        .fail(UpstreamFailure::Invalid(
+                            "the answer answered nothing".to_owned(),
+                        ))
+                        .await);
+                }
+                Ok(json_with(status, headers, out))
             }
             Collected::Partial(prefix) => {
                 if self.filters() {
                     return Err(self.fail(UpstreamFailure::TooLarge(limit)).await);
                 }
-                self.write_rows(Vec::new(), true).await;
-                let head =
-                    futures_util::stream::once(
-                        async move { Ok::<_, BoxError>(Frame::data(prefix)) },
-                    );
-                let rest = http_body_util::BodyStream::new(passthrough(body));
-                let mut r = Response::new(
-                    StreamBody::new(futures_util::StreamExt::chain(head, rest)).boxed_unsync(),
-                );
-                *r.status_mut() = parts.status;
-                *r.headers_mut() = headers;
-                Ok(r)
+                Ok(self.large(status, headers, prefix, body))
             }
         }
     }
 
-    /// Whether some pending answer is rewritten for the run.
-    fn filters(&self) -> bool {
-        self.pending.iter().any(|p| is_list(&p.method))
+    /// The session id an `initialize` answer carries, sealed for the caller
+    /// (session revisions); never passed on a 2026-07-28 exchange.
+    fn seal_session_header(&self, upstream: &HeaderMap, out: &mut HeaderMap) {
+        if self.run.version.is_stateless() {
+            return;
+        }
+        if let Some(sid) = upstream.get("mcp-session-id") {
+            let sealed = self
+                .run
+                .sessions
+                .seal(&self.run.principal(), sid.as_bytes());
+            if let Ok(v) = HeaderValue::from_str(&sealed) {
+                out.insert(HeaderName::from_static("mcp-session-id"), v);
+            }
+        }
     }
 
-    /// Inspects a complete JSON answer (one message or a batch of them);
-    /// returns what to send and the audit rows it completes.
-    fn inspect_json(&mut self, bytes: Bytes) -> Result<(Bytes, Vec<AuditRow>), UpstreamFailure> {
-        let env = match jsonrpc::parse_upstream(&bytes) {
-            Ok(env) => env,
-            Err(e) => {
-                // What the firewall must filter and cannot read never passes.
-                if self.filters() {
-                    return Err(UpstreamFailure::Invalid(e.to_string()));
-                }
-                return Ok((merge_if(bytes, &self.local_answers), Vec::new()));
+    /// 202/204 (and DELETE's answer): what was forwarded is accepted.
+    async fn accepted(
+        mut self,
+        status: StatusCode,
+        headers: HeaderMap,
+    ) -> Result<Response<Body>, ProxyError> {
+        if self.requests_due() {
+            return Err(self
+                .fail(UpstreamFailure::Invalid(
+                    "the upstream accepted a request without answering it".to_owned(),
+                ))
+                .await);
+        }
+        let rows: Vec<AuditRow> = std::mem::take(&mut self.due)
+            .into_iter()
+            .filter_map(|d| d.row)
+            .map(|row| {
+                self.recorder
+                    .complete(row, None, self.status, self.upstream_started, 0)
+            })
+            .collect();
+        self.recorder.write(rows).await;
+        if !self.local.is_empty() {
+            // The upstream accepted the notifications/responses of a batch;
+            // the firewall still owes answers for what it refused.
+            let merged = merge_json(&Bytes::new(), &self.local);
+            return Ok(json_with(StatusCode::OK, headers, merged));
+        }
+        let mut r = Response::new(super::body::empty());
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        Ok(r)
+    }
+
+    /// A 4xx answer, relayed with its status: JSON bodies only when they are
+    /// JSON-RPC errors, text bodies capped.
+    async fn client_error(
+        mut self,
+        status: StatusCode,
+        mut headers: HeaderMap,
+        mut body: UpstreamBody,
+    ) -> Response<Body> {
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let bytes = match body.collect_bounded(MAX_ERROR_BODY).await {
+            Ok(Collected::Complete(b)) => Some(b),
+            _ => None,
+        };
+        let cause = format!("upstream answered HTTP {}", status.as_u16());
+        // It refused: nothing ran.
+        let rows = self.end_all(StopReason::UpstreamError, &cause, Settle::NotExecuted);
+        self.recorder.write(rows).await;
+        let errors_only = |b: &Bytes| {
+            jsonrpc::parse_upstream(b).is_ok_and(|env| {
+                env.messages
+                    .iter()
+                    .all(|m| m.kind == Kind::Response && m.is_error)
+            })
+        };
+        let body = match bytes {
+            Some(b) if b.is_empty() => b,
+            Some(b) if mime_is(&ct, "application/json") && errors_only(&b) => b,
+            Some(b) if !mime_is(&ct, "application/json") && !mime_is(&ct, "text/event-stream") => b,
+            _ => {
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                answer::error(
+                    None,
+                    super::error::codes::UPSTREAM_ERROR,
+                    &format!("upstream {:?}: {cause}", self.run.upstream.config.name),
+                    None,
+                )
             }
         };
-        let text = std::str::from_utf8(&bytes).unwrap_or("");
-        let mut replaced: Vec<(std::ops::Range<usize>, String)> = Vec::new();
+        let mut r = Response::new(full(body));
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        r
+    }
+
+    /// Inspects one complete upstream JSON text (a message or a batch):
+    /// what to send instead, and the rows it completes.
+    fn inspect(&mut self, text: &str) -> Result<(Pass, Vec<AuditRow>), UpstreamFailure> {
+        let env = jsonrpc::parse_upstream(text.as_bytes())
+            .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
         let mut rows = Vec::new();
+        let mut parts: Vec<(std::ops::Range<usize>, Pass)> = Vec::with_capacity(env.messages.len());
         for m in &env.messages {
             let raw = text.get(m.span.clone()).unwrap_or("");
-            let new = self.on_message(m, raw)?;
-            if let (Kind::Response, Some(id)) = (m.kind, &m.id) {
-                rows.extend(self.close_row(id, new.as_deref().unwrap_or(raw)));
-            }
-            if let Some(new) = new {
-                replaced.push((m.span.clone(), new));
-            }
+            let pass = self.on_message(m, raw, &mut rows)?;
+            parts.push((m.span.clone(), pass));
         }
-        let out = if replaced.is_empty() {
-            bytes
-        } else {
-            let mut out = String::with_capacity(bytes.len());
-            let mut at = 0;
-            for (span, new) in &replaced {
-                out.push_str(text.get(at..span.start).unwrap_or(""));
-                out.push_str(new);
-                at = span.end;
-            }
-            out.push_str(text.get(at..).unwrap_or(""));
-            Bytes::from(out)
-        };
-        Ok((merge_if(out, &self.local_answers), rows))
+        if parts.iter().all(|(_, p)| matches!(p, Pass::Same)) {
+            return Ok((Pass::Same, rows));
+        }
+        if !env.batch {
+            return Ok((parts.pop().map_or(Pass::Dropped, |(_, p)| p), rows));
+        }
+        let kept: Vec<&str> = parts
+            .iter()
+            .filter_map(|(span, p)| match p {
+                Pass::Same => text.get(span.clone()),
+                Pass::Replaced(t) => Some(t.as_str()),
+                Pass::Dropped => None,
+            })
+            .collect();
+        if kept.is_empty() {
+            return Ok((Pass::Dropped, rows));
+        }
+        Ok((Pass::Replaced(format!("[{}]", kept.join(","))), rows))
     }
 
-    /// Inspects one upstream message; returns its replacement, if any.
-    /// An error means the message cannot be let through as it is.
-    fn on_message(&mut self, m: &Message, raw: &str) -> Result<Option<String>, UpstreamFailure> {
+    /// Inspects one upstream message; `raw` is its text.
+    fn on_message(
+        &mut self,
+        m: &Message,
+        raw: &str,
+        rows: &mut Vec<AuditRow>,
+    ) -> Result<Pass, UpstreamFailure> {
         match m.kind {
             Kind::Response => {
-                let Some(id) = &m.id else { return Ok(None) };
-                let Some(pos) = self.pending.iter().position(|p| &p.id == id) else {
-                    // An answer the firewall did not ask for in this exchange
-                    // (resumed streams): filter lists by their shape.
-                    return self.filter_unknown_response(raw);
+                let Some(pos) =
+                    m.id.as_ref()
+                        .and_then(|id| self.due.iter().position(|d| d.id.as_ref() == Some(id)))
+                else {
+                    tracing::info!(upstream = %self.run.upstream.config.name, id = ?m.id, "dropped an answer to a request this exchange did not send");
+                    return Ok(Pass::Dropped);
                 };
-                if m.is_error {
-                    self.settle(pos, raw, None);
-                    self.pending.swap_remove(pos);
-                    return Ok(None);
-                }
-                self.settle(pos, raw, None);
-                let outcome = match self.pending[pos].method.as_str() {
-                    "tools/list" => self.filter_listed_tools(m, raw).map(Some),
-                    "prompts/list" => self.filter_named(raw, "prompts", "name").map(Some),
-                    "resources/list" => self.filter_named(raw, "resources", "uri").map(Some),
-                    "resources/templates/list" => self
-                        .filter_named(raw, "resourceTemplates", "uriTemplate")
-                        .map(Some),
-                    "tools/call" | "prompts/get" | "resources/read" => {
-                        self.check_input_required(m, raw)
+                let pass = if m.is_error {
+                    Pass::Same
+                } else {
+                    let d = &self.due[pos];
+                    match d.class {
+                        Class::List(ListKind::Tools) => {
+                            Pass::Replaced(self.filter_listed_tools(m, raw)?)
+                        }
+                        Class::List(ListKind::Prompts) => {
+                            Pass::Replaced(self.filter_named(raw, "prompts", "name")?)
+                        }
+                        Class::List(ListKind::Resources) => {
+                            Pass::Replaced(self.filter_named(raw, "resources", "uri")?)
+                        }
+                        Class::List(ListKind::ResourceTemplates) => Pass::Replaced(
+                            self.filter_named(raw, "resourceTemplates", "uriTemplate")?,
+                        ),
+                        Class::ToolCall | Class::Prompt | Class::Resource => {
+                            let granted = d.granted.clone();
+                            self.check_input_required(m, raw, granted.as_deref())?
+                        }
+                        _ => Pass::Same,
                     }
-                    _ => Ok(None),
                 };
-                // A request whose answer cannot pass stays pending, so it is
-                // answered with the upstream error.
-                if outcome.is_ok() {
-                    self.pending.swap_remove(pos);
-                }
-                outcome
+                let relayed = match &pass {
+                    Pass::Replaced(t) => t.as_str(),
+                    _ => raw,
+                };
+                rows.extend(self.answered(pos, relayed));
+                Ok(pass)
             }
-            Kind::Notification => {
-                if m.method.as_deref() == Some("notifications/tools/list_changed") {
-                    self.cx.catalogs.clear(&self.cx.upstream.config.name);
+            Kind::Request => {
+                let method = m.method.as_deref().unwrap_or("");
+                if self.run.version.is_stateless() {
+                    // 2026-07-28 servers ask through input-required results only.
+                    tracing::info!(upstream = %self.run.upstream.config.name, method, "dropped a server-to-client request on a 2026-07-28 stream");
+                    return Ok(Pass::Dropped);
                 }
-                Ok(None)
+                if self.server_request_allowed(method) {
+                    return Ok(Pass::Same);
+                }
+                self.refuse_server_request(m);
+                Ok(Pass::Dropped)
             }
-            Kind::Request => Ok(None),
+            Kind::Notification => match m.method.as_deref() {
+                Some("notifications/tools/list_changed") => {
+                    self.run.catalogs.clear(&self.run.upstream.config.name);
+                    Ok(Pass::Same)
+                }
+                Some("notifications/progress") => Ok(self.shift_progress(raw)),
+                _ => Ok(Pass::Same),
+            },
         }
     }
 
-    fn filter_unknown_response(&self, raw: &str) -> Result<Option<String>, UpstreamFailure> {
-        if raw.contains("\"tools\"") {
-            // A resumed answer that looks like a tool list is filtered like one.
-            if let Ok(out) = self.filter_tools(raw) {
-                return Ok(Some(out));
+    /// Keeps a held call's progress increasing past what the hold sent.
+    fn shift_progress(&self, raw: &str) -> Pass {
+        let Some(shift) = &self.progress else {
+            return Pass::Same;
+        };
+        let Ok(mut v) = serde_json::from_str::<Value>(raw) else {
+            return Pass::Same;
+        };
+        let Some(params) = v.get_mut("params").and_then(Value::as_object_mut) else {
+            return Pass::Same;
+        };
+        if params.get("progressToken") != Some(&shift.token) {
+            return Pass::Same;
+        }
+        for key in ["progress", "total"] {
+            if let Some(n) = params.get(key).and_then(Value::as_f64) {
+                params.insert(key.to_owned(), Value::from(n + shift.offset));
             }
         }
-        Ok(None)
+        Pass::Replaced(v.to_string())
     }
 
     /// The answer to a `tools/list` this exchange sent: its `result` is
@@ -476,7 +761,7 @@ impl Exchange {
         else {
             return self.filter_tools(raw);
         };
-        let cx = &self.cx;
+        let cx = &self.run;
         let view = cx
             .catalogs
             .view(
@@ -505,7 +790,7 @@ impl Exchange {
         &self,
         t: &rewrite::ListedTool<'_>,
     ) -> Option<(crate::policy::Risk, crate::policy::Gate)> {
-        let cx = &self.cx;
+        let cx = &self.run;
         let up = &cx.upstream.config;
         let entry = cx.catalogs.record_listed(&up.name, t);
         if entry.param_headers().violation().is_some() {
@@ -520,7 +805,7 @@ impl Exchange {
     }
 
     fn filter_named(&self, raw: &str, array: &str, key: &str) -> Result<String, UpstreamFailure> {
-        let cx = &self.cx;
+        let cx = &self.run;
         let up = &cx.upstream.config;
         let prompts = array == "prompts";
         rewrite::named_list(raw, array, key, |name| {
@@ -533,64 +818,85 @@ impl Exchange {
         .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
     }
 
-    /// 2026-07-28 input-required results carry server-to-client requests; a
-    /// kind the policy refuses turns the answer into an error.
+    /// 2026-07-28 input-required results carry server-to-client requests: a
+    /// kind the policy refuses turns the answer into an error; for a call
+    /// that ran under an approval, the approval is sealed into the
+    /// `requestState` so the retry runs under it.
     fn check_input_required(
         &self,
         m: &Message,
         raw: &str,
-    ) -> Result<Option<String>, UpstreamFailure> {
+        granted: Option<&Granted>,
+    ) -> Result<Pass, UpstreamFailure> {
         if !raw.contains("input_required") {
-            return Ok(None);
-        }
-        #[derive(serde::Deserialize)]
-        struct Result<'a> {
-            #[serde(borrow, rename = "inputRequests")]
-            input_requests: Option<std::collections::BTreeMap<String, InputRequest<'a>>>,
-        }
-        #[derive(serde::Deserialize)]
-        struct InputRequest<'a> {
-            #[serde(borrow)]
-            method: &'a str,
+            return Ok(Pass::Same);
         }
         #[derive(serde::Deserialize)]
         struct Resp<'a> {
             #[serde(borrow)]
             result: Option<&'a RawValue>,
         }
+        #[derive(serde::Deserialize)]
+        struct Required<'a> {
+            #[serde(borrow, rename = "resultType")]
+            result_type: Option<&'a str>,
+            #[serde(borrow, rename = "inputRequests")]
+            input_requests: Option<std::collections::BTreeMap<String, InputRequest<'a>>>,
+            #[serde(rename = "requestState")]
+            request_state: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct InputRequest<'a> {
+            #[serde(borrow)]
+            method: &'a str,
+        }
         let Ok(Resp {
             result: Some(result),
         }) = serde_json::from_str::<Resp>(raw)
         else {
-            return Ok(None);
+            return Ok(Pass::Same);
         };
-        let Ok(parsed) = serde_json::from_str::<Result>(result.get()) else {
-            return Ok(None);
-        };
-        let refused: Vec<&str> = parsed
+        let parsed = serde_json::from_str::<Required>(result.get()).map_err(|e| {
+            UpstreamFailure::Invalid(format!("unreadable input-required result: {e}"))
+        })?;
+        if parsed.result_type != Some("input_required") {
+            return Ok(Pass::Same);
+        }
+        let refused: Vec<String> = parsed
             .input_requests
             .iter()
             .flatten()
             .map(|(_, r)| r.method)
             .filter(|method| !self.server_request_allowed(method))
+            .map(str::to_owned)
             .collect();
-        if refused.is_empty() {
-            return Ok(None);
+        if !refused.is_empty() {
+            let body = answer::refused_input_request(m.id.as_ref(), &refused);
+            return Ok(Pass::Replaced(String::from_utf8_lossy(&body).into_owned()));
         }
-        let body = jsonrpc::error_body(
-            m.id.as_ref(),
-            codes::DENIED,
-            &format!(
-                "the upstream asked the client for {}, which the policy refuses",
-                refused.join(", ")
-            ),
-            Some(&json!({ "stop_reason": "denied", "refused": refused })),
+        let Some(granted) = granted else {
+            return Ok(Pass::Same);
+        };
+        // Seal the approval (and the upstream's own state) into requestState.
+        let sealed = self.run.seal_granted(granted, parsed.request_state);
+        let new_result = set_member(
+            result.get(),
+            "requestState",
+            &Value::String(sealed).to_string(),
+        )
+        .ok_or_else(|| UpstreamFailure::Invalid("unreadable input-required result".to_owned()))?;
+        let (Some(r), start) = (m.result.as_ref(), m.span.start) else {
+            return Ok(Pass::Same);
+        };
+        let (head, tail) = (
+            raw.get(..r.start - start).unwrap_or(""),
+            raw.get(r.end - start..).unwrap_or(""),
         );
-        Ok(Some(String::from_utf8_lossy(&body).into_owned()))
+        Ok(Pass::Replaced(format!("{head}{new_result}{tail}")))
     }
 
     fn server_request_allowed(&self, method: &str) -> bool {
-        let rules = self.cx.policy.server_requests();
+        let rules = self.run.policy.server_requests();
         match method {
             "sampling/createMessage" => rules.sampling,
             "elicitation/create" => rules.elicitation,
@@ -607,17 +913,13 @@ impl Exchange {
             return;
         };
         let method = m.method.as_deref().unwrap_or("");
-        tracing::info!(upstream = %self.cx.upstream.config.name, method, "server-to-client request refused by policy");
-        let body = jsonrpc::error_body(
-            Some(id),
-            jsonrpc::METHOD_NOT_FOUND,
-            &format!("{method} is not permitted by the firewall's policy"),
-            None,
-        );
-        let up = self.cx.upstream.clone();
+        tracing::info!(upstream = %self.run.upstream.config.name, method, "server-to-client request refused by policy");
+        let body = answer::refused_server_request(id, method);
+        let up = self.run.upstream.clone();
         let headers = reply.headers.clone();
         let conn = reply.conn;
         let identity = reply.identity.clone();
+        let session = self.session.clone();
         tokio::spawn(async move {
             let fwd = Forward {
                 method: Method::POST,
@@ -626,11 +928,198 @@ impl Exchange {
                 body,
                 conn,
                 set: &identity,
+                session: session.as_deref(),
+                last_event_id: None,
             };
             if let Err(e) = up.send(fwd).await {
                 tracing::warn!(upstream = %up.config.name, error = %e, "could not answer a refused server request");
             }
         });
+    }
+
+    /// The sealed form of an upstream event id, carrying the requests still
+    /// due on this stream; `None`: relay the event without an id.
+    fn seal_event_id(&self, id: &str) -> Option<String> {
+        if self.run.version.is_stateless() || id.is_empty() {
+            return None;
+        }
+        let context = EventContext {
+            due: self
+                .due
+                .iter()
+                .filter_map(|d| {
+                    Some(super::session::Due {
+                        id: d.id.clone()?,
+                        method: d.method.clone(),
+                    })
+                })
+                .collect(),
+            upstream_event_id: id.to_owned(),
+        };
+        self.run
+            .sessions
+            .seal_event(&self.run.principal(), self.session.as_deref(), &context)
+    }
+
+    /// An SSE answer, relayed event by event.
+    fn stream(
+        self,
+        status: StatusCode,
+        mut headers: HeaderMap,
+        body: UpstreamBody,
+    ) -> Response<Body> {
+        headers.insert(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
+        let relay = SseRelay {
+            decoder: sse::Decoder::new(self.max_sse_event_bytes),
+            body,
+            ex: self,
+            done: false,
+            started: false,
+        };
+        let stream = futures_util::stream::unfold(relay, |mut relay| async move {
+            let next = relay.next().await?;
+            Some((Ok::<_, BoxError>(Frame::data(next)), relay))
+        });
+        let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        r
+    }
+
+    /// A JSON answer larger than the firewall holds: scanned as it streams,
+    /// the last chunk held back until the scan has seen the whole answer.
+    fn large(
+        self,
+        status: StatusCode,
+        mut headers: HeaderMap,
+        prefix: Bytes,
+        body: UpstreamBody,
+    ) -> Response<Body> {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let mut scan = Scan::new(&self.run.budgets.config().cost_meta_key);
+        let first = scan.push(&prefix).err();
+        let state = LargeRelay {
+            ex: self,
+            body,
+            scan: Some(scan),
+            held: Some(prefix),
+            failed: first,
+        };
+        let stream = futures_util::stream::unfold(state, |mut s| async move {
+            let next = s.next().await?;
+            Some((next, s))
+        });
+        let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        r
+    }
+
+    /// Completes the rows of a streamed answer from its scanned facts; an
+    /// error when the answer must not be completed.
+    fn finish_large(&mut self, facts: &[Facts]) -> Result<Vec<AuditRow>, String> {
+        let mut rows = Vec::new();
+        for f in facts {
+            let refused: Vec<&String> = f
+                .input_methods
+                .iter()
+                .filter(|m| !self.server_request_allowed(m))
+                .collect();
+            if f.result_type.as_deref() == Some("input_required") && !refused.is_empty() {
+                return Err(format!(
+                    "the upstream asked the client for {refused:?}, which the policy refuses"
+                ));
+            }
+            let Some(pos) =
+                f.id.as_ref()
+                    .and_then(|id| self.due.iter().position(|d| d.id.as_ref() == Some(id)))
+            else {
+                return Err("the answer answers a request this exchange did not send".to_owned());
+            };
+            if self.due[pos].granted.is_some() && f.result_type.as_deref() == Some("input_required")
+            {
+                return Err("an input-required answer too large to bind to its approval".to_owned());
+            }
+            let mut d = self.due.swap_remove(pos);
+            if let Some(r) = d.reservation.take() {
+                self.run
+                    .budgets
+                    .settle(&r, Settle::Executed { reported: f.cost });
+            }
+            if let Some(tool) = &d.tool {
+                let cx = &self.run;
+                cx.metrics.call(
+                    &cx.upstream.config.name,
+                    &super::tool_label(cx, tool),
+                    StopReason::Done,
+                );
+            }
+            if let Some(mut row) = d.row.take() {
+                row = self.recorder.complete(
+                    row,
+                    None,
+                    self.status,
+                    self.upstream_started,
+                    self.bytes_out,
+                );
+                row.is_error = f.error || f.is_error;
+                row.result = JsonPayload::Value(serde_json::json!({
+                    "streamed": true,
+                    "bytes": self.bytes_out,
+                    "is_error": row.is_error,
+                }));
+                rows.push(row);
+            }
+        }
+        if self.requests_due() {
+            return Err("the answer did not answer every request".to_owned());
+        }
+        Ok(rows)
+    }
+}
+
+impl Drop for Exchange {
+    /// The client went away (or the firewall is dropping the answer): what
+    /// is still open ends as `client_gone`, its budget kept (the upstream
+    /// may have acted), its row written off the request's task.
+    fn drop(&mut self) {
+        if self.due.is_empty() {
+            return;
+        }
+        let stop = match self.kind {
+            Kind2::Get => StopReason::Done,
+            _ => StopReason::ClientGone,
+        };
+        let cause = match self.kind {
+            Kind2::Get => "the client closed the stream",
+            _ => "the client went away before the answer reached it",
+        };
+        let rows = self.end_all(stop, cause, Settle::Executed { reported: None });
+        if rows.is_empty() {
+            return;
+        }
+        let auditor = self.recorder.auditor().clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move { write_rows(&auditor, rows).await });
+            }
+            Err(_) => tracing::error!(rows = rows.len(), "completion rows lost: no runtime"),
+        }
+    }
+}
+
+/// How a failed call's budget is settled: refunded only when it certainly
+/// never reached the upstream.
+fn settle_for(failure: &UpstreamFailure) -> Settle {
+    match failure {
+        UpstreamFailure::Connect(_) => Settle::NotExecuted,
+        _ => Settle::Executed { reported: None },
     }
 }
 
@@ -653,7 +1142,7 @@ impl SseRelay {
             let mut out = BytesMut::new();
             if !self.started {
                 self.started = true;
-                for answer in std::mem::take(&mut self.ex.local_answers) {
+                for answer in std::mem::take(&mut self.ex.local) {
                     sse::encode_message(None, &answer, &mut out);
                 }
                 if !out.is_empty() {
@@ -669,25 +1158,22 @@ impl SseRelay {
                     while let Some(ev) = self.decoder.next_event() {
                         if let Err(f) = self.on_event(ev, &mut out, &mut rows) {
                             // Whatever was decided so far still goes out first.
-                            self.ex.write_rows(rows, false).await;
+                            self.ex.recorder.write(rows).await;
                             let tail = self.end(f).await;
                             out.extend_from_slice(&tail.unwrap_or_default());
                             return Some(out.freeze());
                         }
                     }
-                    if let Some(a) = self.ex.audit.as_mut() {
-                        a.bytes_out += out.len();
-                    }
+                    self.ex.bytes_out += out.len();
                     // Answers are on record before they are relayed.
-                    self.ex.write_rows(rows, false).await;
+                    self.ex.recorder.write(rows).await;
                     if !out.is_empty() {
                         return Some(out.freeze());
                     }
                 }
                 Ok(None) => {
                     self.done = true;
-                    self.ex.write_rows(Vec::new(), true).await;
-                    return None;
+                    return self.finish().await;
                 }
                 Err(f) => return self.end(f).await,
             }
@@ -701,75 +1187,105 @@ impl SseRelay {
         rows: &mut Vec<AuditRow>,
     ) -> Result<(), UpstreamFailure> {
         if !ev.has_data || ev.data.is_empty() {
-            out.extend_from_slice(&ev.raw);
-            return Ok(());
-        }
-        let env = match jsonrpc::parse_upstream(ev.data.as_bytes()) {
-            Ok(env) => env,
-            Err(_) => {
-                if self.ex.filters() {
-                    // Cannot tell whether this is the list to filter.
-                    return Err(UpstreamFailure::Invalid(
-                        "unreadable SSE event while a list answer is pending".to_owned(),
-                    ));
+            // Priming events (an id, a retry hint) and keep-alive comments.
+            match ev.id.as_deref() {
+                Some(id) => {
+                    let sealed = self.ex.seal_event_id(id);
+                    sse::encode(&sse::Event { id: sealed, ..ev }, out);
                 }
-                out.extend_from_slice(&ev.raw);
-                return Ok(());
+                None => out.extend_from_slice(&ev.raw),
             }
-        };
-        let [m] = env.messages.as_slice() else {
-            // A batch inside one event (2025-03-26): relayed as is unless it
-            // answers something the firewall filters.
-            if env.messages.iter().any(|m| {
-                self.ex
-                    .pending
-                    .iter()
-                    .any(|p| Some(&p.id) == m.id.as_ref() && is_list(&p.method))
-            }) {
-                return Err(UpstreamFailure::Invalid(
-                    "batched answer to a filtered list".to_owned(),
-                ));
-            }
-            out.extend_from_slice(&ev.raw);
             return Ok(());
+        }
+        let pass = match self.ex.inspect(&ev.data) {
+            Ok((pass, done)) => {
+                rows.extend(done);
+                pass
+            }
+            Err(f) => {
+                if self.ex.filters() {
+                    return Err(f);
+                }
+                // What the firewall cannot read does not reach the client.
+                tracing::warn!(upstream = %self.ex.run.upstream.config.name, error = %f, "dropped an unreadable SSE event");
+                Pass::Dropped
+            }
         };
-        if m.kind == Kind::Request {
-            let method = m.method.as_deref().unwrap_or("");
-            if !self.ex.server_request_allowed(method) {
-                self.ex.refuse_server_request(m);
-                return Ok(());
-            }
-        }
-        let new = self.ex.on_message(m, &ev.data)?;
-        if let (Kind::Response, Some(id)) = (m.kind, &m.id) {
-            rows.extend(self.ex.close_row(id, new.as_deref().unwrap_or(&ev.data)));
-        }
-        match new {
-            None => out.extend_from_slice(&ev.raw),
-            Some(new) => {
-                let rewritten = sse::Event { data: new, ..ev };
-                sse::encode(&rewritten, out);
-            }
+        let id = ev.id.as_deref().and_then(|id| self.ex.seal_event_id(id));
+        match pass {
+            Pass::Same if id.is_none() && ev.id.is_none() => out.extend_from_slice(&ev.raw),
+            Pass::Same => sse::encode(&sse::Event { id, ..ev }, out),
+            Pass::Replaced(data) => sse::encode(&sse::Event { id, data, ..ev }, out),
+            // Keep the cursor: the event's id still marks the position.
+            Pass::Dropped if id.is_some() => sse::encode(
+                &sse::Event {
+                    id,
+                    event: None,
+                    data: String::new(),
+                    retry: ev.retry,
+                    comments: Vec::new(),
+                    has_data: false,
+                    raw: Bytes::new(),
+                },
+                out,
+            ),
+            Pass::Dropped => {}
         }
         Ok(())
+    }
+
+    /// The stream ended cleanly. Session revisions may close a stream
+    /// before its answer and let the client resume; 2026-07-28 streams
+    /// cannot resume, so a request still waiting gets an error.
+    async fn finish(&mut self) -> Option<Bytes> {
+        let stateless = self.ex.run.version.is_stateless();
+        let waiting: Vec<Id> = self.ex.due.iter().filter_map(|d| d.id.clone()).collect();
+        let (stop, cause) = match self.ex.kind {
+            Kind2::Get => (StopReason::Done, "the upstream closed the stream"),
+            _ => (
+                StopReason::UpstreamIncomplete,
+                "the stream ended before the answer",
+            ),
+        };
+        let rows = self
+            .ex
+            .end_all(stop, cause, Settle::Executed { reported: None });
+        self.ex.recorder.write(rows).await;
+        if !stateless || waiting.is_empty() {
+            return None;
+        }
+        let failure = UpstreamFailure::Invalid(cause.to_owned());
+        let name = self.ex.run.upstream.config.name.clone();
+        let mut out = BytesMut::new();
+        for id in waiting {
+            sse::encode_message(
+                None,
+                &answer::upstream_error(Some(&id), &name, &failure),
+                &mut out,
+            );
+        }
+        Some(out.freeze())
     }
 
     /// Ends a broken stream: every request still waiting gets an error event.
     async fn end(&mut self, failure: UpstreamFailure) -> Option<Bytes> {
         self.done = true;
-        self.ex.record_failure(&failure).await;
-        let name = self.ex.cx.upstream.config.name.clone();
+        let waiting: Vec<Id> = self.ex.due.iter().filter_map(|d| d.id.clone()).collect();
+        let rows = self.ex.end_all(
+            StopReason::UpstreamError,
+            &failure.to_string(),
+            settle_for(&failure),
+        );
+        self.ex.recorder.write(rows).await;
+        let name = self.ex.run.upstream.config.name.clone();
         tracing::warn!(upstream = %name, error = %failure, "upstream stream failed");
         let mut out = BytesMut::new();
-        let msg = format!("upstream {name:?} failed: {failure}");
-        let data = json!({
-            "upstream": name,
-            "cause": failure.to_string(),
-            "stop_reason": "upstream_error",
-        });
-        for p in std::mem::take(&mut self.ex.pending) {
-            let body = jsonrpc::error_body(Some(&p.id), codes::UPSTREAM_ERROR, &msg, Some(&data));
-            sse::encode_message(None, &body, &mut out);
+        for id in waiting {
+            sse::encode_message(
+                None,
+                &answer::upstream_error(Some(&id), &name, &failure),
+                &mut out,
+            );
         }
         if out.is_empty() {
             None
@@ -779,32 +1295,101 @@ impl SseRelay {
     }
 }
 
+/// Streams a large JSON answer through a scan, one chunk behind.
+struct LargeRelay {
+    ex: Exchange,
+    body: UpstreamBody,
+    scan: Option<Scan>,
+    held: Option<Bytes>,
+    failed: Option<String>,
+}
+
+impl LargeRelay {
+    async fn next(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        if let Some(why) = self.failed.take() {
+            return Some(Err(self.cut(why).await));
+        }
+        loop {
+            self.scan.as_ref()?;
+            match self.body.chunk().await {
+                Ok(Some(chunk)) => {
+                    if let Some(scan) = self.scan.as_mut() {
+                        if let Err(why) = scan.push(&chunk) {
+                            return Some(Err(self.cut(why).await));
+                        }
+                    }
+                    self.ex.bytes_out += chunk.len();
+                    if let Some(prev) = self.held.replace(chunk) {
+                        return Some(Ok(Frame::data(prev)));
+                    }
+                }
+                Ok(None) => {
+                    let scan = self.scan.take()?;
+                    self.ex.bytes_out = scan.bytes();
+                    let rows = match scan.finish() {
+                        Ok(facts) => match self.ex.finish_large(&facts) {
+                            Ok(rows) => rows,
+                            Err(why) => return Some(Err(self.cut(why).await)),
+                        },
+                        Err(why) => return Some(Err(self.cut(why).await)),
+                    };
+                    // On record before the answer completes.
+                    self.ex.recorder.write(rows).await;
+                    return self.held.take().map(|b| Ok(Frame::data(b)));
+                }
+                Err(f) => return Some(Err(self.cut(f.to_string()).await)),
+            }
+        }
+    }
+
+    /// Cuts the answer off: the client gets an incomplete body, never a
+    /// complete answer the firewall could not pass.
+    async fn cut(&mut self, why: String) -> BoxError {
+        self.scan = None;
+        self.held = None;
+        let failure = UpstreamFailure::Invalid(why);
+        tracing::warn!(upstream = %self.ex.run.upstream.config.name, error = %failure, "streamed answer cut off");
+        let rows = self.ex.end_all(
+            StopReason::UpstreamError,
+            &failure.to_string(),
+            Settle::Executed { reported: None },
+        );
+        self.ex.recorder.write(rows).await;
+        Box::new(failure)
+    }
+}
+
+/// `json` (an object) with member `key` set to the raw JSON `value`.
+fn set_member(json: &str, key: &str, value: &str) -> Option<String> {
+    let map: std::collections::BTreeMap<&str, &RawValue> = serde_json::from_str(json).ok()?;
+    let mut out = String::with_capacity(json.len() + value.len() + key.len() + 4);
+    out.push('{');
+    let mut first = true;
+    let mut put = |out: &mut String, k: &str, v: &str| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+        out.push_str(&Value::String(k.to_owned()).to_string());
+        out.push(':');
+        out.push_str(v);
+    };
+    for (k, v) in &map {
+        if *k != key {
+            put(&mut out, k, v.get());
+        }
+    }
+    put(&mut out, key, value);
+    out.push('}');
+    Some(out)
+}
+
 /// The cost an upstream reports in a `tools/call` result's `_meta[key]`.
 fn reported_cost(raw: &str, key: &str) -> Option<f64> {
     if raw.is_empty() || !raw.contains(key) {
         return None;
     }
-    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let v: Value = serde_json::from_str(raw).ok()?;
     v.get("result")?.get("_meta")?.get(key)?.as_f64()
-}
-
-fn is_list(method: &str) -> bool {
-    matches!(
-        method,
-        "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list"
-    )
-}
-
-/// A body that forwards the upstream's chunks as they come.
-fn passthrough(body: UpstreamBody) -> Body {
-    let stream = futures_util::stream::unfold(body, |mut body| async move {
-        match body.chunk().await {
-            Ok(Some(chunk)) => Some((Ok(Frame::data(chunk)), body)),
-            Ok(None) => None,
-            Err(f) => Some((Err(Box::new(f) as BoxError), body)),
-        }
-    });
-    StreamBody::new(stream).boxed_unsync()
 }
 
 fn json_with(status: StatusCode, mut headers: HeaderMap, body: Bytes) -> Response<Body> {
@@ -818,35 +1403,25 @@ fn json_with(status: StatusCode, mut headers: HeaderMap, body: Bytes) -> Respons
     r
 }
 
-fn merge_if(upstream: Bytes, local: &[Bytes]) -> Bytes {
+/// The upstream's JSON answer (an object, an array or nothing) merged with
+/// the firewall's own answers; unchanged when there are none.
+fn merge_json(upstream: &Bytes, local: &[Bytes]) -> Bytes {
     if local.is_empty() {
-        upstream
-    } else {
-        merge_json(Some(&upstream), local)
+        return upstream.clone();
     }
-}
-
-/// Merges the upstream's JSON answer (an object or an array) with the
-/// firewall's own answers into one JSON array.
-fn merge_json(upstream: Option<&Bytes>, local: &[Bytes]) -> Bytes {
     let mut out = Vec::with_capacity(
-        upstream.map_or(0, Bytes::len)
-            + local.iter().map(Bytes::len).sum::<usize>()
-            + local.len()
-            + 2,
+        upstream.len() + local.iter().map(Bytes::len).sum::<usize>() + local.len() + 2,
     );
     out.push(b'[');
     let mut first = true;
-    if let Some(u) = upstream {
-        let t = u.trim_ascii();
-        let inner = match (t.first(), t.last()) {
-            (Some(b'['), Some(b']')) => t[1..t.len() - 1].trim_ascii(),
-            _ => t,
-        };
-        if !inner.is_empty() {
-            out.extend_from_slice(inner);
-            first = false;
-        }
+    let t = upstream.trim_ascii();
+    let inner = match (t.first(), t.last()) {
+        (Some(b'['), Some(b']')) => t[1..t.len() - 1].trim_ascii(),
+        _ => t,
+    };
+    if !inner.is_empty() {
+        out.extend_from_slice(inner);
+        first = false;
     }
     for a in local {
         if !first {
@@ -857,12 +1432,4 @@ fn merge_json(upstream: Option<&Bytes>, local: &[Bytes]) -> Bytes {
     }
     out.push(b']');
     Bytes::from(out)
-}
-
-/// `true` when a Content-Type's media type (parameters ignored) is `expected`.
-pub fn mime_is(content_type: &str, expected: &str) -> bool {
-    content_type
-        .split(';')
-        .next()
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case(expected))
 }

@@ -3,13 +3,20 @@
 //! plain or rustls with an optional extra CA, and the header hygiene of every
 //! forwarded request.
 //!
-//! What the upstream sees from the client is decided here and nowhere else:
-//! hop-by-hop headers, `Host`, `Authorization`, the tool-token header and any
-//! identity header the firewall sets are removed from the client's request;
-//! `X-Forwarded-For` / `X-Forwarded-Proto` are set from the connection (never
-//! trusted from the client); the upstream's own credentials are injected last.
-//! `Accept-Encoding` is forced to `identity` because the firewall must read
-//! (and sometimes rewrite) what comes back.
+//! What the upstream sees from the client is decided here and nowhere else,
+//! by allow-list: only the headers MCP needs travel (`Content-Type`,
+//! `Accept`, `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`,
+//! `Mcp-Param-*`, `traceparent`, `tracestate`, `User-Agent`) plus what the
+//! upstream's config lists (`forward_headers`); cookies, API keys, spoofed
+//! identity headers, `Origin` and everything else stay behind, and the query
+//! string is dropped unless `forward_query` is set. `Mcp-Session-Id` and
+//! `Last-Event-ID` are the upstream's own values, unsealed by the firewall,
+//! never the client's text. `X-Forwarded-For` / `X-Forwarded-Proto` are set
+//! from the connection (the client address, behind trusted proxies); the
+//! identity headers from the verified token and the upstream's own
+//! credentials are set last; `Host` is the upstream's. `Accept-Encoding` is
+//! forced to `identity` because the firewall must read (and sometimes
+//! rewrite) what comes back.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,7 +34,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
-use crate::config::{is_hop_by_hop, Upstream};
+use crate::config::Upstream;
 use crate::server::listener::ConnInfo;
 
 use super::body::UpstreamIncoming;
@@ -39,9 +46,6 @@ pub struct UpstreamClient {
     /// The validated config of this upstream.
     pub config: Arc<Upstream>,
     transport: Transport,
-    /// Headers stripped from every client request before forwarding: the
-    /// token headers and the identity headers the firewall owns.
-    strip: Arc<[HeaderName]>,
 }
 
 /// How requests reach the upstream.
@@ -107,13 +111,30 @@ pub struct Forward<'a> {
     pub conn: ConnInfo,
     /// Headers set by the firewall (identity from the verified token).
     pub set: &'a [(HeaderName, HeaderValue)],
+    /// The upstream's session id (unsealed), if any.
+    pub session: Option<&'a [u8]>,
+    /// The upstream's event id to resume after (unsealed), if any.
+    pub last_event_id: Option<&'a str>,
 }
+
+/// Client headers every upstream gets (lower case, as [`HeaderMap`] stores
+/// them); `Mcp-Param-*` is matched by prefix.
+const FORWARDED: [&str; 8] = [
+    "content-type",
+    "accept",
+    "mcp-protocol-version",
+    "mcp-method",
+    "mcp-name",
+    "traceparent",
+    "tracestate",
+    "user-agent",
+];
 
 // === impl UpstreamClient ===
 
 impl UpstreamClient {
     /// Builds the client; reads the CA file if configured.
-    pub fn new(config: Arc<Upstream>, strip: Arc<[HeaderName]>) -> Result<Self, ClientError> {
+    pub fn new(config: Arc<Upstream>) -> Result<Self, ClientError> {
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(path) = &config.ca_file {
@@ -177,11 +198,7 @@ impl UpstreamClient {
                 .pool_max_idle_per_host(1024);
             Transport::Http1(client.build(connector))
         };
-        Ok(UpstreamClient {
-            transport,
-            config,
-            strip,
-        })
+        Ok(UpstreamClient { transport, config })
     }
 
     /// Sends a request and waits (bounded by the request timeout) for the
@@ -221,34 +238,32 @@ impl UpstreamClient {
     }
 
     fn build(&self, fwd: Forward<'_>) -> Result<Request<Full<Bytes>>, http::Error> {
-        let uri = self.uri(fwd.query)?;
-        let mut headers = HeaderMap::with_capacity(fwd.headers.len() + 4);
-        let connection_listed = connection_tokens(fwd.headers);
+        let query = fwd.query.filter(|_| self.config.forward_query);
+        let uri = self.uri(query)?;
+        let mut headers = HeaderMap::with_capacity(12);
         for (name, value) in fwd.headers {
-            if is_hop_by_hop(name)
-                || connection_listed.iter().any(|t| t == name)
-                || matches!(
-                    *name,
-                    header::HOST
-                        | header::AUTHORIZATION
-                        | header::CONTENT_LENGTH
-                        | header::ACCEPT_ENCODING
-                        | header::FORWARDED
-                )
-                || name.as_str() == "x-forwarded-for"
-                || name.as_str() == "x-forwarded-proto"
-                || name.as_str() == "x-forwarded-host"
-                || self.strip.contains(name)
+            let n = name.as_str();
+            if FORWARDED.contains(&n)
+                || n.starts_with(crate::mcp::headers::MCP_PARAM_PREFIX)
+                || self.config.forward_headers.contains(name)
             {
-                continue;
+                headers.append(name.clone(), value.clone());
             }
-            headers.append(name.clone(), value.clone());
+        }
+        if let Some(v) = fwd.session.and_then(|s| HeaderValue::from_bytes(s).ok()) {
+            headers.insert(HeaderName::from_static("mcp-session-id"), v);
+        }
+        if let Some(v) = fwd
+            .last_event_id
+            .and_then(|s| HeaderValue::from_str(s).ok())
+        {
+            headers.insert(HeaderName::from_static("last-event-id"), v);
         }
         headers.insert(
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
-        if let Ok(v) = HeaderValue::from_str(&fwd.conn.remote.ip().to_string()) {
+        if let Ok(v) = HeaderValue::from_str(&fwd.conn.client.to_string()) {
             headers.insert(HeaderName::from_static("x-forwarded-for"), v);
         }
         headers.insert(
@@ -289,17 +304,6 @@ impl UpstreamClient {
     }
 }
 
-/// Header names listed in the client's `Connection` header: hop-by-hop too.
-fn connection_tokens(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect()
-}
-
 /// Turns a client error into a failure the agent can act on.
 fn classify(e: &hyper_util::client::legacy::Error) -> UpstreamFailure {
     let msg = error_chain(e);
@@ -310,19 +314,23 @@ fn classify(e: &hyper_util::client::legacy::Error) -> UpstreamFailure {
     }
 }
 
-/// Copies an upstream response's headers for the client, dropping
-/// hop-by-hop headers and those the firewall recomputes.
+/// Response headers a client gets from the upstream (lower case); the
+/// session id is sealed by the relay, everything else (cookies, the
+/// upstream's own `WWW-Authenticate`, server details) stays behind.
+const RELAYED: [&str; 4] = [
+    "content-type",
+    "cache-control",
+    "retry-after",
+    "mcp-protocol-version",
+];
+
+/// Copies the upstream response's headers a client may see.
 pub fn response_headers(upstream: &HeaderMap) -> HeaderMap {
-    let listed = connection_tokens(upstream);
-    let mut out = HeaderMap::with_capacity(upstream.len());
+    let mut out = HeaderMap::with_capacity(4);
     for (name, value) in upstream {
-        if is_hop_by_hop(name)
-            || listed.iter().any(|t| t == name)
-            || *name == header::CONTENT_LENGTH
-        {
-            continue;
+        if RELAYED.contains(&name.as_str()) {
+            out.append(name.clone(), value.clone());
         }
-        out.append(name.clone(), value.clone());
     }
     out
 }

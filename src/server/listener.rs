@@ -8,6 +8,11 @@
 //! read buffer holds a few bytes and doubles to 16 KiB. Only a client whose
 //! first packet is a cut-off preface is still left to the auto builder.
 //!
+//! Every connection counts against `max_connections` (past it a new one is
+//! closed at once) and its writes against `write_idle` ([`WriteIdle`]): a
+//! client that stops reading a stream is dropped instead of holding the
+//! firewall's buffers forever.
+//!
 //! On shutdown the accept loop stops, every open connection is told to finish
 //! its in-flight requests (HTTP/1 stops keep-alive, HTTP/2 sends GOAWAY), and
 //! the listener waits for them up to the drain deadline; what is still open
@@ -15,6 +20,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +37,9 @@ use tokio_rustls::TlsAcceptor;
 pub struct ConnInfo {
     /// The peer's address.
     pub remote: SocketAddr,
+    /// The client's address: the peer's, or behind trusted proxies the one
+    /// they name in `X-Forwarded-For` (set per request).
+    pub client: std::net::IpAddr,
     /// Whether the connection is TLS.
     pub tls: bool,
 }
@@ -112,6 +121,155 @@ impl Builders {
     }
 }
 
+/// What bounds the connections of a listener.
+#[derive(Clone)]
+pub struct ConnLimits {
+    /// One permit per open connection.
+    pub connections: Arc<tokio::sync::Semaphore>,
+    /// Longest a blocked write may wait.
+    pub write_idle: Duration,
+    /// Counts connections refused and closed for write idleness.
+    pub on_refused: Arc<dyn Fn(Refused) + Send + Sync>,
+}
+
+/// Why a connection was closed by the listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// `max_connections` were open.
+    TooMany,
+    /// The client stopped reading.
+    WriteIdle,
+}
+
+impl ConnLimits {
+    /// No limit worth speaking of (the admin listener).
+    pub fn unlimited() -> ConnLimits {
+        ConnLimits {
+            connections: Arc::new(tokio::sync::Semaphore::new(
+                tokio::sync::Semaphore::MAX_PERMITS,
+            )),
+            write_idle: Duration::from_secs(3600),
+            on_refused: Arc::new(|_| {}),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An I/O stream whose writes may wait at most `limit` for the peer to
+    /// read: past it the write fails with `TimedOut` and hyper closes the
+    /// connection.
+    pub struct WriteIdle<T> {
+        #[pin]
+        inner: T,
+        limit: Duration,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        on_idle: Option<Arc<dyn Fn(Refused) + Send + Sync>>,
+    }
+}
+
+impl<T> WriteIdle<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: T, limit: Duration, on_idle: Arc<dyn Fn(Refused) + Send + Sync>) -> Self {
+        WriteIdle {
+            inner,
+            limit,
+            timer: None,
+            on_idle: Some(on_idle),
+        }
+    }
+}
+
+impl<T> WriteIdle<T> {
+    /// After a pending write or flush: start or check the idle timer.
+    fn pending<R>(
+        timer: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+        limit: Duration,
+        on_idle: &mut Option<Arc<dyn Fn(Refused) + Send + Sync>>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<R>> {
+        let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match t.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => {
+                if let Some(f) = on_idle.take() {
+                    f(Refused::WriteIdle);
+                }
+                std::task::Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client stopped reading",
+                )))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for WriteIdle<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().inner.poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WriteIdle<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.project();
+        match this.inner.poll_write(cx, buf) {
+            std::task::Poll::Pending => Self::pending(this.timer, *this.limit, this.on_idle, cx),
+            ready => {
+                *this.timer = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.project();
+        match this.inner.poll_flush(cx) {
+            std::task::Poll::Pending => Self::pending(this.timer, *this.limit, this.on_idle, cx),
+            ready => {
+                *this.timer = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.project();
+        match this.inner.poll_write_vectored(cx, bufs) {
+            std::task::Poll::Pending => Self::pending(this.timer, *this.limit, this.on_idle, cx),
+            ready => {
+                *this.timer = None;
+                ready
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
 /// Waits for the first bytes of a plain connection, without consuming them.
 /// `None`: the peer closed, failed, or sent nothing within [`HEAD_TIMEOUT`].
 async fn peek_protocol(stream: &tokio::net::TcpStream) -> Option<Sniffed> {
@@ -130,6 +288,7 @@ pub async fn serve<F, S, B>(
     service: F,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
+    limits: ConnLimits,
 ) where
     F: Fn(ConnInfo) -> S,
     S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>
@@ -156,9 +315,17 @@ pub async fn serve<F, S, B>(
             },
             _ = wait_true(&mut shutdown) => break,
         };
+        let Ok(slot) = limits.connections.clone().try_acquire_owned() else {
+            (limits.on_refused)(Refused::TooMany);
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
+        let write_idle = limits.write_idle;
+        let on_idle = limits.on_refused.clone();
         let info = ConnInfo {
             remote,
+            client: remote.ip(),
             tls: tls.is_some(),
         };
         let svc = service(info);
@@ -167,12 +334,14 @@ pub async fn serve<F, S, B>(
             None => {
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let Some(sniffed) = peek_protocol(&stream).await else {
                         return;
                     };
+                    let io = WriteIdle::new(stream, write_idle, on_idle);
                     let conn = builders
                         .for_protocol(sniffed)
-                        .serve_connection(TokioIo::new(stream), svc)
+                        .serve_connection(TokioIo::new(io), svc)
                         .into_owned();
                     log_conn_end(watcher.watch(conn), remote).await;
                 });
@@ -181,6 +350,7 @@ pub async fn serve<F, S, B>(
                 let acceptor = acceptor.clone();
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let tls_stream = match tokio::time::timeout(
                         HANDSHAKE_TIMEOUT,
                         acceptor.accept(stream),
@@ -197,10 +367,11 @@ pub async fn serve<F, S, B>(
                             return;
                         }
                     };
-                    let alpn = tls_stream.get_ref().1.alpn_protocol();
+                    let alpn = tls_stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                    let io = WriteIdle::new(tls_stream, write_idle, on_idle);
                     let conn = builders
-                        .for_alpn(alpn)
-                        .serve_connection(TokioIo::new(tls_stream), svc)
+                        .for_alpn(alpn.as_deref())
+                        .serve_connection(TokioIo::new(io), svc)
                         .into_owned();
                     log_conn_end(watcher.watch(conn), remote).await;
                 });

@@ -6,28 +6,37 @@
 //!    audit rows.
 //! 2. **Shed**: past `max_concurrent_requests` in flight, new requests get 503
 //!    at once instead of queueing (queueing under overload only adds latency
-//!    to everything).
-//! 3. **Catch panic**: a panic in the handler becomes a 500 answer instead of
+//!    to everything). The permit travels inside the response body
+//!    ([`Guarded`]): a held SSE stream counts until it ends, not until its
+//!    headers were sent.
+//! 3. **Client address** ([`ClientAddress`]): the peer, or behind a trusted
+//!    proxy the address it names in `X-Forwarded-For`; then the coarse
+//!    per-address limit, before anything is spent on a token signature.
+//! 4. **Catch panic**: a panic in the handler becomes a 500 answer instead of
 //!    a reset connection (there should be none: no `unwrap` in the crate).
-//! 4. **The handler** ([`crate::proxy::handle`]), which runs the MCP steps in
+//! 5. **The handler** ([`crate::proxy::handle`]), which runs the MCP steps in
 //!    their fixed order.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{HeaderValue, Request, Response};
-use hyper::body::Incoming;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 
-use crate::proxy::body::{full, Body};
+use crate::proxy::body::{full, Body, BoxError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::{self, State};
 
@@ -80,6 +89,103 @@ impl Shared {
     }
 }
 
+/// A response body that holds the request's concurrency permit until the
+/// body ends or is dropped.
+pub struct Guarded {
+    body: Body,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The client's address: the peer's, or, when the peer is a trusted proxy,
+/// the last `X-Forwarded-For` entry that is not itself a trusted proxy.
+pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[ipnet::IpNet]) -> IpAddr {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let mut client = peer;
+    let hops: Vec<IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|s| s.trim().parse::<IpAddr>().ok())
+        .collect();
+    // Right to left: each trusted hop vouches for the one before it.
+    for hop in hops.into_iter().rev() {
+        client = hop;
+        if !is_trusted(&hop) {
+            break;
+        }
+    }
+    client
+}
+
+/// Resolves the client address and applies its coarse limit before the
+/// inner service (the handler) runs.
+#[derive(Clone)]
+pub struct ClientAddress<S> {
+    inner: S,
+    state: Arc<State>,
+    conn: ConnInfo,
+}
+
+impl<S> tower::Service<Request<Incoming>> for ClientAddress<S>
+where
+    S: tower::Service<(ConnInfo, Request<Incoming>), Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = futures_util::future::Either<
+        S::Future,
+        std::future::Ready<Result<Response<Body>, Infallible>>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let mut conn = self.conn;
+        conn.client = client_address(
+            conn.remote.ip(),
+            req.headers(),
+            &self.state.config.server.trusted_proxies,
+        );
+        if let Err(retry_after) = self.state.budgets.check_ip(conn.client) {
+            self.state.metrics.refused_ip.inc();
+            return futures_util::future::Either::Right(std::future::ready(Ok(
+                ProxyError::RateLimited { retry_after }.into_response(),
+            )));
+        }
+        futures_util::future::Either::Left(self.inner.call((conn, req)))
+    }
+}
+
 /// Builds the MCP listener's service for one connection. The service type is
 /// concrete (no boxing): hyper keeps each request's future inside the
 /// connection's own state instead of allocating and copying it per request.
@@ -88,25 +194,21 @@ pub fn mcp(
     conn: ConnInfo,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
-    Response = Response<Body>,
+    Response = Response<Guarded>,
     Error = Infallible,
     Future: Send + 'static,
 > + Send
        + 'static {
     let state = shared.state.clone();
     let permits = shared.permits.clone();
-    let handler = tower::service_fn(move |req: Request<Incoming>| {
+    let handler = tower::service_fn(move |(conn, req): (ConnInfo, Request<Incoming>)| {
         let state = state.clone();
-        let permits = permits.clone();
         async move {
-            let Ok(_permit) = permits.try_acquire_owned() else {
-                return Ok::<_, Infallible>(ProxyError::Overloaded.into_response());
-            };
             // Boxed once here: the handler's state machine is large, and every
             // layer above would otherwise move it by value.
             let handled =
                 AssertUnwindSafe(Box::pin(proxy::handle(state, conn, req))).catch_unwind();
-            Ok(handled.await.unwrap_or_else(|_panic| {
+            Ok::<_, Infallible>(handled.await.unwrap_or_else(|_panic| {
                 tracing::error!("request handler panicked");
                 let mut r = Response::new(full(
                     r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"internal error"}}"#,
@@ -116,9 +218,68 @@ pub fn mcp(
             }))
         }
     });
+    let addressed = ClientAddress {
+        inner: handler,
+        state: shared.state.clone(),
+        conn,
+    };
+    let shed = tower::service_fn(move |req: Request<Incoming>| {
+        let permit = permits.clone().try_acquire_owned().ok();
+        let mut inner = addressed.clone();
+        async move {
+            let Some(permit) = permit else {
+                let r = ProxyError::Overloaded.into_response();
+                return Ok::<_, Infallible>(r.map(|body| Guarded {
+                    body,
+                    _permit: None,
+                }));
+            };
+            let r = tower::Service::call(&mut inner, req).await?;
+            Ok(r.map(|body| Guarded {
+                body,
+                _permit: Some(permit),
+            }))
+        }
+    });
     let svc = ServiceBuilder::new()
         .layer(SetRequestIdLayer::x_request_id(shared.ids.clone()))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .service(handler);
+        .service(shed);
     TowerToHyperService::new(svc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xff(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", v.parse().expect("value"));
+        h
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let trusted: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().expect("net")];
+        let proxy: IpAddr = "10.1.2.3".parse().expect("ip");
+        let outsider: IpAddr = "203.0.113.9".parse().expect("ip");
+        // An outsider's header is ignored.
+        assert_eq!(
+            client_address(outsider, &xff("1.2.3.4"), &trusted),
+            outsider
+        );
+        // A trusted proxy names the client; a spoofed leftmost entry is
+        // skipped because the first untrusted hop from the right wins.
+        assert_eq!(
+            client_address(proxy, &xff("6.6.6.6, 198.51.100.7"), &trusted),
+            "198.51.100.7".parse::<IpAddr>().expect("ip")
+        );
+        assert_eq!(
+            client_address(proxy, &xff("198.51.100.7, 10.9.9.9"), &trusted),
+            "198.51.100.7".parse::<IpAddr>().expect("ip")
+        );
+        // Without a header the proxy itself is the client.
+        assert_eq!(client_address(proxy, &HeaderMap::new(), &trusted), proxy);
+        assert_eq!(client_address(proxy, &xff("1.2.3.4"), &[]), proxy);
+    }
 }

@@ -108,11 +108,11 @@ fn gated(tenant: &str, sub: &str, tool: &str, args: Value) -> NewApproval {
         key: CallKey {
             tenant: tenant.to_owned(),
             run_id: "run-incident-4711".to_owned(),
+            subject: sub.to_owned(),
             upstream: "incidents".to_owned(),
             tool: tool.to_owned(),
             args_sha256: args_sha256(&args),
         },
-        subject: sub.to_owned(),
         agent: "sre-lead".to_owned(),
         risk: Risk::Destructive,
         arguments: args,
@@ -202,7 +202,7 @@ async fn the_list_shows_only_the_tenants_approvals() {
     assert_eq!(item.approval.arguments["to"], "v41");
     assert_eq!(item.approval.key.run_id, "run-incident-4711");
     assert_eq!(item.approval.agent, "sre-lead");
-    assert_eq!(item.approval.subject, "alice");
+    assert_eq!(item.approval.key.subject, "alice");
     assert_eq!(item.status_url, format!("{}/approvals/{}", a.base, one.id));
     assert!(list.now_ms > 0 && item.approval.expires_ms > list.now_ms);
 

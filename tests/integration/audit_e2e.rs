@@ -198,9 +198,15 @@ async fn upstream_errors_are_audited() {
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let n = wait_rows(ch, &format!("SELECT count() FROM {db}.audit_events"), 1);
-    assert_eq!(n, 1);
+    // Its intent and its completion: one event.
+    let n = wait_rows(ch, &format!("SELECT count() FROM {db}.audit_events"), 2);
+    assert_eq!(n, 2);
+    let events = ch.query_u64(&format!(
+        "SELECT uniqExact(event_id) FROM {db}.audit_events"
+    ));
+    assert_eq!(events, 1);
     let r = row(ch, &db, "method = 'ping'");
+    assert_eq!(r["row_version"], 1);
     assert_eq!(r["stop_reason"], "upstream_error");
     assert_eq!(r["is_error"], 1);
     assert!(
@@ -268,7 +274,7 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
         let http = http.clone();
         tasks.push(tokio::spawn(async move {
             for i in 0..1_000_000u64 {
-                let id = t * 1_000_000 + i;
+                let id = t * 1_000_000 + i + 1;
                 let r = http
                     .post(&url)
                     .bearer_auth(&token)
@@ -280,8 +286,11 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
                 if resp.status() != 200 {
                     return;
                 }
+                // Answered by the upstream (not refused by a limit).
                 match resp.bytes().await {
-                    Ok(b) if b.ends_with(b"}") => answered.lock().unwrap().push(id),
+                    Ok(b) if b.ends_with(b"}") && b.windows(8).any(|w| w == b"\"result\"") => {
+                        answered.lock().unwrap().push(id)
+                    }
                     _ => return,
                 }
             }
@@ -290,6 +299,7 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+
     for t in tasks {
         t.await.unwrap();
     }
@@ -304,27 +314,59 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
     let mut child = start();
     wait_listening(port).await;
     let _ = send(0).await;
-    let ids = format!(
-        "SELECT uniqExact(jsonrpc_id) FROM {db}.audit_events WHERE method = 'ping' AND jsonrpc_id != '0'"
-    );
-    let have = wait_rows(ch, &ids, answered.len() as u64);
-    let missing: Vec<u64> = if have < answered.len() as u64 {
-        let present = ch.query(&format!(
-            "SELECT DISTINCT jsonrpc_id FROM {db}.audit_events"
-        ));
+    // Every answered call's completion row, once the restarted firewall has
+    // shipped what the killed one left in the spool.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let missing: Vec<u64> = loop {
+        let present = ch
+            .try_query(&format!(
+                "SELECT DISTINCT jsonrpc_id FROM {db}.audit_events WHERE row_version = 1"
+            ))
+            .unwrap_or_default();
         let present: std::collections::HashSet<&str> = present.lines().collect();
-        answered
+        let missing: Vec<u64> = answered
             .iter()
             .copied()
             .filter(|id| !present.contains(id.to_string().as_str()))
             .take(10)
-            .collect()
-    } else {
-        Vec::new()
+            .collect();
+        if missing.is_empty() || Instant::now() > deadline {
+            break missing;
+        }
+        std::thread::sleep(Duration::from_millis(200));
     };
     assert!(
         missing.is_empty(),
         "answered calls missing from the audit trail: {missing:?}"
+    );
+    // Every call the upstream received, answered or not, has at least its
+    // intent row: it was on record before it was sent.
+    let received: Vec<String> = upstream
+        .seen()
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+        .filter_map(|v| v.get("id").map(|id| id.to_string()))
+        .filter(|id| id != "0")
+        .collect();
+    assert!(
+        received.len() >= answered.len(),
+        "{} received, {} answered, {} seen",
+        received.len(),
+        answered.len(),
+        upstream.seen().len()
+    );
+    let present = ch.query(&format!(
+        "SELECT DISTINCT jsonrpc_id FROM {db}.audit_events"
+    ));
+    let present: std::collections::HashSet<&str> = present.lines().collect();
+    let unrecorded: Vec<&String> = received
+        .iter()
+        .filter(|id| !present.contains(id.as_str()))
+        .take(10)
+        .collect();
+    assert!(
+        unrecorded.is_empty(),
+        "calls the upstream received without an intent row: {unrecorded:?}"
     );
     // Exactly once with the documented query form.
     let dupes = ch.query_u64(&format!(

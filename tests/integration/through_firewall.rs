@@ -271,18 +271,28 @@ async fn gated_call_never_reaches_the_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arguments_failing_the_schema_never_reach_the_upstream() {
     let s = setup(options(true)).await;
+    // 2025-11-25 and later (SEP-1303): a tool error the model can act on.
     let client = connect_via(&s, Era::V2026_07_28, &common::token()).await;
+    client.list_all_tools().await.unwrap();
+    for bad in [
+        json!({"incident_id": 42}),
+        json!({"incident_id": "INC-1001", "extra": true}),
+    ] {
+        let r = call(&client, "get_incident", bad).await;
+        assert_eq!(r.is_error, Some(true), "{r:?}");
+        let text = format!("{:?}", r.content);
+        assert!(
+            text.contains("Invalid arguments for tool get_incident"),
+            "{r:?}"
+        );
+    }
+    client.cancel().await.ok();
+    // Earlier revisions: -32602.
+    let client = connect_via(&s, Era::V2025_06_18, &common::token()).await;
     client.list_all_tools().await.unwrap();
     let e = call_err(&client, "get_incident", json!({"incident_id": 42})).await;
     assert_eq!(e.code.0, -32602);
     assert!(e.message.contains("Invalid arguments"), "{e:?}");
-    let e = call_err(
-        &client,
-        "get_incident",
-        json!({"incident_id": "INC-1001", "extra": true}),
-    )
-    .await;
-    assert_eq!(e.code.0, -32602, "{e:?}");
     assert_eq!(s.upstream.calls("get_incident"), 0);
     client.cancel().await.ok();
     s.fw.stop().await;

@@ -1,0 +1,301 @@
+//! Every JSON-RPC answer the firewall gives in a client's or an upstream's
+//! place is built here, from the [`Outcome`] of a decision or the failure of
+//! an upstream. Stop reasons are written from [`StopReason`] only.
+//!
+//! Answers are JSON-RPC errors (or, for budgets and invalid arguments, tool
+//! results marked `isError`) sent with HTTP 200: MCP clients read them as the
+//! call's answer, not as a transport failure.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::budget::Refusal;
+use crate::mcp::jsonrpc::{self, Id, Message};
+use crate::mcp::version::ProtocolVersion;
+use crate::outcome::StopReason;
+
+use super::decide::{NotPermitted, Outcome};
+use super::error::{codes, UpstreamFailure};
+
+/// A JSON-RPC error response.
+pub fn error(id: Option<&Id>, code: i32, message: &str, data: Option<&Value>) -> Bytes {
+    jsonrpc::error_body(id, code, message, data)
+}
+
+/// The answer to `msg` for an outcome the firewall decided itself; `None`
+/// for a notification (nothing to answer) and for a cancelled call.
+pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -> Option<Bytes> {
+    let id = msg.id.as_ref()?;
+    let tool = msg.call.as_ref().map_or("", |c| c.name.as_str());
+    Some(match outcome {
+        Outcome::UnknownTool(_) => error(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Unknown tool: {tool}"),
+            None,
+        ),
+        Outcome::UnknownMethod => {
+            let method = msg.method.as_deref().unwrap_or("");
+            error(
+                Some(id),
+                jsonrpc::METHOD_NOT_FOUND,
+                &format!("Method not found: {method}"),
+                Some(&json!({ "method": method })),
+            )
+        }
+        Outcome::Denied { risk, reason, .. } => error(
+            Some(id),
+            codes::DENIED,
+            &format!("Call to {tool} refused by policy: {reason}"),
+            Some(&json!({
+                "stop_reason": StopReason::Denied.as_str(),
+                "tool": tool,
+                "risk": risk.as_str(),
+                "reason": reason,
+            })),
+        ),
+        Outcome::BadRequestState(why) => error(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Call to {tool} refused: {why}"),
+            Some(&json!({ "stop_reason": StopReason::Denied.as_str(), "tool": tool })),
+        ),
+        Outcome::ApprovalRequired {
+            risk,
+            approval: Some(a),
+        } => error(
+            Some(id),
+            codes::APPROVAL_REQUIRED,
+            &format!(
+                "Call to {tool} ({risk}) requires a person's approval; retry the identical call once approval {} is granted",
+                a.id
+            ),
+            Some(&json!({
+                "stop_reason": StopReason::ApprovalRequired.as_str(),
+                "tool": tool,
+                "risk": risk.as_str(),
+                "approval_id": a.id,
+                "status": a.status,
+                "status_url": a.status_url,
+                "expires_at_ms": a.expires_at_ms,
+            })),
+        ),
+        Outcome::ApprovalRequired {
+            risk,
+            approval: None,
+        }
+        | Outcome::ApprovalUnavailable { risk, .. } => {
+            let why = match outcome {
+                Outcome::ApprovalUnavailable { why, .. } => why.as_str(),
+                _ => "approvals are not configured on this firewall",
+            };
+            error(
+                Some(id),
+                codes::APPROVAL_REQUIRED,
+                &format!("Call to {tool} ({risk}) requires a person's approval, and none can be requested: {why}"),
+                Some(&json!({
+                    "stop_reason": StopReason::ApprovalRequired.as_str(),
+                    "tool": tool,
+                    "risk": risk.as_str(),
+                })),
+            )
+        }
+        // 2025-11-25 (SEP-1303) made invalid arguments a tool error the
+        // model can act on; earlier revisions answer -32602.
+        Outcome::InvalidArguments(detail) if version >= ProtocolVersion::V2025_11_25 => {
+            invalid_arguments(id, tool, detail)
+        }
+        Outcome::InvalidArguments(detail) => error(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Invalid arguments for tool {tool}: {detail}"),
+            None,
+        ),
+        Outcome::NotPermitted(NotPermitted::Prompt(name)) => error(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Unknown prompt: {name}"),
+            None,
+        ),
+        Outcome::NotPermitted(NotPermitted::Resource(uri)) => {
+            // 2026-07-28 reports a missing resource as -32602; older
+            // revisions use -32002.
+            let code = if version.is_stateless() {
+                jsonrpc::INVALID_PARAMS
+            } else {
+                -32002
+            };
+            error(
+                Some(id),
+                code,
+                &format!("Resource not found: {uri}"),
+                Some(&json!({ "uri": uri })),
+            )
+        }
+        Outcome::Skipped {
+            refusal: refusal @ Refusal::RateLimited { scope, retry_after },
+            ..
+        } => error(
+            Some(id),
+            codes::RATE_LIMITED,
+            &format!("Call to {tool} refused: {}", refusal.describe()),
+            Some(&json!({
+                "stop_reason": StopReason::RateLimited.as_str(),
+                "scope": scope,
+                "retry_after_ms": retry_after.as_millis().max(1) as u64,
+                "tool": tool,
+            })),
+        ),
+        Outcome::Skipped { refusal, .. } => skipped(id, tool, refusal),
+        Outcome::AuditUnavailable { .. } => error(
+            Some(id),
+            codes::AUDIT_UNAVAILABLE,
+            "the audit trail cannot record this call; it was not executed",
+            None,
+        ),
+        Outcome::HeaderMismatch(e) => error(Some(id), e.code(), &e.to_string(), None),
+        Outcome::Cancelled { .. } => return None,
+    })
+}
+
+/// Invalid arguments, as the 2025-11-25 revision asks (SEP-1303): a tool
+/// result marked `isError` carrying the validation message, so the model
+/// can correct the call.
+pub fn invalid_arguments(id: &Id, tool: &str, detail: &str) -> Bytes {
+    let text = format!("Invalid arguments for tool {tool}: {detail}");
+    tool_error(
+        id,
+        &text,
+        json!({
+            "tool": tool,
+            "stop_reason": StopReason::Denied.as_str(),
+            "invalid_arguments": detail,
+        }),
+    )
+}
+
+/// A call past a step or cost cap is not executed: the agent gets a tool
+/// result marked `isError` that names the stop reason, so its framework
+/// records a result rather than a crash.
+pub fn skipped(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
+    let mut structured = json!({
+        "skipped": true,
+        "tool": tool,
+        "stop_reason": refusal.stop_reason().as_str(),
+    });
+    match refusal {
+        Refusal::StepCap { used, max } => {
+            structured["steps_used"] = json!(used);
+            structured["max_steps"] = json!(max);
+        }
+        Refusal::CostCap {
+            scope,
+            spent,
+            price,
+            cap,
+        } => {
+            structured["scope"] = json!(scope);
+            structured["spent"] = json!(spent);
+            structured["price"] = json!(price);
+            structured["cap"] = json!(cap);
+        }
+        Refusal::RateLimited { scope, retry_after } => {
+            structured["scope"] = json!(scope);
+            structured["retry_after_ms"] = json!(retry_after.as_millis() as u64);
+        }
+    }
+    tool_error(id, &refusal.describe(), structured)
+}
+
+fn tool_error(id: &Id, text: &str, structured: Value) -> Bytes {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "result": {
+            "content": [{ "type": "text", "text": text }],
+            "structuredContent": structured,
+            "isError": true,
+        },
+    });
+    Bytes::from(body.to_string())
+}
+
+/// The answer to a request the upstream failed to answer.
+pub fn upstream_error(id: Option<&Id>, upstream: &str, failure: &UpstreamFailure) -> Bytes {
+    error(
+        id,
+        codes::UPSTREAM_ERROR,
+        &format!("upstream {upstream:?} failed: {failure}"),
+        Some(&json!({
+            "upstream": upstream,
+            "cause": failure.to_string(),
+            "stop_reason": StopReason::UpstreamError.as_str(),
+        })),
+    )
+}
+
+/// The answer to a held call whose approval a person denied.
+pub fn approval_denied(id: &Id, tool: &str, approval: &str, by: &str, reason: &str) -> Bytes {
+    error(
+        Some(id),
+        codes::DENIED,
+        &format!("a person denied the call to {tool}: {reason}"),
+        Some(&json!({
+            "stop_reason": StopReason::Denied.as_str(),
+            "approval_id": approval,
+            "status": "denied",
+            "by": by,
+            "reason": reason,
+        })),
+    )
+}
+
+/// The answer to a held call whose approval ended without running it
+/// (expired, or already used by an identical call).
+pub fn approval_ended(id: &Id, tool: &str, approval: &str, status: &str) -> Bytes {
+    let message = match status {
+        "consumed" => "the approval was already used by an identical call".to_owned(),
+        _ => format!("the approval for {tool} {status} without a decision"),
+    };
+    error(
+        Some(id),
+        codes::APPROVAL_REQUIRED,
+        &message,
+        Some(&json!({
+            "stop_reason": StopReason::ApprovalRequired.as_str(),
+            "approval_id": approval,
+            "status": status,
+        })),
+    )
+}
+
+/// An upstream answer the policy refuses to pass on: it asked the client
+/// for something the policy does not allow.
+pub fn refused_input_request(id: Option<&Id>, refused: &[String]) -> Bytes {
+    error(
+        id,
+        codes::DENIED,
+        &format!(
+            "the upstream asked the client for {}, which the policy refuses",
+            refused.join(", ")
+        ),
+        Some(&json!({ "stop_reason": StopReason::Denied.as_str(), "refused": refused })),
+    )
+}
+
+/// `-32601` for a server-to-client request the policy refuses, sent to the
+/// upstream in the client's place.
+pub fn refused_server_request(id: &Id, method: &str) -> Bytes {
+    error(
+        Some(id),
+        jsonrpc::METHOD_NOT_FOUND,
+        &format!("{method} is not permitted by the firewall's policy"),
+        None,
+    )
+}
+
+/// An unknown or foreign session (HTTP 404, no id): the client starts a
+/// new session, as the transport spec requires.
+pub fn session_not_found() -> Bytes {
+    error(None, -32001, "Session not found", None)
+}

@@ -1,0 +1,183 @@
+use super::*;
+
+fn key(id: &str, secret: &str) -> SessionKey {
+    SessionKey {
+        id: id.to_owned(),
+        secret: secret.as_bytes().to_vec(),
+    }
+}
+
+fn sessions() -> Sessions {
+    Sessions::new(&[key("k1", "0123456789abcdef0123456789abcdef")]).expect("keys")
+}
+
+const ALICE: Principal<'static> = Principal {
+    issuer: "https://idp",
+    tenant: "acme",
+    subject: "alice",
+    upstream: "incidents",
+};
+
+#[test]
+fn a_sealed_session_opens_for_its_principal_only() {
+    let s = sessions();
+    let sealed = s.seal(&ALICE, b"upstream-session-1");
+    assert!(sealed.starts_with("s1.k1."), "{sealed}");
+    assert!(sealed.bytes().all(|b| (0x21..=0x7e).contains(&b)));
+    assert_eq!(
+        s.open(&ALICE, sealed.as_bytes()).expect("opens"),
+        b"upstream-session-1"
+    );
+    for other in [
+        Principal {
+            subject: "mallory",
+            ..ALICE
+        },
+        Principal {
+            tenant: "globex",
+            ..ALICE
+        },
+        Principal {
+            issuer: "https://other-idp",
+            ..ALICE
+        },
+        Principal {
+            upstream: "warehouse",
+            ..ALICE
+        },
+    ] {
+        assert_eq!(
+            s.open(&other, sealed.as_bytes()),
+            Err(SealError::Mismatch),
+            "{other:?}"
+        );
+    }
+}
+
+#[test]
+fn altered_forged_and_foreign_ids_are_refused() {
+    let s = sessions();
+    let sealed = s.seal(&ALICE, b"sid");
+    // Another upstream id under the same tag.
+    let parts: Vec<&str> = sealed.split('.').collect();
+    let swapped = format!(
+        "s1.k1.{}.{}",
+        URL_SAFE_NO_PAD.encode(b"other-sid"),
+        parts[3]
+    );
+    assert_eq!(s.open(&ALICE, swapped.as_bytes()), Err(SealError::Mismatch));
+    // The upstream's raw id, an invented one, garbage.
+    for bad in [
+        "sid",
+        "s1.k1.c2lk",
+        "s1.k1.c2lk.AAAA",
+        "s1..c2lk.AAAAAAAAAAAAAAAAAAAAAA",
+        "",
+    ] {
+        assert!(s.open(&ALICE, bad.as_bytes()).is_err(), "{bad:?}");
+    }
+    // Sealed by a firewall with another key.
+    let other = Sessions::new(&[key("k1", "another-secret-that-is-long-enough!!")]).expect("keys");
+    assert_eq!(
+        s.open(&ALICE, other.seal(&ALICE, b"sid").as_bytes()),
+        Err(SealError::Mismatch)
+    );
+    let unknown = Sessions::new(&[key("k9", "0123456789abcdef0123456789abcdef")]).expect("keys");
+    assert_eq!(
+        s.open(&ALICE, unknown.seal(&ALICE, b"sid").as_bytes()),
+        Err(SealError::UnknownKey)
+    );
+}
+
+#[test]
+fn replicas_with_the_same_keys_accept_each_other_and_keys_rotate() {
+    let a = sessions();
+    let b = sessions();
+    assert_eq!(
+        b.open(&ALICE, a.seal(&ALICE, b"sid").as_bytes())
+            .expect("opens"),
+        b"sid"
+    );
+    // A new key seals; the old one still opens what it sealed.
+    let rotated = Sessions::new(&[
+        key("k2", "a-new-secret-that-is-long-enough-too!"),
+        key("k1", "0123456789abcdef0123456789abcdef"),
+    ])
+    .expect("keys");
+    assert!(rotated.seal(&ALICE, b"sid").starts_with("s1.k2."));
+    assert_eq!(
+        rotated
+            .open(&ALICE, a.seal(&ALICE, b"sid").as_bytes())
+            .expect("old key opens"),
+        b"sid"
+    );
+    assert!(!Sessions::new(&[]).expect("random").shared());
+    assert!(a.shared());
+}
+
+#[test]
+fn event_ids_carry_their_stream_context_within_their_session() {
+    let s = sessions();
+    let ctx = EventContext {
+        due: vec![
+            Due {
+                id: Id::Number(7),
+                method: "tools/list".into(),
+            },
+            Due {
+                id: Id::String("a.b".into()),
+                method: "tools/call".into(),
+            },
+        ],
+        upstream_event_id: "stream-3/17".into(),
+    };
+    let sealed = s.seal_event(&ALICE, Some(b"sid"), &ctx).expect("fits");
+    assert_eq!(
+        s.open_event(&ALICE, Some(b"sid"), sealed.as_bytes())
+            .expect("opens"),
+        ctx
+    );
+    // Another session of the same principal, no session, another principal.
+    assert_eq!(
+        s.open_event(&ALICE, Some(b"sid2"), sealed.as_bytes()),
+        Err(SealError::Mismatch)
+    );
+    assert_eq!(
+        s.open_event(&ALICE, None, sealed.as_bytes()),
+        Err(SealError::Mismatch)
+    );
+    let bob = Principal {
+        subject: "bob",
+        ..ALICE
+    };
+    assert_eq!(
+        s.open_event(&bob, Some(b"sid"), sealed.as_bytes()),
+        Err(SealError::Mismatch)
+    );
+    // A session id is not an event id and the other way round.
+    assert!(s.open(&ALICE, sealed.as_bytes()).is_err());
+    let session = s.seal(&ALICE, b"sid");
+    assert!(s
+        .open_event(&ALICE, Some(b"sid"), session.as_bytes())
+        .is_err());
+}
+
+#[test]
+fn a_context_too_large_is_not_sealed() {
+    let s = sessions();
+    let ctx = EventContext {
+        due: Vec::new(),
+        upstream_event_id: "x".repeat(MAX_EVENT_CONTEXT),
+    };
+    assert!(s.seal_event(&ALICE, None, &ctx).is_none());
+}
+
+#[test]
+fn audit_names_are_stable_and_keyed() {
+    let s = sessions();
+    let n = s.audit_name(&ALICE, b"sid");
+    assert_eq!(n.len(), 24);
+    assert_eq!(n, s.audit_name(&ALICE, b"sid"));
+    assert_ne!(n, s.audit_name(&ALICE, b"sid2"));
+    assert!(!n.contains("sid"));
+}
