@@ -184,3 +184,91 @@ fn secret_from_file_has_trailing_newline_trimmed() {
     let c = load_str(&text, Path::new("t.toml"), dir.path(), &|_| None).unwrap();
     assert_eq!(c.upstreams[0].inject[0].1.header_value(), "Bearer abc");
 }
+
+#[test]
+fn request_path_settings_are_validated_and_defaulted() {
+    let c = load(MINIMAL).unwrap();
+    assert_eq!(c.server.allowed_origins, vec!["http://127.0.0.1:8080"]);
+    assert_eq!(
+        c.server.allowed_hosts,
+        vec!["localhost", "127.0.0.1", "::1"]
+    );
+    assert!(c.server.trusted_proxies.is_empty());
+    assert_eq!(c.server.max_connections, 20_000);
+    assert!(c.session_keys.is_empty());
+    let u = &c.upstreams[0];
+    assert!(!u.forward_query && u.forward_headers.is_empty() && u.extra_methods.is_empty());
+
+    let text = MINIMAL.replace(
+        "plaintext = true",
+        "plaintext = true\nallowed_origins = [\"https://App.Example.com:443\"]\ntrusted_proxies = [\"10.0.0.0/8\", \"192.0.2.7\"]\n",
+    );
+    let c = load(&text).unwrap();
+    assert_eq!(c.server.allowed_origins, vec!["https://app.example.com"]);
+    assert_eq!(c.server.trusted_proxies.len(), 2);
+    assert!(err(&MINIMAL.replace(
+        "plaintext = true",
+        "plaintext = true\nallowed_origins = [\"https://a.example.com/path\"]"
+    ))
+    .contains("server.allowed_origins[0]"));
+    assert!(err(&MINIMAL.replace(
+        "plaintext = true",
+        "plaintext = true\ntrusted_proxies = [\"10.0.0.0/33\"]"
+    ))
+    .contains("server.trusted_proxies[0]"));
+}
+
+#[test]
+fn session_keys_need_an_id_and_enough_bytes() {
+    let with = |keys: &str| format!("{MINIMAL}\n[sessions]\nkeys = [{keys}]\n");
+    let c = load(&with(
+        r#"{ id = "k1", value = "0123456789abcdef0123456789abcdef" }"#,
+    ))
+    .unwrap();
+    assert_eq!(c.session_keys[0].id, "k1");
+    assert!(err(&with(r#"{ id = "k1", value = "short" }"#)).contains("at least 32 bytes"));
+    assert!(err(&with(
+        r#"{ id = "bad id", value = "0123456789abcdef0123456789abcdef" }"#
+    ))
+    .contains("sessions.keys[0].id"));
+    assert!(err(&with(r#"{ id = "k1", value = "0123456789abcdef0123456789abcdef" }, { id = "k1", value = "0123456789abcdef0123456789abcdeX" }"#)).contains("duplicate key id"));
+    assert!(err(&with(r#"{ id = "k1", env = "NOPE" }"#)).contains("NOPE"));
+}
+
+#[test]
+fn extra_methods_and_forwarded_headers_are_checked() {
+    let up = |extra: &str| {
+        MINIMAL.replace(
+            "url = \"http://127.0.0.1:9000/mcp\"",
+            &format!("url = \"http://127.0.0.1:9000/mcp\"\n{extra}"),
+        )
+    };
+    let c = load(&up("extra_methods = [{ name = \"vendor/x\", risk = \"write\" }]\nforward_headers = [\"X-Tenant-Hint\"]\nforward_query = true")).unwrap();
+    let u = &c.upstreams[0];
+    assert_eq!(u.extra_methods[0].name, "vendor/x");
+    assert_eq!(u.forward_headers[0].as_str(), "x-tenant-hint");
+    assert!(err(&up(
+        "extra_methods = [{ name = \"tools/call\", risk = \"read\" }]"
+    ))
+    .contains("an MCP method"));
+    assert!(
+        err(&up("extra_methods = [{ name = \"v/x\", risk = \"huge\" }]")).contains("unknown risk")
+    );
+    assert!(err(&up(
+        "extra_methods = [{ name = \"v/x\", kind = \"stream\", risk = \"read\" }]"
+    ))
+    .contains("kind"));
+    for managed in [
+        "Cookie",
+        "Authorization",
+        "Mcp-Session-Id",
+        "Host",
+        "Origin",
+    ] {
+        assert!(
+            err(&up(&format!("forward_headers = [\"{managed}\"]")))
+                .contains("managed by the firewall"),
+            "{managed}"
+        );
+    }
+}

@@ -592,12 +592,19 @@ impl Exchange {
         // It refused: nothing ran.
         let rows = self.end_all(StopReason::UpstreamError, &cause, Settle::NotExecuted);
         self.recorder.write(rows).await;
+        // JSON-RPC error responses only (their id may be null: the
+        // upstream could not tell which request failed).
         let errors_only = |b: &Bytes| {
-            jsonrpc::parse_upstream(b).is_ok_and(|env| {
-                env.messages
-                    .iter()
-                    .all(|m| m.kind == Kind::Response && m.is_error)
-            })
+            let is_error = |v: &Value| {
+                v.get("error").is_some_and(Value::is_object)
+                    && v.get("result").is_none()
+                    && v.get("method").is_none()
+            };
+            match serde_json::from_slice::<Value>(b) {
+                Ok(Value::Array(items)) => !items.is_empty() && items.iter().all(is_error),
+                Ok(v) => is_error(&v),
+                Err(_) => false,
+            }
         };
         let body = match bytes {
             Some(b) if b.is_empty() => b,

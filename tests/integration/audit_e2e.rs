@@ -468,3 +468,103 @@ async fn full_spool_refuses_writes_and_serves_reads() {
     client.cancel().await.ok();
     s.fw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_leaves_the_intent_and_a_client_gone_completion() {
+    let ch = ClickHouse::shared();
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    // Calls answer slowly; everything else at once.
+    let upstream = crate::common::raw::upstream(|seen| async move {
+        if seen.rpc_method() == "tools/call" {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        crate::common::raw::mcp_answer(&seen)
+    })
+    .await;
+    let fw = common::firewall(&config(&dir.path().join("spool"), ch, &db, &upstream.url())).await;
+    let url = fw.mcp_url("incidents");
+    let token = common::token();
+    common::post(
+        &url,
+        &token,
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    )
+    .await;
+    let gone = common::http()
+        .post(&url)
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .timeout(Duration::from_millis(300))
+        .body(r#"{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"get_incident","arguments":{"incident_id":"INC-9"}}}"#)
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up");
+    // The upstream did receive it (the firewall forwarded before the client left).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.count("POST", "tools/call") == 0 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A GET stream and a DELETE of a session are on record too.
+    let init = common::post(&url, &token, &[], r#"{"jsonrpc":"2.0","id":2,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#).await;
+    let sid = init.headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let get = common::send(
+        reqwest::Method::GET,
+        &url,
+        Some(&token),
+        &[("mcp-session-id", &sid)],
+        None,
+    )
+    .await;
+    assert_eq!(get.status, 200);
+    let del = common::send(
+        reqwest::Method::DELETE,
+        &url,
+        Some(&token),
+        &[("mcp-session-id", &sid)],
+        None,
+    )
+    .await;
+    assert_eq!(del.status, 200);
+
+    let n = wait_rows(
+        ch,
+        &format!("SELECT count() FROM {db}.audit_events WHERE jsonrpc_id = '77'"),
+        2,
+    );
+    assert_eq!(n, 2, "an intent and a completion");
+    // Without FINAL both rows show; with it, only the completion.
+    let text = ch.query(&format!(
+        "SELECT * FROM {db}.audit_events WHERE jsonrpc_id = '77' AND row_version = 0 FORMAT JSONEachRow"
+    ));
+    let intent: Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(intent["decision"], "allow");
+    let finals = ch.query_u64(&format!(
+        "SELECT count() FROM {db}.audit_events FINAL WHERE jsonrpc_id = '77'"
+    ));
+    assert_eq!(finals, 1);
+    let done = row(ch, &db, "jsonrpc_id = '77'");
+    assert_eq!(done["row_version"], 1);
+    assert_eq!(done["stop_reason"], "client_gone", "{done}");
+    assert_eq!(done["event_id"], intent["event_id"]);
+    for method in ["GET", "DELETE"] {
+        wait_rows(
+            ch,
+            &format!("SELECT count() FROM {db}.audit_events WHERE method = '{method}' AND row_version = 1"),
+            1,
+        );
+        let r = row(ch, &db, &format!("method = '{method}'"));
+        assert_eq!(r["row_version"], 1, "{method}: {r}");
+        assert!(!r["session_id"].as_str().unwrap().is_empty(), "{r}");
+        assert!(
+            !r["session_id"]
+                .as_str()
+                .unwrap()
+                .contains("upstream-session"),
+            "the upstream's id is not stored as it is: {r}"
+        );
+    }
+    fw.stop().await;
+}

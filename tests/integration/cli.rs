@@ -67,7 +67,11 @@ fn every_shipped_config_passes_check() {
             .arg(dir.path().join("config").join(name))
             .env("INCIDENTS_TOKEN", "t")
             .env("GRAFANA_API_KEY", "g")
-            .env("CLICKHOUSE_PASSWORD", "p"));
+            .env("CLICKHOUSE_PASSWORD", "p")
+            .env(
+                "MCP_FIREWALL_SESSION_KEY",
+                "a-session-key-of-at-least-32-bytes!",
+            ));
         assert!(ok, "{name}: {out}");
         assert!(out.contains(": ok"), "{out}");
         assert!(out.contains("role incident-investigator"), "{out}");

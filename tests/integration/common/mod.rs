@@ -176,3 +176,83 @@ pub async fn post_json(url: &str, body: impl Into<reqwest::Body>) -> reqwest::Re
 pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+
+/// A response as the test saw it.
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub text: String,
+}
+
+impl Answer {
+    /// The body as JSON (the JSON-RPC message of an SSE body's last data
+    /// event when it is a stream).
+    pub fn json(&self) -> serde_json::Value {
+        if let Ok(v) = serde_json::from_str(&self.text) {
+            return v;
+        }
+        self.text
+            .lines()
+            .rev()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .find_map(|d| serde_json::from_str(d).ok())
+            .unwrap_or_else(|| panic!("no JSON in answer: {}", self.text))
+    }
+
+    /// `error.code` of the JSON-RPC answer.
+    pub fn code(&self) -> i64 {
+        let v = self.json();
+        v["error"]["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no error code in {v}"))
+    }
+}
+
+/// Sends one request to `url` with `token` and extra headers; a POST when
+/// `body` is given.
+pub async fn send(
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Answer {
+    let mut req = http().request(method, url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if body.is_some() {
+        req = req
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req.body(b.to_owned());
+    }
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap_or_default();
+    Answer {
+        status,
+        headers,
+        text,
+    }
+}
+
+/// POSTs a JSON-RPC body with `token` and extra headers.
+pub async fn post(url: &str, token: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    send(reqwest::Method::POST, url, Some(token), headers, Some(body)).await
+}
+
+/// A token of another principal (tenant `globex`, subject `mallory`) that
+/// reaches the same upstreams.
+pub fn other_token() -> String {
+    let mut c = claims("sre-lead", &["sre"]);
+    c.tenant_id = "globex".to_owned();
+    c.sub = "mallory".to_owned();
+    sign(&c)
+}

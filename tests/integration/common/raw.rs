@@ -144,3 +144,109 @@ pub fn sse(chunks: Vec<Bytes>, gap: std::time::Duration, then_fail: bool) -> Res
         .insert("content-type", "text/event-stream".parse().unwrap());
     r
 }
+
+/// The tools the recording MCP upstream lists: one read tool, one
+/// destructive tool (in the shipped policy's table for `incidents`), one
+/// with an `x-mcp-header` parameter.
+pub fn tools() -> serde_json::Value {
+    serde_json::json!([
+        {"name": "get_incident", "description": "Reads an incident",
+         "inputSchema": {"type": "object", "properties": {"incident_id": {"type": "string"}, "n": {"type": "number"}}}},
+        {"name": "restart_service", "description": "Restarts a service",
+         "inputSchema": {"type": "object", "properties": {"service": {"type": "string", "x-mcp-header": "Service"}}}},
+        {"name": "get_deployment", "description": "Reads a deployment",
+         "inputSchema": {"type": "object", "properties": {"deployment_id": {"type": "string", "x-mcp-header": "Deployment"}}}},
+    ])
+}
+
+/// What every session id the recording MCP upstream hands out starts with
+/// (each `initialize` gets a new one).
+pub const UPSTREAM_SESSION: &str = "upstream-session-";
+
+static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// What a minimal MCP server answers to `seen` (the recording upstream's
+/// default): `initialize` with a session id, `tools/list` with [`tools`],
+/// `tools/call` with a text result, other requests with `{}`,
+/// notifications and responses with 202, GET with an SSE stream carrying
+/// one event `up-e1`, DELETE with 200.
+pub fn mcp_answer(seen: &Seen) -> Response<RawBody> {
+    match seen.method.as_str() {
+        "GET" => {
+            return sse(
+                vec![Bytes::from_static(b"id: up-e1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"hi\"}}\n\n")],
+                std::time::Duration::from_millis(10),
+                false,
+            )
+        }
+        "DELETE" => return full(200, "text/plain", ""),
+        _ => {}
+    }
+    let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+    let answer_one = |m: &serde_json::Value| -> Option<serde_json::Value> {
+        let id = m.get("id")?.clone();
+        let result = match m["method"].as_str().unwrap_or("") {
+            "initialize" => serde_json::json!({
+                "protocolVersion": m["params"]["protocolVersion"].as_str().unwrap_or("2025-06-18"),
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "recording", "version": "1"},
+            }),
+            "tools/list" => serde_json::json!({"tools": tools()}),
+            "tools/call" => serde_json::json!({"content": [{"type": "text", "text": "ok"}]}),
+            _ => serde_json::json!({}),
+        };
+        m.get("method")?;
+        Some(serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}))
+    };
+    let answers: Vec<serde_json::Value> = match &body {
+        serde_json::Value::Array(items) => items.iter().filter_map(answer_one).collect(),
+        one => answer_one(one).into_iter().collect(),
+    };
+    if answers.is_empty() {
+        let mut r = full(202, "text/plain", "");
+        *r.status_mut() = http::StatusCode::ACCEPTED;
+        return r;
+    }
+    let text = if body.is_array() {
+        serde_json::Value::Array(answers).to_string()
+    } else {
+        answers[0].to_string()
+    };
+    let mut r = full(200, "application/json", text);
+    if body["method"] == "initialize" {
+        let n = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        r.headers_mut().insert(
+            "mcp-session-id",
+            format!("{UPSTREAM_SESSION}{n}").parse().unwrap(),
+        );
+    }
+    r
+}
+
+/// A recording MCP upstream answering as [`mcp_answer`].
+pub async fn mcp() -> RawUpstream {
+    upstream(|seen| async move { mcp_answer(&seen) }).await
+}
+
+impl Seen {
+    /// The JSON-RPC method of a POST body (the first of a batch).
+    pub fn rpc_method(&self) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap_or_default();
+        let m = if v.is_array() {
+            &v[0]["method"]
+        } else {
+            &v["method"]
+        };
+        m.as_str().unwrap_or("").to_owned()
+    }
+}
+
+impl RawUpstream {
+    /// Requests seen with this HTTP method and (for POST) JSON-RPC method.
+    pub fn count(&self, http: &str, rpc: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|s| s.method == http && (rpc.is_empty() || s.rpc_method() == rpc))
+            .count()
+    }
+}

@@ -1,0 +1,289 @@
+#!/usr/bin/env bash
+# MCP conformance, direct vs through the firewall.
+#
+#   tests/conformance/run.sh [FIREWALL_BINARY] [WORK_DIR]
+#
+# Runs the server scenarios of the official MCP conformance suite
+# (@modelcontextprotocol/conformance, pinned below) twice against one MCP
+# server: directly, and through mcp-firewall (with a bearer shim in front of
+# the firewall, since the suite cannot send a header). Fails when a check's
+# verdict differs between the two, unless expected-differences.txt lists it.
+#
+# FIREWALL_BINARY  default: target/debug/mcp-firewall under the repo root
+# WORK_DIR         default: a fresh mktemp dir (config, logs, results)
+# CONFORMANCE_CACHE  installs (Node 22, the suites, the server's venv); default
+#                  ${XDG_CACHE_HOME:-~/.cache}/mcp-firewall-conformance
+# CONFORMANCE_SETS   which sets to run (default: all of them), e.g. "a12-2026"
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+
+FW_BIN=${1:-$REPO/target/debug/mcp-firewall}
+case $FW_BIN in /*) ;; *) FW_BIN=$PWD/$FW_BIN ;; esac
+WORK=${2:-$(mktemp -d "${TMPDIR:-/tmp}/mcp-conformance.XXXXXX")}
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+CACHE=${CONFORMANCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mcp-firewall-conformance}
+mkdir -p "$CACHE"
+CACHE=$(cd "$CACHE" && pwd)
+
+# --- pinned versions --------------------------------------------------------
+NODE22_VERSION=22.23.5                       # npm package node-linux-<arch>
+CONF_STABLE=0.1.16                           # @modelcontextprotocol/conformance
+CONF_ALPHA=0.2.0-alpha.12
+SUT_PYPI="mcp==2.3.0"                        # the Python SDK; server.py is ours
+
+# name | suite version | runner arguments
+ALL_SETS=(
+  "v016|$CONF_STABLE|--suite all"
+  "a12-2025|$CONF_ALPHA|--requirements 2025-11-25"
+  "a12-2026|$CONF_ALPHA|--requirements 2026-07-28"
+)
+SETS=${CONFORMANCE_SETS:-v016 a12-2025 a12-2026}
+
+LOGS=$WORK/logs
+RESULTS=$WORK/results
+rm -rf "$RESULTS"
+mkdir -p "$LOGS" "$RESULTS"
+T0=$(date +%s)
+
+[ -x "$FW_BIN" ] || { echo "conformance: no firewall binary at $FW_BIN" >&2; exit 1; }
+
+# --- processes we start: each in its own process group, all ended on exit ----
+PGIDS=()
+cleanup() {
+  local p
+  for p in "${PGIDS[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    local alive=0
+    for p in "${PGIDS[@]}"; do kill -0 -- "-$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.2
+  done
+  for p in "${PGIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() { # NAME CMD... ; stdout+stderr to $LOGS/NAME.log
+  local name=$1
+  shift
+  setsid "$@" >"$LOGS/$name.log" 2>&1 &
+  PGIDS+=("$!")
+  LAST_PID=$!
+}
+
+wait_port() { # NAME PID PORT
+  local i
+  for i in $(seq 1 150); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$3") 2>/dev/null; then return 0; fi
+    if ! kill -0 "$2" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  echo "conformance: $1 did not start listening on port $3; its log:" >&2
+  tail -n 40 "$LOGS/$1.log" >&2 || true
+  exit 1
+}
+
+# --- Node 22 and the npm packages, cached -----------------------------------
+npm_install() { # DIR SPEC
+  local dir=$1 spec=$2
+  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$spec" ]; then return 0; fi
+  echo "== installing $spec"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  printf '{"name":"conformance-cache","private":true}\n' >"$dir/package.json"
+  if ! (cd "$dir" && npm install --no-audit --no-fund --loglevel=error --save-exact "$spec") \
+    >"$LOGS/npm-$(basename "$dir").log" 2>&1; then
+    cat "$LOGS/npm-$(basename "$dir").log" >&2
+    exit 1
+  fi
+  echo "$spec" >"$dir/.installed"
+}
+
+node_major() { "$1" -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0; }
+
+if ! command -v npm >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing nodejs and npm (Debian)"
+    apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+  else
+    echo "conformance: needs npm" >&2
+    exit 1
+  fi
+fi
+if command -v node >/dev/null 2>&1 && [ "$(node_major node)" -ge 22 ]; then
+  NODE=$(command -v node)
+else
+  case $(uname -m) in
+    x86_64) NODE_ARCH=x64 ;;
+    aarch64 | arm64) NODE_ARCH=arm64 ;;
+    *) echo "conformance: no Node 22 package for $(uname -m)" >&2; exit 1 ;;
+  esac
+  npm_install "$CACHE/node22" "node-linux-$NODE_ARCH@$NODE22_VERSION"
+  NODE=$CACHE/node22/node_modules/node-linux-$NODE_ARCH/bin/node
+fi
+[ "$(node_major "$NODE")" -ge 22 ] || { echo "conformance: $NODE is not Node >= 22" >&2; exit 1; }
+export PATH="$(dirname "$NODE"):$PATH"
+
+npm_install "$CACHE/conformance-$CONF_STABLE" "@modelcontextprotocol/conformance@$CONF_STABLE"
+npm_install "$CACHE/conformance-$CONF_ALPHA" "@modelcontextprotocol/conformance@$CONF_ALPHA"
+
+# The server under test: server.py on the Python SDK, in a venv of its own.
+PYDIR=$CACHE/py-${SUT_PYPI//[^A-Za-z0-9.]/-}
+if [ ! -f "$PYDIR/.installed" ]; then
+  echo "== installing $SUT_PYPI"
+  rm -rf "$PYDIR"
+  python3 -m venv "$PYDIR" >"$LOGS/venv.log" 2>&1 || { cat "$LOGS/venv.log" >&2; exit 1; }
+  "$PYDIR/bin/python" -m pip install -q --disable-pip-version-check "$SUT_PYPI" \
+    >"$LOGS/pip.log" 2>&1 || { cat "$LOGS/pip.log" >&2; exit 1; }
+  echo "$SUT_PYPI" >"$PYDIR/.installed"
+fi
+
+# --- ports ------------------------------------------------------------------
+read -r SUT_PORT FW_PORT ADMIN_PORT < <("$NODE" -e '
+  const net = require("net"); const socks = [];
+  (async () => {
+    for (let i = 0; i < 3; i++) socks.push(await new Promise((ok) => {
+      const s = net.createServer(); s.listen(0, "127.0.0.1", () => ok(s)); }));
+    console.log(socks.map((s) => s.address().port).join(" "));
+    socks.forEach((s) => s.close());
+  })();')
+
+# --- the server under test --------------------------------------------------
+start server "$PYDIR/bin/python" "$HERE/server.py" "$SUT_PORT"
+wait_port server "$LAST_PID" "$SUT_PORT"
+SUT_URL=http://127.0.0.1:$SUT_PORT/mcp
+
+# --- the firewall -------------------------------------------------------------
+mkdir -p "$WORK/policies"
+cat >"$WORK/policies/conformance.toml" <<'EOF'
+# Everything allowed: the conformance run measures the proxy, not the policy.
+[gates]
+read = "allow"
+write = "allow"
+destructive = "allow"
+
+[server_requests]
+sampling = true
+elicitation = true
+roots = true
+
+[[tools]]
+upstream = "conformance"
+match = ["*"]
+risk = "read"
+
+[[agents]]
+name = "conformance"
+projects = ["conformance"]
+risks = ["read", "write", "destructive"]
+allow = [{}]
+max_steps = 100000
+EOF
+cat >"$WORK/firewall.toml" <<EOF
+[server]
+listen = "127.0.0.1:$FW_PORT"
+plaintext = true
+
+[admin]
+listen = "127.0.0.1:$ADMIN_PORT"
+
+[auth]
+mcp_audience = "mcp-firewall"
+admin_audience = "mcp-firewall-admin"
+issuers = ["https://conformance.test"]
+
+[[auth.keys]]
+alg = "HS256"
+secret = "conformance-secret-that-is-long-enough!!"
+
+[policy]
+dir = "$WORK/policies"
+
+# The suite sends bursts of calls under one run; rate limits and step caps
+# are policy, not protocol, so they are out of the way here.
+[limits]
+per_ip_per_s = 100000
+per_tenant_per_s = 100000
+per_run_per_s = 100000
+per_run_tool_per_s = 100000
+default_max_steps = 100000
+
+[[upstream]]
+name = "conformance"
+url = "$SUT_URL"
+projects = ["conformance"]
+EOF
+"$FW_BIN" check --config "$WORK/firewall.toml" >"$LOGS/firewall-check.log" 2>&1 || {
+  cat "$LOGS/firewall-check.log" >&2
+  exit 1
+}
+
+RUN_ID=conformance-$(date +%s)-$$
+if "$FW_BIN" token --help >/dev/null 2>&1; then
+  TOKEN=$("$FW_BIN" token mint --config "$WORK/firewall.toml" --agent conformance \
+    --projects conformance --sub conformance --tenant conformance --run "$RUN_ID" --lifetime-s 900)
+else
+  TOKEN=$("$NODE" "$HERE/mint-token.mjs" "conformance-secret-that-is-long-enough!!" "$RUN_ID")
+fi
+
+start firewall "$FW_BIN" serve --config "$WORK/firewall.toml"
+wait_port firewall "$LAST_PID" "$FW_PORT"
+
+# --- the bearer shim in front of the firewall ---------------------------------
+rm -f "$WORK/shim.port"
+start shim env SHIM_PORT=0 SHIM_TARGET="http://127.0.0.1:$FW_PORT" SHIM_TOKEN="$TOKEN" \
+  SHIM_PORT_FILE="$WORK/shim.port" SHIM_LOG="$LOGS/shim-requests.log" "$NODE" "$HERE/shim.mjs"
+SHIM_PID=$LAST_PID
+for _ in $(seq 1 100); do [ -s "$WORK/shim.port" ] && break; sleep 0.05; done
+[ -s "$WORK/shim.port" ] || { echo "conformance: the shim did not start" >&2; cat "$LOGS/shim.log" >&2; exit 1; }
+SHIM_PORT=$(cat "$WORK/shim.port")
+wait_port shim "$SHIM_PID" "$SHIM_PORT"
+
+# The runner must be given a localhost URL (dns-rebinding-protection refuses
+# anything else).
+DIRECT_URL=http://localhost:$SUT_PORT/mcp
+THROUGH_URL=http://localhost:$SHIM_PORT/mcp/conformance
+
+# --- run and compare -----------------------------------------------------------
+run_suite() { # VERSION URL OUT ARGS...
+  local version=$1 url=$2 out=$3 rc=0
+  shift 3
+  (cd "$CACHE/conformance-$version" &&
+    timeout 300 "$NODE" node_modules/.bin/conformance server --url "$url" -o "$out" "$@") \
+    >"$out.log" 2>&1 || rc=$?
+  if [ "$rc" = 124 ]; then echo "conformance: the runner timed out ($out.log)" >&2; fi
+  return 0
+}
+
+SUMMARY=$WORK/summary.tsv
+: >"$SUMMARY"
+STATUS=0
+for entry in "${ALL_SETS[@]}"; do
+  IFS='|' read -r name version runargs <<<"$entry"
+  case " $SETS " in *" $name "*) ;; *) continue ;; esac
+  echo "== $name: conformance $version $runargs"
+  # shellcheck disable=SC2086  # runargs is a word list
+  run_suite "$version" "$DIRECT_URL" "$RESULTS/$name-direct" $runargs
+  # shellcheck disable=SC2086
+  run_suite "$version" "$THROUGH_URL" "$RESULTS/$name-through" $runargs
+  "$NODE" "$HERE/compare.mjs" --set "$name" --direct "$RESULTS/$name-direct" \
+    --through "$RESULTS/$name-through" --expected "$HERE/expected-differences.txt" \
+    --summary "$SUMMARY" || STATUS=1
+done
+
+echo
+printf '%-10s %16s %16s %12s\n' "set" "direct p/f/w" "through p/f/w" "diff (exp.)"
+while IFS=$'\t' read -r name dp df dw tp tf tw unexp exp; do
+  printf '%-10s %16s %16s %12s\n' "$name" "$dp/$df/$dw" "$tp/$tf/$tw" "$unexp ($exp)"
+done <"$SUMMARY"
+echo "(p/f/w = checks passed/failed/warned; diff = unexpected differences, expected ones in parentheses)"
+echo "work dir: $WORK ($(($(date +%s) - T0)) s)"
+if [ "$STATUS" != 0 ]; then
+  echo "conformance: FAILED: results differ through the firewall (logs in $LOGS, results in $RESULTS)"
+  exit 1
+fi
+echo "conformance: ok"
