@@ -3,8 +3,6 @@
 //! set growth per run for one million runs, with the default limits (per-run
 //! and per-run-and-tool rate limiters on, as in production).
 
-use std::time::Duration;
-
 use mcp_firewall::budget::{Budgets, CallBudget, LimitsConfig};
 
 fn rss_kib() -> u64 {
@@ -31,11 +29,7 @@ fn main() {
         per_ip_per_s: 0,
         ..LimitsConfig::default()
     };
-    let budgets = Budgets::new(cfg, Duration::from_secs(30));
-    let exp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        + 900;
+    let budgets = Budgets::new(cfg);
     let before = rss_kib();
     let started = std::time::Instant::now();
     for i in 0..runs {
@@ -46,7 +40,7 @@ fn main() {
             run: &run,
             upstream: "incidents",
             tool: "get_incident",
-            token_exp: exp,
+            run_exp: None,
             price: 0.01,
             max_steps: 8,
             max_cost: Some(1.0),

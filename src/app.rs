@@ -236,13 +236,19 @@ async fn start_approvals(
     Ok(Some(approvals))
 }
 
-/// Drops budget state that expired with its tokens, off the request path.
+/// Drops budget state of runs idle past their lifetime, off the request path.
 async fn sweep_budgets(state: Arc<State>) {
     let mut tick = tokio::time::interval(Duration::from_secs(30));
     loop {
         tick.tick().await;
         state.budgets.sweep();
         state.metrics.budget_runs.set(state.budgets.runs() as i64);
+        let evicted = state.budgets.evicted();
+        let counted = state.metrics.budget_runs_evicted.get();
+        state
+            .metrics
+            .budget_runs_evicted
+            .inc_by(evicted.saturating_sub(counted));
     }
 }
 

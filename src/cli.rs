@@ -193,6 +193,7 @@ fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
         exp: 0,
         iat: 0,
         nbf: None,
+        run_exp: None,
         audience: Audience::Mcp,
         kid: None,
     })
@@ -239,6 +240,7 @@ pub fn mint(cfg: &Config, a: MintArgs) -> anyhow::Result<String> {
             project_ceiling: a.ceiling,
             scopes: a.scopes,
             jti: None,
+            run_exp: None,
         },
         a.lifetime,
     )?)

@@ -27,6 +27,8 @@ pub enum StopReason {
     UpstreamIncomplete,
     /// The client cancelled the call before it ran.
     Cancelled,
+    /// The run ended (its token's `run_exp`).
+    RunEnded,
 }
 
 /// What the firewall decided about one message (the audit `decision` column).
@@ -52,7 +54,7 @@ pub enum DecisionKind {
 
 impl StopReason {
     /// Every stop reason, for metric initialisation.
-    pub const ALL: [StopReason; 10] = [
+    pub const ALL: [StopReason; 11] = [
         StopReason::Done,
         StopReason::StepCap,
         StopReason::CostCap,
@@ -63,6 +65,7 @@ impl StopReason {
         StopReason::ClientGone,
         StopReason::UpstreamIncomplete,
         StopReason::Cancelled,
+        StopReason::RunEnded,
     ];
 
     /// The wire and column name.
@@ -78,6 +81,7 @@ impl StopReason {
             StopReason::ClientGone => "client_gone",
             StopReason::UpstreamIncomplete => "upstream_incomplete",
             StopReason::Cancelled => "cancelled",
+            StopReason::RunEnded => "run_ended",
         }
     }
 }

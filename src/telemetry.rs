@@ -57,6 +57,8 @@ pub struct Metrics {
     >,
     /// Runs whose budget state is held in memory.
     pub budget_runs: prometheus_client::metrics::gauge::Gauge,
+    /// Runs evicted to stay under `limits.max_tracked_runs`.
+    pub budget_runs_evicted: prometheus_client::metrics::counter::Counter,
     /// Requests refused by the per-address limit before token verification.
     pub refused_ip: prometheus_client::metrics::counter::Counter,
     /// Connections closed at once because `max_connections` were open.
@@ -71,10 +73,16 @@ impl Metrics {
         let m = Metrics {
             calls: Default::default(),
             budget_runs: Default::default(),
+            budget_runs_evicted: Default::default(),
             refused_ip: Default::default(),
             refused_connections: Default::default(),
             write_idle_closed: Default::default(),
         };
+        registry.register(
+            "budget_runs_evicted",
+            "Runs whose budget state was evicted (the longest idle first) to stay under limits.max_tracked_runs",
+            m.budget_runs_evicted.clone(),
+        );
         registry.register(
             "refused_ip",
             "Requests refused by the per-address limit (before token verification)",

@@ -146,6 +146,7 @@ impl Issuer {
             project_ceiling: None,
             scopes: Vec::new(),
             jti: None,
+            run_exp: None,
         };
         let jwt = auth::mint_with(&self.key, &self.cfg, &claims, lifetime.min(MAX_LIFETIME))
             .map_err(TokenError::Mint)?;

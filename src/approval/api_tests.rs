@@ -33,6 +33,7 @@ fn token(audience: Audience, sub: &str) -> String {
         project_ceiling: None,
         scopes: Vec::new(),
         jti: None,
+        run_exp: None,
     };
     mint(&auth_config(), &claims, Duration::from_secs(300)).expect("mint")
 }

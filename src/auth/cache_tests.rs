@@ -16,6 +16,7 @@ fn claims(exp: u64, audience: Audience) -> Arc<Claims> {
         exp,
         iat: exp - 60,
         nbf: None,
+        run_exp: None,
         audience,
         kid: None,
     })

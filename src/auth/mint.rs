@@ -194,6 +194,9 @@ pub struct MintClaims {
     pub scopes: Vec<String>,
     /// Token id; default a random UUID.
     pub jti: Option<String>,
+    /// When the run ends (`run_exp`, seconds since the epoch), if it should
+    /// end before the firewall's run lifetime.
+    pub run_exp: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -212,6 +215,8 @@ struct Wire<'a> {
     jti: String,
     iat: u64,
     exp: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_exp: Option<u64>,
 }
 
 /// Mints a development token signed with the first HS256 key of `cfg`.
@@ -276,6 +281,7 @@ pub fn mint_with(
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
         iat,
         exp: iat + requested_s,
+        run_exp: claims.run_exp,
     })
 }
 

@@ -26,6 +26,7 @@ fn mint_claims(audience: Audience) -> MintClaims {
         project_ceiling: Some(vec!["alpha".into(), "beta".into()]),
         scopes: Vec::new(),
         jti: None,
+        run_exp: None,
     }
 }
 

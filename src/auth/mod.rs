@@ -140,6 +140,9 @@ pub struct Claims {
     pub iat: u64,
     /// Not-before, seconds since the epoch, if present.
     pub nbf: Option<u64>,
+    /// When the run ends (`run_exp`, seconds since the epoch), if the
+    /// issuer ends it before the firewall's run lifetime would.
+    pub run_exp: Option<u64>,
     /// The audience it was verified for.
     pub audience: Audience,
     /// The `kid` of the key that verified it, if the token named one.

@@ -283,6 +283,10 @@ impl Verifier {
         let exp = number(raw.exp, "exp")?;
         let iat = number(raw.iat, "iat")?;
         let nbf = raw.nbf.map(|v| number(Some(v), "nbf")).transpose()?;
+        let run_exp = match raw.run_exp {
+            Some(v) => Some(number(Some(v), "run_exp")?),
+            None => None,
+        };
         let leeway = inner.leeway;
         if now >= exp.saturating_add(leeway) {
             return Err(TokenError::Expired { exp, now });
@@ -361,6 +365,7 @@ impl Verifier {
             exp,
             iat,
             nbf,
+            run_exp,
             audience,
             kid: header.kid,
         })
@@ -400,6 +405,8 @@ struct RawClaims<'a> {
     project_ceiling: Option<&'a RawValue>,
     #[serde(borrow, default)]
     scope: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    run_exp: Option<&'a RawValue>,
 }
 
 fn required<'a>(

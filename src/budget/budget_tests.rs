@@ -20,7 +20,6 @@ fn fixture(cfg: LimitsConfig) -> Fixture {
     let w = wall.clone();
     let budgets = Budgets::with_clock(
         cfg,
-        Duration::from_secs(30),
         clock.clone(),
         Arc::new(move || w.load(Ordering::SeqCst)),
     );
@@ -47,7 +46,7 @@ fn call<'a>(run: &'a str, tool: &'a str) -> CallBudget<'a> {
         run,
         upstream: "incidents",
         tool,
-        token_exp: 10 * 86_400 + 600,
+        run_exp: None,
         price: 0.0,
         max_steps: 8,
         max_cost: None,
@@ -223,17 +222,109 @@ fn per_ip_upstream_and_tenant_limits() {
     ));
 }
 
+/// What a run's budget has after one call with a `run_exp` claim.
+fn call_until<'a>(run: &'a str, run_exp: Option<u64>) -> CallBudget<'a> {
+    CallBudget {
+        run_exp,
+        ..call(run, "get_incident")
+    }
+}
+
 #[test]
-fn run_state_expires_with_the_token() {
+fn a_capped_run_stays_capped_past_its_tokens_expiry() {
     let f = fixture(unlimited());
-    f.budgets.admit(&call("r", "t")).unwrap();
-    assert_eq!(f.budgets.runs(), 1);
+    for _ in 0..8 {
+        f.budgets.admit(&call("run-8", "get_incident")).unwrap();
+    }
+    assert!(matches!(
+        f.budgets.admit(&call("run-8", "get_incident")),
+        Err(Refusal::StepCap { used: 8, max: 8 })
+    ));
+    // Its 15-minute token expires; 20 minutes later the agent comes back
+    // with a fresh token for the same run: still capped, same stop reason.
+    f.wall.fetch_add(35 * 60_000, Ordering::SeqCst);
     f.budgets.sweep();
-    assert_eq!(f.budgets.runs(), 1, "still valid");
-    // token_exp = 10 days + 600 s; leeway 30 s.
-    f.wall.store(10 * DAY + 631_000, Ordering::SeqCst);
+    let again = f.budgets.admit(&call("run-8", "get_incident"));
+    assert!(
+        matches!(again, Err(Refusal::StepCap { used: 8, max: 8 })),
+        "{again:?}"
+    );
+    assert_eq!(again.unwrap_err().stop_reason(), StopReason::StepCap);
+    // Another run of the tenant is not.
+    assert!(f.budgets.admit(&call("run-9", "get_incident")).is_ok());
+}
+
+#[test]
+fn run_state_lives_for_its_lifetime_after_the_last_call() {
+    let f = fixture(LimitsConfig {
+        run_state_ttl_s: 3600,
+        ..unlimited()
+    });
+    f.budgets.admit(&call("r", "t")).unwrap();
+    // Activity keeps it: 50 minutes, a call, 50 more minutes.
+    f.wall.fetch_add(50 * 60_000, Ordering::SeqCst);
+    f.budgets.sweep();
+    f.budgets.admit(&call("r", "t")).unwrap();
+    f.wall.fetch_add(50 * 60_000, Ordering::SeqCst);
+    f.budgets.sweep();
+    assert_eq!(f.budgets.steps("acme", "r"), 2, "kept while active");
+    // An hour idle: gone.
+    f.wall.fetch_add(11 * 60_000, Ordering::SeqCst);
     f.budgets.sweep();
     assert_eq!(f.budgets.runs(), 0);
+}
+
+#[test]
+fn a_tokens_run_exp_ends_the_run_and_nothing_extends_it() {
+    let f = fixture(unlimited());
+    let now_s = f.wall.load(Ordering::SeqCst) / 1000;
+    f.budgets.admit(&call_until("r", Some(now_s + 60))).unwrap();
+    // A later token cannot push the end out.
+    f.budgets
+        .admit(&call_until("r", Some(now_s + 3600)))
+        .unwrap();
+    f.wall.fetch_add(61_000, Ordering::SeqCst);
+    for run_exp in [Some(now_s + 3600), None] {
+        let r = f.budgets.admit(&call_until("r", run_exp));
+        assert!(
+            matches!(r, Err(Refusal::RunEnded { at_s }) if at_s == now_s + 60),
+            "{r:?}"
+        );
+    }
+    assert_eq!(
+        Refusal::RunEnded { at_s: 1 }.stop_reason(),
+        StopReason::RunEnded
+    );
+    // The ended run stays ended for its lifetime: a sweep does not forget it.
+    f.budgets.sweep();
+    assert!(f
+        .budgets
+        .admit(&call_until("r", Some(now_s + 7200)))
+        .is_err());
+}
+
+#[test]
+fn past_the_cap_the_longest_idle_runs_are_evicted_first() {
+    let f = fixture(LimitsConfig {
+        max_tracked_runs: 128,
+        ..unlimited()
+    });
+    for i in 0..128 {
+        f.budgets.admit(&call(&format!("r{i}"), "t")).unwrap();
+        f.wall.fetch_add(1, Ordering::SeqCst);
+    }
+    // r0 is busy again: the youngest activity.
+    f.budgets.admit(&call("r0", "t")).unwrap();
+    for i in 128..200 {
+        f.budgets.admit(&call(&format!("r{i}"), "t")).unwrap();
+        f.wall.fetch_add(1, Ordering::SeqCst);
+    }
+    f.budgets.sweep();
+    assert_eq!(f.budgets.runs(), 128);
+    assert!(f.budgets.evicted() >= 72);
+    assert_eq!(f.budgets.steps("acme", "r0"), 2, "recent activity is kept");
+    assert_eq!(f.budgets.steps("acme", "r1"), 0, "the idlest went first");
+    assert_eq!(f.budgets.steps("acme", "r199"), 1);
 }
 
 #[test]

@@ -17,9 +17,21 @@
 //! is refunded; any other outcome keeps its step and cost (the upstream may
 //! have acted), and an upstream-reported cost replaces the reserved price.
 //!
-//! Memory stays bounded: a run's state expires when its token can no longer
-//! be valid (`exp` + leeway), tenant-day totals after two days, and idle
-//! limiter keys are dropped by [`Budgets::sweep`] (a background task).
+//! A run's budget lasts for the **run**, not for its token: tool tokens are
+//! short-lived and a long investigation gets fresh ones for the same
+//! `run_id`, so the run's steps and cost are kept for `run_state_ttl_s`
+//! (default 24 h) after its last call, whatever its tokens' expiry. A run
+//! that reached a cap stays capped for that lifetime. A token may end its run
+//! earlier (claim `run_exp`): the earliest end any of the run's tokens named
+//! holds, and nothing a client sends extends it; past it every call of the
+//! run is skipped (`run_ended`).
+//!
+//! Memory stays bounded: runs idle past the lifetime are dropped by
+//! [`Budgets::sweep`] (a background task), tenant-day totals after two days,
+//! idle limiter keys likewise; and at most `max_tracked_runs` runs are
+//! tracked: past it the runs idle the longest are evicted first (counted in
+//! [`Budgets::evicted`]). An evicted run that calls again starts from zero,
+//! so the cap should exceed the runs active within one lifetime.
 //!
 //! Time is injectable (governor's clock for limits, a wall-clock function for
 //! days and expiry), so tests are deterministic.
@@ -75,6 +87,14 @@ pub struct LimitsConfig {
     /// The `_meta` key under which an upstream may report a call's actual cost.
     #[serde(default = "default_cost_key")]
     pub cost_meta_key: String,
+    /// How long a run's steps and cost are kept after its last call,
+    /// independent of its tokens' expiry. Default 86 400 (24 h).
+    #[serde(default = "default_run_state_ttl_s")]
+    pub run_state_ttl_s: u64,
+    /// Most runs tracked at once; past it the longest idle are evicted.
+    /// Default 1 000 000.
+    #[serde(default = "default_max_tracked_runs")]
+    pub max_tracked_runs: usize,
 }
 
 fn default_per_ip() -> u32 {
@@ -95,6 +115,12 @@ fn default_max_steps() -> u32 {
 fn default_cost_key() -> String {
     "mcp-firewall/cost".to_owned()
 }
+fn default_run_state_ttl_s() -> u64 {
+    86_400
+}
+fn default_max_tracked_runs() -> usize {
+    1_000_000
+}
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -107,6 +133,8 @@ impl Default for LimitsConfig {
             default_max_cost: None,
             tenant_daily_cost: None,
             cost_meta_key: default_cost_key(),
+            run_state_ttl_s: default_run_state_ttl_s(),
+            max_tracked_runs: default_max_tracked_runs(),
         }
     }
 }
@@ -122,9 +150,9 @@ pub struct CallBudget<'a> {
     pub upstream: &'a str,
     /// Tool name.
     pub tool: &'a str,
-    /// The token's expiry (seconds since the epoch): the run's state lives
-    /// until then (+ leeway).
-    pub token_exp: u64,
+    /// When the token says the run ends (`run_exp`, seconds since the
+    /// epoch), if it does.
+    pub run_exp: Option<u64>,
     /// Price of this call.
     pub price: f64,
     /// Step cap for the run (role or default).
@@ -153,6 +181,11 @@ pub enum Refusal {
         used: u32,
         /// The cap.
         max: u32,
+    },
+    /// The run has ended (`run_exp`).
+    RunEnded {
+        /// When, seconds since the epoch.
+        at_s: u64,
     },
     /// The call's price would pass a cost cap.
     CostCap {
@@ -195,7 +228,11 @@ pub enum Settle {
 #[derive(Debug, Clone)]
 struct RunState {
     cost: f64,
-    expires_ms: u64,
+    /// The last call (ms since the epoch): the state lives `run_state_ttl_s`
+    /// past it.
+    last_ms: u64,
+    /// The run's end, the earliest `run_exp` seen (ms; `u64::MAX`: none).
+    ends_ms: u64,
     steps: u32,
 }
 
@@ -204,7 +241,8 @@ pub struct Budgets<C: Clock = DefaultClock> {
     cfg: LimitsConfig,
     clock: C,
     now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
-    leeway_ms: u64,
+    ttl_ms: u64,
+    evicted: std::sync::atomic::AtomicU64,
     ip: Option<Keyed<IpAddr, C>>,
     tenant: Option<Keyed<String, C>>,
     upstream: ByRate<String, C>,
@@ -219,8 +257,8 @@ pub struct Budgets<C: Clock = DefaultClock> {
 
 impl Budgets<DefaultClock> {
     /// Budgets on the real clocks.
-    pub fn new(cfg: LimitsConfig, leeway: Duration) -> Self {
-        Budgets::with_clock(cfg, leeway, DefaultClock::default(), Arc::new(unix_ms))
+    pub fn new(cfg: LimitsConfig) -> Self {
+        Budgets::with_clock(cfg, DefaultClock::default(), Arc::new(unix_ms))
     }
 }
 
@@ -229,7 +267,6 @@ impl<C: Clock + Clone> Budgets<C> {
     /// milliseconds) for days and expiry.
     pub fn with_clock(
         cfg: LimitsConfig,
-        leeway: Duration,
         clock: C,
         now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
     ) -> Self {
@@ -242,7 +279,8 @@ impl<C: Clock + Clone> Budgets<C> {
             runs: DashMap::new(),
             tenant_days: DashMap::new(),
             hasher: std::collections::hash_map::RandomState::new(),
-            leeway_ms: leeway.as_millis() as u64,
+            ttl_ms: cfg.run_state_ttl_s.saturating_mul(1000),
+            evicted: std::sync::atomic::AtomicU64::new(0),
             clock,
             now_ms,
             cfg,
@@ -296,18 +334,27 @@ impl<C: Clock + Clone> Budgets<C> {
         }
 
         let now_ms = (self.now_ms)();
-        let expires_ms = call
-            .token_exp
-            .saturating_mul(1000)
-            .saturating_add(self.leeway_ms);
+        let ends_ms = call.run_exp.map_or(u64::MAX, |s| s.saturating_mul(1000));
+        if !self.runs.contains_key(&run_key) {
+            // Outside any entry's lock: eviction walks the whole map.
+            self.bound_runs();
+        }
         let steps_used;
         {
             let mut state = self.runs.entry(run_key).or_insert_with(|| RunState {
                 steps: 0,
                 cost: 0.0,
-                expires_ms,
+                last_ms: now_ms,
+                ends_ms,
             });
-            state.expires_ms = state.expires_ms.max(expires_ms);
+            state.last_ms = state.last_ms.max(now_ms);
+            // The earliest end any token named; none extends it.
+            state.ends_ms = state.ends_ms.min(ends_ms);
+            if now_ms >= state.ends_ms {
+                return Err(Refusal::RunEnded {
+                    at_s: state.ends_ms / 1000,
+                });
+            }
             if state.steps >= call.max_steps {
                 return Err(Refusal::StepCap {
                     used: state.steps,
@@ -389,11 +436,13 @@ impl<C: Clock + Clone> Budgets<C> {
         }
     }
 
-    /// Drops state that can no longer matter: runs whose tokens expired,
-    /// tenant-days older than yesterday, idle limiter keys.
+    /// Drops state that can no longer matter: runs idle past their
+    /// lifetime, tenant-days older than yesterday, idle limiter keys.
     pub fn sweep(&self) {
         let now = (self.now_ms)();
-        self.runs.retain(|_, s| s.expires_ms > now);
+        let ttl = self.ttl_ms;
+        self.runs.retain(|_, s| s.last_ms.saturating_add(ttl) > now);
+        self.evict_idlest(self.cfg.max_tracked_runs);
         let today = (now / 86_400_000) as u32;
         self.tenant_days.retain(|(_, day), _| *day + 1 >= today);
         if let Some(l) = &self.ip {
@@ -412,6 +461,40 @@ impl<C: Clock + Clone> Budgets<C> {
             l.shrink_to_fit();
         }
         self.runs.shrink_to_fit();
+    }
+
+    /// Keeps the tracked runs near `max_tracked_runs`: once past it by a
+    /// margin (1/64 of the cap), the runs idle the longest are evicted down
+    /// to the cap. One pass over the map per margin's worth of new runs.
+    fn bound_runs(&self) {
+        let cap = self.cfg.max_tracked_runs;
+        if self.runs.len() >= cap.saturating_add((cap / 64).max(1)) {
+            self.evict_idlest(cap);
+        }
+    }
+
+    /// Evicts the longest idle runs until at most `cap` remain.
+    fn evict_idlest(&self, cap: usize) {
+        let excess = self.runs.len().saturating_sub(cap);
+        if excess == 0 {
+            return;
+        }
+        let mut by_age: Vec<(u64, RunKey)> =
+            self.runs.iter().map(|e| (e.last_ms, *e.key())).collect();
+        let excess = excess.min(by_age.len());
+        if excess < by_age.len() {
+            by_age.select_nth_unstable(excess);
+        }
+        for (_, key) in &by_age[..excess] {
+            self.runs.remove(key);
+        }
+        self.evicted
+            .fetch_add(excess as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Runs evicted so far to stay under `max_tracked_runs`.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn run_key(&self, tenant: &str, run: &str) -> RunKey {
@@ -479,6 +562,7 @@ impl Refusal {
         match self {
             Refusal::RateLimited { .. } => StopReason::RateLimited,
             Refusal::StepCap { .. } => StopReason::StepCap,
+            Refusal::RunEnded { .. } => StopReason::RunEnded,
             Refusal::CostCap { .. } => StopReason::CostCap,
         }
     }
@@ -492,6 +576,9 @@ impl Refusal {
             ),
             Refusal::StepCap { used, max } => {
                 format!("skipped: step_cap ({used} of {max} tool calls used in this run)")
+            }
+            Refusal::RunEnded { at_s } => {
+                format!("skipped: run_ended (the run ended at {at_s}, the end its token set)")
             }
             Refusal::CostCap {
                 scope,

@@ -111,6 +111,7 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
                 project_ceiling: None,
                 scopes: Vec::new(),
                 jti: None,
+                run_exp: None,
             },
             lifetime,
         )

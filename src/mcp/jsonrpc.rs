@@ -559,6 +559,19 @@ impl ParseError {
         }
     }
 
+    /// The method whose params were refused, for the errors about a named
+    /// method's params (a method the revision in use does not define is
+    /// unknown there, whatever its params).
+    pub fn method(&self) -> Option<&'static str> {
+        match self {
+            ParseError::ParamsNotObject { method, .. }
+            | ParseError::NameNotString { method, .. }
+            | ParseError::InvisibleCharacter { method, .. } => Some(method),
+            ParseError::ArgumentsNotObject { .. } => Some("tools/call"),
+            _ => None,
+        }
+    }
+
     /// The id of the rejected request when it was readable: only the
     /// invalid-params errors, where the message itself was well formed.
     pub fn id(&self) -> Option<&Id> {

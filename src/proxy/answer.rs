@@ -203,6 +203,9 @@ pub fn skipped(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
             structured["scope"] = json!(scope);
             structured["retry_after_ms"] = json!(retry_after.as_millis() as u64);
         }
+        Refusal::RunEnded { at_s } => {
+            structured["run_ended_at"] = json!(at_s);
+        }
     }
     tool_error(id, &refusal.describe(), structured)
 }
@@ -243,7 +246,7 @@ pub fn approval_denied(id: &Id, tool: &str, approval: &str, by: &str, reason: &s
         Some(&json!({
             "stop_reason": StopReason::Denied.as_str(),
             "approval_id": approval,
-            "status": "denied",
+            "status": crate::approval::Status::Denied.as_str(),
             "by": by,
             "reason": reason,
         })),

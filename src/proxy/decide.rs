@@ -573,7 +573,7 @@ impl RunContext {
             run: &self.claims.run_id,
             upstream: &self.upstream.config.name,
             tool,
-            token_exp: self.claims.exp,
+            run_exp: self.claims.run_exp,
             price: self.policy.price(&self.upstream.config, tool),
             max_steps: role
                 .and_then(|a| a.max_steps)

@@ -150,6 +150,17 @@ pub enum ProxyError {
     /// A browser `Origin` that is not allowed (DNS rebinding, CSRF).
     #[error("origin {0:?} is not allowed")]
     OriginNotAllowed(String),
+    /// A method the revision in use does not define, refused before its
+    /// params were read.
+    #[error("Method not found: {method}")]
+    UnknownMethod {
+        /// The request id.
+        id: Option<Id>,
+        /// The method.
+        method: String,
+        /// 2026-07-28 answers it with 404.
+        stateless: bool,
+    },
     /// A `Host` the firewall does not serve (DNS rebinding).
     #[error("host {0:?} is not served here")]
     HostNotAllowed(String),
@@ -296,6 +307,21 @@ impl ProxyError {
                 jsonrpc::INVALID_REQUEST,
                 &message,
                 None,
+            ),
+            ProxyError::UnknownMethod {
+                id,
+                method,
+                stateless,
+            } => rpc(
+                if stateless {
+                    StatusCode::NOT_FOUND
+                } else {
+                    StatusCode::OK
+                },
+                id.as_ref(),
+                jsonrpc::METHOD_NOT_FOUND,
+                &message,
+                Some(&json!({ "method": method })),
             ),
             ProxyError::OriginNotAllowed(_) | ProxyError::HostNotAllowed(_) => rpc(
                 StatusCode::FORBIDDEN,

@@ -152,10 +152,7 @@ impl State {
             max_depth: config.server.max_json_depth,
             max_batch: config.server.max_batch,
         };
-        let budgets = Arc::new(crate::budget::Budgets::new(
-            config.limits.clone(),
-            std::time::Duration::from_secs(config.auth.leeway_s),
-        ));
+        let budgets = Arc::new(crate::budget::Budgets::new(config.limits.clone()));
         let redactor = Arc::new(redactor(&config));
         let sessions =
             Arc::new(Sessions::new(&config.session_keys).map_err(|_| StateError::SessionKey)?);
@@ -553,7 +550,7 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
 
 /// The revision the headers name (`MCP-Protocol-Version`), else 2025-03-26;
 /// a POST refines it from its body.
-fn header_version(headers: &HeaderMap) -> ProtocolVersion {
+pub(crate) fn header_version(headers: &HeaderMap) -> ProtocolVersion {
     headers
         .get(crate::mcp::headers::PROTOCOL_VERSION)
         .and_then(|v| v.to_str().ok())

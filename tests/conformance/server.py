@@ -7,6 +7,10 @@ published requirements. The SDK serves both protocol eras: 2025-11-25
 (initialize, sessions) and 2026-07-28 (stateless).
 
     python server.py PORT      # serves http://127.0.0.1:PORT/mcp
+
+Not implemented (those checks fail directly and through the firewall alike):
+the tasks extension, input-required (MRTR) tools, x-mcp-header tools and the
+scenarios' other diagnostic tools (test_streaming_elicitation, ...).
 """
 
 import asyncio
@@ -148,9 +152,8 @@ async def test_sampling(prompt: str, ctx: Context) -> CallToolResult:
     return text(f"LLM response: {out}")
 
 
-async def _elicit(ctx: Context, message: str, schema: dict) -> CallToolResult:
-    res = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
-    return res
+async def _elicit(ctx: Context, message: str, schema: dict):
+    return await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
 
 
 @mcp.tool(description="Asks the user for input")
@@ -250,6 +253,25 @@ async def test_reconnection(ctx: Context) -> CallToolResult:
     return text("Reconnection test completed")
 
 
+# Plain stand-ins for diagnostic tools some 2026-07-28 scenarios call. This
+# server has no tasks extension, so slow_compute answers at once (the
+# scenarios ask for up to 60 s) with an ordinary result.
+@mcp.tool(description="Greets someone")
+def greet(name: str) -> CallToolResult:
+    return text(f"Hello, {name}!")
+
+
+@mcp.tool(description="Computes (at once: this server has no tasks extension)")
+def slow_compute(seconds: float = 0, label: str = "") -> CallToolResult:
+    return text(f"Computed {label}")
+
+
+@mcp.tool(description="Sends a log notification while it runs")
+async def test_logging_tool(ctx: Context) -> CallToolResult:
+    await ctx.info("test_logging_tool ran")
+    return text("Logged")
+
+
 @mcp.resource("test://static-text", name="static-text", description="A static text resource", mime_type="text/plain")
 def static_text() -> str:
     return "This is the content of the static text resource."
@@ -341,6 +363,8 @@ def json_schema_tool() -> CallToolResult:
     return text("ok")
 
 
+# MCPServer derives inputSchema from the signature; serve the scenario's
+# schema instead (private attributes: fine for the pinned SDK version).
 mcp._tool_manager.get_tool("json_schema_2020_12_tool").parameters = SCHEMA_2020_12
 
 SUBSCRIPTIONS: set[str] = set()

@@ -75,7 +75,12 @@ const server = http.createServer((req, res) => {
       upRes.on('error', () => res.destroy());
     },
   );
+  let clientGone = false;
   up.on('error', (e) => {
+    if (clientGone) {
+      log(`#${n} ${req.method} ${req.url} client closed before the answer ended`);
+      return;
+    }
     log(`#${n} ${req.method} ${req.url} upstream error ${e.message}`);
     if (!res.headersSent) {
       res.writeHead(502, { 'content-type': 'text/plain' });
@@ -85,7 +90,10 @@ const server = http.createServer((req, res) => {
     }
   });
   res.on('close', () => {
-    if (!res.writableFinished) up.destroy();
+    if (!res.writableFinished) {
+      clientGone = true;
+      up.destroy();
+    }
   });
   req.pipe(up);
 });

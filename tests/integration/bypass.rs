@@ -329,7 +329,7 @@ async fn methods_are_matched_exactly_and_unknown_ones_never_forwarded() {
     assert_eq!(a.status, 400, "{}", a.text);
     // 2026-07-28 answers an unknown method with 404 and -32601; and methods
     // of earlier revisions are unknown there.
-    for method in ["no/such", "initialize", "ping"] {
+    for method in ["no/such", "initialize", "ping", "resources/subscribe"] {
         let body = format!(
             r#"{{"jsonrpc":"2.0","id":9,"method":"{method}","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}}}}"#
         );

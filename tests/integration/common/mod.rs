@@ -111,6 +111,7 @@ pub fn claims(agent: &str, projects: &[&str]) -> MintClaims {
         project_ceiling: None,
         scopes: Vec::new(),
         jti: None,
+        run_exp: None,
     }
 }
 
