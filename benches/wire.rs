@@ -1,11 +1,14 @@
 //! Throughput of the MCP wire formats on the request path: JSON-RPC body
 //! parsing (with serde_json's `Value` parse as the yardstick), SSE decoding and
-//! encoding, and the SEP-2243 header check.
+//! encoding, the SEP-2243 header check, and what the request path added to
+//! be sealed: the session seal and open, event-id sealing, the exact-number
+//! scan of arguments, the validating pass over upstream answers.
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use http::{HeaderMap, HeaderValue};
-use mcp_firewall::mcp::{headers, jsonrpc, sse};
+use mcp_firewall::mcp::{headers, jsonrpc, numbers, sse};
+use mcp_firewall::proxy::session::{Due, EventContext, Principal, SessionKey, Sessions};
 use std::hint::black_box;
 
 /// A typical modern `tools/call` (about 300 bytes).
@@ -114,5 +117,61 @@ fn bench_headers(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_jsonrpc, bench_sse, bench_headers);
+fn bench_seal(c: &mut Criterion) {
+    let sessions = Sessions::new(&[SessionKey {
+        id: "k1".into(),
+        secret: b"a-shared-session-key-for-every-replica".to_vec(),
+    }])
+    .expect("key");
+    let who = Principal {
+        issuer: "https://idp.example.com",
+        tenant: "acme",
+        subject: "alice@example.com",
+        upstream: "incidents",
+    };
+    let upstream_id = b"3f2b8c1e-9a4d-4c7e-b2f1-6d8e0a5c4b3a";
+    let sealed = sessions.seal(&who, upstream_id);
+    let ctx = EventContext {
+        due: vec![Due {
+            id: jsonrpc::Id::Number(42),
+            method: "tools/call".into(),
+        }],
+        upstream_event_id: "stream-1/17".into(),
+    };
+    let mut group = c.benchmark_group("seal");
+    group.bench_function("session_seal", |b| {
+        b.iter(|| sessions.seal(black_box(&who), black_box(upstream_id)))
+    });
+    group.bench_function("session_open", |b| {
+        b.iter(|| sessions.open(black_box(&who), black_box(sealed.as_bytes())))
+    });
+    group.bench_function("event_id_seal", |b| {
+        b.iter(|| sessions.seal_event(black_box(&who), Some(upstream_id), black_box(&ctx)))
+    });
+    group.finish();
+}
+
+fn bench_inspection(c: &mut Criterion) {
+    let args = r#"{"region":"us-west1","query":"SELECT id, name FROM users WHERE created_at > $1 LIMIT 50","params":["2026-01-01"],"limit":50,"ratio":0.25}"#;
+    let mut group = c.benchmark_group("inspect");
+    group.throughput(Throughput::Bytes(args.len() as u64));
+    group.bench_function("exact_numbers_of_arguments", |b| {
+        b.iter(|| numbers::first_inexact(black_box(args)))
+    });
+    let answer = r#"{"jsonrpc":"2.0","id":42,"result":{"content":[{"type":"text","text":"id,name\n1,alice\n2,bob\n3,carol\n4,dave\n5,erin"}],"structuredContent":{"rows":5},"isError":false}}"#;
+    group.throughput(Throughput::Bytes(answer.len() as u64));
+    group.bench_function("parse_upstream_answer", |b| {
+        b.iter(|| jsonrpc::parse_upstream(black_box(answer.as_bytes())))
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_jsonrpc,
+    bench_sse,
+    bench_headers,
+    bench_seal,
+    bench_inspection
+);
 criterion_main!(benches);

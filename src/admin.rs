@@ -1,18 +1,33 @@
-//! The admin listener, on its own port: `/healthz` (the process serves),
-//! `/readyz` (the firewall can do its job: listeners up, not draining) and
-//! `/metrics` (Prometheus text format), and the approvals API and console
-//! (`/approvals`, `/console`, admin-audience tokens only). None of it is
-//! reachable from the MCP listener.
+//! The admin listener, on its own port: `/healthz` (liveness: the process
+//! serves), `/readyz` (the firewall can promise what its configuration
+//! asks), `/metrics` (Prometheus text format), and the approvals API and
+//! console (`/approvals`, `/console`, admin-audience tokens only). None of
+//! it is reachable from the MCP listener.
+//!
+//! `/readyz` answers 503 with every reason that holds, one word each, in the
+//! body and as `mcp_firewall_not_ready{reason}` (1 while it holds):
+//! - `draining`: SIGTERM was received (until exit; this listener stays up
+//!   while the MCP listener drains, so a load balancer sees it);
+//! - `audit_spool_refusing`: the spool does not take rows (full disk, failing
+//!   or stalled writes) and some risk is fail-closed, so those calls are
+//!   refused;
+//! - `audit_backlog`: the oldest row not yet in ClickHouse is older than
+//!   `audit.max_backlog_age_s`.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 
 use crate::approval::{api, Approvals};
+use crate::audit::Auditor;
 use crate::auth::Verifier;
 use crate::proxy::body::{full, Body};
 
@@ -20,10 +35,42 @@ use crate::proxy::body::{full, Body};
 pub struct Admin {
     /// All metrics.
     pub registry: Arc<Mutex<Registry>>,
-    /// False once draining starts (load balancers stop sending traffic).
-    pub ready: AtomicBool,
+    /// True from SIGTERM until exit (load balancers stop sending traffic).
+    pub draining: AtomicBool,
+    /// The audit trail, for its readiness.
+    pub auditor: Auditor,
     /// The approvals API and console, when approvals are configured.
     pub approvals: Option<(Arc<Approvals>, Verifier)>,
+    /// `not_ready{reason}`.
+    pub not_ready: Family<ReasonLabel, Gauge>,
+}
+
+/// Label of `mcp_firewall_not_ready`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason.
+    pub reason: &'static str,
+}
+
+/// Every reason `/readyz` can give.
+pub const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
+
+impl Admin {
+    /// The reasons the firewall is not ready now (empty: ready); also sets
+    /// the `not_ready` gauges.
+    pub fn not_ready(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.draining.load(Ordering::Relaxed) {
+            out.push("draining");
+        }
+        out.extend(self.auditor.not_ready());
+        for r in REASONS {
+            self.not_ready
+                .get_or_create(&ReasonLabel { reason: r })
+                .set(i64::from(out.contains(&r)));
+        }
+        out
+    }
 }
 
 /// Serves one admin request.
@@ -42,10 +89,14 @@ pub async fn handle(
     let resp = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
-            if admin.ready.load(Ordering::Relaxed) {
+            let reasons = admin.not_ready();
+            if reasons.is_empty() {
                 text(StatusCode::OK, "ready\n")
             } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {}\n", reasons.join(", ")),
+                )
             }
         }
         (&Method::GET, "/metrics") => {

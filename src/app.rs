@@ -36,6 +36,8 @@ pub struct Running {
     /// The request-path state (tests inspect it).
     pub state: Arc<State>,
     shutdown: watch::Sender<bool>,
+    admin_shutdown: watch::Sender<bool>,
+    drain: Duration,
     admin: Arc<Admin>,
     servers: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
@@ -135,11 +137,22 @@ pub async fn start_with(
     };
 
     let (shutdown, rx) = watch::channel(false);
+    let (admin_shutdown, admin_rx) = watch::channel(false);
+    let not_ready = prometheus_client::metrics::family::Family::default();
+    registry.register(
+        "not_ready",
+        "1 while /readyz answers 503 for this reason (draining, audit_spool_refusing, audit_backlog)",
+        not_ready.clone(),
+    );
     let admin = Arc::new(Admin {
         registry: Arc::new(Mutex::new(registry)),
-        ready: AtomicBool::new(true),
+        draining: AtomicBool::new(false),
+        auditor: state.auditor.clone(),
         approvals: state.approvals.clone().map(|a| (a, state.verifier.clone())),
+        not_ready,
     });
+    // The gauges follow the state even when nobody probes /readyz.
+    background.push(tokio::spawn(watch_readiness(admin.clone())));
 
     let permits = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
     let drain = config.server.drain_timeout;
@@ -172,7 +185,7 @@ pub async fn start_with(
             let admin = admin_state.clone();
             hyper::service::service_fn(move |req| admin::handle(admin.clone(), req))
         },
-        rx,
+        admin_rx,
         drain,
         listener::ConnLimits::unlimited(),
     ));
@@ -183,6 +196,8 @@ pub async fn start_with(
         admin_addr,
         state,
         shutdown,
+        admin_shutdown,
+        drain,
         admin,
         servers: vec![mcp, admin_task],
         background,
@@ -193,19 +208,36 @@ pub async fn start_with(
 // === impl Running ===
 
 impl Running {
-    /// Stops accepting, drains, and stops background tasks.
+    /// Drains and stops: not ready at once (the admin listener stays up
+    /// until the end, so load balancers see it), the MCP listener stops
+    /// accepting and closes connections that sent nothing; streams still
+    /// open just before the drain deadline end with a final error event (and
+    /// their completion rows); then background tasks and the audit pipeline
+    /// stop, and the admin listener last.
     pub async fn shutdown(self) {
-        self.admin.ready.store(false, Ordering::Relaxed);
+        self.admin.draining.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
-        for s in self.servers {
-            let _ = s.await;
+        let margin = (self.drain / 4).min(Duration::from_secs(1));
+        let state = self.state.clone();
+        let end_streams = tokio::spawn(async move {
+            tokio::time::sleep(self.drain.saturating_sub(margin)).await;
+            state.closing.send_replace(true);
+        });
+        let mut servers = self.servers.into_iter();
+        if let Some(mcp) = servers.next() {
+            let _ = mcp.await;
         }
+        end_streams.abort();
         for b in self.background {
             b.abort();
         }
         if let Some(audit) = self.audit {
             // Flush what it can; the rest stays in the spool for the next start.
             audit.shutdown(Duration::from_secs(5)).await;
+        }
+        let _ = self.admin_shutdown.send(true);
+        for s in servers {
+            let _ = s.await;
         }
         tracing::info!("mcp-firewall stopped");
     }
@@ -234,6 +266,15 @@ async fn start_approvals(
         approvals.set_public_url(&format!("http://{admin_addr}"));
     }
     Ok(Some(approvals))
+}
+
+/// Keeps the `not_ready` gauges current.
+async fn watch_readiness(admin: Arc<Admin>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        admin.not_ready();
+    }
 }
 
 /// Drops budget state of runs idle past their lifetime, off the request path.

@@ -44,6 +44,11 @@ pub struct AuditConfig {
     /// Name written to the `instance` column; defaults to the host name.
     #[serde(default)]
     pub instance: Option<String>,
+    /// The firewall reports not ready (`/readyz`, reason `audit_backlog`)
+    /// while the oldest row not yet in ClickHouse is older than this. 0
+    /// disables. Default 300.
+    #[serde(default = "default_max_backlog_age_s")]
+    pub max_backlog_age_s: u64,
 }
 
 impl Default for AuditConfig {
@@ -57,6 +62,7 @@ impl Default for AuditConfig {
             retention_days: None,
             on_spool_failure: FailModes::default(),
             instance: None,
+            max_backlog_age_s: default_max_backlog_age_s(),
         }
     }
 }
@@ -124,6 +130,16 @@ pub struct SpoolConfig {
     /// Bytes of unshipped rows the spool may hold; past this `record` fails.
     #[serde(default = "default_spool_max_bytes")]
     pub max_bytes: u64,
+    /// Free bytes the spool's filesystem must keep; below, rows are refused
+    /// like on a full spool (checked once a second). Default 64 MiB; 0 off.
+    #[serde(default = "default_spool_min_free_bytes")]
+    pub min_free_bytes: u64,
+    /// Longest a spool write may take: while one runs longer (a frozen or
+    /// failing disk), rows are refused at once and waiting calls stop
+    /// waiting, so reads are served (counted as unaudited) and fail-closed
+    /// risks refused instead of hanging. Default 1000.
+    #[serde(default = "default_spool_write_timeout_ms")]
+    pub write_timeout_ms: u64,
 }
 
 impl Default for SpoolConfig {
@@ -133,6 +149,8 @@ impl Default for SpoolConfig {
             segment_bytes: default_segment_bytes(),
             fsync_interval_ms: default_fsync_interval_ms(),
             max_bytes: default_spool_max_bytes(),
+            min_free_bytes: default_spool_min_free_bytes(),
+            write_timeout_ms: default_spool_write_timeout_ms(),
         }
     }
 }
@@ -311,8 +329,21 @@ pub fn default_retry_min_ms() -> u64 {
     200
 }
 /// Retries back off to one every 30 s.
+/// 2 s: a recovered ClickHouse is probed within a second or two.
 pub fn default_retry_max_ms() -> u64 {
-    30_000
+    2_000
+}
+/// 300 s.
+pub fn default_max_backlog_age_s() -> u64 {
+    300
+}
+/// 64 MiB.
+pub fn default_spool_min_free_bytes() -> u64 {
+    64 << 20
+}
+/// 1000 ms.
+pub fn default_spool_write_timeout_ms() -> u64 {
+    1_000
 }
 /// `password`, `secret`, `token`, `authorization`, `api_key`.
 pub fn default_key_patterns() -> Vec<String> {
@@ -375,6 +406,10 @@ impl AuditConfig {
             ("batch.max_rows", self.batch.max_rows),
             ("batch.max_bytes", self.batch.max_bytes),
             ("batch.max_in_flight", self.batch.max_in_flight),
+            (
+                "spool.write_timeout_ms",
+                self.spool.write_timeout_ms as usize,
+            ),
         ] {
             if value == 0 {
                 return Err(AuditError::ZeroLimit { field });

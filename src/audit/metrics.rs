@@ -23,6 +23,9 @@ pub(crate) struct Metrics {
     rows_rejected: Counter,
     corrupt_bytes: Counter,
     oldest_unsent_age: Gauge<f64, AtomicU64>,
+    spool_free_bytes: Gauge,
+    spool_write_failures: Counter,
+    spool_stalls: Counter,
 }
 
 impl Metrics {
@@ -71,6 +74,21 @@ impl Metrics {
             m.corrupt_bytes.clone(),
         );
         r.register(
+            "spool_free_bytes",
+            "Free bytes on the spool's filesystem (checked once a second)",
+            m.spool_free_bytes.clone(),
+        );
+        r.register(
+            "spool_write_failures",
+            "Spool writes and segment creations that failed (disk full, I/O error)",
+            m.spool_write_failures.clone(),
+        );
+        r.register(
+            "spool_stalls",
+            "Rows refused or given up on because a spool write ran past spool.write_timeout_ms",
+            m.spool_stalls.clone(),
+        );
+        r.register(
             "oldest_unsent_age_seconds",
             "Age of the oldest row spooled but not yet acknowledged by ClickHouse",
             m.oldest_unsent_age.clone(),
@@ -105,6 +123,19 @@ impl Metrics {
     }
     pub(crate) fn set_oldest_unsent_age(&self, seconds: f64) {
         self.oldest_unsent_age.set(seconds);
+    }
+    pub(crate) fn set_spool_free_bytes(&self, bytes: u64) {
+        self.spool_free_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+    pub(crate) fn spool_write_failure(&self) {
+        self.spool_write_failures.inc();
+    }
+    pub(crate) fn spool_stall(&self) {
+        self.spool_stalls.inc();
+    }
+    pub(crate) fn oldest_unsent_age(&self) -> f64 {
+        self.oldest_unsent_age.get()
     }
     /// Rows lost so far (tests and the lead's status page).
     pub(crate) fn rows_lost_total(&self) -> u64 {

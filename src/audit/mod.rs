@@ -63,6 +63,8 @@
 
 mod clickhouse;
 mod config;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 mod metrics;
 mod record;
 mod redact;
@@ -195,6 +197,42 @@ struct Inner {
     instance: Box<str>,
     fail: FailModes,
     metrics: Metrics,
+    /// Rate limit of the "row lost" log line.
+    lost_log: LogEvery,
+    /// Backlog age past which the firewall is not ready.
+    max_backlog_age: Option<Duration>,
+}
+
+/// A log line at most once per interval, with how many occurrences it covers.
+struct LogEvery {
+    last: std::sync::Mutex<Option<Instant>>,
+    count: std::sync::atomic::AtomicU64,
+    every: Duration,
+}
+
+impl LogEvery {
+    fn new(every: Duration) -> Self {
+        Self {
+            last: std::sync::Mutex::new(None),
+            count: std::sync::atomic::AtomicU64::new(0),
+            every,
+        }
+    }
+
+    /// One more occurrence: `Some(occurrences)` when a line is due.
+    fn tick(&self) -> Option<u64> {
+        let n = self
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let mut last = self.last.lock().ok()?;
+        if last.is_some_and(|t| t.elapsed() < self.every) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        self.count.store(0, std::sync::atomic::Ordering::Relaxed);
+        Some(n)
+    }
 }
 
 /// The proxy's handle for writing audit rows. Cheap to clone.
@@ -266,7 +304,18 @@ impl Auditor {
             }
             appended
         })?;
-        appended.outcome().await.ok_or(AuditError::WriterGone)??;
+        // A queued row waits for its group's write at most the write
+        // deadline: a frozen disk must not hold every call.
+        let deadline = inner.spool.write_timeout();
+        match tokio::time::timeout(deadline, appended.outcome()).await {
+            Ok(outcome) => outcome.ok_or(AuditError::WriterGone)??,
+            Err(_) => {
+                inner.metrics.spool_stall();
+                return Err(AuditError::Spool(SpoolError::Stalled {
+                    ms: deadline.as_millis() as u64,
+                }));
+            }
+        }
         Ok(())
     }
 
@@ -291,12 +340,40 @@ impl Auditor {
         }
     }
 
-    /// Counts and loudly logs a row lost under fail-open.
+    /// Counts and loudly logs a row lost under fail-open (one log line per
+    /// second at most, with the count since the last one: a failing disk
+    /// must not also flood the log).
     pub fn note_lost(&self, event_id: Uuid, err: &AuditError) {
         if let Some(i) = &self.inner {
             i.metrics.row_lost();
-            tracing::error!(%event_id, error = %err, "AUDIT ROW LOST: call served fail-open without an audit record");
+            if let Some(n) = i.lost_log.tick() {
+                tracing::error!(%event_id, error = %err, lost_since_last_line = n, "AUDIT ROW LOST: call served fail-open without an audit record");
+            }
         }
+    }
+
+    /// Why the audit trail cannot promise what the configuration asks:
+    /// `audit_spool_refusing` while the spool does not take rows and some
+    /// risk is fail-closed (those calls are refused), `audit_backlog` while
+    /// the oldest unsent row is older than `max_backlog_age_s`. Empty when
+    /// audit is off or all is well.
+    pub fn not_ready(&self) -> Vec<&'static str> {
+        let Some(i) = &self.inner else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let fail_closed = Risk::ALL
+            .iter()
+            .any(|r| i.fail.for_risk(*r) == FailMode::Closed);
+        if fail_closed && !i.spool.accepting() {
+            out.push("audit_spool_refusing");
+        }
+        if i.max_backlog_age
+            .is_some_and(|max| i.metrics.oldest_unsent_age() > max.as_secs_f64())
+        {
+            out.push("audit_backlog");
+        }
+        out
     }
 
     /// [`Auditor::record`], then the fail mode of the row's risk (`None` counts as
@@ -465,6 +542,8 @@ pub async fn start(
             .max(1024),
         fsync_interval: Duration::from_millis(cfg.spool.fsync_interval_ms),
         max_bytes: cfg.spool.max_bytes,
+        min_free_bytes: cfg.spool.min_free_bytes,
+        write_timeout: Duration::from_millis(cfg.spool.write_timeout_ms),
     };
     let m = metrics.clone();
     // Recovery reads every leftover segment: blocking work, off the runtime.
@@ -519,6 +598,9 @@ pub async fn start(
             instance: instance.into_boxed_str(),
             fail: cfg.on_spool_failure,
             metrics,
+            lost_log: LogEvery::new(Duration::from_secs(1)),
+            max_backlog_age: (cfg.max_backlog_age_s > 0)
+                .then(|| Duration::from_secs(cfg.max_backlog_age_s)),
         })),
     };
     let handle = AuditHandle {

@@ -82,6 +82,34 @@ struct ShipCtx {
     /// Set once the schema exists; concurrent first inserts may both create it
     /// (the DDL is idempotent).
     schema_ready: AtomicBool,
+    /// The ClickHouse outage going on, if any.
+    outage: std::sync::Mutex<Outage>,
+}
+
+/// A run of failed `INSERT`s: logged once when it starts and once when it
+/// ends, with counts, instead of a line per retry.
+#[derive(Debug, Default)]
+pub(crate) struct Outage {
+    since: Option<Instant>,
+    failures: u64,
+}
+
+impl Outage {
+    /// A failed insert: `true` when it starts an outage.
+    pub(crate) fn failed(&mut self) -> bool {
+        self.failures += 1;
+        if self.since.is_none() {
+            self.since = Some(Instant::now());
+            return true;
+        }
+        false
+    }
+
+    /// A successful insert: the outage that ended, with its failure count.
+    pub(crate) fn succeeded(&mut self) -> Option<(Duration, u64)> {
+        let since = self.since.take()?;
+        Some((since.elapsed(), std::mem::take(&mut self.failures)))
+    }
 }
 
 /// Spool bookkeeping of a batch whose `INSERT` is in flight.
@@ -180,6 +208,7 @@ impl Shipper {
                 client,
                 settings,
                 metrics,
+                outage: std::sync::Mutex::new(Outage::default()),
             }),
             reader: Some(reader),
             phase,
@@ -360,13 +389,15 @@ impl Shipper {
         let Some(done) = self.in_flight.pop_front() else {
             return;
         };
+        // Free space first: deleting shipped segments needs none, and may be
+        // what a full disk waits for.
+        spool::delete_segments(&self.ctx.shared, &done.finished_segments);
         if let Some(end) = done.end {
             if let Err(e) = spool::write_cursor(self.ctx.shared.dir(), end) {
                 // Only costs a larger (deduplicated) replay after a restart.
                 tracing::warn!(error = %e, "audit spool: cannot update cursor");
             }
         }
-        spool::delete_segments(&self.ctx.shared, &done.finished_segments);
     }
 
     fn update_age(&self, batch: &Batch) {
@@ -403,11 +434,28 @@ async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Pos
         let (err, disposition) = match try_insert(&ctx, &body).await {
             Ok(()) => {
                 ctx.metrics.rows_sent(rows);
+                let ended = ctx.outage.lock().ok().and_then(|mut o| o.succeeded());
+                if let Some((lasted, failures)) = ended {
+                    tracing::error!(
+                        lasted_s = lasted.as_secs(),
+                        failed_inserts = failures,
+                        "audit: ClickHouse accepts rows again; the outage is over and the spooled rows are shipping"
+                    );
+                }
                 return body;
             }
             Err(e) => e,
         };
         ctx.metrics.send_error();
+        if disposition == Disposition::Retry {
+            let started = ctx.outage.lock().is_ok_and(|mut o| o.failed());
+            if started {
+                tracing::error!(
+                    error = %err,
+                    "audit: ClickHouse outage: INSERTs fail; rows stay in the spool and ship when it is back (retrying every few seconds at most)"
+                );
+            }
+        }
         if disposition == Disposition::Reject {
             match spool::save_rejected(
                 ctx.shared.dir(),
@@ -435,7 +483,7 @@ async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Pos
         ctx.metrics.retry();
         let s = &ctx.settings;
         let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
-        tracing::warn!(
+        tracing::debug!(
             rows,
             attempt,
             retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),

@@ -36,6 +36,16 @@
 //! * A segment is deleted only after every record in it was acknowledged.
 //! * At start, torn or corrupt tails are cut off (the cut bytes are kept in
 //!   `rejected/`), so a crash mid-write is never fatal.
+//! * A failing disk never wedges the spool: a write that fails seals its
+//!   segment (so the shipper can finish it and delete it once acknowledged)
+//!   and the next write starts a new one; the cursor is rewritten in place
+//!   (20 bytes over the old ones, crc-checked), so a full disk cannot leave
+//!   it missing; start-up on a full disk succeeds (rows that can be shipped
+//!   are shipped, new rows meet the fail modes until space returns). Free
+//!   space below `spool.min_free_bytes` refuses new rows like a full spool.
+//! * A write has a deadline (`spool.write_timeout_ms`): while one has been
+//!   in progress longer, new rows are refused at once (`Stalled`) instead of
+//!   queueing behind a frozen disk, and queued callers stop waiting.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -125,6 +135,20 @@ pub enum SpoolError {
     /// The spool was shut down; no more rows are accepted.
     #[error("audit spool is shut down")]
     Closed,
+    /// The spool's filesystem has less free space than `spool.min_free_bytes`.
+    #[error("audit spool disk is nearly full: {free} bytes free, {min} required")]
+    LowSpace {
+        /// Free bytes on the spool's filesystem.
+        free: u64,
+        /// `spool.min_free_bytes`.
+        min: u64,
+    },
+    /// A write has been in progress longer than `spool.write_timeout_ms`.
+    #[error("audit spool write stalled for more than {ms} ms (disk frozen or failing)")]
+    Stalled {
+        /// The deadline.
+        ms: u64,
+    },
 }
 
 impl SpoolError {
@@ -208,6 +232,20 @@ pub(crate) struct Shared {
     failed_at: Mutex<Option<Instant>>,
     /// Set when a row was refused for lack of room, cleared when segments are freed.
     full: AtomicBool,
+    /// Free bytes on the spool's filesystem are below `min_free_bytes`.
+    low_space: AtomicBool,
+    /// Free bytes last seen (statvfs), for the error.
+    free_bytes: AtomicU64,
+    min_free_bytes: u64,
+    /// Milliseconds since `epoch` when the write in progress started; 0 when
+    /// none is.
+    writing_since: AtomicU64,
+    epoch: Instant,
+    /// The write deadline.
+    write_timeout: Duration,
+    /// Failed writes since the spool last wrote successfully (the outage's
+    /// size, logged when it ends).
+    failures: AtomicU64,
     metrics: Metrics,
     /// Held open so the `flock` lasts as long as the spool.
     _lock: File,
@@ -240,7 +278,10 @@ impl Shared {
     /// re-probe matters: callers that stop calling `record` on `false` would
     /// otherwise never learn that the disk recovered.
     pub(crate) fn accepting(&self) -> bool {
-        if self.full.load(Ordering::Relaxed) {
+        if self.full.load(Ordering::Relaxed) || self.low_space.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.stalled().is_some() {
             return false;
         }
         self.healthy.load(Ordering::Relaxed)
@@ -249,6 +290,73 @@ impl Shared {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .is_none_or(|t| t.elapsed() >= REPROBE_AFTER)
+    }
+
+    /// How long the write in progress has run, when past the deadline.
+    pub(crate) fn stalled(&self) -> Option<Duration> {
+        let since = self.writing_since.load(Ordering::Relaxed);
+        if since == 0 {
+            return None;
+        }
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let running = Duration::from_millis(now.saturating_sub(since));
+        (running > self.write_timeout).then_some(running)
+    }
+
+    /// The write deadline.
+    pub(crate) fn write_timeout(&self) -> Duration {
+        self.write_timeout
+    }
+
+    fn begin_write(&self) {
+        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        self.writing_since.store(now, Ordering::Relaxed);
+    }
+
+    fn end_write(&self) {
+        self.writing_since.store(0, Ordering::Relaxed);
+    }
+
+    /// A write failed: the first failure of an outage logs one ERROR line;
+    /// the rest only count.
+    fn note_write_failure(&self, what: &str, path: &Path, e: &io::Error) {
+        let n = self.failures.fetch_add(1, Ordering::Relaxed);
+        if n == 0 {
+            tracing::error!(file = %path.display(), error = %e, "audit spool: {what} failed; rows are refused or served unaudited by the fail modes until the disk works again");
+        }
+        self.metrics.spool_write_failure();
+    }
+
+    /// A write succeeded: an outage that was going on ends with one line.
+    fn note_write_success(&self) {
+        let n = self.failures.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            tracing::error!(
+                failed_writes = n,
+                "audit spool: writing again; the disk outage is over"
+            );
+        }
+    }
+
+    /// Re-reads the free space of the spool's filesystem (the spool thread,
+    /// once a tick).
+    fn check_free_space(&self) {
+        if self.min_free_bytes == 0 {
+            return;
+        }
+        let Ok(st) = rustix::fs::statvfs(&self.dir) else {
+            return;
+        };
+        let free = st.f_bavail.saturating_mul(st.f_frsize);
+        self.free_bytes.store(free, Ordering::Relaxed);
+        self.metrics.set_spool_free_bytes(free);
+        let low = free < self.min_free_bytes;
+        let was = self.low_space.swap(low, Ordering::Relaxed);
+        if low && !was {
+            tracing::error!(free, min = self.min_free_bytes, dir = %self.dir.display(), "audit spool: disk nearly full; new rows are refused (fail-closed risks are not served)");
+        } else if was && !low {
+            tracing::error!(free, dir = %self.dir.display(), "audit spool: disk space is back; rows are accepted again");
+        }
     }
 
     fn mark_failed(&self) {
@@ -286,6 +394,24 @@ impl Shared {
                 len,
                 max: MAX_RECORD_LEN,
             });
+        }
+        if self.low_space.load(Ordering::Relaxed) {
+            q.buf.truncate(start);
+            return Err(SpoolError::LowSpace {
+                free: self.free_bytes.load(Ordering::Relaxed),
+                min: self.min_free_bytes,
+            });
+        }
+        if q.writing {
+            if let Some(running) = self.stalled() {
+                // Not behind a write that may never return.
+                q.buf.truncate(start);
+                self.metrics.spool_stall();
+                let _ = running;
+                return Err(SpoolError::Stalled {
+                    ms: self.write_timeout.as_millis() as u64,
+                });
+            }
         }
         let used = self.bytes_on_disk.load(Ordering::Relaxed) + q.buf.len() as u64;
         if used > self.max_bytes {
@@ -337,7 +463,9 @@ impl Shared {
                 std::mem::swap(&mut q.waiters, &mut waiters);
             }
             let rows = waiters.len() + usize::from(own && round == 0);
+            self.begin_write();
             let result = log.write_group(self, &buf);
+            self.end_write();
             if result.is_ok() && self.fsync_interval.is_zero() {
                 log.sync_inline(&self.dir);
             }
@@ -396,6 +524,10 @@ pub(crate) struct SpoolSettings {
     pub segment_bytes: u64,
     pub fsync_interval: Duration,
     pub max_bytes: u64,
+    /// Refuse rows while the filesystem has less free space (0: no check).
+    pub min_free_bytes: u64,
+    /// A write running longer refuses new rows at once.
+    pub write_timeout: Duration,
 }
 
 /// What opening an existing spool found.
@@ -446,6 +578,8 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         Err(e) => return Err(SpoolError::dir(&lock_path, e.into())),
     }
 
+    // A cursor.tmp left by an older build's interrupted rename.
+    let _ = fs::remove_file(dir.join("cursor.tmp"));
     let cursor = read_cursor(dir);
     let mut recovery = Recovery::default();
     let mut on_disk = 0u64;
@@ -516,12 +650,30 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         healthy: AtomicBool::new(true),
         failed_at: Mutex::new(None),
         full: AtomicBool::new(false),
+        low_space: AtomicBool::new(false),
+        free_bytes: AtomicU64::new(u64::MAX),
+        min_free_bytes: settings.min_free_bytes,
+        writing_since: AtomicU64::new(0),
+        epoch: Instant::now(),
+        write_timeout: settings.write_timeout,
+        failures: AtomicU64::new(0),
         metrics,
         _lock: lock,
     });
-    // The first segment is created (and synced) now so an unusable directory
-    // fails start-up, not the first call.
-    log.open_segment(&shared)?;
+    shared.check_free_space();
+    if let Ok(st) = rustix::fs::statvfs(dir) {
+        let room = st.f_bavail.saturating_mul(st.f_frsize);
+        if room < settings.max_bytes.saturating_sub(on_disk) {
+            tracing::warn!(free = room, max_bytes = settings.max_bytes, dir = %dir.display(), "audit spool: the filesystem has less free space than spool.max_bytes allows the spool to use; it may fill the disk first");
+        }
+    }
+    // The first segment is created (and synced) now, so a working disk is
+    // ready for the first call. A full disk does not stop the start: what is
+    // spooled still ships, and new rows meet the fail modes until the next
+    // write can create a segment.
+    if let Err(e) = log.open_segment(&shared) {
+        tracing::error!(error = %e, "audit spool: cannot start a segment at start-up; rows are refused or served unaudited by the fail modes until the disk works again");
+    }
     log.sync_inline(dir);
     *shared.log() = log;
     let syncer = {
@@ -578,7 +730,7 @@ fn repair_segment(dir: &Path, seq: u64) -> Result<(u64, Option<u64>), SpoolError
     // A header-less file (crash right after create) holds no rows: remove it.
     if valid == 0 {
         tracing::warn!(segment = %path.display(), bytes = cut, "audit spool: removing segment without a valid header");
-        save_rejected(dir, seq, 0, "corrupt", &data)?;
+        keep_rejected(dir, seq, 0, &data);
         fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
         return Ok((cut, None));
     }
@@ -588,7 +740,7 @@ fn repair_segment(dir: &Path, seq: u64) -> Result<(u64, Option<u64>), SpoolError
         cut_bytes = cut,
         "audit spool: torn record at segment end (crash during write); truncating"
     );
-    save_rejected(dir, seq, valid as u64, "corrupt", &data[valid..])?;
+    keep_rejected(dir, seq, valid as u64, &data[valid..]);
     let f = OpenOptions::new()
         .write(true)
         .open(&path)
@@ -640,6 +792,14 @@ fn next_record(data: &[u8], pos: usize) -> Option<RecordSpan> {
     })
 }
 
+/// Saves cut bytes at start-up when the disk allows; on a full disk they are
+/// logged and dropped (they are a torn tail, never an acknowledged row).
+fn keep_rejected(dir: &Path, seq: u64, offset: u64, bytes: &[u8]) {
+    if let Err(e) = save_rejected(dir, seq, offset, "corrupt", bytes) {
+        tracing::error!(error = %e, bytes = bytes.len(), "audit spool: cannot keep the torn tail in rejected/ (disk full?); it held no acknowledged row");
+    }
+}
+
 /// Writes `bytes` to `rejected/<seq>-<offset>.<kind>` and fsyncs it.
 pub(crate) fn save_rejected(
     dir: &Path,
@@ -652,6 +812,7 @@ pub(crate) fn save_rejected(
         .join("rejected")
         .join(format!("{seq:020}-{offset:012}.{kind}"));
     let write = || -> io::Result<()> {
+        injected(dir)?;
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -684,23 +845,41 @@ pub(crate) fn read_cursor(dir: &Path) -> Option<Position> {
     })
 }
 
-/// Replaces the cursor file atomically (write temp, rename). No fsync: losing a
-/// cursor update only means replaying rows ClickHouse deduplicates.
+/// Rewrites the cursor file in place: 20 bytes over the old 20, which needs
+/// no new disk block, so a full disk cannot leave the cursor missing or
+/// empty. A torn write fails its crc and reads as no cursor: the spool then
+/// replays from its oldest segment, rows ClickHouse deduplicates. No fsync,
+/// for the same reason.
 pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
     let mut bytes = [0u8; 20];
     bytes[..8].copy_from_slice(&pos.seq.to_le_bytes());
     bytes[8..16].copy_from_slice(&pos.offset.to_le_bytes());
     let crc = crc32fast::hash(&bytes[..16]);
     bytes[16..].copy_from_slice(&crc.to_le_bytes());
-    let tmp = dir.join("cursor.tmp");
-    OpenOptions::new()
+    injected(dir)?;
+    let f = OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
         .mode(0o600)
-        .open(&tmp)?
-        .write_all(&bytes)?;
-    fs::rename(&tmp, dir.join("cursor"))
+        .open(dir.join("cursor"))?;
+    f.write_all_at(&bytes, 0)?;
+    if f.metadata()?.len() > 20 {
+        f.set_len(20)?;
+    }
+    Ok(())
+}
+
+/// An injected disk fault of the spool in `dir`, if any (test builds).
+#[cfg(feature = "fault-injection")]
+fn injected(dir: &Path) -> io::Result<()> {
+    super::fault::before_write(dir)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+fn injected(_dir: &Path) -> io::Result<()> {
+    Ok(())
 }
 
 /// The segment being appended to.
@@ -739,7 +918,8 @@ impl Log {
             return Err(SpoolError::Closed);
         };
         let before = seg.len;
-        match (&*seg.file).write_all(buf) {
+        let written = injected(&shared.dir).and_then(|()| (&*seg.file).write_all(buf));
+        match written {
             Ok(()) => {
                 seg.len += buf.len() as u64;
                 self.dirty = true;
@@ -751,6 +931,7 @@ impl Log {
                 shared.grow(buf.len() as u64);
                 shared.publish(pos);
                 shared.healthy.store(true, Ordering::Relaxed);
+                shared.note_write_success();
                 shared.new_data.notify_one();
                 if full {
                     self.rotate(shared);
@@ -760,12 +941,20 @@ impl Log {
             Err(e) => {
                 shared.mark_failed();
                 let path = seg.path.clone();
-                tracing::error!(segment = %path.display(), error = %e, "audit spool write failed");
+                shared.note_write_failure("write", &path, &e);
                 // Roll back a partial write so the segment ends on a record boundary.
                 if let Err(e2) = seg.file.set_len(before) {
-                    tracing::error!(segment = %path.display(), error = %e2, "audit spool: cannot roll back partial write; abandoning segment");
-                    self.seal();
+                    tracing::error!(segment = %path.display(), error = %e2, "audit spool: cannot roll back a partial write; the reader cuts the torn tail");
                 }
+                // Seal it: a segment that cannot grow must still be finished
+                // by the shipper and deleted once shipped, or a full disk
+                // never frees. The next write starts a new segment.
+                self.seal();
+                shared.publish(Position {
+                    seq: self.next_seq,
+                    offset: SEGMENT_HEADER_LEN,
+                });
+                shared.new_data.notify_one();
                 Err(SpoolError::Write {
                     path,
                     source: Arc::new(e),
@@ -801,6 +990,7 @@ impl Log {
         let seq = self.next_seq;
         let path = segment_path(&shared.dir, seq);
         let create = || -> io::Result<File> {
+            injected(&shared.dir)?;
             let mut f = OpenOptions::new()
                 .append(true)
                 .create_new(true)
@@ -834,6 +1024,7 @@ impl Log {
             }
             Err(e) => {
                 shared.mark_failed();
+                shared.note_write_failure("creating a segment", &path, &e);
                 // Skip the number: a half-created file must not be reused.
                 if path.exists() {
                     let _ = fs::remove_file(&path);
@@ -920,6 +1111,7 @@ fn run_syncer(shared: &Shared) {
         }
         if Instant::now() >= next_sync {
             shared.sync();
+            shared.check_free_space();
             next_sync = Instant::now() + tick;
         }
     }
@@ -1039,8 +1231,14 @@ impl SpoolReader {
             if self.pos.seq > committed.seq {
                 return Ok(FillOutcome::CaughtUp);
             }
-            if self.file.is_none() && !self.open_current()? {
-                continue;
+            if self.file.is_none() {
+                match self.open_current()? {
+                    Opened::Yes => {}
+                    Opened::Moved => continue,
+                    // The writer sealed its segment and could not start the
+                    // next one yet (disk full): nothing more to read.
+                    Opened::NotYet => return Ok(FillOutcome::CaughtUp),
+                }
             }
             // Parse whatever complete records the buffer holds.
             let data = &self.buf[self.consumed..];
@@ -1108,9 +1306,8 @@ impl SpoolReader {
         }
     }
 
-    /// Opens the segment at `pos.seq`, or skips to the next existing one. Returns
-    /// false when it moved on without opening (caller re-checks).
-    fn open_current(&mut self) -> Result<bool, SpoolError> {
+    /// Opens the segment at `pos.seq`, or skips to the next existing one.
+    fn open_current(&mut self) -> Result<Opened, SpoolError> {
         let path = segment_path(&self.shared.dir, self.pos.seq);
         match File::open(&path) {
             Ok(f) => {
@@ -1124,7 +1321,7 @@ impl SpoolReader {
                     self.buf_offset = 0;
                     self.pos.offset = 0;
                     self.skip_corrupt(u64::MAX, true)?;
-                    return Ok(false);
+                    return Ok(Opened::Moved);
                 }
                 if self.pos.offset < SEGMENT_HEADER_LEN {
                     self.pos.offset = SEGMENT_HEADER_LEN;
@@ -1133,7 +1330,7 @@ impl SpoolReader {
                 self.buf.clear();
                 self.consumed = 0;
                 self.buf_offset = self.pos.offset;
-                Ok(true)
+                Ok(Opened::Yes)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // A gap (e.g. a segment that could not be created): jump to the next
@@ -1147,7 +1344,7 @@ impl SpoolReader {
                             seq: s,
                             offset: SEGMENT_HEADER_LEN,
                         };
-                        Ok(false)
+                        Ok(Opened::Moved)
                     }
                     None => {
                         let committed = self.shared.committed();
@@ -1156,9 +1353,10 @@ impl SpoolReader {
                                 seq: committed.seq,
                                 offset: SEGMENT_HEADER_LEN,
                             };
-                            Ok(false)
+                            Ok(Opened::Moved)
                         } else {
-                            Err(SpoolError::dir(&path, e))
+                            // The segment the writer will create next.
+                            Ok(Opened::NotYet)
                         }
                     }
                 }
@@ -1278,6 +1476,16 @@ impl SpoolReader {
         self.buf_offset = SEGMENT_HEADER_LEN;
         Ok(())
     }
+}
+
+/// What [`SpoolReader::open_current`] did.
+enum Opened {
+    /// The current segment is open.
+    Yes,
+    /// It moved to another segment (or past a corrupt one): look again.
+    Moved,
+    /// The current segment does not exist yet: the writer will create it.
+    NotYet,
 }
 
 /// At `pos` the bytes for a full record are present but it does not validate.

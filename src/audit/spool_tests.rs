@@ -12,6 +12,8 @@ fn settings(dir: &Path) -> SpoolSettings {
         segment_bytes: 1 << 20,
         fsync_interval: Duration::from_millis(10),
         max_bytes: 1 << 30,
+        min_free_bytes: 0,
+        write_timeout: Duration::from_secs(5),
     }
 }
 
@@ -503,4 +505,144 @@ async fn spool_files_are_private_to_the_owner() {
     assert_eq!(mode(&segment_path(&root, 1)), 0o600);
     assert_eq!(mode(&root.join("cursor")), 0o600);
     assert_eq!(mode(&root.join("LOCK")), 0o600);
+}
+
+// --- disk faults ----------------------------------------------------------
+
+use super::super::fault::{self, Plan};
+
+const FULL: Plan = Plan {
+    no_space: true,
+    stall: None,
+};
+
+#[tokio::test]
+async fn a_full_disk_seals_the_segment_so_shipped_rows_still_free_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..10 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    let first = list_segments(dir.path()).unwrap();
+    fault::inject(dir.path(), FULL);
+    let err = append(&spool.shared, &payload(10)).await.unwrap_err();
+    assert!(matches!(err, SpoolError::Write { .. }), "{err}");
+    // Writes keep failing; no segment can be created.
+    assert!(append(&spool.shared, &payload(11)).await.is_err());
+    // The failed segment is sealed: the shipper reads it to its end and may
+    // delete it once shipped, freeing the disk.
+    let shared = Arc::clone(&spool.shared);
+    let mut reader = spool.reader;
+    let batch = read_all(&mut reader);
+    assert_eq!(batch.body, concat(0..10));
+    assert_eq!(batch.finished_segments, first);
+    delete_segments(&shared, &batch.finished_segments);
+    assert!(list_segments(dir.path()).unwrap().is_empty());
+    assert_eq!(shared.bytes_on_disk.load(Ordering::Relaxed), 0);
+    // Space is back: a new segment takes the next rows, and they read back.
+    fault::clear(dir.path());
+    std::thread::sleep(REPROBE_AFTER);
+    append(&shared, &payload(12)).await.unwrap();
+    let batch = read_all(&mut reader);
+    assert_eq!(batch.body, concat(12..13));
+    shared.close();
+    spool.syncer.join().unwrap();
+}
+
+#[tokio::test]
+async fn start_up_on_a_full_disk_succeeds_and_what_was_spooled_still_ships() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    for i in 0..5 {
+        append(&spool.shared, &payload(i)).await.unwrap();
+    }
+    drop(stop(spool));
+    fault::inject(dir.path(), FULL);
+    let spool = open(&settings(dir.path()), Metrics::default()).expect("starts on a full disk");
+    assert!(append(&spool.shared, &payload(5)).await.is_err());
+    let shared = Arc::clone(&spool.shared);
+    let mut reader = spool.reader;
+    let batch = read_all(&mut reader);
+    assert_eq!(
+        batch.body,
+        concat(0..5),
+        "the rows left by the last run ship"
+    );
+    // The cursor cannot be written on the full disk; the old one stays valid.
+    write_cursor(dir.path(), Position { seq: 1, offset: 16 }).unwrap_err();
+    fault::clear(dir.path());
+    std::thread::sleep(REPROBE_AFTER);
+    append(&shared, &payload(6)).await.unwrap();
+    assert_eq!(read_all(&mut reader).body, concat(6..7));
+    shared.close();
+    spool.syncer.join().unwrap();
+}
+
+#[test]
+fn the_cursor_is_rewritten_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Position {
+        seq: 3,
+        offset: 1000,
+    };
+    let b = Position { seq: 4, offset: 16 };
+    write_cursor(dir.path(), a).unwrap();
+    write_cursor(dir.path(), b).unwrap();
+    assert_eq!(read_cursor(dir.path()), Some(b));
+    assert_eq!(fs::metadata(dir.path().join("cursor")).unwrap().len(), 20);
+    assert!(!dir.path().join("cursor.tmp").exists());
+}
+
+#[test]
+fn a_stalled_write_refuses_new_rows_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.write_timeout = Duration::from_millis(100);
+    let spool = open(&s, Metrics::default()).unwrap();
+    fault::inject(
+        dir.path(),
+        Plan {
+            no_space: false,
+            stall: Some(Duration::from_millis(800)),
+        },
+    );
+    let shared = Arc::clone(&spool.shared);
+    let leader = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(append(&shared, &payload(1)))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!spool.shared.accepting(), "a stalled spool says so");
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let err = rt.block_on(append(&spool.shared, &payload(2))).unwrap_err();
+    assert!(matches!(err, SpoolError::Stalled { ms: 100 }), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "refused at once"
+    );
+    fault::clear(dir.path());
+    leader.join().unwrap().unwrap();
+    assert!(spool.shared.accepting());
+    stop(spool);
+}
+
+#[tokio::test]
+async fn too_little_free_space_refuses_rows_like_a_full_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.min_free_bytes = u64::MAX;
+    let spool = open(&s, Metrics::default()).unwrap();
+    let err = append(&spool.shared, &payload(1)).await.unwrap_err();
+    assert!(
+        matches!(err, SpoolError::LowSpace { min: u64::MAX, .. }),
+        "{err}"
+    );
+    assert!(!spool.shared.accepting());
+    stop(spool);
 }

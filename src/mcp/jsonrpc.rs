@@ -845,7 +845,7 @@ struct State<'de> {
     depth: usize,
     /// Keys of every open object, innermost last; each object owns the tail
     /// from the index it recorded on entry.
-    keys: Vec<Cow<'de, str>>,
+    keys: Vec<Folded<'de>>,
     failure: Option<Failure>,
     /// Path to the failure, innermost first (built while unwinding).
     path: Vec<PathSegment>,
@@ -968,27 +968,6 @@ const META_MEMBERS: &[&str] = &[
     "tracestate",
     "baggage",
 ];
-
-/// A key as a decoder that ignores letter case compares it: lower case, with
-/// the two non-ASCII letters that Unicode case folding maps onto ASCII ones
-/// (U+017F LATIN SMALL LETTER LONG S folds to `s`, U+212A KELVIN SIGN to
-/// `k`) mapped too, as Go's `strings.EqualFold` does. Borrowed when the key
-/// is already folded (the common case: MCP keys are lower-camel ASCII):
-/// `None` means the key is its own folded form.
-fn fold_case(key: &str) -> Option<String> {
-    if key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
-        return None;
-    }
-    let mut out = String::with_capacity(key.len());
-    for c in key.chars() {
-        match c {
-            '\u{17F}' => out.push('s'),
-            c if c.is_ascii() => out.push(c.to_ascii_lowercase()),
-            c => out.extend(c.to_lowercase()),
-        }
-    }
-    (out != key).then_some(out)
-}
 
 struct Validate<'s, 'de> {
     state: &'s mut State<'de>,
@@ -1198,24 +1177,13 @@ impl<'de> Visitor<'de> for Validate<'_, 'de> {
         self.enter()?;
         let members = self.role.members();
         let start = self.state.keys.len();
-        let mut hashed: Option<HashSet<Cow<'de, str>>> = None;
-        // Whether a key of this object needed folding: only then can a
-        // duplicate be one of spelling rather than the same key twice.
-        let mut any_cased = false;
+        let mut hashed: Option<HashSet<Folded<'de>>> = None;
         while let Some(key) = map.next_key_seed(KeySeed)? {
-            // Keys are compared folded: two keys equal but for letter case
-            // are one key to a case-insensitive decoder.
-            let folded = fold_case(&key);
-            let cased = folded.is_some();
-            let compared: Cow<'de, str> = match folded {
-                Some(f) => Cow::Owned(f),
-                None => key.clone(),
-            };
+            // Keys are compared folded (without allocating): two keys equal
+            // but for letter case are one key to a case-insensitive decoder.
+            let cased = !key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase());
             if let Some((names, scope)) = members.filter(|_| cased) {
-                if let Some(member) = names
-                    .iter()
-                    .find(|m| m.eq_ignore_ascii_case(&compared) && **m != key)
-                {
+                if let Some(member) = names.iter().find(|m| Folded::eq_str(m, &key) && **m != key) {
                     return self.fail(Failure::CaseVariant {
                         key: key.into_owned(),
                         member,
@@ -1223,32 +1191,42 @@ impl<'de> Visitor<'de> for Validate<'_, 'de> {
                     });
                 }
             }
-            let duplicate = match &mut hashed {
-                Some(set) => !set.insert(compared.clone()),
-                None => {
-                    let duplicate = self.state.keys[start..].contains(&compared);
-                    if !duplicate && self.state.keys.len() - start >= LINEAR_KEY_SCAN_MAX {
-                        let mut set: HashSet<Cow<'de, str>> =
-                            self.state.keys.drain(start..).collect();
-                        set.insert(compared.clone());
-                        hashed = Some(set);
-                    } else if !duplicate {
-                        self.state.keys.push(compared.clone());
+            let folded = Folded(key.clone());
+            let earlier: Option<bool> = match &mut hashed {
+                Some(set) => match set.get(&folded) {
+                    Some(k) => Some(k.0 == key),
+                    None => {
+                        set.insert(folded);
+                        None
                     }
-                    duplicate
+                },
+                None => {
+                    let found = self.state.keys[start..]
+                        .iter()
+                        .find(|k| **k == folded)
+                        .map(|k| k.0 == key);
+                    if found.is_none() {
+                        if self.state.keys.len() - start >= LINEAR_KEY_SCAN_MAX {
+                            let mut set: HashSet<Folded<'de>> =
+                                self.state.keys.drain(start..).collect();
+                            set.insert(folded);
+                            hashed = Some(set);
+                        } else {
+                            self.state.keys.push(folded);
+                        }
+                    }
+                    found
                 }
             };
-            if duplicate {
-                let key = key.into_owned();
+            if let Some(exact) = earlier {
                 // The same key twice, or two spellings that differ in case.
-                let failure = if cased || any_cased {
-                    Failure::CaseDuplicate(key)
-                } else {
+                let key = key.into_owned();
+                return self.fail(if exact {
                     Failure::Duplicate(key)
-                };
-                return self.fail(failure);
+                } else {
+                    Failure::CaseDuplicate(key)
+                });
             }
-            any_cased |= cased;
             let child = Validate {
                 state: &mut *self.state,
                 role: self.role.child(&key),
@@ -1261,6 +1239,61 @@ impl<'de> Visitor<'de> for Validate<'_, 'de> {
         self.state.keys.truncate(start);
         self.state.depth -= 1;
         Ok(())
+    }
+}
+
+/// An object key compared and hashed as a case-insensitive decoder sees it:
+/// lower case, with U+017F LATIN SMALL LETTER LONG S as `s` and U+212A
+/// KELVIN SIGN as `k` (Unicode case folding maps both onto ASCII letters, as
+/// Go's `strings.EqualFold` does). Nothing is allocated.
+#[derive(Debug, Clone)]
+struct Folded<'de>(Cow<'de, str>);
+
+impl Folded<'_> {
+    fn chars(s: &str) -> impl Iterator<Item = char> + '_ {
+        s.chars().flat_map(|c| {
+            let one = match c {
+                '\u{17F}' => Some('s'),
+                c if c.is_ascii() => Some(c.to_ascii_lowercase()),
+                _ => None,
+            };
+            one.into_iter().chain(
+                one.is_none()
+                    .then(|| c.to_lowercase())
+                    .into_iter()
+                    .flatten(),
+            )
+        })
+    }
+
+    fn eq_str(a: &str, b: &str) -> bool {
+        if a.is_ascii() && b.is_ascii() {
+            return a.eq_ignore_ascii_case(b);
+        }
+        Self::chars(a).eq(Self::chars(b))
+    }
+}
+
+impl PartialEq for Folded<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        Self::eq_str(&self.0, &other.0)
+    }
+}
+
+impl Eq for Folded<'_> {}
+
+impl std::hash::Hash for Folded<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if self.0.is_ascii() {
+            for b in self.0.bytes() {
+                state.write_u8(b.to_ascii_lowercase());
+            }
+        } else {
+            for c in Self::chars(&self.0) {
+                state.write_u32(u32::from(c));
+            }
+        }
+        state.write_u8(0xff);
     }
 }
 

@@ -65,6 +65,8 @@ pub struct RunContext {
     pub redactor: Arc<Redactor>,
     /// Seals session ids, event ids and request states.
     pub sessions: Arc<Sessions>,
+    /// True once open streams must end (shutdown).
+    pub closing: tokio::sync::watch::Receiver<bool>,
 }
 
 /// What a decision knows besides the message and the run: the caller's

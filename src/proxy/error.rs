@@ -63,6 +63,9 @@ pub enum UpstreamFailure {
     /// The response is larger than the firewall buffers for inspection.
     #[error("response larger than {0} bytes")]
     TooLarge(usize),
+    /// The firewall is shutting down: the stream ends before its answer.
+    #[error("the firewall is shutting down; retry the request")]
+    ShuttingDown,
 }
 
 /// An error on the request path.

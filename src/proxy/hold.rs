@@ -268,8 +268,21 @@ impl HoldStream {
         let every = Duration::from_secs(approvals.config().progress_interval_s.max(1));
         let until = (Instant::now() + every).min(self.until);
         let id = held.gated.approval.id.clone();
+        let mut closing = self.run.closing.clone();
         let status = tokio::select! {
             s = approvals.wait(&id, until) => s,
+            _ = closing.wait_for(|c| *c) => {
+                // The firewall is going down: the call has not run; its
+                // approval stays for the client's retry on another replica.
+                self.guard.stop_waiting();
+                let failure = UpstreamFailure::ShuttingDown;
+                self.step = once(answer::upstream_error(
+                    Some(&held.id),
+                    &self.run.upstream.config.name,
+                    &failure,
+                ));
+                return None;
+            }
             () = self.cancel.notified() => {
                 // Cancelled by the client: the approval is withdrawn, no
                 // answer follows (the client asked for none).

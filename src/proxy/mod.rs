@@ -118,6 +118,9 @@ pub struct State {
     pub sessions: Arc<Sessions>,
     /// Calls held for approval.
     pub holds: Arc<Holds>,
+    /// Turns true just before the drain deadline: open streams end with a
+    /// final error event instead of being cut.
+    pub closing: tokio::sync::watch::Sender<bool>,
 }
 
 /// Why the request-path state could not be built.
@@ -174,6 +177,7 @@ impl State {
             redactor,
             refills: refill::Refills::default(),
             sessions,
+            closing: tokio::sync::watch::Sender::new(false),
         })
     }
 }
@@ -545,6 +549,7 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
         approvals: state.approvals.clone(),
         redactor: state.redactor.clone(),
         sessions: state.sessions.clone(),
+        closing: state.closing.subscribe(),
     })
 }
 

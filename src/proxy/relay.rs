@@ -982,6 +982,7 @@ impl Exchange {
         let relay = SseRelay {
             decoder: sse::Decoder::new(self.max_sse_event_bytes),
             body,
+            closing: self.run.closing.clone(),
             ex: self,
             done: false,
             started: false,
@@ -1134,6 +1135,8 @@ fn settle_for(failure: &UpstreamFailure) -> Settle {
 struct SseRelay {
     body: UpstreamBody,
     decoder: sse::Decoder,
+    /// Shutdown: end with a final error event.
+    closing: tokio::sync::watch::Receiver<bool>,
     ex: Exchange,
     done: bool,
     started: bool,
@@ -1156,7 +1159,11 @@ impl SseRelay {
                     return Some(out.freeze());
                 }
             }
-            match self.body.chunk().await {
+            let next = tokio::select! {
+                next = self.body.chunk() => next,
+                _ = self.closing.wait_for(|closing| *closing) => Err(UpstreamFailure::ShuttingDown),
+            };
+            match next {
                 Ok(Some(chunk)) => {
                     if let Err(e) = self.decoder.push(&chunk) {
                         return self.end(UpstreamFailure::Invalid(e.to_string())).await;
@@ -1278,11 +1285,13 @@ impl SseRelay {
     async fn end(&mut self, failure: UpstreamFailure) -> Option<Bytes> {
         self.done = true;
         let waiting: Vec<Id> = self.ex.due.iter().filter_map(|d| d.id.clone()).collect();
-        let rows = self.ex.end_all(
-            StopReason::UpstreamError,
-            &failure.to_string(),
-            settle_for(&failure),
-        );
+        let stop = match failure {
+            UpstreamFailure::ShuttingDown => StopReason::UpstreamIncomplete,
+            _ => StopReason::UpstreamError,
+        };
+        let rows = self
+            .ex
+            .end_all(stop, &failure.to_string(), settle_for(&failure));
         self.ex.recorder.write(rows).await;
         let name = self.ex.run.upstream.config.name.clone();
         tracing::warn!(upstream = %name, error = %failure, "upstream stream failed");

@@ -271,12 +271,20 @@ impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WriteIdle<T> {
 }
 
 /// Waits for the first bytes of a plain connection, without consuming them.
-/// `None`: the peer closed, failed, or sent nothing within [`HEAD_TIMEOUT`].
-async fn peek_protocol(stream: &tokio::net::TcpStream) -> Option<Sniffed> {
+/// `None`: the peer closed, failed, sent nothing within [`HEAD_TIMEOUT`], or
+/// the listener is shutting down (a connection that has sent nothing yet is
+/// closed at once, so idle TCP health checks never hold up a restart).
+async fn peek_protocol(
+    stream: &tokio::net::TcpStream,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Sniffed> {
     let mut first = [0u8; H2_PREFACE.len()];
-    match tokio::time::timeout(HEAD_TIMEOUT, stream.peek(&mut first)).await {
-        Ok(Ok(n)) if n > 0 => first.get(..n).map(sniff),
-        _ => None,
+    tokio::select! {
+        peeked = tokio::time::timeout(HEAD_TIMEOUT, stream.peek(&mut first)) => match peeked {
+            Ok(Ok(n)) if n > 0 => first.get(..n).map(sniff),
+            _ => None,
+        },
+        () = wait_true(shutdown) => None,
     }
 }
 
@@ -333,9 +341,10 @@ pub async fn serve<F, S, B>(
         match &tls {
             None => {
                 let watcher = graceful.watcher();
+                let mut stop = shutdown.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    let Some(sniffed) = peek_protocol(&stream).await else {
+                    let Some(sniffed) = peek_protocol(&stream, &mut stop).await else {
                         return;
                     };
                     let io = WriteIdle::new(stream, write_idle, on_idle);
@@ -349,23 +358,25 @@ pub async fn serve<F, S, B>(
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 let watcher = graceful.watcher();
+                let mut stop = shutdown.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    let tls_stream = match tokio::time::timeout(
-                        HANDSHAKE_TIMEOUT,
-                        acceptor.accept(stream),
-                    )
-                    .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%remote, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%remote, "TLS handshake timed out");
-                            return;
-                        }
+                    let handshake =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                    let tls_stream = tokio::select! {
+                        done = handshake => match done {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%remote, "TLS handshake timed out");
+                                return;
+                            }
+                        },
+                        // Nothing sent yet that anyone waits for.
+                        () = wait_true(&mut stop) => return,
                     };
                     let alpn = tls_stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
                     let io = WriteIdle::new(tls_stream, write_idle, on_idle);

@@ -18,6 +18,7 @@ mod holds;
 mod input;
 mod lifecycle;
 mod reload;
+mod spool_faults;
 mod through_firewall;
 mod tls;
 mod tokens;
