@@ -199,6 +199,8 @@ struct Inner {
     metrics: Metrics,
     /// Rate limit of the "row lost" log line.
     lost_log: LogEvery,
+    /// Rate limit of the "row not written" log line.
+    unwritten_log: LogEvery,
     /// Backlog age past which the firewall is not ready.
     max_backlog_age: Option<Duration>,
 }
@@ -348,6 +350,16 @@ impl Auditor {
             i.metrics.row_lost();
             if let Some(n) = i.lost_log.tick() {
                 tracing::error!(%event_id, error = %err, lost_since_last_line = n, "AUDIT ROW LOST: call served fail-open without an audit record");
+            }
+        }
+    }
+
+    /// Logs (at most once a second, with a count) a fail-closed row that could
+    /// not be written after its call was already decided.
+    pub fn note_unwritten(&self, err: &AuditError) {
+        if let Some(i) = &self.inner {
+            if let Some(n) = i.unwritten_log.tick() {
+                tracing::error!(error = %err, rows_since_last_line = n, "audit row could not be written");
             }
         }
     }
@@ -599,6 +611,7 @@ pub async fn start(
             fail: cfg.on_spool_failure,
             metrics,
             lost_log: LogEvery::new(Duration::from_secs(1)),
+            unwritten_log: LogEvery::new(Duration::from_secs(1)),
             max_backlog_age: (cfg.max_backlog_age_s > 0)
                 .then(|| Duration::from_secs(cfg.max_backlog_age_s)),
         })),

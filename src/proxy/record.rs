@@ -256,7 +256,7 @@ pub async fn write_rows(auditor: &Auditor, rows: Vec<AuditRow>) {
     for result in futures_util::future::join_all(writes).await {
         match result {
             Ok(Recorded::Spooled | Recorded::Disabled | Recorded::Lost) => {}
-            Err(e) => tracing::error!(error = %e, "audit row could not be written"),
+            Err(e) => auditor.note_unwritten(&e),
         }
     }
 }
