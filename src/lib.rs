@@ -22,4 +22,5 @@ pub mod outcome;
 pub mod policy;
 pub mod proxy;
 pub mod server;
+pub mod state;
 pub mod telemetry;

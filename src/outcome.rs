@@ -29,6 +29,9 @@ pub enum StopReason {
     Cancelled,
     /// The run ended (its token's `run_exp`).
     RunEnded,
+    /// A shared store the decision needs (budgets) could not be asked, and
+    /// the call's risk fails closed.
+    StoreUnavailable,
 }
 
 /// What the firewall decided about one message (the audit `decision` column).
@@ -54,7 +57,7 @@ pub enum DecisionKind {
 
 impl StopReason {
     /// Every stop reason, for metric initialisation.
-    pub const ALL: [StopReason; 11] = [
+    pub const ALL: [StopReason; 12] = [
         StopReason::Done,
         StopReason::StepCap,
         StopReason::CostCap,
@@ -66,6 +69,7 @@ impl StopReason {
         StopReason::UpstreamIncomplete,
         StopReason::Cancelled,
         StopReason::RunEnded,
+        StopReason::StoreUnavailable,
     ];
 
     /// The wire and column name.
@@ -82,6 +86,7 @@ impl StopReason {
             StopReason::UpstreamIncomplete => "upstream_incomplete",
             StopReason::Cancelled => "cancelled",
             StopReason::RunEnded => "run_ended",
+            StopReason::StoreUnavailable => "store_unavailable",
         }
     }
 }

@@ -48,8 +48,49 @@ pub struct CallLabels {
     pub stop_reason: String,
 }
 
+/// Labels of the shared-store fallback counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// `budgets`.
+    pub store: &'static str,
+    /// The call's risk.
+    pub risk: &'static str,
+    /// `open` (admitted by this replica) or `closed` (refused).
+    pub fallback: &'static str,
+}
+
+/// Labels of the policy-hash gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct PolicyLabels {
+    /// SHA-256 of the policy files as loaded (hex, first 16 bytes).
+    pub sha256: String,
+}
+
+/// Labels naming an external store.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct StoreLabels {
+    /// `redis` or `postgres`.
+    pub store: &'static str,
+}
+
 /// Request-path metrics.
 pub struct Metrics {
+    /// Calls a shared store could not admit, by what they got instead.
+    pub store_fallback: prometheus_client::metrics::family::Family<
+        FallbackLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// 1 while a store's circuit breaker is open.
+    pub store_unavailable: prometheus_client::metrics::family::Family<
+        StoreLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
+    /// 1 for the hash of the policy this replica decides with (replicas
+    /// that disagree show two series).
+    pub policy: prometheus_client::metrics::family::Family<
+        PolicyLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
     /// `tools/call` outcomes.
     pub calls: prometheus_client::metrics::family::Family<
         CallLabels,
@@ -71,6 +112,9 @@ impl Metrics {
     /// Creates and registers the metrics.
     pub fn register(registry: &mut Registry) -> Arc<Metrics> {
         let m = Metrics {
+            store_fallback: Default::default(),
+            store_unavailable: Default::default(),
+            policy: Default::default(),
             calls: Default::default(),
             budget_runs: Default::default(),
             budget_runs_evicted: Default::default(),
@@ -78,6 +122,21 @@ impl Metrics {
             refused_connections: Default::default(),
             write_idle_closed: Default::default(),
         };
+        registry.register(
+            "store_fallback",
+            "tools/call a shared store could not admit: fallback=open admitted by this replica's memory budgets, fallback=closed refused (-31006)",
+            m.store_fallback.clone(),
+        );
+        registry.register(
+            "store_unavailable",
+            "1 while the circuit breaker of a shared store (redis, postgres) is open",
+            m.store_unavailable.clone(),
+        );
+        registry.register(
+            "policy_info",
+            "1 for the SHA-256 (first 16 bytes) of the policy this replica decides with",
+            m.policy.clone(),
+        );
         registry.register(
             "budget_runs_evicted",
             "Runs whose budget state was evicted (the longest idle first) to stay under limits.max_tracked_runs",
@@ -109,6 +168,33 @@ impl Metrics {
             m.budget_runs.clone(),
         );
         Arc::new(m)
+    }
+
+    /// Counts a call a shared store could not admit.
+    pub fn store_fallback(
+        &self,
+        store: &'static str,
+        risk: crate::policy::Risk,
+        fallback: &'static str,
+    ) {
+        self.store_fallback
+            .get_or_create(&FallbackLabels {
+                store,
+                risk: risk.as_str(),
+                fallback,
+            })
+            .inc();
+    }
+
+    /// Publishes the hash of the policy now in force (the previous one's
+    /// series is removed).
+    pub fn set_policy(&self, sha256: &str) {
+        self.policy.clear();
+        self.policy
+            .get_or_create(&PolicyLabels {
+                sha256: sha256.to_owned(),
+            })
+            .set(1);
     }
 
     /// Counts one `tools/call` outcome.

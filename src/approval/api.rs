@@ -118,6 +118,9 @@ impl ApiError {
                 ApprovalError::TooManyPending { .. } => {
                     (StatusCode::TOO_MANY_REQUESTS, "too_many_pending")
                 }
+                ApprovalError::Unavailable(_) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable")
+                }
                 ApprovalError::Store(_)
                 | ApprovalError::Random(_)
                 | ApprovalError::InvalidConfig { .. } => {
@@ -272,7 +275,9 @@ where
             let approve = *action == "approve";
             let body = read_body(req).await?;
             let approval =
-                approvals.decide(&approver.tenant, &id, &approver, approve, &body.reason)?;
+                approvals
+                    .decide(&approver.tenant, &id, &approver, approve, &body.reason)
+                    .await?;
             Ok(json_response(
                 StatusCode::OK,
                 &view(approvals, approval, None),
@@ -341,7 +346,7 @@ async fn list(
             _ => return Err(ApiError::UnknownParameter(pair.to_owned())),
         }
     }
-    let items = approvals.list(&approver.tenant, status);
+    let items = approvals.list(&approver.tenant, status).await?;
     // Previews of pending approvals are fetched concurrently; each is cached
     // after its first success, so a refreshing console costs lookups.
     let previews =
@@ -367,6 +372,7 @@ async fn show(
 ) -> Result<Response<Body>, ApiError> {
     let approval = approvals
         .get(&approver.tenant, id)
+        .await?
         .ok_or_else(|| ApprovalError::NotFound { id: id.to_owned() })?;
     let preview = preview_view(approvals, &approval).await;
     Ok(json_response(

@@ -194,7 +194,7 @@ async fn decision_bodies_are_checked() {
     let p = api
         .approvals
         .request(new_approval(key("restart", &json!({}))))
-        .expect("request");
+        .await.expect("request");
     let admin = token(Audience::Admin, "bob");
     let path = format!("/approvals/{}/deny", p.id);
 
@@ -235,6 +235,9 @@ async fn decision_bodies_are_checked() {
     assert_eq!(
         api.approvals
             .get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
             .expect("get")
             .status,
         Status::Pending,

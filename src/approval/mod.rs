@@ -43,6 +43,7 @@ use crate::policy::Risk;
 pub mod api;
 pub mod client;
 pub mod console;
+pub(crate) mod postgres;
 pub mod store;
 pub mod webhook;
 
@@ -102,6 +103,56 @@ pub struct ApprovalsConfig {
     /// Optional notifications of created and decided approvals.
     #[serde(default)]
     pub webhook: Option<WebhookConfig>,
+    /// `file` (a journal in `store_dir`, one replica; the default) or
+    /// `postgres` (one database shared by every replica).
+    #[serde(default)]
+    pub store: StoreKind,
+    /// `postgres://user@host:port/db?sslmode=…`; required for `postgres`.
+    #[serde(default)]
+    pub postgres_url: Option<String>,
+    /// An environment variable holding the database password.
+    #[serde(default)]
+    pub postgres_password_env: Option<String>,
+    /// A file holding the database password (trailing newline trimmed).
+    #[serde(default)]
+    pub postgres_password_file: Option<PathBuf>,
+    /// PEM CA certificates for TLS to the database (default: webpki roots).
+    #[serde(default)]
+    pub postgres_ca_file: Option<PathBuf>,
+    /// Longest one approvals operation may take. Default 500.
+    #[serde(default = "default_postgres_timeout_ms")]
+    pub postgres_timeout_ms: u64,
+    /// Connections per replica. Default 16.
+    #[serde(default = "default_postgres_pool_size")]
+    pub postgres_pool_size: usize,
+    /// How often held calls re-read their approval when notifications are
+    /// lost. Default 2000.
+    #[serde(default = "default_postgres_poll_ms")]
+    pub postgres_poll_ms: u64,
+}
+
+/// Where approvals are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// A journal file (one replica).
+    #[default]
+    File,
+    /// PostgreSQL (any number of replicas).
+    Postgres,
+}
+
+/// Default [`ApprovalsConfig::postgres_timeout_ms`].
+pub fn default_postgres_timeout_ms() -> u64 {
+    500
+}
+/// Default [`ApprovalsConfig::postgres_pool_size`].
+pub fn default_postgres_pool_size() -> usize {
+    16
+}
+/// Default [`ApprovalsConfig::postgres_poll_ms`].
+pub fn default_postgres_poll_ms() -> u64 {
+    2000
 }
 
 /// `[approvals.webhook]`: where notifications are POSTed.
@@ -174,6 +225,14 @@ impl Default for ApprovalsConfig {
             history_s: default_history_s(),
             max_pending_per_tenant: default_max_pending_per_tenant(),
             webhook: None,
+            store: StoreKind::File,
+            postgres_url: None,
+            postgres_password_env: None,
+            postgres_password_file: None,
+            postgres_ca_file: None,
+            postgres_timeout_ms: default_postgres_timeout_ms(),
+            postgres_pool_size: default_postgres_pool_size(),
+            postgres_poll_ms: default_postgres_poll_ms(),
         }
     }
 }
@@ -215,14 +274,45 @@ impl ApprovalsConfig {
             positive("approvals.webhook.timeout_ms", w.timeout_ms)?;
             positive("approvals.webhook.backoff_ms", w.backoff_ms)?;
         }
+        if self.store == StoreKind::Postgres {
+            match self.postgres_url.as_deref() {
+                Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {}
+                Some(_) => {
+                    return Err(ApprovalError::InvalidConfig {
+                        field: "approvals.postgres_url",
+                        problem: ConfigProblem::NotPostgresUrl,
+                    })
+                }
+                None => {
+                    return Err(ApprovalError::InvalidConfig {
+                        field: "approvals.postgres_url",
+                        problem: ConfigProblem::Required,
+                    })
+                }
+            }
+            positive("approvals.postgres_timeout_ms", self.postgres_timeout_ms)?;
+            positive(
+                "approvals.postgres_pool_size",
+                self.postgres_pool_size as u64,
+            )?;
+        }
         Ok(())
     }
 
     /// Makes a relative `store_dir` relative to `base` (the config file's
     /// directory).
     pub fn resolve_paths(&mut self, base: &Path) {
-        if self.store_dir.is_relative() {
-            self.store_dir = base.join(&self.store_dir);
+        for p in [
+            Some(&mut self.store_dir),
+            self.postgres_password_file.as_mut(),
+            self.postgres_ca_file.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
         }
     }
 }
@@ -238,6 +328,10 @@ pub enum ConfigProblem {
     Zero,
     /// Must be an `http://` or `https://` URL.
     NotHttpUrl,
+    /// Must be a `postgres://` URL.
+    NotPostgresUrl,
+    /// Must be set.
+    Required,
 }
 
 impl fmt::Display for ConfigProblem {
@@ -245,6 +339,8 @@ impl fmt::Display for ConfigProblem {
         f.write_str(match self {
             ConfigProblem::Zero => "must be at least 1",
             ConfigProblem::NotHttpUrl => "must be an http:// or https:// URL",
+            ConfigProblem::NotPostgresUrl => "must be a postgres:// URL",
+            ConfigProblem::Required => "is required when approvals.store = \"postgres\"",
         })
     }
 }
@@ -319,6 +415,10 @@ pub enum ApprovalError {
     /// The journal could not record the transition; nothing changed.
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    /// The shared approvals database could not be asked (503); nothing
+    /// changed.
+    #[error("{0}")]
+    Unavailable(String),
     /// The OS random number generator failed.
     #[error("the OS random number generator failed: {0}")]
     Random(#[source] rand::rand_core::OsError),
@@ -817,12 +917,13 @@ impl Clock {
 type PreviewSlot = Arc<tokio::sync::Mutex<Option<(Instant, PreviewResult)>>>;
 
 /// The approvals subsystem, shared via `Arc`. Every method is safe to call
-/// concurrently; the ones the request path calls ([`Approvals::request`],
-/// [`Approvals::consume`]) cost a lock and a hash lookup unless they change
-/// state, which costs one journal append and fsync.
+/// concurrently, from any replica when the store is PostgreSQL. The ones the
+/// request path calls ([`Approvals::request`], [`Approvals::consume`]) cost a
+/// lock and a lookup (file) or one statement (PostgreSQL) unless they change
+/// state.
 pub struct Approvals {
     cfg: ApprovalsConfig,
-    store: Store,
+    backend: Backend,
     clock: Clock,
     metrics: Metrics,
     hooks: RwLock<Vec<TransitionHook>>,
@@ -832,20 +933,29 @@ pub struct Approvals {
     webhook: Option<webhook::Webhook>,
 }
 
+/// Where approvals live.
+enum Backend {
+    /// A journal in `store_dir`, this replica only.
+    File(Store),
+    /// PostgreSQL, every replica.
+    Postgres(postgres::PgStore),
+}
+
 impl fmt::Debug for Approvals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Approvals")
-            .field("store_dir", &self.cfg.store_dir)
-            .field("pending", &self.store.pending())
+            .field("store", &self.cfg.store)
+            .field("pending", &self.pending())
             .finish_non_exhaustive()
     }
 }
 
 impl Approvals {
-    /// Validates `cfg`, replays and compacts the journal in `store_dir`
-    /// (creating it), registers the metrics and starts the sweeper and the
-    /// webhook sender. Must run inside a Tokio runtime; the background tasks
-    /// stop when the last `Arc` is dropped.
+    /// Validates `cfg`, opens the store (replaying and compacting the
+    /// journal in `store_dir`, or migrating the PostgreSQL schema),
+    /// registers the metrics and starts the sweeper and the webhook sender.
+    /// Must run inside a Tokio runtime; the background tasks stop when the
+    /// last `Arc` is dropped.
     pub async fn open(
         cfg: &ApprovalsConfig,
         registry: &mut Registry,
@@ -862,12 +972,18 @@ impl Approvals {
         let metrics = Metrics::register(registry);
         let now = clock.now_ms();
         let history_ms = cfg.history_s.saturating_mul(1000);
-        let dir = cfg.store_dir.clone();
-        // Replay reads and fsyncs files: off the runtime's worker threads.
-        let store = tokio::task::spawn_blocking(move || Store::open(&dir, now, history_ms))
-            .await
-            .map_err(|e| anyhow::anyhow!("approvals store replay task failed: {e}"))??;
-        metrics.pending.set(store.pending() as i64);
+        let backend = match cfg.store {
+            StoreKind::File => {
+                let dir = cfg.store_dir.clone();
+                // Replay reads and fsyncs files: off the runtime's worker threads.
+                let store =
+                    tokio::task::spawn_blocking(move || Store::open(&dir, now, history_ms))
+                        .await
+                        .map_err(|e| anyhow::anyhow!("approvals store replay task failed: {e}"))??;
+                Backend::File(store)
+            }
+            StoreKind::Postgres => Backend::Postgres(postgres::PgStore::open(cfg).await?),
+        };
         let webhook = cfg
             .webhook
             .as_ref()
@@ -879,7 +995,7 @@ impl Approvals {
             .unwrap_or_else(|| "http://127.0.0.1:9090".to_owned());
         let approvals = Arc::new(Approvals {
             cfg: cfg.clone(),
-            store,
+            backend,
             clock,
             metrics,
             hooks: RwLock::new(Vec::new()),
@@ -888,6 +1004,7 @@ impl Approvals {
             public_url: ArcSwap::from_pointee(public_url.trim_end_matches('/').to_owned()),
             webhook,
         });
+        approvals.metrics.pending.set(approvals.pending() as i64);
         tokio::spawn(sweeper(Arc::downgrade(&approvals)));
         Ok(approvals)
     }
@@ -898,6 +1015,31 @@ impl Approvals {
         &self.cfg
     }
 
+    /// The file store (tests).
+    #[cfg(test)]
+    pub(crate) fn file_store(&self) -> &Store {
+        match &self.backend {
+            Backend::File(s) => s,
+            Backend::Postgres(_) => panic!("not a file store"),
+        }
+    }
+
+    /// Pending approvals (as of the last sweep for PostgreSQL).
+    pub fn pending(&self) -> usize {
+        match &self.backend {
+            Backend::File(s) => s.pending(),
+            Backend::Postgres(p) => p.pending(),
+        }
+    }
+
+    /// Whether the shared store cannot be asked now (for `/readyz`).
+    pub fn unavailable(&self) -> bool {
+        match &self.backend {
+            Backend::File(_) => false,
+            Backend::Postgres(p) => p.unavailable(),
+        }
+    }
+
     /// Sets the admin listener's external base URL when the config gave
     /// none (the firewall knows it once the listener is bound).
     pub fn set_public_url(&self, base: &str) {
@@ -905,9 +1047,9 @@ impl Approvals {
             .store(Arc::new(base.trim_end_matches('/').to_owned()));
     }
 
-    /// Adds a hook that sees every transition, after it is durable (the
-    /// audit trail). Hooks run on the caller's thread, outside any lock;
-    /// they must be quick.
+    /// Adds a hook that sees every transition this replica made, after it
+    /// is durable (the audit trail). Hooks run on the caller's thread,
+    /// outside any lock; they must be quick.
     pub fn on_transition(&self, hook: TransitionHook) {
         if let Ok(mut hooks) = self.hooks.write() {
             hooks.push(hook);
@@ -922,33 +1064,38 @@ impl Approvals {
     }
 
     /// The pending or approved approval for exactly this call, or a new
-    /// pending one. Idempotent for identical calls: retries of a held call
-    /// find the same approval. Finding one costs a lock and a lookup;
-    /// creating one blocks the calling thread for one journal fsync.
-    pub fn request(&self, new: NewApproval) -> Result<Approval, ApprovalError> {
+    /// pending one. Idempotent for identical calls, across replicas with
+    /// PostgreSQL: retries of a held call find the same approval.
+    pub async fn request(&self, new: NewApproval) -> Result<Approval, ApprovalError> {
         let now = self.clock.now_ms();
         let expiry_ms = self.cfg.expiry_s.saturating_mul(1000);
+        let max = self.cfg.max_pending_per_tenant;
         let mut transitions = Vec::new();
-        let result = self.store.request(
-            new,
-            now,
-            expiry_ms,
-            self.cfg.max_pending_per_tenant,
-            &mut transitions,
-        );
+        let result = match &self.backend {
+            Backend::File(s) => s.request(new, now, expiry_ms, max, &mut transitions),
+            Backend::Postgres(p) => p.request(new, now, expiry_ms, max, &mut transitions).await,
+        };
         self.emit(&transitions);
         result
     }
 
     /// If an approved, unconsumed, unexpired approval exists for exactly this
     /// call, marks it consumed (durably) and returns it. Exactly once: of
-    /// concurrent identical calls, one gets it. A journal failure returns
-    /// `None` (the call does not run). Without an approved approval this is
-    /// a lock and a lookup; consuming blocks for one journal fsync.
-    pub fn consume(&self, key: &CallKey) -> Option<Approval> {
+    /// concurrent identical calls, on any replica, one gets it. A store
+    /// failure returns `None` (the call does not run).
+    pub async fn consume(&self, key: &CallKey) -> Option<Approval> {
         let now = self.clock.now_ms();
         let mut transitions = Vec::new();
-        let approval = self.store.consume(key, now, &mut transitions);
+        let approval = match &self.backend {
+            Backend::File(s) => s.consume(key, now, &mut transitions),
+            Backend::Postgres(p) => match p.consume(key, now, &mut transitions).await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot consume an approval; the call does not run");
+                    None
+                }
+            },
+        };
         self.emit(&transitions);
         approval
     }
@@ -956,20 +1103,63 @@ impl Approvals {
     /// Withdraws the live approval `id` of `tenant` (its call was cancelled
     /// by the caller before it ran): it can no longer be decided or
     /// consumed. Returns it when it was live.
-    pub fn withdraw(&self, tenant: &str, id: &ApprovalId) -> Option<Approval> {
+    pub async fn withdraw(&self, tenant: &str, id: &ApprovalId) -> Option<Approval> {
         let now = self.clock.now_ms();
         let mut transitions = Vec::new();
-        let approval = self.store.withdraw(tenant, id, now, &mut transitions);
+        let approval = match &self.backend {
+            Backend::File(s) => s.withdraw(tenant, id, now, &mut transitions),
+            Backend::Postgres(p) => match p.withdraw(tenant, id, now, &mut transitions).await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(approval = %id, error = %e, "cannot withdraw an approval; it expires at its deadline");
+                    None
+                }
+            },
+        };
         self.emit(&transitions);
         approval
     }
 
-    /// Resolves when the approval leaves `pending`, at its deadline, or at
-    /// `until`, whichever is first, returning its status then. An unknown id
-    /// reads as expired (purged approvals are long past their deadline).
+    /// Withdraws from a synchronous caller (a drop guard): at once with the
+    /// file store, on a task with PostgreSQL.
+    pub fn withdraw_now_or_soon(self: &Arc<Self>, tenant: &str, id: &ApprovalId) {
+        match &self.backend {
+            Backend::File(s) => {
+                let mut transitions = Vec::new();
+                s.withdraw(tenant, id, self.clock.now_ms(), &mut transitions);
+                self.emit(&transitions);
+            }
+            Backend::Postgres(_) => {
+                let me = self.clone();
+                let (tenant, id) = (tenant.to_owned(), id.clone());
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        me.withdraw(&tenant, &id).await;
+                    });
+                }
+            }
+        }
+    }
+
+    /// Resolves when the approval leaves `pending` (whichever replica
+    /// decided it), at its deadline, or at `until`, whichever is first,
+    /// returning its status then. An unknown id reads as expired (purged
+    /// approvals are long past their deadline).
     pub async fn wait(&self, id: &ApprovalId, until: Instant) -> Status {
         let now = self.clock.now_ms();
-        let (mut rx, expires_ms) = match self.store.subscribe(id, now) {
+        let subscribed = match &self.backend {
+            Backend::File(s) => s.subscribe(id, now),
+            Backend::Postgres(p) => match p.subscribe(id, now).await {
+                Ok(sub) => sub,
+                // Unknown while the database is down: still pending as far
+                // as anyone can tell; the hold ends at `until`.
+                Err(_) => {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+                    return self.status(id).await.unwrap_or(Status::Pending);
+                }
+            },
+        };
+        let (mut rx, expires_ms) = match subscribed {
             Ok(sub) => sub,
             Err(status) => return status,
         };
@@ -990,19 +1180,40 @@ impl Approvals {
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
-        self.store
-            .status(id.as_str(), self.clock.now_ms())
-            .unwrap_or(Status::Expired)
+        self.status(id).await.unwrap_or(Status::Expired)
+    }
+
+    /// The status of `id` now, any tenant; `None` when unknown or when the
+    /// store cannot be asked.
+    async fn status(&self, id: &ApprovalId) -> Option<Status> {
+        let now = self.clock.now_ms();
+        match &self.backend {
+            Backend::File(s) => s.status(id.as_str(), now),
+            Backend::Postgres(p) => p.status(id.as_str(), now).await.ok().flatten(),
+        }
     }
 
     /// One approval of `tenant`; another tenant's id reads as absent.
-    pub fn get(&self, tenant: &str, id: &str) -> Option<Approval> {
-        self.store.get(tenant, id, self.clock.now_ms())
+    pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<Approval>, ApprovalError> {
+        let now = self.clock.now_ms();
+        match &self.backend {
+            Backend::File(s) => Ok(s.get(tenant, id, now)),
+            Backend::Postgres(p) => p.get(tenant, id, now).await,
+        }
     }
 
-    /// The tenant's approvals (optionally of one status), newest first.
-    pub fn list(&self, tenant: &str, status: Option<Status>) -> Vec<Approval> {
-        self.store.list(tenant, status, self.clock.now_ms())
+    /// The tenant's approvals (optionally of one status), newest first;
+    /// from every replica with PostgreSQL.
+    pub async fn list(
+        &self,
+        tenant: &str,
+        status: Option<Status>,
+    ) -> Result<Vec<Approval>, ApprovalError> {
+        let now = self.clock.now_ms();
+        match &self.backend {
+            Backend::File(s) => Ok(s.list(tenant, status, now)),
+            Backend::Postgres(p) => p.list(tenant, status, now).await,
+        }
     }
 
     /// Approves or denies a pending approval of the approver's tenant.
@@ -1011,7 +1222,7 @@ impl Approvals {
     /// ([`ApprovalError::SelfApproval`]), not pending
     /// ([`ApprovalError::NotPending`]), past the deadline
     /// ([`ApprovalError::Expired`]), a denial without reason.
-    pub fn decide(
+    pub async fn decide(
         &self,
         tenant: &str,
         id: &str,
@@ -1025,9 +1236,13 @@ impl Approvals {
         check_reason(approve, reason)?;
         let now = self.clock.now_ms();
         let mut transitions = Vec::new();
-        let result = self
-            .store
-            .decide(id, by, approve, reason, now, &mut transitions);
+        let result = match &self.backend {
+            Backend::File(s) => s.decide(id, by, approve, reason, now, &mut transitions),
+            Backend::Postgres(p) => {
+                p.decide(id, by, approve, reason, now, &mut transitions)
+                    .await
+            }
+        };
         self.emit(&transitions);
         result
     }
@@ -1077,17 +1292,44 @@ impl Approvals {
         Some(result)
     }
 
-    /// Journals expiries that are due, forgets old history, compacts the
-    /// journal when it has grown; the sweeper calls it every second.
-    pub fn sweep(&self) {
+    /// Records expiries that are due, forgets old history, compacts the
+    /// journal when it has grown; the sweeper calls it every second. With
+    /// PostgreSQL, each due expiry is made (and emitted) by one replica.
+    pub async fn sweep(&self) {
         let now = self.clock.now_ms();
-        let transitions = self
-            .store
-            .sweep(now, self.cfg.history_s.saturating_mul(1000));
+        let history_ms = self.cfg.history_s.saturating_mul(1000);
+        let transitions = match &self.backend {
+            Backend::File(_) => return self.sweep_file(),
+            Backend::Postgres(p) => {
+                let t = p.sweep(now, history_ms).await.unwrap_or_default();
+                if !self.previews.is_empty() {
+                    let ids: Vec<ApprovalId> =
+                        self.previews.iter().map(|e| e.key().clone()).collect();
+                    for id in ids {
+                        if p.status(id.as_str(), now).await.ok().flatten() != Some(Status::Pending)
+                        {
+                            self.previews.remove(&id);
+                        }
+                    }
+                }
+                t
+            }
+        };
+        self.metrics.pending.set(self.pending() as i64);
         self.emit(&transitions);
+    }
+
+    /// [`Approvals::sweep`] of the file store (blocking: it may compact).
+    fn sweep_file(&self) {
+        let Backend::File(s) = &self.backend else {
+            return;
+        };
+        let now = self.clock.now_ms();
+        let transitions = s.sweep(now, self.cfg.history_s.saturating_mul(1000));
         // Previews are only shown while pending.
         self.previews
-            .retain(|id, _| self.store.status(id.as_str(), now) == Some(Status::Pending));
+            .retain(|id, _| s.status(id.as_str(), now) == Some(Status::Pending));
+        self.emit(&transitions);
     }
 
     /// Hands transitions to metrics, waiters are already woken by the store,
@@ -1096,7 +1338,9 @@ impl Approvals {
         if transitions.is_empty() {
             return;
         }
-        self.metrics.pending.set(self.store.pending() as i64);
+        if let Backend::File(s) = &self.backend {
+            self.metrics.pending.set(s.pending() as i64);
+        }
         let hooks = self.hooks.read().ok();
         for t in transitions {
             match t.to {
@@ -1167,8 +1411,13 @@ async fn sweeper(approvals: Weak<Approvals>) {
         let Some(a) = approvals.upgrade() else {
             return;
         };
-        // Compaction fsyncs: keep it off the async workers.
-        let _ = tokio::task::spawn_blocking(move || a.sweep()).await;
+        match a.backend {
+            // Compaction fsyncs: keep it off the async workers.
+            Backend::File(_) => {
+                let _ = tokio::task::spawn_blocking(move || a.sweep_file()).await;
+            }
+            Backend::Postgres(_) => a.sweep().await,
+        }
     }
 }
 

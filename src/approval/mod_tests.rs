@@ -3,7 +3,7 @@
 //! waiting, durability across restarts, hooks, previews and metrics.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Mutex;
 
 use proptest::prelude::*;
 use serde_json::json;
@@ -255,8 +255,8 @@ fn fmt_ms_prints_utc() {
 async fn request_is_idempotent_for_identical_calls() {
     let dir = tempfile::tempdir().expect("dir");
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
-    let first = a.request(rollback()).expect("request");
-    let again = a.request(rollback()).expect("request");
+    let first = a.request(rollback()).await.expect("request");
+    let again = a.request(rollback()).await.expect("request");
     assert_eq!(first.id, again.id);
     assert_eq!(first.status, Status::Pending);
     assert_eq!(first.expires_ms, T0 + 600_000);
@@ -266,45 +266,40 @@ async fn request_is_idempotent_for_identical_calls() {
             "rollback_deployment",
             &json!({"deployment": "search"}),
         )))
-        .expect("request");
+        .await.expect("request");
     assert_ne!(other_args.id, first.id);
     let mut other_run = rollback();
     other_run.key.run_id = "run-2".to_owned();
-    assert_ne!(a.request(other_run).expect("request").id, first.id);
-    assert_eq!(a.list("acme", Some(Status::Pending)).len(), 3);
+    assert_ne!(a.request(other_run).await.expect("request").id, first.id);
+    assert_eq!(a.list("acme", Some(Status::Pending)).await.unwrap().len(), 3);
 }
 
 #[tokio::test]
 async fn an_approved_call_is_consumed_exactly_once_by_50_concurrent_consumers() {
     let dir = tempfile::tempdir().expect("dir");
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
-    let p = a.request(rollback()).expect("request");
-    assert!(a.consume(&p.key).is_none(), "pending is not consumable");
+    let p = a.request(rollback()).await.expect("request");
+    assert!(a.consume(&p.key).await.is_none(), "pending is not consumable");
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .expect("approve");
+        .await.expect("approve");
     // Still the same approval for retries of the held call, until consumed.
-    assert_eq!(a.request(rollback()).expect("request").id, p.id);
+    assert_eq!(a.request(rollback()).await.expect("request").id, p.id);
 
-    let barrier = Barrier::new(50);
     let winners = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..50 {
-            s.spawn(|| {
-                barrier.wait();
-                if let Some(c) = a.consume(&p.key) {
-                    assert_eq!(c.id, p.id);
-                    assert_eq!(c.status, Status::Consumed);
-                    winners.fetch_add(1, Ordering::SeqCst);
-                }
-            });
+    let tries = (0..50).map(|_| async {
+        if let Some(c) = a.consume(&p.key).await {
+            assert_eq!(c.id, p.id);
+            assert_eq!(c.status, Status::Consumed);
+            winners.fetch_add(1, Ordering::SeqCst);
         }
     });
+    futures_util::future::join_all(tries).await;
     assert_eq!(winners.load(Ordering::SeqCst), 1);
-    let after = a.get("acme", p.id.as_str()).expect("kept");
+    let after = a.get("acme", p.id.as_str()).await.ok().flatten().expect("kept");
     assert_eq!(after.status, Status::Consumed);
     assert_eq!(after.consumed_ms, Some(T0));
     // The next identical call needs a new approval.
-    let next = a.request(rollback()).expect("request");
+    let next = a.request(rollback()).await.expect("request");
     assert_ne!(next.id, p.id);
     assert_eq!(next.status, Status::Pending);
 }
@@ -313,7 +308,7 @@ async fn an_approved_call_is_consumed_exactly_once_by_50_concurrent_consumers() 
 async fn a_denied_call_is_never_consumable() {
     let dir = tempfile::tempdir().expect("dir");
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     a.decide(
         "acme",
         p.id.as_str(),
@@ -321,9 +316,9 @@ async fn a_denied_call_is_never_consumable() {
         false,
         "not during the freeze",
     )
-    .expect("deny");
-    assert!(a.consume(&p.key).is_none());
-    let d = a.get("acme", p.id.as_str()).expect("kept");
+    .await.expect("deny");
+    assert!(a.consume(&p.key).await.is_none());
+    let d = a.get("acme", p.id.as_str()).await.ok().flatten().expect("kept");
     assert_eq!(d.status, Status::Denied);
     let decision = d.decision.expect("recorded");
     assert_eq!(
@@ -342,25 +337,25 @@ async fn pending_approvals_expire_at_their_deadline() {
     let dir = tempfile::tempdir().expect("dir");
     let clock = clock_at(T0);
     let (a, _r) = open_in(dir.path(), &clock, |c| c.expiry_s = 60).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     assert_eq!(p.expires_ms, T0 + 60_000);
     clock.store(T0 + 59_999, Ordering::SeqCst);
     assert_eq!(
-        a.get("acme", p.id.as_str()).expect("get").status,
+        a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status,
         Status::Pending
     );
     clock.store(T0 + 60_000, Ordering::SeqCst);
     // Expired on read, before any sweep.
     assert_eq!(
-        a.get("acme", p.id.as_str()).expect("get").status,
+        a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status,
         Status::Expired
     );
     let err = a
         .decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .expect_err("too late");
+        .await.expect_err("too late");
     assert!(matches!(err, ApprovalError::Expired { expires_ms, .. } if expires_ms == T0 + 60_000));
     // A retry of the call asks anew.
-    let again = a.request(rollback()).expect("request");
+    let again = a.request(rollback()).await.expect("request");
     assert_ne!(again.id, p.id);
     assert_eq!(again.expires_ms, T0 + 120_000);
 }
@@ -372,22 +367,22 @@ async fn an_approval_never_outlives_the_tool_token() {
     let (a, _r) = open_in(dir.path(), &clock, |_| {}).await;
     let mut short = rollback();
     short.token_exp = T0 / 1000 + 90;
-    let p = a.request(short).expect("request");
+    let p = a.request(short).await.expect("request");
     assert_eq!(p.expires_ms, T0 + 90_000, "token exp beats expiry_s");
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "ok")
-        .expect("approve");
+        .await.expect("approve");
     // Approved but never run before the token died: void.
     clock.store(T0 + 90_000, Ordering::SeqCst);
-    assert!(a.consume(&p.key).is_none());
+    assert!(a.consume(&p.key).await.is_none());
     assert_eq!(
-        a.get("acme", p.id.as_str()).expect("get").status,
+        a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status,
         Status::Expired
     );
 
     let mut dead = rollback();
     dead.token_exp = T0 / 1000 + 90;
     assert!(matches!(
-        a.request(dead),
+        a.request(dead).await,
         Err(ApprovalError::TokenExpired { token_exp, .. }) if token_exp == T0 / 1000 + 90
     ));
 }
@@ -398,11 +393,11 @@ async fn a_tenant_cannot_flood_pending_approvals() {
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |c| c.max_pending_per_tenant = 2).await;
     for i in 0..2 {
         a.request(new_approval(key("restart", &json!({ "i": i }))))
-            .expect("under the limit");
+            .await.expect("under the limit");
     }
     let err = a
         .request(new_approval(key("restart", &json!({"i": 3}))))
-        .expect_err("over");
+        .await.expect_err("over");
     assert!(matches!(
         err,
         ApprovalError::TooManyPending {
@@ -413,10 +408,10 @@ async fn a_tenant_cannot_flood_pending_approvals() {
     ));
     // Identical retries of an existing one still work.
     a.request(new_approval(key("restart", &json!({"i": 0}))))
-        .expect("existing");
+        .await.expect("existing");
     let mut other = new_approval(key("restart", &json!({"i": 3})));
     other.key.tenant = "globex".to_owned();
-    a.request(other).expect("another tenant has its own budget");
+    a.request(other).await.expect("another tenant has its own budget");
 }
 
 // --- decisions -------------------------------------------------------------
@@ -425,26 +420,26 @@ async fn a_tenant_cannot_flood_pending_approvals() {
 async fn decisions_follow_the_rules() {
     let dir = tempfile::tempdir().expect("dir");
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     let id = p.id.as_str();
 
     let mut stranger = approver("eve");
     stranger.tenant = "globex".to_owned();
     assert!(matches!(
-        a.decide("globex", id, &stranger, true, ""),
+        a.decide("globex", id, &stranger, true, "").await,
         Err(ApprovalError::NotFound { .. })
     ));
-    assert!(a.get("globex", id).is_none());
-    assert!(a.list("globex", None).is_empty());
+    assert!(a.get("globex", id).await.ok().flatten().is_none());
+    assert!(a.list("globex", None).await.unwrap().is_empty());
     // A tenant argument that disagrees with the approver's token.
     assert!(matches!(
-        a.decide("acme", id, &stranger, true, ""),
+        a.decide("acme", id, &stranger, true, "").await,
         Err(ApprovalError::NotFound { .. })
     ));
 
     let err = a
         .decide("acme", id, &approver("alice"), true, "")
-        .expect_err("self");
+        .await.expect_err("self");
     assert!(matches!(&err, ApprovalError::SelfApproval { subject } if subject == "alice"));
     assert!(
         err.to_string().contains("self-approval is not allowed"),
@@ -452,7 +447,7 @@ async fn decisions_follow_the_rules() {
     );
 
     assert!(matches!(
-        a.decide("acme", id, &approver("bob"), false, "  "),
+        a.decide("acme", id, &approver("bob"), false, "  ").await,
         Err(ApprovalError::ReasonRequired)
     ));
     assert!(matches!(
@@ -462,14 +457,14 @@ async fn decisions_follow_the_rules() {
             &approver("bob"),
             true,
             &"x".repeat(MAX_REASON_BYTES + 1)
-        ),
+        ).await,
         Err(ApprovalError::ReasonTooLong { .. })
     ));
     assert!(matches!(
-        a.decide("acme", id, &approver("bob"), true, "ok\u{1b}[2J"),
+        a.decide("acme", id, &approver("bob"), true, "ok\u{1b}[2J").await,
         Err(ApprovalError::ReasonControlCharacter)
     ));
-    assert_eq!(a.get("acme", id).expect("get").status, Status::Pending);
+    assert_eq!(a.get("acme", id).await.ok().flatten().expect("get").status, Status::Pending);
 
     let ok = a
         .decide(
@@ -479,10 +474,10 @@ async fn decisions_follow_the_rules() {
             true,
             "rollback is the runbook step",
         )
-        .expect("approve");
+        .await.expect("approve");
     assert_eq!(ok.status, Status::Approved);
     assert!(matches!(
-        a.decide("acme", id, &approver("carol"), false, "no"),
+        a.decide("acme", id, &approver("carol"), false, "no").await,
         Err(ApprovalError::NotPending {
             status: Status::Approved,
             ..
@@ -496,10 +491,10 @@ async fn self_approval_is_allowed_when_the_approval_says_so() {
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
     let mut n = rollback();
     n.self_approval = true;
-    let p = a.request(n).expect("request");
+    let p = a.request(n).await.expect("request");
     let ok = a
         .decide("acme", p.id.as_str(), &approver("alice"), true, "")
-        .expect("self approval allowed");
+        .await.expect("self approval allowed");
     assert_eq!(ok.decision.expect("decision").by, "alice");
 }
 
@@ -510,23 +505,16 @@ async fn one_approve_and_one_deny_racing_have_one_winner() {
     for round in 0..20 {
         let p = a
             .request(new_approval(key("scale", &json!({ "round": round }))))
-            .expect("request");
-        let barrier = Barrier::new(2);
-        let results = Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for approve in [true, false] {
-                let (a, p, barrier, results) = (&a, &p, &barrier, &results);
-                s.spawn(move || {
-                    barrier.wait();
-                    let r = a.decide("acme", p.id.as_str(), &approver("bob"), approve, "race");
-                    results
-                        .lock()
-                        .expect("lock")
-                        .push((approve, r.map(|x| x.status)));
-                });
-            }
-        });
-        let results = results.into_inner().expect("lock");
+            .await.expect("request");
+        let bob = approver("bob");
+        let (yes, no) = tokio::join!(
+            a.decide("acme", p.id.as_str(), &bob, true, "race"),
+            a.decide("acme", p.id.as_str(), &bob, false, "race"),
+        );
+        let results = vec![
+            (true, yes.map(|x| x.status)),
+            (false, no.map(|x| x.status)),
+        ];
         let wins: Vec<_> = results.iter().filter(|(_, r)| r.is_ok()).collect();
         assert_eq!(wins.len(), 1, "round {round}: {results:?}");
         let (approve, status) = wins[0];
@@ -536,7 +524,7 @@ async fn one_approve_and_one_deny_racing_have_one_winner() {
             Status::Denied
         };
         assert_eq!(status.as_ref().ok(), Some(&expected));
-        assert_eq!(a.get("acme", p.id.as_str()).expect("get").status, expected);
+        assert_eq!(a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status, expected);
     }
 }
 
@@ -546,7 +534,7 @@ async fn one_approve_and_one_deny_racing_have_one_winner() {
 async fn wait_resolves_when_a_person_decides() {
     let dir = tempfile::tempdir().expect("dir");
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     let waiter = {
         let (a, id) = (a.clone(), p.id.clone());
         tokio::spawn(async move { a.wait(&id, Instant::now() + Duration::from_secs(10)).await })
@@ -554,7 +542,7 @@ async fn wait_resolves_when_a_person_decides() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiter.is_finished());
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .expect("approve");
+        .await.expect("approve");
     let status = tokio::time::timeout(Duration::from_secs(2), waiter)
         .await
         .expect("woken promptly")
@@ -573,7 +561,7 @@ async fn wait_gives_up_at_until_and_reports_expiry_at_the_deadline() {
     let dir = tempfile::tempdir().expect("dir");
     let clock = clock_at(T0);
     let (a, _r) = open_in(dir.path(), &clock, |_| {}).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     let started = Instant::now();
     assert_eq!(
         a.wait(&p.id, started + Duration::from_millis(100)).await,
@@ -583,7 +571,7 @@ async fn wait_gives_up_at_until_and_reports_expiry_at_the_deadline() {
 
     let mut short = new_approval(key("restart", &json!({})));
     short.token_exp = T0 / 1000 + 1;
-    let s = a.request(short).expect("request");
+    let s = a.request(short).await.expect("request");
     let mover = {
         let clock = clock.clone();
         tokio::spawn(async move {
@@ -607,27 +595,30 @@ async fn pending_approvals_survive_a_restart_and_can_be_approved_then_consumed()
     let dir = tempfile::tempdir().expect("dir");
     let clock = clock_at(T0);
     let (a, _r) = open_in(dir.path(), &clock, |_| {}).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     let denied = a
         .request(new_approval(key(
             "delete_namespace",
             &json!({"ns": "prod"}),
         )))
-        .expect("request");
+        .await.expect("request");
     a.decide("acme", denied.id.as_str(), &approver("bob"), false, "never")
-        .expect("deny");
+        .await.expect("deny");
     drop(a);
 
     let (b, _r) = open_in(dir.path(), &clock, |_| {}).await;
-    let back = b.get("acme", p.id.as_str()).expect("pending survived");
+    let back = b.get("acme", p.id.as_str()).await.ok().flatten().expect("pending survived");
     assert_eq!(back, p);
     let d = b
         .get("acme", denied.id.as_str())
+        .await
+        .ok()
+        .flatten()
         .expect("decision survived");
     assert_eq!(d.status, Status::Denied);
     assert_eq!(d.decision.expect("decision").reason, "never");
     assert_eq!(
-        b.request(rollback()).expect("request").id,
+        b.request(rollback()).await.expect("request").id,
         p.id,
         "still binds its call"
     );
@@ -638,17 +629,17 @@ async fn pending_approvals_survive_a_restart_and_can_be_approved_then_consumed()
         true,
         "after restart",
     )
-    .expect("approve");
+    .await.expect("approve");
     drop(b);
 
     let (c, _r) = open_in(dir.path(), &clock, |_| {}).await;
-    assert_eq!(c.consume(&p.key).expect("approved survived").id, p.id);
+    assert_eq!(c.consume(&p.key).await.expect("approved survived").id, p.id);
     drop(c);
 
     let (d, _r) = open_in(dir.path(), &clock, |_| {}).await;
-    assert!(d.consume(&p.key).is_none(), "consumption survived");
+    assert!(d.consume(&p.key).await.is_none(), "consumption survived");
     assert_eq!(
-        d.get("acme", p.id.as_str()).expect("kept").status,
+        d.get("acme", p.id.as_str()).await.ok().flatten().expect("kept").status,
         Status::Consumed
     );
 }
@@ -658,19 +649,19 @@ async fn history_is_forgotten_after_its_retention() {
     let dir = tempfile::tempdir().expect("dir");
     let clock = clock_at(T0);
     let (a, _r) = open_in(dir.path(), &clock, |c| c.history_s = 3600).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     a.decide("acme", p.id.as_str(), &approver("bob"), false, "no")
-        .expect("deny");
+        .await.expect("deny");
     clock.store(T0 + 3_599_000, Ordering::SeqCst);
-    a.sweep();
-    assert!(a.get("acme", p.id.as_str()).is_some());
+    a.sweep().await;
+    assert!(a.get("acme", p.id.as_str()).await.ok().flatten().is_some());
     clock.store(T0 + 3_600_000, Ordering::SeqCst);
-    a.sweep();
-    assert!(a.get("acme", p.id.as_str()).is_none());
+    a.sweep().await;
+    assert!(a.get("acme", p.id.as_str()).await.ok().flatten().is_none());
     drop(a);
     let (b, _r) = open_in(dir.path(), &clock, |c| c.history_s = 3600).await;
     assert!(
-        b.get("acme", p.id.as_str()).is_none(),
+        b.get("acme", p.id.as_str()).await.ok().flatten().is_none(),
         "not resurrected by replay"
     );
 }
@@ -696,19 +687,19 @@ async fn every_transition_reaches_the_hooks_with_who_and_when() {
             assert_eq!(t.approval.key.subject, "alice");
         }));
     }
-    let p = a.request(rollback()).expect("request");
-    a.request(rollback()).expect("idempotent: no transition");
+    let p = a.request(rollback()).await.expect("request");
+    a.request(rollback()).await.expect("idempotent: no transition");
     clock.store(T0 + 5, Ordering::SeqCst);
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .expect("approve");
+        .await.expect("approve");
     clock.store(T0 + 9, Ordering::SeqCst);
-    a.consume(&p.key).expect("consume");
+    a.consume(&p.key).await.expect("consume");
     let q = a
         .request(new_approval(key("restart", &json!({}))))
-        .expect("request");
+        .await.expect("request");
     clock.store(q.expires_ms, Ordering::SeqCst);
-    a.sweep();
-    a.sweep();
+    a.sweep().await;
+    a.sweep().await;
     let seen = seen.lock().expect("lock").clone();
     assert_eq!(
         seen,
@@ -736,17 +727,17 @@ async fn every_transition_reaches_the_hooks_with_who_and_when() {
 async fn metrics_count_pending_and_outcomes() {
     let dir = tempfile::tempdir().expect("dir");
     let (a, registry) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     let q = a
         .request(new_approval(key("restart", &json!({}))))
-        .expect("request");
+        .await.expect("request");
     let text = metrics_text(&registry);
     assert!(text.contains("approvals_pending 2"), "{text}");
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .expect("approve");
+        .await.expect("approve");
     a.decide("acme", q.id.as_str(), &approver("bob"), false, "no")
-        .expect("deny");
-    a.consume(&p.key).expect("consume");
+        .await.expect("deny");
+    a.consume(&p.key).await.expect("consume");
     let text = metrics_text(&registry);
     assert!(text.contains("approvals_pending 0"), "{text}");
     assert!(text.contains("approvals_created_total 2"), "{text}");
@@ -778,7 +769,7 @@ async fn previews_are_computed_once_and_only_while_pending() {
     }
     let mut n = rollback();
     n.preview_tool = Some("preview_remediation".to_owned());
-    let p = a.request(n).expect("request");
+    let p = a.request(n).await.expect("request");
     let (x, y) = tokio::join!(a.preview(&p), a.preview(&p));
     let x = x.expect("preview").expect("ok");
     assert_eq!(x, y.expect("preview").expect("ok"));
@@ -788,11 +779,11 @@ async fn previews_are_computed_once_and_only_while_pending() {
 
     let plain = a
         .request(new_approval(key("restart", &json!({}))))
-        .expect("request");
+        .await.expect("request");
     assert!(a.preview(&plain).await.is_none(), "no preview tool");
     let decided = a
         .decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .expect("approve");
+        .await.expect("approve");
     assert!(
         a.preview(&decided).await.is_none(),
         "history has no preview"
@@ -813,7 +804,7 @@ async fn a_failed_preview_is_reported_and_retried_later() {
     }
     let mut n = rollback();
     n.preview_tool = Some("preview_remediation".to_owned());
-    let p = a.request(n).expect("request");
+    let p = a.request(n).await.expect("request");
     assert_eq!(
         a.preview(&p).await.expect("attempted"),
         Err("upstream answered 503".to_owned())
@@ -829,7 +820,7 @@ async fn status_and_console_urls_use_the_public_admin_url() {
         c.public_url = Some("https://fw-admin.example/".to_owned());
     })
     .await;
-    let p = a.request(rollback()).expect("request");
+    let p = a.request(rollback()).await.expect("request");
     assert_eq!(
         a.status_url(&p.id),
         format!("https://fw-admin.example/approvals/{}", p.id)

@@ -835,7 +835,7 @@ impl Store {
     }
 }
 
-fn as_of(a: &Approval, now: u64) -> Approval {
+pub(crate) fn as_of(a: &Approval, now: u64) -> Approval {
     let mut out = a.clone();
     out.status = a.status_at(now);
     out

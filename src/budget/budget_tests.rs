@@ -9,7 +9,7 @@ use super::*;
 const DAY: u64 = 86_400_000;
 
 struct Fixture {
-    budgets: Arc<Budgets<FakeRelativeClock>>,
+    budgets: Arc<Local<FakeRelativeClock>>,
     clock: FakeRelativeClock,
     wall: Arc<AtomicU64>,
 }
@@ -18,7 +18,7 @@ fn fixture(cfg: LimitsConfig) -> Fixture {
     let clock = FakeRelativeClock::default();
     let wall = Arc::new(AtomicU64::new(10 * DAY + 1_000));
     let w = wall.clone();
-    let budgets = Budgets::with_clock(
+    let budgets = Local::with_clock(
         cfg,
         clock.clone(),
         Arc::new(move || w.load(Ordering::SeqCst)),

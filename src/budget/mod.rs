@@ -50,6 +50,10 @@ use governor::{Quota, RateLimiter};
 use serde::Deserialize;
 
 use crate::outcome::StopReason;
+use crate::policy::Risk;
+use crate::state::{Fallback, OnUnavailable};
+
+pub mod shared;
 
 type Keyed<K, C> = RateLimiter<K, DashMapStateStore<K>, C, NoOpMiddleware<<C as Clock>::Instant>>;
 /// Keyed limiters by their rate (roles and upstreams choose rates).
@@ -187,6 +191,12 @@ pub enum Refusal {
         /// When, seconds since the epoch.
         at_s: u64,
     },
+    /// The shared budget store cannot be asked and the call's risk is
+    /// configured `closed` (`[state] on_store_unavailable`).
+    Unavailable {
+        /// Why.
+        why: String,
+    },
     /// The call's price would pass a cost cap.
     CostCap {
         /// `run` or `tenant_day`.
@@ -203,13 +213,31 @@ pub enum Refusal {
 /// A reservation to settle once the call's outcome is known.
 #[derive(Debug, Clone)]
 pub struct Reservation {
+    held: Held,
+    /// Steps used by the run including this call.
+    pub steps_used: u32,
+    /// The run's cap.
+    pub max_steps: u32,
+    /// Admitted by this replica's memory budgets because the shared store
+    /// could not be asked (`on_store_unavailable = "open"`).
+    pub fallback: bool,
+}
+
+/// Where a reservation is held.
+#[derive(Debug, Clone)]
+enum Held {
+    Local(LocalReservation),
+    Shared(shared::SharedReservation),
+}
+
+/// A reservation in this process's memory.
+#[derive(Debug, Clone)]
+pub struct LocalReservation {
     run_key: RunKey,
     tenant_day: Option<(String, u32)>,
     price: f64,
     /// Steps used by the run including this call.
     pub steps_used: u32,
-    /// The run's cap.
-    pub max_steps: u32,
 }
 
 /// How a reserved call ended.
@@ -236,8 +264,9 @@ struct RunState {
     steps: u32,
 }
 
-/// All budget state.
-pub struct Budgets<C: Clock = DefaultClock> {
+/// Budget state in this process: every budget when `[state] backend =
+/// "memory"`, and the fallback for calls a shared store cannot admit.
+pub struct Local<C: Clock = DefaultClock> {
     cfg: LimitsConfig,
     clock: C,
     now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
@@ -253,16 +282,16 @@ pub struct Budgets<C: Clock = DefaultClock> {
     tenant_days: DashMap<(String, u32), f64>,
 }
 
-// === impl Budgets ===
+// === impl Local ===
 
-impl Budgets<DefaultClock> {
+impl Local<DefaultClock> {
     /// Budgets on the real clocks.
     pub fn new(cfg: LimitsConfig) -> Self {
-        Budgets::with_clock(cfg, DefaultClock::default(), Arc::new(unix_ms))
+        Local::with_clock(cfg, DefaultClock::default(), Arc::new(unix_ms))
     }
 }
 
-impl<C: Clock + Clone> Budgets<C> {
+impl<C: Clock + Clone> Local<C> {
     /// Budgets on injected clocks: `clock` for rate limits, `now_ms` (Unix
     /// milliseconds) for days and expiry.
     pub fn with_clock(
@@ -270,7 +299,7 @@ impl<C: Clock + Clone> Budgets<C> {
         clock: C,
         now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
     ) -> Self {
-        Budgets {
+        Local {
             ip: keyed(cfg.per_ip_per_s, &clock),
             tenant: keyed(cfg.per_tenant_per_s, &clock),
             run_tool: keyed(cfg.per_run_tool_per_s, &clock),
@@ -303,7 +332,7 @@ impl<C: Clock + Clone> Budgets<C> {
     }
 
     /// Rate limits, then step and cost caps; reserves on success.
-    pub fn admit(&self, call: &CallBudget<'_>) -> Result<Reservation, Refusal> {
+    pub fn admit(&self, call: &CallBudget<'_>) -> Result<LocalReservation, Refusal> {
         let limited = |scope: &'static str, wait: Duration| Refusal::RateLimited {
             scope,
             retry_after: wait,
@@ -375,12 +404,11 @@ impl<C: Clock + Clone> Budgets<C> {
             state.cost += call.price;
             steps_used = state.steps;
         }
-        let mut reservation = Reservation {
+        let mut reservation = LocalReservation {
             run_key,
             tenant_day: None,
             price: call.price,
             steps_used,
-            max_steps: call.max_steps,
         };
         if let Some(cap) = self.cfg.tenant_daily_cost {
             let day = (now_ms / 86_400_000) as u32;
@@ -404,7 +432,7 @@ impl<C: Clock + Clone> Budgets<C> {
     }
 
     /// Closes a reservation.
-    pub fn settle(&self, r: &Reservation, how: Settle) {
+    pub fn settle(&self, r: &LocalReservation, how: Settle) {
         match how {
             Settle::NotExecuted => self.release(r),
             Settle::Executed {
@@ -424,7 +452,7 @@ impl<C: Clock + Clone> Budgets<C> {
         }
     }
 
-    fn release(&self, r: &Reservation) {
+    fn release(&self, r: &LocalReservation) {
         if let Some(mut s) = self.runs.get_mut(&r.run_key) {
             s.steps = s.steps.saturating_sub(1);
             s.cost = (s.cost - r.price).max(0.0);
@@ -521,6 +549,145 @@ impl<C: Clock + Clone> Budgets<C> {
     }
 }
 
+/// The budgets the request path asks: this process's [`Local`] budgets, or
+/// Redis shared by every replica with the local ones as the fallback for
+/// risks configured `open` while Redis cannot be asked.
+pub struct Budgets {
+    local: Local,
+    shared: Option<Arc<shared::RedisBudgets>>,
+    on_unavailable: OnUnavailable,
+}
+
+impl Budgets {
+    /// Budgets in this process only.
+    pub fn new(cfg: LimitsConfig) -> Self {
+        Budgets {
+            local: Local::new(cfg),
+            shared: None,
+            on_unavailable: OnUnavailable::default(),
+        }
+    }
+
+    /// Budgets in Redis, falling back to memory per `on_unavailable`.
+    pub fn shared(
+        cfg: LimitsConfig,
+        shared: shared::RedisBudgets,
+        on_unavailable: OnUnavailable,
+    ) -> Self {
+        Budgets {
+            shared: Some(Arc::new(shared)),
+            local: Local::new(cfg),
+            on_unavailable,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LimitsConfig {
+        self.local.config()
+    }
+
+    /// The shared store, if budgets are shared.
+    pub fn store(&self) -> Option<&Arc<shared::RedisBudgets>> {
+        self.shared.as_ref()
+    }
+
+    /// This process's budgets (all of them in memory mode).
+    pub fn local(&self) -> &Local {
+        &self.local
+    }
+
+    /// The coarse per-IP limit (always per replica).
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), Duration> {
+        self.local.check_ip(ip)
+    }
+
+    /// Rate limits, then step and cost caps, for a call of `risk`;
+    /// reserves on success.
+    pub async fn admit(&self, call: &CallBudget<'_>, risk: Risk) -> Result<Reservation, Refusal> {
+        let Some(shared) = &self.shared else {
+            return self.admit_locally(call, false);
+        };
+        match shared.admit(call).await {
+            Ok(shared::Admitted::Reserved {
+                reservation,
+                steps_used,
+            }) => Ok(Reservation {
+                held: Held::Shared(reservation),
+                steps_used,
+                max_steps: call.max_steps,
+                fallback: false,
+            }),
+            Ok(shared::Admitted::Refused(r)) => Err(r),
+            Err(e) => match self.on_unavailable.for_risk(risk) {
+                Fallback::Open => {
+                    tracing::debug!(error = %e, %risk, "budget store unavailable; admitted by this replica");
+                    self.admit_locally(call, true)
+                }
+                Fallback::Closed => Err(Refusal::Unavailable { why: e.to_string() }),
+            },
+        }
+    }
+
+    fn admit_locally(&self, call: &CallBudget<'_>, fallback: bool) -> Result<Reservation, Refusal> {
+        self.local.admit(call).map(|r| Reservation {
+            steps_used: r.steps_used,
+            held: Held::Local(r),
+            max_steps: call.max_steps,
+            fallback,
+        })
+    }
+
+    /// Closes a reservation. A shared one is settled off the caller's path
+    /// and retried until Redis takes it (settling is idempotent), for at
+    /// most a minute.
+    pub fn settle(&self, r: &Reservation, how: Settle) {
+        match &r.held {
+            Held::Local(l) => self.local.settle(l, how),
+            Held::Shared(s) => {
+                let Some(shared) = self.shared.clone() else {
+                    return;
+                };
+                let s = s.clone();
+                let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                    return;
+                };
+                rt.spawn(async move {
+                    let mut wait = Duration::from_millis(20);
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+                    loop {
+                        match shared.settle(&s, how).await {
+                            Ok(_) => return,
+                            Err(e) if tokio::time::Instant::now() >= deadline => {
+                                tracing::warn!(error = %e, "a budget reservation could not be settled in Redis; it stays charged");
+                                return;
+                            }
+                            Err(_) => {
+                                tokio::time::sleep(wait).await;
+                                wait = (wait * 2).min(Duration::from_secs(2));
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// See [`Local::sweep`].
+    pub fn sweep(&self) {
+        self.local.sweep();
+    }
+
+    /// Runs tracked in this process.
+    pub fn runs(&self) -> usize {
+        self.local.runs()
+    }
+
+    /// Runs evicted from this process's memory.
+    pub fn evicted(&self) -> u64 {
+        self.local.evicted()
+    }
+}
+
 /// A keyed limiter allowing `per_s` per second (bursts of `per_s`); none for 0.
 fn keyed<K: Hash + Eq + Clone, C: Clock + Clone>(per_s: u32, clock: &C) -> Option<Keyed<K, C>> {
     NonZeroU32::new(per_s)
@@ -564,6 +731,7 @@ impl Refusal {
             Refusal::StepCap { .. } => StopReason::StepCap,
             Refusal::RunEnded { .. } => StopReason::RunEnded,
             Refusal::CostCap { .. } => StopReason::CostCap,
+            Refusal::Unavailable { .. } => StopReason::StoreUnavailable,
         }
     }
 
@@ -576,6 +744,9 @@ impl Refusal {
             ),
             Refusal::StepCap { used, max } => {
                 format!("skipped: step_cap ({used} of {max} tool calls used in this run)")
+            }
+            Refusal::Unavailable { why } => {
+                format!("budget store unavailable: {why}; calls of this risk are refused until it is back")
             }
             Refusal::RunEnded { at_s } => {
                 format!("skipped: run_ended (the run ended at {at_s}, the end its token set)")

@@ -55,6 +55,10 @@ pub struct RawConfig {
     /// The keys that seal session and event ids (shared by replicas).
     #[serde(default)]
     pub sessions: crate::proxy::session::SessionsConfig,
+    /// Where budgets and rate limits live (this process, or Redis shared by
+    /// every replica).
+    #[serde(default)]
+    pub state: crate::state::StateConfig,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<RawUpstream>,

@@ -48,6 +48,8 @@ pub struct Config {
     /// Keys sealing session and event ids (first seals); empty: a random
     /// key per process.
     pub session_keys: Vec<SessionKey>,
+    /// Where budgets and rate limits live.
+    pub state: crate::state::StateConfig,
 }
 
 /// Validated `[server]`.
@@ -488,6 +490,11 @@ impl Validator<'_> {
         };
 
         let session_keys = self.session_keys(raw.sessions.keys)?;
+        let mut state = raw.state;
+        state.resolve_paths(self.base);
+        state
+            .validate()
+            .map_err(|(key, why)| self.invalid(key, why))?;
 
         let mut names = HashSet::new();
         let mut upstreams = Vec::with_capacity(raw.upstreams.len());
@@ -517,6 +524,7 @@ impl Validator<'_> {
             policy_dir: self.path(&raw.policy.dir),
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
             session_keys,
+            state,
         })
     }
 

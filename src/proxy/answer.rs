@@ -146,6 +146,20 @@ pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -
                 "tool": tool,
             })),
         ),
+        Outcome::Skipped {
+            refusal: refusal @ Refusal::Unavailable { .. },
+            risk,
+        } => error(
+            Some(id),
+            codes::STORE_UNAVAILABLE,
+            &format!("Call to {tool} refused: {}", refusal.describe()),
+            Some(&json!({
+                "stop_reason": StopReason::StoreUnavailable.as_str(),
+                "risk": risk.as_str(),
+                "retry_after_ms": 1000,
+                "tool": tool,
+            })),
+        ),
         Outcome::Skipped { refusal, .. } => skipped(id, tool, refusal),
         Outcome::AuditUnavailable { .. } => error(
             Some(id),
@@ -205,6 +219,9 @@ pub fn skipped(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
         }
         Refusal::RunEnded { at_s } => {
             structured["run_ended_at"] = json!(at_s);
+        }
+        Refusal::Unavailable { why } => {
+            structured["error"] = json!(why);
         }
     }
     tool_error(id, &refusal.describe(), structured)

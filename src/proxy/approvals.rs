@@ -105,7 +105,7 @@ impl RunContext {
     /// Consumes a granted approval for this exact call, or files one:
     /// `Ok(Ok(granted))` runs the call, `Ok(Err(gated))` waits for a person,
     /// `Err(why)` means no approval can be had.
-    pub fn gate(
+    pub async fn gate(
         &self,
         tool: &str,
         arguments: &Value,
@@ -116,7 +116,7 @@ impl RunContext {
             return Err("approvals are not configured on this firewall".to_owned());
         };
         let key = self.call_key(tool, args_sha256);
-        if let Some(approval) = approvals.consume(&key) {
+        if let Some(approval) = approvals.consume(&key).await {
             return Ok(Ok(Granted::of(&approval, approvals)));
         }
         let mut shown = arguments.clone();
@@ -135,7 +135,7 @@ impl RunContext {
             self_approval: role.is_some_and(|a| a.self_approval)
                 || approvals.config().self_approval_default,
         };
-        match approvals.request(new) {
+        match approvals.request(new).await {
             Ok(approval) => Ok(Err(Gated {
                 approval,
                 key,

@@ -1,6 +1,8 @@
 //! The decision step: what happens to each client-to-server message, decided
-//! on the parsed body against one policy snapshot. Nothing here does I/O
-//! except what a gate needs (filing or consuming an approval).
+//! on the parsed body against one policy snapshot. Nothing here does I/O:
+//! a `tools/call` the policy lets through leaves as a [`Ruling::Admit`],
+//! and the admission step ([`super::admit`]) asks the approval and budget
+//! stores.
 //!
 //! | message | verdict |
 //! |---|---|
@@ -92,6 +94,46 @@ pub enum Verdict {
     Hold(Box<Gated>),
     /// Answer it here; nothing reaches the upstream.
     Answer(Outcome),
+}
+
+/// What [`RunContext::decide`] makes of a message: a final verdict, or a
+/// `tools/call` the policy lets through that still needs the admission step
+/// (its approval gate and its budget, which ask stores).
+#[derive(Debug)]
+pub enum Ruling {
+    /// Decided.
+    Final(Verdict),
+    /// Decided by the policy; admission follows ([`super::admit`]).
+    Admit(Box<Admission>),
+}
+
+impl From<Verdict> for Ruling {
+    fn from(v: Verdict) -> Ruling {
+        Ruling::Final(v)
+    }
+}
+
+impl From<Outcome> for Ruling {
+    fn from(o: Outcome) -> Ruling {
+        Ruling::Final(Verdict::Answer(o))
+    }
+}
+
+/// A `tools/call` the policy lets through: its gate and its budget are
+/// asked next.
+#[derive(Debug)]
+pub struct Admission {
+    /// The tool.
+    pub tool: String,
+    /// Its risk.
+    pub risk: Risk,
+    /// The arguments and their hash, when an `approve` gate must be passed
+    /// (and no sealed request state already carries the approval).
+    pub gate: Option<(Value, [u8; 32])>,
+    /// The approval a multi-round retry runs under.
+    pub granted: Option<Arc<Granted>>,
+    /// The message to send instead of its bytes.
+    pub rewrite: Option<String>,
 }
 
 /// A message that goes upstream.
@@ -281,7 +323,10 @@ impl Outcome {
                 None,
             ),
             Outcome::Skipped { risk, refusal } => facts(
-                DecisionKind::Skip,
+                match refusal {
+                    Refusal::Unavailable { .. } => DecisionKind::Error,
+                    _ => DecisionKind::Skip,
+                },
                 refusal.stop_reason(),
                 refusal.describe(),
                 Some(*risk),
@@ -332,11 +377,11 @@ impl RunContext {
     }
 
     /// Decides one message.
-    pub fn decide(&self, msg: &Message, around: &Around<'_>) -> Verdict {
+    pub fn decide(&self, msg: &Message, around: &Around<'_>) -> Ruling {
         let name = match (msg.kind, msg.method.as_deref()) {
             // Answers to server-to-client requests (session revisions only:
             // 2026-07-28 bodies with responses are refused before this).
-            (Kind::Response, _) | (_, None) => return forward(None),
+            (Kind::Response, _) | (_, None) => return forward(None).into(),
             (_, Some(name)) => name,
         };
         let shape = match msg.kind {
@@ -346,11 +391,11 @@ impl RunContext {
         let class = match methods::lookup(name, self.version) {
             Some(m) if m.shape == shape => m.class,
             // A notification-only method sent with an id names no request.
-            Some(_) => return Verdict::Answer(Outcome::UnknownMethod),
-            None => return self.decide_extra(name, shape),
+            Some(_) => return Outcome::UnknownMethod.into(),
+            None => return self.decide_extra(name, shape).into(),
         };
-        match class {
-            Class::ToolCall => self.decide_call(msg, around),
+        let verdict = match class {
+            Class::ToolCall => return self.decide_call(msg, around),
             Class::Prompt => {
                 let name = msg.name.as_deref().unwrap_or("");
                 self.permit(self.prompt_allowed(name), || {
@@ -377,7 +422,8 @@ impl RunContext {
             },
             Class::Cancel => self.decide_cancel(msg, around),
             Class::List(_) | Class::Pass => forward(None),
-        }
+        };
+        verdict.into()
     }
 
     fn prompt_allowed(&self, name: &str) -> bool {
@@ -458,8 +504,8 @@ impl RunContext {
         }
     }
 
-    fn decide_call(&self, msg: &Message, around: &Around<'_>) -> Verdict {
-        let unknown = |hidden: Option<Hidden>| Verdict::Answer(Outcome::UnknownTool(hidden));
+    fn decide_call(&self, msg: &Message, around: &Around<'_>) -> Ruling {
+        let unknown = |hidden: Option<Hidden>| Outcome::UnknownTool(hidden).into();
         let Some(call) = &msg.call else {
             return unknown(None);
         };
@@ -491,11 +537,11 @@ impl RunContext {
         // Only now, for a tool the run may see: a hidden tool answers
         // exactly like an invented one, whatever its schema annotates.
         if let Err(e) = headers::check(around.headers, msg, Some(entry.param_headers())) {
-            return Verdict::Answer(Outcome::HeaderMismatch(e));
+            return Outcome::HeaderMismatch(e).into();
         }
         let risk = match decision {
             Decision::Deny { risk, reason, rule } => {
-                return Verdict::Answer(Outcome::Denied { risk, reason, rule })
+                return Outcome::Denied { risk, reason, rule }.into()
             }
             Decision::Approve { risk } | Decision::Allow { risk } => risk,
             Decision::Unknown(h) => return unknown(Some(h)),
@@ -509,14 +555,14 @@ impl RunContext {
             .as_deref()
             .and_then(|a| numbers::first_inexact(a.get()))
         {
-            return Verdict::Answer(Outcome::InvalidArguments(why));
+            return Outcome::InvalidArguments(why).into();
         }
         if let Err(e) = entry.validate(&arguments) {
             let detail = match &e {
                 ArgumentsError::BadSchema(s) => s.clone(),
                 ArgumentsError::Invalid(list) => list.join("; "),
             };
-            return Verdict::Answer(Outcome::InvalidArguments(detail));
+            return Outcome::InvalidArguments(detail).into();
         }
         let hash = args_sha256(&arguments);
         // A multi-round retry carrying a request state the firewall sealed:
@@ -535,36 +581,24 @@ impl RunContext {
                     let text = around.body.get(msg.span.clone()).unwrap_or("");
                     rewrite = jsonrpc::with_param(text, "requestState", original.as_deref());
                     if rewrite.is_none() {
-                        return Verdict::Answer(Outcome::BadRequestState(
+                        return Outcome::BadRequestState(
                             "requestState could not be restored for the upstream".to_owned(),
-                        ));
+                        )
+                        .into();
                     }
                     granted = Some(Arc::new(g));
                 }
-                Err(why) => return Verdict::Answer(Outcome::BadRequestState(why)),
+                Err(why) => return Outcome::BadRequestState(why).into(),
             }
         }
-        if matches!(decision, Decision::Approve { .. }) && granted.is_none() {
-            match self.gate(tool, &arguments, hash, risk) {
-                // Granted for exactly this call: it runs (once), under budgets.
-                Ok(Ok(g)) => {
-                    tracing::info!(tool, approval = %g.approval, "running an approved call");
-                    granted = Some(Arc::new(g));
-                }
-                Ok(Err(gated)) => return Verdict::Hold(Box::new(gated)),
-                Err(why) => return Verdict::Answer(Outcome::ApprovalUnavailable { risk, why }),
-            }
-        }
-        // Budgets last: only a call that would run spends them.
-        match self.budgets.admit(&self.call_budget(tool)) {
-            Ok(reservation) => Verdict::Forward(Forwarding {
-                risk: Some(risk),
-                reservation: Some(reservation),
-                granted,
-                rewrite,
-            }),
-            Err(refusal) => Verdict::Answer(Outcome::Skipped { risk, refusal }),
-        }
+        Ruling::Admit(Box::new(Admission {
+            tool: tool.to_owned(),
+            risk,
+            gate: (matches!(decision, Decision::Approve { .. }) && granted.is_none())
+                .then_some((arguments, hash)),
+            granted,
+            rewrite,
+        }))
     }
 
     /// The budget a `tools/call` of `tool` asks for.

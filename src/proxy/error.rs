@@ -37,6 +37,9 @@ pub mod codes {
     pub const UPSTREAM_ERROR: i32 = -31004;
     /// The audit trail cannot record this call and the policy is fail-closed.
     pub const AUDIT_UNAVAILABLE: i32 = -31005;
+    /// The shared budget store cannot be asked and calls of this risk fail
+    /// closed (`[state] on_store_unavailable`); retry later.
+    pub const STORE_UNAVAILABLE: i32 = -31006;
 }
 
 /// Why a forwarded request failed at or on the way to the upstream.

@@ -97,7 +97,7 @@ impl Holds {
     pub fn cancel(&self, key: &HoldKey) -> Option<String> {
         let (_, entry) = self.held.remove(key)?;
         if let Some(a) = &self.approvals {
-            a.withdraw(&entry.tenant, &entry.approval);
+            a.withdraw_now_or_soon(&entry.tenant, &entry.approval);
         }
         entry.cancel.notify_one();
         Some(entry.approval.as_str().to_owned())
@@ -214,7 +214,7 @@ impl Drop for Guard {
         let still_held = self.holds.held.remove(&self.key).is_some();
         if still_held && self.waiting && self.stateless {
             if let Some(a) = &self.holds.approvals {
-                a.withdraw(&self.tenant, &self.approval);
+                a.withdraw_now_or_soon(&self.tenant, &self.approval);
             }
         }
     }
@@ -298,7 +298,7 @@ impl HoldStream {
         self.guard.stop_waiting();
         let held = self.held.take()?;
         self.step = match status {
-            Status::Approved => match approvals.consume(&held.gated.key) {
+            Status::Approved => match approvals.consume(&held.gated.key).await {
                 Some(approval) => {
                     let granted = Granted::of(&approval, &approvals);
                     Step::Relay(execute(self.run.clone(), self.ticks, held, granted).await)
@@ -310,8 +310,10 @@ impl HoldStream {
                 }
             },
             Status::Denied => {
-                let decided = approvals.get(&held.gated.key.tenant, id.as_str());
+                let decided = approvals.get(&held.gated.key.tenant, id.as_str()).await;
                 let (by, reason) = decided
+                    .ok()
+                    .flatten()
                     .and_then(|a| a.decision)
                     .map_or((String::new(), String::new()), |d| (d.by, d.reason));
                 once(answer::approval_denied(
@@ -370,7 +372,7 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
     {
         let run = &run;
         let risk = held.gated.risk;
-        let reservation = match run.budgets.admit(&run.call_budget(&held.tool)) {
+        let reservation = match run.budgets.admit(&run.call_budget(&held.tool), risk).await {
             Ok(r) => r,
             Err(refusal) => {
                 let outcome = Outcome::Skipped { risk, refusal };

@@ -25,24 +25,28 @@
 //!    without an id), the mirrored `Mcp-*` headers.
 //! 7. **Catalog**: a call naming a tool not seen listed refills the catalog
 //!    first ([`refill`]).
-//! 8. **Decide** each message ([`stage::Decided`], [`decide`]): method table,
-//!    policy, exact numbers, input schema, `Mcp-Param-*`, approval gate,
-//!    budgets.
-//! 9. **On record** ([`stage::Decided::record`], [`record`]): the firewall's
-//!    answers are written before they leave; every forwarded message's
-//!    intent row is written before it is sent (the admission check of
-//!    fail-closed audit).
-//! 10. **Hold** ([`hold`]): a gated call waits for a person, then rejoins at
+//! 8. **Decide** each message ([`stage::Decided`], [`decide`]), without I/O:
+//!    method table, policy, exact numbers, input schema, `Mcp-Param-*`.
+//! 9. **Admit** ([`stage::Admitted`], [`admit`]): the calls the policy let
+//!    through pass their approval gate (consumed or filed in the approvals
+//!    store), then their budget (reserved in memory or in Redis).
+//! 10. **On record** ([`stage::Admitted::record`], [`record`]): the
+//!     firewall's answers are written before they leave; every forwarded
+//!     message's intent row is written before it is sent (the admission
+//!     check of fail-closed audit).
+//! 11. **Hold** ([`hold`]): a gated call waits for a person, then rejoins at
 //!     budgets and record.
-//! 11. **Forward** ([`upstream`]): only the allowed headers, the upstream's own
+//! 12. **Forward** ([`upstream`]): only the allowed headers, the upstream's own
 //!     session id, its credentials.
-//! 12. **Relay** ([`relay`]): JSON whole or streamed, SSE event by event,
+//! 13. **Relay** ([`relay`]): JSON whole or streamed, SSE event by event,
 //!     lists filtered, server requests policed, rows completed before
 //!     answers leave.
 //!
 //! Nothing on this path waits on I/O it does not need: no config reads, no
 //! key fetches (the verifier caches and refreshes off the path), no
-//! ClickHouse; the spool write is the one local write.
+//! ClickHouse; the spool write is the one local write, and the shared
+//! stores (Redis for budgets, PostgreSQL for approvals) are asked only when
+//! configured, only for the calls that need them, within a bounded time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,6 +67,7 @@ use crate::policy::reload::PolicyStore;
 use crate::server::listener::ConnInfo;
 use crate::telemetry::Metrics;
 
+pub mod admit;
 pub mod answer;
 pub mod approvals;
 pub mod body;
@@ -132,6 +137,9 @@ pub enum StateError {
     /// No random session key could be made.
     #[error("cannot generate a session key: the system's random source failed")]
     SessionKey,
+    /// The shared state store's settings are unusable.
+    #[error("{0}")]
+    Store(String),
 }
 
 // === impl State ===
@@ -155,7 +163,7 @@ impl State {
             max_depth: config.server.max_json_depth,
             max_batch: config.server.max_batch,
         };
-        let budgets = Arc::new(crate::budget::Budgets::new(config.limits.clone()));
+        let budgets = Arc::new(budgets(&config).map_err(|e| StateError::Store(e.to_string()))?);
         let redactor = Arc::new(redactor(&config));
         let sessions =
             Arc::new(Sessions::new(&config.session_keys).map_err(|_| StateError::SessionKey)?);
@@ -180,6 +188,22 @@ impl State {
             closing: tokio::sync::watch::Sender::new(false),
         })
     }
+}
+
+/// The budgets of `[state]`: in memory, or in Redis for every replica.
+fn budgets(config: &Config) -> anyhow::Result<crate::budget::Budgets> {
+    use crate::budget::{shared::RedisBudgets, Budgets};
+    Ok(match config.state.backend {
+        crate::state::Backend::Memory => Budgets::new(config.limits.clone()),
+        crate::state::Backend::Redis => {
+            let redis = crate::state::Redis::connect(&config.state)?;
+            Budgets::shared(
+                config.limits.clone(),
+                RedisBudgets::new(redis, &config.limits),
+                config.state.on_store_unavailable,
+            )
+        }
+    })
 }
 
 /// The redactor of the audit config (or the default patterns).
@@ -261,19 +285,22 @@ async fn post(
         state.refills.refill(&run.catalogs, &run.upstream).await;
     }
 
-    // Step 8: decide each message on its own.
+    // Step 8: decide each message on its own, without I/O.
     let decided = Decided::decide(parsed, &run, session.as_deref(), state)?;
 
-    // Step 9: on record before anything is answered or sent.
+    // Step 9: admit the calls the policy let through: gates, budgets.
+    let admitted = decided.admit(&run).await;
+
+    // Step 10: on record before anything is answered or sent.
     let run = Arc::new(run);
-    let outgoing = match decided.record(state, &run, conn, session.as_deref()).await {
+    let outgoing = match admitted.record(state, &run, conn, session.as_deref()).await {
         Next::Answer(response) => return Ok(response),
-        // Step 10: a gated call waits for a person.
+        // Step 11: a gated call waits for a person.
         Next::Hold(held) => return Ok(hold::respond(run, state.holds.clone(), *held)),
         Next::Forward(outgoing) => *outgoing,
     };
 
-    // Step 11: forward what may go upstream.
+    // Step 12: forward what may go upstream.
     let identity = identity_headers(&run);
     let fwd = Forward {
         method: Method::POST,
@@ -301,7 +328,7 @@ async fn post(
     // now rather than hold it for as long as the upstream takes to answer.
     drop(outgoing.head);
 
-    // Step 12: relay.
+    // Step 13: relay.
     match sending.await {
         Ok(resp) => exchange.respond(resp).await,
         Err(failure) => Err(exchange.fail(failure).await),

@@ -1,9 +1,10 @@
 //! The stages of a POST between reading its body and forwarding it, one
 //! type each: [`Parsed`] (the body read once and checked as a whole),
-//! [`Decided`] (a verdict per message), and what [`Decided::record`] makes
-//! of them once every decision is on record ([`Next`]: the firewall's own
-//! answer, a hold, or an [`Outgoing`] body for the upstream). The order is
-//! in [`super::post`].
+//! [`Decided`] (a ruling per message, without I/O), [`Admitted`] (a final
+//! verdict per message once gates and budgets were asked), and what
+//! [`Admitted::record`] makes of them once every decision is on record
+//! ([`Next`]: the firewall's own answer, a hold, or an [`Outgoing`] body for
+//! the upstream). The order is in [`super::post`].
 
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ use crate::mcp::version::ProtocolVersion;
 use crate::server::listener::ConnInfo;
 
 use super::body::Body;
-use super::decide::{ApprovalNote, Around, Outcome, RunContext, Verdict};
+use super::decide::{ApprovalNote, Around, Outcome, Ruling, RunContext, Verdict};
 use super::error::{json_response, ProxyError};
 use super::hold::Held;
 use super::record::Recorder;
@@ -39,8 +40,14 @@ pub struct Parsed {
     pub env: Envelope,
 }
 
-/// A verdict for every message of a [`Parsed`] body.
+/// A ruling for every message of a [`Parsed`] body.
 pub struct Decided {
+    parsed: Parsed,
+    rulings: Vec<Ruling>,
+}
+
+/// A final verdict for every message of a [`Parsed`] body.
+pub struct Admitted {
     parsed: Parsed,
     verdicts: Vec<Verdict>,
 }
@@ -221,20 +228,38 @@ impl Decided {
             holds: &state.holds,
             headers: &parsed.head.headers,
         };
-        let mut verdicts = Vec::with_capacity(parsed.env.messages.len());
+        let mut rulings = Vec::with_capacity(parsed.env.messages.len());
         for m in &parsed.env.messages {
-            let verdict = run.decide(m, &around);
-            if let Verdict::Answer(Outcome::HeaderMismatch(source)) = verdict {
+            let ruling = run.decide(m, &around);
+            if let Ruling::Final(Verdict::Answer(Outcome::HeaderMismatch(source))) = ruling {
                 return Err(ProxyError::HeaderMismatch {
                     id: m.id.clone(),
                     source,
                 });
             }
-            verdicts.push(verdict);
+            rulings.push(ruling);
         }
-        Ok(Decided { parsed, verdicts })
+        Ok(Decided { parsed, rulings })
     }
 
+    /// Admits the calls the policy let through ([`super::admit`]): their
+    /// approval gates, then their budgets, in message order.
+    pub async fn admit(self, run: &RunContext) -> Admitted {
+        let Decided { parsed, rulings } = self;
+        let mut verdicts = Vec::with_capacity(rulings.len());
+        for r in rulings {
+            verdicts.push(match r {
+                Ruling::Final(v) => v,
+                Ruling::Admit(a) => a.admit(run).await,
+            });
+        }
+        Admitted { parsed, verdicts }
+    }
+}
+
+// === impl Admitted ===
+
+impl Admitted {
     /// Puts every decision on record: the firewall's answers are written
     /// before they leave, the intent of every forwarded message before it
     /// is sent (a fail-closed risk the spool refuses is not sent:
@@ -246,7 +271,7 @@ impl Decided {
         conn: ConnInfo,
         session: Option<&[u8]>,
     ) -> Next {
-        let Decided { parsed, verdicts } = self;
+        let Admitted { parsed, verdicts } = self;
         let Parsed { head, bytes, env } = parsed;
         let text = std::str::from_utf8(&bytes).unwrap_or("");
         let session_name = session

@@ -165,7 +165,7 @@ async fn the_list_shows_only_the_tenants_approvals() {
             "rollback_deployment",
             json!({"deployment": "checkout", "to": "v41"}),
         ))
-        .expect("request");
+        .await.expect("request");
     let two = a
         .approvals
         .request(gated(
@@ -174,10 +174,10 @@ async fn the_list_shows_only_the_tenants_approvals() {
             "restart_service",
             json!({"service": "search"}),
         ))
-        .expect("request");
+        .await.expect("request");
     a.approvals
         .request(gated("globex", "gina", "rollback_deployment", json!({})))
-        .expect("request");
+        .await.expect("request");
     a.approvals
         .decide(
             "acme",
@@ -186,7 +186,7 @@ async fn the_list_shows_only_the_tenants_approvals() {
             false,
             "no",
         )
-        .expect("deny");
+        .await.expect("deny");
 
     let bob = admin_token("acme", "bob");
     let (status, headers, v) =
@@ -245,7 +245,7 @@ async fn show_includes_the_preview_computed_once() {
         json!({"deployment": "checkout"}),
     );
     n.preview_tool = Some("preview_remediation".to_owned());
-    let p = a.approvals.request(n).expect("request");
+    let p = a.approvals.request(n).await.expect("request");
     let bob = admin_token("acme", "bob");
     let url = format!("{}/approvals/{}", a.base, p.id);
     let (status, _, v) = get(&url, Some(&bob)).await;
@@ -279,7 +279,7 @@ async fn approving_lets_the_call_run_once() {
             "rollback_deployment",
             json!({"deployment": "checkout"}),
         ))
-        .expect("request");
+        .await.expect("request");
     let bob = admin_token("acme", "bob");
     let (status, v) = decide(
         &a.base,
@@ -293,9 +293,9 @@ async fn approving_lets_the_call_run_once() {
     assert_eq!(v["status"], "approved");
     assert_eq!(v["decision"]["by"], "bob");
     assert_eq!(v["decision"]["reason"], "runbook step 3");
-    let ran = a.approvals.consume(&p.key).expect("approved call runs");
+    let ran = a.approvals.consume(&p.key).await.expect("approved call runs");
     assert_eq!(ran.id, p.id);
-    assert!(a.approvals.consume(&p.key).is_none(), "once");
+    assert!(a.approvals.consume(&p.key).await.is_none(), "once");
 }
 
 #[tokio::test]
@@ -309,7 +309,7 @@ async fn denying_needs_a_reason() {
             "delete_namespace",
             json!({"ns": "prod"}),
         ))
-        .expect("request");
+        .await.expect("request");
     let bob = admin_token("acme", "bob");
     let (status, v) = decide(&a.base, &bob, p.id.as_str(), "deny", json!({})).await;
     assert_eq!(status, 400, "{v}");
@@ -324,7 +324,7 @@ async fn denying_needs_a_reason() {
     .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["status"], "denied");
-    assert!(a.approvals.consume(&p.key).is_none());
+    assert!(a.approvals.consume(&p.key).await.is_none());
 }
 
 #[tokio::test]
@@ -333,7 +333,7 @@ async fn a_tool_token_or_no_token_gets_401() {
     let p = a
         .approvals
         .request(gated("acme", "alice", "rollback_deployment", json!({})))
-        .expect("request");
+        .await.expect("request");
     // The run's own tool token, valid on /mcp, is worthless here.
     let mut tool_claims = common::claims("sre-lead", &["sre"]);
     tool_claims.sub = "bob".to_owned();
@@ -350,7 +350,7 @@ async fn a_tool_token_or_no_token_gets_401() {
     assert_eq!(status, 401);
     assert!(headers.contains_key("www-authenticate"));
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).expect("get").status,
+        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
         Status::Pending
     );
 }
@@ -361,7 +361,7 @@ async fn another_tenants_approval_does_not_exist() {
     let p = a
         .approvals
         .request(gated("acme", "alice", "rollback_deployment", json!({})))
-        .expect("request");
+        .await.expect("request");
     let gina = admin_token("globex", "gina");
     let (status, _, v) = get(&format!("{}/approvals/{}", a.base, p.id), Some(&gina)).await;
     assert_eq!(status, 404);
@@ -375,7 +375,7 @@ async fn another_tenants_approval_does_not_exist() {
     let (status, _) = decide(&a.base, &gina, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 404);
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).expect("get").status,
+        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
         Status::Pending
     );
 }
@@ -385,7 +385,7 @@ async fn self_approval_is_refused_by_default() {
     let a = admin(|_| {}).await;
     let mut n = gated("acme", "alice", "rollback_deployment", json!({}));
     n.self_approval = a.approvals.config().self_approval_default;
-    let p = a.approvals.request(n).expect("request");
+    let p = a.approvals.request(n).await.expect("request");
     let alice = admin_token("acme", "alice");
     let (status, v) = decide(&a.base, &alice, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 403, "{v}");
@@ -401,7 +401,7 @@ async fn self_approval_is_allowed_when_configured() {
     let a = admin(|c| c.self_approval_default = true).await;
     let mut n = gated("acme", "alice", "rollback_deployment", json!({}));
     n.self_approval = a.approvals.config().self_approval_default;
-    let p = a.approvals.request(n).expect("request");
+    let p = a.approvals.request(n).await.expect("request");
     let alice = admin_token("acme", "alice");
     let (status, v) = decide(&a.base, &alice, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 200, "{v}");
@@ -414,7 +414,7 @@ async fn a_second_decision_is_a_conflict() {
     let p = a
         .approvals
         .request(gated("acme", "alice", "rollback_deployment", json!({})))
-        .expect("request");
+        .await.expect("request");
     let (bob, carol) = (admin_token("acme", "bob"), admin_token("acme", "carol"));
     let (status, _) = decide(&a.base, &bob, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 200);
@@ -440,7 +440,7 @@ async fn an_expired_approval_is_gone() {
     let mut n = gated("acme", "alice", "rollback_deployment", json!({}));
     // The tool token dies in a second; so does the approval.
     n.token_exp = now_s() + 1;
-    let p = a.approvals.request(n).expect("request");
+    let p = a.approvals.request(n).await.expect("request");
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
@@ -471,7 +471,7 @@ async fn the_cli_lists_shows_and_decides() {
         json!({"deployment": "checkout"}),
     );
     n.preview_tool = Some("preview_remediation".to_owned());
-    let p = a.approvals.request(n).expect("request");
+    let p = a.approvals.request(n).await.expect("request");
     let q = a
         .approvals
         .request(gated(
@@ -480,7 +480,7 @@ async fn the_cli_lists_shows_and_decides() {
             "restart_service",
             json!({"service": "search"}),
         ))
-        .expect("request");
+        .await.expect("request");
     let bob = AdminClient::new(&a.base, &admin_token("acme", "bob")).expect("client");
 
     let listed = client::render_list(&bob.list(Some(Status::Pending)).await.expect("list"));
@@ -511,7 +511,7 @@ async fn the_cli_lists_shows_and_decides() {
     let out = client::run(&args).await.expect("approve");
     assert!(out.starts_with(&format!("approved {}", p.id)), "{out}");
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).expect("get").status,
+        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
         Status::Approved
     );
 
@@ -580,7 +580,7 @@ async fn the_console_approves_in_headless_chromium() {
             "rollback_deployment",
             json!({"deployment": "checkout", "note": hostile}),
         ))
-        .expect("request");
+        .await.expect("request");
     let browser = Browser::start().await;
     browser.goto(&format!("{}/console#{}", a.base, p.id)).await;
     let field = browser.wait_for("#token", Duration::from_secs(10)).await;
@@ -616,7 +616,7 @@ async fn the_console_approves_in_headless_chromium() {
     let armed = browser.text(&approve).await;
     assert!(armed.starts_with("Click again to approve"), "{armed}");
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).expect("get").status,
+        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
         Status::Pending,
         "one click does not approve"
     );
@@ -624,7 +624,7 @@ async fn the_console_approves_in_headless_chromium() {
 
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let status = a.approvals.get("acme", p.id.as_str()).expect("get").status;
+        let status = a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status;
         if status == Status::Approved {
             break;
         }
@@ -635,7 +635,7 @@ async fn the_console_approves_in_headless_chromium() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let decided = a.approvals.get("acme", p.id.as_str()).expect("get");
+    let decided = a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known");
     assert_eq!(decided.decision.expect("decision").by, "bob");
     let status_line = browser.wait_for("#status.ok", Duration::from_secs(5)).await;
     assert!(browser
@@ -643,7 +643,7 @@ async fn the_console_approves_in_headless_chromium() {
         .await
         .starts_with("Approved rollback_deployment"));
     assert!(
-        a.approvals.consume(&p.key).is_some(),
+        a.approvals.consume(&p.key).await.is_some(),
         "the held call may now run"
     );
 }

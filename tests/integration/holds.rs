@@ -52,7 +52,7 @@ async fn pending(fw: &Firewall) -> Approval {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(a) = approvals
-            .list("acme", Some(Status::Pending))
+            .list("acme", Some(Status::Pending)).await.unwrap()
             .into_iter()
             .next()
         {
@@ -63,7 +63,7 @@ async fn pending(fw: &Firewall) -> Approval {
     }
 }
 
-fn approve(fw: &Firewall, a: &Approval) -> Result<Approval, String> {
+async fn approve(fw: &Firewall, a: &Approval) -> Result<Approval, String> {
     let approvals = fw.running.state.approvals.clone().expect("approvals");
     approvals
         .decide(
@@ -77,12 +77,12 @@ fn approve(fw: &Firewall, a: &Approval) -> Result<Approval, String> {
             true,
             "ok",
         )
-        .map_err(|e| e.to_string())
+        .await.map_err(|e| e.to_string())
 }
 
-fn status(fw: &Firewall, a: &Approval) -> Status {
+async fn status(fw: &Firewall, a: &Approval) -> Status {
     let approvals = fw.running.state.approvals.clone().expect("approvals");
-    approvals.get("acme", a.id.as_str()).expect("known").status
+    approvals.get("acme", a.id.as_str()).await.ok().flatten().expect("known").status
 }
 
 /// Starts a held POST; the stream's text is collected by the task.
@@ -183,7 +183,7 @@ async fn an_approved_call_passes_the_same_inspection_as_any_other() {
         0,
         "nothing ran before approval"
     );
-    approve(&fw, &a).unwrap();
+    approve(&fw, &a).await.unwrap();
     let text = tokio::time::timeout(Duration::from_secs(10), stream)
         .await
         .expect("the held stream ends")
@@ -205,8 +205,8 @@ async fn an_approved_call_passes_the_same_inspection_as_any_other() {
     }
     // The reported cost settled the run's budget.
     let budgets = &fw.running.state.budgets;
-    assert_eq!(budgets.cost("acme", &claims.run_id), 3.0);
-    assert_eq!(status(&fw, &a), Status::Consumed);
+    assert_eq!(budgets.local().cost("acme", &claims.run_id), 3.0);
+    assert_eq!(status(&fw, &a).await, Status::Consumed);
     fw.stop().await;
 }
 
@@ -218,7 +218,7 @@ async fn an_approved_call_whose_upstream_fails_answers_with_the_upstream_error()
     common::post(&url(&fw), &token, &[], LIST).await;
     let stream = held(&fw, &token, &[], RESTART);
     let a = pending(&fw).await;
-    approve(&fw, &a).unwrap();
+    approve(&fw, &a).await.unwrap();
     let text = stream.await.unwrap();
     let last = events(&text).pop().expect("an answer");
     assert_eq!(last["id"], 11);
@@ -245,7 +245,7 @@ async fn a_budget_that_refuses_after_approval_answers_with_the_skipped_result() 
     )
     .await;
     assert!(r.json()["result"].is_object(), "{}", r.text);
-    approve(&fw, &a).unwrap();
+    approve(&fw, &a).await.unwrap();
     let text = stream.await.unwrap();
     let last = events(&text).pop().expect("an answer");
     assert_eq!(last["result"]["isError"], true, "{text}");
@@ -286,7 +286,7 @@ async fn cancelling_a_held_call_withdraws_its_approval_and_it_never_runs() {
     };
     let r = common::post(&url(&fw), &token, &h, &cancel(12)).await;
     assert_eq!(r.status, 202);
-    assert_eq!(status(&fw, &a), Status::Pending);
+    assert_eq!(status(&fw, &a).await, Status::Pending);
     let r = common::post(&url(&fw), &token, &h, &cancel(11)).await;
     assert_eq!(r.status, 202, "{}", r.text);
     let text = tokio::time::timeout(Duration::from_secs(5), stream)
@@ -297,9 +297,9 @@ async fn cancelling_a_held_call_withdraws_its_approval_and_it_never_runs() {
         events(&text).iter().all(|e| e.get("id").is_none()),
         "no answer after a cancel: {text}"
     );
-    assert_eq!(status(&fw, &a), Status::Withdrawn);
+    assert_eq!(status(&fw, &a).await, Status::Withdrawn);
     assert!(
-        approve(&fw, &a).is_err(),
+        approve(&fw, &a).await.is_err(),
         "a withdrawn approval cannot be approved"
     );
     // The matched cancel was the firewall's to handle; the upstream never
@@ -330,7 +330,7 @@ async fn closing_the_stream_cancels_on_2026_07_28_but_not_on_session_revisions()
     let a = pending(&fw).await;
     stream.abort();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while status(&fw, &a) != Status::Withdrawn {
+    while status(&fw, &a).await != Status::Withdrawn {
         assert!(
             Instant::now() < deadline,
             "closing a 2026-07-28 stream withdraws its approval"
@@ -343,7 +343,7 @@ async fn closing_the_stream_cancels_on_2026_07_28_but_not_on_session_revisions()
     let b = pending(&fw).await;
     stream.abort();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(status(&fw, &b), Status::Pending);
+    assert_eq!(status(&fw, &b).await, Status::Pending);
     assert_eq!(up.count("POST", "tools/call"), 0);
     fw.stop().await;
 }
@@ -384,7 +384,7 @@ async fn a_multi_round_call_stays_bound_to_its_approval() {
     ];
     let stream = held(&fw, &token, &headers, &call(31, ""));
     let a = pending(&fw).await;
-    approve(&fw, &a).unwrap();
+    approve(&fw, &a).await.unwrap();
     let text = stream.await.unwrap();
     let first = events(&text).pop().expect("an answer");
     assert_eq!(first["result"]["resultType"], "input_required", "{text}");
@@ -415,7 +415,7 @@ async fn a_multi_round_call_stays_bound_to_its_approval() {
     assert_eq!(sent["params"]["requestState"], "up-state-1");
     let approvals = fw.running.state.approvals.clone().unwrap();
     assert!(
-        approvals.list("acme", Some(Status::Pending)).is_empty(),
+        approvals.list("acme", Some(Status::Pending)).await.unwrap().is_empty(),
         "no second approval"
     );
     let runs = up.count("POST", "tools/call");
@@ -468,7 +468,7 @@ async fn progress_keeps_increasing_across_the_hold() {
     let a = pending(&fw).await;
     // Let the hold send a few progress notifications of its own.
     tokio::time::sleep(Duration::from_millis(2300)).await;
-    approve(&fw, &a).unwrap();
+    approve(&fw, &a).await.unwrap();
     let text = stream.await.unwrap();
     let progress: Vec<f64> = events(&text)
         .iter()
@@ -496,7 +496,7 @@ async fn an_approval_is_for_one_caller_of_the_run() {
     let r = json_only(&fw, &alice).await;
     assert_eq!(r["error"]["code"], -31002, "{r}");
     let a = pending(&fw).await;
-    approve(&fw, &a).unwrap();
+    approve(&fw, &a).await.unwrap();
     // Carol's identical call in the same run does not use Alice's approval.
     let r = json_only(&fw, &bob).await;
     assert_eq!(r["error"]["code"], -31002, "{r}");
@@ -506,7 +506,7 @@ async fn an_approval_is_for_one_caller_of_the_run() {
         "a new approval for Carol"
     );
     assert_eq!(up.count("POST", "tools/call"), 0);
-    assert_eq!(status(&fw, &a), Status::Approved);
+    assert_eq!(status(&fw, &a).await, Status::Approved);
     fw.stop().await;
 }
 
