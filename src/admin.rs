@@ -13,6 +13,13 @@
 //!   refused;
 //! - `audit_backlog`: the oldest row not yet in ClickHouse is older than
 //!   `audit.max_backlog_age_s`.
+//!
+//! A shared store that cannot be asked makes the firewall *degraded*, not
+//! unready: every replica shares it, so taking them all out of rotation
+//! would stop reads that `on_store_unavailable` keeps open. `/readyz` then
+//! answers 200 `ready, degraded: …` and `mcp_firewall_degraded{reason}` is
+//! 1 for `budget_store_unavailable` (Redis) or `approvals_store_unavailable`
+//! (PostgreSQL).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +50,10 @@ pub struct Admin {
     pub approvals: Option<(Arc<Approvals>, Verifier)>,
     /// `not_ready{reason}`.
     pub not_ready: Family<ReasonLabel, Gauge>,
+    /// The shared budget store, if budgets are shared.
+    pub budget_store: Option<Arc<crate::state::Redis>>,
+    /// `degraded{reason}`.
+    pub degraded: Family<ReasonLabel, Gauge>,
 }
 
 /// Label of `mcp_firewall_not_ready`.
@@ -55,6 +66,9 @@ pub struct ReasonLabel {
 /// Every reason `/readyz` can give.
 pub const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
 
+/// Every way `/readyz` can be degraded.
+pub const DEGRADED: [&str; 2] = ["budget_store_unavailable", "approvals_store_unavailable"];
+
 impl Admin {
     /// The reasons the firewall is not ready now (empty: ready); also sets
     /// the `not_ready` gauges.
@@ -66,6 +80,32 @@ impl Admin {
         out.extend(self.auditor.not_ready());
         for r in REASONS {
             self.not_ready
+                .get_or_create(&ReasonLabel { reason: r })
+                .set(i64::from(out.contains(&r)));
+        }
+        out
+    }
+
+    /// The shared stores that cannot be asked now; also sets the
+    /// `degraded` gauges.
+    pub fn degraded(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self
+            .budget_store
+            .as_ref()
+            .is_some_and(|r| r.breaker().is_open())
+        {
+            out.push("budget_store_unavailable");
+        }
+        if self
+            .approvals
+            .as_ref()
+            .is_some_and(|(a, _)| a.unavailable())
+        {
+            out.push("approvals_store_unavailable");
+        }
+        for r in DEGRADED {
+            self.degraded
                 .get_or_create(&ReasonLabel { reason: r })
                 .set(i64::from(out.contains(&r)));
         }
@@ -90,8 +130,14 @@ pub async fn handle(
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
             let reasons = admin.not_ready();
-            if reasons.is_empty() {
+            let degraded = admin.degraded();
+            if reasons.is_empty() && degraded.is_empty() {
                 text(StatusCode::OK, "ready\n")
+            } else if reasons.is_empty() {
+                text(
+                    StatusCode::OK,
+                    format!("ready, degraded: {}\n", degraded.join(", ")),
+                )
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,

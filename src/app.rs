@@ -127,6 +127,10 @@ pub async fn start_with(
     let mut background = Vec::new();
     background.push(tokio::spawn(policy.clone().watch(config.policy_reload)));
     background.push(tokio::spawn(sweep_budgets(state.clone())));
+    background.push(tokio::spawn(expire_catalogs(
+        state.catalogs.clone(),
+        Duration::from_secs(config.state.catalog_ttl_s),
+    )));
     let acceptor = match &config.server.tls {
         Some(tls_cfg) => {
             let resolver = tls::ReloadingCert::load(tls_cfg)?;
@@ -144,12 +148,35 @@ pub async fn start_with(
         "1 while /readyz answers 503 for this reason (draining, audit_spool_refusing, audit_backlog)",
         not_ready.clone(),
     );
+    let degraded = prometheus_client::metrics::family::Family::default();
+    registry.register(
+        "degraded",
+        "1 while a shared store cannot be asked (budget_store_unavailable, approvals_store_unavailable); /readyz still answers 200",
+        degraded.clone(),
+    );
+    let budget_store = state.budgets.store().map(|s| s.redis().clone());
+    if let Some(shared) = state.budgets.store() {
+        match shared.load().await {
+            Ok(()) => tracing::info!("budgets and rate limits shared in Redis"),
+            Err(e) => tracing::error!(error = %e, "Redis not reachable at start; calls take their on_store_unavailable fallback until it is"),
+        }
+        background.push(tokio::spawn(crate::catalog::follow_list_changed(
+            shared.redis().clone(),
+            state.catalogs.clone(),
+        )));
+    }
+    background.push(tokio::spawn(publish_policy_hash(
+        policy.clone(),
+        state.metrics.clone(),
+    )));
     let admin = Arc::new(Admin {
         registry: Arc::new(Mutex::new(registry)),
         draining: AtomicBool::new(false),
         auditor: state.auditor.clone(),
         approvals: state.approvals.clone().map(|a| (a, state.verifier.clone())),
         not_ready,
+        budget_store,
+        degraded,
     });
     // The gauges follow the state even when nobody probes /readyz.
     background.push(tokio::spawn(watch_readiness(admin.clone())));
@@ -268,12 +295,38 @@ async fn start_approvals(
     Ok(Some(approvals))
 }
 
+/// Forgets catalogs older than `ttl` (a missed `list_changed` heals).
+async fn expire_catalogs(catalogs: Arc<crate::catalog::Catalogs>, ttl: Duration) {
+    let mut tick = tokio::time::interval(ttl.max(Duration::from_secs(1)) / 4);
+    loop {
+        tick.tick().await;
+        for upstream in catalogs.expire(ttl) {
+            tracing::debug!(%upstream, "tool catalog older than its ttl; relearned on the next list");
+        }
+    }
+}
+
+/// Keeps `policy_info{sha256}` on the policy in force.
+async fn publish_policy_hash(policy: Arc<PolicyStore>, metrics: Arc<Metrics>) {
+    let mut shown = String::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        let hash = policy.load_full().content_hash().to_owned();
+        if hash != shown {
+            metrics.set_policy(&hash);
+            shown = hash;
+        }
+    }
+}
+
 /// Keeps the `not_ready` gauges current.
 async fn watch_readiness(admin: Arc<Admin>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         admin.not_ready();
+        admin.degraded();
     }
 }
 

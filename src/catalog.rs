@@ -80,6 +80,8 @@ struct Listing {
     epoch: u64,
     /// The rewritten `result` per authority.
     views: DashMap<Authority, Arc<str>>,
+    /// When it was first seen.
+    seen: std::time::Instant,
 }
 
 // === impl Catalogs ===
@@ -156,6 +158,22 @@ impl Catalogs {
         }
     }
 
+    /// Forgets the tools of upstreams whose listing is older than `ttl`: a
+    /// replica that missed a `list_changed` learns the list again within a
+    /// `ttl`. Returns the upstreams cleared.
+    pub fn expire(&self, ttl: std::time::Duration) -> Vec<String> {
+        let old: Vec<String> = self
+            .listings
+            .iter()
+            .filter(|l| l.seen.elapsed() >= ttl)
+            .map(|l| l.key().clone())
+            .collect();
+        for up in &old {
+            self.clear(up);
+        }
+        old
+    }
+
     /// The view of an upstream's `tools/list` `result` for one authority under
     /// policy generation `policy`: remembered from an identical earlier
     /// result, or computed by `rewrite` (which records the listed tools as
@@ -203,12 +221,62 @@ impl Catalogs {
                         policy,
                         epoch,
                         views,
+                        seen: std::time::Instant::now(),
                     }),
                 );
             }
             None => {}
         }
         Ok(view)
+    }
+}
+
+/// The Redis channel announcing that an upstream's tool list changed.
+pub const LIST_CHANGED_CHANNEL: &str = "list_changed";
+
+/// Tells the other replicas that `upstream`'s tool list changed (they clear
+/// their catalog of it), off the caller's path.
+pub fn announce_list_changed(redis: &Arc<crate::state::Redis>, upstream: &str) {
+    let redis = redis.clone();
+    let channel = format!("{}:{LIST_CHANGED_CHANNEL}", redis.prefix());
+    let upstream = upstream.to_owned();
+    tokio::spawn(async move {
+        let published = redis
+            .run(|mut c| async move {
+                redis::cmd("PUBLISH")
+                    .arg(&channel)
+                    .arg(&upstream)
+                    .query_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+        if let Err(e) = published {
+            tracing::warn!(error = %e, "list_changed not announced to other replicas; they relearn the list within the catalog ttl");
+        }
+    });
+}
+
+/// Clears the local catalog of every upstream another replica announces as
+/// changed; resubscribes after a second when the connection is lost.
+pub async fn follow_list_changed(redis: Arc<crate::state::Redis>, catalogs: Arc<Catalogs>) {
+    use futures_util::StreamExt;
+    let channel = format!("{}:{LIST_CHANGED_CHANNEL}", redis.prefix());
+    loop {
+        match redis.pubsub().await {
+            Ok(mut ps) => {
+                if ps.subscribe(&channel).await.is_ok() {
+                    let mut messages = ps.on_message();
+                    while let Some(m) = messages.next().await {
+                        if let Ok(upstream) = m.get_payload::<String>() {
+                            tracing::debug!(%upstream, "tool list changed on another replica");
+                            catalogs.clear(&upstream);
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "list_changed subscription unavailable"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
 

@@ -1,6 +1,7 @@
 //! The command-line tools beside `serve`: `check` (config and policies, with
-//! a per-role summary), `explain` (one decision and the rules behind it) and
-//! `token mint` / `token inspect` for development.
+//! a per-role summary, and whether the shared stores answer), `migrate` (the
+//! PostgreSQL approvals schema), `explain` (one decision and the rules behind
+//! it) and `token mint` / `token inspect` for development.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -12,6 +13,89 @@ use serde_json::Value;
 use crate::auth::{self, Audience, MintClaims, Mode, Verifier};
 use crate::config::Config;
 use crate::policy::{self, Access, Call, Identity, Policy};
+
+/// The second half of `mcp-firewall check`: whether the shared stores the
+/// config names can be reached (Redis for budgets, PostgreSQL for
+/// approvals). Returns the report and whether all of them answered.
+pub async fn check_stores(cfg: &Config) -> (String, bool) {
+    let mut out = String::new();
+    let mut ok = true;
+    match cfg.state.backend {
+        crate::state::Backend::Memory => {
+            let _ = writeln!(out, "  budgets: in this process (state.backend = \"memory\")");
+        }
+        crate::state::Backend::Redis => {
+            let url = cfg.state.redis_url.as_deref().unwrap_or("");
+            let shown = redact_url(url);
+            let reached = match crate::state::Redis::connect(&cfg.state) {
+                Ok(r) => r.ping().await,
+                Err(e) => Err(e.to_string()),
+            };
+            match reached {
+                Ok(()) => {
+                    let _ = writeln!(out, "  budgets: redis {shown}: reachable");
+                }
+                Err(e) => {
+                    ok = false;
+                    let _ = writeln!(out, "  budgets: redis {shown}: UNREACHABLE: {e}");
+                }
+            }
+        }
+    }
+    match &cfg.approvals {
+        None => {
+            let _ = writeln!(out, "  approvals: not configured");
+        }
+        Some(a) if a.store == crate::approval::StoreKind::File => {
+            let _ = writeln!(
+                out,
+                "  approvals: journal in {} (this replica only)",
+                a.store_dir.display()
+            );
+        }
+        Some(a) => {
+            let shown = redact_url(a.postgres_url.as_deref().unwrap_or(""));
+            match crate::approval::probe(a).await {
+                Ok(version) => {
+                    let _ = writeln!(
+                        out,
+                        "  approvals: postgres {shown}: reachable (schema version {version})"
+                    );
+                }
+                Err(e) => {
+                    ok = false;
+                    let _ = writeln!(out, "  approvals: postgres {shown}: UNREACHABLE: {e:#}");
+                }
+            }
+        }
+    }
+    (out, ok)
+}
+
+/// `mcp-firewall migrate`: creates or upgrades the approvals schema.
+pub async fn migrate(cfg: &Config) -> anyhow::Result<String> {
+    let a = cfg
+        .approvals
+        .as_ref()
+        .filter(|a| a.store == crate::approval::StoreKind::Postgres)
+        .ok_or_else(|| anyhow::anyhow!("the config has no [approvals] store = \"postgres\""))?;
+    let version = crate::approval::migrate(a).await?;
+    Ok(format!("approvals schema at version {version}"))
+}
+
+/// A URL without its password.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
 
 /// `mcp-firewall check`: validates the config and the policy directory and
 /// prints, per role, which named tools it may call at which gate.

@@ -46,6 +46,13 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Create or upgrade the PostgreSQL approvals schema (`serve` does it
+    /// too at start) and exit.
+    Migrate {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Explain the decision for one call and the rules that produced it.
     Explain {
         /// The TOML config file.
@@ -158,6 +165,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Check { config } => {
             let cfg = config::load(&config)?;
             print!("{}", cli::check(&cfg)?);
+            let (report, reachable) = cli::check_stores(&cfg).await;
+            print!("{report}");
+            if !reachable {
+                anyhow::bail!("a configured store cannot be reached");
+            }
+            Ok(())
+        }
+        Command::Migrate { config } => {
+            let cfg = config::load(&config)?;
+            println!("{}", cli::migrate(&cfg).await?);
             Ok(())
         }
         Command::Explain {

@@ -66,24 +66,12 @@ pub struct PolicyLabels {
     pub sha256: String,
 }
 
-/// Labels naming an external store.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct StoreLabels {
-    /// `redis` or `postgres`.
-    pub store: &'static str,
-}
-
 /// Request-path metrics.
 pub struct Metrics {
     /// Calls a shared store could not admit, by what they got instead.
     pub store_fallback: prometheus_client::metrics::family::Family<
         FallbackLabels,
         prometheus_client::metrics::counter::Counter,
-    >,
-    /// 1 while a store's circuit breaker is open.
-    pub store_unavailable: prometheus_client::metrics::family::Family<
-        StoreLabels,
-        prometheus_client::metrics::gauge::Gauge,
     >,
     /// 1 for the hash of the policy this replica decides with (replicas
     /// that disagree show two series).
@@ -113,7 +101,6 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Arc<Metrics> {
         let m = Metrics {
             store_fallback: Default::default(),
-            store_unavailable: Default::default(),
             policy: Default::default(),
             calls: Default::default(),
             budget_runs: Default::default(),
@@ -126,11 +113,6 @@ impl Metrics {
             "store_fallback",
             "tools/call a shared store could not admit: fallback=open admitted by this replica's memory budgets, fallback=closed refused (-31006)",
             m.store_fallback.clone(),
-        );
-        registry.register(
-            "store_unavailable",
-            "1 while the circuit breaker of a shared store (redis, postgres) is open",
-            m.store_unavailable.clone(),
         );
         registry.register(
             "policy_info",

@@ -1384,6 +1384,17 @@ impl Approvals {
     }
 }
 
+/// Creates or upgrades the PostgreSQL schema of `cfg`; returns its version.
+pub async fn migrate(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
+    postgres::migrate(cfg).await
+}
+
+/// Connects to the PostgreSQL store of `cfg` and reads its schema version
+/// (0: not created yet), changing nothing.
+pub async fn probe(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
+    postgres::probe(cfg).await
+}
+
 fn check_reason(approve: bool, reason: &str) -> Result<(), ApprovalError> {
     if !approve && reason.trim().is_empty() {
         return Err(ApprovalError::ReasonRequired);

@@ -754,6 +754,37 @@ pub(crate) async fn migrate(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
     version.map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// The schema version of the database of `cfg`, changing nothing.
+pub(crate) async fn probe(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
+    let (pg, tls) = connection(cfg)?;
+    let (client, conn) = tokio::time::timeout(Duration::from_secs(5), pg.connect(tls))
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 5 s"))??;
+    let driver = tokio::spawn(conn);
+    let version = async {
+        let exists: bool = client
+            .query_one(
+                "SELECT to_regclass('mcp_firewall_schema') IS NOT NULL",
+                &[],
+            )
+            .await?
+            .get(0);
+        if !exists {
+            return Ok::<i32, tokio_postgres::Error>(0);
+        }
+        let v: Option<i32> = client
+            .query_one("SELECT max(version) FROM mcp_firewall_schema", &[])
+            .await?
+            .get(0);
+        Ok(v.unwrap_or(0))
+    }
+    .await;
+    drop(client);
+    let _ = driver.await;
+    let v = version?;
+    Ok(u32::try_from(v).unwrap_or(0))
+}
+
 async fn apply_migrations(client: &mut tokio_postgres::Client) -> Result<u32, Pg> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])

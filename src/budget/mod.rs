@@ -637,21 +637,21 @@ impl Budgets {
         })
     }
 
-    /// Closes a reservation. A shared one is settled off the caller's path
-    /// and retried until Redis takes it (settling is idempotent), for at
-    /// most a minute.
-    pub fn settle(&self, r: &Reservation, how: Settle) {
+    /// Closes a reservation. A shared one is settled on a task, retried
+    /// until Redis takes it (settling is idempotent) for at most a minute;
+    /// its handle lets an answer wait for it before it leaves.
+    #[must_use = "an answer should wait for its settlement (or drop the handle to not wait)"]
+    pub fn settle(&self, r: &Reservation, how: Settle) -> Option<tokio::task::JoinHandle<()>> {
         match &r.held {
-            Held::Local(l) => self.local.settle(l, how),
+            Held::Local(l) => {
+                self.local.settle(l, how);
+                None
+            }
             Held::Shared(s) => {
-                let Some(shared) = self.shared.clone() else {
-                    return;
-                };
+                let shared = self.shared.clone()?;
                 let s = s.clone();
-                let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                    return;
-                };
-                rt.spawn(async move {
+                let rt = tokio::runtime::Handle::try_current().ok()?;
+                Some(rt.spawn(async move {
                     let mut wait = Duration::from_millis(20);
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
                     loop {
@@ -667,8 +667,15 @@ impl Budgets {
                             }
                         }
                     }
-                });
+                }))
             }
+        }
+    }
+
+    /// [`Budgets::settle`], waiting (at most 250 ms) until it is in.
+    pub async fn settle_now(&self, r: &Reservation, how: Settle) {
+        if let Some(h) = self.settle(r, how) {
+            let _ = tokio::time::timeout(Duration::from_millis(250), h).await;
         }
     }
 

@@ -71,6 +71,22 @@ pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
     compile(&sources)
 }
 
+/// SHA-256 over the files' names (without their directory) and contents,
+/// hex, first 16 bytes: equal on replicas that load the same policy.
+fn content_hash(sources: &[(PathBuf, String)]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (path, text) in sources {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = name.unwrap_or_default();
+        h.update((name.len() as u64).to_be_bytes());
+        h.update(name.as_bytes());
+        h.update((text.len() as u64).to_be_bytes());
+        h.update(text.as_bytes());
+    }
+    h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Compiles policy sources given as (file name, text).
 pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
     let mut policy = Policy {
@@ -81,6 +97,7 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
         conditions: Vec::new(),
         server_requests: ServerRequests::default(),
         files: sources.iter().map(|(p, _)| p.clone()).collect(),
+        content_hash: content_hash(sources),
         memo: Default::default(),
         generation: super::next_generation(),
     };

@@ -238,6 +238,8 @@ pub struct Policy {
     conditions: Vec<Condition>,
     server_requests: ServerRequests,
     files: Vec<PathBuf>,
+    /// See [`Policy::content_hash`].
+    content_hash: String,
     /// What the rules say about each (role, upstream, tool, hints) seen so
     /// far; see [`Memo`].
     memo: Memo,
@@ -381,6 +383,12 @@ impl Policy {
     /// The files it was compiled from.
     pub fn files(&self) -> &[PathBuf] {
         &self.files
+    }
+
+    /// SHA-256 (first 16 bytes, hex) of the policy files' names and
+    /// contents: replicas deciding with the same policy show the same.
+    pub fn content_hash(&self) -> &str {
+        &self.content_hash
     }
 
     /// Default gates.

@@ -385,7 +385,9 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
         }
         if let Some(row) = &held.intent {
             if let Err(e) = held.recorder.write_ahead(row).await {
-                run.budgets.settle(&reservation, Settle::NotExecuted);
+                run.budgets
+                    .settle_now(&reservation, Settle::NotExecuted)
+                    .await;
                 let outcome = Outcome::AuditUnavailable {
                     risk,
                     error: e.to_string(),

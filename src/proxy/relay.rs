@@ -148,7 +148,14 @@ pub struct Exchange {
     upstream_started: Instant,
     status: u16,
     bytes_out: usize,
+    /// Settlements in a shared budget store not yet confirmed: awaited
+    /// (briefly) before the answers they belong to leave, so the caller's
+    /// next call is admitted against them.
+    settling: Vec<tokio::task::JoinHandle<()>>,
 }
+
+/// Longest an answer waits for its budget settlement in a shared store.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What an upstream message becomes.
 enum Pass {
@@ -240,7 +247,17 @@ impl Exchange {
             upstream_started: Instant::now(),
             status: 0,
             bytes_out: 0,
+            settling: Vec::new(),
         }
+    }
+
+    /// Writes rows, once the budget settlements of the answers about to
+    /// leave are in (each bounded by [`SETTLE_WAIT`]).
+    async fn write(&mut self, rows: Vec<AuditRow>) {
+        for h in self.settling.drain(..) {
+            let _ = tokio::time::timeout(SETTLE_WAIT, h).await;
+        }
+        self.recorder.write(rows).await;
     }
 
     /// The firewall's own answers for the parts of a batch it refused.
@@ -301,7 +318,7 @@ impl Exchange {
             &failure.to_string(),
             settle_for(&failure),
         );
-        self.recorder.write(rows).await;
+        self.write(rows).await;
         ProxyError::Upstream {
             upstream: self.run.upstream.config.name.clone(),
             failure,
@@ -329,7 +346,7 @@ impl Exchange {
     }
 
     /// Closes a due's reservation and counts its outcome.
-    fn settle(&self, d: &mut Due, how: Settle, stop: StopReason, answer: Option<&str>) {
+    fn settle(&mut self, d: &mut Due, how: Settle, stop: StopReason, answer: Option<&str>) {
         let how = match (how, answer) {
             (Settle::Executed { .. }, Some(raw)) => Settle::Executed {
                 reported: reported_cost(raw, &self.run.budgets.config().cost_meta_key),
@@ -337,7 +354,7 @@ impl Exchange {
             (how, _) => how,
         };
         if let Some(r) = d.reservation.take() {
-            self.run.budgets.settle(&r, how);
+            self.settling.extend(self.run.budgets.settle(&r, how));
         }
         if let (Some(tool), false) = (&d.tool, d.resumed) {
             let cx = &self.run;
@@ -501,7 +518,7 @@ impl Exchange {
                     merge_json(&out, &extra)
                 };
                 // The answers are on record before they leave.
-                self.recorder.write(rows).await;
+                self.write(rows).await;
                 if out.is_empty() {
                     return Err(self
                         .fail(UpstreamFailure::Invalid(
@@ -558,7 +575,7 @@ impl Exchange {
                     .complete(row, None, self.status, self.upstream_started, 0)
             })
             .collect();
-        self.recorder.write(rows).await;
+        self.write(rows).await;
         if !self.local.is_empty() {
             // The upstream accepted the notifications/responses of a batch;
             // the firewall still owes answers for what it refused.
@@ -591,7 +608,7 @@ impl Exchange {
         let cause = format!("upstream answered HTTP {}", status.as_u16());
         // It refused: nothing ran.
         let rows = self.end_all(StopReason::UpstreamError, &cause, Settle::NotExecuted);
-        self.recorder.write(rows).await;
+        self.write(rows).await;
         // JSON-RPC error responses only (their id may be null: the
         // upstream could not tell which request failed).
         let errors_only = |b: &Bytes| {
@@ -723,7 +740,11 @@ impl Exchange {
             }
             Kind::Notification => match m.method.as_deref() {
                 Some("notifications/tools/list_changed") => {
-                    self.run.catalogs.clear(&self.run.upstream.config.name);
+                    let upstream = &self.run.upstream.config.name;
+                    self.run.catalogs.clear(upstream);
+                    if let Some(shared) = self.run.budgets.store() {
+                        crate::catalog::announce_list_changed(shared.redis(), upstream);
+                    }
                     Ok(Pass::Same)
                 }
                 Some("notifications/progress") => Ok(self.shift_progress(raw)),
@@ -1056,9 +1077,11 @@ impl Exchange {
             }
             let mut d = self.due.swap_remove(pos);
             if let Some(r) = d.reservation.take() {
-                self.run
+                let settling = self
+                    .run
                     .budgets
                     .settle(&r, Settle::Executed { reported: f.cost });
+                self.settling.extend(settling);
             }
             if let Some(tool) = &d.tool {
                 let cx = &self.run;
@@ -1172,7 +1195,7 @@ impl SseRelay {
                     while let Some(ev) = self.decoder.next_event() {
                         if let Err(f) = self.on_event(ev, &mut out, &mut rows) {
                             // Whatever was decided so far still goes out first.
-                            self.ex.recorder.write(rows).await;
+                            self.ex.write(rows).await;
                             let tail = self.end(f).await;
                             out.extend_from_slice(&tail.unwrap_or_default());
                             return Some(out.freeze());
@@ -1180,7 +1203,7 @@ impl SseRelay {
                     }
                     self.ex.bytes_out += out.len();
                     // Answers are on record before they are relayed.
-                    self.ex.recorder.write(rows).await;
+                    self.ex.write(rows).await;
                     if !out.is_empty() {
                         return Some(out.freeze());
                     }
@@ -1264,7 +1287,7 @@ impl SseRelay {
         let rows = self
             .ex
             .end_all(stop, cause, Settle::Executed { reported: None });
-        self.ex.recorder.write(rows).await;
+        self.ex.write(rows).await;
         if !stateless || waiting.is_empty() {
             return None;
         }
@@ -1292,7 +1315,7 @@ impl SseRelay {
         let rows = self
             .ex
             .end_all(stop, &failure.to_string(), settle_for(&failure));
-        self.ex.recorder.write(rows).await;
+        self.ex.write(rows).await;
         let name = self.ex.run.upstream.config.name.clone();
         tracing::warn!(upstream = %name, error = %failure, "upstream stream failed");
         let mut out = BytesMut::new();
@@ -1350,7 +1373,7 @@ impl LargeRelay {
                         Err(why) => return Some(Err(self.cut(why).await)),
                     };
                     // On record before the answer completes.
-                    self.ex.recorder.write(rows).await;
+                    self.ex.write(rows).await;
                     return self.held.take().map(|b| Ok(Frame::data(b)));
                 }
                 Err(f) => return Some(Err(self.cut(f.to_string()).await)),
@@ -1370,7 +1393,7 @@ impl LargeRelay {
             &failure.to_string(),
             Settle::Executed { reported: None },
         );
-        self.ex.recorder.write(rows).await;
+        self.ex.write(rows).await;
         Box::new(failure)
     }
 }

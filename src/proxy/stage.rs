@@ -349,7 +349,9 @@ impl Admitted {
             if let Err(e) = admitted {
                 if let Plan::Send { due, risk, .. } = plan {
                     if let Some(r) = due.reservation.take() {
-                        run.budgets.settle(&r, crate::budget::Settle::NotExecuted);
+                        run.budgets
+                            .settle_now(&r, crate::budget::Settle::NotExecuted)
+                            .await;
                     }
                     let risk = risk.unwrap_or(crate::policy::Risk::Read);
                     *plan = Plan::Answer(Outcome::AuditUnavailable {

@@ -64,6 +64,10 @@ pub struct StateConfig {
     /// What a call of each risk gets while the store cannot be asked.
     #[serde(default)]
     pub on_store_unavailable: OnUnavailable,
+    /// Seconds a replica keeps an upstream's tool catalog before learning
+    /// it again (a missed `list_changed` heals within it). Default 300.
+    #[serde(default = "default_catalog_ttl_s")]
+    pub catalog_ttl_s: u64,
 }
 
 /// Where budgets live.
@@ -120,6 +124,9 @@ fn default_breaker_failures() -> u32 {
 fn default_breaker_cooldown_ms() -> u64 {
     1000
 }
+fn default_catalog_ttl_s() -> u64 {
+    300
+}
 
 impl Default for OnUnavailable {
     fn default() -> Self {
@@ -155,6 +162,7 @@ impl Default for StateConfig {
             breaker_failures: default_breaker_failures(),
             breaker_cooldown_ms: default_breaker_cooldown_ms(),
             on_store_unavailable: OnUnavailable::default(),
+            catalog_ttl_s: default_catalog_ttl_s(),
         }
     }
 }
@@ -179,6 +187,9 @@ impl StateConfig {
                 "state.redis_password_env",
                 "set at most one of redis_password_env and redis_password_file".into(),
             ));
+        }
+        if self.catalog_ttl_s == 0 {
+            return Err(("state.catalog_ttl_s", "must be at least 1".into()));
         }
         if self.timeout_ms == 0 || self.timeout_ms > 10_000 {
             return Err(("state.timeout_ms", "must be between 1 and 10000".into()));

@@ -1,10 +1,10 @@
-//! Human approvals through the firewall with a real MCP client and the sample
+//! Human approvals through the firewall, on both stores (a journal file, and
+//! PostgreSQL as replicas share it), with a real MCP client and the sample
 //! upstream (which counts executions): hold then approve, hold then deny,
 //! resume with an identical retry (runs once), changed arguments, expiry,
 //! who may approve, a restart with a pending approval, the console clicked in
 //! headless Chromium, and the audit rows of every transition.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rmcp::model::CallToolRequestParams;
@@ -13,9 +13,22 @@ use serde_json::{json, Value};
 
 use crate::common::browser::Browser;
 use crate::common::clickhouse::ClickHouse;
+use crate::common::backend::{Backend, Scope};
 use crate::common::{self, mcp::*, Firewall};
+use crate::on_both_backends;
 use mcp_firewall::auth::Audience;
 use mcp_firewall::demo::DemoUpstream;
+
+on_both_backends!(
+    hold_then_approve_runs_the_call_once_on_the_held_stream,
+    hold_then_deny_ends_with_the_reason,
+    resume_after_the_hold_window_runs_an_identical_retry_exactly_once,
+    an_approval_nobody_decides_expires,
+    who_may_approve,
+    a_pending_approval_survives_a_restart,
+    approver_sees_the_preview_and_clicks_approve_in_a_browser,
+    every_transition_is_an_audit_row,
+);
 
 const ROLLBACK: &str = "rollback_deployment";
 
@@ -23,16 +36,16 @@ fn rollback_args() -> Value {
     json!({"deployment_id": "dep-1042", "reason": "checkout errors after deploy"})
 }
 
-fn approvals_section(store: &Path, hold_s: u64, expiry_s: u64) -> String {
+fn approvals_section(scope: &Scope, hold_s: u64, expiry_s: u64) -> String {
     format!(
-        "[approvals]\nstore_dir = \"{}\"\nhold_s = {hold_s}\nexpiry_s = {expiry_s}\nprogress_interval_s = 1\n\n",
-        store.display()
+        "[approvals]\n{}hold_s = {hold_s}\nexpiry_s = {expiry_s}\nprogress_interval_s = 1\n\n",
+        scope.approvals_store()
     )
 }
 
 async fn start(
     upstream: &DemoUpstream,
-    store: &Path,
+    scope: &Scope,
     hold_s: u64,
     expiry_s: u64,
     extra: &str,
@@ -40,7 +53,7 @@ async fn start(
     let base = common::config_text(&[], "");
     let text = format!(
         "{base}{}{extra}[[upstream]]\nname = \"incidents\"\nurl = \"{}\"\nprojects = [\"sre\"]\n",
-        approvals_section(store, hold_s, expiry_s),
+        approvals_section(scope, hold_s, expiry_s),
         upstream.url()
     );
     common::firewall(&text).await
@@ -130,11 +143,10 @@ async fn call_raw(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hold_then_approve_runs_the_call_once_on_the_held_stream() {
-    let store = tempfile::tempdir().unwrap();
+async fn hold_then_approve_runs_the_call_once_on_the_held_stream(b: Backend) {
+    let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, store.path(), 30, 600, "").await;
+    let fw = start(&upstream, &scope, 30, 600, "").await;
     let c = client(&fw, &common::token()).await;
     let call = tokio::spawn(async move {
         let r = call_raw(&c, ROLLBACK, rollback_args()).await;
@@ -161,11 +173,10 @@ async fn hold_then_approve_runs_the_call_once_on_the_held_stream() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hold_then_deny_ends_with_the_reason() {
-    let store = tempfile::tempdir().unwrap();
+async fn hold_then_deny_ends_with_the_reason(b: Backend) {
+    let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, store.path(), 30, 600, "").await;
+    let fw = start(&upstream, &scope, 30, 600, "").await;
     let (call, oncall, id) = held_rollback(&fw).await;
     let (status, _) = decide(&fw, &oncall, &id, "deny", "not during the freeze").await;
     assert_eq!(status, 200);
@@ -176,11 +187,10 @@ async fn hold_then_deny_ends_with_the_reason() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once() {
-    let store = tempfile::tempdir().unwrap();
+async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once(b: Backend) {
+    let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, store.path(), 1, 600, "").await;
+    let fw = start(&upstream, &scope, 1, 600, "").await;
     let c = client(&fw, &common::token()).await;
     let e = call_raw(&c, ROLLBACK, rollback_args())
         .await
@@ -221,11 +231,10 @@ async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approval_nobody_decides_expires() {
-    let store = tempfile::tempdir().unwrap();
+async fn an_approval_nobody_decides_expires(b: Backend) {
+    let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, store.path(), 10, 1, "").await;
+    let fw = start(&upstream, &scope, 10, 1, "").await;
     let c = client(&fw, &common::token()).await;
     let started = Instant::now();
     let e = call_raw(&c, ROLLBACK, rollback_args())
@@ -241,11 +250,10 @@ async fn an_approval_nobody_decides_expires() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn who_may_approve() {
-    let store = tempfile::tempdir().unwrap();
+async fn who_may_approve(b: Backend) {
+    let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, store.path(), 0, 600, "").await;
+    let fw = start(&upstream, &scope, 0, 600, "").await;
     let c = client(&fw, &common::token()).await;
     let e = call_raw(&c, ROLLBACK, rollback_args())
         .await
@@ -271,12 +279,11 @@ async fn who_may_approve() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_approval_survives_a_restart() {
-    let store = tempfile::tempdir().unwrap();
+async fn a_pending_approval_survives_a_restart(b: Backend) {
+    let scope = b.scope();
     let upstream = upstream(options(true)).await;
     let token = common::token();
-    let fw = start(&upstream, store.path(), 0, 600, "").await;
+    let fw = start(&upstream, &scope, 0, 600, "").await;
     let c = client(&fw, &token).await;
     let e = call_raw(&c, ROLLBACK, rollback_args())
         .await
@@ -285,7 +292,7 @@ async fn a_pending_approval_survives_a_restart() {
     drop(c);
     fw.stop().await;
 
-    let fw = start(&upstream, store.path(), 0, 600, "").await;
+    let fw = start(&upstream, &scope, 0, 600, "").await;
     let oncall = admin_token("acme", "oncall");
     let list = pending(&fw, &oncall).await;
     assert_eq!(list.len(), 1);
@@ -304,11 +311,10 @@ async fn a_pending_approval_survives_a_restart() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn approver_sees_the_preview_and_clicks_approve_in_a_browser() {
-    let store = tempfile::tempdir().unwrap();
+async fn approver_sees_the_preview_and_clicks_approve_in_a_browser(b: Backend) {
+    let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, store.path(), 60, 600, "").await;
+    let fw = start(&upstream, &scope, 60, 600, "").await;
     let (call, oncall, id) = held_rollback(&fw).await;
 
     // The approver's view carries the read-only preview of the call.
@@ -355,11 +361,10 @@ async fn approver_sees_the_preview_and_clicks_approve_in_a_browser() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_transition_is_an_audit_row() {
+async fn every_transition_is_an_audit_row(b: Backend) {
     let ch = ClickHouse::shared();
     let db = ch.create_database();
-    let store = tempfile::tempdir().unwrap();
+    let scope = b.scope();
     let spool = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
     let audit = format!(
@@ -367,7 +372,7 @@ async fn every_transition_is_an_audit_row() {
         ch.http_url,
         spool.path().display()
     );
-    let fw = start(&upstream, store.path(), 30, 600, &audit).await;
+    let fw = start(&upstream, &scope, 30, 600, &audit).await;
     let (call, oncall, id) = held_rollback(&fw).await;
     decide(&fw, &oncall, &id, "approve", "go").await;
     call.await.unwrap().expect("runs");

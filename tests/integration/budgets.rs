@@ -1,14 +1,17 @@
-//! Budgets through the firewall: the step cap holds exactly under 100
-//! concurrent calls of one run, cost caps with a price table and with
-//! upstream-reported costs, the rate-limit error shape, the skipped-result
-//! shape read by a real MCP client, and the metrics on /metrics.
+//! Budgets through the firewall, on both backends (memory, and Redis as
+//! replicas share it): the step cap holds exactly under 100 concurrent calls
+//! of one run, cost caps with a price table and with upstream-reported
+//! costs, the rate-limit error shape, the skipped-result shape read by a
+//! real MCP client, and the metrics on /metrics.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::common::backend::Backend;
 use crate::common::{self, mcp::*, raw};
+use crate::on_both_backends;
 use crate::through_firewall::{connect_via, setup};
 
 /// An upstream listing `get_incident` and `query`, counting executions, and
@@ -103,8 +106,14 @@ async fn metric(admin: &str, needle: &str) -> f64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn step_cap_is_exact_under_100_concurrent_calls() {
+on_both_backends!(
+    step_cap_is_exact_under_100_concurrent_calls,
+    cost_cap_with_price_table_and_upstream_reported_cost,
+    rate_limit_is_a_jsonrpc_error_with_retry_after,
+);
+
+async fn step_cap_is_exact_under_100_concurrent_calls(b: Backend) {
+    let scope = b.scope();
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);
@@ -114,7 +123,10 @@ async fn step_cap_is_exact_under_100_concurrent_calls() {
     let fw = common::firewall(&common::config_text_in(
         dir.path(),
         &[("ledger", &up.url())],
-        "[limits]\nper_run_per_s = 0\nper_run_tool_per_s = 0\n",
+        &format!(
+            "[limits]\nper_run_per_s = 0\nper_run_tool_per_s = 0\n{}",
+            scope.state()
+        ),
     ))
     .await;
     let token = common::sign(&common::claims("capped", &["sre"]));
@@ -174,15 +186,15 @@ async fn step_cap_is_exact_under_100_concurrent_calls() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cost_cap_with_price_table_and_upstream_reported_cost() {
+async fn cost_cap_with_price_table_and_upstream_reported_cost(b: Backend) {
+    let scope = b.scope();
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);
     let fw = common::firewall(&common::config_text_in(
         dir.path(),
         &[("ledger", &up.url())],
-        "",
+        &scope.state(),
     ))
     .await;
     let token = common::sign(&common::claims("budgeted", &["sre"]));
@@ -226,15 +238,15 @@ async fn cost_cap_with_price_table_and_upstream_reported_cost() {
     fw.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rate_limit_is_a_jsonrpc_error_with_retry_after() {
+async fn rate_limit_is_a_jsonrpc_error_with_retry_after(b: Backend) {
+    let scope = b.scope();
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);
     let fw = common::firewall(&common::config_text_in(
         dir.path(),
         &[("ledger", &up.url())],
-        "",
+        &scope.state(),
     ))
     .await;
     let token = common::sign(&common::claims("throttled", &["sre"]));

@@ -3,10 +3,13 @@
 
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod browser;
 pub mod clickhouse;
 pub mod mcp;
+pub mod postgres;
 pub mod raw;
+pub mod redis;
 
 use std::path::Path;
 use std::sync::Arc;
