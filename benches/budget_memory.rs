@@ -3,7 +3,7 @@
 //! set growth per run for one million runs, with the default limits (per-run
 //! and per-run-and-tool rate limiters on, as in production).
 
-use mcp_firewall::budget::{Budgets, CallBudget, LimitsConfig};
+use mcp_firewall::budget::{CallBudget, LimitsConfig, Local};
 
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -29,7 +29,7 @@ fn main() {
         per_ip_per_s: 0,
         ..LimitsConfig::default()
     };
-    let budgets = Budgets::new(cfg);
+    let budgets = Local::new(cfg);
     let before = rss_kib();
     let started = std::time::Instant::now();
     for i in 0..runs {

@@ -158,7 +158,9 @@ pub async fn start_with(
     if let Some(shared) = state.budgets.store() {
         match shared.load().await {
             Ok(()) => tracing::info!("budgets and rate limits shared in Redis"),
-            Err(e) => tracing::error!(error = %e, "Redis not reachable at start; calls take their on_store_unavailable fallback until it is"),
+            Err(e) => {
+                tracing::error!(error = %e, "Redis not reachable at start; calls take their on_store_unavailable fallback until it is")
+            }
         }
         background.push(tokio::spawn(crate::catalog::follow_list_changed(
             shared.redis().clone(),

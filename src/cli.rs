@@ -22,7 +22,10 @@ pub async fn check_stores(cfg: &Config) -> (String, bool) {
     let mut ok = true;
     match cfg.state.backend {
         crate::state::Backend::Memory => {
-            let _ = writeln!(out, "  budgets: in this process (state.backend = \"memory\")");
+            let _ = writeln!(
+                out,
+                "  budgets: in this process (state.backend = \"memory\")"
+            );
         }
         crate::state::Backend::Redis => {
             let url = cfg.state.redis_url.as_deref().unwrap_or("");

@@ -274,10 +274,9 @@ where
             let id = (*id).to_owned();
             let approve = *action == "approve";
             let body = read_body(req).await?;
-            let approval =
-                approvals
-                    .decide(&approver.tenant, &id, &approver, approve, &body.reason)
-                    .await?;
+            let approval = approvals
+                .decide(&approver.tenant, &id, &approver, approve, &body.reason)
+                .await?;
             Ok(json_response(
                 StatusCode::OK,
                 &view(approvals, approval, None),

@@ -194,7 +194,8 @@ async fn decision_bodies_are_checked() {
     let p = api
         .approvals
         .request(new_approval(key("restart", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     let admin = token(Audience::Admin, "bob");
     let path = format!("/approvals/{}/deny", p.id);
 

@@ -936,7 +936,7 @@ pub struct Approvals {
 /// Where approvals live.
 enum Backend {
     /// A journal in `store_dir`, this replica only.
-    File(Store),
+    File(Box<Store>),
     /// PostgreSQL, every replica.
     Postgres(postgres::PgStore),
 }
@@ -976,11 +976,10 @@ impl Approvals {
             StoreKind::File => {
                 let dir = cfg.store_dir.clone();
                 // Replay reads and fsyncs files: off the runtime's worker threads.
-                let store =
-                    tokio::task::spawn_blocking(move || Store::open(&dir, now, history_ms))
-                        .await
-                        .map_err(|e| anyhow::anyhow!("approvals store replay task failed: {e}"))??;
-                Backend::File(store)
+                let store = tokio::task::spawn_blocking(move || Store::open(&dir, now, history_ms))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("approvals store replay task failed: {e}"))??;
+                Backend::File(Box::new(store))
             }
             StoreKind::Postgres => Backend::Postgres(postgres::PgStore::open(cfg).await?),
         };

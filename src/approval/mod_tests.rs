@@ -266,12 +266,16 @@ async fn request_is_idempotent_for_identical_calls() {
             "rollback_deployment",
             &json!({"deployment": "search"}),
         )))
-        .await.expect("request");
+        .await
+        .expect("request");
     assert_ne!(other_args.id, first.id);
     let mut other_run = rollback();
     other_run.key.run_id = "run-2".to_owned();
     assert_ne!(a.request(other_run).await.expect("request").id, first.id);
-    assert_eq!(a.list("acme", Some(Status::Pending)).await.unwrap().len(), 3);
+    assert_eq!(
+        a.list("acme", Some(Status::Pending)).await.unwrap().len(),
+        3
+    );
 }
 
 #[tokio::test]
@@ -279,9 +283,13 @@ async fn an_approved_call_is_consumed_exactly_once_by_50_concurrent_consumers() 
     let dir = tempfile::tempdir().expect("dir");
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
     let p = a.request(rollback()).await.expect("request");
-    assert!(a.consume(&p.key).await.is_none(), "pending is not consumable");
+    assert!(
+        a.consume(&p.key).await.is_none(),
+        "pending is not consumable"
+    );
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     // Still the same approval for retries of the held call, until consumed.
     assert_eq!(a.request(rollback()).await.expect("request").id, p.id);
 
@@ -295,7 +303,12 @@ async fn an_approved_call_is_consumed_exactly_once_by_50_concurrent_consumers() 
     });
     futures_util::future::join_all(tries).await;
     assert_eq!(winners.load(Ordering::SeqCst), 1);
-    let after = a.get("acme", p.id.as_str()).await.ok().flatten().expect("kept");
+    let after = a
+        .get("acme", p.id.as_str())
+        .await
+        .ok()
+        .flatten()
+        .expect("kept");
     assert_eq!(after.status, Status::Consumed);
     assert_eq!(after.consumed_ms, Some(T0));
     // The next identical call needs a new approval.
@@ -316,9 +329,15 @@ async fn a_denied_call_is_never_consumable() {
         false,
         "not during the freeze",
     )
-    .await.expect("deny");
+    .await
+    .expect("deny");
     assert!(a.consume(&p.key).await.is_none());
-    let d = a.get("acme", p.id.as_str()).await.ok().flatten().expect("kept");
+    let d = a
+        .get("acme", p.id.as_str())
+        .await
+        .ok()
+        .flatten()
+        .expect("kept");
     assert_eq!(d.status, Status::Denied);
     let decision = d.decision.expect("recorded");
     assert_eq!(
@@ -341,18 +360,29 @@ async fn pending_approvals_expire_at_their_deadline() {
     assert_eq!(p.expires_ms, T0 + 60_000);
     clock.store(T0 + 59_999, Ordering::SeqCst);
     assert_eq!(
-        a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status,
+        a.get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("get")
+            .status,
         Status::Pending
     );
     clock.store(T0 + 60_000, Ordering::SeqCst);
     // Expired on read, before any sweep.
     assert_eq!(
-        a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status,
+        a.get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("get")
+            .status,
         Status::Expired
     );
     let err = a
         .decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect_err("too late");
+        .await
+        .expect_err("too late");
     assert!(matches!(err, ApprovalError::Expired { expires_ms, .. } if expires_ms == T0 + 60_000));
     // A retry of the call asks anew.
     let again = a.request(rollback()).await.expect("request");
@@ -370,12 +400,18 @@ async fn an_approval_never_outlives_the_tool_token() {
     let p = a.request(short).await.expect("request");
     assert_eq!(p.expires_ms, T0 + 90_000, "token exp beats expiry_s");
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "ok")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     // Approved but never run before the token died: void.
     clock.store(T0 + 90_000, Ordering::SeqCst);
     assert!(a.consume(&p.key).await.is_none());
     assert_eq!(
-        a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status,
+        a.get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("get")
+            .status,
         Status::Expired
     );
 
@@ -393,11 +429,13 @@ async fn a_tenant_cannot_flood_pending_approvals() {
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |c| c.max_pending_per_tenant = 2).await;
     for i in 0..2 {
         a.request(new_approval(key("restart", &json!({ "i": i }))))
-            .await.expect("under the limit");
+            .await
+            .expect("under the limit");
     }
     let err = a
         .request(new_approval(key("restart", &json!({"i": 3}))))
-        .await.expect_err("over");
+        .await
+        .expect_err("over");
     assert!(matches!(
         err,
         ApprovalError::TooManyPending {
@@ -408,10 +446,13 @@ async fn a_tenant_cannot_flood_pending_approvals() {
     ));
     // Identical retries of an existing one still work.
     a.request(new_approval(key("restart", &json!({"i": 0}))))
-        .await.expect("existing");
+        .await
+        .expect("existing");
     let mut other = new_approval(key("restart", &json!({"i": 3})));
     other.key.tenant = "globex".to_owned();
-    a.request(other).await.expect("another tenant has its own budget");
+    a.request(other)
+        .await
+        .expect("another tenant has its own budget");
 }
 
 // --- decisions -------------------------------------------------------------
@@ -439,7 +480,8 @@ async fn decisions_follow_the_rules() {
 
     let err = a
         .decide("acme", id, &approver("alice"), true, "")
-        .await.expect_err("self");
+        .await
+        .expect_err("self");
     assert!(matches!(&err, ApprovalError::SelfApproval { subject } if subject == "alice"));
     assert!(
         err.to_string().contains("self-approval is not allowed"),
@@ -457,14 +499,19 @@ async fn decisions_follow_the_rules() {
             &approver("bob"),
             true,
             &"x".repeat(MAX_REASON_BYTES + 1)
-        ).await,
+        )
+        .await,
         Err(ApprovalError::ReasonTooLong { .. })
     ));
     assert!(matches!(
-        a.decide("acme", id, &approver("bob"), true, "ok\u{1b}[2J").await,
+        a.decide("acme", id, &approver("bob"), true, "ok\u{1b}[2J")
+            .await,
         Err(ApprovalError::ReasonControlCharacter)
     ));
-    assert_eq!(a.get("acme", id).await.ok().flatten().expect("get").status, Status::Pending);
+    assert_eq!(
+        a.get("acme", id).await.ok().flatten().expect("get").status,
+        Status::Pending
+    );
 
     let ok = a
         .decide(
@@ -474,7 +521,8 @@ async fn decisions_follow_the_rules() {
             true,
             "rollback is the runbook step",
         )
-        .await.expect("approve");
+        .await
+        .expect("approve");
     assert_eq!(ok.status, Status::Approved);
     assert!(matches!(
         a.decide("acme", id, &approver("carol"), false, "no").await,
@@ -494,7 +542,8 @@ async fn self_approval_is_allowed_when_the_approval_says_so() {
     let p = a.request(n).await.expect("request");
     let ok = a
         .decide("acme", p.id.as_str(), &approver("alice"), true, "")
-        .await.expect("self approval allowed");
+        .await
+        .expect("self approval allowed");
     assert_eq!(ok.decision.expect("decision").by, "alice");
 }
 
@@ -505,16 +554,14 @@ async fn one_approve_and_one_deny_racing_have_one_winner() {
     for round in 0..20 {
         let p = a
             .request(new_approval(key("scale", &json!({ "round": round }))))
-            .await.expect("request");
+            .await
+            .expect("request");
         let bob = approver("bob");
         let (yes, no) = tokio::join!(
             a.decide("acme", p.id.as_str(), &bob, true, "race"),
             a.decide("acme", p.id.as_str(), &bob, false, "race"),
         );
-        let results = vec![
-            (true, yes.map(|x| x.status)),
-            (false, no.map(|x| x.status)),
-        ];
+        let results = vec![(true, yes.map(|x| x.status)), (false, no.map(|x| x.status))];
         let wins: Vec<_> = results.iter().filter(|(_, r)| r.is_ok()).collect();
         assert_eq!(wins.len(), 1, "round {round}: {results:?}");
         let (approve, status) = wins[0];
@@ -524,7 +571,15 @@ async fn one_approve_and_one_deny_racing_have_one_winner() {
             Status::Denied
         };
         assert_eq!(status.as_ref().ok(), Some(&expected));
-        assert_eq!(a.get("acme", p.id.as_str()).await.ok().flatten().expect("get").status, expected);
+        assert_eq!(
+            a.get("acme", p.id.as_str())
+                .await
+                .ok()
+                .flatten()
+                .expect("get")
+                .status,
+            expected
+        );
     }
 }
 
@@ -542,7 +597,8 @@ async fn wait_resolves_when_a_person_decides() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiter.is_finished());
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     let status = tokio::time::timeout(Duration::from_secs(2), waiter)
         .await
         .expect("woken promptly")
@@ -601,13 +657,20 @@ async fn pending_approvals_survive_a_restart_and_can_be_approved_then_consumed()
             "delete_namespace",
             &json!({"ns": "prod"}),
         )))
-        .await.expect("request");
+        .await
+        .expect("request");
     a.decide("acme", denied.id.as_str(), &approver("bob"), false, "never")
-        .await.expect("deny");
+        .await
+        .expect("deny");
     drop(a);
 
     let (b, _r) = open_in(dir.path(), &clock, |_| {}).await;
-    let back = b.get("acme", p.id.as_str()).await.ok().flatten().expect("pending survived");
+    let back = b
+        .get("acme", p.id.as_str())
+        .await
+        .ok()
+        .flatten()
+        .expect("pending survived");
     assert_eq!(back, p);
     let d = b
         .get("acme", denied.id.as_str())
@@ -629,7 +692,8 @@ async fn pending_approvals_survive_a_restart_and_can_be_approved_then_consumed()
         true,
         "after restart",
     )
-    .await.expect("approve");
+    .await
+    .expect("approve");
     drop(b);
 
     let (c, _r) = open_in(dir.path(), &clock, |_| {}).await;
@@ -639,7 +703,12 @@ async fn pending_approvals_survive_a_restart_and_can_be_approved_then_consumed()
     let (d, _r) = open_in(dir.path(), &clock, |_| {}).await;
     assert!(d.consume(&p.key).await.is_none(), "consumption survived");
     assert_eq!(
-        d.get("acme", p.id.as_str()).await.ok().flatten().expect("kept").status,
+        d.get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("kept")
+            .status,
         Status::Consumed
     );
 }
@@ -651,7 +720,8 @@ async fn history_is_forgotten_after_its_retention() {
     let (a, _r) = open_in(dir.path(), &clock, |c| c.history_s = 3600).await;
     let p = a.request(rollback()).await.expect("request");
     a.decide("acme", p.id.as_str(), &approver("bob"), false, "no")
-        .await.expect("deny");
+        .await
+        .expect("deny");
     clock.store(T0 + 3_599_000, Ordering::SeqCst);
     a.sweep().await;
     assert!(a.get("acme", p.id.as_str()).await.ok().flatten().is_some());
@@ -688,15 +758,19 @@ async fn every_transition_reaches_the_hooks_with_who_and_when() {
         }));
     }
     let p = a.request(rollback()).await.expect("request");
-    a.request(rollback()).await.expect("idempotent: no transition");
+    a.request(rollback())
+        .await
+        .expect("idempotent: no transition");
     clock.store(T0 + 5, Ordering::SeqCst);
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     clock.store(T0 + 9, Ordering::SeqCst);
     a.consume(&p.key).await.expect("consume");
     let q = a
         .request(new_approval(key("restart", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     clock.store(q.expires_ms, Ordering::SeqCst);
     a.sweep().await;
     a.sweep().await;
@@ -730,13 +804,16 @@ async fn metrics_count_pending_and_outcomes() {
     let p = a.request(rollback()).await.expect("request");
     let q = a
         .request(new_approval(key("restart", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     let text = metrics_text(&registry);
     assert!(text.contains("approvals_pending 2"), "{text}");
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     a.decide("acme", q.id.as_str(), &approver("bob"), false, "no")
-        .await.expect("deny");
+        .await
+        .expect("deny");
     a.consume(&p.key).await.expect("consume");
     let text = metrics_text(&registry);
     assert!(text.contains("approvals_pending 0"), "{text}");
@@ -779,11 +856,13 @@ async fn previews_are_computed_once_and_only_while_pending() {
 
     let plain = a
         .request(new_approval(key("restart", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     assert!(a.preview(&plain).await.is_none(), "no preview tool");
     let decided = a
         .decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     assert!(
         a.preview(&decided).await.is_none(),
         "history has no preview"

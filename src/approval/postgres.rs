@@ -32,8 +32,8 @@ use tokio_postgres::Row;
 use crate::state::breaker::{Breaker, Permit};
 
 use super::{
-    Approval, ApprovalError, ApprovalId, ApprovalsConfig, Approver, CallKey, Decision,
-    NewApproval, Status, Transition,
+    Approval, ApprovalError, ApprovalId, ApprovalsConfig, Approver, CallKey, Decision, NewApproval,
+    Status, Transition,
 };
 
 /// The channel status changes are announced on.
@@ -161,8 +161,7 @@ pub(crate) fn connection(
             })?;
             use rustls_pki_types::pem::PemObject;
             for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
-                let cert = cert
-                    .map_err(|e| anyhow::anyhow!("approvals.postgres_ca_file: {e}"))?;
+                let cert = cert.map_err(|e| anyhow::anyhow!("approvals.postgres_ca_file: {e}"))?;
                 roots
                     .add(cert)
                     .map_err(|e| anyhow::anyhow!("approvals.postgres_ca_file: {e}"))?;
@@ -215,7 +214,9 @@ impl PgStore {
         });
         match inner.migrate().await {
             Ok(()) => {}
-            Err(e) => tracing::error!(error = %e, "approvals database not ready at start; gated calls are refused until it is"),
+            Err(e) => {
+                tracing::error!(error = %e, "approvals database not ready at start; gated calls are refused until it is")
+            }
         }
         tokio::spawn(listen(Arc::downgrade(&inner)));
         tokio::spawn(poll(Arc::downgrade(&inner)));
@@ -395,7 +396,7 @@ impl PgStore {
         let row = self
             .inner
             .run(|c| async move {
-                Ok(c.query_opt(
+                c.query_opt(
                     &format!(
                         "UPDATE mcp_firewall_approvals SET status = 'consumed', consumed_ms = $7, \
                          ended_ms = $7 WHERE {KEY_MATCH} AND status = 'approved' AND expires_ms > $7 \
@@ -413,10 +414,10 @@ impl PgStore {
                 )
                 .await?
                 .map(|r| approval(&r))
-                .transpose()?)
+                .transpose()
             })
             .await?;
-        Ok(row.map(|a| {
+        Ok(row.inspect(|a| {
             let t = Transition {
                 approval: a.clone(),
                 from: Some(Status::Approved),
@@ -425,7 +426,6 @@ impl PgStore {
             };
             self.wake_all(std::slice::from_ref(&t));
             out.push(t);
-            a
         }))
     }
 
@@ -669,10 +669,7 @@ impl PgStore {
                 rows.iter().map(approval).collect::<Result<Vec<_>, _>>()
             })
             .await?;
-        Ok(rows
-            .iter()
-            .map(|a| super::store::as_of(a, now))
-            .collect())
+        Ok(rows.iter().map(|a| super::store::as_of(a, now)).collect())
     }
 
     /// Expires what is due (each row by exactly one replica), forgets
@@ -763,10 +760,7 @@ pub(crate) async fn probe(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
     let driver = tokio::spawn(conn);
     let version = async {
         let exists: bool = client
-            .query_one(
-                "SELECT to_regclass('mcp_firewall_schema') IS NOT NULL",
-                &[],
-            )
+            .query_one("SELECT to_regclass('mcp_firewall_schema') IS NOT NULL", &[])
             .await?
             .get(0);
         if !exists {

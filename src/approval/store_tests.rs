@@ -44,9 +44,11 @@ async fn each_transition_is_one_checksummed_json_line() {
     let (a, _r) = open_in(dir.path(), &clock_at(T0), |_| {}).await;
     let p = a
         .request(new_approval(key("rollback_deployment", &json!({"d": 1}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "ok")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     a.consume(&p.key).await.expect("consume");
     let text = journal(dir.path());
     let lines: Vec<&str> = text.lines().collect();
@@ -72,7 +74,8 @@ async fn a_torn_last_line_is_ignored_and_cut_at_open() {
     let (a, _r) = open_in(dir.path(), &clock, |_| {}).await;
     let p = a
         .request(new_approval(key("rollback_deployment", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     drop(a);
     // A crash in the middle of appending the approval's decision.
     let mut torn = Vec::new();
@@ -92,7 +95,12 @@ async fn a_torn_last_line_is_ignored_and_cut_at_open() {
     append_raw(dir.path(), &torn[..torn.len() / 2]);
 
     let (b, _r) = open_in(dir.path(), &clock, |_| {}).await;
-    let back = b.get("acme", p.id.as_str()).await.ok().flatten().expect("kept");
+    let back = b
+        .get("acme", p.id.as_str())
+        .await
+        .ok()
+        .flatten()
+        .expect("kept");
     assert_eq!(
         back.status,
         Status::Pending,
@@ -108,12 +116,18 @@ async fn a_torn_last_line_is_ignored_and_cut_at_open() {
     append_raw(dir.path(), &bad);
     let (c, _r) = open_in(dir.path(), &clock, |_| {}).await;
     assert_eq!(
-        c.get("acme", p.id.as_str()).await.ok().flatten().expect("kept").status,
+        c.get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("kept")
+            .status,
         Status::Pending
     );
     // And the store keeps working after recovery.
     c.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect("approve after recovery");
+        .await
+        .expect("approve after recovery");
 }
 
 #[tokio::test]
@@ -123,9 +137,11 @@ async fn damage_before_the_last_line_refuses_to_open() {
     let (a, _r) = open_in(dir.path(), &clock, |_| {}).await;
     let p = a
         .request(new_approval(key("rollback_deployment", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-        .await.expect("approve");
+        .await
+        .expect("approve");
     a.consume(&p.key).await.expect("consume");
     drop(a);
     // Flip one byte inside the `decide` line (line 2 of 3).

@@ -117,7 +117,8 @@ async fn a_failed_notification_is_retried_and_delivered() {
     .await;
     let p = a
         .request(new_approval(key("rollback_deployment", &json!({"d": 1}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     let got = receiver.wait_for(2).await;
     let (first_headers, first) = &got[0];
     let (second_headers, second) = &got[1];
@@ -140,7 +141,8 @@ async fn a_failed_notification_is_retried_and_delivered() {
     );
 
     a.decide("acme", p.id.as_str(), &approver("bob"), false, "freeze")
-        .await.expect("deny");
+        .await
+        .expect("deny");
     let got = receiver.wait_for(3).await;
     let (_, denied) = &got[2];
     assert_eq!(denied["event"], "approval.denied");
@@ -166,7 +168,8 @@ async fn a_final_refusal_is_not_retried_and_is_counted_as_dropped() {
     })
     .await;
     a.request(new_approval(key("restart", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     receiver.wait_for(1).await;
     let mut text = String::new();
     for _ in 0..200 {
@@ -202,7 +205,8 @@ async fn an_unreachable_receiver_gets_bounded_attempts() {
     })
     .await;
     a.request(new_approval(key("restart", &json!({}))))
-        .await.expect("request");
+        .await
+        .expect("request");
     let mut text = String::new();
     for _ in 0..300 {
         text = metrics(&registry);
@@ -237,9 +241,11 @@ async fn a_hanging_receiver_never_slows_requests_or_decisions() {
     for i in 0..20 {
         let p = a
             .request(new_approval(key("restart", &json!({ "i": i }))))
-            .await.expect("request");
+            .await
+            .expect("request");
         a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
-            .await.expect("approve");
+            .await
+            .expect("approve");
     }
     // 40 notifications are stuck behind a 30 s timeout; the calls were not.
     assert!(

@@ -266,6 +266,12 @@ async fn a_handed_off_queue_is_written_and_acknowledged_by_the_spool_thread() {
     for a in queued {
         a.outcome().await.unwrap().unwrap();
     }
+    // Waiters are answered before the thread finds the queue empty and
+    // clears `writing`: give it that moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while shared.queue().writing && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     assert!(
         !shared.queue().writing,
         "the spool thread ends the hand-off"

@@ -35,6 +35,12 @@
 //!
 //! Time is injectable (governor's clock for limits, a wall-clock function for
 //! days and expiry), so tests are deterministic.
+//!
+//! That is [`Local`]: one process. [`Budgets`] is what the request path
+//! asks: [`Local`] alone (`[state] backend = "memory"`), or Redis shared by
+//! every replica ([`shared`]: the same checks in one Lua step) with
+//! [`Local`] as the fallback for the risks `on_store_unavailable` keeps
+//! open while Redis cannot be asked.
 
 use std::hash::{BuildHasher, Hash};
 use std::net::IpAddr;

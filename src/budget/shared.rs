@@ -231,9 +231,7 @@ impl RedisBudgets {
             let script = &self.upstream;
             let wait: i64 = self
                 .redis
-                .run(|mut c| async move {
-                    script.key(&key).arg(per_s).invoke_async(&mut c).await
-                })
+                .run(|mut c| async move { script.key(&key).arg(per_s).invoke_async(&mut c).await })
                 .await?;
             if wait > 0 {
                 return Ok(Admitted::Refused(Refusal::RateLimited {
@@ -261,8 +259,9 @@ impl RedisBudgets {
             call.max_cost.map_or(-1, micros),
             price,
             self.daily_cap.unwrap_or(-1),
-            call.run_exp
-                .map_or(-1, |s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
+            call.run_exp.map_or(-1, |s| {
+                i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)
+            }),
             i64::try_from(self.ttl_ms).unwrap_or(i64::MAX),
         ];
         let script = &self.admit;

@@ -84,7 +84,10 @@ fn content_hash(sources: &[(PathBuf, String)]) -> String {
         h.update((text.len() as u64).to_be_bytes());
         h.update(text.as_bytes());
     }
-    h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Compiles policy sources given as (file name, text).

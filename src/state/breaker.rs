@@ -86,7 +86,10 @@ impl Breaker {
 
     /// The store failed or timed out.
     pub fn failure(&self) {
-        let n = self.failures.fetch_add(1, Ordering::AcqRel).saturating_add(1);
+        let n = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
         let was_probe = self.probing.swap(false, Ordering::AcqRel);
         if n >= self.threshold || was_probe {
             let until = self

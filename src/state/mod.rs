@@ -220,7 +220,9 @@ impl StateConfig {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Unavailable {
     /// The breaker is open: the store failed recently.
-    #[error("the shared state store is unavailable (circuit breaker open after repeated failures)")]
+    #[error(
+        "the shared state store is unavailable (circuit breaker open after repeated failures)"
+    )]
     Open,
     /// No answer within the timeout.
     #[error("the shared state store did not answer within {0} ms")]
@@ -419,7 +421,10 @@ mod tests {
     fn config_defaults_and_checks() {
         let cfg: StateConfig = toml::from_str("").unwrap();
         assert_eq!(cfg.backend, Backend::Memory);
-        assert_eq!(cfg.on_store_unavailable.for_risk(Risk::Read), Fallback::Open);
+        assert_eq!(
+            cfg.on_store_unavailable.for_risk(Risk::Read),
+            Fallback::Open
+        );
         assert_eq!(
             cfg.on_store_unavailable.for_risk(Risk::Destructive),
             Fallback::Closed

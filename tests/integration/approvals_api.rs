@@ -165,7 +165,8 @@ async fn the_list_shows_only_the_tenants_approvals() {
             "rollback_deployment",
             json!({"deployment": "checkout", "to": "v41"}),
         ))
-        .await.expect("request");
+        .await
+        .expect("request");
     let two = a
         .approvals
         .request(gated(
@@ -174,10 +175,12 @@ async fn the_list_shows_only_the_tenants_approvals() {
             "restart_service",
             json!({"service": "search"}),
         ))
-        .await.expect("request");
+        .await
+        .expect("request");
     a.approvals
         .request(gated("globex", "gina", "rollback_deployment", json!({})))
-        .await.expect("request");
+        .await
+        .expect("request");
     a.approvals
         .decide(
             "acme",
@@ -186,7 +189,8 @@ async fn the_list_shows_only_the_tenants_approvals() {
             false,
             "no",
         )
-        .await.expect("deny");
+        .await
+        .expect("deny");
 
     let bob = admin_token("acme", "bob");
     let (status, headers, v) =
@@ -279,7 +283,8 @@ async fn approving_lets_the_call_run_once() {
             "rollback_deployment",
             json!({"deployment": "checkout"}),
         ))
-        .await.expect("request");
+        .await
+        .expect("request");
     let bob = admin_token("acme", "bob");
     let (status, v) = decide(
         &a.base,
@@ -293,7 +298,11 @@ async fn approving_lets_the_call_run_once() {
     assert_eq!(v["status"], "approved");
     assert_eq!(v["decision"]["by"], "bob");
     assert_eq!(v["decision"]["reason"], "runbook step 3");
-    let ran = a.approvals.consume(&p.key).await.expect("approved call runs");
+    let ran = a
+        .approvals
+        .consume(&p.key)
+        .await
+        .expect("approved call runs");
     assert_eq!(ran.id, p.id);
     assert!(a.approvals.consume(&p.key).await.is_none(), "once");
 }
@@ -309,7 +318,8 @@ async fn denying_needs_a_reason() {
             "delete_namespace",
             json!({"ns": "prod"}),
         ))
-        .await.expect("request");
+        .await
+        .expect("request");
     let bob = admin_token("acme", "bob");
     let (status, v) = decide(&a.base, &bob, p.id.as_str(), "deny", json!({})).await;
     assert_eq!(status, 400, "{v}");
@@ -333,7 +343,8 @@ async fn a_tool_token_or_no_token_gets_401() {
     let p = a
         .approvals
         .request(gated("acme", "alice", "rollback_deployment", json!({})))
-        .await.expect("request");
+        .await
+        .expect("request");
     // The run's own tool token, valid on /mcp, is worthless here.
     let mut tool_claims = common::claims("sre-lead", &["sre"]);
     tool_claims.sub = "bob".to_owned();
@@ -350,7 +361,13 @@ async fn a_tool_token_or_no_token_gets_401() {
     assert_eq!(status, 401);
     assert!(headers.contains_key("www-authenticate"));
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
+        a.approvals
+            .get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("known")
+            .status,
         Status::Pending
     );
 }
@@ -361,7 +378,8 @@ async fn another_tenants_approval_does_not_exist() {
     let p = a
         .approvals
         .request(gated("acme", "alice", "rollback_deployment", json!({})))
-        .await.expect("request");
+        .await
+        .expect("request");
     let gina = admin_token("globex", "gina");
     let (status, _, v) = get(&format!("{}/approvals/{}", a.base, p.id), Some(&gina)).await;
     assert_eq!(status, 404);
@@ -375,7 +393,13 @@ async fn another_tenants_approval_does_not_exist() {
     let (status, _) = decide(&a.base, &gina, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 404);
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
+        a.approvals
+            .get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("known")
+            .status,
         Status::Pending
     );
 }
@@ -414,7 +438,8 @@ async fn a_second_decision_is_a_conflict() {
     let p = a
         .approvals
         .request(gated("acme", "alice", "rollback_deployment", json!({})))
-        .await.expect("request");
+        .await
+        .expect("request");
     let (bob, carol) = (admin_token("acme", "bob"), admin_token("acme", "carol"));
     let (status, _) = decide(&a.base, &bob, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 200);
@@ -480,7 +505,8 @@ async fn the_cli_lists_shows_and_decides() {
             "restart_service",
             json!({"service": "search"}),
         ))
-        .await.expect("request");
+        .await
+        .expect("request");
     let bob = AdminClient::new(&a.base, &admin_token("acme", "bob")).expect("client");
 
     let listed = client::render_list(&bob.list(Some(Status::Pending)).await.expect("list"));
@@ -511,7 +537,13 @@ async fn the_cli_lists_shows_and_decides() {
     let out = client::run(&args).await.expect("approve");
     assert!(out.starts_with(&format!("approved {}", p.id)), "{out}");
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
+        a.approvals
+            .get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("known")
+            .status,
         Status::Approved
     );
 
@@ -580,7 +612,8 @@ async fn the_console_approves_in_headless_chromium() {
             "rollback_deployment",
             json!({"deployment": "checkout", "note": hostile}),
         ))
-        .await.expect("request");
+        .await
+        .expect("request");
     let browser = Browser::start().await;
     browser.goto(&format!("{}/console#{}", a.base, p.id)).await;
     let field = browser.wait_for("#token", Duration::from_secs(10)).await;
@@ -616,7 +649,13 @@ async fn the_console_approves_in_headless_chromium() {
     let armed = browser.text(&approve).await;
     assert!(armed.starts_with("Click again to approve"), "{armed}");
     assert_eq!(
-        a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status,
+        a.approvals
+            .get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("known")
+            .status,
         Status::Pending,
         "one click does not approve"
     );
@@ -624,7 +663,14 @@ async fn the_console_approves_in_headless_chromium() {
 
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let status = a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known").status;
+        let status = a
+            .approvals
+            .get("acme", p.id.as_str())
+            .await
+            .ok()
+            .flatten()
+            .expect("known")
+            .status;
         if status == Status::Approved {
             break;
         }
@@ -635,7 +681,13 @@ async fn the_console_approves_in_headless_chromium() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let decided = a.approvals.get("acme", p.id.as_str()).await.ok().flatten().expect("known");
+    let decided = a
+        .approvals
+        .get("acme", p.id.as_str())
+        .await
+        .ok()
+        .flatten()
+        .expect("known");
     assert_eq!(decided.decision.expect("decision").by, "bob");
     let status_line = browser.wait_for("#status.ok", Duration::from_secs(5)).await;
     assert!(browser

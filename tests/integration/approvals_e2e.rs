@@ -11,9 +11,9 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{json, Value};
 
+use crate::common::backend::{Backend, Scope};
 use crate::common::browser::Browser;
 use crate::common::clickhouse::ClickHouse;
-use crate::common::backend::{Backend, Scope};
 use crate::common::{self, mcp::*, Firewall};
 use crate::on_both_backends;
 use mcp_firewall::auth::Audience;

@@ -201,3 +201,60 @@ fn token_mint_inspect_and_explain() {
     assert!(!ok);
     assert!(out.contains("would be refused"), "{out}");
 }
+
+/// A config with shared stores at `redis` and `postgres`, in `dir`.
+fn shared_stores_config(dir: &Path, redis: &str, postgres: &str) -> std::path::PathBuf {
+    let text = format!(
+        "{}[state]\nbackend = \"redis\"\nredis_url = \"{redis}\"\n\n[approvals]\nstore = \"postgres\"\npostgres_url = \"{postgres}\"\n",
+        crate::common::config_text(&[("incidents", "http://127.0.0.1:1/mcp")], "")
+    );
+    let path = dir.join("fleet.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn check_says_whether_the_shared_stores_answer_and_migrate_creates_the_schema() {
+    use crate::common::postgres::Postgres;
+    use crate::common::redis::Redis;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Postgres::shared().create_random_database();
+    let config = shared_stores_config(dir.path(), &Redis::shared().url, &db);
+
+    let (ok, out) = run(firewall().args(["check", "--config"]).arg(&config));
+    assert!(ok, "{out}");
+    assert!(out.contains("budgets: redis redis://127.0.0.1:"), "{out}");
+    assert!(out.contains(": reachable"), "{out}");
+    assert!(
+        out.contains("(schema version 0)"),
+        "not migrated yet: {out}"
+    );
+
+    let (ok, out) = run(firewall().args(["migrate", "--config"]).arg(&config));
+    assert!(ok, "{out}");
+    assert!(out.contains("approvals schema at version 1"), "{out}");
+    let (ok, out) = run(firewall().args(["migrate", "--config"]).arg(&config));
+    assert!(ok, "migrating twice changes nothing: {out}");
+    let (ok, out) = run(firewall().args(["check", "--config"]).arg(&config));
+    assert!(ok && out.contains("(schema version 1)"), "{out}");
+
+    // Nothing listens on port 1: both unreachable, exit status non-zero,
+    // and no password is printed.
+    let config = shared_stores_config(
+        dir.path(),
+        "redis://:hunter2@127.0.0.1:1",
+        "postgres://mcpfw:hunter2@127.0.0.1:1/mcpfw",
+    );
+    let (ok, out) = run(firewall().args(["check", "--config"]).arg(&config));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("budgets: redis") && out.contains("UNREACHABLE"),
+        "{out}"
+    );
+    assert!(out.contains("approvals: postgres"), "{out}");
+    assert_eq!(out.matches("UNREACHABLE").count(), 2, "{out}");
+    assert!(
+        !out.contains("hunter2"),
+        "passwords stay out of the output: {out}"
+    );
+}

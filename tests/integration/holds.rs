@@ -52,7 +52,9 @@ async fn pending(fw: &Firewall) -> Approval {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(a) = approvals
-            .list("acme", Some(Status::Pending)).await.unwrap()
+            .list("acme", Some(Status::Pending))
+            .await
+            .unwrap()
             .into_iter()
             .next()
         {
@@ -77,12 +79,19 @@ async fn approve(fw: &Firewall, a: &Approval) -> Result<Approval, String> {
             true,
             "ok",
         )
-        .await.map_err(|e| e.to_string())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn status(fw: &Firewall, a: &Approval) -> Status {
     let approvals = fw.running.state.approvals.clone().expect("approvals");
-    approvals.get("acme", a.id.as_str()).await.ok().flatten().expect("known").status
+    approvals
+        .get("acme", a.id.as_str())
+        .await
+        .ok()
+        .flatten()
+        .expect("known")
+        .status
 }
 
 /// Starts a held POST; the stream's text is collected by the task.
@@ -415,7 +424,11 @@ async fn a_multi_round_call_stays_bound_to_its_approval() {
     assert_eq!(sent["params"]["requestState"], "up-state-1");
     let approvals = fw.running.state.approvals.clone().unwrap();
     assert!(
-        approvals.list("acme", Some(Status::Pending)).await.unwrap().is_empty(),
+        approvals
+            .list("acme", Some(Status::Pending))
+            .await
+            .unwrap()
+            .is_empty(),
         "no second approval"
     );
     let runs = up.count("POST", "tools/call");

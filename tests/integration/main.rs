@@ -18,6 +18,7 @@ mod holds;
 mod input;
 mod lifecycle;
 mod reload;
+mod replicas;
 mod spool_faults;
 mod through_firewall;
 mod tls;
