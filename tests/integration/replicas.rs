@@ -821,3 +821,200 @@ async fn the_nginx_affinity_file_hashes_every_form_of_a_token_alike() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A `redis-server` speaking TLS only, with a password, killed on drop.
+struct TlsRedis {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_redis(dir: &std::path::Path, ca: &crate::tls::Ca, password: &str) -> TlsRedis {
+    let (cert, key) = ca.issue();
+    std::fs::write(dir.join("ca.pem"), &ca.pem).unwrap();
+    std::fs::write(dir.join("redis.pem"), cert).unwrap();
+    std::fs::write(dir.join("redis.key"), key).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--tls-port", &port.to_string(), "--tls-auth-clients", "no"])
+        .arg("--tls-cert-file")
+        .arg(dir.join("redis.pem"))
+        .arg("--tls-key-file")
+        .arg(dir.join("redis.key"))
+        .arg("--tls-ca-cert-file")
+        .arg(dir.join("ca.pem"))
+        .args(["--requirepass", password])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server (apt-get install redis-server)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "TLS redis did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TlsRedis { port, child }
+}
+
+/// Budgets in a Redis reached over TLS (verified against the configured CA)
+/// with its password from a file: writes run; a wrong password or an
+/// unverifiable certificate means the store cannot be asked (-31006), never
+/// an unverified connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_with_a_password_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = crate::tls::Ca::new("redis test CA");
+    let redis = tls_redis(dir.path(), &ca, "s3cret-pw");
+    std::fs::write(dir.path().join("pw"), "s3cret-pw\n").unwrap();
+    std::fs::write(dir.path().join("wrong"), "guess\n").unwrap();
+    std::fs::write(
+        dir.path().join("other-ca.pem"),
+        crate::tls::Ca::new("other").pem,
+    )
+    .unwrap();
+    let counts = Counts::default();
+    let upstream = ledger(counts.clone()).await;
+    let policies = common::policy_dir(&[("90-fleet.toml", POLICY)]);
+    let token = common::sign(&common::claims("fleet", &["sre"]));
+    for (password, ca_file, want) in [
+        ("pw", "ca.pem", "ok"),
+        ("wrong", "ca.pem", "-31006"),
+        ("pw", "other-ca.pem", "-31006"),
+    ] {
+        let state = format!(
+            "[state]\nbackend = \"redis\"\nredis_url = \"rediss://127.0.0.1:{}\"\nredis_password_file = \"{}\"\nredis_ca_file = \"{}\"\ntimeout_ms = 500\n",
+            redis.port,
+            dir.path().join(password).display(),
+            dir.path().join(ca_file).display()
+        );
+        let text = common::config_text_in(policies.path(), &[("ledger", &upstream.url())], &state);
+        let fw = Arc::new(common::firewall(&text).await);
+        common::post(
+            &fw.mcp_url("ledger"),
+            &token,
+            &[],
+            r#"{"jsonrpc":"2.0","id":0,"method":"tools/list"}"#,
+        )
+        .await;
+        let (o, _) = one_call(fw.clone(), token.clone(), "write_note", 1).await;
+        assert_eq!(o, want, "password {password}, CA {ca_file}");
+        Arc::try_unwrap(fw).ok().unwrap().stop().await;
+    }
+    assert_eq!(executed(&counts, "write_note"), 1);
+}
+
+/// Approvals in a PostgreSQL reached with `sslmode=require`, verified
+/// against the configured CA; another CA's certificate is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_verified_against_the_configured_ca() {
+    let pg = Postgres::start();
+    let db = pg.create_database("tlsdb");
+    // The server's certificate, readable by the server only.
+    let certs = tempfile::tempdir().unwrap();
+    let ca = crate::tls::Ca::new("postgres test CA");
+    let (cert, key) = ca.issue();
+    let (crt, keyf) = (
+        certs.path().join("server.crt"),
+        certs.path().join("server.key"),
+    );
+    std::fs::write(&crt, cert).unwrap();
+    std::fs::write(&keyf, key).unwrap();
+    std::fs::write(certs.path().join("ca.pem"), &ca.pem).unwrap();
+    std::fs::write(
+        certs.path().join("other.pem"),
+        crate::tls::Ca::new("other").pem,
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keyf, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let root = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false);
+        if root {
+            let uid = |flag: &str| -> u32 {
+                let out = std::process::Command::new("id")
+                    .args([flag, "postgres"])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            };
+            for p in [certs.path(), &crt, &keyf] {
+                std::os::unix::fs::chown(p, Some(uid("-u")), Some(uid("-g"))).unwrap();
+            }
+        }
+    }
+    pg.psql(
+        "postgres",
+        &format!("ALTER SYSTEM SET ssl_cert_file = '{}'", crt.display()),
+    );
+    pg.psql(
+        "postgres",
+        &format!("ALTER SYSTEM SET ssl_key_file = '{}'", keyf.display()),
+    );
+    pg.psql("postgres", "ALTER SYSTEM SET ssl = on");
+    pg.psql("postgres", "SELECT pg_reload_conf()");
+    std::thread::sleep(Duration::from_millis(300));
+
+    let counts = Counts::default();
+    let upstream = ledger(counts.clone()).await;
+    let policies = common::policy_dir(&[("90-fleet.toml", POLICY)]);
+    let token = common::sign(&common::claims("fleet", &["sre"]));
+    for (ca_file, files_an_approval) in [("ca.pem", true), ("other.pem", false)] {
+        let approvals = format!(
+            "[approvals]\nstore = \"postgres\"\npostgres_url = \"{db}?sslmode=require\"\npostgres_ca_file = \"{}\"\nhold_s = 0\n\n",
+            certs.path().join(ca_file).display()
+        );
+        let text =
+            common::config_text_in(policies.path(), &[("ledger", &upstream.url())], &approvals);
+        let fw = common::firewall(&text).await;
+        let url = fw.mcp_url("ledger");
+        common::post(
+            &url,
+            &token,
+            &[],
+            r#"{"jsonrpc":"2.0","id":0,"method":"tools/list"}"#,
+        )
+        .await;
+        let a = common::post(
+            &url,
+            &token,
+            &[],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"wipe","arguments":{}}}"#,
+        )
+        .await;
+        assert_eq!(a.code(), -31002, "{}", a.text);
+        assert_eq!(
+            a.json()["error"]["data"]["approval_id"].is_string(),
+            files_an_approval,
+            "CA {ca_file}: {}",
+            a.text
+        );
+        fw.stop().await;
+    }
+    let ssl_used = pg.psql("tlsdb", "SELECT count(*) FROM mcp_firewall_approvals");
+    assert_eq!(
+        ssl_used.trim(),
+        "1",
+        "the approval went over TLS into the database"
+    );
+}

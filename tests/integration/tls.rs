@@ -13,13 +13,14 @@ use tokio::net::TcpListener;
 use crate::common::{self, raw};
 
 /// A CA and a function to issue server certificates for 127.0.0.1/localhost.
-struct Ca {
-    pem: String,
+pub(crate) struct Ca {
+    /// The CA certificate, PEM.
+    pub pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
 impl Ca {
-    fn new(name: &str) -> Ca {
+    pub fn new(name: &str) -> Ca {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -34,7 +35,7 @@ impl Ca {
     }
 
     /// (certificate PEM, key PEM) for localhost and 127.0.0.1.
-    fn issue(&self) -> (String, String) {
+    pub fn issue(&self) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let params =
             CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
