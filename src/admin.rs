@@ -48,6 +48,8 @@ pub struct Admin {
     pub auditor: Auditor,
     /// The approvals API and console, when approvals are configured.
     pub approvals: Option<(Arc<Approvals>, Verifier)>,
+    /// The pins review API.
+    pub pins: (Arc<crate::pins::PinStore>, Verifier),
     /// `not_ready{reason}`.
     pub not_ready: Family<ReasonLabel, Gauge>,
     /// The shared budget store, if budgets are shared.
@@ -118,6 +120,10 @@ pub async fn handle(
     admin: Arc<Admin>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    if crate::pins::api::owns(req.uri().path()) {
+        let (pins, verifier) = &admin.pins;
+        return Ok(crate::pins::api::handle(pins.clone(), verifier.clone(), req).await);
+    }
     if let Some((approvals, verifier)) = &admin.approvals {
         if api::owns(req.uri().path()) {
             if let Some(r) = api::handle(approvals.clone(), verifier.clone(), req).await {

@@ -109,6 +109,8 @@ pub async fn start_with(
         Arc::new(c)
     };
     let approvals = start_approvals(&config, &mut registry, admin_addr).await?;
+    let pins = crate::pins::PinStore::open(&config.policy_dir, &mut registry)
+        .context("loading the tool pins")?;
     let state = Arc::new(
         State::new(
             config.clone(),
@@ -117,20 +119,24 @@ pub async fn start_with(
             auditor,
             Metrics::register(&mut registry),
             approvals,
+            pins.clone(),
         )
         .context("building upstream clients")?,
     );
+    crate::proxy::approvals::wire_pins(&state, &pins);
 
     if let Some(approvals) = &state.approvals {
         crate::proxy::approvals::wire(&state, approvals);
     }
-    let mut background = Vec::new();
-    background.push(tokio::spawn(policy.clone().watch(config.policy_reload)));
-    background.push(tokio::spawn(sweep_budgets(state.clone())));
-    background.push(tokio::spawn(expire_catalogs(
-        state.catalogs.clone(),
-        Duration::from_secs(config.state.catalog_ttl_s),
-    )));
+    let mut background = vec![
+        tokio::spawn(policy.clone().watch(config.policy_reload)),
+        tokio::spawn(sweep_budgets(state.clone())),
+        tokio::spawn(watch_pins(pins.clone(), config.policy_reload)),
+        tokio::spawn(expire_catalogs(
+            state.catalogs.clone(),
+            Duration::from_secs(config.state.catalog_ttl_s),
+        )),
+    ];
     let acceptor = match &config.server.tls {
         Some(tls_cfg) => {
             let resolver = tls::ReloadingCert::load(tls_cfg)?;
@@ -176,6 +182,7 @@ pub async fn start_with(
         draining: AtomicBool::new(false),
         auditor: state.auditor.clone(),
         approvals: state.approvals.clone().map(|a| (a, state.verifier.clone())),
+        pins: (state.pins.clone(), state.verifier.clone()),
         not_ready,
         budget_store,
         degraded,
@@ -295,6 +302,18 @@ async fn start_approvals(
         approvals.set_public_url(&format!("http://{admin_addr}"));
     }
     Ok(Some(approvals))
+}
+
+/// Re-reads the pin files when they change; invalid ones leave the pins in
+/// force (logged).
+async fn watch_pins(pins: Arc<crate::pins::PinStore>, every: Duration) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+    loop {
+        tick.tick().await;
+        if let Err(e) = pins.reload_if_changed() {
+            tracing::error!(error = %e, "pin files not reloaded; the pins in force stay");
+        }
+    }
 }
 
 /// Forgets catalogs older than `ttl` (a missed `list_changed` heals).

@@ -44,6 +44,10 @@ pub struct ToolEntry {
     pub input_schema: Value,
     /// Its annotations as risk hints (untrusted).
     pub hints: Option<Hints>,
+    /// Its whole definition as listed (what a pin covers).
+    pub definition: Value,
+    /// The pin hash of `definition` ([`crate::pins::canonical::sha256`]).
+    pub sha256: [u8; 32],
     validator: OnceLock<Result<jsonschema::Validator, String>>,
     param_headers: OnceLock<ParamHeaders>,
 }
@@ -100,13 +104,13 @@ impl Catalogs {
     }
 
     /// Records a listed tool; `raw` is its JSON text (for change detection),
-    /// `schema` and `annotations` are parsed only when it changed.
+    /// parsed (into the whole definition) only when it changed.
     pub fn record(
         &self,
         upstream: &str,
         name: &str,
         raw: &str,
-        parse: impl FnOnce() -> (Value, Option<Value>),
+        parse: impl FnOnce() -> Value,
     ) -> Arc<ToolEntry> {
         let mut h = DefaultHasher::new();
         raw.hash(&mut h);
@@ -122,11 +126,17 @@ impl Catalogs {
         if let Some(e) = catalog.get(name).filter(|e| e.fingerprint == fingerprint) {
             return e.clone();
         }
-        let (input_schema, annotations) = parse();
+        let definition = parse();
+        let input_schema = definition
+            .get("inputSchema")
+            .cloned()
+            .unwrap_or(Value::Null);
         let entry = ToolEntry {
             fingerprint,
             input_schema,
-            hints: Hints::from_annotations(annotations.as_ref()),
+            hints: Hints::from_annotations(definition.get("annotations")),
+            sha256: crate::pins::canonical::sha256(&definition),
+            definition,
             validator: OnceLock::new(),
             param_headers: OnceLock::new(),
         };
@@ -138,14 +148,7 @@ impl Catalogs {
     /// Records one tool of a `tools/list` answer.
     pub fn record_listed(&self, upstream: &str, t: &ListedTool<'_>) -> Arc<ToolEntry> {
         self.record(upstream, t.name, t.raw, || {
-            let schema = t
-                .input_schema
-                .and_then(|s| serde_json::from_str(s.get()).ok())
-                .unwrap_or(Value::Null);
-            let ann = t
-                .annotations
-                .and_then(|a| serde_json::from_str(a.get()).ok());
-            (schema, ann)
+            serde_json::from_str(t.raw).unwrap_or(Value::Null)
         })
     }
 

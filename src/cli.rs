@@ -75,6 +75,68 @@ pub async fn check_stores(cfg: &Config) -> (String, bool) {
     (out, ok)
 }
 
+/// The pins part of `mcp-firewall check`: the pin files load; per upstream
+/// its mode and pin count; with `live`, every upstream with pinning on is
+/// listed and compared: pins naming tools it no longer lists, and (in
+/// `enforce`) tools it lists without a pin or unlike their pin. Returns the
+/// report and whether `live` found nothing wrong.
+pub async fn check_pins(cfg: &Config, live: bool) -> (String, bool) {
+    use crate::pins::{canonical, Mode, Pins, Verdict, PINS_DIR};
+    let mut out = String::new();
+    let pins = match Pins::load(&cfg.policy_dir.join(PINS_DIR)) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = writeln!(out, "  pins: INVALID: {e}");
+            return (out, false);
+        }
+    };
+    let mut ok = true;
+    for u in &cfg.upstreams {
+        let pinned = pins.tools(&u.name);
+        let mode = match u.pinning {
+            Mode::Off => "off",
+            Mode::Record => "record",
+            Mode::Enforce => "enforce",
+        };
+        let _ = writeln!(
+            out,
+            "  pins {}: {mode}, {} pinned tools",
+            u.name,
+            pinned.len()
+        );
+        if !live || u.pinning == Mode::Off {
+            continue;
+        }
+        let tools = match crate::pins::client::live_tools(cfg, &u.name).await {
+            Ok(t) => t,
+            Err(e) => {
+                ok = false;
+                let _ = writeln!(out, "    cannot list it: {e:#}");
+                continue;
+            }
+        };
+        for name in &pinned {
+            if !tools.iter().any(|(n, _)| n == name) {
+                ok = false;
+                let _ = writeln!(out, "    pinned but not listed: {name}");
+            }
+        }
+        for (name, def) in &tools {
+            let problem = match pins.verdict(&u.name, name, &canonical::sha256(def)) {
+                Verdict::Pinned => continue,
+                Verdict::Unpinned if u.pinning == Mode::Enforce => "listed without a pin (hidden)",
+                Verdict::Mismatch if u.pinning == Mode::Enforce => "listed unlike its pin (hidden)",
+                Verdict::Unpinned => "listed without a pin (proposed for review)",
+                Verdict::Mismatch => "listed unlike its pin (proposed for review)",
+                Verdict::Shadows(_) => "imitates a pinned name (refused)",
+            };
+            ok = false;
+            let _ = writeln!(out, "    {name}: {problem}");
+        }
+    }
+    (out, ok)
+}
+
 /// `mcp-firewall migrate`: creates or upgrades the approvals schema.
 pub async fn migrate(cfg: &Config) -> anyhow::Result<String> {
     let a = cfg

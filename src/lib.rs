@@ -19,6 +19,7 @@ pub mod demo;
 pub mod http_util;
 pub mod mcp;
 pub mod outcome;
+pub mod pins;
 pub mod policy;
 pub mod proxy;
 pub mod server;

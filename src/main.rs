@@ -39,12 +39,19 @@ enum Command {
     },
     /// Approvals on a running firewall: list, show, approve, deny.
     Approvals(mcp_firewall::approval::client::ApprovalsArgs),
+    /// Tool-definition pins: review drift on a running firewall (diff,
+    /// accept, reject), or pin a live upstream's tools (record).
+    Pins(mcp_firewall::pins::client::PinsArgs),
     /// Validate a config file and its policies without serving; print what
     /// each role may call.
     Check {
         /// The TOML config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Also list every upstream with pinning on and compare its tools
+        /// with the pins.
+        #[arg(long)]
+        live: bool,
     },
     /// Create or upgrade the PostgreSQL approvals schema (`serve` does it
     /// too at start) and exit.
@@ -162,14 +169,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", mcp_firewall::approval::client::run(&args).await?);
             Ok(())
         }
-        Command::Check { config } => {
+        Command::Check { config, live } => {
             let cfg = config::load(&config)?;
             print!("{}", cli::check(&cfg)?);
             let (report, reachable) = cli::check_stores(&cfg).await;
             print!("{report}");
+            let (report, pins_ok) = cli::check_pins(&cfg, live).await;
+            print!("{report}");
             if !reachable {
                 anyhow::bail!("a configured store cannot be reached");
             }
+            if !pins_ok {
+                anyhow::bail!("pins do not match the live upstreams");
+            }
+            Ok(())
+        }
+        Command::Pins(args) => {
+            print!("{}", mcp_firewall::pins::client::run(&args).await?);
             Ok(())
         }
         Command::Migrate { config } => {

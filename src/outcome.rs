@@ -32,6 +32,12 @@ pub enum StopReason {
     /// A shared store the decision needs (budgets) could not be asked, and
     /// the call's risk fails closed.
     StoreUnavailable,
+    /// The tool's definition has no reviewed pin (`enforce`).
+    Unpinned,
+    /// The tool's definition differs from its pin (`enforce`).
+    PinMismatch,
+    /// The tool's name imitates a pinned tool's.
+    PinShadowing,
 }
 
 /// What the firewall decided about one message (the audit `decision` column).
@@ -57,7 +63,7 @@ pub enum DecisionKind {
 
 impl StopReason {
     /// Every stop reason, for metric initialisation.
-    pub const ALL: [StopReason; 12] = [
+    pub const ALL: [StopReason; 15] = [
         StopReason::Done,
         StopReason::StepCap,
         StopReason::CostCap,
@@ -70,6 +76,9 @@ impl StopReason {
         StopReason::Cancelled,
         StopReason::RunEnded,
         StopReason::StoreUnavailable,
+        StopReason::Unpinned,
+        StopReason::PinMismatch,
+        StopReason::PinShadowing,
     ];
 
     /// The wire and column name.
@@ -87,6 +96,9 @@ impl StopReason {
             StopReason::Cancelled => "cancelled",
             StopReason::RunEnded => "run_ended",
             StopReason::StoreUnavailable => "store_unavailable",
+            StopReason::Unpinned => "unpinned",
+            StopReason::PinMismatch => "pin_mismatch",
+            StopReason::PinShadowing => "pin_shadowing",
         }
     }
 }

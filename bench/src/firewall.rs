@@ -31,6 +31,9 @@ pub const POLICIES: [(&str, &str); 4] = [
     ),
 ];
 
+/// `state.key_prefix` of the `firewall-redis` target.
+pub const REDIS_KEY_PREFIX: &str = "bench";
+
 /// Upstream route names (`/mcp/<name>`) the config defines.
 pub const ROUTES: [&str; 3] = ["bench", "bench-sse", "bench-hold"];
 
@@ -71,6 +74,15 @@ pub struct AuditSink {
     pub database: String,
 }
 
+/// Budgets and rate limits shared in a Redis (`[state] backend = "redis"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedState {
+    /// `redis://127.0.0.1:PORT`.
+    pub redis_url: String,
+    /// `state.key_prefix`.
+    pub key_prefix: String,
+}
+
 /// What to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
@@ -84,6 +96,9 @@ pub struct Spec {
     pub log_level: String,
     /// Speak HTTP/2 (h2c) to the canned upstream (`http2 = true`).
     pub upstream_http2: bool,
+    /// Budgets and rate limits in Redis; `None` keeps them in the process
+    /// (`[state]` absent: `backend = "memory"`).
+    pub state: Option<SharedState>,
 }
 
 /// The paths and addresses a config refers to.
@@ -294,6 +309,15 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
             l.spool_dir.display()
         )),
         None => s.push_str("[audit]\nenabled = false\n"),
+    }
+    // Every risk fails closed while Redis cannot be asked: a call admitted
+    // by the memory fallback would be measured as a Redis call; refused
+    // (-31006), it is counted as a failure instead.
+    if let Some(st) = &spec.state {
+        s.push_str(&format!(
+            "\n[state]\nbackend = \"redis\"\nredis_url = \"{}\"\nkey_prefix = \"{}\"\non_store_unavailable = {{ read = \"closed\", write = \"closed\", destructive = \"closed\" }}\n",
+            st.redis_url, st.key_prefix
+        ));
     }
     s
 }

@@ -39,6 +39,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
         }),
         log_level: "warn".into(),
         upstream_http2: false,
+        state: None,
     }
 }
 
@@ -68,6 +69,36 @@ fn generated_configs_load_with_and_without_audit() {
         .upstreams
         .iter()
         .all(|u| u.http2 && u.http2_max_streams == 100));
+}
+
+#[test]
+fn the_redis_target_shares_budgets_in_redis_and_fails_closed() {
+    use mcp_firewall::state::{Backend, Fallback};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = load(dir.path(), &spec(true, None));
+    assert_eq!(cfg.state.backend, Backend::Memory);
+    let mut shared = spec(true, None);
+    shared.state = Some(SharedState {
+        redis_url: "redis://127.0.0.1:6390".into(),
+        key_prefix: "bench".into(),
+    });
+    let cfg = load(dir.path(), &shared);
+    assert_eq!(cfg.state.backend, Backend::Redis);
+    assert_eq!(
+        cfg.state.redis_url.as_deref(),
+        Some("redis://127.0.0.1:6390")
+    );
+    assert_eq!(cfg.state.key_prefix, "bench");
+    // Everything else is the audited firewall's config.
+    assert!(cfg.audit.as_ref().is_some_and(|a| a.enabled));
+    assert_eq!(cfg.limits.default_max_steps, 1_000_000_000);
+    let u = cfg.state.on_store_unavailable;
+    assert!([u.read, u.write, u.destructive]
+        .iter()
+        .all(|f| *f == Fallback::Closed));
+    let plain = config_text(&spec(true, None), &layout(dir.path()));
+    let redis = config_text(&shared, &layout(dir.path()));
+    assert!(redis.starts_with(&plain), "only [state] is added");
 }
 
 #[test]

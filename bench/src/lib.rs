@@ -2,8 +2,9 @@
 //! measured as ratios within one run.
 //!
 //! The harness starts a canned upstream ([`upstream`]), the real firewall
-//! binary ([`firewall`]), nginx as the reference proxy ([`nginx`]) and a
-//! throwaway ClickHouse for audit ([`clickhouse`]); drives them with its own
+//! binary ([`firewall`]), nginx as the reference proxy ([`nginx`]), a
+//! throwaway ClickHouse for audit ([`clickhouse`]) and a throwaway Redis
+//! for shared budgets ([`redis`]); drives them with its own
 //! load generator ([`load`]) in interleaved short rounds ([`runner`]); and
 //! writes a terminal table, JSON, Markdown and an SVG plot ([`report`],
 //! [`plot`]).
@@ -24,6 +25,7 @@ pub mod pipeline;
 pub mod plot;
 pub mod probe;
 pub mod procs;
+pub mod redis;
 pub mod report;
 pub mod runner;
 pub mod scenario;

@@ -83,9 +83,10 @@ struct RunArgs {
     /// `scenario/proto/concurrency[@rate]`, e.g. `call/h1/16,list/tls-h2/16,call/h1/64@4000`.
     #[arg(long, value_delimiter = ',')]
     cells: Vec<String>,
-    /// Targets, comma-separated (default: every available one):
-    /// direct, nginx, hyper (a bare hyper pass-through), firewall,
-    /// firewall-noaudit.
+    /// Targets, comma-separated (default: direct, nginx, hyper, firewall,
+    /// firewall-noaudit): direct, nginx, hyper (a bare hyper
+    /// pass-through), firewall, firewall-noaudit, firewall-redis (audit on,
+    /// budgets and rate limits in a throwaway Redis; only when asked for).
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// Rounds per target per cell (profile default).
@@ -328,13 +329,7 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut targets = if args.targets.is_empty() {
-        vec![
-            TargetKind::Direct,
-            TargetKind::Nginx,
-            TargetKind::Hyper,
-            TargetKind::Firewall,
-            TargetKind::FirewallNoAudit,
-        ]
+        TargetKind::DEFAULT.to_vec()
     } else {
         args.targets
             .iter()
@@ -513,8 +508,14 @@ fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
         serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
     // Notes from older harness versions lack the target verdicts.
     let targets = report::design_targets(&report.cells);
-    report.notes.retain(|n| !n.starts_with("target "));
+    let shared = report::shared_state(&report.cells);
+    report.notes.retain(|n| {
+        !n.starts_with("target ")
+            && !n.starts_with("  the HTTP stack's floor")
+            && !n.starts_with(report::SHARED_STATE_NOTE)
+    });
     report.notes.extend(targets);
+    report.notes.extend(shared);
     let dir = json.parent().unwrap_or(Path::new("."));
     let md = report::markdown(&report);
     let svg = plot::svg(&report)?;

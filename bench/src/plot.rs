@@ -33,6 +33,7 @@ fn color(target: &str) -> RGBColor {
         "hyper" => RGBColor(148, 103, 189),
         "firewall" => RGBColor(214, 39, 40),
         "firewall-noaudit" => RGBColor(255, 127, 14),
+        "firewall-redis" => RGBColor(140, 86, 75),
         _ => RGBColor(100, 100, 100),
     }
 }

@@ -6,7 +6,11 @@
 //!   one target in one cell; the JSON also keeps the rounds;
 //! - ratios compare medians of the same cell in the same run (never across
 //!   runs): `x direct` = target rps / direct rps, `x nginx` = target rps /
-//!   nginx rps;
+//!   nginx rps, and the shared-state note firewall-redis / firewall;
+//! - the proxy CPU and RSS columns are the proxy's own processes; servers
+//!   that a firewall uses on the same machine (ClickHouse for audit, Redis
+//!   for `firewall-redis`) are measured over the same window and reported
+//!   next to it;
 //! - rendering is pure (data in, text out), so it is unit-tested.
 
 use std::collections::BTreeMap;
@@ -52,6 +56,8 @@ pub struct Meta {
     pub upstream_threads: usize,
     /// nginx version and `worker_processes`, if it ran.
     pub nginx: Option<String>,
+    /// The Redis behind `firewall-redis` (version, key prefix), if it ran.
+    pub redis: Option<String>,
     /// The firewall binary.
     pub firewall_bin: String,
     /// Whether the binaries were built in release mode (by path).
@@ -101,7 +107,8 @@ pub struct CellReport {
 /// One target in one cell.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetReport {
-    /// `direct`, `nginx`, `hyper`, `firewall`, `firewall-noaudit`.
+    /// `direct`, `nginx`, `hyper`, `firewall`, `firewall-noaudit`,
+    /// `firewall-redis`.
     pub target: String,
     /// Medians over rounds.
     pub median: Figures,
@@ -164,8 +171,20 @@ pub struct Figures {
     /// before (first call of a run).
     pub first_time_token_share: Option<f64>,
     /// ClickHouse's CPU use in the window, share of one core (audited
-    /// firewall; it runs on the same machine).
+    /// firewalls; it runs on the same machine).
     pub clickhouse_cpu: Option<f64>,
+    /// Redis's CPU use in the window, share of one core (`firewall-redis`).
+    pub redis_cpu: Option<f64>,
+    /// Redis's CPU seconds per 10,000 answers (`firewall-redis`): add it to
+    /// the proxy's for the target's whole cost.
+    pub redis_cpu_s_per_10k: Option<f64>,
+    /// Redis's peak RSS in the round, MB (`firewall-redis`).
+    pub redis_peak_rss_mb: Option<f64>,
+    /// Scripts (`EVALSHA`) Redis ran per answer (`firewall-redis`).
+    pub redis_scripts_per_answer: Option<f64>,
+    /// Commands Redis executed per answer, those inside scripts included
+    /// (`firewall-redis`).
+    pub redis_commands_per_answer: Option<f64>,
 }
 
 /// The audit pipeline over the whole run.
@@ -267,6 +286,14 @@ impl Figures {
             audit_clickhouse_rows_per_s: o(|f| f.audit_clickhouse_rows_per_s),
             first_time_token_share: o(|f| f.first_time_token_share),
             clickhouse_cpu: o(|f| f.clickhouse_cpu),
+            redis_cpu: o(|f| f.redis_cpu),
+            redis_cpu_s_per_10k: o(|f| f.redis_cpu_s_per_10k),
+            redis_peak_rss_mb: rounds
+                .iter()
+                .filter_map(|f| f.redis_peak_rss_mb)
+                .reduce(f64::max),
+            redis_scripts_per_answer: o(|f| f.redis_scripts_per_answer),
+            redis_commands_per_answer: o(|f| f.redis_commands_per_answer),
         }
     }
 }
@@ -396,6 +423,64 @@ pub fn design_targets(cells: &[CellReport]) -> Vec<String> {
     out
 }
 
+/// How every note of [`shared_state`] starts (re-rendering replaces them).
+pub const SHARED_STATE_NOTE: &str = "firewall-redis vs firewall";
+
+/// What sharing budgets and rate limits in Redis costs, per `call` cell
+/// that measured both `firewall` and `firewall-redis` (same config, same
+/// audit, same run): throughput ratio firewall-redis / firewall, added
+/// latency per call at p50 and p99 (µs, medians over rounds), and CPU per
+/// 10,000 calls with Redis's own CPU added to the firewall-redis process's.
+/// The proxy columns count the firewall process only for both; Redis is
+/// measured apart over the same window, as ClickHouse is for the audited
+/// firewalls (whose CPU stays apart for both, since both audit into it).
+pub fn shared_state(cells: &[CellReport]) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in cells.iter().filter(|c| c.scenario == "call") {
+        let find = |name: &str| c.targets.iter().find(|t| t.target == name);
+        let (Some(fw), Some(rd)) = (find("firewall"), find("firewall-redis")) else {
+            continue;
+        };
+        let (a, b) = (&fw.median, &rd.median);
+        let us = |d: f64| {
+            let v = d * 1000.0;
+            if v >= 0.0 {
+                format!("+{v:.0}")
+            } else {
+                format!("{v:.0}")
+            }
+        };
+        let cpu = match (b.cpu_s_per_10k, b.redis_cpu_s_per_10k, a.cpu_s_per_10k) {
+            (Some(p), Some(r), Some(f)) => format!(
+                "; CPU s per 10k calls: {:.2} (firewall-redis {p:.2} + its Redis {r:.2}) vs firewall {f:.2}, x{:.2}",
+                p + r,
+                (p + r) / f.max(1e-9)
+            ),
+            (Some(p), None, Some(f)) => {
+                format!("; CPU s per 10k calls: firewall-redis {p:.2} (Redis not measured) vs firewall {f:.2}")
+            }
+            _ => String::new(),
+        };
+        let commands = b.redis_scripts_per_answer.map_or_else(String::new, |n| {
+            format!("; {n:.2} Redis scripts (EVALSHA) per call")
+        });
+        out.push(format!(
+            "{SHARED_STATE_NOTE}, {}: x{:.2} throughput ({} vs {} rps), {} µs p50 and {} µs p99 per call ({} vs {} ms, {} vs {} ms){cpu}{commands}. Redis's CPU is measured apart like ClickHouse's (its process over the same window) and added here; ClickHouse's, which both audit into, is in neither figure",
+            c.title(),
+            b.rps / a.rps.max(1e-9),
+            k(b.rps),
+            k(a.rps),
+            us(b.p50_ms - a.p50_ms),
+            us(b.p99_ms - a.p99_ms),
+            ms(b.p50_ms),
+            ms(a.p50_ms),
+            ms(b.p99_ms),
+            ms(a.p99_ms),
+        ));
+    }
+    out
+}
+
 fn k(rps: f64) -> String {
     if rps >= 10_000.0 {
         format!("{:.1}k", rps / 1000.0)
@@ -473,11 +558,31 @@ pub fn table(r: &Report) -> String {
                 errors_text(t)
             );
         }
+        for t in &c.targets {
+            if let Some(line) = redis_line(t) {
+                let _ = writeln!(s, "  {line}");
+            }
+        }
     }
     if let Some(a) = &r.audit {
         let _ = writeln!(s, "\naudit: {}", audit_line(a));
     }
     s
+}
+
+/// What the Redis behind `t` used in the cell, if it was measured.
+fn redis_line(t: &TargetReport) -> Option<String> {
+    let m = &t.median;
+    let cpu = m.redis_cpu?;
+    Some(format!(
+        "Redis (same machine, for {}): {:.0} % of a core, {} CPU s per 10k answers, peak RSS {} MB; per answer {} scripts (EVALSHA), {} commands with those the scripts ran",
+        t.target,
+        cpu * 100.0,
+        opt(m.redis_cpu_s_per_10k, 2),
+        opt(m.redis_peak_rss_mb, 1),
+        opt(m.redis_scripts_per_answer, 2),
+        opt(m.redis_commands_per_answer, 1)
+    ))
 }
 
 fn audit_line(a: &AuditSummary) -> String {
@@ -534,6 +639,10 @@ pub fn markdown(r: &Report) -> String {
         (
             "nginx",
             m.nginx.clone().unwrap_or_else(|| "not installed".into()),
+        ),
+        (
+            "shared state (firewall-redis)",
+            m.redis.clone().unwrap_or_else(|| "not measured".into()),
         ),
         (
             "firewall",
@@ -620,12 +729,30 @@ pub fn markdown(r: &Report) -> String {
                 errors_text(t).replace('|', "/"),
             );
         }
-        if let Some(cpu) = c.targets.iter().find_map(|t| t.median.clickhouse_cpu) {
+        let clickhouse: Vec<String> = c
+            .targets
+            .iter()
+            .filter_map(|t| {
+                t.median.clickhouse_cpu.map(|cpu| {
+                    format!(
+                        "{:.0} % of a core while {} ran this cell",
+                        cpu * 100.0,
+                        t.target
+                    )
+                })
+            })
+            .collect();
+        if !clickhouse.is_empty() {
             let _ = writeln!(
                 s,
-                "\nClickHouse (same machine) used {:.0} % of a core while the audited firewall ran this cell.",
-                cpu * 100.0
+                "\nClickHouse (same machine) used {}.",
+                clickhouse.join(", ")
             );
+        }
+        for t in &c.targets {
+            if let Some(line) = redis_line(t) {
+                let _ = writeln!(s, "\n{line}.");
+            }
         }
         let _ = writeln!(s);
     }

@@ -180,3 +180,77 @@ fn reports_round_trip_through_json_for_re_rendering() {
     let back: Report = serde_json::from_str(&old).unwrap();
     assert_eq!(back.cells[0].targets[0].median.clickhouse_cpu, None);
 }
+
+#[test]
+fn the_shared_state_note_compares_firewall_redis_with_firewall_in_call_cells() {
+    let mut call16 = cell();
+    let mut redis = target("firewall-redis", 4_500.0);
+    // firewall: 6k rps, p50 0.40 ms, p99 1.00 ms, 0.60 CPU s / 10k.
+    call16.targets[2].median.p50_ms = 0.40;
+    redis.median.p50_ms = 0.47;
+    redis.median.p99_ms = 1.25;
+    redis.median.cpu_s_per_10k = Some(0.70);
+    redis.median.redis_cpu = Some(0.2);
+    redis.median.redis_cpu_s_per_10k = Some(0.30);
+    redis.median.redis_peak_rss_mb = Some(9.5);
+    redis.median.redis_scripts_per_answer = Some(2.0);
+    redis.median.redis_commands_per_answer = Some(19.0);
+    call16.targets.push(redis);
+    call16.compute_ratios();
+    // Not a call cell, or no firewall-redis: no note.
+    let mut list = call16.clone();
+    list.scenario = "list".into();
+    let notes = shared_state(&[call16.clone(), list, cell()]);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let n = &notes[0];
+    assert!(n.starts_with(SHARED_STATE_NOTE), "{n}");
+    assert!(
+        n.contains("call h1 c=16: x0.75 throughput (4.50k vs 6.00k rps)"),
+        "{n}"
+    );
+    assert!(n.contains("+70 µs p50 and +250 µs p99 per call"), "{n}");
+    // Redis's CPU is added to the firewall-redis process's.
+    assert!(
+        n.contains("1.00 (firewall-redis 0.70 + its Redis 0.30) vs firewall 0.60, x1.67"),
+        "{n}"
+    );
+    assert!(n.contains("2.00 Redis scripts (EVALSHA) per call"), "{n}");
+    assert!(n.contains("measured apart like ClickHouse's"), "{n}");
+    // The renderings show the target and its Redis.
+    let r = Report {
+        meta: Meta {
+            profile: "test".into(),
+            redis: Some("throwaway Redis".into()),
+            ..Meta::default()
+        },
+        cells: vec![call16],
+        audit: None,
+        notes,
+    };
+    let md = markdown(&r);
+    assert!(md.contains("| firewall-redis |"), "{md}");
+    assert!(md.contains("| shared state (firewall-redis) | throwaway Redis |"));
+    assert!(md.contains(
+        "Redis (same machine, for firewall-redis): 20 % of a core, 0.30 CPU s per 10k answers, peak RSS 9.5 MB; per answer 2.00 scripts (EVALSHA), 19.0 commands with those the scripts ran."
+    ));
+    assert!(md.contains("- firewall-redis vs firewall, call h1 c=16"));
+    let t = table(&r);
+    assert!(t.contains("firewall-redis") && t.contains("Redis (same machine"));
+}
+
+#[test]
+fn a_faster_shared_store_shows_as_negative_added_latency() {
+    let mut c = cell();
+    let mut redis = target("firewall-redis", 6_000.0);
+    redis.median.p99_ms = 0.5;
+    redis.median.cpu_s_per_10k = None;
+    c.targets.push(redis);
+    let notes = shared_state(&[c]);
+    assert!(notes[0].contains("x1.00 throughput"), "{}", notes[0]);
+    assert!(
+        notes[0].contains("+0 µs p50 and -500 µs p99"),
+        "{}",
+        notes[0]
+    );
+    assert!(!notes[0].contains("CPU s per 10k"), "{}", notes[0]);
+}

@@ -1,5 +1,6 @@
-//! One bench run: start the upstream, the targets and ClickHouse, drive every
-//! cell in interleaved rounds, collect the figures, stop everything.
+//! One bench run: start the upstream, the targets, ClickHouse and Redis,
+//! drive every cell in interleaved rounds, collect the figures, stop
+//! everything.
 //!
 //! Rounds interleave targets (round *r* starts with target *r* mod *n*), so
 //! drift on a shared machine hits every target alike and the ratios within a
@@ -9,7 +10,9 @@
 //! - every firewall answers a `tools/list` on every route before it is
 //!   measured (its catalog must know the tools it decides on);
 //! - CPU figures cover exactly the measured window; peak RSS is reset
-//!   (`clear_refs`) before each round, so it is that round's peak;
+//!   (`clear_refs`) before each round, so it is that round's peak; the same
+//!   holds for the servers a firewall uses (ClickHouse's CPU, Redis's CPU
+//!   and RSS), reported apart from the proxy's own columns;
 //! - everything started here is stopped here (drop order included).
 
 use std::collections::BTreeMap;
@@ -30,6 +33,7 @@ use crate::load::{self, Endpoint, LoadError, LoadSpec, Phase, Proto};
 use crate::nginx::{Nginx, NginxError};
 use crate::passthrough::Passthrough;
 use crate::procs::{self, Managed, Placement, ProcError};
+use crate::redis::{Redis, RedisError};
 use crate::report::{
     self, AuditLoad, AuditSummary, CellReport, Figures, Meta, Report, TargetReport,
 };
@@ -61,6 +65,9 @@ pub enum RunError {
     /// ClickHouse failed.
     #[error(transparent)]
     ClickHouse(#[from] ClickHouseError),
+    /// Redis failed to start.
+    #[error(transparent)]
+    Redis(#[from] RedisError),
     /// A load could not run.
     #[error("{cell} against {target}: {source}")]
     Load {
@@ -124,6 +131,9 @@ pub enum TargetKind {
     Firewall,
     /// The firewall with audit off.
     FirewallNoAudit,
+    /// The firewall with audit on and budgets and rate limits in a
+    /// throwaway Redis (`[state] backend = "redis"`); not a default target.
+    FirewallRedis,
 }
 
 /// One cell of the plan.
@@ -212,11 +222,13 @@ pub struct Options {
     pub audit_duration: Duration,
 }
 
-/// An audited or unaudited, plain or TLS firewall instance.
+/// An audited or unaudited, plain or TLS firewall instance, with budgets
+/// in memory or in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct FwKey {
     audit: bool,
     tls: bool,
+    redis: bool,
 }
 
 /// Handles to everything running.
@@ -235,6 +247,8 @@ struct World {
     firewalls: BTreeMap<FwKey, Firewall>,
     nginx: Option<Nginx>,
     nginx_failed: bool,
+    redis: Option<Redis>,
+    redis_failed: bool,
     passthrough: Option<Passthrough>,
     client_h1: Arc<rustls::ClientConfig>,
     client_h2: Arc<rustls::ClientConfig>,
@@ -263,6 +277,26 @@ enum Upstream {
 // === impl TargetKind ===
 
 impl TargetKind {
+    /// Every target, in report order.
+    pub const ALL: [TargetKind; 6] = [
+        TargetKind::Direct,
+        TargetKind::Nginx,
+        TargetKind::Hyper,
+        TargetKind::Firewall,
+        TargetKind::FirewallNoAudit,
+        TargetKind::FirewallRedis,
+    ];
+
+    /// What `--targets` defaults to: every target but `firewall-redis`
+    /// (one more firewall column costs a sixth more run time; ask for it).
+    pub const DEFAULT: [TargetKind; 5] = [
+        TargetKind::Direct,
+        TargetKind::Nginx,
+        TargetKind::Hyper,
+        TargetKind::Firewall,
+        TargetKind::FirewallNoAudit,
+    ];
+
     /// Report name.
     pub fn name(self) -> &'static str {
         match self {
@@ -271,20 +305,36 @@ impl TargetKind {
             TargetKind::Hyper => "hyper",
             TargetKind::Firewall => "firewall",
             TargetKind::FirewallNoAudit => "firewall-noaudit",
+            TargetKind::FirewallRedis => "firewall-redis",
         }
     }
 
     /// Parses a report name.
     pub fn parse(s: &str) -> Option<TargetKind> {
-        [
-            TargetKind::Direct,
-            TargetKind::Nginx,
-            TargetKind::Hyper,
-            TargetKind::Firewall,
-            TargetKind::FirewallNoAudit,
-        ]
-        .into_iter()
-        .find(|t| t.name() == s)
+        TargetKind::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// A firewall instance (answers are judged by the firewall's
+    /// expectations).
+    pub fn is_firewall(self) -> bool {
+        matches!(
+            self,
+            TargetKind::Firewall | TargetKind::FirewallNoAudit | TargetKind::FirewallRedis
+        )
+    }
+
+    /// A firewall with audit on.
+    pub fn is_audited(self) -> bool {
+        matches!(self, TargetKind::Firewall | TargetKind::FirewallRedis)
+    }
+
+    /// Its firewall instance for plain or TLS cells, if a firewall.
+    fn firewall_key(self, tls: bool) -> Option<FwKey> {
+        self.is_firewall().then_some(FwKey {
+            audit: self.is_audited(),
+            tls,
+            redis: self == TargetKind::FirewallRedis,
+        })
     }
 }
 
@@ -365,6 +415,7 @@ pub async fn run(opts: Options) -> Result<Report, RunError> {
     world.stop();
     let cells = result?;
     notes.extend(report::design_targets(&cells));
+    notes.extend(report::shared_state(&cells));
     Ok(Report {
         meta,
         cells,
@@ -409,6 +460,8 @@ impl World {
             firewalls: BTreeMap::new(),
             nginx: None,
             nginx_failed: false,
+            redis: None,
+            redis_failed: false,
             passthrough: None,
             client_h1,
             client_h2,
@@ -419,7 +472,7 @@ impl World {
             opts,
         };
         world.upstream = world.start_upstream()?;
-        if world.opts.targets.contains(&TargetKind::Firewall) && world.opts.clickhouse {
+        if world.opts.targets.iter().any(|t| t.is_audited()) && world.opts.clickhouse {
             if ClickHouse::available() {
                 let dir = world.dir.join("clickhouse");
                 let ch = ClickHouse::start(&dir, &world.placement(None))?;
@@ -570,10 +623,24 @@ impl World {
     async fn firewall(&mut self, key: FwKey) -> Result<&mut Firewall, RunError> {
         if !self.firewalls.contains_key(&key) {
             let name = format!(
-                "firewall{}{}",
+                "firewall{}{}{}",
                 if key.audit { "-audit" } else { "-noaudit" },
+                if key.redis { "-redis" } else { "" },
                 if key.tls { "-tls" } else { "" }
             );
+            let state = match (key.redis, &self.redis) {
+                (false, _) => None,
+                (true, Some(r)) => Some(firewall::SharedState {
+                    redis_url: r.url(),
+                    key_prefix: firewall::REDIS_KEY_PREFIX.to_owned(),
+                }),
+                (true, None) => {
+                    return Err(RunError::Died {
+                        name: "redis-server".to_owned(),
+                        log: "not started".to_owned(),
+                    })
+                }
+            };
             let audit = key.audit.then(|| AuditSink {
                 url: match &self.clickhouse {
                     Some(ch) => ch.url(),
@@ -592,6 +659,7 @@ impl World {
                 audit,
                 log_level: self.opts.log_level.clone(),
                 upstream_http2: self.opts.firewall_upstream_http2,
+                state,
             };
             let placement = self.placement(self.opts.pin_proxy.as_deref());
             let fw = Firewall::start(
@@ -676,6 +744,25 @@ impl World {
         Ok(self.nginx.as_ref())
     }
 
+    /// The throwaway Redis of `firewall-redis`, started on first use;
+    /// `None` (and a note) when redis-server is not installed.
+    fn redis(&mut self) -> Result<Option<&mut Redis>, RunError> {
+        if self.redis.is_none() && !self.redis_failed {
+            if Redis::binary().is_none() {
+                self.redis_failed = true;
+                self.notes.push(
+                    "redis-server is not installed (MCPFW_REDIS_BIN names another binary): no firewall-redis column"
+                        .to_owned(),
+                );
+                return Ok(None);
+            }
+            // Like ClickHouse: a server the firewall uses, on every CPU.
+            let r = Redis::start(&self.dir.join("redis"), &self.placement(None))?;
+            self.redis = Some(r);
+        }
+        Ok(self.redis.as_mut())
+    }
+
     fn passthrough(&mut self) -> Result<&Passthrough, RunError> {
         let p = match self.passthrough.take() {
             Some(p) => p,
@@ -731,10 +818,20 @@ impl World {
                 let p = self.passthrough()?;
                 Some((ep(p.addr), vec![p.pid()]))
             }
-            TargetKind::Firewall | TargetKind::FirewallNoAudit => {
-                let key = FwKey {
-                    audit: target == TargetKind::Firewall,
-                    tls: cell.tls,
+            TargetKind::Firewall | TargetKind::FirewallNoAudit | TargetKind::FirewallRedis => {
+                if target == TargetKind::FirewallRedis {
+                    let Some(r) = self.redis()? else {
+                        return Ok(None);
+                    };
+                    if !r.running() {
+                        return Err(RunError::Died {
+                            name: "redis-server".to_owned(),
+                            log: r.log_tail(30),
+                        });
+                    }
+                }
+                let Some(key) = target.firewall_key(cell.tls) else {
+                    return Ok(None);
                 };
                 let fw = self.firewall(key).await?;
                 if !fw.running() {
@@ -749,15 +846,8 @@ impl World {
     }
 
     fn audit_counters(&self, target: TargetKind, cell: &Cell) -> Option<AuditCounters> {
-        if target != TargetKind::Firewall {
-            return None;
-        }
-        self.firewalls
-            .get(&FwKey {
-                audit: true,
-                tls: cell.tls,
-            })
-            .and_then(Firewall::audit_counters)
+        let key = target.firewall_key(cell.tls).filter(|k| k.audit)?;
+        self.firewalls.get(&key).and_then(Firewall::audit_counters)
     }
 
     async fn run_cells(&mut self) -> Result<Vec<CellReport>, RunError> {
@@ -833,14 +923,19 @@ impl World {
         bar: &ProgressBar,
         round: usize,
     ) -> Result<Measured, RunError> {
-        for &p in pids {
+        let redis_pid = self
+            .redis
+            .as_ref()
+            .filter(|_| target == TargetKind::FirewallRedis)
+            .map(Redis::pid);
+        for &p in pids.iter().chain(redis_pid.as_ref()) {
             procs::reset_peak_rss(p);
         }
         let spec = LoadSpec {
             endpoint,
             workload,
             tokens: self.tokens.clone(),
-            firewall: matches!(target, TargetKind::Firewall | TargetKind::FirewallNoAudit),
+            firewall: target.is_firewall(),
             concurrency: cell.concurrency,
             h2_connections: self.opts.h2_connections,
             rate: cell.rate,
@@ -860,13 +955,18 @@ impl World {
             upstream: w.upstream_cpu(),
             loadgen: w.loadgen_cpu(),
             audit: w.audit_counters(target, cell),
-            sink: (target == TargetKind::Firewall)
+            sink: target
+                .is_audited()
                 .then(|| {
                     w.clickhouse
                         .as_ref()
                         .and_then(|c| procs::cpu_seconds(c.pid()).ok())
                 })
                 .flatten(),
+            redis: redis_pid.map(|p| procs::usage(&[p])),
+            redis_commands: redis_pid
+                .and(w.redis.as_ref())
+                .and_then(|r| r.commands().ok()),
         };
         let name = target.name();
         let started = Instant::now();
@@ -906,7 +1006,7 @@ impl World {
         if let (Some(a), Some(b)) = (&window, last.as_ref().or(Some(&end))) {
             let secs = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
             let answers = (report.ok + report.failed).max(1) as f64;
-            if matches!(target, TargetKind::Firewall | TargetKind::FirewallNoAudit) {
+            if target.is_firewall() {
                 let fresh = fresh_runs(
                     base,
                     report.tickets,
@@ -924,6 +1024,17 @@ impl World {
             }
             if let (Some(x), Some(y)) = (a.loadgen, b.loadgen) {
                 figures.loadgen_cpu = Some((y - x) / secs);
+            }
+            if let (Some(x), Some(y)) = (a.redis, b.redis) {
+                figures.redis_cpu = Some((y.cpu_s - x.cpu_s) / secs);
+                figures.redis_cpu_s_per_10k = Some((y.cpu_s - x.cpu_s) / answers * 10_000.0);
+                figures.redis_peak_rss_mb = end.redis.map(|u| u.peak_rss_kb as f64 / 1024.0);
+            }
+            if let (Some(x), Some(y)) = (a.redis_commands, b.redis_commands) {
+                figures.redis_scripts_per_answer =
+                    Some(y.scripts.saturating_sub(x.scripts) as f64 / answers);
+                figures.redis_commands_per_answer =
+                    Some(y.all.saturating_sub(x.all) as f64 / answers);
             }
             if let (Some(x), Some(y)) = (a.audit, b.audit) {
                 let spool = (y.spooled - x.spooled) / secs;
@@ -985,6 +1096,7 @@ impl World {
         let key = FwKey {
             audit: true,
             tls: false,
+            redis: false,
         };
         let counters = |w: &World| {
             w.firewalls
@@ -1167,6 +1279,14 @@ impl World {
                 .nginx
                 .as_ref()
                 .map(|n| format!("{}, worker_processes {}", n.version, n.workers)),
+            redis: self.redis.as_ref().map(|r| {
+                format!(
+                    "throwaway {} on {} (nothing persisted), key prefix `{}`; calls fail closed (-31006) while it cannot be asked",
+                    r.version,
+                    r.addr,
+                    firewall::REDIS_KEY_PREFIX
+                )
+            }),
             release: bin.contains("/release/"),
             firewall_bin: bin,
             rounds: o.rounds,
@@ -1200,6 +1320,10 @@ impl World {
         }
         if let Some(ch) = &mut self.clickhouse {
             ch.stop();
+        }
+        // After the firewalls that use it.
+        if let Some(r) = &mut self.redis {
+            r.stop();
         }
         match &mut self.upstream {
             Upstream::Process { process, .. } => process.stop(Duration::from_secs(2)),
@@ -1261,9 +1385,13 @@ struct Sample {
     upstream: Option<f64>,
     loadgen: Option<f64>,
     audit: Option<AuditCounters>,
-    /// ClickHouse's CPU seconds (audited firewall only): it shares the
+    /// ClickHouse's CPU seconds (audited firewalls only): it shares the
     /// machine, so its ingest cost is reported next to the firewall's.
     sink: Option<f64>,
+    /// Redis's CPU and memory (`firewall-redis` only), likewise.
+    redis: Option<procs::Usage>,
+    /// Commands Redis has executed (`firewall-redis` only).
+    redis_commands: Option<crate::redis::Commands>,
 }
 
 /// One round of one target.
@@ -1457,14 +1585,40 @@ mod tests {
 
     #[test]
     fn target_names_round_trip() {
-        for t in [
-            TargetKind::Direct,
-            TargetKind::Nginx,
-            TargetKind::Firewall,
-            TargetKind::FirewallNoAudit,
-        ] {
+        for t in TargetKind::ALL {
             assert_eq!(TargetKind::parse(t.name()), Some(t));
         }
+        assert_eq!(
+            TargetKind::parse("firewall-redis"),
+            Some(TargetKind::FirewallRedis)
+        );
         assert_eq!(TargetKind::parse("envoy"), None);
+        // firewall-redis is asked for, never a default.
+        assert!(!TargetKind::DEFAULT.contains(&TargetKind::FirewallRedis));
+        assert!(TargetKind::DEFAULT
+            .iter()
+            .all(|t| TargetKind::ALL.contains(t)));
+    }
+
+    #[test]
+    fn each_firewall_target_has_its_own_instance() {
+        let keys: Vec<FwKey> = TargetKind::ALL
+            .into_iter()
+            .filter_map(|t| t.firewall_key(false))
+            .collect();
+        assert_eq!(keys.len(), 3);
+        let redis = TargetKind::FirewallRedis.firewall_key(true).unwrap();
+        assert!(redis.audit && redis.redis && redis.tls);
+        assert_eq!(
+            TargetKind::Firewall.firewall_key(false),
+            Some(FwKey {
+                audit: true,
+                tls: false,
+                redis: false
+            })
+        );
+        assert_eq!(TargetKind::Hyper.firewall_key(false), None);
+        assert!(TargetKind::FirewallRedis.is_audited());
+        assert!(!TargetKind::FirewallNoAudit.is_audited());
     }
 }

@@ -295,7 +295,10 @@ fn not_allowed(method: &Method, allow: &'static str) -> ApiError {
 }
 
 /// The approver behind the request's admin token.
-async fn authenticate(verifier: &Verifier, headers: &HeaderMap) -> Result<Approver, ApiError> {
+pub(crate) async fn authenticate(
+    verifier: &Verifier,
+    headers: &HeaderMap,
+) -> Result<Approver, ApiError> {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let Some(value) = values.next() else {
         return Err(ApiError::MissingToken);
@@ -446,7 +449,7 @@ where
     serde_json::from_slice(&bytes).map_err(ApiError::BadBody)
 }
 
-fn json_response(status: StatusCode, value: &impl Serialize) -> Response<Body> {
+pub(crate) fn json_response(status: StatusCode, value: &impl Serialize) -> Response<Body> {
     let (status, bytes) = match serde_json::to_vec(value) {
         Ok(b) => (status, Bytes::from(b)),
         Err(_) => (

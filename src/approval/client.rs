@@ -292,7 +292,7 @@ impl AdminClient {
         .await
     }
 
-    async fn call<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn call<T: serde::de::DeserializeOwned>(
         &self,
         method: Method,
         path: &str,

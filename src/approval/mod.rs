@@ -1251,6 +1251,20 @@ impl Approvals {
         format!("{}/approvals/{id}", self.public_url.load())
     }
 
+    /// Sends another event through the approvals webhook, if one is
+    /// configured (never waits). `delivery_id` stays the same across
+    /// retries.
+    pub fn notify(&self, event: &'static str, delivery_id: String, body: Value) {
+        if let Some(w) = &self.webhook {
+            w.notify_event(event, delivery_id, &body);
+        }
+    }
+
+    /// The console page (for links to its other sections).
+    pub fn console_url_base(&self) -> String {
+        format!("{}/console", self.public_url.load())
+    }
+
     /// The console page focused on the approval (for a person).
     pub fn console_url(&self, id: &ApprovalId) -> String {
         format!("{}/console#{id}", self.public_url.load())

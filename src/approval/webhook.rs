@@ -145,6 +145,24 @@ impl Webhook {
             self.metrics.webhook_dropped();
         }
     }
+
+    /// Queues another kind of event (a pin drift); never waits.
+    pub(crate) fn notify_event(
+        &self,
+        event: &'static str,
+        delivery_id: String,
+        body: &serde_json::Value,
+    ) {
+        let delivery = Delivery {
+            body: Bytes::from(body.to_string()),
+            event,
+            delivery_id,
+        };
+        if self.tx.try_send(delivery).is_err() {
+            tracing::warn!(event, "webhook queue full; notification dropped");
+            self.metrics.webhook_dropped();
+        }
+    }
 }
 
 async fn dispatch(mut rx: mpsc::Receiver<Delivery>, settings: Arc<Settings>) {

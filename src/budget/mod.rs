@@ -657,7 +657,10 @@ impl Budgets {
                 let shared = self.shared.clone()?;
                 let s = s.clone();
                 let rt = tokio::runtime::Handle::try_current().ok()?;
-                Some(rt.spawn(async move {
+                // Keeping a reservation as charged changes no count: only a
+                // refund or a reported cost is worth waiting for.
+                let changes_counts = !matches!(how, Settle::Executed { reported: None });
+                let task = rt.spawn(async move {
                     let mut wait = Duration::from_millis(20);
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
                     loop {
@@ -673,7 +676,8 @@ impl Budgets {
                             }
                         }
                     }
-                }))
+                });
+                changes_counts.then_some(task)
             }
         }
     }

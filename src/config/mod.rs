@@ -258,6 +258,9 @@ pub struct RawUpstream {
     /// the revision does not define is refused (-32601).
     #[serde(default)]
     pub extra_methods: Vec<RawExtraMethod>,
+    /// Tool-definition pinning: `off`, `record` or `enforce`.
+    #[serde(default)]
+    pub pinning: crate::pins::Mode,
 }
 
 /// `[[upstream.extra_methods]]`: a method the upstream serves beyond MCP.

@@ -146,6 +146,8 @@ pub struct Upstream {
     pub forward_query: bool,
     /// Methods beyond MCP, with their risk.
     pub extra_methods: Vec<ExtraMethod>,
+    /// Tool-definition pinning.
+    pub pinning: crate::pins::Mode,
 }
 
 /// A method an upstream serves beyond MCP.
@@ -709,6 +711,7 @@ impl Validator<'_> {
             extra_methods.push(self.extra_method(&key(&format!("extra_methods[{j}]")), m)?);
         }
         Ok(Upstream {
+            pinning: u.pinning,
             forward_headers,
             forward_query: u.forward_query,
             extra_methods,

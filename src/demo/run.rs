@@ -23,6 +23,9 @@ use super::{spawn, DemoUpstream, UpstreamOptions};
 /// The demo config, with placeholders.
 pub const DEMO_CONFIG: &str = include_str!("../../config/demo.toml");
 
+/// The reviewed definitions of the sample upstream's tools.
+pub const DEMO_PINS: &str = include_str!("../../policies/pins/incidents.toml");
+
 /// The shipped policies, embedded.
 pub const POLICIES: [(&str, &str); 4] = [
     (
@@ -78,12 +81,22 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
         .replace("{{ADMIN}}", &admin.to_string())
         .replace("{{SECRET}}", &secret)
         .replace("{{UPSTREAM_URL}}", &upstream.url());
-    let cfg = config::load_str(
+    let mut cfg = config::load_str(
         &text,
         Path::new("config/demo.toml"),
         Path::new("config"),
         &|_| None,
     )?;
+    // The embedded pins, where accepting a change in the console writes.
+    let pins_dir = approvals_dir.path().join("policy");
+    std::fs::create_dir_all(pins_dir.join(crate::pins::PINS_DIR))
+        .context("a directory for the demo's pins")?;
+    std::fs::write(
+        pins_dir.join(crate::pins::PINS_DIR).join("incidents.toml"),
+        DEMO_PINS,
+    )
+    .context("writing the demo's pins")?;
+    cfg.policy_dir = pins_dir;
     telemetry::init_logging(cfg.log_format, &cfg.log_level);
 
     let sources: Vec<(PathBuf, String)> = POLICIES

@@ -28,7 +28,7 @@ pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -
     let id = msg.id.as_ref()?;
     let tool = msg.call.as_ref().map_or("", |c| c.name.as_str());
     Some(match outcome {
-        Outcome::UnknownTool(_) => error(
+        Outcome::UnknownTool(_) | Outcome::PinRefused(_) => error(
             Some(id),
             jsonrpc::INVALID_PARAMS,
             &format!("Unknown tool: {tool}"),

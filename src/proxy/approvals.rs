@@ -269,6 +269,60 @@ async fn preview(state: &State, approval: &Approval) -> Result<Value, String> {
     super::own_client::call_tool(up, tool, arguments).await
 }
 
+/// Connects pins to the rest of the firewall: every drift becomes an
+/// audit row (with both definitions) and a webhook notification.
+pub fn wire_pins(state: &Arc<State>, pins: &Arc<crate::pins::PinStore>) {
+    let auditor = state.auditor.clone();
+    let approvals = state.approvals.clone();
+    pins.on_drift(Box::new(move |p: &crate::pins::Proposal| {
+        let mut row = AuditRow::new();
+        row.upstream = p.upstream.clone();
+        row.method = "pins".into();
+        row.tool = p.tool.clone();
+        row.decision = "drift".into();
+        row.stop_reason = match p.kind {
+            "changed" => StopReason::PinMismatch,
+            "shadowing" => StopReason::PinShadowing,
+            _ => StopReason::Unpinned,
+        }
+        .as_str()
+        .into();
+        row.reason = match &p.pinned {
+            Some(pin) => format!(
+                "tool definition {} ({}): pinned {} by {}, now {}",
+                p.kind, p.tool, pin.sha256, pin.pinned_by, p.sha256
+            ),
+            None => format!("tool definition {} ({}): {}", p.kind, p.tool, p.sha256),
+        };
+        let definitions = serde_json::json!({
+            "seen": serde_json::from_str::<Value>(&p.definition).unwrap_or(Value::Null),
+            "pinned": p.pinned.as_ref().and_then(|x| serde_json::from_str::<Value>(&x.definition).ok()),
+        });
+        row.arguments = JsonPayload::Value(definitions);
+        let auditor = auditor.clone();
+        tokio::spawn(async move {
+            if let Err(e) = auditor.record_or_fail(row).await {
+                tracing::error!(error = %e, "audit row of a pin drift was not written");
+            }
+        });
+        if let Some(a) = &approvals {
+            a.notify(
+                "pin.drift",
+                format!("{}.{}.{}", p.upstream, p.tool, p.sha256),
+                serde_json::json!({
+                    "event": "pin.drift",
+                    "upstream": p.upstream,
+                    "tool": p.tool,
+                    "kind": p.kind,
+                    "sha256": p.sha256,
+                    "pinned_sha256": p.pinned.as_ref().map(|x| x.sha256.clone()),
+                    "console_url": format!("{}#pins", a.console_url_base()),
+                }),
+            );
+        }
+    }));
+}
+
 fn transition_row(t: &Transition) -> AuditRow {
     let a = &t.approval;
     let mut row = AuditRow::new();

@@ -69,6 +69,10 @@ pub struct RunContext {
     pub sessions: Arc<Sessions>,
     /// True once open streams must end (shutdown).
     pub closing: tokio::sync::watch::Receiver<bool>,
+    /// Reviewed tool definitions.
+    pub pins: Arc<crate::pins::PinStore>,
+    /// Catalog refills (a `list_changed` re-lists at once).
+    pub refills: Arc<super::refill::Refills>,
 }
 
 /// What a decision knows besides the message and the run: the caller's
@@ -189,6 +193,9 @@ pub enum NotPermitted {
 pub enum Outcome {
     /// Hidden or nonexistent tool.
     UnknownTool(Option<Hidden>),
+    /// A tool whose definition is not pinned as listed (answered exactly
+    /// like an unknown tool).
+    PinRefused(crate::pins::Refusal),
     /// A method the revision does not define.
     UnknownMethod,
     /// Refused by a condition or a gate.
@@ -277,6 +284,23 @@ impl Outcome {
                 ),
                 None,
             ),
+            Outcome::PinRefused(r) => {
+                let (stop, why) = match r {
+                    crate::pins::Refusal::Unpinned => (
+                        StopReason::Unpinned,
+                        "no reviewed pin for this tool's definition".to_owned(),
+                    ),
+                    crate::pins::Refusal::Mismatch => (
+                        StopReason::PinMismatch,
+                        "the tool's definition differs from its pin".to_owned(),
+                    ),
+                    crate::pins::Refusal::Shadows(other) => (
+                        StopReason::PinShadowing,
+                        format!("the name imitates pinned tool {other:?}"),
+                    ),
+                };
+                facts(DecisionKind::Hidden, stop, why, None)
+            }
             Outcome::UnknownMethod => facts(
                 DecisionKind::Deny,
                 StopReason::Denied,
@@ -515,6 +539,16 @@ impl RunContext {
         let Some(entry) = self.catalogs.get(&self.upstream.config.name, tool) else {
             return unknown(None);
         };
+        // A definition nobody reviewed (or a name imitating a reviewed one)
+        // does not exist for the run either.
+        if let Err(refusal) = self.pins.check(
+            self.upstream.config.pinning,
+            &self.upstream.config.name,
+            tool,
+            &entry.sha256,
+        ) {
+            return Outcome::PinRefused(refusal).into();
+        }
         let arguments: Value = match &call.arguments {
             Some(raw) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
             None => Value::Object(Default::default()),

@@ -118,7 +118,9 @@ pub struct State {
     /// Masks secrets in arguments shown to approvers.
     pub redactor: Arc<Redactor>,
     /// Catalog refills for calls naming tools not seen listed.
-    pub refills: refill::Refills,
+    pub refills: Arc<refill::Refills>,
+    /// Reviewed tool definitions.
+    pub pins: Arc<crate::pins::PinStore>,
     /// Seals session ids, event ids and request states.
     pub sessions: Arc<Sessions>,
     /// Calls held for approval.
@@ -153,6 +155,7 @@ impl State {
         auditor: Auditor,
         metrics: Arc<Metrics>,
         approvals: Option<Arc<Approvals>>,
+        pins: Arc<crate::pins::PinStore>,
     ) -> Result<State, StateError> {
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
@@ -183,7 +186,8 @@ impl State {
             metrics,
             approvals,
             redactor,
-            refills: refill::Refills::default(),
+            refills: Arc::new(refill::Refills::default()),
+            pins,
             sessions,
             closing: tokio::sync::watch::Sender::new(false),
         })
@@ -282,7 +286,10 @@ async fn post(
 
     // Step 7: a catalog that knows the tools called.
     if parsed.calls_unseen_tools(&run) {
-        state.refills.refill(&run.catalogs, &run.upstream).await;
+        state
+            .refills
+            .refill(&run.catalogs, &run.upstream, &run.pins)
+            .await;
     }
 
     // Step 8: decide each message on its own, without I/O.
@@ -577,6 +584,8 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
         redactor: state.redactor.clone(),
         sessions: state.sessions.clone(),
         closing: state.closing.subscribe(),
+        pins: state.pins.clone(),
+        refills: state.refills.clone(),
     })
 }
 

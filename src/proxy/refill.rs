@@ -38,7 +38,12 @@ impl Refills {
     /// Fetches the upstream's tool list into `catalogs`, unless a refill of
     /// this upstream ran less than [`MIN_INTERVAL`] ago. Returns how many
     /// tools were recorded (0 when skipped or failed).
-    pub async fn refill(&self, catalogs: &Catalogs, up: &UpstreamClient) -> usize {
+    pub async fn refill(
+        &self,
+        catalogs: &Catalogs,
+        up: &UpstreamClient,
+        pins: &crate::pins::PinStore,
+    ) -> usize {
         let name = &up.config.name;
         let gate = match self.last.get(name) {
             Some(g) => g.clone(),
@@ -61,7 +66,15 @@ impl Refills {
         let mut recorded = 0;
         for page in &pages {
             let outcome = rewrite::tools_list(page, |t| {
-                catalogs.record_listed(name, t);
+                let entry = catalogs.record_listed(name, t);
+                // Drift is noticed here too, not only when a client lists.
+                let _ = pins.observe(
+                    up.config.pinning,
+                    name,
+                    t.name,
+                    &entry.sha256,
+                    &entry.definition,
+                );
                 recorded += 1;
                 None
             });

@@ -745,6 +745,16 @@ impl Exchange {
                     if let Some(shared) = self.run.budgets.store() {
                         crate::catalog::announce_list_changed(shared.redis(), upstream);
                     }
+                    // Re-list at once: a changed definition is compared
+                    // with its pin before any client lists again.
+                    if self.run.upstream.config.pinning != crate::pins::Mode::Off {
+                        let run = self.run.clone();
+                        tokio::spawn(async move {
+                            run.refills
+                                .refill(&run.catalogs, &run.upstream, &run.pins)
+                                .await;
+                        });
+                    }
                     Ok(Pass::Same)
                 }
                 Some("notifications/progress") => Ok(self.shift_progress(raw)),
@@ -794,7 +804,8 @@ impl Exchange {
             .catalogs
             .view(
                 &cx.upstream.config.name,
-                cx.policy.generation(),
+                // Views depend on the policy and the pins in force.
+                cx.policy.generation() ^ cx.pins.generation().rotate_left(32),
                 &cx.authority,
                 result,
                 || rewrite::tools_result(result, |t| self.listed_tool(t)),
@@ -821,6 +832,19 @@ impl Exchange {
         let cx = &self.run;
         let up = &cx.upstream.config;
         let entry = cx.catalogs.record_listed(&up.name, t);
+        if cx
+            .pins
+            .observe(
+                up.pinning,
+                &up.name,
+                t.name,
+                &entry.sha256,
+                &entry.definition,
+            )
+            .is_err()
+        {
+            return None;
+        }
         if entry.param_headers().violation().is_some() {
             // MCP clients must drop tools with invalid x-mcp-header
             // annotations; the firewall drops them first.

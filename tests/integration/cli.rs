@@ -49,12 +49,7 @@ fn staged(name: &str) -> tempfile::TempDir {
         "k8s-token\n",
     )
     .unwrap();
-    let policies = dir.path().join("policies");
-    std::fs::create_dir_all(&policies).unwrap();
-    for e in std::fs::read_dir(common::shipped_policies()).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, policies.join(p.file_name().unwrap())).unwrap();
-    }
+    common::copy_policies(&common::shipped_policies(), &dir.path().join("policies"));
     dir
 }
 

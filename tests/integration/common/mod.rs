@@ -52,17 +52,29 @@ pub fn shipped_policies() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")
 }
 
-/// A temporary policy directory: the shipped files plus `extra` (name, text).
+/// A temporary policy directory: the shipped files (and pins) plus `extra`
+/// (name, text).
 pub fn policy_dir(extra: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
-    for e in std::fs::read_dir(shipped_policies()).expect("policies/") {
-        let p = e.expect("entry").path();
-        std::fs::copy(&p, dir.path().join(p.file_name().expect("name"))).expect("copy policy");
-    }
+    copy_policies(&shipped_policies(), dir.path());
     for (name, text) in extra {
         std::fs::write(dir.path().join(name), text).expect("write policy");
     }
     dir
+}
+
+/// Copies a policy directory (files, and the `pins/` directory).
+pub fn copy_policies(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("policy dir");
+    for e in std::fs::read_dir(from).expect("policies/") {
+        let p = e.expect("entry").path();
+        let target = to.join(p.file_name().expect("name"));
+        if p.is_dir() {
+            copy_policies(&p, &target);
+        } else {
+            std::fs::copy(&p, target).expect("copy policy");
+        }
+    }
 }
 
 /// The `[auth]` and `[policy]` sections every test config shares: an HS256

@@ -1,0 +1,210 @@
+//! `mcp-firewall pins …`: reviewing tool definitions from a terminal.
+//!
+//! - `pins diff` lists the definitions waiting for review on a running
+//!   firewall, each with a diff against its pin;
+//! - `pins accept UPSTREAM TOOL SHA256` / `pins reject …` decide one (the
+//!   hash is the one `diff` showed, so nothing unseen is accepted);
+//! - `pins record --config FILE --upstream NAME` lists the live upstream
+//!   itself (with the config's credentials) and writes a pin for every
+//!   tool into `pins/NAME.toml` for the security team to review and commit.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use http::Method;
+use serde_json::Value;
+
+use crate::approval::client::{AdminClient, ClientError};
+use crate::config::Config;
+
+use super::api::{ReviewBody, ReviewList};
+
+/// `mcp-firewall pins …`.
+#[derive(clap::Args)]
+pub struct PinsArgs {
+    /// The firewall's admin listener (diff, accept, reject).
+    #[arg(
+        long,
+        env = "MCP_FIREWALL_ADMIN_URL",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub admin: String,
+    /// An admin token with the `pins` scope (diff, accept, reject).
+    #[arg(
+        long,
+        env = "MCP_FIREWALL_ADMIN_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub token: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: PinsCommand,
+}
+
+/// The pins subcommands.
+#[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum PinsCommand {
+    /// Show the definitions waiting for review, with a diff against the pin.
+    Diff,
+    /// Pin a pending definition.
+    Accept {
+        /// The upstream.
+        upstream: String,
+        /// The tool.
+        tool: String,
+        /// The definition's SHA-256, as `diff` shows it.
+        sha256: String,
+    },
+    /// Keep a pending definition refused.
+    Reject {
+        /// The upstream.
+        upstream: String,
+        /// The tool.
+        tool: String,
+        /// The definition's SHA-256, as `diff` shows it.
+        sha256: String,
+    },
+    /// List a live upstream and write a pin for each of its tools.
+    Record {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: std::path::PathBuf,
+        /// The upstream's route name.
+        #[arg(long)]
+        upstream: String,
+        /// Who pins (recorded in the file).
+        #[arg(long, env = "USER", default_value = "mcp-firewall pins record")]
+        by: String,
+    },
+}
+
+/// Runs one subcommand and returns the text to print.
+pub async fn run(args: &PinsArgs) -> anyhow::Result<String> {
+    match &args.command {
+        PinsCommand::Record {
+            config,
+            upstream,
+            by,
+        } => {
+            let cfg = crate::config::load(config)?;
+            record(&cfg, upstream, by).await
+        }
+        PinsCommand::Diff => {
+            let client = AdminClient::new(&args.admin, &args.token)?;
+            let list: ReviewList = client.call(Method::GET, "/pins", None).await?;
+            Ok(render(&list))
+        }
+        PinsCommand::Accept {
+            upstream,
+            tool,
+            sha256,
+        }
+        | PinsCommand::Reject {
+            upstream,
+            tool,
+            sha256,
+        } => {
+            let action = match args.command {
+                PinsCommand::Accept { .. } => "accept",
+                _ => "reject",
+            };
+            let client = AdminClient::new(&args.admin, &args.token)?;
+            let body = serde_json::to_vec(&ReviewBody {
+                sha256: sha256.clone(),
+            })?;
+            let path = format!("/pins/{}/{}/{action}", encode(upstream), encode(tool));
+            let v: Value = client
+                .call(Method::POST, &path, Some(Bytes::from(body)))
+                .await
+                .map_err(|e: ClientError| anyhow::anyhow!(e))?;
+            Ok(format!(
+                "{upstream}/{tool} {sha256}: {}\n",
+                v["status"].as_str().unwrap_or("done")
+            ))
+        }
+    }
+}
+
+/// Lists `upstream` and writes a pin for every tool into the config's
+/// policy directory.
+pub async fn record(cfg: &Config, upstream: &str, by: &str) -> anyhow::Result<String> {
+    let tools = live_tools(cfg, upstream).await?;
+    let dir = cfg.policy_dir.join(super::PINS_DIR);
+    let pins: Vec<(String, super::Pin)> = tools
+        .iter()
+        .map(|(name, def)| (name.clone(), super::pin_of(def, by)))
+        .collect();
+    let n = pins.len();
+    super::write_pins(&dir, upstream, pins)?;
+    Ok(format!(
+        "{n} tools of {upstream} pinned in {}: review and commit it\n",
+        dir.join(format!("{upstream}.toml")).display()
+    ))
+}
+
+/// Every tool of the live upstream (all pages), by name.
+pub async fn live_tools(cfg: &Config, upstream: &str) -> anyhow::Result<Vec<(String, Value)>> {
+    let up = cfg
+        .upstreams
+        .iter()
+        .find(|u| u.name == upstream)
+        .ok_or_else(|| anyhow::anyhow!("no upstream {upstream:?} in the config"))?;
+    let client = crate::proxy::upstream::UpstreamClient::new(up.clone())?;
+    let pages = crate::proxy::own_client::list_tools(&client)
+        .await
+        .map_err(|e| anyhow::anyhow!("listing {upstream}: {e}"))?;
+    let mut out = Vec::new();
+    for page in pages {
+        let v: Value = serde_json::from_str(&page)?;
+        for t in v["result"]["tools"].as_array().into_iter().flatten() {
+            if let Some(name) = t["name"].as_str() {
+                out.push((name.to_owned(), t.clone()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The pending reviews as text.
+pub fn render(list: &ReviewList) -> String {
+    if list.pending.is_empty() {
+        return "no tool definitions waiting for review\n".to_owned();
+    }
+    let mut out = String::new();
+    for r in &list.pending {
+        let _ = writeln!(
+            out,
+            "{}/{}  {}  sha256 {}{}",
+            r.upstream,
+            r.tool,
+            r.kind,
+            r.sha256,
+            r.pinned_by
+                .as_ref()
+                .map(|b| format!("  (pinned by {b})"))
+                .unwrap_or_default()
+        );
+        for line in r.diff.lines() {
+            let _ = writeln!(out, "    {line}");
+        }
+        let _ = writeln!(
+            out,
+            "  accept: mcp-firewall pins accept {} {} {}\n",
+            r.upstream, r.tool, r.sha256
+        );
+    }
+    out
+}
