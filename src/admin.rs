@@ -131,6 +131,10 @@ pub async fn handle(
             }
             return Ok(text(StatusCode::NOT_FOUND, "not found\n"));
         }
+    } else if req.uri().path() == "/console" && matches!(*req.method(), Method::GET | Method::HEAD)
+    {
+        // The console also reviews pins, with or without approvals.
+        return Ok(crate::approval::console::page());
     }
     let resp = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),

@@ -72,6 +72,9 @@ pub struct Catalogs {
     epoch: AtomicU64,
     /// The last `tools/list` result of each upstream and its views.
     listings: DashMap<String, Arc<Listing>>,
+    /// Upstreams cleared since their last refill: the next refill runs
+    /// whenever the last one was (the upstream said its list changed).
+    stale: dashmap::DashSet<String>,
 }
 
 /// One upstream's last `tools/list` result and what each authority saw of it.
@@ -154,11 +157,18 @@ impl Catalogs {
 
     /// Forgets an upstream's tools (its list changed).
     pub fn clear(&self, upstream: &str) {
+        self.stale.insert(upstream.to_owned());
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.listings.remove(upstream);
         if let Some(c) = self.by_upstream.get(upstream) {
             c.clear();
         }
+    }
+
+    /// Whether `upstream` was cleared since this was last asked (a refill
+    /// asks before it decides whether it may run).
+    pub fn take_stale(&self, upstream: &str) -> bool {
+        self.stale.remove(upstream).is_some()
     }
 
     /// Forgets the tools of upstreams whose listing is older than `ttl`: a

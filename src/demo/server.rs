@@ -312,6 +312,27 @@ impl DemoUpstream {
         self.shared.rename_tool(from, to).await
     }
 
+    /// Changes a tool's definition (description, schemas, annotations…) and
+    /// keeps its behaviour. Connected clients are told the tool list changed.
+    ///
+    /// # Errors
+    ///
+    /// [`ToolCatalogError::UnknownTool`] if it does not exist.
+    pub async fn edit_tool(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut Tool),
+    ) -> Result<(), ToolCatalogError> {
+        self.shared.edit_tool(name, edit).await
+    }
+
+    /// Serves `tools/list` in pages of `n` tools (0: one page).
+    pub fn set_page_size(&self, n: usize) {
+        self.shared
+            .page_size
+            .store(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Unregisters a tool. Connected clients are told the tool list changed.
     ///
     /// # Errors

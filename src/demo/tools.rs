@@ -155,7 +155,23 @@ pub(crate) struct Shared {
     /// Bumped on every catalog change; each 2026-07-28 `subscriptions/listen`
     /// stream watches it.
     tools_changed: tokio::sync::watch::Sender<u64>,
+    /// Tools per `tools/list` page (0: one page).
+    pub(crate) page_size: AtomicU64,
     behaviour: Behaviour,
+}
+
+/// A copy of the route of registered tool `name`.
+fn route_of(
+    router: &ToolRouter<DemoTools>,
+    name: &str,
+) -> Result<ToolRoute<DemoTools>, ToolCatalogError> {
+    router
+        .map
+        .get(name)
+        .cloned()
+        .ok_or_else(|| ToolCatalogError::UnknownTool {
+            name: name.to_owned(),
+        })
 }
 
 impl Shared {
@@ -172,6 +188,7 @@ impl Shared {
             total: AtomicU64::new(0),
             sessions: Mutex::new(Vec::new()),
             tools_changed: tokio::sync::watch::Sender::new(0),
+            page_size: AtomicU64::new(0),
             behaviour,
         }
     }
@@ -265,14 +282,7 @@ impl Shared {
 
     pub(crate) async fn rename_tool(&self, from: &str, to: &str) -> Result<(), ToolCatalogError> {
         self.edit_catalog(|router| {
-            let mut route =
-                router
-                    .map
-                    .get(from)
-                    .cloned()
-                    .ok_or_else(|| ToolCatalogError::UnknownTool {
-                        name: from.to_owned(),
-                    })?;
+            let mut route = route_of(router, from)?;
             if router.has_route(to) {
                 return Err(ToolCatalogError::ToolExists {
                     name: to.to_owned(),
@@ -280,6 +290,21 @@ impl Shared {
             }
             router.remove_route(from);
             route.attr.name = Cow::Owned(to.to_owned());
+            router.add_route(route);
+            Ok(())
+        })
+        .await
+    }
+
+    pub(crate) async fn edit_tool(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut Tool),
+    ) -> Result<(), ToolCatalogError> {
+        self.edit_catalog(|router| {
+            let mut route = route_of(router, name)?;
+            edit(&mut route.attr);
+            router.remove_route(name);
             router.add_route(route);
             Ok(())
         })
@@ -1146,19 +1171,32 @@ impl ServerHandler for DemoTools {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let modern = is_modern(&context);
+        let all = self.shared.catalog.load().tools.clone();
+        let page = self.shared.page_size.load(Ordering::Relaxed) as usize;
+        let start: usize = request
+            .and_then(|r| r.cursor)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let (tools, next_cursor) = if page == 0 {
+            (all, None)
+        } else {
+            let end = (start + page).min(all.len());
+            let tools = all.get(start.min(end)..end).unwrap_or_default().to_vec();
+            (tools, (end < all.len()).then(|| end.to_string()))
+        };
         Ok(ListToolsResult {
             result_type: Some(ResultType::COMPLETE),
             meta: None,
-            next_cursor: None,
+            next_cursor,
             // The list can change at runtime, so it is never fresh for long;
             // it does not depend on who asks, so caches may share it.
             ttl_ms: modern.then_some(0),
             cache_scope: modern.then_some(CacheScope::Public),
-            tools: self.shared.catalog.load().tools.clone(),
+            tools,
         })
     }
 

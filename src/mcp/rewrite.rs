@@ -244,13 +244,14 @@ fn rewrite_tool(
 
 /// Rewrites a complete JSON-RPC response to a `prompts/list`,
 /// `resources/list` or `resources/templates/list`: keeps the entries of
-/// `array` whose string `key` (name, uri, uriTemplate) `keep` accepts. Other
+/// `array` whose string `key` (name, uri, uriTemplate) `keep` accepts (given
+/// the name and the entry's JSON). Other
 /// fields are copied; `cacheScope` becomes private like for tools.
 pub fn named_list(
     response: &str,
     array: &str,
     key: &str,
-    mut keep: impl FnMut(&str) -> bool,
+    mut keep: impl FnMut(&str, &RawValue) -> bool,
 ) -> Result<String, RewriteError> {
     with_result(response, |result, out| {
         let fields: BTreeMap<&str, &RawValue> =
@@ -276,7 +277,7 @@ pub fn named_list(
                             .get(key)
                             .and_then(|n| serde_json::from_str(n.get()).ok())
                             .ok_or(RewriteError::NoName)?;
-                        if keep(&name) {
+                        if keep(&name, item) {
                             sep(out, &mut first_item);
                             out.push_str(item.get());
                         }
@@ -426,7 +427,7 @@ mod tests {
     #[test]
     fn named_lists_keep_only_permitted_entries() {
         let r = json!({"jsonrpc":"2.0","id":1,"result":{"resources":[{"uri":"a://1","name":"x"},{"uri":"secret://2","name":"y"}],"cacheScope":"public"}}).to_string();
-        let out = named_list(&r, "resources", "uri", |u| !u.starts_with("secret://")).unwrap();
+        let out = named_list(&r, "resources", "uri", |u, _| !u.starts_with("secret://")).unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(
             v["result"]["resources"],
@@ -437,7 +438,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
             "prompts",
             "name",
-            |_| true
+            |_, _| true
         )
         .is_err());
     }

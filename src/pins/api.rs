@@ -3,8 +3,11 @@
 //! | method and path | answer |
 //! |---|---|
 //! | `GET /pins` | pending reviews: per tool the definition seen and the one pinned, with a line diff |
-//! | `POST /pins/{upstream}/{tool}/accept` | body `{"sha256": "…"}`: pin that definition (written to `pins/<upstream>.toml`) |
-//! | `POST /pins/{upstream}/{tool}/reject` | body `{"sha256": "…"}`: keep it refused, stop proposing it |
+//! | `POST /pins/{upstream}/{name}/accept` | body `{"sha256": "…", "subject": "tool"}`: pin that definition (written to `pins/<upstream>.toml`) |
+//! | `POST /pins/{upstream}/{name}/reject` | body `{"sha256": "…", "subject": "tool"}`: keep it refused, stop proposing it |
+//!
+//! `subject` is `tool` (the default), `prompt` or `resource_template`; a
+//! template's name is its URI template, percent-encoded in the path.
 //!
 //! Every request needs an admin-audience token carrying the `pins` scope
 //! (pins are the security team's, not a tenant's); the hash in the body
@@ -24,7 +27,7 @@ use crate::approval::api::{authenticate, json_response, ApiError};
 use crate::auth::Verifier;
 use crate::proxy::body::{Body, BoxError};
 
-use super::{PinStore, Proposal, ReviewError};
+use super::{PinStore, Proposal, ReviewError, Subject};
 
 /// The scope an admin token needs for `/pins`.
 pub const SCOPE: &str = "pins";
@@ -34,7 +37,10 @@ pub const SCOPE: &str = "pins";
 pub struct ReviewView {
     /// The upstream.
     pub upstream: String,
-    /// The tool.
+    /// `tool`, `prompt` or `resource_template`.
+    #[serde(default = "tool_subject")]
+    pub subject: String,
+    /// The tool's or prompt's name, or the template's URI template.
     pub tool: String,
     /// `new`, `changed` or `shadowing`.
     pub kind: String,
@@ -66,6 +72,13 @@ pub struct ReviewList {
 pub struct ReviewBody {
     /// The definition's hash, as shown.
     pub sha256: String,
+    /// What is reviewed (default: a tool).
+    #[serde(default)]
+    pub subject: Subject,
+}
+
+fn tool_subject() -> String {
+    Subject::Tool.as_str().to_owned()
 }
 
 /// Whether `path` is this API's.
@@ -127,17 +140,17 @@ where
             let (upstream, tool, accept) = (decode(upstream), decode(tool), *action == "accept");
             let body = read_body(req).await?;
             let result = if accept {
-                pins.accept(&upstream, &tool, &body.sha256, &who.subject)
+                pins.accept(&upstream, body.subject, &tool, &body.sha256, &who.subject)
                     .map(|_| ())
             } else {
-                pins.reject(&upstream, &tool, &body.sha256)
+                pins.reject(&upstream, body.subject, &tool, &body.sha256)
             };
             match result {
                 Ok(()) => {
                     tracing::info!(%upstream, %tool, sha256 = %body.sha256, by = %who.subject, accepted = accept, "pin review");
                     Ok(json_response(
                         StatusCode::OK,
-                        &json!({"upstream": upstream, "tool": tool, "sha256": body.sha256,
+                        &json!({"upstream": upstream, "subject": body.subject.as_str(), "tool": tool, "sha256": body.sha256,
                                 "status": if accept { "pinned" } else { "rejected" }}),
                     ))
                 }
@@ -215,6 +228,7 @@ fn view(p: &Proposal) -> ReviewView {
     let pinned = p.pinned.as_ref().map(|pin| pretty(&pin.definition));
     ReviewView {
         upstream: p.upstream.clone(),
+        subject: p.subject.as_str().to_owned(),
         tool: p.tool.clone(),
         kind: p.kind.to_owned(),
         sha256: p.sha256.clone(),

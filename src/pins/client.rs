@@ -18,6 +18,7 @@ use crate::approval::client::{AdminClient, ClientError};
 use crate::config::Config;
 
 use super::api::{ReviewBody, ReviewList};
+use super::Subject;
 
 /// `mcp-firewall pins …`.
 #[derive(clap::Args)]
@@ -51,19 +52,25 @@ pub enum PinsCommand {
     Accept {
         /// The upstream.
         upstream: String,
-        /// The tool.
+        /// The tool (or prompt, or URI template).
         tool: String,
         /// The definition's SHA-256, as `diff` shows it.
         sha256: String,
+        /// `tool`, `prompt` or `resource_template`.
+        #[arg(long, default_value = "tool")]
+        subject: String,
     },
     /// Keep a pending definition refused.
     Reject {
         /// The upstream.
         upstream: String,
-        /// The tool.
+        /// The tool (or prompt, or URI template).
         tool: String,
         /// The definition's SHA-256, as `diff` shows it.
         sha256: String,
+        /// `tool`, `prompt` or `resource_template`.
+        #[arg(long, default_value = "tool")]
+        subject: String,
     },
     /// List a live upstream and write a pin for each of its tools.
     Record {
@@ -99,12 +106,17 @@ pub async fn run(args: &PinsArgs) -> anyhow::Result<String> {
             upstream,
             tool,
             sha256,
+            subject,
         }
         | PinsCommand::Reject {
             upstream,
             tool,
             sha256,
+            subject,
         } => {
+            let subject = Subject::parse(subject).ok_or_else(|| {
+                anyhow::anyhow!("--subject must be tool, prompt or resource_template")
+            })?;
             let action = match args.command {
                 PinsCommand::Accept { .. } => "accept",
                 _ => "reject",
@@ -112,6 +124,7 @@ pub async fn run(args: &PinsArgs) -> anyhow::Result<String> {
             let client = AdminClient::new(&args.admin, &args.token)?;
             let body = serde_json::to_vec(&ReviewBody {
                 sha256: sha256.clone(),
+                subject,
             })?;
             let path = format!("/pins/{}/{}/{action}", encode(upstream), encode(tool));
             let v: Value = client
@@ -126,39 +139,72 @@ pub async fn run(args: &PinsArgs) -> anyhow::Result<String> {
     }
 }
 
-/// Lists `upstream` and writes a pin for every tool into the config's
-/// policy directory.
+/// Lists `upstream` and writes a pin for every tool (and every prompt and
+/// resource template, when it lists them) into the config's policy
+/// directory.
 pub async fn record(cfg: &Config, upstream: &str, by: &str) -> anyhow::Result<String> {
-    let tools = live_tools(cfg, upstream).await?;
+    let client = upstream_client(cfg, upstream)?;
+    let mut pins: Vec<(Subject, String, super::Pin)> = Vec::new();
+    let mut counts = Vec::new();
+    for subject in [Subject::Tool, Subject::Prompt, Subject::ResourceTemplate] {
+        let listed = match live(&client, subject).await {
+            Ok(v) => v,
+            // Tools are required; the rest only when the upstream has them.
+            Err(e) if subject == Subject::Tool => return Err(e),
+            Err(_) => continue,
+        };
+        counts.push(format!("{} {}s", listed.len(), subject.as_str()));
+        pins.extend(
+            listed
+                .iter()
+                .map(|(name, def)| (subject, name.clone(), super::pin_of(def, by))),
+        );
+    }
     let dir = cfg.policy_dir.join(super::PINS_DIR);
-    let pins: Vec<(String, super::Pin)> = tools
-        .iter()
-        .map(|(name, def)| (name.clone(), super::pin_of(def, by)))
-        .collect();
-    let n = pins.len();
     super::write_pins(&dir, upstream, pins)?;
     Ok(format!(
-        "{n} tools of {upstream} pinned in {}: review and commit it\n",
+        "{} of {upstream} pinned in {}: review and commit it\n",
+        counts.join(", "),
         dir.join(format!("{upstream}.toml")).display()
     ))
 }
 
-/// Every tool of the live upstream (all pages), by name.
-pub async fn live_tools(cfg: &Config, upstream: &str) -> anyhow::Result<Vec<(String, Value)>> {
+fn upstream_client(
+    cfg: &Config,
+    upstream: &str,
+) -> anyhow::Result<crate::proxy::upstream::UpstreamClient> {
     let up = cfg
         .upstreams
         .iter()
         .find(|u| u.name == upstream)
         .ok_or_else(|| anyhow::anyhow!("no upstream {upstream:?} in the config"))?;
-    let client = crate::proxy::upstream::UpstreamClient::new(up.clone())?;
-    let pages = crate::proxy::own_client::list_tools(&client)
+    Ok(crate::proxy::upstream::UpstreamClient::new(up.clone())?)
+}
+
+/// Every tool of the live upstream (all pages), by name.
+pub async fn live_tools(cfg: &Config, upstream: &str) -> anyhow::Result<Vec<(String, Value)>> {
+    live(&upstream_client(cfg, upstream)?, Subject::Tool).await
+}
+
+/// Every definition of `subject` the live upstream lists (all pages), by
+/// name.
+async fn live(
+    client: &crate::proxy::upstream::UpstreamClient,
+    subject: Subject,
+) -> anyhow::Result<Vec<(String, Value)>> {
+    let (method, array) = match subject {
+        Subject::Tool => ("tools/list", "tools"),
+        Subject::Prompt => ("prompts/list", "prompts"),
+        Subject::ResourceTemplate => ("resources/templates/list", "resourceTemplates"),
+    };
+    let pages = crate::proxy::own_client::list_pages(client, method)
         .await
-        .map_err(|e| anyhow::anyhow!("listing {upstream}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("{method}: {e}"))?;
     let mut out = Vec::new();
     for page in pages {
         let v: Value = serde_json::from_str(&page)?;
-        for t in v["result"]["tools"].as_array().into_iter().flatten() {
-            if let Some(name) = t["name"].as_str() {
+        for t in v["result"][array].as_array().into_iter().flatten() {
+            if let Some(name) = t[subject.key()].as_str() {
                 out.push((name.to_owned(), t.clone()));
             }
         }
@@ -185,9 +231,13 @@ pub fn render(list: &ReviewList) -> String {
     }
     let mut out = String::new();
     for r in &list.pending {
+        let subject = match r.subject.as_str() {
+            "tool" => String::new(),
+            other => format!("{other} "),
+        };
         let _ = writeln!(
             out,
-            "{}/{}  {}  sha256 {}{}",
+            "{subject}{}/{}  {}  sha256 {}{}",
             r.upstream,
             r.tool,
             r.kind,
@@ -200,9 +250,13 @@ pub fn render(list: &ReviewList) -> String {
         for line in r.diff.lines() {
             let _ = writeln!(out, "    {line}");
         }
+        let flag = match r.subject.as_str() {
+            "tool" => String::new(),
+            other => format!(" --subject {other}"),
+        };
         let _ = writeln!(
             out,
-            "  accept: mcp-firewall pins accept {} {} {}\n",
+            "  accept: mcp-firewall pins accept {} {} {}{flag}\n",
             r.upstream, r.tool, r.sha256
         );
     }

@@ -28,6 +28,11 @@
 //! review with the pinned and the new definition side by side, accepted or
 //! rejected through the admin API ([`api`]), the console or `mcp-firewall
 //! pins`. Accepting writes the pin file.
+//!
+//! Prompts and resource templates are pinned the same way ([`Subject`]):
+//! their descriptions reach the model too. A changed or unpinned one is
+//! hidden from `prompts/list` / `resources/templates/list` in `enforce`,
+//! and a prompt is refused on `prompts/get` like an unknown prompt.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -62,6 +67,64 @@ pub enum Mode {
     Enforce,
 }
 
+/// What a pin covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Subject {
+    /// A tool (`tools/list`), named by `name`.
+    #[default]
+    Tool,
+    /// A prompt (`prompts/list`), named by `name`.
+    Prompt,
+    /// A resource template (`resources/templates/list`), named by
+    /// `uriTemplate`.
+    ResourceTemplate,
+}
+
+impl Subject {
+    /// `tool`, `prompt`, `resource_template`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Subject::Tool => "tool",
+            Subject::Prompt => "prompt",
+            Subject::ResourceTemplate => "resource_template",
+        }
+    }
+
+    /// Parses [`Subject::as_str`].
+    pub fn parse(s: &str) -> Option<Subject> {
+        [Subject::Tool, Subject::Prompt, Subject::ResourceTemplate]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+    }
+
+    /// The member of a listed definition that names it.
+    pub fn key(self) -> &'static str {
+        match self {
+            Subject::Tool | Subject::Prompt => "name",
+            Subject::ResourceTemplate => "uriTemplate",
+        }
+    }
+
+    /// Its table in a pin file.
+    fn table(self) -> &'static str {
+        match self {
+            Subject::Tool => "tools",
+            Subject::Prompt => "prompts",
+            Subject::ResourceTemplate => "resource_templates",
+        }
+    }
+
+    /// `name` for tools, `prompt:name` and `resource_template:uri` for the
+    /// others (the metric's and the audit row's `tool`).
+    pub fn label(self, name: &str) -> String {
+        match self {
+            Subject::Tool => name.to_owned(),
+            other => format!("{}:{name}", other.as_str()),
+        }
+    }
+}
+
 /// One reviewed definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pin {
@@ -79,8 +142,22 @@ pub struct Pin {
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PinFile {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     tools: BTreeMap<String, Pin>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    prompts: BTreeMap<String, Pin>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    resource_templates: BTreeMap<String, Pin>,
+}
+
+impl PinFile {
+    fn table(&mut self, subject: Subject) -> &mut BTreeMap<String, Pin> {
+        match subject {
+            Subject::Tool => &mut self.tools,
+            Subject::Prompt => &mut self.prompts,
+            Subject::ResourceTemplate => &mut self.resource_templates,
+        }
+    }
 }
 
 /// What the pins say about one listed tool.
@@ -105,6 +182,8 @@ pub enum Refusal {
     Mismatch,
     /// Imitates a pinned name (any mode).
     Shadows(String),
+    /// This definition was rejected in review (record and enforce).
+    Rejected,
 }
 
 /// A definition waiting for a person.
@@ -112,7 +191,9 @@ pub enum Refusal {
 pub struct Proposal {
     /// The upstream.
     pub upstream: String,
-    /// The tool.
+    /// What is pinned.
+    pub subject: Subject,
+    /// The tool's or prompt's name, or the template's URI template.
     pub tool: String,
     /// `new`, `changed` or `shadowing`.
     pub kind: &'static str,
@@ -144,9 +225,9 @@ pub struct Pins {
 
 #[derive(Debug, Default)]
 struct UpstreamPins {
-    tools: HashMap<String, ([u8; 32], Pin)>,
+    pins: HashMap<(Subject, String), ([u8; 32], Pin)>,
     /// Skeleton of each pinned name → the name.
-    skeletons: HashMap<String, String>,
+    skeletons: HashMap<(Subject, String), String>,
 }
 
 /// Why pins could not be loaded.
@@ -214,12 +295,20 @@ impl Pins {
             let Some(upstream) = path.file_stem().and_then(|s| s.to_str()) else {
                 continue;
             };
-            let file = read_file(&path)?;
+            let mut file = read_file(&path)?;
             let mut up = UpstreamPins::default();
-            for (tool, pin) in file.tools {
+            let all = [Subject::Tool, Subject::Prompt, Subject::ResourceTemplate]
+                .into_iter()
+                .flat_map(|subject| {
+                    std::mem::take(file.table(subject))
+                        .into_iter()
+                        .map(move |(name, pin)| (subject, name, pin))
+                })
+                .collect::<Vec<_>>();
+            for (subject, tool, pin) in all {
                 let invalid = |error: String| PinsError::Invalid {
                     path: path.clone(),
-                    error: format!("tools.{tool}: {error}"),
+                    error: format!("{}.{tool}: {error}", subject.table()),
                 };
                 let sha = canonical::parse_hex32(&pin.sha256)
                     .ok_or_else(|| invalid("sha256 is not 64 hex digits".into()))?;
@@ -230,11 +319,15 @@ impl Pins {
                         "sha256 is not the SHA-256 of the definition's canonical JSON".into(),
                     ));
                 }
-                if definition.get("name").and_then(Value::as_str) != Some(tool.as_str()) {
-                    return Err(invalid("the definition names another tool".into()));
+                if definition.get(subject.key()).and_then(Value::as_str) != Some(tool.as_str()) {
+                    return Err(invalid(format!(
+                        "the definition's {} is another",
+                        subject.key()
+                    )));
                 }
-                up.skeletons.insert(skeleton(&tool), tool.clone());
-                up.tools.insert(tool, (sha, pin));
+                up.skeletons
+                    .insert((subject, skeleton(&tool)), tool.clone());
+                up.pins.insert((subject, tool), (sha, pin));
             }
             pins.upstreams.insert(upstream.to_owned(), up);
         }
@@ -243,25 +336,36 @@ impl Pins {
 
     /// What the pins say about `tool` of `upstream` listed with `sha256`.
     pub fn verdict(&self, upstream: &str, tool: &str, sha256: &[u8; 32]) -> Verdict {
+        self.verdict_of(upstream, Subject::Tool, tool, sha256)
+    }
+
+    /// [`Pins::verdict`] for any subject.
+    pub fn verdict_of(
+        &self,
+        upstream: &str,
+        subject: Subject,
+        name: &str,
+        sha256: &[u8; 32],
+    ) -> Verdict {
         let Some(up) = self.upstreams.get(upstream) else {
             return Verdict::Unpinned;
         };
-        match up.tools.get(tool) {
+        match up.pins.get(&(subject, name.to_owned())) {
             Some((sha, _)) if sha == sha256 => Verdict::Pinned,
             Some(_) => Verdict::Mismatch,
-            None => match up.skeletons.get(&skeleton(tool)) {
+            None => match up.skeletons.get(&(subject, skeleton(name))) {
                 Some(other) => Verdict::Shadows(other.clone()),
                 None => Verdict::Unpinned,
             },
         }
     }
 
-    /// The pin of `tool`, if any.
-    pub fn pin(&self, upstream: &str, tool: &str) -> Option<&Pin> {
+    /// The pin of `name`, if any.
+    pub fn pin(&self, upstream: &str, subject: Subject, name: &str) -> Option<&Pin> {
         self.upstreams
             .get(upstream)?
-            .tools
-            .get(tool)
+            .pins
+            .get(&(subject, name.to_owned()))
             .map(|(_, p)| p)
     }
 
@@ -270,7 +374,13 @@ impl Pins {
         let mut v: Vec<String> = self
             .upstreams
             .get(upstream)
-            .map(|u| u.tools.keys().cloned().collect())
+            .map(|u| {
+                u.pins
+                    .keys()
+                    .filter(|(s, _)| *s == Subject::Tool)
+                    .map(|(_, n)| n.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         v
@@ -307,7 +417,11 @@ pub fn pin_of(definition: &Value, who: &str) -> Pin {
 
 /// Writes `pins` into `dir/<upstream>.toml`, keeping the file's other pins
 /// (atomically: a temp file renamed over it).
-pub fn write_pins(dir: &Path, upstream: &str, pins: Vec<(String, Pin)>) -> Result<(), PinsError> {
+pub fn write_pins(
+    dir: &Path,
+    upstream: &str,
+    pins: Vec<(Subject, String, Pin)>,
+) -> Result<(), PinsError> {
     let io = |path: &Path, e: std::io::Error| PinsError::Io {
         path: path.to_owned(),
         error: e.to_string(),
@@ -318,8 +432,8 @@ pub fn write_pins(dir: &Path, upstream: &str, pins: Vec<(String, Pin)>) -> Resul
         true => read_file(&path)?,
         false => PinFile::default(),
     };
-    for (tool, pin) in pins {
-        file.tools.insert(tool, pin);
+    for (subject, name, pin) in pins {
+        file.table(subject).insert(name, pin);
     }
     let body = toml::to_string(&file).map_err(|e| PinsError::Invalid {
         path: path.clone(),
@@ -327,7 +441,7 @@ pub fn write_pins(dir: &Path, upstream: &str, pins: Vec<(String, Pin)>) -> Resul
     })?;
     let text = format!(
         "# Tool definitions of upstream {upstream:?} as reviewed (mcp-firewall pins).\n\
-         # sha256 = SHA-256 of `definition`, RFC 8785 canonical JSON of the tool as listed.\n\n{body}"
+         # sha256 = SHA-256 of `definition`, RFC 8785 canonical JSON of the definition as listed.\n\n{body}"
     );
     let tmp = dir.join(format!(".{upstream}.toml.tmp"));
     std::fs::write(&tmp, text).map_err(|e| io(&tmp, e))?;
@@ -336,15 +450,25 @@ pub fn write_pins(dir: &Path, upstream: &str, pins: Vec<(String, Pin)>) -> Resul
 
 // === The store ===
 
+/// (upstream, subject, name).
+type Key = (String, Subject, String);
+
+fn key(upstream: &str, subject: Subject, name: &str) -> Key {
+    (upstream.to_owned(), subject, name.to_owned())
+}
+
 /// The pins in force, the reviews pending, and the drift events.
 pub struct PinStore {
     dir: PathBuf,
     current: ArcSwap<Pins>,
     generation: AtomicU64,
-    /// Pending reviews by (upstream, tool).
-    proposals: DashMap<(String, String), Proposal>,
+    /// Pending reviews by (upstream, subject, name).
+    proposals: DashMap<Key, Proposal>,
     /// Definitions a person rejected: not proposed again.
-    rejected: DashMap<(String, String), String>,
+    rejected: DashMap<Key, String>,
+    /// The hash each prompt and resource template was last listed with
+    /// (tools have the catalog).
+    seen: DashMap<Key, [u8; 32]>,
     drift: Family<DriftLabels, Counter>,
     hook: OnceLock<DriftHook>,
     signature: std::sync::Mutex<Vec<(PathBuf, std::time::SystemTime, u64)>>,
@@ -380,6 +504,7 @@ impl PinStore {
             generation: AtomicU64::new(1),
             proposals: DashMap::new(),
             rejected: DashMap::new(),
+            seen: DashMap::new(),
             drift,
             hook: OnceLock::new(),
         };
@@ -394,6 +519,7 @@ impl PinStore {
             generation: AtomicU64::new(1),
             proposals: DashMap::new(),
             rejected: DashMap::new(),
+            seen: DashMap::new(),
             drift: Family::default(),
             hook: OnceLock::new(),
             signature: std::sync::Mutex::new(Vec::new()),
@@ -444,12 +570,18 @@ impl PinStore {
         self.generation.fetch_add(1, Ordering::AcqRel);
         // Reviews the new pins settle are no longer pending.
         let current = self.current();
-        self.proposals.retain(|(up, tool), p| {
+        self.proposals.retain(|(up, subject, name), p| {
             canonical::parse_hex32(&p.sha256)
-                .is_none_or(|sha| current.verdict(up, tool, &sha) != Verdict::Pinned)
+                .is_none_or(|sha| current.verdict_of(up, *subject, name, &sha) != Verdict::Pinned)
         });
         tracing::info!(dir = %self.dir.display(), "pins loaded");
         Ok(())
+    }
+
+    /// Whether pins matter for `upstream` in `mode` (not `off`, or `off`
+    /// with a pin file, where shadowing names are still refused).
+    pub fn applies(&self, mode: Mode, upstream: &str) -> bool {
+        mode != Mode::Off || self.current().upstreams.contains_key(upstream)
     }
 
     /// Looks at one listed tool of an upstream in `mode`: whether the run may
@@ -463,27 +595,46 @@ impl PinStore {
         sha256: &[u8; 32],
         definition: &Value,
     ) -> Result<(), Refusal> {
+        self.observe_of(mode, upstream, Subject::Tool, tool, sha256, definition)
+    }
+
+    /// [`PinStore::observe`] for any subject; prompts and resource
+    /// templates are remembered as listed, for [`PinStore::check_listed`].
+    pub fn observe_of(
+        &self,
+        mode: Mode,
+        upstream: &str,
+        subject: Subject,
+        name: &str,
+        sha256: &[u8; 32],
+        definition: &Value,
+    ) -> Result<(), Refusal> {
         let pins = self.current();
         if mode == Mode::Off && !pins.upstreams.contains_key(upstream) {
             return Ok(());
         }
-        let verdict = pins.verdict(upstream, tool, sha256);
+        let key = key(upstream, subject, name);
+        if subject != Subject::Tool {
+            self.seen.insert(key.clone(), *sha256);
+        }
+        let verdict = pins.verdict_of(upstream, subject, name, sha256);
+        let hex = canonical::hex(sha256);
         let refusal = match (&verdict, mode) {
             (Verdict::Pinned, _) => return Ok(()),
             (Verdict::Shadows(other), _) => Some(Refusal::Shadows(other.clone())),
             (_, Mode::Off) => return Ok(()),
+            _ if self.rejected.get(&key).is_some_and(|r| *r == hex) => {
+                return Err(Refusal::Rejected)
+            }
             (Verdict::Unpinned, Mode::Enforce) => Some(Refusal::Unpinned),
             (Verdict::Mismatch, Mode::Enforce) => Some(Refusal::Mismatch),
             (_, _) => None,
         };
-        let key = (upstream.to_owned(), tool.to_owned());
-        let hex = canonical::hex(sha256);
-        let known = self.proposals.get(&key).is_some_and(|p| p.sha256 == hex)
-            || self.rejected.get(&key).is_some_and(|r| *r == hex);
-        if !known {
+        if self.proposals.get(&key).is_none_or(|p| p.sha256 != hex) {
             let proposal = Proposal {
                 upstream: upstream.to_owned(),
-                tool: tool.to_owned(),
+                subject,
+                tool: name.to_owned(),
                 kind: match verdict {
                     Verdict::Mismatch => "changed",
                     Verdict::Shadows(_) => "shadowing",
@@ -491,27 +642,43 @@ impl PinStore {
                 },
                 sha256: hex,
                 definition: canonical::canonical(definition),
-                pinned: pins.pin(upstream, tool).cloned(),
+                pinned: pins.pin(upstream, subject, name).cloned(),
                 first_seen_ms: now_ms(),
             };
+            // Two listings seen at once (a refill and a relayed list) raise
+            // one event: only the one that puts the proposal in place does.
+            let fresh = match self.proposals.entry(key) {
+                dashmap::Entry::Occupied(e) if e.get().sha256 == proposal.sha256 => false,
+                dashmap::Entry::Occupied(mut e) => {
+                    e.insert(proposal.clone());
+                    true
+                }
+                dashmap::Entry::Vacant(e) => {
+                    e.insert(proposal.clone());
+                    true
+                }
+            };
+            if !fresh {
+                return refusal.map_or(Ok(()), Err);
+            }
             self.drift
                 .get_or_create(&DriftLabels {
                     upstream: upstream.to_owned(),
-                    tool: tool.to_owned(),
+                    tool: subject.label(name),
                 })
                 .inc();
             tracing::warn!(
                 upstream,
-                tool,
+                subject = subject.as_str(),
+                name,
                 kind = proposal.kind,
                 sha256 = %proposal.sha256,
                 ?mode,
-                "tool definition drift"
+                "definition drift"
             );
             if let Some(hook) = self.hook.get() {
                 hook(&proposal);
             }
-            self.proposals.insert(key, proposal);
         }
         match refusal {
             Some(r) => Err(r),
@@ -528,13 +695,53 @@ impl PinStore {
         tool: &str,
         sha256: &[u8; 32],
     ) -> Result<(), Refusal> {
+        self.check_of(mode, upstream, Subject::Tool, tool, Some(sha256))
+    }
+
+    /// Whether a prompt (or template) may be used in `mode`, judged by the
+    /// definition it was last listed with; one never listed here is judged
+    /// by its name alone (pinned: yes).
+    pub fn check_listed(
+        &self,
+        mode: Mode,
+        upstream: &str,
+        subject: Subject,
+        name: &str,
+    ) -> Result<(), Refusal> {
+        let seen = self.seen.get(&key(upstream, subject, name)).map(|e| *e);
+        self.check_of(mode, upstream, subject, name, seen.as_ref())
+    }
+
+    fn check_of(
+        &self,
+        mode: Mode,
+        upstream: &str,
+        subject: Subject,
+        name: &str,
+        sha256: Option<&[u8; 32]>,
+    ) -> Result<(), Refusal> {
         let pins = self.current();
         if mode == Mode::Off && !pins.upstreams.contains_key(upstream) {
             return Ok(());
         }
-        match (pins.verdict(upstream, tool, sha256), mode) {
+        let verdict = match sha256 {
+            Some(sha) => pins.verdict_of(upstream, subject, name, sha),
+            None if pins.pin(upstream, subject, name).is_some() => Verdict::Pinned,
+            // Any hash that is not a pin's: unpinned or shadowing.
+            None => pins.verdict_of(upstream, subject, name, &[0; 32]),
+        };
+        let rejected = || {
+            sha256.is_some_and(|sha| {
+                self.rejected
+                    .get(&key(upstream, subject, name))
+                    .is_some_and(|r| *r == canonical::hex(sha))
+            })
+        };
+        match (verdict, mode) {
             (Verdict::Pinned, _) => Ok(()),
             (Verdict::Shadows(other), _) => Err(Refusal::Shadows(other)),
+            (_, Mode::Off) => Ok(()),
+            _ if rejected() => Err(Refusal::Rejected),
             (Verdict::Unpinned, Mode::Enforce) => Err(Refusal::Unpinned),
             (Verdict::Mismatch, Mode::Enforce) => Err(Refusal::Mismatch),
             _ => Ok(()),
@@ -545,23 +752,29 @@ impl PinStore {
     pub fn proposals(&self) -> Vec<Proposal> {
         let mut v: Vec<Proposal> = self.proposals.iter().map(|e| e.value().clone()).collect();
         v.sort_by(|a, b| {
-            (a.first_seen_ms, &a.upstream, &a.tool).cmp(&(b.first_seen_ms, &b.upstream, &b.tool))
+            (a.first_seen_ms, &a.upstream, a.subject.as_str(), &a.tool).cmp(&(
+                b.first_seen_ms,
+                &b.upstream,
+                b.subject.as_str(),
+                &b.tool,
+            ))
         });
         v
     }
 
-    /// Accepts the pending definition `sha256` of `tool`: writes its pin
+    /// Accepts the pending definition `sha256` of `name`: writes its pin
     /// (by `who`) and reloads. Refused when what is pending is not that
     /// definition (a newer one arrived since the person looked), or when it
     /// imitates a pinned name.
     pub fn accept(
         &self,
         upstream: &str,
-        tool: &str,
+        subject: Subject,
+        name: &str,
         sha256: &str,
         who: &str,
     ) -> Result<Pin, ReviewError> {
-        let key = (upstream.to_owned(), tool.to_owned());
+        let key = key(upstream, subject, name);
         let proposal = self
             .proposals
             .get(&key)
@@ -578,8 +791,12 @@ impl PinStore {
         let definition: Value = serde_json::from_str(&proposal.definition)
             .map_err(|e| ReviewError::Write(e.to_string()))?;
         let pin = pin_of(&definition, who);
-        write_pins(&self.dir, upstream, vec![(tool.to_owned(), pin.clone())])
-            .map_err(|e| ReviewError::Write(e.to_string()))?;
+        write_pins(
+            &self.dir,
+            upstream,
+            vec![(subject, name.to_owned(), pin.clone())],
+        )
+        .map_err(|e| ReviewError::Write(e.to_string()))?;
         self.reload()
             .map_err(|e| ReviewError::Write(e.to_string()))?;
         self.proposals.remove(&key);
@@ -587,9 +804,15 @@ impl PinStore {
     }
 
     /// Rejects the pending definition `sha256`: it stays refused (in
-    /// `enforce`) and is not proposed again.
-    pub fn reject(&self, upstream: &str, tool: &str, sha256: &str) -> Result<(), ReviewError> {
-        let key = (upstream.to_owned(), tool.to_owned());
+    /// `record` too) and is not proposed again by this replica.
+    pub fn reject(
+        &self,
+        upstream: &str,
+        subject: Subject,
+        name: &str,
+        sha256: &str,
+    ) -> Result<(), ReviewError> {
+        let key = key(upstream, subject, name);
         let Some((_, proposal)) = self
             .proposals
             .remove_if(&key, |_, p| p.sha256.eq_ignore_ascii_case(sha256))

@@ -52,11 +52,11 @@ fn modes_decide_and_drift_is_proposed_once() {
     // Accepted: pinned in the file, callable.
     let hex = canonical::hex(&sha1);
     assert!(matches!(
-        s.accept("incidents", "get_incident", "00", "alice"),
+        s.accept("incidents", Subject::Tool, "get_incident", "00", "alice"),
         Err(ReviewError::Stale { .. })
     ));
     let pin = s
-        .accept("incidents", "get_incident", &hex, "alice")
+        .accept("incidents", Subject::Tool, "get_incident", &hex, "alice")
         .unwrap();
     assert_eq!(pin.sha256, hex);
     assert!(s.proposals().is_empty());
@@ -81,14 +81,20 @@ fn modes_decide_and_drift_is_proposed_once() {
         hex,
         "the pinned one is shown beside it"
     );
-    s.reject("incidents", "get_incident", &p.sha256).unwrap();
+    s.reject("incidents", Subject::Tool, "get_incident", &p.sha256)
+        .unwrap();
     assert!(s.proposals().is_empty());
     assert_eq!(
         s.observe(Mode::Enforce, "incidents", "get_incident", &sha2, &v2),
-        Err(Refusal::Mismatch),
+        Err(Refusal::Rejected),
         "a rejected definition stays refused"
     );
     assert!(s.proposals().is_empty(), "and is not proposed again");
+    assert_eq!(
+        s.observe(Mode::Record, "incidents", "get_incident", &sha2, &v2),
+        Err(Refusal::Rejected),
+        "in record too"
+    );
     // Record mode lets a changed tool through but proposes it.
     let v3 = tool("Reads one incident.");
     let sha3 = canonical::sha256(&v3);
@@ -106,7 +112,7 @@ fn a_name_imitating_a_pinned_one_is_refused_in_every_mode() {
     write_pins(
         &dir.path().join(PINS_DIR),
         "incidents",
-        vec![("get_incident".into(), pin_of(&v, "alice"))],
+        vec![(Subject::Tool, "get_incident".into(), pin_of(&v, "alice"))],
     )
     .unwrap();
     let s = store(dir.path());
@@ -120,7 +126,13 @@ fn a_name_imitating_a_pinned_one_is_refused_in_every_mode() {
         );
     }
     assert!(matches!(
-        s.accept("incidents", "Get_Incident", &canonical::hex(&sha), "bob"),
+        s.accept(
+            "incidents",
+            Subject::Tool,
+            "Get_Incident",
+            &canonical::hex(&sha),
+            "bob"
+        ),
         Err(ReviewError::Shadowing)
     ));
 }
@@ -131,7 +143,12 @@ fn a_tampered_pin_file_is_refused() {
     let pins = dir.path().join(PINS_DIR);
     let mut pin = pin_of(&tool("Reads an incident."), "alice");
     pin.definition = canonical::canonical(&tool("Reads an incident and more."));
-    write_pins(&pins, "incidents", vec![("get_incident".into(), pin)]).unwrap();
+    write_pins(
+        &pins,
+        "incidents",
+        vec![(Subject::Tool, "get_incident".into(), pin)],
+    )
+    .unwrap();
     let e = Pins::load(&pins).unwrap_err().to_string();
     assert!(e.contains("not the SHA-256"), "{e}");
 }
@@ -146,7 +163,7 @@ fn reload_follows_the_files() {
     write_pins(
         &dir.path().join(PINS_DIR),
         "incidents",
-        vec![("get_incident".into(), pin_of(&v, "alice"))],
+        vec![(Subject::Tool, "get_incident".into(), pin_of(&v, "alice"))],
     )
     .unwrap();
     assert!(s.reload_if_changed().unwrap());
@@ -157,6 +174,100 @@ fn reload_follows_the_files() {
             "incidents",
             "get_incident",
             &canonical::sha256(&v)
+        ),
+        Ok(())
+    );
+}
+
+#[test]
+fn prompts_and_templates_are_pinned_apart_from_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = json!({"name": "triage", "description": "Triage an incident."});
+    let template = json!({"uriTemplate": "incident://{id}", "name": "incident"});
+    write_pins(
+        &dir.path().join(PINS_DIR),
+        "incidents",
+        vec![
+            (Subject::Prompt, "triage".into(), pin_of(&prompt, "alice")),
+            (
+                Subject::ResourceTemplate,
+                "incident://{id}".into(),
+                pin_of(&template, "alice"),
+            ),
+        ],
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(dir.path().join("pins/incidents.toml")).unwrap();
+    assert!(text.contains("[prompts.triage]"), "{text}");
+    assert!(
+        text.contains("[resource_templates.\"incident://{id}\"]"),
+        "{text}"
+    );
+    let s = store(dir.path());
+    // A tool of the same name is not pinned by the prompt's pin.
+    let as_tool = json!({"name": "triage"});
+    assert_eq!(
+        s.observe(
+            Mode::Enforce,
+            "incidents",
+            "triage",
+            &canonical::sha256(&as_tool),
+            &as_tool
+        ),
+        Err(Refusal::Unpinned)
+    );
+    // Never listed here: judged by its name.
+    assert_eq!(
+        s.check_listed(Mode::Enforce, "incidents", Subject::Prompt, "triage"),
+        Ok(())
+    );
+    assert_eq!(
+        s.check_listed(Mode::Enforce, "incidents", Subject::Prompt, "other"),
+        Err(Refusal::Unpinned)
+    );
+    assert_eq!(
+        s.check_listed(Mode::Off, "incidents", Subject::Prompt, "Triage"),
+        Err(Refusal::Shadows("triage".into()))
+    );
+    // Listed changed: refused until accepted.
+    let changed = json!({"name": "triage", "description": "Triage; then page everyone."});
+    let sha = canonical::sha256(&changed);
+    assert_eq!(
+        s.observe_of(
+            Mode::Enforce,
+            "incidents",
+            Subject::Prompt,
+            "triage",
+            &sha,
+            &changed
+        ),
+        Err(Refusal::Mismatch)
+    );
+    assert_eq!(
+        s.check_listed(Mode::Enforce, "incidents", Subject::Prompt, "triage"),
+        Err(Refusal::Mismatch)
+    );
+    let p = s
+        .proposals()
+        .into_iter()
+        .find(|p| p.subject == Subject::Prompt)
+        .unwrap();
+    assert_eq!(p.kind, "changed");
+    s.accept("incidents", Subject::Prompt, "triage", &p.sha256, "bob")
+        .unwrap();
+    assert_eq!(
+        s.check_listed(Mode::Enforce, "incidents", Subject::Prompt, "triage"),
+        Ok(())
+    );
+    let t_sha = canonical::sha256(&template);
+    assert_eq!(
+        s.observe_of(
+            Mode::Enforce,
+            "incidents",
+            Subject::ResourceTemplate,
+            "incident://{id}",
+            &t_sha,
+            &template
         ),
         Ok(())
     );

@@ -111,7 +111,7 @@ pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -
             &format!("Invalid arguments for tool {tool}: {detail}"),
             None,
         ),
-        Outcome::NotPermitted(NotPermitted::Prompt(name)) => error(
+        Outcome::NotPermitted(NotPermitted::Prompt(name)) | Outcome::PromptPinRefused(name, _) => error(
             Some(id),
             jsonrpc::INVALID_PARAMS,
             &format!("Unknown prompt: {name}"),

@@ -278,7 +278,7 @@ pub fn wire_pins(state: &Arc<State>, pins: &Arc<crate::pins::PinStore>) {
         let mut row = AuditRow::new();
         row.upstream = p.upstream.clone();
         row.method = "pins".into();
-        row.tool = p.tool.clone();
+        row.tool = p.subject.label(&p.tool);
         row.decision = "drift".into();
         row.stop_reason = match p.kind {
             "changed" => StopReason::PinMismatch,
@@ -289,10 +289,10 @@ pub fn wire_pins(state: &Arc<State>, pins: &Arc<crate::pins::PinStore>) {
         .into();
         row.reason = match &p.pinned {
             Some(pin) => format!(
-                "tool definition {} ({}): pinned {} by {}, now {}",
-                p.kind, p.tool, pin.sha256, pin.pinned_by, p.sha256
+                "{} definition {} ({}): pinned {} by {}, now {}",
+                p.subject.as_str(), p.kind, p.tool, pin.sha256, pin.pinned_by, p.sha256
             ),
-            None => format!("tool definition {} ({}): {}", p.kind, p.tool, p.sha256),
+            None => format!("{} definition {} ({}): {}", p.subject.as_str(), p.kind, p.tool, p.sha256),
         };
         let definitions = serde_json::json!({
             "seen": serde_json::from_str::<Value>(&p.definition).unwrap_or(Value::Null),
@@ -312,6 +312,7 @@ pub fn wire_pins(state: &Arc<State>, pins: &Arc<crate::pins::PinStore>) {
                 serde_json::json!({
                     "event": "pin.drift",
                     "upstream": p.upstream,
+                    "subject": p.subject.as_str(),
                     "tool": p.tool,
                     "kind": p.kind,
                     "sha256": p.sha256,

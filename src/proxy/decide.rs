@@ -196,6 +196,9 @@ pub enum Outcome {
     /// A tool whose definition is not pinned as listed (answered exactly
     /// like an unknown tool).
     PinRefused(crate::pins::Refusal),
+    /// A prompt whose definition is not pinned as listed (answered exactly
+    /// like an unknown prompt).
+    PromptPinRefused(String, crate::pins::Refusal),
     /// A method the revision does not define.
     UnknownMethod,
     /// Refused by a condition or a gate.
@@ -284,19 +287,27 @@ impl Outcome {
                 ),
                 None,
             ),
-            Outcome::PinRefused(r) => {
+            Outcome::PinRefused(r) | Outcome::PromptPinRefused(_, r) => {
+                let what = match self {
+                    Outcome::PinRefused(_) => "tool",
+                    _ => "prompt",
+                };
                 let (stop, why) = match r {
                     crate::pins::Refusal::Unpinned => (
                         StopReason::Unpinned,
-                        "no reviewed pin for this tool's definition".to_owned(),
+                        format!("no reviewed pin for this {what}'s definition"),
                     ),
                     crate::pins::Refusal::Mismatch => (
                         StopReason::PinMismatch,
-                        "the tool's definition differs from its pin".to_owned(),
+                        format!("the {what}'s definition differs from its pin"),
+                    ),
+                    crate::pins::Refusal::Rejected => (
+                        StopReason::PinMismatch,
+                        format!("this definition of the {what} was rejected in review"),
                     ),
                     crate::pins::Refusal::Shadows(other) => (
                         StopReason::PinShadowing,
-                        format!("the name imitates pinned tool {other:?}"),
+                        format!("the name imitates pinned {what} {other:?}"),
                     ),
                 };
                 facts(DecisionKind::Hidden, stop, why, None)
@@ -422,9 +433,12 @@ impl RunContext {
             Class::ToolCall => return self.decide_call(msg, around),
             Class::Prompt => {
                 let name = msg.name.as_deref().unwrap_or("");
-                self.permit(self.prompt_allowed(name), || {
-                    NotPermitted::Prompt(name.to_owned())
-                })
+                match self.prompt_pinned(name) {
+                    Err(r) => Verdict::Answer(Outcome::PromptPinRefused(name.to_owned(), r)),
+                    Ok(()) => self.permit(self.prompt_allowed(name), || {
+                        NotPermitted::Prompt(name.to_owned())
+                    }),
+                }
             }
             Class::Resource => {
                 let uri = msg.name.as_deref().unwrap_or("");
@@ -433,10 +447,12 @@ impl RunContext {
                 })
             }
             Class::Completion => match completion_ref(msg) {
-                Some(CompletionRef::Prompt(name)) => self
-                    .permit(self.prompt_allowed(&name), || {
+                Some(CompletionRef::Prompt(name)) => match self.prompt_pinned(&name) {
+                    Err(r) => Verdict::Answer(Outcome::PromptPinRefused(name, r)),
+                    Ok(()) => self.permit(self.prompt_allowed(&name), || {
                         NotPermitted::Prompt(name.clone())
                     }),
+                },
                 Some(CompletionRef::Resource(uri)) => self
                     .permit(self.resource_allowed(&uri), || {
                         NotPermitted::Resource(uri.clone())
@@ -448,6 +464,14 @@ impl RunContext {
             Class::List(_) | Class::Pass => forward(None),
         };
         verdict.into()
+    }
+
+    /// Whether the prompt, as last listed, is pinned (in the upstream's
+    /// mode).
+    fn prompt_pinned(&self, name: &str) -> Result<(), crate::pins::Refusal> {
+        let up = &self.upstream.config;
+        self.pins
+            .check_listed(up.pinning, &up.name, crate::pins::Subject::Prompt, name)
     }
 
     fn prompt_allowed(&self, name: &str) -> bool {

@@ -44,6 +44,12 @@ const MAX_LIST_PAGES: usize = 20;
 /// Every page of the upstream's `tools/list`, as complete JSON-RPC
 /// responses (what [`crate::mcp::rewrite::tools_list`] reads).
 pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, String> {
+    list_pages(up, "tools/list").await
+}
+
+/// Every page of a paginated list (`tools/list`, `prompts/list`,
+/// `resources/templates/list`), as complete JSON-RPC responses.
+pub async fn list_pages(up: &UpstreamClient, method: &'static str) -> Result<Vec<String>, String> {
     let mut pages = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_LIST_PAGES {
@@ -51,7 +57,7 @@ pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, String> {
             Some(c) => json!({"cursor": c}),
             None => json!({}),
         };
-        let result = request(up, "tools/list", None, params).await?;
+        let result = request(up, method, None, params).await?;
         cursor = result
             .get("nextCursor")
             .and_then(Value::as_str)
@@ -62,7 +68,7 @@ pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, String> {
         }
     }
     Err(format!(
-        "tools/list has more than {MAX_LIST_PAGES} pages; stopped there"
+        "{method} has more than {MAX_LIST_PAGES} pages; stopped there"
     ))
 }
 

@@ -9,7 +9,9 @@
 //! Bounded, so an agent inventing tool names cannot turn into load on the
 //! upstream: one refill per upstream at a time (concurrent callers wait for
 //! it), at most one per [`MIN_INTERVAL`] per upstream, each bounded by the
-//! upstream's request timeout per page. A failed refill leaves the catalog as
+//! upstream's request timeout per page; a catalog cleared since the last
+//! refill (`list_changed`, its ttl) is refilled whatever the interval. A
+//! failed refill leaves the catalog as
 //! it was, and the call is answered "Unknown tool" as before: the firewall
 //! never decides on a tool it has not seen listed.
 
@@ -52,7 +54,11 @@ impl Refills {
         // Waiting here is the single flight: whoever holds the lock is
         // refilling; the others find a fresh timestamp and return.
         let mut last = gate.lock().await;
-        if last.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
+        // A catalog cleared by `list_changed` (here or on another replica)
+        // or by its ttl is refilled at once: the interval only bounds what
+        // invented tool names can cost the upstream.
+        let stale = catalogs.take_stale(name);
+        if !stale && last.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
             return 0;
         }
         *last = Some(Instant::now());

@@ -860,12 +860,31 @@ impl Exchange {
         let cx = &self.run;
         let up = &cx.upstream.config;
         let prompts = array == "prompts";
-        rewrite::named_list(raw, array, key, |name| {
-            if prompts {
+        // Prompts and resource templates are pinned like tools: their
+        // descriptions reach the model too.
+        let subject = match array {
+            "prompts" => Some(crate::pins::Subject::Prompt),
+            "resourceTemplates" => Some(crate::pins::Subject::ResourceTemplate),
+            _ => None,
+        };
+        rewrite::named_list(raw, array, key, |name, item| {
+            let allowed = if prompts {
                 cx.policy.prompt_allowed(&cx.authority, up, name)
             } else {
                 cx.policy.resource_allowed(&cx.authority, up, name)
-            }
+            };
+            let Some(subject) = subject.filter(|_| cx.pins.applies(up.pinning, &up.name)) else {
+                return allowed;
+            };
+            let Ok(definition) = serde_json::from_str::<Value>(item.get()) else {
+                return false;
+            };
+            let sha256 = crate::pins::canonical::sha256(&definition);
+            let pinned = cx
+                .pins
+                .observe_of(up.pinning, &up.name, subject, name, &sha256, &definition)
+                .is_ok();
+            allowed && pinned
         })
         .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
     }

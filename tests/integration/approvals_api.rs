@@ -615,13 +615,12 @@ async fn the_console_approves_in_headless_chromium() {
         .await
         .expect("request");
     let browser = Browser::start().await;
-    browser.goto(&format!("{}/console#{}", a.base, p.id)).await;
-    let field = browser.wait_for("#token", Duration::from_secs(10)).await;
-    browser.send_keys(&field, &admin_token("acme", "bob")).await;
-    let save = browser
-        .wait_for("#save-token", Duration::from_secs(5))
+    browser
+        .sign_in(
+            &format!("{}/console#{}", a.base, p.id),
+            &admin_token("acme", "bob"),
+        )
         .await;
-    browser.click(&save).await;
 
     let card_css = format!("section.approval[data-id=\"{}\"]", p.id);
     let card = browser.wait_for(&card_css, Duration::from_secs(10)).await;
@@ -634,10 +633,7 @@ async fn the_console_approves_in_headless_chromium() {
         "hostile argument shown as text: {text}"
     );
     assert!(text.contains("expires in"), "countdown: {text}");
-    let injected = browser
-        .execute("return [document.querySelectorAll('img').length, document.title]")
-        .await;
-    assert_eq!(injected, json!([0, "mcp-firewall approvals"]));
+    browser.assert_no_markup_injected().await;
 
     let approve = browser
         .wait_for(

@@ -17,6 +17,7 @@ mod demo_upstream;
 mod holds;
 mod input;
 mod lifecycle;
+mod pins;
 mod reload;
 mod replicas;
 mod spool_faults;

@@ -250,6 +250,27 @@ impl Browser {
         .await
     }
 
+    /// Opens the review console at `url` and signs in with `token`.
+    pub async fn sign_in(&self, url: &str, token: &str) {
+        self.goto(url).await;
+        let field = self.wait_for("#token", Duration::from_secs(10)).await;
+        self.send_keys(&field, token).await;
+        let save = self.wait_for("#save-token", Duration::from_secs(5)).await;
+        self.click(&save).await;
+    }
+
+    /// Asserts that text an attacker controls (an `<img onerror>` in it)
+    /// was shown as text: no image in the page, the title unchanged.
+    pub async fn assert_no_markup_injected(&self) {
+        let injected = self
+            .execute("return [document.querySelectorAll('img').length, document.title]")
+            .await;
+        assert_eq!(
+            injected,
+            json!([0, "mcp-firewall review: approvals and tool pins"])
+        );
+    }
+
     /// The page's whole text, for failure messages.
     pub async fn page_text(&self) -> String {
         let v = self
