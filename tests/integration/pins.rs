@@ -832,3 +832,50 @@ async fn prompts_and_resource_templates_are_pinned_like_tools() {
     assert_eq!(up.count("POST", "prompts/get"), 2);
     fw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_live_reports_pins_the_upstream_no_longer_matches() {
+    let upstream = upstream(options(false)).await;
+    let policies = common::policy_dir(&[("90-summarize.toml", SUMMARIZE)]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("firewall.toml");
+    std::fs::write(
+        &config,
+        common::config_text_in(
+            policies.path(),
+            &[("incidents", &upstream.url())],
+            "pinning = \"enforce\"\n",
+        ),
+    )
+    .unwrap();
+    let check = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+            .args(["check", "--live", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (ok, text) = check();
+    assert!(ok, "everything pinned as listed: {text}");
+    assert!(
+        text.contains("pins incidents: enforce, 14 pinned tools"),
+        "{text}"
+    );
+
+    upstream.remove_tool("get_deployment").await.unwrap();
+    rug_pull(&upstream).await;
+    let (ok, text) = check();
+    assert!(!ok, "{text}");
+    for line in [
+        "pinned but not listed: get_deployment",
+        "get_incident: listed unlike its pin (hidden)",
+        "list_incidents: listed unlike its pin (hidden)",
+        "summarize_incident: listed without a pin (hidden)",
+        "pins do not match the live upstreams",
+    ] {
+        assert!(text.contains(line), "{line:?} in {text}");
+    }
+}
