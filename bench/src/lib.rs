@@ -9,6 +9,9 @@
 //! writes a terminal table, JSON, Markdown and an SVG plot ([`report`],
 //! [`plot`]).
 //!
+//! `mcp-bench load` ([`operator`]) points the same kind of load at any MCP
+//! deployment an operator names.
+//!
 //! Invariant: every process the harness starts is stopped by PID when the
 //! run ends, and killed by a watchdog if the harness itself dies.
 #![forbid(unsafe_code)]
@@ -19,6 +22,7 @@ pub mod clickhouse;
 pub mod firewall;
 pub mod load;
 pub mod nginx;
+pub mod operator;
 pub mod outcome;
 pub mod passthrough;
 pub mod pipeline;

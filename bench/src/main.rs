@@ -30,6 +30,9 @@ struct Cli {
 enum Command {
     /// Measure every target in interleaved rounds and write the reports.
     Run(Box<RunArgs>),
+    /// Load-test any MCP endpoint (the firewall in front of real servers,
+    /// or an upstream to size): scenarios, run tokens, thresholds, reports.
+    Load(Box<mcp_bench::operator::LoadArgs>),
     /// Serve the canned upstream until SIGTERM or Ctrl-C.
     Upstream(UpstreamArgs),
     /// A bare hyper pass-through (no token, policy or audit) until SIGTERM
@@ -225,6 +228,7 @@ fn main() -> ExitCode {
             batch_bytes,
         }),
         Command::Render { json, publish } => render(&json, publish),
+        Command::Load(args) => load(&args),
     };
     match result {
         Ok(code) => code,
@@ -499,6 +503,32 @@ fn write_reports(report: &Report, out: &Path, publish: bool) -> anyhow::Result<P
         }
     }
     Ok(dir)
+}
+
+/// `mcp-bench load`: prints the report; exit 2 when a threshold failed.
+fn load(args: &mcp_bench::operator::LoadArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the runtime")?;
+    let Some(done) = runtime.block_on(mcp_bench::operator::run(args))? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    print!("{}", done.report.text());
+    if let Some(dir) = &done.dir {
+        println!("reports in {}", dir.display());
+    }
+    if done.report.passed() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for v in done.report.verdicts.iter().filter(|v| !v.ok) {
+            eprintln!(
+                "mcp-bench: threshold failed: {} on {} ({:.3} {})",
+                v.threshold, v.target, v.actual, v.unit
+            );
+        }
+        Ok(ExitCode::from(2))
+    }
 }
 
 fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
