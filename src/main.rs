@@ -42,6 +42,8 @@ enum Command {
     /// Tool-definition pins: review drift on a running firewall (diff,
     /// accept, reject), or pin a live upstream's tools (record).
     Pins(mcp_firewall::pins::client::PinsArgs),
+    /// The audit trail for people: tail, a run's timeline, denials, stats.
+    Audit(mcp_firewall::audit::cli::AuditArgs),
     /// Validate a config file and its policies without serving; print what
     /// each role may call.
     Check {
@@ -165,6 +167,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo { listen, admin } => mcp_firewall::demo::run::run(listen, admin).await,
+        Command::Audit(args) => {
+            let mut out = std::io::stdout();
+            mcp_firewall::audit::cli::run(&args, &mut out).await
+        }
         Command::Approvals(args) => {
             print!("{}", mcp_firewall::approval::client::run(&args).await?);
             Ok(())

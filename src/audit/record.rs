@@ -276,6 +276,81 @@ pub(crate) fn payload_time_ms(payload: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(arr))
 }
 
+/// A fixed-width column of [`COLUMNS`] in an encoded row.
+#[derive(Clone, Copy)]
+enum Width {
+    Uuid,
+    U8,
+    U16,
+    U32,
+    U64,
+    Str,
+}
+
+/// The type of each of [`COLUMNS`], in order (what [`encode_row`] writes).
+const WIDTHS: [Width; 31] = {
+    use Width::*;
+    [
+        Uuid, U32, U64, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str,
+        Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8,
+    ]
+};
+const _: () = assert!(WIDTHS.len() == COLUMNS.len());
+
+/// Decodes one encoded row back into `column → value` (the spool reader of
+/// `mcp-firewall audit`); `None` when the bytes are not one whole row.
+/// `time` is left out (it is `time_ms` in seconds); `arguments` and
+/// `result_summary` are given as the JSON text they hold.
+pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+    use serde_json::Value;
+    let mut out = serde_json::Map::new();
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let b = payload.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(b)
+    };
+    let le = |b: &[u8]| {
+        b.iter()
+            .rev()
+            .fold(0u64, |acc, x| (acc << 8) | u64::from(*x))
+    };
+    for (name, width) in COLUMNS.iter().zip(WIDTHS) {
+        let value = match width {
+            Width::Uuid => {
+                let b = take(16)?;
+                let (hi, lo) = (le(&b[..8]), le(&b[8..]));
+                Value::String(Uuid::from_u64_pair(hi, lo).to_string())
+            }
+            Width::U8 => Value::from(le(take(1)?)),
+            Width::U16 => Value::from(le(take(2)?)),
+            Width::U32 => Value::from(le(take(4)?)),
+            Width::U64 => Value::from(le(take(8)?)),
+            Width::Str => {
+                let mut len = 0u64;
+                let mut shift = 0u32;
+                loop {
+                    let byte = *take(1)?.first()?;
+                    len |= u64::from(byte & 0x7f) << shift;
+                    if byte & 0x80 == 0 {
+                        break;
+                    }
+                    shift += 7;
+                    if shift > 63 {
+                        return None;
+                    }
+                }
+                let b = take(usize::try_from(len).ok()?)?;
+                Value::String(String::from_utf8_lossy(b).into_owned())
+            }
+        };
+        if *name != "time" {
+            out.insert((*name).to_owned(), value);
+        }
+    }
+    (at == payload.len()).then_some(out)
+}
+
 /// ClickHouse stores a UUID as two little-endian u64 halves, high half first.
 fn put_uuid(out: &mut Vec<u8>, id: Uuid) {
     let (hi, lo) = id.as_u64_pair();

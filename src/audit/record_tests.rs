@@ -161,3 +161,33 @@ fn columns_match_the_shipped_schema_in_order() {
         .collect();
     assert_eq!(names, COLUMNS);
 }
+
+#[test]
+fn decode_row_reads_back_what_encode_row_wrote() {
+    let row = full_row();
+    let mut out = Vec::new();
+    encode_row(&row, br#"{"a":1}"#, br#"{"ok":true}"#, "fw-1", &mut out);
+    let d = decode_row(&out).expect("one whole row");
+    assert_eq!(d["event_id"], row.event_id.to_string());
+    assert_eq!(d["time_ms"], 1_700_000_000_999u64);
+    assert_eq!(d["client_ip"], "10.1.2.3");
+    assert_eq!(d["tool"], "x".repeat(300));
+    assert_eq!(d["risk"], "write");
+    assert_eq!(d["stop_reason"], "denied");
+    assert_eq!(d["arguments"], r#"{"a":1}"#);
+    assert_eq!(d["result_summary"], r#"{"ok":true}"#);
+    assert_eq!(d["is_error"], 1);
+    assert_eq!(d["upstream_status"], 503);
+    assert_eq!(d["latency_us"], 11);
+    assert_eq!(d["upstream_latency_us"], 12);
+    assert_eq!(d["bytes_in"], 13);
+    assert_eq!(d["bytes_out"], 14);
+    assert_eq!(d["instance"], "fw-1");
+    assert_eq!(d["trace_id"], "trace");
+    assert_eq!(d["row_version"], row.row_version);
+    assert_eq!(d.len(), COLUMNS.len() - 1, "every column but `time`");
+    assert!(decode_row(&out[..out.len() - 1]).is_none(), "a torn row");
+    let mut longer = out.clone();
+    longer.push(0);
+    assert!(decode_row(&longer).is_none(), "trailing bytes");
+}

@@ -751,6 +751,23 @@ fn repair_segment(dir: &Path, seq: u64) -> Result<(u64, Option<u64>), SpoolError
     Ok((cut, Some(valid as u64)))
 }
 
+/// The payloads of a segment's whole, checksum-valid records, in order
+/// (read-only: `mcp-firewall audit tail --spool` reads a live spool).
+pub(crate) fn payloads(data: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    if !header_ok(data) {
+        return out;
+    }
+    let mut pos = SEGMENT_HEADER_LEN as usize;
+    while let Some(next) = next_record(data, pos) {
+        if let Some(p) = data.get(next.payload.clone()) {
+            out.push(p);
+        }
+        pos = next.end;
+    }
+    out
+}
+
 /// Length of the longest prefix of a segment made of a valid header and whole,
 /// checksum-correct records. 0 when the header itself is missing or wrong.
 pub(crate) fn valid_prefix(data: &[u8]) -> usize {

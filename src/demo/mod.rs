@@ -108,6 +108,7 @@
 //! .tools_list_changed().build())`, not on `ClientHandler::on_tool_list_changed`.
 
 mod catalog;
+pub mod clickhouse;
 pub mod estate;
 pub mod run;
 pub mod server;

@@ -58,11 +58,39 @@ pub struct Demo {
     pub operator_token: String,
     /// An on-call approver's admin token (for the console).
     pub approver_token: String,
+    /// Where the audit rows go.
+    pub audit: AuditSink,
     _approvals_dir: tempfile::TempDir,
 }
 
-/// Starts the demo: upstream first, then the firewall in front of it.
+/// Where the demo's audit rows go.
+pub struct AuditSink {
+    /// The throwaway ClickHouse (`None`: not installed, rows stay in the spool).
+    pub clickhouse: Option<super::clickhouse::ThrowawayClickHouse>,
+    /// Why there is none.
+    pub why_not: Option<String>,
+    /// The local spool.
+    pub spool: PathBuf,
+    /// The audit database.
+    pub database: &'static str,
+}
+
+/// The demo's audit database.
+pub const AUDIT_DATABASE: &str = "mcp_firewall";
+
+/// Starts the demo: upstream first, then the firewall in front of it,
+/// auditing into a throwaway ClickHouse when one is installed.
 pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo> {
+    start_with(listen, admin, true).await
+}
+
+/// [`start`]; `clickhouse = false` keeps the rows in the local spool even
+/// when ClickHouse is installed.
+pub async fn start_with(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    clickhouse: bool,
+) -> anyhow::Result<Demo> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("binding the sample upstream")?;
@@ -81,6 +109,30 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
         .replace("{{ADMIN}}", &admin.to_string())
         .replace("{{SECRET}}", &secret)
         .replace("{{UPSTREAM_URL}}", &upstream.url());
+    // The audit trail: into a throwaway ClickHouse when one is installed,
+    // else kept in the local spool.
+    let started = if clickhouse {
+        tokio::task::spawn_blocking(super::clickhouse::ThrowawayClickHouse::start)
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+    } else {
+        Err("asked to keep the rows in the spool".to_owned())
+    };
+    let spool = approvals_dir.path().join("audit-spool");
+    let (clickhouse, why_not) = match started {
+        Ok(ch) => (Some(ch), None),
+        Err(why) => (None, Some(why)),
+    };
+    let text = format!(
+        "{text}\n[audit]\nenabled = true\ninstance = \"demo\"\n{}\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{AUDIT_DATABASE}\"\n[audit.spool]\ndir = \"{}\"\n[audit.batch]\nmax_age_ms = 200\n",
+        // Without a ClickHouse the backlog only grows: not a reason to
+        // call the demo unready.
+        if clickhouse.is_some() { "" } else { "max_backlog_age_s = 0" },
+        clickhouse
+            .as_ref()
+            .map_or_else(|| "http://127.0.0.1:9".to_owned(), |c| c.http_url.clone()),
+        spool.display()
+    );
     let mut cfg = config::load_str(
         &text,
         Path::new("config/demo.toml"),
@@ -159,8 +211,64 @@ pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo
         investigator_token,
         operator_token,
         approver_token,
+        audit: AuditSink {
+            clickhouse,
+            why_not,
+            spool,
+            database: AUDIT_DATABASE,
+        },
         _approvals_dir: approvals_dir,
     })
+}
+
+/// What the demo says about its audit trail: where rows go and the
+/// auditor's first commands.
+pub fn audit_help(a: &AuditSink) -> String {
+    let db = a.database;
+    match &a.clickhouse {
+        Some(ch) => {
+            let at = format!("--clickhouse {} --database {db}", ch.http_url);
+            format!(
+                "Audit: every decision is a row in a throwaway ClickHouse ({url}, database {db}),\n\
+                 printed below as it lands. An auditor's first questions:\n\n  \
+                 mcp-firewall audit {at} run run-investigate-1     # the run's timeline\n  \
+                 mcp-firewall audit {at} denials --since 1h        # refusals by role and reason\n  \
+                 mcp-firewall audit {at} stats --days 1            # calls, denials, p95 per tool\n  \
+                 mcp-firewall audit {at} tail                      # follow new rows\n\n\
+                 or in SQL: clickhouse-client --port {port} --query \\\n    \
+                 \"SELECT time_ms, run_id, tool, decision, stop_reason FROM {db}.audit_events FINAL ORDER BY time_ms\"\n",
+                url = ch.http_url,
+                port = ch.tcp_port,
+            )
+        }
+        None => format!(
+            "Audit: no ClickHouse here ({why}), so rows stay in the local spool\n\
+             {spool} (printed below as they are written).\n\
+             Read it with: mcp-firewall audit --spool {spool} tail\n\
+             For the whole audit trail install ClickHouse (Debian/Ubuntu: apt install clickhouse-server)\n\
+             and run the demo again: it starts a throwaway server of its own.\n",
+            why = a.why_not.as_deref().unwrap_or("not started"),
+            spool = a.spool.display(),
+        ),
+    }
+}
+
+/// `audit tail` over the demo's audit sink, following from now.
+fn feed_args(a: &AuditSink) -> crate::audit::cli::AuditArgs {
+    crate::audit::cli::AuditArgs {
+        config: None,
+        clickhouse: a.clickhouse.as_ref().map(|c| c.http_url.clone()),
+        database: Some(a.database.to_owned()),
+        table: None,
+        user: None,
+        password_env: None,
+        spool: a.clickhouse.is_none().then(|| a.spool.clone()),
+        json: false,
+        command: crate::audit::cli::AuditCommand::Tail {
+            lines: 0,
+            once: false,
+        },
+    }
 }
 
 /// `mcp-firewall demo`: start, print how to connect, run until Ctrl-C.
@@ -194,17 +302,34 @@ Or point any MCP client (streamable HTTP) at {url} with the header
 "Authorization: Bearer <token>". The investigator lists 8 read-only tools;
 the operator lists all 14, and `rollback_deployment` waits for a person.
 
+and a call (`Mcp-Name` names the tool):
+
+  curl -s {url} -H "Authorization: Bearer $TOKEN" \
+    -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
+    -H 'MCP-Protocol-Version: 2026-07-28' -H 'Mcp-Method: tools/call' -H 'Mcp-Name: get_incident' \
+    -d '{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"get_incident","arguments":{{"incident_id":"INC-1001"}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}'
+
 Approve or deny it in the console: http://{admin}/console
 with this approver token (an on-call engineer, admin audience):
   {approver}
 
+{audit}
 Ctrl-C stops the demo."#,
         admin = demo.firewall.admin_addr,
         upstream = demo.upstream.url(),
         inv = demo.investigator_token,
         op = demo.operator_token,
         approver = demo.approver_token,
+        audit = audit_help(&demo.audit),
     );
+    // The audit trail as it lands, read back from where it went.
+    let feed = feed_args(&demo.audit);
+    tokio::spawn(async move {
+        let mut out = std::io::stdout();
+        if let Err(e) = crate::audit::cli::run(&feed, &mut out).await {
+            tracing::warn!(error = %e, "demo: the audit feed stopped");
+        }
+    });
     demo.firewall.until_signal().await;
     demo.upstream.shutdown().await;
     Ok(())

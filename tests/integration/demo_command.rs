@@ -87,3 +87,164 @@ async fn demo_tokens_list_and_call_through_the_firewall() {
     demo.firewall.shutdown().await;
     demo.upstream.shutdown().await;
 }
+
+/// `mcp-firewall audit …` as a newcomer types it; stdout.
+fn audit_cli(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+        .arg("audit")
+        .args(args)
+        .output()
+        .expect("run mcp-firewall audit");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+async fn investigator_calls(demo: &mcp_firewall::demo::run::Demo) {
+    let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
+    let mut cfg =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url);
+    cfg.auth_header = Some(demo.investigator_token.clone());
+    let client = connect_with(TestClient::new(Era::V2026_07_28), cfg).await;
+    client.list_all_tools().await.unwrap();
+    call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
+    // Hidden from the investigator: a refusal on record.
+    let params = rmcp::model::CallToolRequestParams::new("restart_service")
+        .with_arguments(args(json!({"service": "checkout"})));
+    assert!(client.call_tool(params).await.is_err());
+    client.cancel().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_shows_the_audit_trail_of_your_own_calls_in_clickhouse() {
+    crate::common::install_crypto();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let demo = mcp_firewall::demo::run::start(any, any)
+        .await
+        .expect("demo starts");
+    let Some(ch) = demo.audit.clickhouse.as_ref() else {
+        // The CI machine has clickhouse-server; elsewhere say what is missing.
+        eprintln!("no ClickHouse: {:?}", demo.audit.why_not);
+        assert!(mcp_firewall::demo::run::audit_help(&demo.audit).contains("--spool"));
+        demo.firewall.shutdown().await;
+        return;
+    };
+    let help = mcp_firewall::demo::run::audit_help(&demo.audit);
+    let at = [
+        "--clickhouse",
+        ch.http_url.as_str(),
+        "--database",
+        "mcp_firewall",
+    ];
+    assert!(
+        help.contains(&format!(
+            "mcp-firewall audit {} run run-investigate-1",
+            at.join(" ")
+        )),
+        "{help}"
+    );
+    investigator_calls(&demo).await;
+    // The run's timeline, as the printed command shows it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let timeline = loop {
+        let mut a = at.to_vec();
+        a.extend(["--json", "run", "run-investigate-1"]);
+        let (ok, text) = audit_cli(&a);
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if ok
+            && rows.iter().any(|r| r["tool"] == "restart_service")
+            && rows.iter().any(|r| r["stop_reason"] == "done")
+        {
+            break rows;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rows yet: {text}");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    };
+    let call = timeline
+        .iter()
+        .find(|r| r["tool"] == "get_incident" && r["method"] == "tools/call")
+        .expect("the call");
+    assert_eq!(call["decision"], "allow");
+    assert_eq!(
+        call["stop_reason"], "done",
+        "FINAL keeps the completion row"
+    );
+    let hidden = timeline
+        .iter()
+        .find(|r| r["tool"] == "restart_service")
+        .unwrap();
+    assert_eq!(hidden["decision"], "hidden");
+    // Denials and stats, as tables.
+    let mut a = at.to_vec();
+    a.extend(["denials", "--since", "1h"]);
+    let (ok, text) = audit_cli(&a);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("incident-investigator") && text.contains("hidden"),
+        "{text}"
+    );
+    let mut a = at.to_vec();
+    a.extend(["stats", "--days", "1"]);
+    let (ok, text) = audit_cli(&a);
+    assert!(ok && text.contains("get_incident"), "{text}");
+    let mut a = at.to_vec();
+    a.extend(["tail", "--once", "-n", "50"]);
+    let (ok, text) = audit_cli(&a);
+    assert!(
+        ok && text.contains("run-investigate-1") && text.contains("(forwarding)"),
+        "{text}"
+    );
+    demo.firewall.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_clickhouse_the_demo_keeps_rows_in_the_spool_and_tail_reads_them() {
+    crate::common::install_crypto();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let demo = mcp_firewall::demo::run::start_with(any, any, false)
+        .await
+        .expect("demo starts");
+    assert!(demo.audit.clickhouse.is_none());
+    let spool = demo.audit.spool.display().to_string();
+    let help = mcp_firewall::demo::run::audit_help(&demo.audit);
+    assert!(
+        help.contains(&format!("mcp-firewall audit --spool {spool} tail")),
+        "{help}"
+    );
+    assert!(help.contains("apt install clickhouse-server"), "{help}");
+    // Not unready for the backlog a missing ClickHouse leaves.
+    investigator_calls(&demo).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (ok, text) = audit_cli(&["--spool", &spool, "--json", "tail", "--once", "-n", "100"]);
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if ok
+            && rows
+                .iter()
+                .any(|r| r["tool"] == "get_incident" && r["stop_reason"] == "done")
+            && rows
+                .iter()
+                .any(|r| r["tool"] == "restart_service" && r["decision"] == "hidden")
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let ready = crate::common::http()
+        .get(format!("http://{}/readyz", demo.firewall.admin_addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    // Questions for ClickHouse are refused with the reason.
+    let (ok, text) = audit_cli(&["--spool", &spool, "run", "run-investigate-1"]);
+    assert!(!ok && text.contains("ask ClickHouse"), "{text}");
+    demo.firewall.shutdown().await;
+}

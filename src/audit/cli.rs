@@ -1,0 +1,496 @@
+//! `mcp-firewall audit`: an auditor's first questions without learning the
+//! schema. `tail` follows new rows (from ClickHouse, or from a local spool
+//! when no ClickHouse is at hand), `run RUN_ID` is a run's timeline (every
+//! call, decision, stop reason and approval), `denials --since 1h` groups
+//! refusals by role and reason, `stats --days 7` reads the daily aggregate.
+//! Tables for people, `--json` for scripts.
+//!
+//! Invariants: the SQL each command runs is [`query`]'s, and the README's
+//! auditor queries are these texts (a test holds them together); values are
+//! bound by the client library (escaped), never spliced; a spool is read,
+//! never written or locked, so it can be read while the firewall runs.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::config::ClickHouseConfig;
+
+/// `mcp-firewall audit …`.
+#[derive(clap::Args, Debug)]
+pub struct AuditArgs {
+    /// Read `[audit]` from this firewall config (ClickHouse, or its spool).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// ClickHouse's HTTP interface (overrides the config).
+    #[arg(long)]
+    pub clickhouse: Option<String>,
+    /// The audit database.
+    #[arg(long)]
+    pub database: Option<String>,
+    /// The audit table.
+    #[arg(long)]
+    pub table: Option<String>,
+    /// ClickHouse user.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Environment variable holding the ClickHouse password.
+    #[arg(long)]
+    pub password_env: Option<String>,
+    /// Read a local spool directory instead of ClickHouse (`tail` only).
+    #[arg(long)]
+    pub spool: Option<PathBuf>,
+    /// JSON (one object per line) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// What to ask.
+    #[command(subcommand)]
+    pub command: AuditCommand,
+}
+
+/// The questions.
+#[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum AuditCommand {
+    /// The newest rows, then every new one as it lands (Ctrl-C ends).
+    Tail {
+        /// Rows shown before following.
+        #[arg(long, short = 'n', default_value_t = 20)]
+        lines: usize,
+        /// Print the newest rows and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// A run's timeline: every call, decision, stop reason and approval.
+    Run {
+        /// The run id (the token's `run_id`).
+        run_id: String,
+    },
+    /// Refusals (deny, hidden, invalid) by role, stop reason and reason.
+    Denials {
+        /// How far back (`30m`, `1h`, `7d`).
+        #[arg(long, default_value = "1h")]
+        since: String,
+    },
+    /// Calls, denials, errors, runs and latency per day and tool, from the
+    /// daily aggregate.
+    Stats {
+        /// Days back, today included.
+        #[arg(long, default_value_t = 7)]
+        days: u32,
+    },
+}
+
+/// Which question, for [`query`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Question {
+    /// Rows from a time on (`?` = `time_ms`).
+    Tail,
+    /// A run's timeline (`?` = the run id).
+    Run,
+    /// Refusals since (`?` = `time_ms`).
+    Denials,
+    /// The daily aggregate (`?` = days back).
+    Stats,
+}
+
+/// The SQL of a question, with `?` where the value is bound.
+pub fn query(q: Question, database: &str, table: &str) -> String {
+    let t = format!("{database}.{table}");
+    match q {
+        Question::Tail => format!(
+            "SELECT toString(event_id) AS event_id, time_ms, tenant, run_id, agent_role, method, tool, decision, stop_reason, latency_us, row_version \
+             FROM {t} WHERE time_ms >= ? ORDER BY time_ms LIMIT 1000"
+        ),
+        Question::Run => format!(
+            "SELECT time_ms, method, tool, risk, decision, stop_reason, reason, upstream_status, latency_us \
+             FROM {t} FINAL WHERE run_id = ? ORDER BY time_ms"
+        ),
+        Question::Denials => format!(
+            "SELECT agent_role, decision, stop_reason, reason, uniqExact(event_id) AS n \
+             FROM {t} WHERE time_ms >= ? AND decision IN ('deny', 'hidden', 'invalid') \
+             GROUP BY agent_role, decision, stop_reason, reason ORDER BY n DESC"
+        ),
+        Question::Stats => format!(
+            "SELECT day, tool, uniqExactMerge(calls) AS calls, uniqExactIfMerge(denials) AS denials, \
+             uniqExactIfMerge(errors) AS errors, uniqExactMerge(runs) AS runs, \
+             quantilesMerge(0.5, 0.95, 0.99)(latency_quantiles)[2] AS p95_us \
+             FROM {t}_daily_stats WHERE day > today() - ? GROUP BY day, tool ORDER BY day, tool"
+        ),
+    }
+}
+
+/// Where the rows are.
+enum Source {
+    ClickHouse {
+        client: clickhouse::Client,
+        database: String,
+        table: String,
+    },
+    Spool(PathBuf),
+}
+
+/// Runs one `audit` command, writing to `out` (stdout in the binary).
+pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyhow::Result<()> {
+    let source = source(args)?;
+    match (&args.command, &source) {
+        (AuditCommand::Tail { lines, once }, _) => tail(&source, *lines, *once, args.json, out).await,
+        (_, Source::Spool(_)) => anyhow::bail!(
+            "a spool holds rows not yet in ClickHouse; `run`, `denials` and `stats` ask ClickHouse (--clickhouse or --config)"
+        ),
+        (AuditCommand::Run { run_id }, Source::ClickHouse { client, database, table }) => {
+            let rows = fetch(client.query(&query(Question::Run, database, table)).bind(run_id.as_str())).await?;
+            if rows.is_empty() && !args.json {
+                writeln!(out, "no rows for run {run_id:?}")?;
+                return Ok(());
+            }
+            print_rows(&rows, &["time_ms", "method", "tool", "risk", "decision", "stop_reason", "latency_us", "reason"], args.json, out)
+        }
+        (AuditCommand::Denials { since }, Source::ClickHouse { client, database, table }) => {
+            let back = parse_since(since)
+                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
+            let from = now_ms().saturating_sub(back.as_millis() as u64);
+            let rows = fetch(client.query(&query(Question::Denials, database, table)).bind(from)).await?;
+            print_rows(&rows, &["n", "agent_role", "decision", "stop_reason", "reason"], args.json, out)
+        }
+        (AuditCommand::Stats { days }, Source::ClickHouse { client, database, table }) => {
+            let rows = fetch(client.query(&query(Question::Stats, database, table)).bind(*days)).await?;
+            print_rows(&rows, &["day", "tool", "calls", "denials", "errors", "runs", "p95_us"], args.json, out)
+        }
+    }
+}
+
+fn source(args: &AuditArgs) -> anyhow::Result<Source> {
+    let cfg = match &args.config {
+        Some(path) => Some(crate::config::load(path)?),
+        None => None,
+    };
+    if let Some(dir) = &args.spool {
+        return Ok(Source::Spool(dir.clone()));
+    }
+    let mut ch: ClickHouseConfig = cfg
+        .as_ref()
+        .and_then(|c| c.audit.as_ref())
+        .map(|a| a.clickhouse.clone())
+        .unwrap_or_default();
+    match (&args.clickhouse, &cfg) {
+        (Some(url), _) => ch.url = url.clone(),
+        (None, Some(c)) if c.audit.is_some() => {}
+        (None, Some(_)) => anyhow::bail!("the config has no [audit] section"),
+        (None, None) => {
+            anyhow::bail!("say where the rows are: --clickhouse URL, --config FILE or --spool DIR")
+        }
+    }
+    if let Some(d) = &args.database {
+        ch.database = d.clone();
+    }
+    if let Some(t) = &args.table {
+        ch.table = t.clone();
+    }
+    if let Some(u) = &args.user {
+        ch.user = u.clone();
+    }
+    if let Some(p) = &args.password_env {
+        ch.password_env = Some(p.clone());
+    }
+    for (what, v) in [("database", &ch.database), ("table", &ch.table)] {
+        if !super::config::is_identifier(v) {
+            anyhow::bail!("{what} {v:?} is not an identifier");
+        }
+    }
+    // 64-bit numbers as JSON numbers, not strings.
+    let client = super::clickhouse::build_client(&ch)?
+        .with_setting("output_format_json_quote_64bit_integers", "0");
+    Ok(Source::ClickHouse {
+        client,
+        database: ch.database,
+        table: ch.table,
+    })
+}
+
+async fn fetch(q: clickhouse::query::Query) -> anyhow::Result<Vec<Map<String, Value>>> {
+    let bytes = q
+        .fetch_bytes("JSONEachRow")?
+        .collect()
+        .await
+        .map_err(|e| anyhow::anyhow!("ClickHouse: {e}"))?;
+    let text = String::from_utf8_lossy(&bytes);
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l).map_err(|e| anyhow::anyhow!("ClickHouse answered {l:?}: {e}"))
+        })
+        .collect()
+}
+
+async fn tail(
+    source: &Source,
+    lines: usize,
+    once: bool,
+    json: bool,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    let mut seen: HashMap<(String, u64), ()> = HashMap::new();
+    let mut from_ms = 0u64;
+    let mut first = true;
+    let mut failing: Option<std::time::Instant> = None;
+    loop {
+        let fetched = match source {
+            Source::ClickHouse {
+                client,
+                database,
+                table,
+            } => {
+                fetch(
+                    client
+                        .query(&query(Question::Tail, database, table))
+                        .bind(from_ms),
+                )
+                .await
+            }
+            Source::Spool(dir) => spool_rows(dir, from_ms),
+        };
+        let mut rows = match fetched {
+            Ok(rows) => {
+                failing = None;
+                rows
+            }
+            // Following: the table may not exist yet (a firewall that just
+            // started creates it), ClickHouse may be restarting; say so
+            // once it lasts, and keep trying.
+            Err(e) if !once => {
+                let since = *failing.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= Duration::from_secs(3)
+                    && since.elapsed() < Duration::from_millis(3500)
+                {
+                    eprintln!("audit tail: {e:#}; still trying");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        rows.sort_by_key(|r| num(r.get("time_ms")).unwrap_or(0));
+        rows.retain(|r| {
+            let id = r
+                .get("event_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let v = num(r.get("row_version")).unwrap_or(0);
+            seen.insert((id, v), ()).is_none()
+        });
+        if first && rows.len() > lines {
+            rows.drain(..rows.len() - lines);
+        }
+        if let Some(last) = rows.last().and_then(|r| num(r.get("time_ms"))) {
+            from_ms = last;
+        }
+        if !rows.is_empty() || first {
+            print_tail(&rows, json, first, out)?;
+            out.flush()?;
+        }
+        first = false;
+        if once {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn print_tail(
+    rows: &[Map<String, Value>],
+    json: bool,
+    header: bool,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    if json {
+        for r in rows {
+            writeln!(out, "{}", Value::Object(r.clone()))?;
+        }
+        return Ok(());
+    }
+    if header {
+        writeln!(
+            out,
+            "{:<24} {:<22} {:<22} {:<12} {:<24} {:<8} {:<18} {:>9}",
+            "time", "run", "role", "method", "tool", "decision", "stop reason", "µs"
+        )?;
+    }
+    for r in rows {
+        let s = |k: &str| cell(r.get(k));
+        writeln!(
+            out,
+            "{:<24} {:<22} {:<22} {:<12} {:<24} {:<8} {:<18} {:>9}",
+            time_text(r.get("time_ms")),
+            s("run_id"),
+            s("agent_role"),
+            s("method"),
+            s("tool"),
+            s("decision"),
+            // The intent row, written before the call was forwarded.
+            if num(r.get("row_version")) == Some(0) && s("stop_reason").is_empty() {
+                "(forwarding)".to_owned()
+            } else {
+                s("stop_reason")
+            },
+            s("latency_us"),
+        )?;
+    }
+    Ok(())
+}
+
+fn print_rows(
+    rows: &[Map<String, Value>],
+    columns: &[&str],
+    json: bool,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    if json {
+        for r in rows {
+            writeln!(out, "{}", Value::Object(r.clone()))?;
+        }
+        return Ok(());
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            columns
+                .iter()
+                .map(|c| match *c {
+                    "time_ms" => time_text(r.get(*c)),
+                    _ => cell(r.get(*c)),
+                })
+                .collect()
+        })
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            cells
+                .iter()
+                .map(|row| row[i].chars().count())
+                .chain(std::iter::once(c.len()))
+                .max()
+                .unwrap_or(0)
+                .min(60)
+        })
+        .collect();
+    let mut line = String::new();
+    for (c, w) in columns.iter().zip(&widths) {
+        let _ = write!(line, "{c:<w$}  ");
+    }
+    writeln!(out, "{}", line.trim_end())?;
+    for row in &cells {
+        line.clear();
+        for (v, w) in row.iter().zip(&widths) {
+            let v: String = v.chars().take(*w).collect();
+            let _ = write!(line, "{v:<w$}  ");
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    if rows.is_empty() {
+        writeln!(out, "(no rows)")?;
+    }
+    Ok(())
+}
+
+fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A number, also when ClickHouse quoted it.
+fn num(v: Option<&Value>) -> Option<u64> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn time_text(v: Option<&Value>) -> String {
+    num(v).map(crate::approval::fmt_ms).unwrap_or_default()
+}
+
+/// Every row of a spool directory from `from_ms` on, read without locking.
+pub fn spool_rows(dir: &Path, from_ms: u64) -> anyhow::Result<Vec<Map<String, Value>>> {
+    let mut rows = Vec::new();
+    let segments = super::spool::list_segments(dir)
+        .map_err(|e| anyhow::anyhow!("spool {}: {e}", dir.display()))?;
+    for seq in segments {
+        let path = super::spool::segment_path(dir, seq);
+        let Ok(data) = std::fs::read(&path) else {
+            // Shipped and deleted meanwhile.
+            continue;
+        };
+        for payload in super::spool::payloads(&data) {
+            if let Some(row) = super::record::decode_row(payload) {
+                if row.get("time_ms").and_then(Value::as_u64).unwrap_or(0) >= from_ms {
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// `90s`, `30m`, `1h`, `7d`.
+fn parse_since(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let n: u64 = s[..split].parse().ok()?;
+    let unit = match &s[split..] {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    Some(Duration::from_secs(n.checked_mul(unit)?))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's auditor queries are what the commands run.
+    #[test]
+    fn the_readme_shows_the_sql_each_command_runs() {
+        let readme = include_str!("../../README.md");
+        for (q, value) in [
+            (Question::Tail, "{from_ms}"),
+            (Question::Run, "'RUN_ID'"),
+            (Question::Denials, "{since_ms}"),
+            (Question::Stats, "{days}"),
+        ] {
+            let sql = query(q, "mcp_firewall", "audit_events").replace('?', value);
+            assert!(
+                readme.contains(&sql),
+                "README lacks the {q:?} query:\n{sql}"
+            );
+        }
+    }
+
+    #[test]
+    fn since_takes_seconds_minutes_hours_days() {
+        assert_eq!(parse_since("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_since("30m"), Some(Duration::from_secs(1800)));
+        assert_eq!(parse_since("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_since("7d"), Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_since("1w"), None);
+        assert_eq!(parse_since("h"), None);
+    }
+}
