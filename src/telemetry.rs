@@ -59,6 +59,23 @@ pub struct FallbackLabels {
     pub fallback: &'static str,
 }
 
+/// Labels of the upstream exchange counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct UpstreamLabels {
+    /// Upstream name.
+    pub upstream: String,
+    /// `2xx`, `3xx`, `4xx`, `5xx`, or `error` (no answer: connect, timeout,
+    /// transport).
+    pub outcome: &'static str,
+}
+
+/// Labels of the upstream latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct UpstreamName {
+    /// Upstream name.
+    pub upstream: String,
+}
+
 /// Labels of the policy-hash gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct PolicyLabels {
@@ -94,6 +111,24 @@ pub struct Metrics {
     pub refused_connections: prometheus_client::metrics::counter::Counter,
     /// Connections closed because the client stopped reading.
     pub write_idle_closed: prometheus_client::metrics::counter::Counter,
+    /// Requests sent upstream, by the class of their answer.
+    pub upstream_requests: prometheus_client::metrics::family::Family<
+        UpstreamLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Time from sending to the upstream's response headers.
+    pub upstream_latency: prometheus_client::metrics::family::Family<
+        UpstreamName,
+        prometheus_client::metrics::histogram::Histogram,
+        fn() -> prometheus_client::metrics::histogram::Histogram,
+    >,
+}
+
+fn latency_histogram() -> prometheus_client::metrics::histogram::Histogram {
+    // 100 µs .. ~13 s.
+    prometheus_client::metrics::histogram::Histogram::new(
+        prometheus_client::metrics::histogram::exponential_buckets(0.0001, 2.0, 18),
+    )
 }
 
 impl Metrics {
@@ -108,7 +143,21 @@ impl Metrics {
             refused_ip: Default::default(),
             refused_connections: Default::default(),
             write_idle_closed: Default::default(),
+            upstream_requests: Default::default(),
+            upstream_latency: prometheus_client::metrics::family::Family::new_with_constructor(
+                latency_histogram,
+            ),
         };
+        registry.register(
+            "upstream_requests",
+            "Requests sent to an upstream, by answer class (2xx, 4xx, 5xx; error: no answer)",
+            m.upstream_requests.clone(),
+        );
+        registry.register(
+            "upstream_latency_seconds",
+            "Time from sending a request to the upstream's response headers",
+            m.upstream_latency.clone(),
+        );
         registry.register(
             "store_fallback",
             "tools/call a shared store could not admit: fallback=open admitted by this replica's memory budgets, fallback=closed refused (-31006)",
@@ -177,6 +226,31 @@ impl Metrics {
                 sha256: sha256.to_owned(),
             })
             .set(1);
+    }
+
+    /// Counts one upstream exchange: `status` of its answer (`None`: none
+    /// came), `latency` to its headers.
+    pub fn upstream(&self, upstream: &str, status: Option<u16>, latency: std::time::Duration) {
+        let outcome = match status {
+            None => "error",
+            Some(200..=299) => "2xx",
+            Some(300..=399) => "3xx",
+            Some(400..=499) => "4xx",
+            Some(_) => "5xx",
+        };
+        self.upstream_requests
+            .get_or_create(&UpstreamLabels {
+                upstream: upstream.to_owned(),
+                outcome,
+            })
+            .inc();
+        if status.is_some() {
+            self.upstream_latency
+                .get_or_create(&UpstreamName {
+                    upstream: upstream.to_owned(),
+                })
+                .observe(latency.as_secs_f64());
+        }
     }
 
     /// Counts one `tools/call` outcome.

@@ -833,6 +833,7 @@ struct KindLabel {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Metrics {
     pending: Gauge,
+    oldest_pending_age: Gauge,
     created: Counter,
     decisions: Family<OutcomeLabel, Counter>,
     webhook_failures: Family<KindLabel, Counter>,
@@ -847,6 +848,11 @@ impl Metrics {
             "pending",
             "Approvals waiting for a person",
             m.pending.clone(),
+        );
+        r.register(
+            "oldest_pending_age_seconds",
+            "Age of the oldest approval still waiting for a person (0: none), as of the last sweep",
+            m.oldest_pending_age.clone(),
         );
         r.register(
             "created",
@@ -1329,7 +1335,20 @@ impl Approvals {
             }
         };
         self.metrics.pending.set(self.pending() as i64);
+        self.set_oldest_pending(now);
         self.emit(&transitions);
+    }
+
+    /// The oldest pending approval's age, for the dashboard.
+    fn set_oldest_pending(&self, now: u64) {
+        let oldest = match &self.backend {
+            Backend::File(s) => s.oldest_pending_ms(now),
+            Backend::Postgres(p) => p.oldest_pending_ms(),
+        };
+        let age_s = oldest.map_or(0, |created| now.saturating_sub(created) / 1000);
+        self.metrics
+            .oldest_pending_age
+            .set(i64::try_from(age_s).unwrap_or(i64::MAX));
     }
 
     /// [`Approvals::sweep`] of the file store (blocking: it may compact).
@@ -1339,6 +1358,7 @@ impl Approvals {
         };
         let now = self.clock.now_ms();
         let transitions = s.sweep(now, self.cfg.history_s.saturating_mul(1000));
+        self.set_oldest_pending(now);
         // Previews are only shown while pending.
         self.previews
             .retain(|id, _| s.status(id.as_str(), now) == Some(Status::Pending));

@@ -20,7 +20,7 @@
 //! with the database down, gated calls are answered "approval unavailable"
 //! at once, and nothing else on the request path waits on it.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -107,6 +107,8 @@ struct Inner {
     poll: Duration,
     migrated: AtomicBool,
     pending: AtomicUsize,
+    /// `created_ms` of the oldest pending approval (0: none), as of the last sweep.
+    oldest_pending: AtomicU64,
     waiters: DashMap<String, watch::Sender<Status>>,
 }
 
@@ -210,6 +212,7 @@ impl PgStore {
             poll: Duration::from_millis(cfg.postgres_poll_ms.max(100)),
             migrated: AtomicBool::new(false),
             pending: AtomicUsize::new(0),
+            oldest_pending: AtomicU64::new(0),
             waiters: DashMap::new(),
         });
         match inner.migrate().await {
@@ -226,6 +229,11 @@ impl PgStore {
     /// Pending approvals as of the last sweep.
     pub(crate) fn pending(&self) -> usize {
         self.inner.pending.load(Ordering::Relaxed)
+    }
+
+    /// When the oldest pending approval was filed, as of the last sweep.
+    pub(crate) fn oldest_pending_ms(&self) -> Option<u64> {
+        Some(self.inner.oldest_pending.load(Ordering::Relaxed)).filter(|ms| *ms > 0)
     }
 
     /// Whether the breaker is open.
@@ -702,14 +710,15 @@ impl PgStore {
                     &[&cutoff],
                 )
                 .await?;
-                let pending: i64 = c
+                let counted = c
                     .query_one(
-                        "SELECT count(*) FROM mcp_firewall_approvals WHERE status = 'pending' \
-                         AND expires_ms > $1",
+                        "SELECT count(*), COALESCE(min(created_ms), 0) FROM mcp_firewall_approvals \
+                         WHERE status = 'pending' AND expires_ms > $1",
                         &[&now_i],
                     )
-                    .await?
-                    .get(0);
+                    .await?;
+                let pending: i64 = counted.get(0);
+                let oldest: i64 = counted.get(1);
                 let mut out = Vec::with_capacity(rows.len());
                 for r in &rows {
                     let a = approval(r)?;
@@ -720,12 +729,16 @@ impl PgStore {
                         approval: a,
                     });
                 }
-                Ok((out, pending))
+                Ok((out, (pending, oldest)))
             })
             .await?;
+        let (pending, oldest) = pending;
         self.inner
             .pending
             .store(usize::try_from(pending).unwrap_or(0), Ordering::Relaxed);
+        self.inner
+            .oldest_pending
+            .store(u64::try_from(oldest).unwrap_or(0), Ordering::Relaxed);
         self.wake_all(&expired);
         Ok(expired)
     }

@@ -787,6 +787,16 @@ impl Store {
         out
     }
 
+    /// When the oldest approval still pending at `now` was filed.
+    pub(crate) fn oldest_pending_ms(&self, now: u64) -> Option<u64> {
+        let g = self.lock();
+        g.by_id
+            .values()
+            .filter(|e| e.approval.status_at(now) == Status::Pending)
+            .map(|e| e.approval.created_ms)
+            .min()
+    }
+
     /// Journals due expiries, forgets history older than `history_ms`,
     /// compacts when the journal is mostly dead records.
     pub(crate) fn sweep(&self, now: u64, history_ms: u64) -> Vec<Transition> {

@@ -319,6 +319,7 @@ async fn post(
         session: session.as_deref(),
         last_event_id: None,
     };
+    let sent_at = std::time::Instant::now();
     let sending = run.upstream.send(fwd);
     let exchange = Exchange::new(
         run.clone(),
@@ -336,7 +337,13 @@ async fn post(
     drop(outgoing.head);
 
     // Step 13: relay.
-    match sending.await {
+    let answered = sending.await;
+    run.metrics.upstream(
+        &run.upstream.config.name,
+        answered.as_ref().ok().map(|r| r.status().as_u16()),
+        sent_at.elapsed(),
+    );
+    match answered {
         Ok(resp) => exchange.respond(resp).await,
         Err(failure) => Err(exchange.fail(failure).await),
     }
@@ -469,6 +476,7 @@ async fn transport(
         session: session.as_deref(),
         last_event_id: last_event_id.as_deref(),
     };
+    let sent_at = std::time::Instant::now();
     let sending = run.upstream.send(fwd);
     let exchange = Exchange::new(
         run.clone(),
@@ -481,7 +489,13 @@ async fn transport(
     .with_reply(&head.headers, conn, identity.clone())
     .started();
     drop(head);
-    match sending.await {
+    let answered = sending.await;
+    run.metrics.upstream(
+        &run.upstream.config.name,
+        answered.as_ref().ok().map(|r| r.status().as_u16()),
+        sent_at.elapsed(),
+    );
+    match answered {
         Ok(resp) => exchange.respond(resp).await,
         Err(failure) => Err(exchange.fail(failure).await),
     }

@@ -12,6 +12,7 @@ mod budgets;
 mod bypass;
 mod cli;
 mod common;
+mod dashboard;
 mod demo_command;
 mod demo_upstream;
 mod holds;
