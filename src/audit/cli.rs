@@ -125,7 +125,7 @@ pub fn query(q: Question, database: &str, table: &str) -> String {
 /// Where the rows are.
 enum Source {
     ClickHouse {
-        client: clickhouse::Client,
+        client: Box<clickhouse::Client>,
         database: String,
         table: String,
     },
@@ -204,7 +204,7 @@ fn source(args: &AuditArgs) -> anyhow::Result<Source> {
     let client = super::clickhouse::build_client(&ch)?
         .with_setting("output_format_json_quote_64bit_integers", "0");
     Ok(Source::ClickHouse {
-        client,
+        client: Box::new(client),
         database: ch.database,
         table: ch.table,
     })
