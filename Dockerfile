@@ -1,7 +1,9 @@
 # mcp-firewall container image.
 #   docker build -t mcp-firewall .
-#   docker run -p 8443:8443 -p 9090:9090 -v $PWD/config:/etc/mcp-firewall:ro \
-#     -v $PWD/policies:/etc/mcp-firewall/policies:ro mcp-firewall
+#   docker run -p 8080:8080 -p 9090:9090 mcp-firewall      # the demo, as shipped
+#   docker compose up --build                               # firewall + sample upstream + ClickHouse
+# In production run `serve --config /etc/mcp-firewall/config.toml` with your
+# config and policies mounted (see deploy/kubernetes/).
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -17,11 +19,15 @@ FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home /var/lib/mcp-firewall mcp-firewall \
-    && mkdir -p /var/lib/mcp-firewall/spool && chown -R mcp-firewall /var/lib/mcp-firewall
+    && mkdir -p /var/lib/mcp-firewall/spool /var/lib/mcp-firewall/approvals \
+    && chown -R mcp-firewall /var/lib/mcp-firewall
 COPY --from=build /src/target/release/mcp-firewall /usr/local/bin/mcp-firewall
 COPY config/example.toml /etc/mcp-firewall/config.toml
+COPY config/compose.toml /etc/mcp-firewall/compose.toml
 COPY policies /etc/mcp-firewall/policies
 USER mcp-firewall
-EXPOSE 8443 9090
+EXPOSE 8080 8443 9090
 ENTRYPOINT ["/usr/local/bin/mcp-firewall"]
-CMD ["serve", "--config", "/etc/mcp-firewall/config.toml"]
+# Works as shipped: the firewall in front of the sample upstream, with tokens
+# printed on start. Production: `serve --config /etc/mcp-firewall/config.toml`.
+CMD ["demo", "--listen", "0.0.0.0:8080", "--admin", "0.0.0.0:9090"]

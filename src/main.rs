@@ -37,6 +37,13 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         admin: SocketAddr,
     },
+    /// Serve only the sample SRE incident upstream (no firewall), e.g. for
+    /// docker-compose.yml.
+    DemoUpstream {
+        /// Where it listens (its MCP endpoint is `/mcp`).
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        listen: SocketAddr,
+    },
     /// Approvals on a running firewall: list, show, approve, deny.
     Approvals(mcp_firewall::approval::client::ApprovalsArgs),
     /// Tool-definition pins: review drift on a running firewall (diff,
@@ -167,6 +174,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo { listen, admin } => mcp_firewall::demo::run::run(listen, admin).await,
+        Command::DemoUpstream { listen } => {
+            let listener = tokio::net::TcpListener::bind(listen).await?;
+            let upstream =
+                mcp_firewall::demo::spawn(listener, mcp_firewall::demo::UpstreamOptions::default())
+                    .await?;
+            eprintln!("sample upstream listening on {}", upstream.url());
+            tokio::signal::ctrl_c().await.ok();
+            upstream.shutdown().await;
+            Ok(())
+        }
         Command::Audit(args) => {
             let mut out = std::io::stdout();
             mcp_firewall::audit::cli::run(&args, &mut out).await

@@ -15,6 +15,7 @@ mod common;
 mod dashboard;
 mod demo_command;
 mod demo_upstream;
+mod deploy;
 mod holds;
 mod input;
 mod lifecycle;
