@@ -419,6 +419,24 @@ fn time_text(v: Option<&Value>) -> String {
     num(v).map(crate::approval::fmt_ms).unwrap_or_default()
 }
 
+/// The encoded rows (RowBinary, [`super::COLUMNS`] order) of a spool
+/// directory, in write order, read without locking.
+pub fn spool_payloads(dir: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let segments = super::spool::list_segments(dir)
+        .map_err(|e| anyhow::anyhow!("spool {}: {e}", dir.display()))?;
+    for seq in segments {
+        if let Ok(data) = std::fs::read(super::spool::segment_path(dir, seq)) {
+            out.extend(
+                super::spool::payloads(&data)
+                    .into_iter()
+                    .map(<[u8]>::to_vec),
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// Every row of a spool directory from `from_ms` on, read without locking.
 pub fn spool_rows(dir: &Path, from_ms: u64) -> anyhow::Result<Vec<Map<String, Value>>> {
     let mut rows = Vec::new();

@@ -130,6 +130,20 @@ pub fn schema_statements(database: &str, table: &str) -> Vec<String> {
     out
 }
 
+/// The retention job's question: the active day partitions of the audit
+/// table and its daily aggregate (`table`, `partition` as TabSeparated).
+pub fn partitions_sql(database: &str, table: &str) -> String {
+    format!(
+        "SELECT DISTINCT table, partition FROM system.parts \
+         WHERE database = '{database}' AND table IN ('{table}', '{table}_daily_stats') AND active"
+    )
+}
+
+/// The retention job's statement for one expired day partition of `table`.
+pub fn drop_partition_sql(database: &str, table: &str, partition: u32) -> String {
+    format!("ALTER TABLE {database}.{table} DROP PARTITION {partition}")
+}
+
 /// Creates what is missing of the schema (idempotent).
 pub(crate) async fn ensure_schema(
     client: &clickhouse::Client,
@@ -292,10 +306,7 @@ pub(crate) async fn enforce_retention(
 ) -> Result<usize, clickhouse::error::Error> {
     let cutoff = yyyymmdd_from_days(today_days - i64::from(keep_days) + 1);
     let stats = format!("{table}_daily_stats");
-    let sql = format!(
-        "SELECT DISTINCT table, partition FROM system.parts \
-         WHERE database = '{database}' AND table IN ('{table}', '{stats}') AND active"
-    );
+    let sql = partitions_sql(database, table);
     let text = client
         .query_raw(&sql)
         .fetch_bytes("TabSeparated")?
@@ -312,7 +323,7 @@ pub(crate) async fn enforce_retention(
             .collect();
         for p in partitions_to_drop(&parts, cutoff) {
             client
-                .query_raw(&format!("ALTER TABLE {database}.{name} DROP PARTITION {p}"))
+                .query_raw(&drop_partition_sql(database, name, p))
                 .execute()
                 .await?;
             tracing::info!(

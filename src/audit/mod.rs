@@ -85,7 +85,9 @@ use thiserror::Error;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-pub use self::clickhouse::{schema_statements, ClickHouseError, SCHEMA_SQL};
+pub use self::clickhouse::{
+    drop_partition_sql, partitions_sql, schema_statements, ClickHouseError, SCHEMA_SQL,
+};
 pub use self::config::*;
 pub use self::record::{AuditRow, JsonPayload, Label, COLUMNS};
 pub use self::redact::{redact_json, truncate_utf8, RedactError, Redactor, REDACTED};

@@ -201,8 +201,13 @@ async fn every_clickhouse_panel_runs_against_the_schema() {
     }
     let sqls = targets(&dashboard("mcp-firewall-audit.json"), "rawSql");
     assert!(sqls.len() >= 6);
-    for sql in sqls {
-        let sql = sql.replace("${database}", &db);
+    // The README's other questions too, on this (18.16) ClickHouse.
+    let readme = crate::modern_clickhouse::readme_sql_after("More questions in SQL:");
+    assert!(readme.len() >= 3);
+    for sql in sqls.into_iter().chain(readme) {
+        let sql = sql
+            .replace("${database}", &db)
+            .replace("mcp_firewall.", &format!("{db}."));
         if let Err(e) = ch.try_query(&sql) {
             panic!("panel SQL fails on ClickHouse: {e}\n{sql}");
         }

@@ -19,6 +19,7 @@ mod deploy;
 mod holds;
 mod input;
 mod lifecycle;
+mod modern_clickhouse;
 mod pins;
 mod reload;
 mod replicas;

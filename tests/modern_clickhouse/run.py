@@ -1,0 +1,91 @@
+"""The audit schema and every query on a current ClickHouse (the engine chdb
+embeds). Reads the fixture tests/integration/modern_clickhouse.rs wrote:
+schema statements, rows encoded by the firewall itself (RowBinary), the
+queries of the audit CLI, the README, the dashboard, and the retention job.
+Fails on any statement the current engine refuses, and checks the answers.
+
+    python run.py target/modern-clickhouse
+"""
+import json
+import os
+import sys
+import tempfile
+
+import chdb
+from chdb import session
+
+fixture = sys.argv[1]
+with open(os.path.join(fixture, "schema.json")) as f:
+    schema = json.load(f)
+with open(os.path.join(fixture, "queries.json")) as f:
+    queries = json.load(f)
+with open(os.path.join(fixture, "columns.txt")) as f:
+    columns = f.read().strip()
+with open(os.path.join(fixture, "row_count")) as f:
+    rows = int(f.read().strip())
+with open(os.path.join(fixture, "event_count")) as f:
+    events = int(f.read().strip())
+with open(os.path.join(fixture, "drop_partition.sql")) as f:
+    drop_template = f.read().strip()
+
+work = tempfile.mkdtemp(prefix="mcpfw-chdb-")
+s = session.Session(work)
+version = s.query("SELECT version()", "TSV").bytes().decode().strip()
+print(f"ClickHouse {version} (chdb {chdb.__version__})")
+major = int(version.split(".")[0])
+assert major >= 24, f"not a current ClickHouse: {version}"
+
+for stmt in schema:
+    s.query(stmt)
+print(f"schema: {len(schema)} statements")
+
+data = os.path.join(fixture, "rows.rowbinary")
+# The table's own column types read the file: the same bytes the shipper
+# sends in `INSERT ... FORMAT RowBinary`.
+structure = s.query(
+    "SELECT arrayStringConcat(groupArray(concat(name, ' ', type)), ', ') "
+    "FROM (SELECT name, type FROM system.columns "
+    "WHERE database = 'mcp_firewall' AND table = 'audit_events' ORDER BY position)",
+    "TSV",
+).bytes().decode().strip().replace("\\'", "'").replace("'", "\\'")
+s.query(
+    f"INSERT INTO mcp_firewall.audit_events ({columns}) "
+    f"SELECT {columns} FROM file('{data}', 'RowBinary', '{structure}')"
+)
+# An intent row and its completion share an event_id; the table keeps the
+# newest (merges may already have folded them).
+n = int(s.query("SELECT count() FROM mcp_firewall.audit_events", "TSV").bytes().decode())
+u = int(s.query("SELECT uniqExact(event_id) FROM mcp_firewall.audit_events", "TSV").bytes().decode())
+assert u == events and events <= n <= rows, f"{n} rows, {u} events in ClickHouse; {rows} rows, {events} events written"
+calls = s.query(
+    "SELECT count() FROM mcp_firewall.audit_events FINAL WHERE method = 'tools/call' AND run_id = 'run-investigate-1'",
+    "TSV",
+).bytes().decode().strip()
+print(f"rows: {n} inserted, {calls} calls of run-investigate-1 after FINAL")
+assert int(calls) >= 3, calls
+
+answers = {}
+for q in queries:
+    try:
+        out = s.query(q["sql"], "JSONEachRow").bytes().decode()
+    except Exception as e:  # noqa: BLE001 - report which query
+        print(f"FAILED {q['name']}:\n{q['sql']}\n{e}")
+        sys.exit(1)
+    answers[q["name"]] = [json.loads(l) for l in out.splitlines() if l.strip()]
+    print(f"ok  {q['name']}: {len(answers[q['name']])} rows")
+
+timeline = answers["cli run"]
+assert any(r["tool"] == "get_incident" and r["stop_reason"] == "done" for r in timeline), timeline
+assert any(r["tool"] == "restart_service" and r["decision"] == "hidden" for r in timeline), timeline
+assert answers["cli denials"], "the hidden call is a denial"
+assert any(r["tool"] == "get_incident" for r in answers["cli stats"]), answers["cli stats"]
+
+parts = answers["retention: partitions"]
+assert parts, "day partitions"
+for p in parts:
+    if p["table"] == "audit_events_daily_stats":
+        s.query(drop_template.replace(" 0", " " + str(p["partition"]).strip("'")))
+left = int(s.query("SELECT count() FROM mcp_firewall.audit_events_daily_stats", "TSV").bytes().decode())
+assert left == 0, f"{left} aggregate rows after dropping its partitions"
+print("retention: dropped the aggregate's day partitions")
+print("ok")
