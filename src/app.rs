@@ -111,18 +111,21 @@ pub async fn start_with(
     let approvals = start_approvals(&config, &mut registry, admin_addr).await?;
     let pins = crate::pins::PinStore::open(&config.policy_dir, &mut registry)
         .context("loading the tool pins")?;
-    let state = Arc::new(
-        State::new(
-            config.clone(),
-            verifier,
-            policy.clone(),
-            auditor,
-            Metrics::register(&mut registry),
-            approvals,
-            pins.clone(),
-        )
-        .context("building upstream clients")?,
-    );
+    let mut state = State::new(
+        config.clone(),
+        verifier,
+        policy.clone(),
+        auditor,
+        Metrics::register(&mut registry),
+        approvals,
+        pins.clone(),
+    )
+    .context("building upstream clients")?;
+    if let Some(otlp) = &config.telemetry.otlp {
+        state.traces = Some(crate::trace::Traces::start(otlp)?);
+        tracing::info!(endpoint = %otlp.endpoint, "traces: exporting spans over OTLP/HTTP");
+    }
+    let state = Arc::new(state);
     crate::proxy::approvals::wire_pins(&state, &pins);
 
     if let Some(approvals) = &state.approvals {
@@ -270,6 +273,10 @@ impl Running {
         if let Some(audit) = self.audit {
             // Flush what it can; the rest stays in the spool for the next start.
             audit.shutdown(Duration::from_secs(5)).await;
+        }
+        if let Some(traces) = self.state.traces.clone() {
+            // The last spans; the SDK's flush blocks.
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
         }
         let _ = self.admin_shutdown.send(true);
         for s in servers {

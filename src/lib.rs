@@ -25,3 +25,4 @@ pub mod proxy;
 pub mod server;
 pub mod state;
 pub mod telemetry;
+pub mod trace;

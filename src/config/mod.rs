@@ -59,6 +59,9 @@ pub struct RawConfig {
     /// every replica).
     #[serde(default)]
     pub state: crate::state::StateConfig,
+    /// Traces (OpenTelemetry over OTLP/HTTP); absent: none.
+    #[serde(default)]
+    pub telemetry: crate::trace::TelemetryConfig,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<RawUpstream>,

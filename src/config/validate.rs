@@ -50,6 +50,8 @@ pub struct Config {
     pub session_keys: Vec<SessionKey>,
     /// Where budgets and rate limits live.
     pub state: crate::state::StateConfig,
+    /// Traces.
+    pub telemetry: crate::trace::TelemetryConfig,
 }
 
 /// Validated `[server]`.
@@ -527,6 +529,7 @@ impl Validator<'_> {
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
             session_keys,
             state,
+            telemetry: raw.telemetry,
         })
     }
 

@@ -73,6 +73,8 @@ pub struct RunContext {
     pub pins: Arc<crate::pins::PinStore>,
     /// Catalog refills (a `list_changed` re-lists at once).
     pub refills: Arc<super::refill::Refills>,
+    /// This request's trace, when traces are on.
+    pub trace: Option<Arc<crate::trace::RequestTrace>>,
 }
 
 /// What a decision knows besides the message and the run: the caller's

@@ -119,6 +119,8 @@ pub struct State {
     pub redactor: Arc<Redactor>,
     /// Catalog refills for calls naming tools not seen listed.
     pub refills: Arc<refill::Refills>,
+    /// The tracer, when `[telemetry.otlp]` is set.
+    pub traces: Option<crate::trace::Traces>,
     /// Reviewed tool definitions.
     pub pins: Arc<crate::pins::PinStore>,
     /// Seals session ids, event ids and request states.
@@ -187,6 +189,7 @@ impl State {
             approvals,
             redactor,
             refills: Arc::new(refill::Refills::default()),
+            traces: None,
             pins,
             sessions,
             closing: tokio::sync::watch::Sender::new(false),
@@ -265,8 +268,14 @@ async fn serve(
             // 2026-07-28 has neither the GET stream nor sessions to end.
             Err(ProxyError::MethodNotAllowed(req.method().clone()))
         }
-        Method::GET => get(state, conn, Arc::new(run), session, req).await,
-        Method::DELETE => delete(state, conn, Arc::new(run), session, req).await,
+        Method::GET => {
+            run.trace = start_trace(state, &run, req.headers(), None, "GET");
+            get(state, conn, Arc::new(run), session, req).await
+        }
+        Method::DELETE => {
+            run.trace = start_trace(state, &run, req.headers(), None, "DELETE");
+            delete(state, conn, Arc::new(run), session, req).await
+        }
         ref m => Err(ProxyError::MethodNotAllowed(m.clone())),
     }
 }
@@ -282,6 +291,15 @@ async fn post(
 ) -> Result<Response<Body>, ProxyError> {
     // Step 6: read and parse once; everything after decides on this model.
     let parsed = Parsed::read(state, &mut run, req).await?;
+    if state.traces.is_some() {
+        let meta = parsed
+            .env
+            .messages
+            .first()
+            .and_then(|m| m.params.as_deref())
+            .and_then(meta_traceparent);
+        run.trace = start_trace(state, &run, &parsed.head.headers, meta.as_deref(), "POST");
+    }
     let session = session.filter(|_| !run.version.is_stateless());
 
     // Step 7: a catalog that knows the tools called.
@@ -600,6 +618,7 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
         closing: state.closing.subscribe(),
         pins: state.pins.clone(),
         refills: state.refills.clone(),
+        trace: None,
     })
 }
 
@@ -649,7 +668,53 @@ pub fn tool_label(cx: &RunContext, tool: &str) -> String {
 
 /// The headers the upstream gets from the verified token (never from the
 /// client: client headers are not forwarded unless allowed).
+/// `params._meta.traceparent` of a message, if it carries one.
+fn meta_traceparent(params: &serde_json::value::RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "_meta")]
+        meta: Option<Meta<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow)]
+        traceparent: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_str::<Params>(params.get())
+        .ok()?
+        .meta?
+        .traceparent
+        .map(|t| t.into_owned())
+}
+
+/// The request's span, child of the agent's `traceparent` (header, else
+/// the first message's `_meta`), when traces are on.
+fn start_trace(
+    state: &State,
+    run: &RunContext,
+    headers: &HeaderMap,
+    meta_traceparent: Option<&str>,
+    method: &str,
+) -> Option<Arc<crate::trace::RequestTrace>> {
+    let traces = state.traces.as_ref()?;
+    Some(Arc::new(traces.request(
+        headers,
+        meta_traceparent,
+        method,
+        &run.upstream.config.name,
+    )))
+}
+
 fn identity_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = claim_headers(cx);
+    // The upstream continues the trace under the firewall's span.
+    if let Some(tp) = cx.trace.as_ref().and_then(|t| t.traceparent()) {
+        out.push((HeaderName::from_static("traceparent"), tp));
+    }
+    out
+}
+
+fn claim_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
     let c = &cx.claims;
     cx.upstream
         .config

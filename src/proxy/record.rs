@@ -36,6 +36,8 @@ pub struct Recorder {
     auditor: Auditor,
     base: AuditRow,
     started: Instant,
+    /// The request's trace: each final row is also a span.
+    trace: Option<std::sync::Arc<crate::trace::RequestTrace>>,
 }
 
 // === impl Recorder ===
@@ -52,12 +54,14 @@ impl Recorder {
         session: String,
     ) -> Recorder {
         let mut base = AuditRow::new();
-        if !auditor.is_enabled() {
+        let trace = cx.trace.clone();
+        if !auditor.is_enabled() && trace.is_none() {
             // Rows go nowhere: skip building them.
             return Recorder {
                 auditor,
                 base,
                 started: Instant::now(),
+                trace,
             };
         }
         let c = &cx.claims;
@@ -78,18 +82,22 @@ impl Recorder {
             .unwrap_or_default();
         base.protocol_version = cx.version.to_string();
         base.session_id = session;
-        base.trace_id = trace_id(headers);
+        base.trace_id = match &trace {
+            Some(t) => t.trace_id(),
+            None => trace_id(headers),
+        };
         base.bytes_in = bytes_in as u64;
         Recorder {
             auditor,
             base,
             started: Instant::now(),
+            trace,
         }
     }
 
-    /// Whether rows go anywhere.
+    /// Whether rows go anywhere (the audit trail, or spans).
     pub fn enabled(&self) -> bool {
-        self.auditor.is_enabled()
+        self.auditor.is_enabled() || self.trace.is_some()
     }
 
     fn row(&self, m: &Message) -> AuditRow {
@@ -164,6 +172,11 @@ impl Recorder {
     /// as lost by the auditor; fail-closed ones are logged (the call they
     /// record has already been refused or completed).
     pub async fn write(&self, rows: Vec<AuditRow>) {
+        if let Some(t) = &self.trace {
+            for r in rows.iter().filter(|r| r.row_version == 1) {
+                t.message(r);
+            }
+        }
         write_rows(&self.auditor, rows).await;
     }
 

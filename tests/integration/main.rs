@@ -27,5 +27,6 @@ mod spool_faults;
 mod through_firewall;
 mod tls;
 mod tokens;
+mod traces;
 mod upstream_failures;
 mod upstream_h2;
