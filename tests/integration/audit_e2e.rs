@@ -173,11 +173,18 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
     for q in &queries {
         let q = q
             .replace("mcp_firewall.", &format!("{db}."))
-            .replace("run-42", &run_id);
+            .replace("run-42", &run_id)
+            .replace("'RUN_ID'", &format!("'{run_id}'"))
+            .replace("{from_ms}", "0")
+            .replace("{since_ms}", "0")
+            .replace("{days}", "7");
         let out = ch
             .try_query(&q)
             .unwrap_or_else(|e| panic!("README query fails: {e}\n{q}"));
-        assert!(!out.trim().is_empty(), "README query found nothing:\n{q}");
+        // No tool definition drifted in this test.
+        if !q.contains("method = 'pins'") {
+            assert!(!out.trim().is_empty(), "README query found nothing:\n{q}");
+        }
     }
 
     s.fw.stop().await;
