@@ -300,6 +300,17 @@ async fn tail(
     }
 }
 
+/// One JSON object per line.
+fn print_json(
+    rows: &[Map<String, Value>],
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    for r in rows {
+        writeln!(out, "{}", Value::Object(r.clone()))?;
+    }
+    Ok(())
+}
+
 fn print_tail(
     rows: &[Map<String, Value>],
     json: bool,
@@ -307,10 +318,7 @@ fn print_tail(
     out: &mut (dyn std::io::Write + Send),
 ) -> anyhow::Result<()> {
     if json {
-        for r in rows {
-            writeln!(out, "{}", Value::Object(r.clone()))?;
-        }
-        return Ok(());
+        return print_json(rows, out);
     }
     if header {
         writeln!(
@@ -349,10 +357,7 @@ fn print_rows(
     out: &mut (dyn std::io::Write + Send),
 ) -> anyhow::Result<()> {
     if json {
-        for r in rows {
-            writeln!(out, "{}", Value::Object(r.clone()))?;
-        }
-        return Ok(());
+        return print_json(rows, out);
     }
     let cells: Vec<Vec<String>> = rows
         .iter()

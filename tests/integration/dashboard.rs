@@ -78,15 +78,6 @@ fn exported(text: &str) -> BTreeSet<String> {
     out
 }
 
-async fn connect_as(url: &str, token: &str) -> Client {
-    let mut cfg =
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            url.to_owned(),
-        );
-    cfg.auth_header = Some(token.to_owned());
-    connect_with(TestClient::new(Era::V2026_07_28), cfg).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_uses_is_exported() {
     crate::common::install_crypto();
@@ -95,14 +86,14 @@ async fn every_metric_the_dashboard_uses_is_exported() {
         .await
         .expect("demo starts");
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
-    let inv = connect_as(&url, &demo.investigator_token).await;
+    let inv = connect_bearer(&url, &demo.investigator_token).await;
     inv.list_all_tools().await.unwrap();
     call(&inv, "get_incident", json!({"incident_id": "INC-1001"})).await;
     let hidden = rmcp::model::CallToolRequestParams::new("restart_service")
         .with_arguments(args(json!({"service": "checkout"})));
     assert!(inv.call_tool(hidden).await.is_err());
     // An approval waits for a person.
-    let op = connect_as(&url, &demo.operator_token).await;
+    let op = connect_bearer(&url, &demo.operator_token).await;
     op.list_all_tools().await.unwrap();
     let held = tokio::spawn(async move {
         let p = rmcp::model::CallToolRequestParams::new("rollback_deployment")
@@ -111,29 +102,7 @@ async fn every_metric_the_dashboard_uses_is_exported() {
     });
     // A person approves it.
     let base = format!("http://{}", demo.firewall.admin_addr);
-    let id = loop {
-        let v: Value = crate::common::http()
-            .get(format!("{base}/approvals?status=pending"))
-            .bearer_auth(&demo.approver_token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if let Some(id) = v["approvals"][0]["id"].as_str() {
-            break id.to_owned();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let approved = crate::common::http()
-        .post(format!("{base}/approvals/{id}/approve"))
-        .bearer_auth(&demo.approver_token)
-        .json(&json!({"reason": "dashboard test"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(approved.status(), 200);
+    crate::common::approve_first_pending(&base, &demo.approver_token).await;
     // A tool changes: drift.
     demo.upstream
         .edit_tool("get_deployment", |t| {

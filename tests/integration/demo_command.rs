@@ -55,29 +55,7 @@ async fn demo_tokens_list_and_call_through_the_firewall() {
             r
         });
         let admin = format!("http://{}", demo.firewall.admin_addr);
-        let id = loop {
-            let v: serde_json::Value = crate::common::http()
-                .get(format!("{admin}/approvals?status=pending"))
-                .bearer_auth(&demo.approver_token)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if let Some(id) = v["approvals"][0]["id"].as_str() {
-                break id.to_owned();
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        };
-        let approved = crate::common::http()
-            .post(format!("{admin}/approvals/{id}/approve"))
-            .bearer_auth(&demo.approver_token)
-            .json(&json!({"reason": "demo"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(approved.status(), 200);
+        crate::common::approve_first_pending(&admin, &demo.approver_token).await;
         let r = held.await.unwrap();
         // It ran: the first rollback succeeds; the second finds the
         // deployment already rolled back (a tool error from the upstream).
@@ -102,10 +80,7 @@ fn audit_cli(args: &[&str]) -> (bool, String) {
 
 async fn investigator_calls(demo: &mcp_firewall::demo::run::Demo) {
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
-    let mut cfg =
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url);
-    cfg.auth_header = Some(demo.investigator_token.clone());
-    let client = connect_with(TestClient::new(Era::V2026_07_28), cfg).await;
+    let client = connect_bearer(&url, &demo.investigator_token).await;
     client.list_all_tools().await.unwrap();
     call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
     // Hidden from the investigator: a refusal on record.

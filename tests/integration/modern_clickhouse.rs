@@ -45,15 +45,6 @@ pub fn readme_sql_after(marker: &str) -> Vec<String> {
         .collect()
 }
 
-async fn connect_as(url: &str, token: &str) -> Client {
-    let mut cfg =
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            url.to_owned(),
-        );
-    cfg.auth_header = Some(token.to_owned());
-    connect_with(TestClient::new(Era::V2026_07_28), cfg).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixture_for_a_current_clickhouse() {
     crate::common::install_crypto();
@@ -62,7 +53,7 @@ async fn a_fixture_for_a_current_clickhouse() {
         .await
         .expect("demo starts");
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
-    let inv = connect_as(&url, &demo.investigator_token).await;
+    let inv = connect_bearer(&url, &demo.investigator_token).await;
     inv.list_all_tools().await.unwrap();
     for id in ["INC-1001", "INC-1002"] {
         call(&inv, "get_incident", json!({"incident_id": id})).await;

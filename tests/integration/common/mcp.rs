@@ -198,6 +198,13 @@ pub async fn connect_with(
     running
 }
 
+/// Connects to `url` speaking 2026-07-28 with `token` as the bearer.
+pub async fn connect_bearer(url: &str, token: &str) -> Client {
+    let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+    cfg.auth_header = Some(token.to_owned());
+    connect_with(TestClient::new(Era::V2026_07_28), cfg).await
+}
+
 pub async fn connect(url: &str, client: TestClient) -> Client {
     connect_with(
         client,

@@ -166,6 +166,40 @@ pub async fn firewall(text: &str) -> Firewall {
     firewall_in(text, Path::new(".")).await
 }
 
+/// Waits for the first pending approval on the admin listener `admin`
+/// (`http://host:port`) and approves it as the holder of `token`.
+pub async fn approve_first_pending(admin: &str, token: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let id = loop {
+        let v: serde_json::Value = http()
+            .get(format!("{admin}/approvals?status=pending"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("list approvals")
+            .json()
+            .await
+            .expect("json");
+        if let Some(id) = v["approvals"][0]["id"].as_str() {
+            break id.to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pending approval: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let approved = http()
+        .post(format!("{admin}/approvals/{id}/approve"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"reason": "approved by the test"}))
+        .send()
+        .await
+        .expect("approve");
+    assert_eq!(approved.status(), 200);
+    id
+}
+
 /// A plain HTTP client (no connection reuse surprises between tests).
 pub fn http() -> reqwest::Client {
     install_crypto();
