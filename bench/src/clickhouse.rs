@@ -207,20 +207,7 @@ fn write_config(dir: &Path, http_port: u16, tcp_port: u16) -> Result<(), ClickHo
         .replace("@DIR@", &dir.display().to_string())
         .replace("@HTTP_PORT@", &http_port.to_string())
         .replace("@TCP_PORT@", &tcp_port.to_string());
-    let users = r#"<?xml version="1.0"?>
-<yandex>
-  <profiles><default></default></profiles>
-  <users>
-    <default>
-      <password></password>
-      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </default>
-  </users>
-  <quotas><default></default></quotas>
-</yandex>
-"#;
+    let users = include_str!("../../config/clickhouse/throwaway-users.xml");
     std::fs::write(dir.join("config.xml"), config).map_err(err)?;
     std::fs::write(dir.join("users.xml"), users).map_err(err)?;
     Ok(())

@@ -434,7 +434,9 @@ impl Shared {
         }
         q.writing = true;
         drop(q);
-        Ok(Appended::Written(self.lead(LEADER_ROUNDS, true)))
+        Ok(Appended::Written(off_the_workers(|| {
+            self.lead(LEADER_ROUNDS, true)
+        })))
     }
 
     /// Writes queued groups as the leader until the queue is empty (then clears
@@ -446,6 +448,7 @@ impl Shared {
         let mut buf = std::mem::take(&mut log.buf);
         let mut waiters = std::mem::take(&mut log.waiters);
         let mut first = None;
+        let mut slow = false;
         for round in 0.. {
             {
                 let mut q = self.queue();
@@ -453,7 +456,10 @@ impl Shared {
                     q.writing = false;
                     break;
                 }
-                if round == rounds {
+                // After a write slower than the deadline (a failing disk),
+                // the spool thread writes the rest: this caller's runtime
+                // worker, and the tasks queued on it, are held no longer.
+                if round == rounds || slow {
                     q.handed_off = true;
                     drop(q);
                     self.wake_syncer.notify_one();
@@ -463,9 +469,11 @@ impl Shared {
                 std::mem::swap(&mut q.waiters, &mut waiters);
             }
             let rows = waiters.len() + usize::from(own && round == 0);
+            let began = Instant::now();
             self.begin_write();
             let result = log.write_group(self, &buf);
             self.end_write();
+            slow = began.elapsed() > self.write_timeout;
             if result.is_ok() && self.fsync_interval.is_zero() {
                 log.sync_inline(&self.dir);
             }
@@ -514,6 +522,19 @@ impl Shared {
     fn sync(&self) {
         let pending = self.log().take_unsynced();
         pending.sync(&self.dir);
+    }
+}
+
+/// Runs `write` (a `write(2)` that a failing disk may hold for long) so that
+/// it does not hold a runtime worker: on a multi-thread runtime the worker's
+/// other tasks move to another thread meanwhile (`block_in_place`), so a
+/// stalled disk delays only the calls that wait for their own rows.
+fn off_the_workers<T>(write: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(write)
+        }
+        _ => write(),
     }
 }
 

@@ -18,20 +18,8 @@ use std::time::{Duration, Instant};
 /// `@TCP_PORT@`).
 const SERVER_XML: &str = include_str!("../../config/clickhouse/throwaway-server.xml");
 
-const USERS_XML: &str = r#"<?xml version="1.0"?>
-<yandex>
-  <profiles><default></default></profiles>
-  <users>
-    <default>
-      <password></password>
-      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </default>
-  </users>
-  <quotas><default></default></quotas>
-</yandex>
-"#;
+/// Its users: a passwordless `default` on loopback.
+const USERS_XML: &str = include_str!("../../config/clickhouse/throwaway-users.xml");
 
 /// A running throwaway server; stopped and removed on drop.
 pub struct ThrowawayClickHouse {

@@ -355,6 +355,19 @@ async fn post(
     drop(outgoing.head);
 
     // Step 13: relay.
+    relay(&run, exchange, sending, sent_at).await
+}
+
+/// Waits for the upstream's answer (counted in the upstream metrics) and
+/// relays it, or the failure.
+async fn relay(
+    run: &RunContext,
+    exchange: Exchange,
+    sending: impl std::future::Future<
+        Output = Result<Response<body::UpstreamIncoming>, error::UpstreamFailure>,
+    >,
+    sent_at: std::time::Instant,
+) -> Result<Response<Body>, ProxyError> {
     let answered = sending.await;
     run.metrics.upstream(
         &run.upstream.config.name,
@@ -507,16 +520,7 @@ async fn transport(
     .with_reply(&head.headers, conn, identity.clone())
     .started();
     drop(head);
-    let answered = sending.await;
-    run.metrics.upstream(
-        &run.upstream.config.name,
-        answered.as_ref().ok().map(|r| r.status().as_u16()),
-        sent_at.elapsed(),
-    );
-    match answered {
-        Ok(resp) => exchange.respond(resp).await,
-        Err(failure) => Err(exchange.fail(failure).await),
-    }
+    relay(&run, exchange, sending, sent_at).await
 }
 
 /// `Host` and `Origin` as a browser would send them, against the allowed
