@@ -433,10 +433,19 @@ impl Shared {
             return Ok(Appended::Queued(rx));
         }
         q.writing = true;
+        if on_runtime_worker() {
+            // The spool thread writes: a disk that stalls holds it, never a
+            // runtime worker and the tasks queued on that worker. Under load
+            // it writes many callers' rows with one `write(2)`.
+            let (tx, rx) = oneshot::channel();
+            q.waiters.push(tx);
+            q.handed_off = true;
+            drop(q);
+            self.wake_syncer.notify_one();
+            return Ok(Appended::Queued(rx));
+        }
         drop(q);
-        Ok(Appended::Written(off_the_workers(|| {
-            self.lead(LEADER_ROUNDS, true)
-        })))
+        Ok(Appended::Written(self.lead(LEADER_ROUNDS, true)))
     }
 
     /// Writes queued groups as the leader until the queue is empty (then clears
@@ -525,17 +534,11 @@ impl Shared {
     }
 }
 
-/// Runs `write` (a `write(2)` that a failing disk may hold for long) so that
-/// it does not hold a runtime worker: on a multi-thread runtime the worker's
-/// other tasks move to another thread meanwhile (`block_in_place`), so a
-/// stalled disk delays only the calls that wait for their own rows.
-fn off_the_workers<T>(write: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(write)
-        }
-        _ => write(),
-    }
+/// Whether the caller is a task of a multi-thread runtime (whose worker a
+/// stalled `write(2)` must not hold).
+fn on_runtime_worker() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// Settings the spool needs (a subset of [`super::SpoolConfig`]).
