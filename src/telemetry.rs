@@ -122,7 +122,19 @@ pub struct Metrics {
         prometheus_client::metrics::histogram::Histogram,
         fn() -> prometheus_client::metrics::histogram::Histogram,
     >,
+    /// The series of each configured upstream, resolved once
+    /// ([`Metrics::prepare_upstreams`]): no label allocation per request.
+    upstream_series: std::sync::OnceLock<std::collections::HashMap<String, UpstreamSeries>>,
 }
+
+/// One upstream's request counters (by answer class) and latency histogram.
+struct UpstreamSeries {
+    /// `error`, `2xx`, `3xx`, `4xx`, `5xx`.
+    requests: [prometheus_client::metrics::counter::Counter; 5],
+    latency: prometheus_client::metrics::histogram::Histogram,
+}
+
+const UPSTREAM_OUTCOMES: [&str; 5] = ["error", "2xx", "3xx", "4xx", "5xx"];
 
 fn latency_histogram() -> prometheus_client::metrics::histogram::Histogram {
     // 100 µs .. ~13 s.
@@ -147,6 +159,7 @@ impl Metrics {
             upstream_latency: prometheus_client::metrics::family::Family::new_with_constructor(
                 latency_histogram,
             ),
+            upstream_series: std::sync::OnceLock::new(),
         };
         registry.register(
             "upstream_requests",
@@ -228,28 +241,62 @@ impl Metrics {
             .set(1);
     }
 
+    /// Resolves the series of the configured upstreams once, so that
+    /// [`Metrics::upstream`] allocates nothing per request.
+    pub fn prepare_upstreams<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let series = names
+            .into_iter()
+            .map(|name| {
+                let requests = UPSTREAM_OUTCOMES.map(|outcome| {
+                    self.upstream_requests
+                        .get_or_create(&UpstreamLabels {
+                            upstream: name.to_owned(),
+                            outcome,
+                        })
+                        .clone()
+                });
+                let latency = self
+                    .upstream_latency
+                    .get_or_create(&UpstreamName {
+                        upstream: name.to_owned(),
+                    })
+                    .clone();
+                (name.to_owned(), UpstreamSeries { requests, latency })
+            })
+            .collect();
+        let _ = self.upstream_series.set(series);
+    }
+
     /// Counts one upstream exchange: `status` of its answer (`None`: none
     /// came), `latency` to its headers.
     pub fn upstream(&self, upstream: &str, status: Option<u16>, latency: std::time::Duration) {
-        let outcome = match status {
-            None => "error",
-            Some(200..=299) => "2xx",
-            Some(300..=399) => "3xx",
-            Some(400..=499) => "4xx",
-            Some(_) => "5xx",
+        let class = match status {
+            None => 0,
+            Some(200..=299) => 1,
+            Some(300..=399) => 2,
+            Some(400..=499) => 3,
+            Some(_) => 4,
         };
-        self.upstream_requests
-            .get_or_create(&UpstreamLabels {
-                upstream: upstream.to_owned(),
-                outcome,
-            })
-            .inc();
-        if status.is_some() {
-            self.upstream_latency
-                .get_or_create(&UpstreamName {
+        let Some(series) = self.upstream_series.get().and_then(|m| m.get(upstream)) else {
+            // Not prepared (an upstream added outside the config): by label.
+            self.upstream_requests
+                .get_or_create(&UpstreamLabels {
                     upstream: upstream.to_owned(),
+                    outcome: UPSTREAM_OUTCOMES[class],
                 })
-                .observe(latency.as_secs_f64());
+                .inc();
+            if status.is_some() {
+                self.upstream_latency
+                    .get_or_create(&UpstreamName {
+                        upstream: upstream.to_owned(),
+                    })
+                    .observe(latency.as_secs_f64());
+            }
+            return;
+        };
+        series.requests[class].inc();
+        if status.is_some() {
+            series.latency.observe(latency.as_secs_f64());
         }
     }
 

@@ -225,9 +225,16 @@ pub struct Pins {
 
 #[derive(Debug, Default)]
 struct UpstreamPins {
-    pins: HashMap<(Subject, String), ([u8; 32], Pin)>,
-    /// Skeleton of each pinned name → the name.
-    skeletons: HashMap<(Subject, String), String>,
+    /// Per subject: name → (hash, pin); looked up by `&str` on every call.
+    pins: HashMap<Subject, HashMap<String, ([u8; 32], Pin)>>,
+    /// Per subject: skeleton of each pinned name → the name.
+    skeletons: HashMap<Subject, HashMap<String, String>>,
+}
+
+impl UpstreamPins {
+    fn get(&self, subject: Subject, name: &str) -> Option<&([u8; 32], Pin)> {
+        self.pins.get(&subject)?.get(name)
+    }
 }
 
 /// Why pins could not be loaded.
@@ -326,8 +333,10 @@ impl Pins {
                     )));
                 }
                 up.skeletons
-                    .insert((subject, skeleton(&tool)), tool.clone());
-                up.pins.insert((subject, tool), (sha, pin));
+                    .entry(subject)
+                    .or_default()
+                    .insert(skeleton(&tool), tool.clone());
+                up.pins.entry(subject).or_default().insert(tool, (sha, pin));
             }
             pins.upstreams.insert(upstream.to_owned(), up);
         }
@@ -350,10 +359,14 @@ impl Pins {
         let Some(up) = self.upstreams.get(upstream) else {
             return Verdict::Unpinned;
         };
-        match up.pins.get(&(subject, name.to_owned())) {
+        match up.get(subject, name) {
             Some((sha, _)) if sha == sha256 => Verdict::Pinned,
             Some(_) => Verdict::Mismatch,
-            None => match up.skeletons.get(&(subject, skeleton(name))) {
+            None => match up
+                .skeletons
+                .get(&subject)
+                .and_then(|s| s.get(&skeleton(name)))
+            {
                 Some(other) => Verdict::Shadows(other.clone()),
                 None => Verdict::Unpinned,
             },
@@ -364,8 +377,7 @@ impl Pins {
     pub fn pin(&self, upstream: &str, subject: Subject, name: &str) -> Option<&Pin> {
         self.upstreams
             .get(upstream)?
-            .pins
-            .get(&(subject, name.to_owned()))
+            .get(subject, name)
             .map(|(_, p)| p)
     }
 
@@ -374,13 +386,8 @@ impl Pins {
         let mut v: Vec<String> = self
             .upstreams
             .get(upstream)
-            .map(|u| {
-                u.pins
-                    .keys()
-                    .filter(|(s, _)| *s == Subject::Tool)
-                    .map(|(_, n)| n.clone())
-                    .collect()
-            })
+            .and_then(|u| u.pins.get(&Subject::Tool))
+            .map(|t| t.keys().cloned().collect())
             .unwrap_or_default();
         v.sort();
         v

@@ -168,6 +168,7 @@ impl State {
             max_depth: config.server.max_json_depth,
             max_batch: config.server.max_batch,
         };
+        metrics.prepare_upstreams(config.upstreams.iter().map(|u| u.name.as_str()));
         let budgets = Arc::new(budgets(&config).map_err(|e| StateError::Store(e.to_string()))?);
         let redactor = Arc::new(redactor(&config));
         let sessions =
