@@ -8,8 +8,8 @@
 //!   not a measurement;
 //! - the bench policies are compiled into this binary (`bench/policies/`) and
 //!   written next to the config, so the harness runs from any directory;
-//! - the three upstream routes (`bench`, `bench-sse`, `bench-hold`) point at
-//!   the canned upstream's paths of the same names.
+//! - the four upstream routes (`bench`, `bench-sse`, `bench-hold`,
+//!   `bench-fresh`) point at the canned upstream's paths of the same names.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -35,7 +35,7 @@ pub const POLICIES: [(&str, &str); 4] = [
 pub const REDIS_KEY_PREFIX: &str = "bench";
 
 /// Upstream route names (`/mcp/<name>`) the config defines.
-pub const ROUTES: [&str; 3] = ["bench", "bench-sse", "bench-hold"];
+pub const ROUTES: [&str; 4] = ["bench", "bench-sse", "bench-hold", "bench-fresh"];
 
 /// How long the firewall gets to become ready.
 const START_TIMEOUT: Duration = Duration::from_secs(30);

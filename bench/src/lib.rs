@@ -5,7 +5,8 @@
 //! binary ([`firewall`]), nginx as the reference proxy ([`nginx`]), a
 //! throwaway ClickHouse for audit ([`clickhouse`]) and a throwaway Redis
 //! for shared budgets ([`redis`]); drives them with its own
-//! load generator ([`load`]) in interleaved short rounds ([`runner`]); and
+//! load generator ([`load`]) in interleaved short rounds ([`runner`]), with
+//! idle client connections held open where a cell asks ([`idle`]); and
 //! writes a terminal table, JSON, Markdown and an SVG plot ([`report`],
 //! [`plot`]).
 //!
@@ -20,6 +21,7 @@
 pub mod catalog;
 pub mod clickhouse;
 pub mod firewall;
+pub mod idle;
 pub mod load;
 pub mod nginx;
 pub mod operator;

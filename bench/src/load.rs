@@ -174,7 +174,7 @@ struct Worker {
     spec: Arc<LoadSpec>,
     shared: Arc<Shared>,
     classifier: Classifier,
-    uris: [Uri; 3],
+    uris: [Uri; 4],
     host: HeaderValue,
     sender: Sender,
     start: Instant,
@@ -371,7 +371,7 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
         };
         text.parse().unwrap_or_else(|_| Uri::from_static("/"))
     };
-    let uris = [uri(Route::Json), uri(Route::Sse), uri(Route::Hold)];
+    let uris = crate::scenario::ROUTES.map(uri);
     let host = HeaderValue::from_str(&ep.addr.to_string())
         .unwrap_or_else(|_| HeaderValue::from_static("127.0.0.1"));
     let start = Instant::now();
@@ -502,6 +502,8 @@ impl Worker {
                 Pool::Reader => &spec.tokens.reader,
                 Pool::Operator => &spec.tokens.operator,
                 Pool::Capped => &spec.tokens.capped,
+                Pool::Scale if spec.tokens.scale.is_empty() => &spec.tokens.reader,
+                Pool::Scale => &spec.tokens.scale,
             };
             let run = (spec.ticket_base + ticket) / spec.calls_per_run.max(1);
             let token = pool
@@ -510,12 +512,7 @@ impl Worker {
                 .unwrap_or_else(|| HeaderValue::from_static("Bearer none"));
             let mut req = Request::new(Full::new(template.body.clone()));
             *req.method_mut() = Method::POST;
-            *req.uri_mut() = self.uris[match template.route {
-                Route::Json => 0,
-                Route::Sse => 1,
-                Route::Hold => 2,
-            }]
-            .clone();
+            *req.uri_mut() = self.uris[template.route.index()].clone();
             let h = req.headers_mut();
             if matches!(self.sender, Sender::H1(_)) {
                 h.insert(HOST, self.host.clone());

@@ -65,8 +65,8 @@ enum Command {
         #[arg(long)]
         batch_bytes: Option<usize>,
     },
-    /// Re-render report.md and report.svg (and the design-target notes)
-    /// from a report.json.
+    /// Re-render report.md and report.svg (and judge the targets of issue
+    /// 20 again) from a report.json.
     Render {
         /// The report.json to read.
         json: PathBuf,
@@ -83,13 +83,21 @@ struct RunArgs {
     #[arg(long, default_value = "full")]
     profile: String,
     /// Cells instead of the profile's, comma-separated
-    /// `scenario/proto/concurrency[@rate]`, e.g. `call/h1/16,list/tls-h2/16,call/h1/64@4000`.
+    /// `scenario/proto/concurrency[@rate][+target...]`, e.g.
+    /// `call/h1/16,list-cold/h1/16,call/h1/64@4000,streams/h1/1000+firewall-h2up,scale/h1/16`.
+    /// Scenarios: call, call-sse, list (warm view cache), list-cold (view
+    /// rebuilt per request), denied, gated, step-capped, batch, mix, streams
+    /// (fresh firewall instances per round), scale (plain only; fresh
+    /// firewall instances for the cell). A `+target` suffix adds a target
+    /// to that cell only.
     #[arg(long, value_delimiter = ',')]
     cells: Vec<String>,
-    /// Targets, comma-separated (default: direct, nginx, hyper, firewall,
-    /// firewall-noaudit): direct, nginx, hyper (a bare hyper
-    /// pass-through), firewall, firewall-noaudit, firewall-redis (audit on,
-    /// budgets and rate limits in a throwaway Redis; only when asked for).
+    /// Targets of every cell, comma-separated (default: direct, nginx,
+    /// hyper, firewall, firewall-noaudit): direct, nginx, hyper (a bare
+    /// hyper pass-through), firewall, firewall-noaudit, firewall-redis
+    /// (audit on, budgets and rate limits in a throwaway Redis; only when
+    /// asked for), firewall-h2up (audit on, HTTP/2 to the upstream; only
+    /// when asked for, here or per cell as `streams/h1/1000+firewall-h2up`).
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// Rounds per target per cell (profile default).
@@ -114,6 +122,17 @@ struct RunArgs {
     /// first pays a full ES256 verification, the rest hit the cache).
     #[arg(long, default_value_t = 20)]
     calls_per_run: u64,
+    /// Distinct runs (tokens of their own, minted only when a scale cell is
+    /// planned) of the scale scenario (profile default).
+    #[arg(long)]
+    scale_runs: Option<usize>,
+    /// Consecutive calls per run in the scale scenario.
+    #[arg(long, default_value_t = 2)]
+    scale_calls_per_run: u64,
+    /// Idle client connections the scale scenario holds open to the target
+    /// during each round (profile default).
+    #[arg(long)]
+    scale_idle: Option<usize>,
     /// Tools in the upstream's catalog.
     #[arg(long, default_value_t = 100)]
     tools: usize,
@@ -247,6 +266,8 @@ struct Profile {
     tokens: usize,
     hold_ms: u64,
     audit_seconds: f64,
+    scale_runs: usize,
+    scale_idle: usize,
 }
 
 fn profile(name: &str) -> anyhow::Result<Profile> {
@@ -257,6 +278,7 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
                 "call/h1/16",
                 "call/h1/64",
                 "list/h1/16",
+                "list-cold/h1/16",
                 "call-sse/h1/16",
                 "denied/h1/16",
                 "gated/h1/16",
@@ -267,7 +289,8 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
                 "call/tls-h1/16",
                 "call/tls-h2/16",
                 "call/h1/64@4000",
-                "streams/h1/1000",
+                "streams/h1/1000+firewall-h2up",
+                "scale/h1/16",
             ],
             rounds: 3,
             duration: 4.0,
@@ -275,6 +298,8 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
             tokens: 20_000,
             hold_ms: 1000,
             audit_seconds: 10.0,
+            scale_runs: 100_000,
+            scale_idle: 10_000,
         },
         "quick" => Profile {
             cells: &[
@@ -282,6 +307,7 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
                 "call/h1/16",
                 "call/h1/64",
                 "list/h1/16",
+                "list-cold/h1/16",
                 "streams/h1/1000",
             ],
             rounds: 2,
@@ -290,18 +316,22 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
             tokens: 10_000,
             hold_ms: 1000,
             audit_seconds: 5.0,
+            scale_runs: 100_000,
+            scale_idle: 10_000,
         },
         "smoke" => Profile {
             cells: &[
                 "call/h1/8",
                 "call-sse/h1/8",
                 "list/h1/8",
+                "list-cold/h1/8",
                 "denied/h1/8",
                 "gated/h1/8",
                 "step-capped/h1/8",
                 "batch/h1/8",
                 "mix/h1/8",
-                "streams/h1/64",
+                "streams/h1/64+firewall-h2up",
+                "scale/h1/8",
                 "call/h2c/8",
                 "call/tls-h2/8",
                 "call/h1/8@300",
@@ -312,6 +342,8 @@ fn profile(name: &str) -> anyhow::Result<Profile> {
             tokens: 300,
             hold_ms: 200,
             audit_seconds: 1.5,
+            scale_runs: 1_000,
+            scale_idle: 200,
         },
         other => anyhow::bail!("unknown profile {other:?} (full, quick, smoke)"),
     })
@@ -328,7 +360,7 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         .iter()
         .map(|c| {
             Cell::parse(c).with_context(|| {
-                format!("bad cell {c:?}: want scenario/proto/concurrency[@rate], proto h1|h2c|tls-h1|tls-h2")
+                format!("bad cell {c:?}: want scenario/proto/concurrency[@rate][+target...], proto h1|h2c|tls-h1|tls-h2 (scale: h1|h2c)")
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -391,15 +423,38 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         audit_duration: Duration::from_secs_f64(
             args.audit_seconds.unwrap_or(p.audit_seconds).max(0.0),
         ),
+        scale_runs: args.scale_runs.unwrap_or(p.scale_runs).max(1),
+        scale_calls_per_run: args.scale_calls_per_run.max(1),
+        scale_idle: args.scale_idle.unwrap_or(p.scale_idle),
+        nofile: 0,
     })
 }
 
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let opts = options(&args)?;
-    let nofile = procs::raise_nofile();
+    let mut opts = options(&args)?;
     let biggest = opts.cells.iter().map(|c| c.concurrency).max().unwrap_or(1) as u64;
-    if nofile < biggest * 2 + 256 {
-        eprintln!("mcp-bench: warning: open-file limit {nofile} is low for concurrency {biggest}");
+    let idle = if opts
+        .cells
+        .iter()
+        .any(|c| c.scenario == mcp_bench::scenario::Scenario::Scale)
+    {
+        opts.scale_idle as u64
+    } else {
+        0
+    };
+    // The harness holds every client socket, the target as many again.
+    let want = biggest * 2 + idle + 1024;
+    let nofile = procs::raise_nofile(want);
+    opts.nofile = nofile;
+    if nofile < want {
+        eprintln!(
+            "mcp-bench: warning: open-file limit {nofile} is low for concurrency {biggest}{}: raise the hard limit (ulimit -Hn) to {want}",
+            if idle > 0 {
+                format!(" and {idle} idle connections (those that do not open are reported)")
+            } else {
+                String::new()
+            }
+        );
     }
     let runtime = match (opts.loadgen_threads, opts.pin_loadgen.clone()) {
         (1, pin) => {
@@ -536,16 +591,16 @@ fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
         std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
     let mut report: Report =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
-    // Notes from older harness versions lack the target verdicts.
-    let targets = report::design_targets(&report.cells);
+    // Judged again from the figures; notes of older harness versions held
+    // design-target verdicts (against nginx), which the targets replace.
     let shared = report::shared_state(&report.cells);
     report.notes.retain(|n| {
         !n.starts_with("target ")
             && !n.starts_with("  the HTTP stack's floor")
             && !n.starts_with(report::SHARED_STATE_NOTE)
     });
-    report.notes.extend(targets);
     report.notes.extend(shared);
+    report.verdicts = report::targets(&report);
     let dir = json.parent().unwrap_or(Path::new("."));
     let md = report::markdown(&report);
     let svg = plot::svg(&report)?;

@@ -12,7 +12,10 @@
 //! (ALPN `h2`, `http/1.1`) with the run's certificate. Upstream connections
 //! are pooled (`keepalive`) and never closed by request count; SSE routes
 //! are not buffered so events flow as they come; the access log is off (the
-//! firewall's audit is measured separately).
+//! firewall's audit is measured separately). `worker_connections` is 8192
+//! unless the run holds more idle client connections (the scale scenario):
+//! then every worker may take all of them, since nothing spreads accepted
+//! connections evenly over the workers.
 //!
 //! Invariant: nothing is written outside the prefix directory (temp paths,
 //! pid file, error log all live there).
@@ -80,13 +83,16 @@ impl Nginx {
         procs::find_program("nginx", &["/usr/sbin/nginx"])
     }
 
-    /// Starts nginx in `prefix` in front of `upstream`.
+    /// Starts nginx in `prefix` in front of `upstream`, each worker taking
+    /// up to `worker_connections` connections.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         prefix: &Path,
         upstream: SocketAddr,
         cert: &Path,
         key: &Path,
         workers: &str,
+        worker_connections: usize,
         placement: &Placement,
     ) -> Result<Nginx, NginxError> {
         let bin = Nginx::binary().ok_or(NginxError::NotInstalled)?;
@@ -118,7 +124,15 @@ impl Nginx {
             let conf = prefix.join("nginx.conf");
             std::fs::write(
                 &conf,
-                config_text(prefix, upstream, ports, cert, key, workers),
+                config_text(
+                    prefix,
+                    upstream,
+                    ports,
+                    cert,
+                    key,
+                    workers,
+                    worker_connections,
+                ),
             )
             .map_err(|source| NginxError::Write {
                 path: conf.clone(),
@@ -174,6 +188,7 @@ impl Nginx {
 }
 
 /// The nginx config.
+#[allow(clippy::too_many_arguments)]
 pub fn config_text(
     prefix: &Path,
     upstream: SocketAddr,
@@ -181,6 +196,7 @@ pub fn config_text(
     cert: &Path,
     key: &Path,
     workers: &str,
+    worker_connections: usize,
 ) -> String {
     let p = prefix.display();
     let location = |path: &str, buffering: &str| {
@@ -194,7 +210,7 @@ worker_processes {workers};\n\
 daemon off;\n\
 pid {p}/nginx.pid;\n\
 error_log {p}/logs/error.log warn;\n\
-events {{\n  worker_connections 8192;\n}}\n\
+events {{\n  worker_connections {worker_connections};\n}}\n\
 http {{\n\
   access_log off;\n\
   client_body_temp_path {p}/tmp/body;\n\
@@ -261,6 +277,7 @@ mod tests {
             &tls.cert_file,
             &tls.key_file,
             "auto",
+            8192,
         );
         std::fs::write(&conf, &text).unwrap();
         let out = Command::new(bin)
@@ -293,10 +310,12 @@ mod tests {
             Path::new("/c"),
             Path::new("/k"),
             "1",
+            12_000,
         );
         assert!(text.contains("keepalive 1024;"));
         assert!(text.contains("proxy_set_header Connection \"\";"));
         assert!(text.contains("location /mcp/bench-sse {\n      proxy_pass http://mcp_upstream;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;"));
         assert!(text.contains("worker_processes 1;"));
+        assert!(text.contains("worker_connections 12000;"));
     }
 }

@@ -34,6 +34,7 @@ fn color(target: &str) -> RGBColor {
         "firewall" => RGBColor(214, 39, 40),
         "firewall-noaudit" => RGBColor(255, 127, 14),
         "firewall-redis" => RGBColor(140, 86, 75),
+        "firewall-h2up" => RGBColor(227, 119, 194),
         _ => RGBColor(100, 100, 100),
     }
 }
@@ -170,6 +171,7 @@ mod tests {
                     ms: scale * (1.0 + f64::from(k)),
                 })
                 .collect(),
+            scale: None,
         }
     }
 
@@ -194,6 +196,8 @@ mod tests {
             }],
             audit: None,
             notes: Vec::new(),
+            instances: Vec::new(),
+            verdicts: Vec::new(),
         };
         let svg = svg(&report).unwrap();
         assert!(svg.starts_with("<svg"));

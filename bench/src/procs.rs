@@ -320,21 +320,45 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Raises this process's open-file limit to its hard limit (1,000 streams
-/// need over 2,000 descriptors in a proxy); children inherit it.
-pub fn raise_nofile() -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource};
+/// Raises this process's open-file limit to at least `want` descriptors
+/// where the system lets it (the hard limit too, which only a privileged
+/// process may raise), else to its hard limit, and returns the limit now in
+/// force. 1,000 streams need over 2,000 descriptors in a proxy, 10,000 idle
+/// connections over 10,000 in the harness and in the target; children
+/// inherit the limit.
+pub fn raise_nofile(want: u64) -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let lim = getrlimit(Resource::Nofile);
-    if let Some(max) = lim.maximum {
+    let hard = lim.maximum.unwrap_or(u64::MAX);
+    if hard < want {
+        // Refused without CAP_SYS_RESOURCE; then the hard limit below.
         let _ = setrlimit(
             Resource::Nofile,
-            rustix::process::Rlimit {
-                current: Some(max),
-                maximum: Some(max),
+            Rlimit {
+                current: Some(want),
+                maximum: Some(want),
             },
         );
     }
+    let lim = getrlimit(Resource::Nofile);
+    if let Some(max) = lim.maximum {
+        if lim.current.is_some_and(|c| c < max) {
+            let _ = setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(max),
+                    maximum: Some(max),
+                },
+            );
+        }
+    }
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+/// The current resident set (`VmRSS`) of `pid`, MB (of 1,024 KiB), if it
+/// runs.
+pub fn rss_mb(pid: u32) -> Option<f64> {
+    status_kb(pid, "VmRSS").map(|kb| kb as f64 / 1024.0)
 }
 
 /// Pins the calling thread to `cpus` (threads it creates inherit this).
@@ -431,6 +455,16 @@ mod tests {
         let u = usage(&[std::process::id()]);
         assert!(u.cpu_s > 0.0);
         assert!(u.peak_rss_kb >= u.rss_kb && u.rss_kb > 0);
+        assert!(rss_mb(std::process::id()).is_some_and(|mb| mb > 0.0));
+        assert_eq!(rss_mb(0), None);
+    }
+
+    #[test]
+    fn the_open_file_limit_is_raised_as_far_as_allowed() {
+        let before = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        let now = raise_nofile(64);
+        assert!(now >= 64.min(before.maximum.unwrap_or(u64::MAX)));
+        assert!(before.current.is_none_or(|c| now >= c));
     }
 
     #[test]

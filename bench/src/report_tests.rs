@@ -24,6 +24,7 @@ fn target(name: &str, rps: f64) -> TargetReport {
         errors: BTreeMap::new(),
         outcomes: BTreeMap::new(),
         curve: Vec::new(),
+        scale: None,
     }
 }
 
@@ -110,6 +111,8 @@ fn renderings_carry_every_target_and_the_errors() {
             ..AuditSummary::default()
         }),
         notes: vec!["a note".into()],
+        instances: Vec::new(),
+        verdicts: Vec::new(),
     };
     let t = table(&r);
     assert!(t.contains("call h1 c=16"));
@@ -123,44 +126,6 @@ fn renderings_carry_every_target_and_the_errors() {
 }
 
 #[test]
-fn design_targets_are_judged_from_the_cells() {
-    let mut call16 = cell();
-    call16.targets[2].median.rps = 30_000.0; // firewall above nginx (5k)
-    let mut call1 = cell();
-    call1.concurrency = 1;
-    call1.targets[0].median.p99_ms = 0.06;
-    call1.targets[2].median.p99_ms = 0.72;
-    let mut streams = cell();
-    streams.scenario = "streams".into();
-    streams.concurrency = 1000;
-    streams.targets[2].median.peak_rss_mb = Some(50.0);
-    let notes = design_targets(&[call16, call1, streams]);
-    assert_eq!(notes.len(), 3, "{notes:?}");
-    assert!(notes[0].contains("c=16: met"), "{}", notes[0]);
-    assert!(
-        notes[1].contains("MISSED") && notes[1].contains("+0.66 ms"),
-        "{}",
-        notes[1]
-    );
-    assert!(notes[2].contains("met (50.0 MB"), "{}", notes[2]);
-}
-
-#[test]
-fn the_hyper_floor_is_reported_next_to_the_throughput_target() {
-    let mut call16 = cell();
-    call16.targets.push(target("hyper", 4_000.0));
-    let notes = design_targets(&[call16]);
-    assert_eq!(notes.len(), 2, "{notes:?}");
-    assert!(notes[0].contains("c=16: met"), "{}", notes[0]);
-    // hyper 4k against nginx 5k, the firewall's 6k against hyper's 4k.
-    assert!(
-        notes[1].contains("4.00k rps (x0.80 nginx)") && notes[1].contains("x1.50 of it"),
-        "{}",
-        notes[1]
-    );
-}
-
-#[test]
 fn reports_round_trip_through_json_for_re_rendering() {
     let r = Report {
         meta: Meta {
@@ -170,7 +135,11 @@ fn reports_round_trip_through_json_for_re_rendering() {
         cells: vec![cell()],
         audit: None,
         notes: Vec::new(),
+        instances: vec![instance("firewall", 20.0, 30.0, 25_000)],
+        verdicts: Vec::new(),
     };
+    let mut r = r;
+    r.verdicts = targets(&r);
     let json = serde_json::to_string(&r).unwrap();
     let back: Report = serde_json::from_str(&json).unwrap();
     assert_eq!(markdown(&back), markdown(&r));
@@ -179,6 +148,14 @@ fn reports_round_trip_through_json_for_re_rendering() {
     assert_ne!(old, json);
     let back: Report = serde_json::from_str(&old).unwrap();
     assert_eq!(back.cells[0].targets[0].median.clickhouse_cpu, None);
+    // Reports from before the targets of issue 20 load without them.
+    let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let obj = v.as_object_mut().unwrap();
+    obj.remove("instances");
+    obj.remove("verdicts");
+    let older: Report = serde_json::from_value(v).unwrap();
+    assert!(older.instances.is_empty() && older.verdicts.is_empty());
+    assert_eq!(targets(&older).len(), r.verdicts.len());
 }
 
 #[test]
@@ -226,6 +203,8 @@ fn the_shared_state_note_compares_firewall_redis_with_firewall_in_call_cells() {
         cells: vec![call16],
         audit: None,
         notes,
+        instances: Vec::new(),
+        verdicts: Vec::new(),
     };
     let md = markdown(&r);
     assert!(md.contains("| firewall-redis |"), "{md}");
@@ -253,4 +232,495 @@ fn a_faster_shared_store_shows_as_negative_added_latency() {
         notes[0]
     );
     assert!(!notes[0].contains("CPU s per 10k"), "{}", notes[0]);
+}
+
+// === the targets of issue 20 ===
+
+/// A cell of `scenario` at `c` with `(target, rps, CPU s per 10k)`.
+fn cell_of(scenario: &str, c: usize, targets: &[(&str, f64, f64)]) -> CellReport {
+    let mut cell = CellReport {
+        scenario: scenario.into(),
+        proto: "h1".into(),
+        concurrency: c,
+        rate: None,
+        targets: targets
+            .iter()
+            .map(|&(name, rps, cpu)| {
+                let mut t = target(name, rps);
+                t.median.cpu_s_per_10k = Some(cpu);
+                t
+            })
+            .collect(),
+    };
+    cell.compute_ratios();
+    cell
+}
+
+fn instance(target: &str, fresh: f64, end: f64, runs: u64) -> InstanceReport {
+    InstanceReport {
+        name: "firewall-audit".into(),
+        target: target.into(),
+        tls: false,
+        scope: WHOLE_RUN.into(),
+        fresh_rss_mb: Some(fresh),
+        end_rss_mb: Some(end),
+        requests: runs * 20,
+        runs,
+    }
+}
+
+fn report_of(cells: Vec<CellReport>, instances: Vec<InstanceReport>) -> Report {
+    Report {
+        meta: Meta {
+            profile: "test".into(),
+            firewall_upstream: "HTTP/1.1 keep-alive".into(),
+            ..Meta::default()
+        },
+        cells,
+        audit: None,
+        notes: Vec::new(),
+        instances,
+        verdicts: Vec::new(),
+    }
+}
+
+/// The verdict whose target text contains every one of `parts`.
+fn verdict<'a>(v: &'a [Verdict], parts: &[&str]) -> &'a Verdict {
+    v.iter()
+        .find(|x| parts.iter().all(|p| x.target.contains(p)))
+        .unwrap_or_else(|| panic!("no target with {parts:?} in {v:#?}"))
+}
+
+#[test]
+fn a_run_that_measured_nothing_says_so_for_every_target() {
+    let v = targets(&report_of(Vec::new(), Vec::new()));
+    // 6 call, 2 list, c=1, 3 streams, end-of-run RSS, scale.
+    assert_eq!(v.len(), 14, "{v:#?}");
+    for x in &v {
+        assert_eq!(x.status, Status::NotMeasured, "{x:?}");
+        assert!(
+            x.line().contains(": not measured in this run ("),
+            "{}",
+            x.line()
+        );
+    }
+}
+
+#[test]
+fn forwarded_calls_are_judged_against_hyper_in_throughput_and_own_cpu() {
+    let c16 = cell_of(
+        "call",
+        16,
+        &[
+            ("nginx", 9_000.0, 0.25),
+            ("hyper", 10_000.0, 0.20),
+            ("firewall", 7_000.0, 0.30),
+            ("firewall-noaudit", 8_000.0, 0.26),
+        ],
+    );
+    let c64 = cell_of(
+        "call",
+        64,
+        &[
+            ("hyper", 10_000.0, 0.20),
+            ("firewall", 6_500.0, 0.35),
+            ("firewall-noaudit", 9_000.0, 0.25),
+        ],
+    );
+    let v = targets(&report_of(vec![c16, c64], Vec::new()));
+    // Exactly 0.70x is met; 0.65x is not.
+    let t16 = verdict(&v, &["call h1 c=16", "firewall (verification"]);
+    assert_eq!(t16.status, Status::Met, "{t16:?}");
+    assert!(
+        t16.figure
+            .starts_with("x0.70: firewall 7.00k rps, hyper 10.0k rps"),
+        "{}",
+        t16.figure
+    );
+    // nginx as information.
+    assert!(
+        t16.figure
+            .contains("nginx 9.00k rps: firewall x0.78 of nginx, hyper x1.11"),
+        "{}",
+        t16.figure
+    );
+    let t64 = verdict(&v, &["call h1 c=64", "firewall (verification"]);
+    assert_eq!(t64.status, Status::Missed);
+    assert!(t64.line().contains(": MISSED (x0.65"), "{}", t64.line());
+    // Own CPU: (0.30 - 0.20) s per 10k = 10 µs per call, met; 15 µs missed.
+    let cpu16 = verdict(&v, &["c=16", "own CPU"]);
+    assert_eq!(cpu16.status, Status::Met, "{cpu16:?}");
+    assert!(
+        cpu16
+            .figure
+            .starts_with("10.0 µs: firewall 30.0 µs per call, hyper 20.0 µs"),
+        "{}",
+        cpu16.figure
+    );
+    let cpu64 = verdict(&v, &["c=64", "own CPU"]);
+    assert_eq!(cpu64.status, Status::Missed);
+    assert!(cpu64.figure.starts_with("15.0 µs"), "{}", cpu64.figure);
+    // Audit off: 0.80x < 0.85 missed, 0.90x met.
+    assert_eq!(
+        verdict(&v, &["c=16", "firewall-noaudit"]).status,
+        Status::Missed
+    );
+    assert_eq!(
+        verdict(&v, &["c=64", "firewall-noaudit"]).status,
+        Status::Met
+    );
+}
+
+#[test]
+fn without_hyper_the_call_targets_are_not_measured() {
+    let c16 = cell_of(
+        "call",
+        16,
+        &[("nginx", 9_000.0, 0.2), ("firewall", 9_500.0, 0.3)],
+    );
+    let v = targets(&report_of(vec![c16], Vec::new()));
+    let t = verdict(&v, &["call h1 c=16", "firewall (verification"]);
+    assert_eq!(t.status, Status::NotMeasured);
+    assert!(t.figure.contains("hyper not measured"), "{}", t.figure);
+    assert_eq!(
+        verdict(&v, &["c=16", "own CPU"]).status,
+        Status::NotMeasured
+    );
+    // No call/h1/64 cell at all.
+    let t64 = verdict(&v, &["call h1 c=64", "firewall (verification"]);
+    assert_eq!(t64.figure, "no call/h1/64 cell");
+}
+
+#[test]
+fn warm_and_cold_lists_are_named_and_judged_apart() {
+    let warm = cell_of(
+        "list",
+        16,
+        &[("hyper", 4_000.0, 0.5), ("firewall", 3_000.0, 0.9)],
+    );
+    let cold = cell_of(
+        "list-cold",
+        16,
+        &[("hyper", 4_000.0, 0.5), ("firewall", 2_000.0, 1.9)],
+    );
+    let v = targets(&report_of(vec![warm.clone(), cold.clone()], Vec::new()));
+    let w = verdict(&v, &["list (warm view cache) h1 c=16"]);
+    assert_eq!(w.status, Status::Met, "{w:?}");
+    assert!(w.figure.starts_with("x0.75"), "{}", w.figure);
+    let c = verdict(&v, &["list-cold (view rebuilt per request) h1 c=16"]);
+    assert_eq!(c.status, Status::Missed, "{c:?}");
+    // Only the warm cell: the cold one is not measured, not met.
+    let v = targets(&report_of(vec![warm.clone()], Vec::new()));
+    let c = verdict(&v, &["list-cold (view rebuilt per request)"]);
+    assert_eq!(c.status, Status::NotMeasured);
+    assert_eq!(c.figure, "no list-cold/h1/16 cell");
+    // A list cell at another concurrency is judged there.
+    let mut c8 = cold;
+    c8.concurrency = 8;
+    let v = targets(&report_of(vec![c8], Vec::new()));
+    assert_eq!(
+        verdict(&v, &["list-cold (view rebuilt per request) h1 c=8"]).status,
+        Status::Missed
+    );
+    // The titles carry the labels too.
+    assert_eq!(warm.title(), "list (warm view cache) h1 c=16");
+}
+
+#[test]
+fn p99_added_at_c1_is_met_up_to_a_quarter_millisecond() {
+    let mut c1 = cell_of(
+        "call",
+        1,
+        &[("direct", 5_000.0, 0.0), ("firewall", 3_000.0, 0.3)],
+    );
+    c1.targets[0].median.p99_ms = 0.10;
+    c1.targets[1].median.p99_ms = 0.34;
+    let v = targets(&report_of(vec![c1.clone()], Vec::new()));
+    let t = verdict(&v, &["call h1 c=1", "p99"]);
+    assert_eq!(t.status, Status::Met, "{t:?}");
+    assert!(t.target.contains("≤ 0.25 ms"), "{}", t.target);
+    assert!(
+        t.figure
+            .starts_with("+0.24 ms: firewall p99 0.34 ms, direct 0.10 ms"),
+        "{}",
+        t.figure
+    );
+    c1.targets[1].median.p99_ms = 0.40;
+    let v = targets(&report_of(vec![c1], Vec::new()));
+    let t = verdict(&v, &["call h1 c=1", "p99"]);
+    assert_eq!(t.status, Status::Missed);
+    assert!(t.figure.starts_with("+0.30 ms"), "{}", t.figure);
+}
+
+/// A streams cell of `n` streams; `(target, peak MB, fresh MB)`.
+fn streams_cell(n: usize, rss: &[(&str, f64, Option<f64>)]) -> CellReport {
+    let mut c = cell_of(
+        "streams",
+        n,
+        &rss.iter()
+            .map(|&(t, _, _)| (t, 900.0, 1.0))
+            .collect::<Vec<_>>(),
+    );
+    for (t, &(_, peak, fresh)) in c.targets.iter_mut().zip(rss) {
+        t.median.peak_rss_mb = Some(peak);
+        t.median.fresh_rss_mb = fresh;
+    }
+    c
+}
+
+#[test]
+fn stream_memory_is_judged_per_stream_and_per_fresh_instance() {
+    // (45 - 22) MB * 1024 / 1000 = 23.6 KB per stream.
+    let cell = streams_cell(
+        1000,
+        &[
+            ("firewall", 45.0, Some(22.0)),
+            ("firewall-h2up", 46.0, Some(21.0)),
+        ],
+    );
+    let v = targets(&report_of(vec![cell], Vec::new()));
+    let per = verdict(&v, &["KB per held SSE stream"]);
+    assert_eq!(per.status, Status::Met, "{per:?}");
+    assert!(
+        per.figure
+            .starts_with("23.6 KB per stream: (45.0 MB peak − 22.0 MB fresh) / 1000"),
+        "{}",
+        per.figure
+    );
+    let h1 = verdict(&v, &["1,000 held streams ≤ 60 MB"]);
+    assert_eq!(h1.status, Status::Met);
+    assert_eq!(h1.figure, "45.0 MB peak, 22.0 MB fresh");
+    let h2 = verdict(&v, &["≤ 45 MB", "HTTP/2 upstream"]);
+    assert_eq!(h2.status, Status::Missed, "{h2:?}");
+    assert!(
+        h2.figure
+            .starts_with("46.0 MB peak, 21.0 MB fresh, 25.6 KB per stream"),
+        "{}",
+        h2.figure
+    );
+    // Over the per-stream bound and the 60 MB, under 45 MB with HTTP/2.
+    let cell = streams_cell(
+        1000,
+        &[
+            ("firewall", 61.0, Some(30.0)),
+            ("firewall-h2up", 40.0, Some(21.0)),
+        ],
+    );
+    let v = targets(&report_of(vec![cell], Vec::new()));
+    assert_eq!(
+        verdict(&v, &["KB per held SSE stream"]).status,
+        Status::Missed
+    );
+    assert_eq!(verdict(&v, &["≤ 60 MB"]).status, Status::Missed);
+    assert_eq!(verdict(&v, &["≤ 45 MB"]).status, Status::Met);
+}
+
+#[test]
+fn stream_memory_needs_a_thousand_streams_fresh_instances_and_the_h2_target() {
+    // 64 streams (the smoke profile): figures given, no verdict.
+    let small = streams_cell(
+        64,
+        &[
+            ("firewall", 30.0, Some(25.0)),
+            ("firewall-h2up", 28.0, Some(25.0)),
+        ],
+    );
+    let v = targets(&report_of(vec![small], Vec::new()));
+    for parts in [&["KB per held SSE stream"][..], &["≤ 60 MB"], &["≤ 45 MB"]] {
+        let t = verdict(&v, parts);
+        assert_eq!(t.status, Status::NotMeasured, "{t:?}");
+        assert!(
+            t.figure
+                .starts_with("the cell held 64 streams, fewer than 1,000; "),
+            "{}",
+            t.figure
+        );
+    }
+    // Not a fresh instance (an older report): no verdict; no h2 target.
+    let stale = streams_cell(1000, &[("firewall", 50.0, None)]);
+    let v = targets(&report_of(vec![stale], Vec::new()));
+    let t = verdict(&v, &["≤ 60 MB"]);
+    assert_eq!(t.status, Status::NotMeasured);
+    assert!(
+        t.figure.contains("not measured on a fresh instance"),
+        "{}",
+        t.figure
+    );
+    let h2 = verdict(&v, &["≤ 45 MB"]);
+    assert_eq!(h2.status, Status::NotMeasured);
+    assert!(
+        h2.figure.contains("streams/h1/1000+firewall-h2up"),
+        "{}",
+        h2.figure
+    );
+    // --firewall-upstream-http2: the firewall itself stands for HTTP/2.
+    let mut r = report_of(
+        vec![streams_cell(1000, &[("firewall", 40.0, Some(20.0))])],
+        Vec::new(),
+    );
+    r.meta.firewall_upstream = "HTTP/2 (h2c)".into();
+    let v = targets(&r);
+    assert_eq!(verdict(&v, &["≤ 60 MB"]).status, Status::NotMeasured);
+    assert_eq!(
+        verdict(&v, &["KB per held SSE stream"]).status,
+        Status::NotMeasured
+    );
+    assert_eq!(verdict(&v, &["≤ 45 MB"]).status, Status::Met);
+}
+
+#[test]
+fn end_of_run_memory_is_judged_after_enough_runs() {
+    let judge = |i: Vec<InstanceReport>| {
+        let v = targets(&report_of(Vec::new(), i));
+        verdict(&v, &["end-of-run VmRSS"]).clone()
+    };
+    let met = judge(vec![instance("firewall", 20.0, 39.5, 20_000)]);
+    assert_eq!(met.status, Status::Met, "{met:?}");
+    assert!(
+        met.target.contains("≤ fresh + 20 MB after 20,000 runs"),
+        "{}",
+        met.target
+    );
+    assert_eq!(
+        met.figure,
+        "+19.5 MB: 20.0 MB fresh, 39.5 MB at the end, after 20,000 runs and 400,000 requests"
+    );
+    assert_eq!(
+        judge(vec![instance("firewall", 20.0, 40.5, 30_000)]).status,
+        Status::Missed
+    );
+    // Too few runs (the smoke and quick profiles): the figure, no verdict.
+    let few = judge(vec![instance("firewall", 20.0, 25.0, 300)]);
+    assert_eq!(few.status, Status::NotMeasured);
+    assert!(
+        few.figure
+            .starts_with("it met fewer than 20,000 runs; +5.0 MB"),
+        "{}",
+        few.figure
+    );
+    // Only a TLS, an unaudited or a fresh instance: not this target.
+    let mut tls = instance("firewall", 20.0, 25.0, 30_000);
+    tls.tls = true;
+    let mut fresh = instance("firewall", 20.0, 25.0, 30_000);
+    fresh.scope = "streams h1 c=1000, round 1".into();
+    let none = judge(vec![
+        tls,
+        fresh,
+        instance("firewall-noaudit", 20.0, 25.0, 30_000),
+    ]);
+    assert_eq!(none.status, Status::NotMeasured);
+    assert_eq!(none.figure, "no long-lived plain audited firewall");
+}
+
+fn scale_cell(runs: u64, runs_met: u64, idle: u64, held: u64) -> CellReport {
+    let mut c = cell_of(
+        "scale",
+        16,
+        &[("hyper", 8_000.0, 0.2), ("firewall", 3_000.0, 0.5)],
+    );
+    c.targets[1].median.peak_rss_mb = Some(180.0);
+    c.targets[1].median.p50_ms = 1.2;
+    c.targets[1].median.p99_ms = 3.4;
+    c.targets[1].scale = Some(ScaleFigures {
+        runs,
+        runs_met,
+        calls_per_run: 2,
+        idle_wanted: idle,
+        idle_opened: idle,
+        idle_held: held,
+        idle_lost: if held < idle {
+            BTreeMap::from([("closed by the target".to_owned(), idle - held)])
+        } else {
+            BTreeMap::new()
+        },
+        rss_before_mb: Some(24.0),
+        rss_after_mb: Some(64.0),
+    });
+    c
+}
+
+#[test]
+fn the_scale_cell_reports_growth_against_the_plain_call_and_holds_every_idle_connection() {
+    let mut call16 = cell_of(
+        "call",
+        16,
+        &[("hyper", 10_000.0, 0.2), ("firewall", 6_000.0, 0.3)],
+    );
+    call16.targets[1].median.peak_rss_mb = Some(40.0);
+    let judge = |scale: CellReport| {
+        let v = targets(&report_of(vec![call16.clone(), scale], Vec::new()));
+        verdict(&v, &["scale: 100,000 runs with 10,000 idle connections"]).clone()
+    };
+    let met = judge(scale_cell(100_000, 100_000, 10_000, 10_000));
+    assert_eq!(met.status, Status::Met, "{met:?}");
+    assert_eq!(
+        met.figure,
+        "3.00k rps, p50 1.20 ms, p99 3.40 ms (x0.50 of its call h1 c=16, 6.00k rps); \
+         RSS 24.0 MB before, peak 180.0 MB, 64.0 MB after (+40.0 MB, 0.41 KB per run met); \
+         call h1 c=16 peak 40.0 MB; idle connections: 10,000 held of 10,000 asked (10,000 opened); \
+         runs: 100,000 of 100,000 met, 2 calls each"
+    );
+    // The target closed idle connections.
+    let lost = judge(scale_cell(100_000, 100_000, 10_000, 9_990));
+    assert_eq!(lost.status, Status::Missed);
+    assert!(
+        lost.figure.ends_with("(lost: 10 closed by the target)"),
+        "{}",
+        lost.figure
+    );
+    // Too few calls to reach every run.
+    let short = judge(scale_cell(100_000, 60_000, 10_000, 10_000));
+    assert_eq!(short.status, Status::NotMeasured);
+    assert!(
+        short
+            .figure
+            .starts_with("only 60,000 of its runs were reached"),
+        "{}",
+        short.figure
+    );
+    // The smoke profile's small scale cell.
+    let small = judge(scale_cell(1_000, 1_000, 200, 200));
+    assert_eq!(small.status, Status::NotMeasured);
+    assert!(
+        small
+            .figure
+            .starts_with("the cell ran with 1,000 runs and 200 idle connections; 3.00k rps"),
+        "{}",
+        small.figure
+    );
+}
+
+#[test]
+fn renderings_carry_the_targets_the_instances_and_the_fresh_and_scale_figures() {
+    let mut r = report_of(
+        vec![
+            cell_of(
+                "call",
+                16,
+                &[("hyper", 10_000.0, 0.2), ("firewall", 8_000.0, 0.25)],
+            ),
+            streams_cell(1000, &[("firewall", 45.0, Some(22.0))]),
+            scale_cell(100_000, 100_000, 10_000, 10_000),
+        ],
+        vec![instance("firewall", 20.0, 30.0, 25_000)],
+    );
+    r.verdicts = targets(&r);
+    let t = table(&r);
+    assert!(
+        t.contains("\nTargets (issue 20), against the hyper pass-through:\n"),
+        "{t}"
+    );
+    assert!(t.contains("  call h1 c=16: firewall (verification, CEL policy, limits, audit) ≥ 0.70× hyper: met (x0.80"), "{t}");
+    assert!(t.contains("end-of-run VmRSS of the audited firewall ≤ fresh + 20 MB after 20,000 runs: met (+10.0 MB"), "{t}");
+    assert!(t.contains("list-cold (view rebuilt per request) h1 c=16: firewall ≥ 0.70× hyper: not measured in this run (no list-cold/h1/16 cell)"), "{t}");
+    assert!(t.contains("firewall-audit (firewall, whole run): 20.0 MB fresh, 30.0 MB at the end (+10.0 MB); 500,000 requests, 25,000 runs"), "{t}");
+    assert!(t.contains("firewall on instances started fresh for each round: 22.0 MB fresh, 45.0 MB peak with 1000 held streams: 23.6 KB per stream"), "{t}");
+    assert!(t.contains("scale, firewall: 3.00k rps"), "{t}");
+    let md = markdown(&r);
+    assert!(md.contains("## Targets (issue 20)"), "{md}");
+    assert!(md.contains("- call h1 c=16: the firewall's own CPU per call (firewall − hyper) ≤ 10 µs: met (5.0 µs"), "{md}");
+    assert!(md.contains("## Firewall instances"), "{md}");
+    assert!(md.contains("- scale, firewall: 3.00k rps"), "{md}");
+    // Every target any cell measured is a summary column.
+    assert!(md.contains("| cell | hyper | firewall |"), "{md}");
 }

@@ -6,9 +6,19 @@
 //! drift on a shared machine hits every target alike and the ratios within a
 //! run stay meaningful even when absolute numbers move.
 //!
+//! Firewall instances are long-lived (one per firewall target and listener,
+//! shared by every cell that uses it) except where a scenario asks for fresh
+//! ones ([`Instances`]): `streams` starts a fresh instance for each round,
+//! `scale` one for the cell, so their memory is measured from a known start.
+//! Every instance's `VmRSS` is recorded right after it is ready and primed,
+//! and again at the end of the run (or when a fresh one is stopped).
+//!
 //! Invariants:
 //! - every firewall answers a `tools/list` on every route before it is
 //!   measured (its catalog must know the tools it decides on);
+//! - a fresh instance is stopped only after ClickHouse acknowledged every
+//!   row it spooled (bounded wait), and its counters are kept, so the run's
+//!   audit summary still covers every row;
 //! - CPU figures cover exactly the measured window; peak RSS is reset
 //!   (`clear_refs`) before each round, so it is that round's peak; the same
 //!   holds for the servers a firewall uses (ClickHouse's CPU, Redis's CPU
@@ -29,15 +39,17 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::catalog::{Catalog, CatalogError};
 use crate::clickhouse::{ClickHouse, ClickHouseError};
 use crate::firewall::{self, AuditCounters, AuditSink, Firewall, FirewallError};
+use crate::idle::{self, Idle};
 use crate::load::{self, Endpoint, LoadError, LoadSpec, Phase, Proto};
 use crate::nginx::{Nginx, NginxError};
 use crate::passthrough::Passthrough;
 use crate::procs::{self, Managed, Placement, ProcError};
 use crate::redis::{Redis, RedisError};
 use crate::report::{
-    self, AuditLoad, AuditSummary, CellReport, Figures, Meta, Report, TargetReport,
+    self, AuditLoad, AuditSummary, CellReport, Figures, InstanceReport, Meta, Report, ScaleFigures,
+    TargetReport,
 };
-use crate::scenario::{Scenario, Workload};
+use crate::scenario::{Instances, Scenario, Workload};
 use crate::tls::{Material, TlsError};
 use crate::tokens::{Issuer, TokenError, Tokens};
 
@@ -134,6 +146,10 @@ pub enum TargetKind {
     /// The firewall with audit on and budgets and rate limits in a
     /// throwaway Redis (`[state] backend = "redis"`); not a default target.
     FirewallRedis,
+    /// The firewall with audit on, speaking HTTP/2 (h2c, `http2 = true`) to
+    /// the canned upstream; not a default target (the full profile's
+    /// streams cell adds it: `streams/h1/1000+firewall-h2up`).
+    FirewallH2Up,
 }
 
 /// One cell of the plan.
@@ -149,6 +165,8 @@ pub struct Cell {
     pub concurrency: usize,
     /// Open-loop rate.
     pub rate: Option<f64>,
+    /// Targets this cell measures besides the run's (`+target` suffixes).
+    pub extra: Vec<TargetKind>,
 }
 
 /// How the upstream runs.
@@ -220,15 +238,39 @@ pub struct Options {
     pub plain_progress: bool,
     /// Length of the dedicated audit-pipeline load (zero skips it).
     pub audit_duration: Duration,
+    /// Distinct runs (own tokens) of the scale scenario.
+    pub scale_runs: usize,
+    /// Consecutive calls per run in the scale scenario.
+    pub scale_calls_per_run: u64,
+    /// Idle client connections the scale scenario holds per round.
+    pub scale_idle: usize,
+    /// The open-file limit in force (report only; the caller raised it).
+    pub nofile: u64,
 }
 
 /// An audited or unaudited, plain or TLS firewall instance, with budgets
-/// in memory or in Redis.
+/// in memory or in Redis, speaking HTTP/1.1 or HTTP/2 to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct FwKey {
     audit: bool,
     tls: bool,
     redis: bool,
+    h2up: bool,
+}
+
+/// A running firewall instance and what the report says of it.
+struct Instance {
+    fw: Firewall,
+    target: TargetKind,
+    /// [`report::WHOLE_RUN`], or the cell (and round) it is fresh for.
+    scope: String,
+    /// `VmRSS` once ready and primed, MB.
+    fresh_rss_mb: Option<f64>,
+    /// Requests sent to it (fresh instances; the long-lived ones count in
+    /// `World::sent`).
+    requests: u64,
+    /// Distinct runs among them (fresh instances).
+    runs: u64,
 }
 
 /// Handles to everything running.
@@ -244,7 +286,16 @@ struct World {
     upstream: Upstream,
     clickhouse: Option<ClickHouse>,
     audit_db: Option<String>,
-    firewalls: BTreeMap<FwKey, Firewall>,
+    /// The long-lived instances.
+    firewalls: BTreeMap<FwKey, Instance>,
+    /// The instances started fresh for the current cell or round.
+    fresh: BTreeMap<FwKey, Instance>,
+    /// Fresh instances started so far (their directory names).
+    fresh_started: usize,
+    /// Fresh instances already stopped, for the report.
+    retired: Vec<InstanceReport>,
+    /// Audit counters of the stopped fresh instances, summed.
+    retired_audit: AuditCounters,
     nginx: Option<Nginx>,
     nginx_failed: bool,
     redis: Option<Redis>,
@@ -278,17 +329,19 @@ enum Upstream {
 
 impl TargetKind {
     /// Every target, in report order.
-    pub const ALL: [TargetKind; 6] = [
+    pub const ALL: [TargetKind; 7] = [
         TargetKind::Direct,
         TargetKind::Nginx,
         TargetKind::Hyper,
         TargetKind::Firewall,
         TargetKind::FirewallNoAudit,
         TargetKind::FirewallRedis,
+        TargetKind::FirewallH2Up,
     ];
 
-    /// What `--targets` defaults to: every target but `firewall-redis`
-    /// (one more firewall column costs a sixth more run time; ask for it).
+    /// What `--targets` defaults to: every target but `firewall-redis` and
+    /// `firewall-h2up` (one more firewall column costs a sixth more run
+    /// time; ask for it, for the run or for one cell).
     pub const DEFAULT: [TargetKind; 5] = [
         TargetKind::Direct,
         TargetKind::Nginx,
@@ -306,6 +359,7 @@ impl TargetKind {
             TargetKind::Firewall => "firewall",
             TargetKind::FirewallNoAudit => "firewall-noaudit",
             TargetKind::FirewallRedis => "firewall-redis",
+            TargetKind::FirewallH2Up => "firewall-h2up",
         }
     }
 
@@ -319,13 +373,19 @@ impl TargetKind {
     pub fn is_firewall(self) -> bool {
         matches!(
             self,
-            TargetKind::Firewall | TargetKind::FirewallNoAudit | TargetKind::FirewallRedis
+            TargetKind::Firewall
+                | TargetKind::FirewallNoAudit
+                | TargetKind::FirewallRedis
+                | TargetKind::FirewallH2Up
         )
     }
 
     /// A firewall with audit on.
     pub fn is_audited(self) -> bool {
-        matches!(self, TargetKind::Firewall | TargetKind::FirewallRedis)
+        matches!(
+            self,
+            TargetKind::Firewall | TargetKind::FirewallRedis | TargetKind::FirewallH2Up
+        )
     }
 
     /// Its firewall instance for plain or TLS cells, if a firewall.
@@ -334,6 +394,7 @@ impl TargetKind {
             audit: self.is_audited(),
             tls,
             redis: self == TargetKind::FirewallRedis,
+            h2up: self == TargetKind::FirewallH2Up,
         })
     }
 }
@@ -351,9 +412,17 @@ impl Cell {
         }
     }
 
-    /// Parses `scenario/proto/concurrency[@rate]`, e.g. `call/h1/64@4000`.
+    /// Parses `scenario/proto/concurrency[@rate][+target...]`, e.g.
+    /// `call/h1/64@4000` or `streams/h1/1000+firewall-h2up` (a target this
+    /// cell measures besides the run's). `scale` is plain only (its idle
+    /// connections are plain TCP).
     pub fn parse(s: &str) -> Option<Cell> {
-        let mut parts = s.split('/');
+        let mut with_extra = s.split('+');
+        let base = with_extra.next()?;
+        let extra = with_extra
+            .map(TargetKind::parse)
+            .collect::<Option<Vec<_>>>()?;
+        let mut parts = base.split('/');
         let scenario = Scenario::parse(parts.next()?).ok()?;
         let (proto, tls) = match parts.next()? {
             "h1" => (Proto::H1, false),
@@ -371,13 +440,28 @@ impl Cell {
             None => (load, None),
         };
         let concurrency = c.parse::<usize>().ok().filter(|c| *c > 0)?;
+        if scenario == Scenario::Scale && tls {
+            return None;
+        }
         Some(Cell {
             scenario,
             proto,
             tls,
             concurrency,
             rate,
+            extra,
         })
+    }
+
+    /// The targets this cell measures: the run's, then its own extras.
+    pub fn targets(&self, run: &[TargetKind]) -> Vec<TargetKind> {
+        let mut out = run.to_vec();
+        for t in &self.extra {
+            if !out.contains(t) {
+                out.push(*t);
+            }
+        }
+        out
     }
 
     fn title(&self) -> String {
@@ -409,19 +493,37 @@ pub async fn run(opts: Options) -> Result<Report, RunError> {
         }
     }
     let audit = world.finish_audit(load);
+    // After the audit backlog drained: what the long-lived instances keep.
+    let instances = world.instance_reports();
     let load_after = procs::load_average();
     let meta = world.meta(started_unix, load_before, load_after);
     let mut notes = std::mem::take(&mut world.notes);
     world.stop();
     let cells = result?;
-    notes.extend(report::design_targets(&cells));
     notes.extend(report::shared_state(&cells));
-    Ok(Report {
+    let mut report = Report {
         meta,
         cells,
         audit,
         notes,
-    })
+        instances,
+        verdicts: Vec::new(),
+    };
+    report.verdicts = report::targets(&report);
+    Ok(report)
+}
+
+/// Every target any cell of `opts` measures.
+fn all_targets(opts: &Options) -> Vec<TargetKind> {
+    let mut out = opts.targets.clone();
+    for c in &opts.cells {
+        for t in c.targets(&opts.targets) {
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+    }
+    out
 }
 
 // === impl World ===
@@ -441,8 +543,21 @@ impl World {
         let tls = Material::generate(&base)?;
         let issuer = Issuer::generate()?;
         let minted = Instant::now();
+        // The scale pool only when a scale cell needs it (100,000 ES256
+        // signatures take half a minute).
+        let scale = if opts.cells.iter().any(|c| c.scenario == Scenario::Scale) {
+            opts.scale_runs.max(1)
+        } else {
+            0
+        };
         // Long enough for the longest run; the config allows MAX_LIFETIME.
-        let tokens = Arc::new(issuer.tokens(opts.tokens, crate::tokens::MAX_LIFETIME)?);
+        // Signed on every CPU: this thread may be the pinned load generator.
+        let tokens = Arc::new(issuer.tokens_with_scale(
+            opts.tokens,
+            scale,
+            crate::tokens::MAX_LIFETIME,
+            cpus,
+        )?);
         let mint_s = minted.elapsed().as_secs_f64();
         let client_h1 = tls.client(&[b"http/1.1"])?;
         let client_h2 = tls.client(&[b"h2"])?;
@@ -458,6 +573,10 @@ impl World {
             clickhouse: None,
             audit_db: None,
             firewalls: BTreeMap::new(),
+            fresh: BTreeMap::new(),
+            fresh_started: 0,
+            retired: Vec::new(),
+            retired_audit: AuditCounters::default(),
             nginx: None,
             nginx_failed: false,
             redis: None,
@@ -472,7 +591,7 @@ impl World {
             opts,
         };
         world.upstream = world.start_upstream()?;
-        if world.opts.targets.iter().any(|t| t.is_audited()) && world.opts.clickhouse {
+        if all_targets(&world.opts).iter().any(|t| t.is_audited()) && world.opts.clickhouse {
             if ClickHouse::available() {
                 let dir = world.dir.join("clickhouse");
                 let ch = ClickHouse::start(&dir, &world.placement(None))?;
@@ -619,69 +738,184 @@ impl World {
         })
     }
 
-    /// The firewall instance for `key`, started (and primed) on first use.
-    async fn firewall(&mut self, key: FwKey) -> Result<&mut Firewall, RunError> {
+    /// The long-lived firewall instance for `key`, started (and primed) on
+    /// first use.
+    async fn firewall(
+        &mut self,
+        key: FwKey,
+        target: TargetKind,
+    ) -> Result<&mut Firewall, RunError> {
         if !self.firewalls.contains_key(&key) {
-            let name = format!(
-                "firewall{}{}{}",
-                if key.audit { "-audit" } else { "-noaudit" },
-                if key.redis { "-redis" } else { "" },
-                if key.tls { "-tls" } else { "" }
-            );
-            let state = match (key.redis, &self.redis) {
-                (false, _) => None,
-                (true, Some(r)) => Some(firewall::SharedState {
-                    redis_url: r.url(),
-                    key_prefix: firewall::REDIS_KEY_PREFIX.to_owned(),
-                }),
-                (true, None) => {
-                    return Err(RunError::Died {
-                        name: "redis-server".to_owned(),
-                        log: "not started".to_owned(),
-                    })
-                }
-            };
-            let audit = key.audit.then(|| AuditSink {
-                url: match &self.clickhouse {
-                    Some(ch) => ch.url(),
-                    None => format!("http://127.0.0.1:{}", procs::free_port().unwrap_or(1)),
-                },
-                database: self
-                    .audit_db
-                    .clone()
-                    .unwrap_or_else(|| "mcp_bench_spool_only".to_owned()),
-            });
-            let spec = firewall::Spec {
-                name: name.clone(),
-                tls: key
-                    .tls
-                    .then(|| (self.tls.cert_file.clone(), self.tls.key_file.clone())),
-                audit,
-                log_level: self.opts.log_level.clone(),
-                upstream_http2: self.opts.firewall_upstream_http2,
-                state,
-            };
-            let placement = self.placement(self.opts.pin_proxy.as_deref());
-            let fw = Firewall::start(
-                &self.opts.firewall_bin,
-                &self.dir,
-                spec,
-                self.upstream.plain(),
-                self.issuer.public_pem(),
-                &placement,
-            )?;
-            let endpoint = Endpoint {
-                addr: fw.addr,
-                proto: Proto::H1,
-                tls: key.tls.then(|| self.client_h1.clone()),
-            };
-            self.firewalls.insert(key, fw);
-            self.prime(&name, &endpoint).await?;
+            let name = instance_name(key);
+            let inst = self
+                .start_instance(key, target, name, report::WHOLE_RUN.to_owned())
+                .await?;
+            self.firewalls.insert(key, inst);
         }
-        self.firewalls.get_mut(&key).ok_or_else(|| RunError::Died {
-            name: "firewall".to_owned(),
-            log: String::new(),
-        })
+        self.firewalls
+            .get_mut(&key)
+            .map(|i| &mut i.fw)
+            .ok_or_else(|| RunError::Died {
+                name: "firewall".to_owned(),
+                log: String::new(),
+            })
+    }
+
+    /// Starts a firewall instance for `key` named `name` (its directory),
+    /// primes it, and records its fresh `VmRSS`.
+    async fn start_instance(
+        &mut self,
+        key: FwKey,
+        target: TargetKind,
+        name: String,
+        scope: String,
+    ) -> Result<Instance, RunError> {
+        let state = match (key.redis, &self.redis) {
+            (false, _) => None,
+            (true, Some(r)) => Some(firewall::SharedState {
+                redis_url: r.url(),
+                key_prefix: firewall::REDIS_KEY_PREFIX.to_owned(),
+            }),
+            (true, None) => {
+                return Err(RunError::Died {
+                    name: "redis-server".to_owned(),
+                    log: "not started".to_owned(),
+                })
+            }
+        };
+        let audit = key.audit.then(|| AuditSink {
+            url: match &self.clickhouse {
+                Some(ch) => ch.url(),
+                None => format!("http://127.0.0.1:{}", procs::free_port().unwrap_or(1)),
+            },
+            database: self
+                .audit_db
+                .clone()
+                .unwrap_or_else(|| "mcp_bench_spool_only".to_owned()),
+        });
+        let spec = firewall::Spec {
+            name: name.clone(),
+            tls: key
+                .tls
+                .then(|| (self.tls.cert_file.clone(), self.tls.key_file.clone())),
+            audit,
+            log_level: self.opts.log_level.clone(),
+            upstream_http2: self.opts.firewall_upstream_http2 || key.h2up,
+            state,
+        };
+        let placement = self.placement(self.opts.pin_proxy.as_deref());
+        let fw = Firewall::start(
+            &self.opts.firewall_bin,
+            &self.dir,
+            spec,
+            self.upstream.plain(),
+            self.issuer.public_pem(),
+            &placement,
+        )?;
+        let endpoint = Endpoint {
+            addr: fw.addr,
+            proto: Proto::H1,
+            tls: key.tls.then(|| self.client_h1.clone()),
+        };
+        let mut inst = Instance {
+            fw,
+            target,
+            scope,
+            fresh_rss_mb: None,
+            requests: 0,
+            runs: 0,
+        };
+        if let Err(e) = self.prime(&name, &endpoint).await {
+            inst.fw.stop(Duration::from_secs(2));
+            return Err(e);
+        }
+        inst.fresh_rss_mb = procs::rss_mb(inst.fw.pid());
+        Ok(inst)
+    }
+
+    /// Starts a fresh instance of `target` for `key` (the current cell, or
+    /// one round of it); false when the target is unavailable (no Redis).
+    async fn start_fresh(
+        &mut self,
+        target: TargetKind,
+        key: FwKey,
+        cell: &Cell,
+        round: Option<usize>,
+    ) -> Result<bool, RunError> {
+        if key.redis && self.redis()?.is_none() {
+            return Ok(false);
+        }
+        self.retire(key).await;
+        self.fresh_started += 1;
+        let name = format!("{}-fresh{}", instance_name(key), self.fresh_started);
+        let scope = match round {
+            Some(r) => format!("{}, round {}", cell.title(), r + 1),
+            None => cell.title(),
+        };
+        let inst = self.start_instance(key, target, name, scope).await?;
+        self.fresh.insert(key, inst);
+        Ok(true)
+    }
+
+    /// Stops the fresh instance for `key`, once ClickHouse has its rows
+    /// (at most 30 s), keeping its counters and its last `VmRSS`.
+    async fn retire(&mut self, key: FwKey) {
+        let Some(mut inst) = self.fresh.remove(&key) else {
+            return;
+        };
+        let mut counters = inst.fw.audit_counters();
+        if key.audit && self.clickhouse.is_some() {
+            let start = Instant::now();
+            while counters.is_some_and(|c| c.sent < c.spooled)
+                && start.elapsed() < Duration::from_secs(30)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                counters = inst.fw.audit_counters();
+            }
+        }
+        if let Some(c) = counters {
+            let r = &mut self.retired_audit;
+            r.spooled += c.spooled;
+            r.sent += c.sent;
+            r.lost += c.lost;
+        }
+        let end = procs::rss_mb(inst.fw.pid());
+        inst.fw.stop(Duration::from_secs(5));
+        self.retired.push(InstanceReport {
+            name: inst.fw.spec.name.clone(),
+            target: inst.target.name().to_owned(),
+            tls: key.tls,
+            scope: inst.scope,
+            fresh_rss_mb: inst.fresh_rss_mb,
+            end_rss_mb: end,
+            requests: inst.requests,
+            runs: inst.runs,
+        });
+    }
+
+    /// Every instance of the run: the stopped fresh ones, then the
+    /// long-lived ones with their `VmRSS` now.
+    fn instance_reports(&self) -> Vec<InstanceReport> {
+        let mut out = self.retired.clone();
+        for (key, inst) in &self.firewalls {
+            let requests = self.sent(inst.target, key.tls);
+            out.push(InstanceReport {
+                name: inst.fw.spec.name.clone(),
+                target: inst.target.name().to_owned(),
+                tls: key.tls,
+                scope: inst.scope.clone(),
+                fresh_rss_mb: inst.fresh_rss_mb,
+                end_rss_mb: procs::rss_mb(inst.fw.pid()),
+                requests,
+                runs: fresh_runs(
+                    0,
+                    requests,
+                    self.opts.calls_per_run,
+                    self.tokens.reader.len() as u64,
+                ),
+            });
+        }
+        out
     }
 
     /// One `tools/list` per route through a new firewall: fills its catalog.
@@ -731,12 +965,24 @@ impl World {
                 return Ok(None);
             }
             let placement = self.placement(self.opts.pin_proxy.as_deref());
+            // Room for the scale cell's idle connections in any one worker.
+            let idle = if self
+                .opts
+                .cells
+                .iter()
+                .any(|c| c.scenario == Scenario::Scale)
+            {
+                self.opts.scale_idle
+            } else {
+                0
+            };
             let n = Nginx::start(
                 &self.dir.join("nginx"),
                 self.upstream.plain(),
                 &self.tls.cert_file,
                 &self.tls.key_file,
                 &self.opts.nginx_workers,
+                8192.max(idle + 4096),
                 &placement,
             )?;
             self.nginx = Some(n);
@@ -818,7 +1064,10 @@ impl World {
                 let p = self.passthrough()?;
                 Some((ep(p.addr), vec![p.pid()]))
             }
-            TargetKind::Firewall | TargetKind::FirewallNoAudit | TargetKind::FirewallRedis => {
+            TargetKind::Firewall
+            | TargetKind::FirewallNoAudit
+            | TargetKind::FirewallRedis
+            | TargetKind::FirewallH2Up => {
                 if target == TargetKind::FirewallRedis {
                     let Some(r) = self.redis()? else {
                         return Ok(None);
@@ -833,7 +1082,15 @@ impl World {
                 let Some(key) = target.firewall_key(cell.tls) else {
                     return Ok(None);
                 };
-                let fw = self.firewall(key).await?;
+                let fw = if cell.scenario.instances() == Instances::Shared {
+                    self.firewall(key, target).await?
+                } else {
+                    // Started by the cell (run_cells) before it is measured.
+                    match self.fresh.get_mut(&key) {
+                        Some(i) => &mut i.fw,
+                        None => return Ok(None),
+                    }
+                };
                 if !fw.running() {
                     return Err(RunError::Died {
                         name: "mcp-firewall".to_owned(),
@@ -847,28 +1104,95 @@ impl World {
 
     fn audit_counters(&self, target: TargetKind, cell: &Cell) -> Option<AuditCounters> {
         let key = target.firewall_key(cell.tls).filter(|k| k.audit)?;
-        self.firewalls.get(&key).and_then(Firewall::audit_counters)
+        let instances = if cell.scenario.instances() == Instances::Shared {
+            &self.firewalls
+        } else {
+            &self.fresh
+        };
+        instances.get(&key).and_then(|i| i.fw.audit_counters())
     }
 
     async fn run_cells(&mut self) -> Result<Vec<CellReport>, RunError> {
         let mut out = Vec::with_capacity(self.opts.cells.len());
         let cells = self.opts.cells.clone();
-        let targets = self.opts.targets.clone();
         let rounds = self.opts.rounds.max(1);
         for (ci, cell) in cells.iter().enumerate() {
+            let targets = cell.targets(&self.opts.targets);
+            let instances = cell.scenario.instances();
             let workload = Arc::new(Workload::new(cell.scenario, &self.catalog));
             let bar = self.bar(ci, cells.len(), cell, (rounds * targets.len()) as u64);
             let mut per_target: BTreeMap<TargetKind, TargetAcc> = BTreeMap::new();
+            // Requests per target in this cell: the tickets of a cell on
+            // fresh instances start at 0 (a fresh instance met no run yet).
+            let mut cell_sent: BTreeMap<TargetKind, u64> = BTreeMap::new();
+            let mut rss_before: BTreeMap<TargetKind, Option<f64>> = BTreeMap::new();
+            if instances == Instances::FreshPerCell {
+                for &t in &targets {
+                    if let Some(key) = t.firewall_key(cell.tls) {
+                        if !self.start_fresh(t, key, cell, None).await? {
+                            continue;
+                        }
+                    }
+                    // A fresh firewall's RSS right after priming; another
+                    // proxy's as the cell starts.
+                    if let Some((_, pids)) = self.endpoint(t, cell).await? {
+                        rss_before.insert(t, rss_of(&pids));
+                    }
+                }
+            }
             for round in 0..rounds {
                 for i in 0..targets.len() {
                     let target = targets[(i + round) % targets.len()];
+                    let per_round = target
+                        .firewall_key(cell.tls)
+                        .filter(|_| instances == Instances::FreshPerRound);
+                    if let Some(key) = per_round {
+                        if !self.start_fresh(target, key, cell, Some(round)).await? {
+                            bar.inc(1);
+                            continue;
+                        }
+                        cell_sent.insert(target, 0);
+                    }
                     let Some((endpoint, pids)) = self.endpoint(target, cell).await? else {
                         bar.inc(1);
                         continue;
                     };
+                    let shared = instances == Instances::Shared;
+                    let base = if shared {
+                        self.sent(target, cell.tls)
+                    } else {
+                        cell_sent.get(&target).copied().unwrap_or(0)
+                    };
                     let measured = self
-                        .measure(cell, target, endpoint, &pids, workload.clone(), &bar, round)
+                        .measure(
+                            cell,
+                            target,
+                            endpoint,
+                            &pids,
+                            workload.clone(),
+                            &bar,
+                            round,
+                            base,
+                        )
                         .await?;
+                    if shared {
+                        self.add_sent(target, cell.tls, measured.tickets);
+                    } else {
+                        let sent = cell_sent.entry(target).or_default();
+                        *sent += measured.tickets;
+                        let (per_run, pool) = self.run_shape(cell);
+                        let runs = fresh_runs(0, *sent, per_run, pool);
+                        if let Some(inst) = target
+                            .firewall_key(cell.tls)
+                            .and_then(|k| self.fresh.get_mut(&k))
+                        {
+                            inst.requests = *sent;
+                            inst.runs = runs;
+                        }
+                    }
+                    if let Some(key) = per_round {
+                        self.retire(key).await;
+                    }
                     let acc = per_target.entry(target).or_insert_with(TargetAcc::new);
                     acc.add(measured);
                     bar.inc(1);
@@ -877,7 +1201,19 @@ impl World {
                     return Err(RunError::Interrupted);
                 }
             }
+            let mut rss_after: BTreeMap<TargetKind, Option<f64>> = BTreeMap::new();
+            if instances == Instances::FreshPerCell {
+                for &t in &targets {
+                    if let Some((_, pids)) = self.endpoint(t, cell).await? {
+                        rss_after.insert(t, rss_of(&pids));
+                    }
+                    if let Some(key) = t.firewall_key(cell.tls) {
+                        self.retire(key).await;
+                    }
+                }
+            }
             bar.finish_and_clear();
+            let (per_run, pool) = self.run_shape(cell);
             let mut report = CellReport {
                 scenario: cell.scenario.name().to_owned(),
                 proto: cell.proto_name().to_owned(),
@@ -885,7 +1221,28 @@ impl World {
                 rate: cell.rate,
                 targets: targets
                     .iter()
-                    .filter_map(|t| per_target.remove(t).map(|a| a.finish(t.name())))
+                    .filter_map(|t| {
+                        let acc = per_target.remove(t)?;
+                        let scale = (cell.scenario == Scenario::Scale).then(|| ScaleFigures {
+                            runs: pool,
+                            runs_met: fresh_runs(
+                                0,
+                                cell_sent.get(t).copied().unwrap_or(0),
+                                per_run,
+                                pool,
+                            ),
+                            calls_per_run: per_run,
+                            idle_wanted: acc.idle_wanted,
+                            idle_opened: acc.idle_opened.unwrap_or(0),
+                            idle_held: acc.idle_held.unwrap_or(0),
+                            idle_lost: acc.idle_lost.clone(),
+                            rss_before_mb: rss_before.get(t).copied().flatten(),
+                            rss_after_mb: rss_after.get(t).copied().flatten(),
+                        });
+                        let mut r = acc.finish(t.name());
+                        r.scale = scale;
+                        Some(r)
+                    })
                     .collect(),
             };
             report.compute_ratios();
@@ -895,6 +1252,33 @@ impl World {
             out.push(report);
         }
         Ok(out)
+    }
+
+    /// A scale round's length in answers, not seconds: the cell's rounds
+    /// together meet every run of its pool (5 % over, for the runs the
+    /// warm-ups took), however fast the target is. `None` for other cells.
+    fn scale_round_requests(&self, cell: &Cell, calls_per_run: u64, pool: u64) -> Option<u64> {
+        if cell.scenario != Scenario::Scale || self.tokens.scale.is_empty() {
+            return None;
+        }
+        let rounds = self.opts.rounds.max(1) as u64;
+        let calls = pool.saturating_mul(calls_per_run);
+        Some((calls + calls / 20).div_ceil(rounds).max(1))
+    }
+
+    /// Calls per run and distinct runs of the token pool `cell` draws from.
+    fn run_shape(&self, cell: &Cell) -> (u64, u64) {
+        if cell.scenario == Scenario::Scale && !self.tokens.scale.is_empty() {
+            (
+                self.opts.scale_calls_per_run.max(1),
+                self.tokens.scale.len() as u64,
+            )
+        } else {
+            (
+                self.opts.calls_per_run.max(1),
+                self.tokens.reader.len() as u64,
+            )
+        }
     }
 
     fn bar(&self, index: usize, total: usize, cell: &Cell, len: u64) -> ProgressBar {
@@ -922,6 +1306,7 @@ impl World {
         workload: Arc<Workload>,
         bar: &ProgressBar,
         round: usize,
+        ticket_base: u64,
     ) -> Result<Measured, RunError> {
         let redis_pid = self
             .redis
@@ -931,6 +1316,42 @@ impl World {
         for &p in pids.iter().chain(redis_pid.as_ref()) {
             procs::reset_peak_rss(p);
         }
+        // The scale scenario's idle connections, open before the load
+        // starts (inside the round's peak RSS, outside its CPU window).
+        // Idle connections speak HTTP/1.1: nginx's cleartext HTTP/2 port
+        // takes prior knowledge only, so they go to its HTTP/1.1 port (the
+        // other targets take both on one).
+        let idle_addr = match (target, &self.nginx) {
+            (TargetKind::Nginx, Some(n)) => SocketAddr::from(([127, 0, 0, 1], n.ports.h1)),
+            _ => endpoint.addr,
+        };
+        let idle = match (cell.scenario, self.opts.scale_idle) {
+            (Scenario::Scale, n) if n > 0 => Some(
+                Idle::open(&idle::Spec {
+                    addr: idle_addr,
+                    path: crate::upstream::ROUTE_JSON,
+                    body: crate::scenario::ping_body(),
+                    token: self
+                        .tokens
+                        .reader
+                        .first()
+                        .cloned()
+                        .unwrap_or_else(|| http::HeaderValue::from_static("Bearer none")),
+                    version: http::HeaderValue::from_static(crate::scenario::REVISION),
+                    count: n,
+                    parallel: 128,
+                    timeout: self.opts.timeout,
+                })
+                .await,
+            ),
+            _ => None,
+        };
+        let (calls_per_run, pool) = self.run_shape(cell);
+        let fresh_rss_mb = target
+            .firewall_key(cell.tls)
+            .filter(|_| cell.scenario.instances() != Instances::Shared)
+            .and_then(|k| self.fresh.get(&k))
+            .and_then(|i| i.fresh_rss_mb);
         let spec = LoadSpec {
             endpoint,
             workload,
@@ -941,10 +1362,13 @@ impl World {
             rate: cell.rate,
             warmup: self.opts.warmup,
             duration: self.opts.duration,
-            requests: self.opts.requests,
+            requests: self
+                .opts
+                .requests
+                .or_else(|| self.scale_round_requests(cell, calls_per_run, pool)),
             timeout: self.opts.timeout,
-            ticket_base: self.sent(target, cell.tls),
-            calls_per_run: self.opts.calls_per_run,
+            ticket_base,
+            calls_per_run,
         };
         let base = spec.ticket_base;
         let mut window: Option<Sample> = None;
@@ -996,23 +1420,38 @@ impl World {
             source,
         })?;
         let end = sample(self);
-        self.add_sent(target, cell.tls, report.tickets);
+        let idle = idle.map(|set| {
+            let held = set.check();
+            let mut lost = set.errors.clone();
+            for (k, v) in &held.lost {
+                *lost.entry(k.clone()).or_default() += v;
+            }
+            let round = IdleRound {
+                wanted: set.wanted,
+                opened: set.opened(),
+                held: held.open,
+                lost,
+            };
+            drop(set);
+            round
+        });
+        if idle.is_some() {
+            // Let the target take the closes in before the next target's
+            // round (they are not measured, but they share the CPUs).
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         let mut figures = Figures::from_histogram(
             &report.histogram,
             report.elapsed.as_secs_f64(),
             report.ok,
             report.failed,
         );
+        figures.fresh_rss_mb = fresh_rss_mb;
         if let (Some(a), Some(b)) = (&window, last.as_ref().or(Some(&end))) {
             let secs = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
             let answers = (report.ok + report.failed).max(1) as f64;
             if target.is_firewall() {
-                let fresh = fresh_runs(
-                    base,
-                    report.tickets,
-                    self.opts.calls_per_run,
-                    self.tokens.reader.len() as u64,
-                );
+                let fresh = fresh_runs(base, report.tickets, calls_per_run, pool);
                 figures.first_time_token_share = Some(fresh as f64 / report.tickets.max(1) as f64);
             }
             if !pids.is_empty() {
@@ -1048,8 +1487,11 @@ impl World {
             }
         }
         if self.opts.plain_progress {
+            let held = idle.as_ref().map_or_else(String::new, |i| {
+                format!("  idle held {}/{}", i.held, i.wanted)
+            });
             eprintln!(
-                "  {} round {} {:<17} {:>9.0} rps  p99 {:>7.2} ms  ok {} failed {}",
+                "  {} round {} {:<17} {:>9.0} rps  p99 {:>7.2} ms  ok {} failed {}{held}",
                 cell.title(),
                 round + 1,
                 name,
@@ -1064,6 +1506,8 @@ impl World {
             histogram: report.histogram,
             errors: report.errors,
             outcomes: report.outcomes,
+            tickets: report.tickets,
+            idle,
         })
     }
 
@@ -1089,6 +1533,7 @@ impl World {
             tls: false,
             concurrency: 64,
             rate: None,
+            extra: Vec::new(),
         };
         let Some((endpoint, _)) = self.endpoint(TargetKind::Firewall, &cell).await? else {
             return Ok(None);
@@ -1097,11 +1542,12 @@ impl World {
             audit: true,
             tls: false,
             redis: false,
+            h2up: false,
         };
         let counters = |w: &World| {
             w.firewalls
                 .get(&key)
-                .and_then(Firewall::audit_counters)
+                .and_then(|i| i.fw.audit_counters())
                 .unwrap_or_default()
         };
         let spec = LoadSpec {
@@ -1173,15 +1619,21 @@ impl World {
             .firewalls
             .iter()
             .filter(|(k, _)| k.audit)
-            .map(|(_, f)| f)
+            .map(|(_, i)| &i.fw)
             .collect();
-        if audited.is_empty() {
+        let retired = self.retired_audit;
+        let retired_audited = self
+            .retired
+            .iter()
+            .any(|i| TargetKind::parse(&i.target).is_some_and(TargetKind::is_audited));
+        if audited.is_empty() && !retired_audited {
             return None;
         }
+        // The stopped fresh instances' rows count too.
         let total = |fws: &[&Firewall]| {
             fws.iter()
                 .filter_map(|f| f.audit_counters())
-                .fold(AuditCounters::default(), |a, c| AuditCounters {
+                .fold(retired, |a, c| AuditCounters {
                     spooled: a.spooled + c.spooled,
                     sent: a.sent + c.sent,
                     lost: a.lost + c.lost,
@@ -1305,12 +1757,20 @@ impl World {
                 "HTTP/1.1 keep-alive".to_owned()
             },
             token_mint_s: self.mint_s,
+            scale_runs: self.tokens.scale.len(),
+            scale_idle: if self.tokens.scale.is_empty() {
+                0
+            } else {
+                o.scale_idle
+            },
+            scale_calls_per_run: o.scale_calls_per_run,
+            nofile: o.nofile,
         }
     }
 
     fn stop(&mut self) {
-        for fw in self.firewalls.values_mut() {
-            fw.stop(Duration::from_secs(5));
+        for inst in self.firewalls.values_mut().chain(self.fresh.values_mut()) {
+            inst.fw.stop(Duration::from_secs(5));
         }
         if let Some(n) = &mut self.nginx {
             n.stop(Duration::from_secs(5));
@@ -1400,6 +1860,18 @@ struct Measured {
     histogram: Histogram<u64>,
     errors: BTreeMap<String, u64>,
     outcomes: BTreeMap<String, u64>,
+    /// Requests sent, warm-up and drain included.
+    tickets: u64,
+    /// The idle connections of a scale round.
+    idle: Option<IdleRound>,
+}
+
+/// What became of a round's idle connections.
+struct IdleRound {
+    wanted: u64,
+    opened: u64,
+    held: u64,
+    lost: BTreeMap<String, u64>,
 }
 
 /// A target's rounds in one cell.
@@ -1408,6 +1880,12 @@ struct TargetAcc {
     histogram: Option<Histogram<u64>>,
     errors: BTreeMap<String, u64>,
     outcomes: BTreeMap<String, u64>,
+    idle_wanted: u64,
+    /// Fewest over rounds.
+    idle_opened: Option<u64>,
+    /// Fewest over rounds.
+    idle_held: Option<u64>,
+    idle_lost: BTreeMap<String, u64>,
 }
 
 impl TargetAcc {
@@ -1417,10 +1895,22 @@ impl TargetAcc {
             histogram: None,
             errors: BTreeMap::new(),
             outcomes: BTreeMap::new(),
+            idle_wanted: 0,
+            idle_opened: None,
+            idle_held: None,
+            idle_lost: BTreeMap::new(),
         }
     }
 
     fn add(&mut self, m: Measured) {
+        if let Some(i) = m.idle {
+            self.idle_wanted = self.idle_wanted.max(i.wanted);
+            self.idle_opened = Some(self.idle_opened.map_or(i.opened, |o| o.min(i.opened)));
+            self.idle_held = Some(self.idle_held.map_or(i.held, |h| h.min(i.held)));
+            for (k, v) in i.lost {
+                *self.idle_lost.entry(k).or_default() += v;
+            }
+        }
         self.rounds.push(m.figures);
         match &mut self.histogram {
             Some(h) => {
@@ -1450,6 +1940,7 @@ impl TargetAcc {
                 .as_ref()
                 .map(report::curve)
                 .unwrap_or_default(),
+            scale: None,
         }
     }
 }
@@ -1482,6 +1973,22 @@ pub fn fresh_runs(base: u64, n: u64, per_run: u64, pool: u64) -> u64 {
     end.saturating_sub(first)
 }
 
+/// `VmRSS` of a target's processes, summed, MB (`None` without processes).
+fn rss_of(pids: &[u32]) -> Option<f64> {
+    (!pids.is_empty()).then(|| procs::usage(pids).rss_kb as f64 / 1024.0)
+}
+
+/// The directory and log name of a firewall instance.
+fn instance_name(key: FwKey) -> String {
+    format!(
+        "firewall{}{}{}{}",
+        if key.audit { "-audit" } else { "-noaudit" },
+        if key.redis { "-redis" } else { "" },
+        if key.h2up { "-h2up" } else { "" },
+        if key.tls { "-tls" } else { "" }
+    )
+}
+
 /// Removes `dir` once this process is gone, even after a SIGKILL.
 fn remove_when_gone(dir: &Path) {
     let _ = Command::new("sh")
@@ -1510,6 +2017,28 @@ mod tests {
         let t = Cell::parse("list/tls-h2/16").unwrap();
         assert!(t.tls && t.proto == Proto::H2 && t.rate.is_none());
         assert_eq!(t.proto_name(), "tls-h2");
+        assert!(t.extra.is_empty());
+        // A cell may add targets of its own.
+        let s = Cell::parse("streams/h1/1000+firewall-h2up").unwrap();
+        assert_eq!(s.extra, vec![TargetKind::FirewallH2Up]);
+        assert_eq!(s.concurrency, 1000);
+        let run = [TargetKind::Direct, TargetKind::Firewall];
+        assert_eq!(
+            s.targets(&run),
+            vec![
+                TargetKind::Direct,
+                TargetKind::Firewall,
+                TargetKind::FirewallH2Up
+            ]
+        );
+        let r = Cell::parse("call/h1/64@4000+firewall+firewall-redis").unwrap();
+        assert_eq!(r.rate, Some(4000.0));
+        // Already a run target: measured once.
+        assert_eq!(r.targets(&run).len(), 3);
+        assert_eq!(
+            Cell::parse("scale/h2c/16").map(|c| c.scenario),
+            Some(Scenario::Scale)
+        );
         for bad in [
             "call/h3/1",
             "call/h1/0",
@@ -1517,6 +2046,9 @@ mod tests {
             "call/h1",
             "call/h1/1/2",
             "call/h1/4@0",
+            "streams/h1/1000+envoy",
+            "streams/h1/1000+",
+            "scale/tls-h1/16",
         ] {
             assert_eq!(Cell::parse(bad), None, "{bad}");
         }
@@ -1530,6 +2062,8 @@ mod tests {
             cells: vec![
                 Cell::parse("call/h1/2").unwrap(),
                 Cell::parse("batch/tls-h2/2").unwrap(),
+                Cell::parse("list-cold/h1/2").unwrap(),
+                Cell::parse("scale/h1/2").unwrap(),
             ],
             targets: vec![TargetKind::Direct],
             rounds: 2,
@@ -1556,9 +2090,13 @@ mod tests {
             firewall_upstream_http2: false,
             plain_progress: true,
             audit_duration: Duration::ZERO,
+            scale_runs: 10,
+            scale_calls_per_run: 2,
+            scale_idle: 5,
+            nofile: 1024,
         };
         let report = run(opts).await.unwrap();
-        assert_eq!(report.cells.len(), 2);
+        assert_eq!(report.cells.len(), 4);
         for c in &report.cells {
             let t = &c.targets[0];
             assert_eq!(t.target, "direct");
@@ -1569,6 +2107,19 @@ mod tests {
             assert!(!t.curve.is_empty());
         }
         assert!(report.audit.is_none());
+        // The scale cell held its idle connections and drew on its own runs.
+        let scale = report.cells[3].targets[0].scale.as_ref().unwrap();
+        assert_eq!((scale.idle_wanted, scale.idle_held), (5, 5), "{scale:?}");
+        assert_eq!((scale.runs, scale.calls_per_run), (10, 2));
+        assert!(scale.runs_met > 0);
+        assert_eq!(report.meta.scale_runs, 10);
+        // No firewall ran: every target of issue 20 says so.
+        assert!(report.instances.is_empty());
+        assert!(!report.verdicts.is_empty());
+        assert!(report
+            .verdicts
+            .iter()
+            .all(|v| v.status == report::Status::NotMeasured));
     }
 
     #[test]
@@ -1593,8 +2144,9 @@ mod tests {
             Some(TargetKind::FirewallRedis)
         );
         assert_eq!(TargetKind::parse("envoy"), None);
-        // firewall-redis is asked for, never a default.
+        // firewall-redis and firewall-h2up are asked for, never a default.
         assert!(!TargetKind::DEFAULT.contains(&TargetKind::FirewallRedis));
+        assert!(!TargetKind::DEFAULT.contains(&TargetKind::FirewallH2Up));
         assert!(TargetKind::DEFAULT
             .iter()
             .all(|t| TargetKind::ALL.contains(t)));
@@ -1606,7 +2158,14 @@ mod tests {
             .into_iter()
             .filter_map(|t| t.firewall_key(false))
             .collect();
-        assert_eq!(keys.len(), 3);
+        assert_eq!(keys.len(), 4);
+        let mut distinct = keys.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4);
+        let h2up = TargetKind::FirewallH2Up.firewall_key(false).unwrap();
+        assert!(h2up.audit && h2up.h2up && !h2up.redis);
+        assert_eq!(instance_name(h2up), "firewall-audit-h2up");
         let redis = TargetKind::FirewallRedis.firewall_key(true).unwrap();
         assert!(redis.audit && redis.redis && redis.tls);
         assert_eq!(
@@ -1614,7 +2173,8 @@ mod tests {
             Some(FwKey {
                 audit: true,
                 tls: false,
-                redis: false
+                redis: false,
+                h2up: false
             })
         );
         assert_eq!(TargetKind::Hyper.firewall_key(false), None);

@@ -11,7 +11,13 @@
 //! - arguments satisfy the catalog's input schemas, so only the policy
 //!   decides (the firewall validates arguments before gates);
 //! - a mix is a fixed interleaved sequence, so every run sends the same
-//!   proportions in the same order.
+//!   proportions in the same order;
+//! - `list` and `list-cold` send the same request and expect the same tools;
+//!   only the upstream route differs (`list-cold`'s answers are never
+//!   byte-identical, so the firewall cannot reuse a remembered view);
+//! - `streams` and `scale` say how their firewall instances are started
+//!   ([`Instances`]): memory per stream and growth with runs are measured
+//!   from a fresh instance, not one every earlier cell has used.
 
 use std::fmt;
 
@@ -50,8 +56,29 @@ pub enum Scenario {
     /// A realistic mix of all of the above plus pings.
     Mix,
     /// Allowed calls whose SSE answer is held open (memory at many
-    /// concurrent streams).
+    /// concurrent streams), on firewall instances started fresh for each
+    /// round.
     Streams,
+    /// `tools/list` as in [`Scenario::List`], but the upstream's result
+    /// differs on every request (a counter in its `_meta`), so the firewall
+    /// rebuilds the filtered view every time (its remembered view is cold).
+    ListCold,
+    /// Allowed reads of many distinct runs (their own token pool, a few
+    /// calls each) while thousands of idle client connections are held open
+    /// to the target, on firewall instances started fresh for the cell.
+    Scale,
+}
+
+/// How the firewall instances of a scenario's cells are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Instances {
+    /// One long-lived instance per firewall target, shared with every other
+    /// cell of the run that uses it.
+    Shared,
+    /// A fresh instance per round, stopped after it.
+    FreshPerRound,
+    /// A fresh instance per cell, kept over its rounds, stopped after it.
+    FreshPerCell,
 }
 
 /// Which upstream route a request goes to.
@@ -63,6 +90,8 @@ pub enum Route {
     Sse,
     /// Held SSE answers.
     Hold,
+    /// JSON answers whose `tools/list` result differs on every request.
+    Fresh,
 }
 
 /// Which token pool a request draws from.
@@ -74,6 +103,9 @@ pub enum Pool {
     Operator,
     /// `bench-capped`.
     Capped,
+    /// `bench-reader` tokens of the scale scenario's own pool (one run
+    /// each, minted only when a scale cell is planned).
+    Scale,
 }
 
 /// One kind of request.
@@ -107,23 +139,25 @@ pub struct Workload {
 
 /// An unknown scenario name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown scenario {0:?} (known: call, call-sse, list, denied, gated, step-capped, batch, mix, streams)")]
+#[error("unknown scenario {0:?} (known: call, call-sse, list, list-cold, denied, gated, step-capped, batch, mix, streams, scale)")]
 pub struct UnknownScenario(pub String);
 
 // === impl Scenario ===
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::Call,
         Scenario::CallSse,
         Scenario::List,
+        Scenario::ListCold,
         Scenario::Denied,
         Scenario::Gated,
         Scenario::StepCapped,
         Scenario::Batch,
         Scenario::Mix,
         Scenario::Streams,
+        Scenario::Scale,
     ];
 
     /// Its command-line and report name.
@@ -138,6 +172,22 @@ impl Scenario {
             Scenario::Batch => "batch",
             Scenario::Mix => "mix",
             Scenario::Streams => "streams",
+            Scenario::ListCold => "list-cold",
+            Scenario::Scale => "scale",
+        }
+    }
+
+    /// How reports name it: the two lists say which view they measure.
+    pub fn label(self) -> &'static str {
+        label(self.name())
+    }
+
+    /// How its cells' firewall instances are started.
+    pub fn instances(self) -> Instances {
+        match self {
+            Scenario::Streams => Instances::FreshPerRound,
+            Scenario::Scale => Instances::FreshPerCell,
+            _ => Instances::Shared,
         }
     }
 
@@ -150,6 +200,15 @@ impl Scenario {
     }
 }
 
+/// The report label of a scenario name (unknown names as they are).
+pub fn label(name: &str) -> &str {
+    match name {
+        "list" => "list (warm view cache)",
+        "list-cold" => "list-cold (view rebuilt per request)",
+        other => other,
+    }
+}
+
 impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -157,7 +216,7 @@ impl fmt::Display for Scenario {
 }
 
 /// Every route.
-pub const ROUTES: [Route; 3] = [Route::Json, Route::Sse, Route::Hold];
+pub const ROUTES: [Route; 4] = [Route::Json, Route::Sse, Route::Hold, Route::Fresh];
 
 // === impl Route ===
 
@@ -168,6 +227,17 @@ impl Route {
             Route::Json => crate::upstream::ROUTE_JSON,
             Route::Sse => crate::upstream::ROUTE_SSE,
             Route::Hold => crate::upstream::ROUTE_HOLD,
+            Route::Fresh => crate::upstream::ROUTE_FRESH,
+        }
+    }
+
+    /// Its index in [`ROUTES`].
+    pub fn index(self) -> usize {
+        match self {
+            Route::Json => 0,
+            Route::Sse => 1,
+            Route::Hold => 2,
+            Route::Fresh => 3,
         }
     }
 }
@@ -187,6 +257,22 @@ impl Workload {
             Scenario::StepCapped => (vec![t.capped], vec![1]),
             Scenario::Batch => (vec![t.batch], vec![1]),
             Scenario::Streams => (vec![t.hold], vec![1]),
+            Scenario::ListCold => (
+                vec![Template {
+                    label: "list-cold",
+                    route: Route::Fresh,
+                    ..t.list
+                }],
+                vec![1],
+            ),
+            Scenario::Scale => (
+                vec![Template {
+                    label: "scale",
+                    pool: Pool::Scale,
+                    ..t.call
+                }],
+                vec![1],
+            ),
             // An agent lists once, then mostly reads; a few calls are
             // refused or wait for approval, some runs hit their cap.
             Scenario::Mix => (
@@ -249,6 +335,12 @@ pub fn denied_arguments() -> Value {
 /// Arguments of the gated write.
 pub fn gated_arguments() -> Value {
     json!({ "service": "checkout", "namespace": "prod", "note": "Customer-facing 5xx on checkout since 09:12 UTC; paging the owning team." })
+}
+
+/// The body of a JSON-RPC `ping` (what an idle connection of the scale
+/// scenario sends before it falls silent).
+pub fn ping_body() -> Bytes {
+    body(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
 }
 
 fn call(id: u32, tool: &str, arguments: Value) -> Value {

@@ -91,3 +91,29 @@ fn pick_cycles_through_the_mix_in_order() {
     let single = Workload::new(Scenario::Call, &catalog());
     assert_eq!(single.pick(12345).0, 0);
 }
+
+#[test]
+fn the_cold_list_differs_from_the_warm_one_only_in_its_route() {
+    let c = catalog();
+    let one = |s| Workload::new(s, &c).templates.remove(0);
+    let (warm, cold) = (one(Scenario::List), one(Scenario::ListCold));
+    assert_eq!(cold.route, Route::Fresh);
+    assert_eq!(warm.route, Route::Json);
+    assert_eq!(cold.body, warm.body);
+    assert_eq!((cold.plain, cold.firewall), (warm.plain, warm.firewall));
+    assert_eq!(Route::Fresh.path(), crate::upstream::ROUTE_FRESH);
+    assert_eq!(ROUTES.map(Route::index), [0, 1, 2, 3]);
+    assert_eq!(
+        Scenario::ListCold.label(),
+        "list-cold (view rebuilt per request)"
+    );
+    assert_eq!(Scenario::List.label(), "list (warm view cache)");
+    assert_eq!(Scenario::Call.label(), "call");
+    // The scale scenario reads with its own runs; memory cells start fresh.
+    let scale = one(Scenario::Scale);
+    assert_eq!((scale.pool, scale.route), (Pool::Scale, Route::Json));
+    assert_eq!(scale.firewall, Expect::Result);
+    assert_eq!(Scenario::Streams.instances(), Instances::FreshPerRound);
+    assert_eq!(Scenario::Scale.instances(), Instances::FreshPerCell);
+    assert_eq!(Scenario::List.instances(), Instances::Shared);
+}

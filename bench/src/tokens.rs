@@ -64,6 +64,9 @@ pub struct Tokens {
     pub operator: Vec<HeaderValue>,
     /// [`ROLE_CAPPED`] tokens.
     pub capped: Vec<HeaderValue>,
+    /// [`ROLE_READER`] tokens of the scale scenario (its own distinct runs);
+    /// empty unless a scale cell is planned ([`Issuer::tokens_with_scale`]).
+    pub scale: Vec<HeaderValue>,
 }
 
 // === impl Issuer ===
@@ -96,7 +99,9 @@ impl Issuer {
 
     /// `n` tokens of `role`, each for a distinct run, valid for `lifetime`.
     /// Signing is spread over `threads` OS threads (ES256 signing is the
-    /// slow part of starting a run).
+    /// slow part of starting a run), each allowed on CPUs `0..threads`: the
+    /// harness's main thread may be pinned to one CPU, and threads inherit
+    /// that.
     pub fn pool(
         &self,
         role: &str,
@@ -115,6 +120,9 @@ impl Issuer {
                 .iter()
                 .map(|&(from, to)| {
                     scope.spawn(move || {
+                        if threads > 1 {
+                            crate::procs::pin_current_thread(&(0..threads).collect::<Vec<_>>());
+                        }
                         (from..to)
                             .map(|i| self.one(role, i, lifetime))
                             .collect::<Result<Vec<_>, _>>()
@@ -157,11 +165,30 @@ impl Issuer {
     /// (at least one) for the other roles.
     pub fn tokens(&self, readers: usize, lifetime: Duration) -> Result<Tokens, TokenError> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.tokens_with_scale(readers, 0, lifetime, threads)
+    }
+
+    /// [`Issuer::tokens`] plus `scale` reader tokens of their own runs for
+    /// the scale scenario (0 mints none: ES256 signing costs about a quarter
+    /// of a millisecond per token, so 100,000 are only minted when asked
+    /// for), signed on `threads` threads.
+    pub fn tokens_with_scale(
+        &self,
+        readers: usize,
+        scale: usize,
+        lifetime: Duration,
+        threads: usize,
+    ) -> Result<Tokens, TokenError> {
         let others = (readers / 10).max(1);
         Ok(Tokens {
             reader: self.pool(ROLE_READER, readers.max(1), lifetime, threads)?,
             operator: self.pool(ROLE_OPERATOR, others, lifetime, threads)?,
             capped: self.pool(ROLE_CAPPED, others, lifetime, threads)?,
+            scale: if scale == 0 {
+                Vec::new()
+            } else {
+                self.pool(ROLE_READER, scale, lifetime, threads)?
+            },
         })
     }
 }
@@ -225,5 +252,15 @@ mod tests {
         }
         assert_eq!(tokens.operator.len(), 1);
         assert_eq!(claims(&tokens.capped[0])["agent"], ROLE_CAPPED);
+        assert!(tokens.scale.is_empty());
+        let with_scale = issuer
+            .tokens_with_scale(2, 5, Duration::from_secs(600), 2)
+            .unwrap();
+        assert_eq!(with_scale.scale.len(), 5);
+        for h in &with_scale.scale {
+            assert_eq!(claims(h)["agent"], ROLE_READER);
+            let t = h.to_str().unwrap().strip_prefix("Bearer ").unwrap();
+            verifier.verify(t, Audience::Mcp).await.unwrap();
+        }
     }
 }

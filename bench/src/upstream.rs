@@ -7,7 +7,13 @@
 //! - `POST /mcp/bench-sse`: the same answers as one SSE `message` event;
 //! - `POST /mcp/bench-hold`: SSE; a `tools/call` first gets an SSE comment,
 //!   then the stream is held open for the configured time before the result
-//!   (many concurrent open streams for the memory measurement).
+//!   (many concurrent open streams for the memory measurement);
+//! - `POST /mcp/bench-fresh`: JSON like `/mcp/bench`, but every `tools/list`
+//!   result carries a counter of its own in `_meta`
+//!   (`{"_meta":{"mcp-bench/listing":N},"tools":[...]}`): no two results
+//!   are byte-identical, so a proxy cannot reuse what it computed from the
+//!   previous one (the firewall's remembered view stays cold), while the
+//!   tools themselves never change.
 //!
 //! Methods: `tools/list` (the whole catalog), `tools/call` (the same result
 //! for every tool), `ping`, `initialize`; notifications and responses get
@@ -25,6 +31,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -51,16 +58,20 @@ pub const ROUTE_JSON: &str = "/mcp/bench";
 pub const ROUTE_SSE: &str = "/mcp/bench-sse";
 /// Path of the held-SSE route.
 pub const ROUTE_HOLD: &str = "/mcp/bench-hold";
+/// Path of the JSON route whose `tools/list` result differs every time.
+pub const ROUTE_FRESH: &str = "/mcp/bench-fresh";
 
 /// Largest request body the upstream reads.
 const MAX_BODY: usize = 1 << 20;
 
 /// What the upstream answers with.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Answers {
     list_result: Bytes,
     call_result: Bytes,
     hold: Duration,
+    /// `tools/list` results answered on the fresh route so far.
+    listings: AtomicU64,
 }
 
 /// Why a request could not be answered normally.
@@ -93,6 +104,7 @@ enum Route {
     Json,
     Sse,
     Hold,
+    Fresh,
 }
 
 // === impl Answers ===
@@ -105,6 +117,29 @@ impl Answers {
             list_result: Bytes::from(catalog.list_result.clone()),
             call_result: Bytes::from(catalog.call_result.clone()),
             hold,
+            listings: AtomicU64::new(0),
+        }
+    }
+
+    /// Appends the `result` of `method` as frames; `fresh` gives a
+    /// `tools/list` result its own counter (the catalog's bytes are shared,
+    /// only the counter is new). Returns false for an unknown method.
+    fn push_result(&self, method: &str, fresh: bool, parts: &mut VecDeque<Bytes>) -> bool {
+        if fresh && method == "tools/list" {
+            let n = self.listings.fetch_add(1, Ordering::Relaxed);
+            parts.push_back(Bytes::from(format!(
+                "{{\"_meta\":{{\"mcp-bench/listing\":{n}}},"
+            )));
+            // `{"tools":[...]}` without its opening brace.
+            parts.push_back(self.list_result.slice(1..));
+            return true;
+        }
+        match self.result_for(method) {
+            Some(result) => {
+                parts.push_back(result);
+                true
+            }
+            None => false,
         }
     }
 
@@ -194,6 +229,7 @@ pub async fn handle(answers: &Answers, req: Request<Incoming>) -> Response<Parts
         ROUTE_JSON => Route::Json,
         ROUTE_SSE => Route::Sse,
         ROUTE_HOLD => Route::Hold,
+        ROUTE_FRESH => Route::Fresh,
         _ => return status(StatusCode::NOT_FOUND),
     };
     if req.method() != Method::POST {
@@ -237,7 +273,7 @@ fn respond(answers: &Answers, route: Route, body: &[u8]) -> Response<Parts> {
             };
             parts.push_back(Bytes::from_static(if first { b"[" } else { b"," }));
             first = false;
-            answer(answers, id, method, &mut parts);
+            answer(answers, route, id, method, &mut parts);
         }
         if first {
             return status(StatusCode::ACCEPTED);
@@ -252,24 +288,30 @@ fn respond(answers: &Answers, route: Route, body: &[u8]) -> Response<Parts> {
             return status(StatusCode::ACCEPTED);
         };
         hold = route == Route::Hold && method == "tools/call";
-        answer(answers, id, method, &mut parts);
+        answer(answers, route, id, method, &mut parts);
     }
     finish(route, parts, hold.then_some(answers.hold))
 }
 
 /// Appends one JSON-RPC response, as frames that share the catalog's bytes.
-fn answer(answers: &Answers, id: &RawValue, method: &str, parts: &mut VecDeque<Bytes>) {
+fn answer(
+    answers: &Answers,
+    route: Route,
+    id: &RawValue,
+    method: &str,
+    parts: &mut VecDeque<Bytes>,
+) {
     parts.push_back(Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":"));
     parts.push_back(Bytes::copy_from_slice(id.get().as_bytes()));
-    match answers.result_for(method) {
-        Some(result) => {
-            parts.push_back(Bytes::from_static(b",\"result\":"));
-            parts.push_back(result);
-            parts.push_back(Bytes::from_static(b"}"));
-        }
-        None => parts.push_back(Bytes::from_static(
+    parts.push_back(Bytes::from_static(b",\"result\":"));
+    if answers.push_result(method, route == Route::Fresh, parts) {
+        parts.push_back(Bytes::from_static(b"}"));
+    } else {
+        // No result after all: replace the `,"result":` just pushed.
+        parts.pop_back();
+        parts.push_back(Bytes::from_static(
             b",\"error\":{\"code\":-32601,\"message\":\"Method not found\"}}",
-        )),
+        ));
     }
 }
 
@@ -282,7 +324,7 @@ fn parse_error(route: Route) -> Response<Parts> {
 }
 
 fn finish(route: Route, mut parts: VecDeque<Bytes>, hold: Option<Duration>) -> Response<Parts> {
-    let content_type = if route == Route::Json {
+    let content_type = if matches!(route, Route::Json | Route::Fresh) {
         "application/json"
     } else {
         parts.push_front(Bytes::from_static(b"event: message\ndata: "));
@@ -299,7 +341,7 @@ fn finish(route: Route, mut parts: VecDeque<Bytes>, hold: Option<Duration>) -> R
     let mut r = Response::new(body);
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if route != Route::Json {
+    if !matches!(route, Route::Json | Route::Fresh) {
         r.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }

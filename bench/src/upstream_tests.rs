@@ -156,3 +156,33 @@ async fn json_answers_carry_an_exact_length() {
     let (_, _, body) = text(r).await;
     assert_eq!(exact, body.len() as u64);
 }
+
+#[tokio::test]
+async fn the_fresh_route_never_answers_the_same_tools_list_twice() {
+    let a = answers(Duration::ZERO);
+    let list = br#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}"#;
+    let (status, ct, first) = text(respond(&a, Route::Fresh, list)).await;
+    assert_eq!((status, ct.as_str()), (200, "application/json"));
+    let second = text(respond(&a, Route::Fresh, list)).await.2;
+    assert_ne!(first, second);
+    let (x, y) = (json(&first), json(&second));
+    assert_eq!(x["id"], 3);
+    assert_eq!(x["result"]["_meta"]["mcp-bench/listing"], 0);
+    assert_eq!(y["result"]["_meta"]["mcp-bench/listing"], 1);
+    // The tools themselves are the JSON route's, byte for byte.
+    let plain = json(&text(respond(&a, Route::Json, list)).await.2);
+    assert_eq!(x["result"]["tools"], plain["result"]["tools"]);
+    assert_eq!(plain["result"].get("_meta"), None);
+    // Other methods answer as on the JSON route.
+    let call =
+        br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":{}}}"#;
+    assert_eq!(
+        json(&text(respond(&a, Route::Fresh, call)).await.2)["result"]["isError"],
+        false
+    );
+    let unknown = br#"{"jsonrpc":"2.0","id":5,"method":"nope"}"#;
+    assert_eq!(
+        json(&text(respond(&a, Route::Fresh, unknown)).await.2)["error"]["code"],
+        -32601
+    );
+}

@@ -277,31 +277,33 @@ impl Auditor {
     }
 
     /// Redacts, encodes and spools `row`. Returns once the row is written to the
-    /// spool (write(2) done, usually by this very call; fsync is batched by the
-    /// spool thread). Never touches the
-    /// network. A no-op when disabled.
-    pub async fn record(&self, mut row: AuditRow) -> Result<(), AuditError> {
+    /// spool (`write(2)` done: by the spool thread, with other callers' rows,
+    /// on a multi-thread runtime; by this call otherwise; fsync is batched by
+    /// the spool thread). Never touches the network. A no-op when disabled.
+    ///
+    /// Takes the row by reference or by value: a caller that keeps the row
+    /// (an intent, completed later) lends it and no copy is made.
+    pub async fn record(
+        &self,
+        row: impl std::borrow::Borrow<AuditRow> + Send,
+    ) -> Result<(), AuditError> {
         let Some(inner) = &self.inner else {
             return Ok(());
         };
+        let row = row.borrow();
         let appended = SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             let (args, result) = &mut *scratch;
             redact::render_payload(
-                &mut row.arguments,
+                &row.arguments,
                 &inner.redactor,
                 inner.max_arguments_bytes,
                 args,
             );
-            redact::render_payload(
-                &mut row.result,
-                &inner.redactor,
-                inner.max_result_bytes,
-                result,
-            );
+            redact::render_payload(&row.result, &inner.redactor, inner.max_result_bytes, result);
             let appended = inner
                 .spool
-                .append(|buf| record::encode_row(&row, args, result, &inner.instance, buf));
+                .append(|buf| record::encode_row(row, args, result, &inner.instance, buf));
             for b in [args, result] {
                 if b.capacity() > SCRATCH_KEEP {
                     *b = Vec::new();
@@ -394,12 +396,15 @@ impl Auditor {
     /// [`Auditor::record`], then the fail mode of the row's risk (`None` counts as
     /// read): `Err` means fail-closed, refuse the call; `Ok(Recorded::Lost)` means
     /// fail-open, serve it (already counted and logged).
-    pub async fn record_or_fail(&self, row: AuditRow) -> Result<Recorded, AuditError> {
+    pub async fn record_or_fail(
+        &self,
+        row: impl std::borrow::Borrow<AuditRow> + Send,
+    ) -> Result<Recorded, AuditError> {
         if self.inner.is_none() {
             return Ok(Recorded::Disabled);
         }
-        let risk = row.risk.unwrap_or(Risk::Read);
-        let event_id = row.event_id;
+        let risk = row.borrow().risk.unwrap_or(Risk::Read);
+        let event_id = row.borrow().event_id;
         match self.record(row).await {
             Ok(()) => Ok(Recorded::Spooled),
             Err(e) => match self.fail_mode(risk) {

@@ -174,7 +174,7 @@ pub fn redact_json(value: &mut Value, patterns: &Redactor) {
 /// `Value` is walked once and serialised only up to `max_bytes`, so a large tool
 /// result costs its walk, not its full serialisation.
 pub(crate) fn render_payload(
-    payload: &mut JsonPayload,
+    payload: &JsonPayload,
     patterns: &Redactor,
     max_bytes: usize,
     out: &mut Vec<u8>,
@@ -199,8 +199,11 @@ pub(crate) fn render_payload(
             }
         }
         JsonPayload::Value(v) => {
-            redact_json(v, patterns);
-            write_capped(v, max_bytes, out);
+            // Parsed payloads are the rare case (rows built by the firewall
+            // itself); the caller's row stays as it was.
+            let mut v = v.clone();
+            redact_json(&mut v, patterns);
+            write_capped(&v, max_bytes, out);
         }
     }
 }

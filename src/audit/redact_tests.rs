@@ -11,9 +11,8 @@ fn defaults() -> Redactor {
 }
 
 fn render(p: JsonPayload, r: &Redactor, max: usize) -> String {
-    let mut p = p;
     let mut out = Vec::new();
-    render_payload(&mut p, r, max, &mut out);
+    render_payload(&p, r, max, &mut out);
     String::from_utf8(out).unwrap()
 }
 

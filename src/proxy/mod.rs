@@ -305,10 +305,15 @@ async fn post(
 
     // Step 7: a catalog that knows the tools called.
     if parsed.calls_unseen_tools(&run) {
-        state
-            .refills
-            .refill(&run.catalogs, &run.upstream, &run.pins)
-            .await;
+        // Boxed: the refill (a whole MCP client exchange) is rare and its
+        // state is larger than the rest of this function's; inline it would
+        // be allocated and copied with every request's future.
+        Box::pin(
+            state
+                .refills
+                .refill(&run.catalogs, &run.upstream, &run.pins),
+        )
+        .await;
     }
 
     // Step 8: decide each message on its own, without I/O.

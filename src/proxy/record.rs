@@ -165,7 +165,7 @@ impl Recorder {
         if !self.enabled() {
             return Ok(());
         }
-        self.auditor.record_or_fail(row.clone()).await.map(|_| ())
+        self.auditor.record_or_fail(row).await.map(|_| ())
     }
 
     /// Writes final rows. Fail-open rows that cannot be written are counted
@@ -265,7 +265,7 @@ pub async fn write_rows(auditor: &Auditor, rows: Vec<AuditRow>) {
     if !auditor.is_enabled() || rows.is_empty() {
         return;
     }
-    let writes = rows.into_iter().map(|r| auditor.record_or_fail(r));
+    let writes = rows.iter().map(|r| auditor.record_or_fail(r));
     for result in futures_util::future::join_all(writes).await {
         match result {
             Ok(Recorded::Spooled | Recorded::Disabled | Recorded::Lost) => {}

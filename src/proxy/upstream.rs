@@ -222,10 +222,13 @@ impl UpstreamClient {
                 })),
                 Transport::Http2(pool) => {
                     let pool = Arc::clone(pool);
-                    Either::Right(async move {
+                    // Boxed: the pool's send (which may open a connection)
+                    // is many times the size of the HTTP/1.1 branch, and this
+                    // future is part of every request's state.
+                    Either::Right(Box::pin(async move {
                         let (r, slot) = pool.send(request).await?;
                         Ok(r.map(|b| UpstreamIncoming::http2(b, slot)))
-                    })
+                    }))
                 }
             });
         let timeout = self.config.request_timeout;

@@ -205,7 +205,10 @@ pub fn mcp(
         let state = state.clone();
         async move {
             // Boxed once here: the handler's state machine is large, and every
-            // layer above would otherwise move it by value.
+            // layer above would otherwise move it by value. Its size is
+            // allocated and copied per request: rare paths inside it (catalog
+            // refill, HTTP/2 pool) are boxed where they are awaited (12 KB
+            // instead of 44 KB, measured on the release build).
             let handled =
                 AssertUnwindSafe(Box::pin(proxy::handle(state, conn, req))).catch_unwind();
             Ok::<_, Infallible>(handled.await.unwrap_or_else(|_panic| {
