@@ -127,6 +127,11 @@ pub enum RunError {
     Interrupted,
 }
 
+/// Longest a scale round may take: its idle connections must outlive it,
+/// and the firewall closes a keep-alive connection 30 s after its last
+/// answer.
+const SCALE_ROUND_MAX: Duration = Duration::from_secs(25);
+
 /// Set by the Ctrl-C handler; checked between rounds.
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -1254,7 +1259,8 @@ impl World {
         Ok(out)
     }
 
-    /// A scale round's length in answers, not seconds: the cell's rounds
+    /// A scale round's length in answers, not seconds (bounded by
+    /// [`SCALE_ROUND_MAX`]): the cell's rounds
     /// together meet every run of its pool (5 % over, for the runs the
     /// warm-ups took), however fast the target is. `None` for other cells.
     fn scale_round_requests(&self, cell: &Cell, calls_per_run: u64, pool: u64) -> Option<u64> {
@@ -1347,6 +1353,7 @@ impl World {
             _ => None,
         };
         let (calls_per_run, pool) = self.run_shape(cell);
+        let scale_requests = self.scale_round_requests(cell, calls_per_run, pool);
         let fresh_rss_mb = target
             .firewall_key(cell.tls)
             .filter(|_| cell.scenario.instances() != Instances::Shared)
@@ -1361,11 +1368,10 @@ impl World {
             h2_connections: self.opts.h2_connections,
             rate: cell.rate,
             warmup: self.opts.warmup,
-            duration: self.opts.duration,
-            requests: self
-                .opts
-                .requests
-                .or_else(|| self.scale_round_requests(cell, calls_per_run, pool)),
+            duration: scale_requests.map_or(self.opts.duration, |_| {
+                self.opts.duration.max(SCALE_ROUND_MAX)
+            }),
+            requests: self.opts.requests.or(scale_requests),
             timeout: self.opts.timeout,
             ticket_base,
             calls_per_run,
