@@ -4,6 +4,7 @@
 
 mod approvals_api;
 mod approvals_e2e;
+mod architecture;
 mod audit;
 mod audit_e2e;
 mod auth_keys;
