@@ -889,7 +889,7 @@ fn scale(cells: &[CellReport]) -> Verdict {
         return Verdict::not_measured(
             title,
             format!(
-                "only {} of its runs were reached (too few calls: a longer --duration or a lower --scale-calls-per-run); {figure}",
+                "only {} of its runs were reached (its rounds hit their 25 s bound, or --requests was set too low); {figure}",
                 thousands(s.runs_met)
             ),
         );

@@ -1368,9 +1368,7 @@ impl World {
             h2_connections: self.opts.h2_connections,
             rate: cell.rate,
             warmup: self.opts.warmup,
-            duration: scale_requests.map_or(self.opts.duration, |_| {
-                self.opts.duration.max(SCALE_ROUND_MAX)
-            }),
+            duration: scale_requests.map_or(self.opts.duration, |_| SCALE_ROUND_MAX),
             requests: self.opts.requests.or(scale_requests),
             timeout: self.opts.timeout,
             ticket_base,
