@@ -8,12 +8,14 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY bench/Cargo.toml bench/Cargo.toml
+COPY demo/Cargo.toml demo/Cargo.toml
+COPY demo/src demo/src
 COPY src src
 COPY benches benches
 COPY bench/src bench/src
 COPY config config
 COPY policies policies
-RUN cargo build --release --locked -p mcp-firewall
+RUN cargo build --release --locked -p mcp-firewall -p mcp-demo-upstream
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
@@ -22,6 +24,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     && mkdir -p /var/lib/mcp-firewall/spool /var/lib/mcp-firewall/approvals \
     && chown -R mcp-firewall /var/lib/mcp-firewall
 COPY --from=build /src/target/release/mcp-firewall /usr/local/bin/mcp-firewall
+# The sample estate `demo` starts beside the firewall (and compose serves alone).
+COPY --from=build /src/target/release/mcp-demo-upstream /usr/local/bin/mcp-demo-upstream
 COPY config/example.toml /etc/mcp-firewall/config.toml
 COPY config/compose.toml /etc/mcp-firewall/compose.toml
 COPY policies /etc/mcp-firewall/policies

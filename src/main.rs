@@ -36,13 +36,23 @@ enum Command {
         /// Where the admin endpoints listen.
         #[arg(long, default_value = "127.0.0.1:9090")]
         admin: SocketAddr,
-    },
-    /// Serve only the sample SRE incident upstream (no firewall), e.g. for
-    /// docker-compose.yml.
-    DemoUpstream {
-        /// Where it listens (its MCP endpoint is `/mcp`).
-        #[arg(long, default_value = "127.0.0.1:8081")]
-        listen: SocketAddr,
+        /// Put the firewall in front of the sample estate already running at
+        /// this MCP endpoint (e.g. `mcp-demo-upstream --listen ...`) instead
+        /// of starting one.
+        #[arg(long, value_name = "URL", conflicts_with = "upstream_bin")]
+        upstream: Option<String>,
+        /// The `mcp-demo-upstream` binary to start (default: the one next to
+        /// this executable, else on PATH).
+        #[arg(long, value_name = "PATH")]
+        upstream_bin: Option<PathBuf>,
+        /// Where approvals, pins and the audit spool live (default: a new
+        /// directory under the temporary directory, kept afterwards).
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Keep the audit rows in the local spool even when ClickHouse is
+        /// installed (no throwaway ClickHouse is started).
+        #[arg(long)]
+        spool_only: bool,
     },
     /// Approvals on a running firewall: list, show, approve, deny.
     Approvals(mcp_firewall::approval::client::ApprovalsArgs),
@@ -173,16 +183,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
             running.until_signal().await;
             Ok(())
         }
-        Command::Demo { listen, admin } => mcp_firewall::demo::run::run(listen, admin).await,
-        Command::DemoUpstream { listen } => {
-            let listener = tokio::net::TcpListener::bind(listen).await?;
-            let upstream =
-                mcp_firewall::demo::spawn(listener, mcp_firewall::demo::UpstreamOptions::default())
-                    .await?;
-            eprintln!("sample upstream listening on {}", upstream.url());
-            tokio::signal::ctrl_c().await.ok();
-            upstream.shutdown().await;
-            Ok(())
+        Command::Demo {
+            listen,
+            admin,
+            upstream,
+            upstream_bin,
+            data_dir,
+            spool_only,
+        } => {
+            use mcp_firewall::demo::run::{self, Options, UpstreamSource};
+            let mut opts = Options::new(listen, admin);
+            opts.upstream = match upstream {
+                Some(url) => UpstreamSource::Url(url),
+                None => UpstreamSource::Binary(upstream_bin),
+            };
+            opts.data_dir = data_dir;
+            opts.clickhouse = !spool_only;
+            run::run(opts).await
         }
         Command::Audit(args) => {
             let mut out = std::io::stdout();

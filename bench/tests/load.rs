@@ -100,7 +100,15 @@ hold = "300ms"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mix_with_ramp_stages_against_the_demo_in_both_eras() {
-    let demo = mcp_firewall::demo::run::start(any_port(), any_port())
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let estate = mcp_demo_upstream::spawn(listener, Default::default())
+        .await
+        .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let mut opts = mcp_firewall::demo::run::Options::new(any_port(), any_port());
+    opts.upstream = mcp_firewall::demo::run::UpstreamSource::Url(estate.url());
+    opts.data_dir = Some(state.path().to_path_buf());
+    let demo = mcp_firewall::demo::run::start(opts)
         .await
         .expect("demo starts");
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
@@ -265,9 +273,9 @@ async fn capped_firewall(
     dir: &Path,
     secret: &str,
     audit: Option<(&str, &str)>,
-) -> (mcp_firewall::app::Running, mcp_firewall::demo::DemoUpstream) {
+) -> (mcp_firewall::app::Running, mcp_demo_upstream::DemoUpstream) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = mcp_firewall::demo::spawn(listener, Default::default())
+    let upstream = mcp_demo_upstream::spawn(listener, Default::default())
         .await
         .unwrap();
     let policies = dir.join("policies");

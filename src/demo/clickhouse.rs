@@ -1,7 +1,7 @@
 //! A throwaway ClickHouse for `mcp-firewall demo`: when a `clickhouse-server`
 //! binary is on the machine, one is started on free loopback ports with its
-//! data in a temporary directory, so the demo audits into a real ClickHouse;
-//! it is killed and its directory removed when the demo ends.
+//! data in a directory of the demo's, so the demo audits into a real
+//! ClickHouse; it is killed and its directory removed when the demo ends.
 //!
 //! The same recipe as the tests' and the bench's (the shipped
 //! `config/clickhouse/throwaway-server.xml`), for a person, not a harness:
@@ -28,14 +28,14 @@ pub struct ThrowawayClickHouse {
     /// The native-protocol port (`clickhouse-client --port`).
     pub tcp_port: u16,
     child: Child,
-    dir: tempfile::TempDir,
+    dir: PathBuf,
 }
 
 impl Drop for ThrowawayClickHouse {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = &self.dir;
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -58,29 +58,28 @@ fn server_command() -> Option<(PathBuf, Vec<&'static str>)> {
 }
 
 impl ThrowawayClickHouse {
-    /// Starts one, or says why not.
-    pub fn start() -> Result<ThrowawayClickHouse, String> {
+    /// Starts one with its data in `dir` (created; removed on drop), or
+    /// says why not.
+    pub fn start(dir: PathBuf) -> Result<ThrowawayClickHouse, String> {
         let (program, lead) =
             server_command().ok_or_else(|| "clickhouse-server is not installed".to_owned())?;
-        let dir = tempfile::Builder::new()
-            .prefix("mcp-firewall-demo-clickhouse-")
-            .tempdir()
-            .map_err(|e| format!("a temporary directory: {e}"))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("a directory for ClickHouse ({}): {e}", dir.display()))?;
         let (http_port, tcp_port) = free_ports().map_err(|e| format!("free ports: {e}"))?;
         for sub in ["data", "tmp", "log", "user_files", "format_schemas"] {
-            std::fs::create_dir_all(dir.path().join(sub)).map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
         }
         let config = SERVER_XML
-            .replace("@DIR@", &dir.path().display().to_string())
+            .replace("@DIR@", &dir.display().to_string())
             .replace("@HTTP_PORT@", &http_port.to_string())
             .replace("@TCP_PORT@", &tcp_port.to_string());
-        let config_path = dir.path().join("config.xml");
+        let config_path = dir.join("config.xml");
         std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
-        std::fs::write(dir.path().join("users.xml"), USERS_XML).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("users.xml"), USERS_XML).map_err(|e| e.to_string())?;
         let child = Command::new(&program)
             .args(&lead)
             .arg(format!("--config-file={}", config_path.display()))
-            .current_dir(dir.path())
+            .current_dir(&dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -90,7 +89,7 @@ impl ThrowawayClickHouse {
             http_url: format!("http://127.0.0.1:{http_port}"),
             tcp_port,
             child,
-            dir,
+            dir: dir.clone(),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

@@ -1,6 +1,6 @@
-//! `mcp-firewall demo`: the sample upstream and the firewall in front of it,
-//! in one process, on the shipped demo config and policies (both embedded in
-//! the binary, so the command works from any directory). Prints the URL and
+//! `mcp-firewall demo`: the firewall in front of the sample upstream, on the
+//! shipped demo config and policies (both embedded in the binary, so the
+//! command works from any directory). Prints the URL and
 //! ready-to-use tokens for two runs: an investigating agent with read-only
 //! reach, and an operator whose writes and destructive calls are gated.
 
@@ -18,7 +18,7 @@ use crate::config;
 use crate::policy::reload::PolicyStore;
 use crate::telemetry;
 
-use super::{spawn, DemoUpstream, UpstreamOptions};
+use super::upstream::{self, UpstreamProcess};
 
 /// The demo config, with placeholders.
 pub const DEMO_CONFIG: &str = include_str!("../../config/demo.toml");
@@ -46,12 +46,51 @@ pub const POLICIES: [(&str, &str); 4] = [
     ),
 ];
 
+/// Where the demo's upstream comes from.
+pub enum UpstreamSource {
+    /// An estate already running at this MCP endpoint (not stopped by the demo).
+    Url(String),
+    /// Start the estate's binary as a child ([`upstream::locate`] finds it
+    /// when `None`).
+    Binary(Option<PathBuf>),
+}
+
+/// What [`start`] is asked for.
+pub struct Options {
+    /// The firewall's MCP listener.
+    pub listen: SocketAddr,
+    /// The admin listener (health, metrics, console).
+    pub admin: SocketAddr,
+    /// The estate behind the firewall.
+    pub upstream: UpstreamSource,
+    /// Audit into a throwaway ClickHouse when one is installed (`false`: the
+    /// rows stay in the local spool).
+    pub clickhouse: bool,
+    /// Where approvals, pins and the audit spool live (created if absent).
+    /// `None`: a new directory under the system's temporary directory, kept
+    /// after the demo so its spool can still be read.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Options {
+    /// The defaults of `mcp-firewall demo` on these listeners.
+    pub fn new(listen: SocketAddr, admin: SocketAddr) -> Options {
+        Options {
+            listen,
+            admin,
+            upstream: UpstreamSource::Binary(None),
+            clickhouse: true,
+            data_dir: None,
+        }
+    }
+}
+
 /// A running demo.
 pub struct Demo {
     /// The firewall.
     pub firewall: Running,
-    /// The sample upstream behind it.
-    pub upstream: DemoUpstream,
+    /// The estate's MCP endpoint, behind the firewall.
+    pub upstream_url: String,
     /// A read-only investigator's token.
     pub investigator_token: String,
     /// An operator's token (writes and destructive calls need approval).
@@ -60,7 +99,20 @@ pub struct Demo {
     pub approver_token: String,
     /// Where the audit rows go.
     pub audit: AuditSink,
-    _approvals_dir: tempfile::TempDir,
+    /// Where approvals, pins and the spool live.
+    pub data_dir: PathBuf,
+    /// The estate's process, when the demo started it.
+    process: Option<UpstreamProcess>,
+}
+
+impl Demo {
+    /// Stops the firewall on a signal, then the estate it started.
+    pub async fn until_signal(self) {
+        self.firewall.until_signal().await;
+        if let Some(p) = self.process {
+            p.stop().await;
+        }
+    }
 }
 
 /// Where the demo's audit rows go.
@@ -78,47 +130,65 @@ pub struct AuditSink {
 /// The demo's audit database.
 pub const AUDIT_DATABASE: &str = "mcp_firewall";
 
-/// Starts the demo: upstream first, then the firewall in front of it,
-/// auditing into a throwaway ClickHouse when one is installed.
-pub async fn start(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<Demo> {
-    start_with(listen, admin, true).await
+/// A new directory for a demo's state under the system's temporary directory.
+fn fresh_data_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-firewall-demo-{}",
+        uuid::Uuid::now_v7().simple()
+    ));
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
 }
 
-/// [`start`]; `clickhouse = false` keeps the rows in the local spool even
-/// when ClickHouse is installed.
-pub async fn start_with(
-    listen: SocketAddr,
-    admin: SocketAddr,
-    clickhouse: bool,
-) -> anyhow::Result<Demo> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .context("binding the sample upstream")?;
-    let upstream = spawn(listener, UpstreamOptions::default()).await?;
+/// Starts the demo: the estate first (started, or reached at its URL), then
+/// the firewall in front of it, auditing into a throwaway ClickHouse when one
+/// is installed and asked for.
+pub async fn start(opts: Options) -> anyhow::Result<Demo> {
+    let Options {
+        listen,
+        admin,
+        upstream,
+        clickhouse,
+        data_dir,
+    } = opts;
+    let (upstream_url, process) = match upstream {
+        UpstreamSource::Url(url) => (url, None),
+        UpstreamSource::Binary(bin) => {
+            let bin = upstream::locate(bin.as_deref())?;
+            let process = upstream::launch(&bin).await?;
+            (process.url().to_owned(), Some(process))
+        }
+    };
+    let data_dir = match data_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            dir
+        }
+        None => fresh_data_dir()?,
+    };
 
     let mut secret = [0u8; 32];
     rand::rng().fill_bytes(&mut secret);
     let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-    let approvals_dir = tempfile::tempdir().context("a temporary directory for approvals")?;
+    let approvals_dir = data_dir.join("approvals");
+    std::fs::create_dir_all(&approvals_dir).context("a directory for approvals")?;
     let text = DEMO_CONFIG
-        .replace(
-            "{{APPROVALS_DIR}}",
-            &approvals_dir.path().display().to_string(),
-        )
+        .replace("{{APPROVALS_DIR}}", &approvals_dir.display().to_string())
         .replace("{{LISTEN}}", &listen.to_string())
         .replace("{{ADMIN}}", &admin.to_string())
         .replace("{{SECRET}}", &secret)
-        .replace("{{UPSTREAM_URL}}", &upstream.url());
+        .replace("{{UPSTREAM_URL}}", &upstream_url);
     // The audit trail: into a throwaway ClickHouse when one is installed,
     // else kept in the local spool.
     let started = if clickhouse {
-        tokio::task::spawn_blocking(super::clickhouse::ThrowawayClickHouse::start)
+        let dir = data_dir.join("clickhouse");
+        tokio::task::spawn_blocking(move || super::clickhouse::ThrowawayClickHouse::start(dir))
             .await
             .unwrap_or_else(|e| Err(e.to_string()))
     } else {
         Err("asked to keep the rows in the spool".to_owned())
     };
-    let spool = approvals_dir.path().join("audit-spool");
+    let spool = data_dir.join("audit-spool");
     let (clickhouse, why_not) = match started {
         Ok(ch) => (Some(ch), None),
         Err(why) => (None, Some(why)),
@@ -140,7 +210,7 @@ pub async fn start_with(
         &|_| None,
     )?;
     // The embedded pins, where accepting a change in the console writes.
-    let pins_dir = approvals_dir.path().join("policy");
+    let pins_dir = data_dir.join("policy");
     std::fs::create_dir_all(pins_dir.join(crate::pins::PINS_DIR))
         .context("a directory for the demo's pins")?;
     std::fs::write(
@@ -207,7 +277,7 @@ pub async fn start_with(
     let firewall = app::start_with(Arc::new(cfg), verifier, store, registry).await?;
     Ok(Demo {
         firewall,
-        upstream,
+        upstream_url,
         investigator_token,
         operator_token,
         approver_token,
@@ -217,7 +287,8 @@ pub async fn start_with(
             spool,
             database: AUDIT_DATABASE,
         },
-        _approvals_dir: approvals_dir,
+        data_dir,
+        process,
     })
 }
 
@@ -272,8 +343,8 @@ fn feed_args(a: &AuditSink) -> crate::audit::cli::AuditArgs {
 }
 
 /// `mcp-firewall demo`: start, print how to connect, run until Ctrl-C.
-pub async fn run(listen: SocketAddr, admin: SocketAddr) -> anyhow::Result<()> {
-    let demo = start(listen, admin).await?;
+pub async fn run(opts: Options) -> anyhow::Result<()> {
+    let demo = start(opts).await?;
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
     println!(
         r#"
@@ -282,6 +353,7 @@ mcp-firewall demo is running.
   MCP endpoint   {url}
   admin          http://{admin}/healthz  /readyz  /metrics
   upstream       {upstream} (the sample SRE incident estate, behind the firewall)
+  state          {data_dir} (approvals, pins, the audit spool; kept after the demo)
 
 Two runs, two tokens (valid for one hour):
 
@@ -316,7 +388,8 @@ with this approver token (an on-call engineer, admin audience):
 {audit}
 Ctrl-C stops the demo."#,
         admin = demo.firewall.admin_addr,
-        upstream = demo.upstream.url(),
+        upstream = demo.upstream_url,
+        data_dir = demo.data_dir.display(),
         inv = demo.investigator_token,
         op = demo.operator_token,
         approver = demo.approver_token,
@@ -330,7 +403,6 @@ Ctrl-C stops the demo."#,
             tracing::warn!(error = %e, "demo: the audit feed stopped");
         }
     });
-    demo.firewall.until_signal().await;
-    demo.upstream.shutdown().await;
+    demo.until_signal().await;
     Ok(())
 }

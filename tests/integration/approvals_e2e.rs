@@ -16,8 +16,8 @@ use crate::common::browser::Browser;
 use crate::common::clickhouse::ClickHouse;
 use crate::common::{self, mcp::*, Firewall};
 use crate::on_both_backends;
+use mcp_demo_upstream::DemoUpstream;
 use mcp_firewall::auth::Audience;
-use mcp_firewall::demo::DemoUpstream;
 
 on_both_backends!(
     hold_then_approve_runs_the_call_once_on_the_held_stream,

@@ -4,7 +4,6 @@
 //! SQL runs against the schema the firewall creates.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -81,10 +80,11 @@ fn exported(text: &str) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_uses_is_exported() {
     crate::common::install_crypto();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let demo = mcp_firewall::demo::run::start_with(any, any, false)
-        .await
-        .expect("demo starts");
+    let crate::common::DemoUnderTest {
+        demo,
+        upstream,
+        _dir,
+    } = crate::common::start_demo(false).await;
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
     let inv = connect_bearer(&url, &demo.investigator_token).await;
     inv.list_all_tools().await.unwrap();
@@ -104,7 +104,7 @@ async fn every_metric_the_dashboard_uses_is_exported() {
     let base = format!("http://{}", demo.firewall.admin_addr);
     crate::common::approve_first_pending(&base, &demo.approver_token).await;
     // A tool changes: drift.
-    demo.upstream
+    upstream
         .edit_tool("get_deployment", |t| {
             t.description = Some("Changed.".into());
         })

@@ -1,8 +1,6 @@
 //! `mcp-firewall demo` works for a newcomer: the printed tokens let any MCP
 //! client list and call the demo tools through the firewall.
 
-use std::net::SocketAddr;
-
 use serde_json::json;
 
 use crate::common::mcp::*;
@@ -10,10 +8,11 @@ use crate::common::mcp::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_tokens_list_and_call_through_the_firewall() {
     crate::common::install_crypto();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let demo = mcp_firewall::demo::run::start(any, any)
-        .await
-        .expect("demo starts");
+    let crate::common::DemoUnderTest {
+        demo,
+        upstream,
+        _dir,
+    } = crate::common::start_demo(true).await;
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
     for (n, era) in [Era::V2025_11_25, Era::V2026_07_28].into_iter().enumerate() {
         let mut cfg =
@@ -60,10 +59,10 @@ async fn demo_tokens_list_and_call_through_the_firewall() {
         // It ran: the first rollback succeeds; the second finds the
         // deployment already rolled back (a tool error from the upstream).
         assert!(!r.content.is_empty(), "{era:?}: {r:?}");
-        assert_eq!(demo.upstream.calls("rollback_deployment"), n as u64 + 1);
+        assert_eq!(upstream.calls("rollback_deployment"), n as u64 + 1);
     }
     demo.firewall.shutdown().await;
-    demo.upstream.shutdown().await;
+    upstream.shutdown().await;
 }
 
 /// `mcp-firewall audit …` as a newcomer types it; stdout.
@@ -93,10 +92,11 @@ async fn investigator_calls(demo: &mcp_firewall::demo::run::Demo) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_shows_the_audit_trail_of_your_own_calls_in_clickhouse() {
     crate::common::install_crypto();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let demo = mcp_firewall::demo::run::start(any, any)
-        .await
-        .expect("demo starts");
+    let crate::common::DemoUnderTest {
+        demo,
+        upstream: _upstream,
+        _dir,
+    } = crate::common::start_demo(true).await;
     let Some(ch) = demo.audit.clickhouse.as_ref() else {
         // The CI machine has clickhouse-server; elsewhere say what is missing.
         eprintln!("no ClickHouse: {:?}", demo.audit.why_not);
@@ -178,10 +178,11 @@ async fn the_demo_shows_the_audit_trail_of_your_own_calls_in_clickhouse() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_clickhouse_the_demo_keeps_rows_in_the_spool_and_tail_reads_them() {
     crate::common::install_crypto();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let demo = mcp_firewall::demo::run::start_with(any, any, false)
-        .await
-        .expect("demo starts");
+    let crate::common::DemoUnderTest {
+        demo,
+        upstream: _upstream,
+        _dir,
+    } = crate::common::start_demo(false).await;
     assert!(demo.audit.clickhouse.is_none());
     let spool = demo.audit.spool.display().to_string();
     let help = mcp_firewall::demo::run::audit_help(&demo.audit);
@@ -222,4 +223,127 @@ async fn without_clickhouse_the_demo_keeps_rows_in_the_spool_and_tail_reads_them
     let (ok, text) = audit_cli(&["--spool", &spool, "run", "run-investigate-1"]);
     assert!(!ok && text.contains("ask ClickHouse"), "{text}");
     demo.firewall.shutdown().await;
+}
+
+/// Reads the demo's stdout until its guide names the endpoint and the
+/// investigator's token.
+fn read_guide(stdout: std::process::ChildStdout) -> (String, String, String) {
+    use std::io::BufRead as _;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let (mut url, mut upstream, mut token) = (None, None, None);
+    let mut seen = Vec::new();
+    while let Some(Ok(line)) = lines.next() {
+        let t = line.trim().to_owned();
+        if let Some(rest) = t.strip_prefix("MCP endpoint") {
+            url = Some(rest.trim().to_owned());
+        } else if let Some(rest) = t.strip_prefix("upstream") {
+            upstream = rest.split_whitespace().next().map(str::to_owned);
+        } else if t.starts_with("investigator") {
+            token = lines
+                .next()
+                .and_then(Result::ok)
+                .map(|l| l.trim().to_owned());
+        }
+        seen.push(line);
+        if let (Some(u), Some(up), Some(tok)) = (&url, &upstream, &token) {
+            // Keep draining so the demo never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines {});
+            return (u.clone(), up.clone(), tok.clone());
+        }
+    }
+    panic!("the demo's guide lacks its endpoint or token: {seen:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_command_starts_the_estate_as_a_child_and_it_dies_with_the_firewall() {
+    crate::common::install_crypto();
+    let estate = crate::common::estate_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--spool-only",
+        ])
+        .arg("--upstream-bin")
+        .arg(&estate)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (url, upstream_url, token) = tokio::task::spawn_blocking(move || read_guide(stdout))
+        .await
+        .unwrap();
+    assert_ne!(url, upstream_url, "the firewall is not the estate");
+    // The printed token works through the firewall.
+    let client = connect_bearer(&url, &token).await;
+    assert_eq!(client.list_all_tools().await.unwrap().len(), 8);
+    let r = call(&client, "get_incident", json!({"incident_id": "INC-1001"})).await;
+    assert!(text(&r).contains("INC-1001"));
+    client.cancel().await.ok();
+    // The estate answers at the URL the guide printed.
+    let direct = crate::common::http()
+        .post(&upstream_url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+        .send()
+        .await;
+    assert!(direct.is_ok(), "the estate listens: {direct:?}");
+    // Killed without a chance to clean up, the firewall takes the estate
+    // with it (its stdin closes).
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = crate::common::http()
+            .post(&upstream_url)
+            .body("{}")
+            .timeout(std::time::Duration::from_secs(1))
+            .send()
+            .await;
+        if r.is_err() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the estate outlived the firewall"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // The state directory holds the spool an auditor reads afterwards.
+    assert!(dir.path().join("audit-spool").is_dir());
+}
+
+#[tokio::test]
+async fn the_demo_command_says_how_to_get_the_estate_when_its_binary_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--spool-only",
+        ])
+        .arg("--upstream-bin")
+        .arg(dir.path().join("no-such-binary"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no-such-binary") && err.contains("does not exist"),
+        "{err}"
+    );
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcp_firewall::demo::{self, UpstreamOptions};
+use mcp_demo_upstream::{self as demo, UpstreamOptions};
 use rmcp::model::{
     CallToolRequestParams, ElicitationAction, ServerNotification, SubscriptionFilter, Tool,
 };

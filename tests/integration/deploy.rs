@@ -131,10 +131,16 @@ fn the_image_and_compose_start_what_works_as_shipped() {
         docker.contains(r#"CMD ["demo", "--listen", "0.0.0.0:8080", "--admin", "0.0.0.0:9090"]"#)
     );
     assert!(docker.contains("COPY config/compose.toml /etc/mcp-firewall/compose.toml"));
+    // `demo` starts the estate from beside the firewall's binary.
+    assert!(docker.contains("-p mcp-firewall -p mcp-demo-upstream"));
+    assert!(docker.contains(
+        "COPY --from=build /src/target/release/mcp-demo-upstream /usr/local/bin/mcp-demo-upstream"
+    ));
     let compose = std::fs::read_to_string(root().join("docker-compose.yml")).unwrap();
     for line in [
         "clickhouse/clickhouse-server:",
-        r#"command: ["demo-upstream", "--listen", "0.0.0.0:8081"]"#,
+        r#"entrypoint: ["/usr/local/bin/mcp-demo-upstream"]"#,
+        r#"command: ["--listen", "0.0.0.0:8081"]"#,
         r#"command: ["serve", "--config", "/etc/mcp-firewall/compose.toml"]"#,
         "condition: service_healthy",
     ] {
@@ -162,8 +168,8 @@ async fn demo_upstream_serves_the_sample_estate_alone() {
         }
     }
     let _child = Kill(
-        Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
-            .args(["demo-upstream", "--listen", &format!("127.0.0.1:{port}")])
+        Command::new(crate::common::estate_binary())
+            .args(["--listen", &format!("127.0.0.1:{port}")])
             .spawn()
             .unwrap(),
     );
@@ -175,7 +181,7 @@ async fn demo_upstream_serves_the_sample_estate_alone() {
     {
         assert!(
             std::time::Instant::now() < deadline,
-            "demo-upstream did not listen"
+            "mcp-demo-upstream did not listen"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

@@ -6,7 +6,6 @@
 //! ClickHouse engine `chdb` embeds. With `MCPFW_CHDB_PYTHON` set (a Python
 //! with chdb), this test runs it too.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -48,10 +47,11 @@ pub fn readme_sql_after(marker: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixture_for_a_current_clickhouse() {
     crate::common::install_crypto();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let demo = mcp_firewall::demo::run::start_with(any, any, false)
-        .await
-        .expect("demo starts");
+    let crate::common::DemoUnderTest {
+        demo,
+        upstream: _upstream,
+        _dir,
+    } = crate::common::start_demo(false).await;
     let url = format!("http://{}/mcp/incidents", demo.firewall.mcp_addr);
     let inv = connect_bearer(&url, &demo.investigator_token).await;
     inv.list_all_tools().await.unwrap();

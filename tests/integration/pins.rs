@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mcp_demo_upstream::DemoUpstream;
 use mcp_firewall::auth::{Audience, MintClaims};
-use mcp_firewall::demo::DemoUpstream;
 use rmcp::model::{Tool, ToolAnnotations};
 use serde_json::{json, Value};
 

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use mcp_firewall::demo::{DemoUpstream, UpstreamOptions};
+use mcp_demo_upstream::{DemoUpstream, UpstreamOptions};
 use rmcp::model::{CallToolRequestParams, Tool};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{json, Value};

@@ -306,3 +306,50 @@ pub fn other_token() -> String {
     c.sub = "mallory".to_owned();
     sign(&c)
 }
+
+/// `mcp-firewall demo` as the command starts it, but in front of an estate in
+/// this process (so a test can read its counters and change its tools), with
+/// its state in a directory removed afterwards.
+pub struct DemoUnderTest {
+    /// The demo.
+    pub demo: mcp_firewall::demo::run::Demo,
+    /// The estate behind it.
+    pub upstream: mcp_demo_upstream::DemoUpstream,
+    /// The demo's state (bind it: dropping it removes the directory).
+    pub _dir: tempfile::TempDir,
+}
+
+/// Starts a [`DemoUnderTest`]; `clickhouse = false` keeps the rows in the
+/// local spool.
+pub async fn start_demo(clickhouse: bool) -> DemoUnderTest {
+    use mcp_firewall::demo::run::{self, Options, UpstreamSource};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = mcp_demo_upstream::spawn(listener, Default::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut opts = Options::new(any, any);
+    opts.upstream = UpstreamSource::Url(upstream.url());
+    opts.clickhouse = clickhouse;
+    opts.data_dir = Some(dir.path().to_path_buf());
+    let demo = run::start(opts).await.expect("demo starts");
+    DemoUnderTest {
+        demo,
+        upstream,
+        _dir: dir,
+    }
+}
+
+/// The estate's binary where `cargo build` / `cargo test --workspace` put
+/// it: next to the firewall's.
+pub fn estate_binary() -> std::path::PathBuf {
+    let firewall = std::path::Path::new(env!("CARGO_BIN_EXE_mcp-firewall"));
+    let bin = firewall.with_file_name(format!("mcp-demo-upstream{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} is missing: run the tests with `cargo test --workspace` (it builds the demo crate's binary)",
+        bin.display()
+    );
+    bin
+}

@@ -2,7 +2,7 @@
 //! write changes exactly what it says (and nothing when it refuses).
 
 use super::*;
-use crate::demo::catalog::CACHED_POINTS;
+use crate::catalog::CACHED_POINTS;
 
 fn structured(output: &ToolOutput) -> &Value {
     output.structured.as_ref().expect("structured content")
