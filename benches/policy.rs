@@ -77,7 +77,7 @@ fn decide(
         &Call {
             identity: id,
             authority: &authority,
-            upstream: up,
+            upstream: up.facts(),
             tool,
             arguments: args,
             hints: None,
@@ -249,7 +249,7 @@ fn tools_list(c: &mut Criterion) {
             .expect("authority");
         let filter = |list: &str| {
             rewrite::tools_list(list, |t| {
-                match policy.access(&authority, k8s, t.name, None) {
+                match policy.access(&authority, k8s.facts(), t.name, None) {
                     Access::Visible { risk, gate, .. } => Some((risk, gate)),
                     Access::Hidden(_) => None,
                 }
@@ -275,7 +275,7 @@ fn tools_list(c: &mut Criterion) {
             if entry.param_headers().violation().is_some() {
                 return None;
             }
-            match policy.access(&authority, k8s, t.name, entry.hints) {
+            match policy.access(&authority, k8s.facts(), t.name, entry.hints) {
                 Access::Visible { risk, gate, .. } => Some((risk, gate)),
                 Access::Hidden(_) => None,
             }

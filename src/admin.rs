@@ -36,7 +36,7 @@ use prometheus_client::registry::Registry;
 use crate::approval::{api, Approvals};
 use crate::audit::Auditor;
 use crate::auth::Verifier;
-use crate::proxy::body::{full, Body};
+use crate::http_util::{full, Body};
 
 /// What the admin endpoints read.
 pub struct Admin {

@@ -24,7 +24,8 @@ use crate::auth::Verifier;
 use crate::config::Config;
 use crate::policy::reload::PolicyStore;
 use crate::proxy::State;
-use crate::server::{listener, stack, tls};
+use crate::proxy::stack;
+use crate::server::{listener, tls};
 use crate::telemetry::{self, Metrics};
 
 /// A running firewall.
@@ -102,7 +103,7 @@ pub async fn start_with(
         };
         c.server.public_url = format!("{scheme}://{mcp_addr}");
         if c.server.origins_from_public_url {
-            c.server.allowed_origins = crate::config::origin_of(&c.server.public_url, false)
+            c.server.allowed_origins = crate::http_util::origin_of(&c.server.public_url, false)
                 .into_iter()
                 .collect();
         }

@@ -1,7 +1,30 @@
-//! Small HTTP helpers shared by the request path and the admin listener:
-//! media types and what a client accepts.
+//! Small HTTP helpers shared by the request path, the admin listener and the
+//! config: the boxed body every response uses, media types and what a client
+//! accepts, connection-specific headers, and origins.
 
-use http::header::{self, HeaderMap};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName};
+use http::Uri;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+
+/// Errors a response body can end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of every response the firewall sends.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A complete body.
+pub fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
 
 /// `true` when a Content-Type's media type (parameters ignored) is `expected`.
 pub fn mime_is(content_type: &str, expected: &str) -> bool {
@@ -28,6 +51,47 @@ pub fn content_type(headers: &HeaderMap) -> &str {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
+}
+
+/// Connection-specific headers (RFC 9110 §7.6.1) that a proxy never forwards.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+
+/// `scheme://host[:port]` of an absolute http(s) URL, lower case, without
+/// the scheme's default port (the form browsers send in `Origin`).
+/// `origin_only`: refuse a URL with a path, query or fragment.
+pub fn origin_of(url: &str, origin_only: bool) -> Option<String> {
+    let uri: Uri = url.parse().ok()?;
+    let scheme = uri.scheme_str()?.to_ascii_lowercase();
+    if !matches!(scheme.as_str(), "http" | "https") {
+        return None;
+    }
+    if origin_only
+        && uri
+            .path_and_query()
+            .is_some_and(|p| !matches!(p.as_str(), "" | "/"))
+    {
+        return None;
+    }
+    let host = uri.host()?.to_ascii_lowercase();
+    let default = if scheme == "https" { 443 } else { 80 };
+    Some(match uri.port_u16() {
+        Some(p) if p != default => format!("{scheme}://{host}:{p}"),
+        _ => format!("{scheme}://{host}"),
+    })
 }
 
 #[cfg(test)]

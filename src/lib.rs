@@ -23,6 +23,7 @@ pub mod pins;
 pub mod policy;
 pub mod proxy;
 pub mod server;
+pub mod session;
 pub mod state;
 pub mod telemetry;
 pub mod trace;

@@ -58,9 +58,9 @@ enum Command {
     Approvals(mcp_firewall::approval::client::ApprovalsArgs),
     /// Tool-definition pins: review drift on a running firewall (diff,
     /// accept, reject), or pin a live upstream's tools (record).
-    Pins(mcp_firewall::pins::client::PinsArgs),
+    Pins(mcp_firewall::cli::pins::PinsArgs),
     /// The audit trail for people: tail, a run's timeline, denials, stats.
-    Audit(mcp_firewall::audit::cli::AuditArgs),
+    Audit(mcp_firewall::cli::audit::AuditArgs),
     /// Validate a config file and its policies without serving; print what
     /// each role may call.
     Check {
@@ -203,7 +203,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Audit(args) => {
             let mut out = std::io::stdout();
-            mcp_firewall::audit::cli::run(&args, &mut out).await
+            mcp_firewall::cli::audit::run(&args, &mut out).await
         }
         Command::Approvals(args) => {
             print!("{}", mcp_firewall::approval::client::run(&args).await?);
@@ -225,7 +225,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Pins(args) => {
-            print!("{}", mcp_firewall::pins::client::run(&args).await?);
+            print!("{}", mcp_firewall::cli::pins::run(&args).await?);
             Ok(())
         }
         Command::Migrate { config } => {

@@ -10,7 +10,17 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+
+/// Log output format.
+#[derive(Debug, serde::Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber. `RUST_LOG` overrides `level`. Calling it
 /// twice is harmless (the second call is ignored), which tests rely on.

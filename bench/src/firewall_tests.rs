@@ -146,15 +146,15 @@ fn bench_policy_classifies_the_catalog_as_the_scenarios_expect() {
                 Class::Write => Risk::Write,
                 Class::Destructive | Class::Unclassified => Risk::Destructive,
             };
-            assert_eq!(policy.risk(up, &t.name, None).0, want, "{}", t.name);
+            assert_eq!(policy.risk(up.facts(), &t.name, None).0, want, "{}", t.name);
             if matches!(
-                policy.access(&reader, up, &t.name, None),
+                policy.access(&reader, up.facts(), &t.name, None),
                 Access::Visible { .. }
             ) {
                 visible += 1;
             }
             assert!(matches!(
-                policy.access(&operator, up, &t.name, None),
+                policy.access(&operator, up.facts(), &t.name, None),
                 Access::Visible { .. }
             ));
         }
@@ -176,7 +176,7 @@ fn scenario_calls_get_the_decisions_the_scenarios_expect() {
             &policy::Call {
                 identity: &identity,
                 authority: &authority,
-                upstream: up,
+                upstream: up.facts(),
                 tool,
                 arguments: &args,
                 hints: None,

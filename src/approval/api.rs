@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::auth::{Audience, TokenError, Verifier};
-use crate::proxy::body::{full, Body, BoxError};
+use crate::http_util::{full, Body, BoxError};
 
 use super::{console, Approval, ApprovalError, Approvals, Approver, Status};
 

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
-use crate::proxy::body::{full, Body};
+use crate::http_util::{full, Body};
 
 /// The page, exactly as served.
 pub const HTML: &str = include_str!("console.html");

@@ -61,7 +61,6 @@
 //! of both tables hourly; `TTL` is not used since 18.16 lacks it.
 #![deny(missing_docs)]
 
-pub mod cli;
 mod clickhouse;
 mod config;
 #[cfg(feature = "fault-injection")]
@@ -93,6 +92,11 @@ pub use self::record::{AuditRow, JsonPayload, Label, COLUMNS};
 pub use self::redact::{redact_json, truncate_utf8, RedactError, Redactor, REDACTED};
 pub use self::shipper::ShipperError;
 pub use self::spool::SpoolError;
+// What `mcp-firewall audit` (`crate::cli::audit`) reads with.
+pub(crate) use self::clickhouse::build_client;
+pub(crate) use self::config::is_identifier;
+pub(crate) use self::record::decode_row;
+pub(crate) use self::spool::{list_segments, payloads, segment_path};
 
 use self::metrics::Metrics;
 use self::shipper::{Phase, Shipper, ShipperSettings};

@@ -20,12 +20,12 @@ use serde::Deserialize;
 
 mod validate;
 
-pub(crate) use validate::origin_of;
-
 pub use validate::{
     load, load_str, Config, ConfigError, ExtraMethod, HeaderValueSource, IdentityClaim, Secret,
-    ServerConfig, TlsConfig, Upstream,
+    ServerConfig, Upstream,
 };
+pub use crate::server::tls::TlsConfig;
+pub use crate::telemetry::LogFormat;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -54,7 +54,7 @@ pub struct RawConfig {
     pub audit: Option<crate::audit::AuditConfig>,
     /// The keys that seal session and event ids (shared by replicas).
     #[serde(default)]
-    pub sessions: crate::proxy::session::SessionsConfig,
+    pub sessions: crate::session::SessionsConfig,
     /// Where budgets and rate limits live (this process, or Redis shared by
     /// every replica).
     #[serde(default)]
@@ -165,17 +165,6 @@ pub struct RawLog {
     /// `RUST_LOG` overrides it.
     #[serde(default = "default_log_level")]
     pub level: String,
-}
-
-/// Log output format.
-#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// `[policy]`: the policy directory, watched for changes.

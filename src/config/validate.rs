@@ -11,10 +11,11 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
-use super::{LogFormat, RawConfig, RawExtraMethod, RawHeaderValue, RawUpstream};
+use super::{LogFormat, RawConfig, TlsConfig, RawExtraMethod, RawHeaderValue, RawUpstream};
+use crate::http_util::{is_hop_by_hop, origin_of};
 use crate::mcp::methods::Shape;
 use crate::policy::Risk;
-use crate::proxy::session::{valid_key_id, RawSessionKey, SessionKey, MIN_KEY_BYTES};
+use crate::session::{valid_key_id, RawSessionKey, SessionKey, MIN_KEY_BYTES};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -94,17 +95,6 @@ pub struct ServerConfig {
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
-/// Validated `[server.tls]`.
-#[derive(Debug, Clone)]
-pub struct TlsConfig {
-    /// Certificate chain file.
-    pub cert: PathBuf,
-    /// Private key file.
-    pub key: PathBuf,
-    /// Change-check interval.
-    pub reload_interval: Duration,
-}
-
 /// A validated upstream.
 #[derive(Debug)]
 pub struct Upstream {
@@ -150,6 +140,18 @@ pub struct Upstream {
     pub extra_methods: Vec<ExtraMethod>,
     /// Tool-definition pinning.
     pub pinning: crate::pins::Mode,
+}
+
+impl Upstream {
+    /// The facts policy matches on.
+    pub fn facts(&self) -> crate::policy::UpstreamFacts<'_> {
+        crate::policy::UpstreamFacts {
+            name: &self.name,
+            projects: &self.projects,
+            categories: &self.categories,
+            trust_annotations: self.trust_annotations,
+        }
+    }
 }
 
 /// A method an upstream serves beyond MCP.
@@ -825,50 +827,11 @@ impl Validator<'_> {
     }
 }
 
-/// `scheme://host[:port]` of an absolute http(s) URL, lower case, without
-/// the scheme's default port (the form browsers send in `Origin`).
-/// `origin_only`: refuse a URL with a path, query or fragment.
-pub(crate) fn origin_of(url: &str, origin_only: bool) -> Option<String> {
-    let uri: Uri = url.parse().ok()?;
-    let scheme = uri.scheme_str()?.to_ascii_lowercase();
-    if !matches!(scheme.as_str(), "http" | "https") {
-        return None;
-    }
-    if origin_only
-        && uri
-            .path_and_query()
-            .is_some_and(|p| !matches!(p.as_str(), "" | "/"))
-    {
-        return None;
-    }
-    let host = uri.host()?.to_ascii_lowercase();
-    let default = if scheme == "https" { 443 } else { 80 };
-    Some(match uri.port_u16() {
-        Some(p) if p != default => format!("{scheme}://{host}:{p}"),
-        _ => format!("{scheme}://{host}"),
-    })
-}
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v.dedup();
     v
-}
-
-/// Connection-specific headers (RFC 9110 §7.6.1) that a proxy never forwards.
-pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
 }
 
 #[cfg(test)]

@@ -325,8 +325,8 @@ pub fn audit_help(a: &AuditSink) -> String {
 }
 
 /// `audit tail` over the demo's audit sink, following from now.
-fn feed_args(a: &AuditSink) -> crate::audit::cli::AuditArgs {
-    crate::audit::cli::AuditArgs {
+fn feed_args(a: &AuditSink) -> crate::cli::audit::AuditArgs {
+    crate::cli::audit::AuditArgs {
         config: None,
         clickhouse: a.clickhouse.as_ref().map(|c| c.http_url.clone()),
         database: Some(a.database.to_owned()),
@@ -335,7 +335,7 @@ fn feed_args(a: &AuditSink) -> crate::audit::cli::AuditArgs {
         password_env: None,
         spool: a.clickhouse.is_none().then(|| a.spool.clone()),
         json: false,
-        command: crate::audit::cli::AuditCommand::Tail {
+        command: crate::cli::audit::AuditCommand::Tail {
             lines: 0,
             once: false,
         },
@@ -399,7 +399,7 @@ Ctrl-C stops the demo."#,
     let feed = feed_args(&demo.audit);
     tokio::spawn(async move {
         let mut out = std::io::stdout();
-        if let Err(e) = crate::audit::cli::run(&feed, &mut out).await {
+        if let Err(e) = crate::cli::audit::run(&feed, &mut out).await {
             tracing::warn!(error = %e, "demo: the audit feed stopped");
         }
     });

@@ -25,7 +25,7 @@ use serde_json::json;
 
 use crate::approval::api::{authenticate, json_response, ApiError};
 use crate::auth::Verifier;
-use crate::proxy::body::{Body, BoxError};
+use crate::http_util::{Body, BoxError};
 
 use super::{PinStore, Proposal, ReviewError, Subject};
 

@@ -49,7 +49,6 @@ use serde_json::Value;
 
 pub mod api;
 pub mod canonical;
-pub mod client;
 
 /// The directory under the policy directory holding pin files.
 pub const PINS_DIR: &str = "pins";

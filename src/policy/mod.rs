@@ -32,7 +32,6 @@ use cel::{Context, Program, Value as CelValue};
 use globset::{GlobMatcher, GlobSet};
 use serde_json::Value;
 
-use crate::config::Upstream;
 
 pub mod compile;
 pub mod file;
@@ -212,6 +211,21 @@ pub enum Decision {
     Unknown(Hidden),
 }
 
+/// What policy knows of an upstream: the facts its rules match on. The
+/// upstream's config (`crate::config::Upstream::facts`) lends them; policy
+/// needs nothing else of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamFacts<'a> {
+    /// Route name.
+    pub name: &'a str,
+    /// Projects it belongs to (sorted).
+    pub projects: &'a [String],
+    /// Categories (sorted).
+    pub categories: &'a [String],
+    /// Whether its annotations count as risk hints.
+    pub trust_annotations: bool,
+}
+
 /// One `tools/call` to decide.
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
@@ -220,7 +234,7 @@ pub struct Call<'a> {
     /// The run's authority (from [`Policy::authority`]).
     pub authority: &'a Authority,
     /// The upstream.
-    pub upstream: &'a Upstream,
+    pub upstream: UpstreamFacts<'a>,
     /// The tool name.
     pub tool: &'a str,
     /// The call's arguments (an object, or `Null` when absent).
@@ -461,14 +475,14 @@ impl Policy {
     }
 
     /// Whether the run reaches the upstream at all.
-    pub fn reaches(&self, auth: &Authority, up: &Upstream) -> bool {
+    pub fn reaches(&self, auth: &Authority, up: UpstreamFacts<'_>) -> bool {
         up.projects
             .iter()
             .any(|p| auth.projects.binary_search(p).is_ok())
     }
 
     /// The tool's risk and where it came from.
-    pub fn risk(&self, up: &Upstream, tool: &str, hints: Option<Hints>) -> (Risk, RiskSource) {
+    pub fn risk(&self, up: UpstreamFacts<'_>, tool: &str, hints: Option<Hints>) -> (Risk, RiskSource) {
         // Exact names first, then globs, each in file order.
         for (i, r) in self.tool_rules.iter().enumerate() {
             if r.names.exact.contains(tool) && r.upstream.is_match(&up.name) {
@@ -492,7 +506,7 @@ impl Policy {
 
     /// Tool names the policy names exactly for an upstream (sorted), for
     /// summaries; glob rules are not expanded.
-    pub fn named_tools(&self, up: &Upstream) -> Vec<String> {
+    pub fn named_tools(&self, up: UpstreamFacts<'_>) -> Vec<String> {
         let mut v: Vec<String> = self
             .tool_rules
             .iter()
@@ -506,7 +520,7 @@ impl Policy {
 
     /// The preview tool the policy names for a tool, and its fixed
     /// arguments, if any.
-    pub fn preview(&self, up: &Upstream, tool: &str) -> Option<(&str, Option<&Value>)> {
+    pub fn preview(&self, up: UpstreamFacts<'_>, tool: &str) -> Option<(&str, Option<&Value>)> {
         match self.risk(up, tool, None).1 {
             RiskSource::Policy(i) => self
                 .tool_rules
@@ -517,7 +531,7 @@ impl Policy {
     }
 
     /// The price of one call of the tool (0 unless the policy sets one).
-    pub fn price(&self, up: &Upstream, tool: &str) -> f64 {
+    pub fn price(&self, up: UpstreamFacts<'_>, tool: &str) -> f64 {
         match self.risk(up, tool, None).1 {
             RiskSource::Policy(i) => self.tool_rules.get(i).and_then(|r| r.price).unwrap_or(0.0),
             _ => 0.0,
@@ -528,7 +542,7 @@ impl Policy {
     pub fn access(
         &self,
         auth: &Authority,
-        up: &Upstream,
+        up: UpstreamFacts<'_>,
         tool: &str,
         hints: Option<Hints>,
     ) -> Access {
@@ -543,7 +557,7 @@ impl Policy {
     fn classify_run(
         &self,
         auth: &Authority,
-        up: &Upstream,
+        up: UpstreamFacts<'_>,
         tool: &str,
         hints: Option<Hints>,
     ) -> Result<Arc<Classified>, Hidden> {
@@ -560,7 +574,7 @@ impl Policy {
     fn classify(
         &self,
         agent: &str,
-        up: &Upstream,
+        up: UpstreamFacts<'_>,
         tool: &str,
         hints: Option<Hints>,
     ) -> Arc<Classified> {
@@ -582,7 +596,7 @@ impl Policy {
             .collect();
         let c = Arc::new(Classified {
             agent: agent.into(),
-            upstream: up.name.as_str().into(),
+            upstream: up.name.into(),
             tool: tool.into(),
             hints,
             access: self.rules_access(agent, up, tool, hints),
@@ -595,7 +609,7 @@ impl Policy {
     }
 
     /// Steps 2–4 for a run that reaches the upstream.
-    fn rules_access(&self, agent: &str, up: &Upstream, tool: &str, hints: Option<Hints>) -> Access {
+    fn rules_access(&self, agent: &str, up: UpstreamFacts<'_>, tool: &str, hints: Option<Hints>) -> Access {
         let Some(agent) = self.agents.get(agent) else {
             return Access::Hidden(Hidden::UnknownAgent);
         };
@@ -674,7 +688,7 @@ impl Policy {
     /// classified `risk` by the upstream's config: `None` when the run's
     /// role may not use that risk (or does not exist, or cannot reach the
     /// upstream), so the method is as unknown to it as any other.
-    pub fn method_gate(&self, auth: &Authority, up: &Upstream, risk: Risk) -> Option<Gate> {
+    pub fn method_gate(&self, auth: &Authority, up: UpstreamFacts<'_>, risk: Risk) -> Option<Gate> {
         let agent = self.agents.get(&auth.agent)?;
         if !self.reaches(auth, up) || !agent.risks[risk as usize] {
             return None;
@@ -683,19 +697,19 @@ impl Policy {
     }
 
     /// Whether the run may use a prompt of the upstream.
-    pub fn prompt_allowed(&self, auth: &Authority, up: &Upstream, name: &str) -> bool {
+    pub fn prompt_allowed(&self, auth: &Authority, up: UpstreamFacts<'_>, name: &str) -> bool {
         self.named_allowed(auth, up, name, |a| &a.prompts)
     }
 
     /// Whether the run may read a resource of the upstream.
-    pub fn resource_allowed(&self, auth: &Authority, up: &Upstream, uri: &str) -> bool {
+    pub fn resource_allowed(&self, auth: &Authority, up: UpstreamFacts<'_>, uri: &str) -> bool {
         self.named_allowed(auth, up, uri, |a| &a.resources)
     }
 
     fn named_allowed(
         &self,
         auth: &Authority,
-        up: &Upstream,
+        up: UpstreamFacts<'_>,
         name: &str,
         pick: impl Fn(&Agent) -> &NamedAccess,
     ) -> bool {
@@ -985,7 +999,7 @@ impl NameSet {
 }
 
 impl Matcher {
-    fn matches(&self, up: &Upstream, tool: &str) -> bool {
+    fn matches(&self, up: UpstreamFacts<'_>, tool: &str) -> bool {
         self.upstream.as_ref().is_none_or(|g| g.is_match(&up.name))
             && self
                 .category
@@ -996,7 +1010,7 @@ impl Matcher {
 }
 
 impl NamedRule {
-    fn matches(&self, up: &Upstream, name: &str) -> bool {
+    fn matches(&self, up: UpstreamFacts<'_>, name: &str) -> bool {
         self.upstream.as_ref().is_none_or(|g| g.is_match(&up.name)) && self.names.matches(name)
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use super::*;
-use crate::config;
+use crate::config::{self, Upstream};
 
 fn shipped() -> Policy {
     load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"))
@@ -129,7 +129,7 @@ fn decide(p: &Policy, run: &Run, upstream: &str, tool: &str, args: Value) -> Wan
         &Call {
             identity: &id,
             authority: &auth,
-            upstream: up,
+            upstream: up.facts(),
             tool,
             arguments: &args,
             hints: None,
@@ -330,7 +330,7 @@ fn unannotated_unnamed_tool_is_destructive() {
     let ups = upstreams();
     let incidents = ups.iter().find(|u| u.name == "incidents").unwrap();
     assert_eq!(
-        p.risk(incidents, "rollback_deployment_unsafe", None),
+        p.risk(incidents.facts(), "rollback_deployment_unsafe", None),
         (Risk::Destructive, RiskSource::Default)
     );
     // Annotations of an untrusted upstream do not lower it.
@@ -339,7 +339,7 @@ fn unannotated_unnamed_tool_is_destructive() {
         destructive: Some(false),
     });
     assert_eq!(
-        p.risk(incidents, "brand_new_tool", hints).0,
+        p.risk(incidents.facts(), "brand_new_tool", hints).0,
         Risk::Destructive
     );
 }
@@ -354,18 +354,18 @@ fn trusted_annotations_count_only_where_policy_is_silent() {
         destructive: None,
     });
     assert_eq!(
-        p.risk(docs, "summarize_space", read),
+        p.risk(docs.facts(), "summarize_space", read),
         (Risk::Read, RiskSource::Annotations)
     );
     let write = Some(Hints {
         read_only: Some(false),
         destructive: Some(false),
     });
-    assert_eq!(p.risk(docs, "archive_space", write).0, Risk::Write);
+    assert_eq!(p.risk(docs.facts(), "archive_space", write).0, Risk::Write);
     // Policy names `create_page` as write: a vendor claiming read-only changes nothing.
-    assert_eq!(p.risk(docs, "create_page", read).0, Risk::Write);
+    assert_eq!(p.risk(docs.facts(), "create_page", read).0, Risk::Write);
     // Trusted but no annotations: destructive.
-    assert_eq!(p.risk(docs, "mystery", None).0, Risk::Destructive);
+    assert_eq!(p.risk(docs.facts(), "mystery", None).0, Risk::Destructive);
 }
 
 #[test]
@@ -385,8 +385,8 @@ risk = "destructive"
     .unwrap();
     let ups = upstreams();
     let u = &ups[0];
-    assert_eq!(p.risk(u, "get_thing", None).0, Risk::Read);
-    assert_eq!(p.risk(u, "get_and_delete", None).0, Risk::Destructive);
+    assert_eq!(p.risk(u.facts(), "get_thing", None).0, Risk::Read);
+    assert_eq!(p.risk(u.facts(), "get_and_delete", None).0, Risk::Destructive);
 }
 
 #[test]
@@ -439,7 +439,7 @@ fn deny_reason_names_rule_and_reason() {
         &Call {
             identity: &id,
             authority: &auth,
-            upstream: &ups[0],
+            upstream: (ups[0]).facts(),
             tool: "rollback_deployment",
             arguments: &args,
             hints: None,
@@ -483,7 +483,7 @@ fn authority_modes() {
     let id = caller("sre-lead", &["marketing"]);
     let auth = p.authority(&id.identity()).unwrap();
     assert!(auth.projects.is_empty());
-    assert!(upstreams().iter().all(|u| !p.reaches(&auth, u)));
+    assert!(upstreams().iter().all(|u| !p.reaches(&auth, u.facts())));
     // unknown role.
     let id = caller("root", &["sre"]);
     assert_eq!(
@@ -591,13 +591,13 @@ fn prompts_and_resources_follow_membership_and_rules() {
     let k8s = ups.iter().find(|u| u.name == "k8s-prod").unwrap();
     let auditor = caller("auditor", &["sre"]);
     let auth = p.authority(&auditor.identity()).unwrap();
-    assert!(p.prompt_allowed(&auth, incidents, "triage"));
+    assert!(p.prompt_allowed(&auth, incidents.facts(), "triage"));
     assert!(
-        !p.prompt_allowed(&auth, k8s, "triage"),
+        !p.prompt_allowed(&auth, k8s.facts(), "triage"),
         "unreachable upstream"
     );
-    assert!(p.resource_allowed(&auth, incidents, "incident://INC-1001"));
-    assert!(!p.resource_allowed(&auth, incidents, "secret://db-password"));
+    assert!(p.resource_allowed(&auth, incidents.facts(), "incident://INC-1001"));
+    assert!(!p.resource_allowed(&auth, incidents.facts(), "secret://db-password"));
 }
 
 fn compile_err(text: &str) -> String {
@@ -701,8 +701,8 @@ fn memoized_decisions_match_fresh_ones_in_any_order() {
                     let Ok(auth) = fresh.authority(&id) else {
                         continue;
                     };
-                    let want = fresh.access(&auth, docs, tool, h);
-                    let got = warm.access(&auth, docs, tool, h);
+                    let want = fresh.access(&auth, docs.facts(), tool, h);
+                    let got = warm.access(&auth, docs.facts(), tool, h);
                     assert_eq!(got, want, "pass {pass}: {} {tool} {h:?}", run.agent);
                     if matches!(want, Access::Visible { .. }) {
                         seen += 1;
@@ -718,7 +718,7 @@ fn memoized_decisions_match_fresh_ones_in_any_order() {
     let auth = warm.authority(&id).unwrap();
     let files = ups.iter().find(|u| u.name == "files").unwrap();
     assert_eq!(
-        warm.access(&auth, files, "read_file", None),
+        warm.access(&auth, files.facts(), "read_file", None),
         Access::Hidden(Hidden::Unreachable)
     );
 }
@@ -732,12 +732,12 @@ fn the_memo_stops_growing_at_its_bound() {
     let id = run.identity();
     let auth = p.authority(&id).unwrap();
     for i in 0..MEMO_MAX + 100 {
-        let _ = p.access(&auth, docs, &format!("invented_{i}"), None);
+        let _ = p.access(&auth, docs.facts(), &format!("invented_{i}"), None);
     }
     assert_eq!(p.memo.entries.len(), MEMO_MAX);
     // Past the bound, answers are still computed correctly.
     assert_eq!(
-        p.access(&auth, docs, "create_page", None),
-        shipped().access(&auth, docs, "create_page", None)
+        p.access(&auth, docs.facts(), "create_page", None),
+        shipped().access(&auth, docs.facts(), "create_page", None)
     );
 }

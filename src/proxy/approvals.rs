@@ -130,7 +130,7 @@ impl RunContext {
             token_exp: self.claims.exp,
             preview_tool: self
                 .policy
-                .preview(&self.upstream.config, tool)
+                .preview(self.upstream.config.facts(), tool)
                 .map(|(t, _)| t.to_owned()),
             self_approval: role.is_some_and(|a| a.self_approval)
                 || approvals.config().self_approval_default,
@@ -254,10 +254,10 @@ async fn preview(state: &State, approval: &Approval) -> Result<Value, String> {
         .ok_or_else(|| format!("no upstream {:?}", approval.key.upstream))?;
     let policy = state.policy.load_full();
     let (tool, fixed) = policy
-        .preview(&up.config, &approval.key.tool)
+        .preview(up.config.facts(), &approval.key.tool)
         .ok_or_else(|| "the policy names no preview for this tool".to_owned())?;
     // Only a tool the policy classifies as read-only may preview.
-    let (risk, _) = policy.risk(&up.config, tool, None);
+    let (risk, _) = policy.risk(up.config.facts(), tool, None);
     if risk != Risk::Read {
         return Err(format!("preview tool {tool} is not read-only ({risk})"));
     }

@@ -1,36 +1,17 @@
-//! Body types of the request path: the boxed body every response uses, an
-//! upstream's body (with the HTTP/2 stream slot it holds), and reading it
-//! frame by frame under an idle timeout.
+//! An upstream's body on the request path: the HTTP/2 stream slot it holds,
+//! and reading it frame by frame under an idle timeout. (The boxed body every
+//! response uses is [`crate::http_util::Body`].)
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
 
 use super::error::UpstreamFailure;
 use super::h2pool::StreamSlot;
-
-/// Errors a response body can end with.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The body of every response the firewall sends.
-pub type Body = UnsyncBoxBody<Bytes, BoxError>;
-
-/// A complete body.
-pub fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-/// An empty body.
-pub fn empty() -> Body {
-    Empty::new().map_err(|never| match never {}).boxed_unsync()
-}
 
 /// An upstream response body. Over HTTP/2 it holds its stream's slot on the
 /// connection until dropped, so the pool counts the stream for as long as

@@ -38,7 +38,7 @@ use crate::telemetry::Metrics;
 
 use super::approvals::{Gated, Granted};
 use super::hold::{HoldKey, Holds};
-use super::session::{Principal, Sessions, STATE_PREFIX};
+use crate::session::{Principal, Sessions, STATE_PREFIX};
 use super::upstream::UpstreamClient;
 
 /// Everything a decision needs about the run and the upstream.
@@ -478,12 +478,12 @@ impl RunContext {
 
     fn prompt_allowed(&self, name: &str) -> bool {
         self.policy
-            .prompt_allowed(&self.authority, &self.upstream.config, name)
+            .prompt_allowed(&self.authority, self.upstream.config.facts(), name)
     }
 
     fn resource_allowed(&self, uri: &str) -> bool {
         self.policy
-            .resource_allowed(&self.authority, &self.upstream.config, uri)
+            .resource_allowed(&self.authority, self.upstream.config.facts(), uri)
     }
 
     fn permit(&self, allowed: bool, what: impl FnOnce() -> NotPermitted) -> Verdict {
@@ -506,7 +506,7 @@ impl RunContext {
             return Verdict::Answer(Outcome::UnknownMethod);
         };
         let risk = extra.risk;
-        match self.policy.method_gate(&self.authority, up, risk) {
+        match self.policy.method_gate(&self.authority, up.facts(), risk) {
             None => Verdict::Answer(Outcome::UnknownMethod),
             Some(Gate::Allow) => forward(Some(risk)),
             Some(Gate::Deny) => Verdict::Answer(Outcome::Denied {
@@ -584,7 +584,7 @@ impl RunContext {
             &Call {
                 identity: &identity,
                 authority: &self.authority,
-                upstream: &self.upstream.config,
+                upstream: self.upstream.config.facts(),
                 tool,
                 arguments: &arguments,
                 hints: entry.hints,
@@ -670,7 +670,7 @@ impl RunContext {
             upstream: &self.upstream.config.name,
             tool,
             run_exp: self.claims.run_exp,
-            price: self.policy.price(&self.upstream.config, tool),
+            price: self.policy.price(self.upstream.config.facts(), tool),
             max_steps: role
                 .and_then(|a| a.max_steps)
                 .unwrap_or(self.budgets.config().default_max_steps),

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::mcp::jsonrpc::{self, Id, ParseError};
 
-use super::body::{full, Body};
+use crate::http_util::{full, Body};
 
 /// Codes the firewall itself answers with, outside the JSON-RPC reserved range
 /// (-32768..-32000) as MCP asks of application errors. Stable: clients may

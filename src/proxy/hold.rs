@@ -43,7 +43,7 @@ use crate::server::listener::ConnInfo;
 
 use super::answer;
 use super::approvals::{Gated, Granted};
-use super::body::{Body, BoxError};
+use crate::http_util::{Body, BoxError};
 use super::decide::{ApprovalNote, Outcome, RunContext};
 use super::error::{ProxyError, UpstreamFailure};
 use super::record::Recorder;
@@ -469,7 +469,7 @@ fn once(body: Bytes) -> Step {
 fn event_body(json: Bytes) -> Body {
     let mut out = BytesMut::new();
     sse::encode_message(None, &json, &mut out);
-    super::body::full(out.freeze())
+    crate::http_util::full(out.freeze())
 }
 
 /// A relayed response as events on the held stream: SSE passes as it is, a

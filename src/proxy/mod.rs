@@ -79,17 +79,17 @@ pub mod own_client;
 pub mod record;
 pub mod refill;
 pub mod relay;
-pub mod session;
+pub mod stack;
 pub mod stage;
 pub mod upstream;
 
-use body::Body;
+use crate::http_util::Body;
 use decide::RunContext;
 use error::ProxyError;
 use hold::Holds;
 use record::Recorder;
 use relay::{Due, Exchange, Kind2};
-use session::Sessions;
+use crate::session::Sessions;
 use stage::{Decided, Next, Parsed};
 use upstream::{Forward, UpstreamClient};
 
@@ -547,7 +547,7 @@ fn check_host_and_origin(
     }
     for origin in headers.get_all(header::ORIGIN) {
         let text = String::from_utf8_lossy(origin.as_bytes()).into_owned();
-        let normalized = crate::config::origin_of(&text, true);
+        let normalized = crate::http_util::origin_of(&text, true);
         let ok = normalized
             .as_ref()
             .is_some_and(|o| server.allowed_origins.iter().any(|a| a == o));
@@ -609,7 +609,7 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
     let upstream = state
         .upstreams
         .get(name)
-        .filter(|u| policy.reaches(&authority, &u.config))
+        .filter(|u| policy.reaches(&authority, u.config.facts()))
         .ok_or_else(|| ProxyError::UnknownUpstream(name.to_owned()))?
         .clone();
     Ok(RunContext {

@@ -71,11 +71,12 @@ use crate::server::listener::ConnInfo;
 
 use super::answer;
 use super::approvals::Granted;
-use super::body::{full, Body, BoxError, Collected, UpstreamBody, UpstreamIncoming};
+use super::body::{Collected, UpstreamBody, UpstreamIncoming};
+use crate::http_util::{full, Body, BoxError};
 use super::decide::RunContext;
 use super::error::{ProxyError, UpstreamFailure};
 use super::record::{write_rows, Recorder};
-use super::session::EventContext;
+use crate::session::EventContext;
 use super::upstream::{response_headers, Forward};
 
 /// Most bytes of an upstream 4xx body relayed to the client.
@@ -582,7 +583,7 @@ impl Exchange {
             let merged = merge_json(&Bytes::new(), &self.local);
             return Ok(json_with(StatusCode::OK, headers, merged));
         }
-        let mut r = Response::new(super::body::empty());
+        let mut r = Response::new(crate::http_util::empty());
         *r.status_mut() = status;
         *r.headers_mut() = headers;
         Ok(r)
@@ -850,7 +851,7 @@ impl Exchange {
             // annotations; the firewall drops them first.
             return None;
         }
-        match cx.policy.access(&cx.authority, up, t.name, entry.hints) {
+        match cx.policy.access(&cx.authority, up.facts(), t.name, entry.hints) {
             Access::Visible { risk, gate, .. } => Some((risk, gate)),
             Access::Hidden(_) => None,
         }
@@ -869,9 +870,9 @@ impl Exchange {
         };
         rewrite::named_list(raw, array, key, |name, item| {
             let allowed = if prompts {
-                cx.policy.prompt_allowed(&cx.authority, up, name)
+                cx.policy.prompt_allowed(&cx.authority, up.facts(), name)
             } else {
-                cx.policy.resource_allowed(&cx.authority, up, name)
+                cx.policy.resource_allowed(&cx.authority, up.facts(), name)
             };
             let Some(subject) = subject.filter(|_| cx.pins.applies(up.pinning, &up.name)) else {
                 return allowed;
@@ -1019,7 +1020,7 @@ impl Exchange {
                 .due
                 .iter()
                 .filter_map(|d| {
-                    Some(super::session::Due {
+                    Some(crate::session::Due {
                         id: d.id.clone()?,
                         method: d.method.clone(),
                     })

@@ -22,13 +22,13 @@ use crate::mcp::methods::{self, Class, Shape};
 use crate::mcp::version::ProtocolVersion;
 use crate::server::listener::ConnInfo;
 
-use super::body::Body;
+use crate::http_util::{self, Body};
 use super::decide::{ApprovalNote, Around, Outcome, Ruling, RunContext, Verdict};
 use super::error::{json_response, ProxyError};
 use super::hold::Held;
 use super::record::Recorder;
 use super::relay::Due;
-use super::{answer, body, tool_label, State};
+use super::{answer, tool_label, State};
 
 /// A POST body read once, parsed strictly, and checked as a whole.
 pub struct Parsed {
@@ -562,7 +562,7 @@ fn local_response(
         ),
         (_, []) => {
             // Only notifications, all handled: accepted, nothing to say.
-            let mut r = Response::new(body::empty());
+            let mut r = Response::new(http_util::empty());
             *r.status_mut() = StatusCode::ACCEPTED;
             r
         }

@@ -1,7 +1,6 @@
-//! The listeners: accepting connections (TCP, TLS, HTTP/1.1 and HTTP/2), the
-//! certificates they present, and the one function that assembles the
-//! per-request service stack.
+//! The listeners: accepting connections (TCP, TLS, HTTP/1.1 and HTTP/2) and
+//! the certificates they present. Transport only: what a request means is
+//! the proxy's (the per-request service stack is `crate::proxy::stack`).
 
 pub mod listener;
-pub mod stack;
 pub mod tls;

@@ -22,7 +22,17 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::config::TlsConfig;
+
+/// Validated `[server.tls]`.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// Certificate chain file.
+    pub cert: PathBuf,
+    /// Private key file.
+    pub key: PathBuf,
+    /// Change-check interval.
+    pub reload_interval: Duration,
+}
 
 /// Why a certificate or key could not be loaded.
 #[derive(Debug, thiserror::Error)]

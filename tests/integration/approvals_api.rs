@@ -73,7 +73,7 @@ async fn admin(tweak: impl FnOnce(&mut ApprovalsConfig)) -> Admin {
                     async move {
                         let resp = api::handle(a, v, req).await.unwrap_or_else(|| {
                             let mut r =
-                                http::Response::new(mcp_firewall::proxy::body::full("not found\n"));
+                                http::Response::new(mcp_firewall::http_util::full("not found\n"));
                             *r.status_mut() = http::StatusCode::NOT_FOUND;
                             r
                         });

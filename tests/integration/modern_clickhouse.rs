@@ -66,7 +66,7 @@ async fn a_fixture_for_a_current_clickhouse() {
     // Rows as the firewall's encoder wrote them into its spool.
     let deadline = Instant::now() + Duration::from_secs(10);
     let payloads = loop {
-        let p = mcp_firewall::audit::cli::spool_payloads(&demo.audit.spool).unwrap();
+        let p = mcp_firewall::cli::audit::spool_payloads(&demo.audit.spool).unwrap();
         if p.len() >= 5 {
             break p;
         }
@@ -92,7 +92,7 @@ async fn a_fixture_for_a_current_clickhouse() {
 
     // Every query: the audit CLI's (as the README shows them), the README's
     // other questions, the dashboard's ClickHouse panels, and retention.
-    use mcp_firewall::audit::cli::{query, Question};
+    use mcp_firewall::cli::audit::{query, Question};
     let mut queries: Vec<(String, String)> = vec![
         (
             "cli tail".into(),

@@ -17,8 +17,8 @@ use serde_json::Value;
 use crate::approval::client::{AdminClient, ClientError};
 use crate::config::Config;
 
-use super::api::{ReviewBody, ReviewList};
-use super::Subject;
+use crate::pins::api::{ReviewBody, ReviewList};
+use crate::pins::Subject;
 
 /// `mcp-firewall pins …`.
 #[derive(clap::Args)]
@@ -144,7 +144,7 @@ pub async fn run(args: &PinsArgs) -> anyhow::Result<String> {
 /// directory.
 pub async fn record(cfg: &Config, upstream: &str, by: &str) -> anyhow::Result<String> {
     let client = upstream_client(cfg, upstream)?;
-    let mut pins: Vec<(Subject, String, super::Pin)> = Vec::new();
+    let mut pins: Vec<(Subject, String, crate::pins::Pin)> = Vec::new();
     let mut counts = Vec::new();
     for subject in [Subject::Tool, Subject::Prompt, Subject::ResourceTemplate] {
         let listed = match live(&client, subject).await {
@@ -157,11 +157,11 @@ pub async fn record(cfg: &Config, upstream: &str, by: &str) -> anyhow::Result<St
         pins.extend(
             listed
                 .iter()
-                .map(|(name, def)| (subject, name.clone(), super::pin_of(def, by))),
+                .map(|(name, def)| (subject, name.clone(), crate::pins::pin_of(def, by))),
         );
     }
-    let dir = cfg.policy_dir.join(super::PINS_DIR);
-    super::write_pins(&dir, upstream, pins)?;
+    let dir = cfg.policy_dir.join(crate::pins::PINS_DIR);
+    crate::pins::write_pins(&dir, upstream, pins)?;
     Ok(format!(
         "{} of {upstream} pinned in {}: review and commit it\n",
         counts.join(", "),

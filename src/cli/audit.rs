@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::config::ClickHouseConfig;
+use crate::audit::ClickHouseConfig;
 
 /// `mcp-firewall audit …`.
 #[derive(clap::Args, Debug)]
@@ -196,12 +196,12 @@ fn source(args: &AuditArgs) -> anyhow::Result<Source> {
         ch.password_env = Some(p.clone());
     }
     for (what, v) in [("database", &ch.database), ("table", &ch.table)] {
-        if !super::config::is_identifier(v) {
+        if !crate::audit::is_identifier(v) {
             anyhow::bail!("{what} {v:?} is not an identifier");
         }
     }
     // 64-bit numbers as JSON numbers, not strings.
-    let client = super::clickhouse::build_client(&ch)?
+    let client = crate::audit::build_client(&ch)?
         .with_setting("output_format_json_quote_64bit_integers", "0");
     Ok(Source::ClickHouse {
         client: Box::new(client),
@@ -424,16 +424,16 @@ fn time_text(v: Option<&Value>) -> String {
     num(v).map(crate::approval::fmt_ms).unwrap_or_default()
 }
 
-/// The encoded rows (RowBinary, [`super::COLUMNS`] order) of a spool
+/// The encoded rows (RowBinary, [`crate::audit::COLUMNS`] order) of a spool
 /// directory, in write order, read without locking.
 pub fn spool_payloads(dir: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
-    let segments = super::spool::list_segments(dir)
+    let segments = crate::audit::list_segments(dir)
         .map_err(|e| anyhow::anyhow!("spool {}: {e}", dir.display()))?;
     for seq in segments {
-        if let Ok(data) = std::fs::read(super::spool::segment_path(dir, seq)) {
+        if let Ok(data) = std::fs::read(crate::audit::segment_path(dir, seq)) {
             out.extend(
-                super::spool::payloads(&data)
+                crate::audit::payloads(&data)
                     .into_iter()
                     .map(<[u8]>::to_vec),
             );
@@ -445,16 +445,16 @@ pub fn spool_payloads(dir: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
 /// Every row of a spool directory from `from_ms` on, read without locking.
 pub fn spool_rows(dir: &Path, from_ms: u64) -> anyhow::Result<Vec<Map<String, Value>>> {
     let mut rows = Vec::new();
-    let segments = super::spool::list_segments(dir)
+    let segments = crate::audit::list_segments(dir)
         .map_err(|e| anyhow::anyhow!("spool {}: {e}", dir.display()))?;
     for seq in segments {
-        let path = super::spool::segment_path(dir, seq);
+        let path = crate::audit::segment_path(dir, seq);
         let Ok(data) = std::fs::read(&path) else {
             // Shipped and deleted meanwhile.
             continue;
         };
-        for payload in super::spool::payloads(&data) {
-            if let Some(row) = super::record::decode_row(payload) {
+        for payload in crate::audit::payloads(&data) {
+            if let Some(row) = crate::audit::decode_row(payload) {
                 if row.get("time_ms").and_then(Value::as_u64).unwrap_or(0) >= from_ms {
                     rows.push(row);
                 }

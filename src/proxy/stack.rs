@@ -36,11 +36,11 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 
-use crate::proxy::body::{full, Body, BoxError};
+use crate::http_util::{full, Body, BoxError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::{self, State};
 
-use super::listener::ConnInfo;
+use crate::server::listener::ConnInfo;
 
 /// Request ids: a random per-process prefix and a counter. Unique, cheap
 /// (no system call per request, unlike random UUIDs), and sortable per

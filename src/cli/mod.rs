@@ -1,7 +1,9 @@
 //! The command-line tools beside `serve`: `check` (config and policies, with
 //! a per-role summary, and whether the shared stores answer), `migrate` (the
 //! PostgreSQL approvals schema), `explain` (one decision and the rules behind
-//! it) and `token mint` / `token inspect` for development.
+//! it) and `token mint` / `token inspect` for development; [`audit`] is
+//! `mcp-firewall audit` (an auditor's questions), [`pins`] is `mcp-firewall
+//! pins` (reviewing tool definitions from a terminal).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -13,6 +15,9 @@ use serde_json::Value;
 use crate::auth::{self, Audience, MintClaims, Mode, Verifier};
 use crate::config::Config;
 use crate::policy::{self, Access, Call, Identity, Policy};
+
+pub mod audit;
+pub mod pins;
 
 /// The second half of `mcp-firewall check`: whether the shared stores the
 /// config names can be reached (Redis for budgets, PostgreSQL for
@@ -107,7 +112,7 @@ pub async fn check_pins(cfg: &Config, live: bool) -> (String, bool) {
         if !live || u.pinning == Mode::Off {
             continue;
         }
-        let tools = match crate::pins::client::live_tools(cfg, &u.name).await {
+        let tools = match self::pins::live_tools(cfg, &u.name).await {
             Ok(t) => t,
             Err(e) => {
                 ok = false;
@@ -204,13 +209,13 @@ pub fn check(cfg: &Config) -> anyhow::Result<String> {
             projects: agent.projects.clone(),
         };
         for u in &cfg.upstreams {
-            if !policy.reaches(&authority, u) {
+            if !policy.reaches(&authority, u.facts()) {
                 continue;
             }
             let mut lines = Vec::new();
-            for tool in policy.named_tools(u) {
+            for tool in policy.named_tools(u.facts()) {
                 if let Access::Visible { risk, gate, .. } =
-                    policy.access(&authority, u, &tool, None)
+                    policy.access(&authority, u.facts(), &tool, None)
                 {
                     lines.push(format!("{tool} ({risk}, {gate})"));
                 }
@@ -282,7 +287,7 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
             return Ok(out);
         }
     };
-    if !policy.reaches(&authority, up) {
+    if !policy.reaches(&authority, up.facts()) {
         let _ = writeln!(
             out,
             "decision: upstream {:?} is outside the run's effective projects {:?} (404)",
@@ -295,7 +300,7 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
         &Call {
             identity: &identity,
             authority: &authority,
-            upstream: up,
+            upstream: up.facts(),
             tool: args.tool,
             arguments: &arguments,
             hints: None,
