@@ -23,8 +23,8 @@ use crate::audit::{self, AuditHandle, Auditor};
 use crate::auth::Verifier;
 use crate::config::Config;
 use crate::policy::reload::PolicyStore;
-use crate::proxy::State;
 use crate::proxy::stack;
+use crate::proxy::State;
 use crate::server::{listener, tls};
 use crate::telemetry::{self, Metrics};
 

@@ -46,7 +46,7 @@ pub struct ToolEntry {
     pub hints: Option<Hints>,
     /// Its whole definition as listed (what a pin covers).
     pub definition: Value,
-    /// The pin hash of `definition` ([`crate::pins::canonical::sha256`]).
+    /// The pin hash of `definition` ([`crate::canonical::sha256`]).
     pub sha256: [u8; 32],
     validator: OnceLock<Result<jsonschema::Validator, String>>,
     param_headers: OnceLock<ParamHeaders>,
@@ -138,7 +138,7 @@ impl Catalogs {
             fingerprint,
             input_schema,
             hints: Hints::from_annotations(definition.get("annotations")),
-            sha256: crate::pins::canonical::sha256(&definition),
+            sha256: crate::canonical::sha256(&definition),
             definition,
             validator: OnceLock::new(),
             param_headers: OnceLock::new(),

@@ -69,7 +69,6 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-
 /// `scheme://host[:port]` of an absolute http(s) URL, lower case, without
 /// the scheme's default port (the form browsers send in `Origin`).
 /// `origin_only`: refuse a URL with a path, query or fragment.

@@ -223,11 +223,7 @@ impl Sessions {
     pub fn audit_name(&self, who: &Principal<'_>, upstream_id: &[u8]) -> String {
         let (_, key) = self.current();
         let tag = session_tag(key, who, upstream_id);
-        let mut out = String::with_capacity(2 * 12);
-        for b in &tag[..12] {
-            out.push_str(&format!("{b:02x}"));
-        }
-        out
+        hex::encode(&tag[..12])
     }
 
     /// The sealed form of an upstream event id with its stream context;

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
-
 /// Log output format.
 #[derive(Debug, serde::Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]

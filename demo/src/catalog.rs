@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 
 use serde_json::{json, Value};
 
-use super::estate::{
+use super::model::{
     IncidentStatus, Namespace, Service, ToolOutput, METRICS_CSV_HEADER, METRICS_START_UNIX,
     METRICS_STEP_SECS,
 };

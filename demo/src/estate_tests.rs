@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::catalog::CACHED_POINTS;
+use serde_json::Value;
 
 fn structured(output: &ToolOutput) -> &Value {
     output.structured.as_ref().expect("structured content")

@@ -113,6 +113,7 @@
 
 mod catalog;
 pub mod estate;
+pub mod model;
 pub mod server;
 pub mod tools;
 

@@ -25,7 +25,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::api::{ApprovalView, DecideBody, ListView};
-use super::{fmt_ms, ApprovalId, Status};
+use super::{ApprovalId, Status};
+use crate::clock::fmt_ms;
 
 /// The pooled HTTP(S) client used by the CLI and the webhook.
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -195,7 +196,7 @@ pub async fn run(args: &ApprovalsArgs) -> Result<String, ClientError> {
         }
         ApprovalsCommand::Show { id } => {
             let v = client.show(id).await?;
-            Ok(render_approval(&v, now_ms()))
+            Ok(render_approval(&v, crate::clock::now_ms()))
         }
         ApprovalsCommand::Approve { id, reason } => {
             let v = client.decide(id, true, reason).await?;
@@ -212,10 +213,6 @@ pub async fn run(args: &ApprovalsArgs) -> Result<String, ClientError> {
             ))
         }
     }
-}
-
-fn now_ms() -> u64 {
-    super::Clock::System.now_ms()
 }
 
 /// A client of one firewall's approvals API.

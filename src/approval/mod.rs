@@ -36,7 +36,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::policy::Risk;
 
@@ -372,7 +371,7 @@ pub enum ApprovalError {
         status: Status,
     },
     /// Past its deadline (410).
-    #[error("approval {id} expired at {} and can no longer be decided", fmt_ms(*expires_ms))]
+    #[error("approval {id} expired at {} and can no longer be decided", crate::clock::fmt_ms(*expires_ms))]
     Expired {
         /// The approval.
         id: ApprovalId,
@@ -692,128 +691,13 @@ pub type PreviewResult = Result<Arc<Value>, String>;
 // ---------------------------------------------------------------------------
 // Canonical arguments
 
-/// SHA-256 of [`canonical_json`]`(value)`, computed without building the
-/// text (the canonical bytes stream straight into the hasher).
+/// The hash a call's arguments are bound by: SHA-256 of their RFC 8785
+/// canonical text ([`crate::canonical`]), so an auditor recomputes it with
+/// any JCS implementation. Two texts parsing to the same value hash alike;
+/// so do `1` and `1.0` (RFC 8785 prints one number one way), while two
+/// different integers never do, however large.
 pub fn args_sha256(value: &Value) -> [u8; 32] {
-    let mut h = Sha256::new();
-    write_canonical(value, &mut h);
-    h.finalize().into()
-}
-
-/// The canonical form of a JSON value: object keys sorted recursively (by
-/// code point, i.e. by UTF-8 bytes), no insignificant whitespace, strings
-/// with only the mandatory escapes (`"`, `\`, control characters), numbers
-/// as serde_json prints them. Two texts parsing to the same value give the
-/// same bytes; `1` and `1.0` stay different (a distinct call, so at worst a
-/// second approval, never a bypass).
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = Vec::with_capacity(128);
-    write_canonical(value, &mut out);
-    // Only UTF-8 input and ASCII punctuation were written.
-    String::from_utf8(out).unwrap_or_default()
-}
-
-trait Sink {
-    fn put(&mut self, bytes: &[u8]);
-}
-
-impl Sink for Vec<u8> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-impl Sink for Sha256 {
-    fn put(&mut self, bytes: &[u8]) {
-        self.update(bytes);
-    }
-}
-
-fn write_canonical(value: &Value, out: &mut impl Sink) {
-    match value {
-        Value::Null => out.put(b"null"),
-        Value::Bool(true) => out.put(b"true"),
-        Value::Bool(false) => out.put(b"false"),
-        Value::Number(n) => out.put(n.to_string().as_bytes()),
-        Value::String(s) => write_string(s, out),
-        Value::Array(items) => {
-            out.put(b"[");
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.put(b",");
-                }
-                write_canonical(item, out);
-            }
-            out.put(b"]");
-        }
-        Value::Object(map) => {
-            out.put(b"{");
-            // serde_json's map is usually a BTreeMap and already sorted; only
-            // an insertion-ordered map (feature `preserve_order`) pays for
-            // the sort.
-            let sorted = map
-                .keys()
-                .zip(map.keys().skip(1))
-                .all(|(a, b)| a.as_str() < b.as_str());
-            if sorted {
-                for (i, (k, v)) in map.iter().enumerate() {
-                    write_entry(i, k, v, out);
-                }
-            } else {
-                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                for (i, (k, v)) in entries.into_iter().enumerate() {
-                    write_entry(i, k, v, out);
-                }
-            }
-            out.put(b"}");
-        }
-    }
-}
-
-fn write_entry(i: usize, key: &str, value: &Value, out: &mut impl Sink) {
-    if i > 0 {
-        out.put(b",");
-    }
-    write_string(key, out);
-    out.put(b":");
-    write_canonical(value, out);
-}
-
-fn write_string(s: &str, out: &mut impl Sink) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.put(b"\"");
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => &[],
-            _ => continue,
-        };
-        out.put(&bytes[start..i]);
-        if escape.is_empty() {
-            out.put(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xf)],
-            ]);
-        } else {
-            out.put(escape);
-        }
-        start = i + 1;
-    }
-    out.put(&bytes[start..]);
-    out.put(b"\"");
+    crate::canonical::sha256(value)
 }
 
 // ---------------------------------------------------------------------------
@@ -1465,55 +1349,22 @@ async fn sweeper(approvals: Weak<Approvals>) {
     }
 }
 
-/// Milliseconds since the epoch as RFC 3339 UTC (`2025-01-01T00:00:00Z`),
-/// for messages and the CLI. Civil-from-days after H. Hinnant.
-pub fn fmt_ms(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    // Shift the epoch to 0000-03-01 so leap days end each 400-year era.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!("{year:04}-{month:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
-}
-
 mod hex32 {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = [0u8; 64];
-        for (i, b) in bytes.iter().enumerate() {
-            out[2 * i] = HEX[usize::from(b >> 4)];
-            out[2 * i + 1] = HEX[usize::from(b & 0xf)];
-        }
-        s.serialize_str(std::str::from_utf8(&out).unwrap_or_default())
+        s.serialize_str(&hex::encode(bytes))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
         // Owned: flattened and tagged containers buffer strings.
         let s = String::deserialize(d)?;
         let err = || serde::de::Error::custom("args_sha256 must be 64 lower-case hex digits");
-        if s.len() != 64 {
+        if s.bytes().any(|c| c.is_ascii_uppercase()) {
             return Err(err());
         }
-        let nibble = |c: u8| match c {
-            b'0'..=b'9' => Ok(c - b'0'),
-            b'a'..=b'f' => Ok(c - b'a' + 10),
-            _ => Err(err()),
-        };
         let mut out = [0u8; 32];
-        for (i, pair) in s.as_bytes().chunks_exact(2).enumerate() {
-            out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
-        }
+        hex::decode_to_slice(&s, &mut out).map_err(|_| err())?;
         Ok(out)
     }
 }

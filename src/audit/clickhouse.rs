@@ -280,21 +280,6 @@ pub(crate) fn partitions_to_drop(partitions: &[u32], cutoff: u32) -> Vec<u32> {
     out
 }
 
-/// Pure: `YYYYMMDD` of the UTC day `days` after 1970-01-01 (may be negative).
-pub(crate) fn yyyymmdd_from_days(days: i64) -> u32 {
-    // Howard Hinnant's civil-from-days algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    u32::try_from(y * 10_000 + m * 100 + d).unwrap_or(0)
-}
-
 /// Drops day partitions older than `keep_days` (counting today) from the audit
 /// table and its daily aggregate. Returns how many partitions were dropped.
 pub(crate) async fn enforce_retention(
@@ -304,7 +289,7 @@ pub(crate) async fn enforce_retention(
     keep_days: u32,
     today_days: i64,
 ) -> Result<usize, clickhouse::error::Error> {
-    let cutoff = yyyymmdd_from_days(today_days - i64::from(keep_days) + 1);
+    let cutoff = crate::clock::yyyymmdd_from_days(today_days - i64::from(keep_days) + 1);
     let stats = format!("{table}_daily_stats");
     let sql = partitions_sql(database, table);
     let text = client

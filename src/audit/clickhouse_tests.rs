@@ -2,6 +2,7 @@
 //! arithmetic, schema statements, insert SQL, password resolution.
 
 use super::*;
+use crate::clock::yyyymmdd_from_days;
 
 #[test]
 fn exception_codes_are_parsed_from_old_and_new_error_formats() {

@@ -19,7 +19,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::OptionFuture;
@@ -411,7 +411,9 @@ impl Shipper {
             } else {
                 None
             });
-        let age = oldest.map_or(0.0, |t| now_ms().saturating_sub(t) as f64 / 1000.0);
+        let age = oldest.map_or(0.0, |t| {
+            crate::clock::now_ms().saturating_sub(t) as f64 / 1000.0
+        });
         self.ctx.metrics.set_oldest_unsent_age(age);
     }
 }
@@ -533,13 +535,6 @@ async fn try_insert(
         })
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 /// Pure: delay before retry number `attempt` (1-based): `min · 2^(attempt-1)`
 /// capped at `max`, then scaled into `[½, 1]` by `jitter ∈ [0, 1)` so many
 /// firewalls recovering together do not retry in lockstep.
@@ -560,7 +555,7 @@ pub(crate) async fn retention_loop(
 ) {
     let mut phase_gone = false;
     loop {
-        let today = i64::try_from(now_ms() / 86_400_000).unwrap_or(0);
+        let today = i64::try_from(crate::clock::now_ms() / 86_400_000).unwrap_or(0);
         match ch::enforce_retention(&client, &database, &table, keep_days, today).await {
             Ok(n) if n > 0 => tracing::info!(dropped = n, "audit retention pass done"),
             Ok(_) => {}

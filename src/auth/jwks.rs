@@ -38,7 +38,6 @@ use tokio::task::JoinHandle;
 
 use super::config::{Alg, AuthConfig, JwksSourceConfig};
 use super::keys::{self, Key, KeyError, KeySet, ParsedJwks};
-use super::verify::VerifierError;
 
 /// Longest a request waits for a refresh triggered by an unknown `kid` before
 /// it is refused with `UnknownKid`.
@@ -51,6 +50,18 @@ pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_JWKS_BYTES: usize = 1024 * 1024;
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// Why the key ring could not start: a key that does not load, or a JWKS
+/// URL client that cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Key material could not be loaded.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// A JWKS URL client could not be set up.
+    #[error(transparent)]
+    Jwks(#[from] JwksError),
+}
 
 /// Why a JWKS fetch failed (logged; the previous keys stay in force).
 #[derive(Debug, thiserror::Error)]
@@ -153,7 +164,7 @@ impl KeyRing {
     /// per URL source. The caller owns the tasks and aborts them on drop.
     pub(crate) async fn start(
         cfg: &AuthConfig,
-    ) -> Result<(Arc<KeyRing>, Vec<JoinHandle<()>>), VerifierError> {
+    ) -> Result<(Arc<KeyRing>, Vec<JoinHandle<()>>), StartError> {
         let mut fixed = Vec::with_capacity(cfg.keys.len());
         for (i, key) in cfg.keys.iter().enumerate() {
             fixed.push(Arc::new(keys::load_config_key(key, i)?));
@@ -277,7 +288,7 @@ impl UrlSource {
         url: Uri,
         cfg: &JwksSourceConfig,
         rsa_alg: Alg,
-    ) -> Result<UrlSource, VerifierError> {
+    ) -> Result<UrlSource, StartError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = hyper_rustls::HttpsConnectorBuilder::new();
         let builder = match &cfg.ca_file {

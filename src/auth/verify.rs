@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::cache::{TokenCache, TokenDigest};
 use super::config::{AuthConfig, ConfigError};
-use super::jwks::{JwksError, KeyRing};
+use super::jwks::{JwksError, KeyRing, StartError};
 use super::keys::KeyError;
 use super::token::{
     self, ClaimProblem, Header, Malformed, TokenError, MAX_CLAIM_BYTES, MAX_PROJECTS,
@@ -49,6 +49,15 @@ pub enum VerifierError {
     /// The build has no `jsonwebtoken` crypto provider.
     #[error("no jsonwebtoken crypto provider is available in this build")]
     NoCryptoProvider,
+}
+
+impl From<StartError> for VerifierError {
+    fn from(e: StartError) -> VerifierError {
+        match e {
+            StartError::Key(e) => VerifierError::Key(e),
+            StartError::Jwks(e) => VerifierError::Jwks(e),
+        }
+    }
 }
 
 /// The verifier's notion of now, in seconds since the epoch. Tests move a

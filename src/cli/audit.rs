@@ -151,7 +151,7 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
         (AuditCommand::Denials { since }, Source::ClickHouse { client, database, table }) => {
             let back = parse_since(since)
                 .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
-            let from = now_ms().saturating_sub(back.as_millis() as u64);
+            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
             let rows = fetch(client.query(&query(Question::Denials, database, table)).bind(from)).await?;
             print_rows(&rows, &["n", "agent_role", "decision", "stop_reason", "reason"], args.json, out)
         }
@@ -421,7 +421,7 @@ fn num(v: Option<&Value>) -> Option<u64> {
 }
 
 fn time_text(v: Option<&Value>) -> String {
-    num(v).map(crate::approval::fmt_ms).unwrap_or_default()
+    num(v).map(crate::clock::fmt_ms).unwrap_or_default()
 }
 
 /// The encoded rows (RowBinary, [`crate::audit::COLUMNS`] order) of a spool
@@ -477,12 +477,6 @@ fn parse_since(s: &str) -> Option<Duration> {
         _ => return None,
     };
     Some(Duration::from_secs(n.checked_mul(unit)?))
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -86,7 +86,8 @@ pub async fn check_stores(cfg: &Config) -> (String, bool) {
 /// `enforce`) tools it lists without a pin or unlike their pin. Returns the
 /// report and whether `live` found nothing wrong.
 pub async fn check_pins(cfg: &Config, live: bool) -> (String, bool) {
-    use crate::pins::{canonical, Mode, Pins, Verdict, PINS_DIR};
+    use crate::canonical;
+    use crate::pins::{Mode, Pins, Verdict, PINS_DIR};
     let mut out = String::new();
     let pins = match Pins::load(&cfg.policy_dir.join(PINS_DIR)) {
         Ok(p) => p,

@@ -20,12 +20,12 @@ use serde::Deserialize;
 
 mod validate;
 
+pub use crate::server::tls::TlsConfig;
+pub use crate::telemetry::LogFormat;
 pub use validate::{
     load, load_str, Config, ConfigError, ExtraMethod, HeaderValueSource, IdentityClaim, Secret,
     ServerConfig, Upstream,
 };
-pub use crate::server::tls::TlsConfig;
-pub use crate::telemetry::LogFormat;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
-use super::{LogFormat, RawConfig, TlsConfig, RawExtraMethod, RawHeaderValue, RawUpstream};
+use super::{LogFormat, RawConfig, RawExtraMethod, RawHeaderValue, RawUpstream, TlsConfig};
 use crate::http_util::{is_hop_by_hop, origin_of};
 use crate::mcp::methods::Shape;
 use crate::policy::Risk;
@@ -826,7 +826,6 @@ impl Validator<'_> {
         Ok((raw, source))
     }
 }
-
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();

@@ -169,7 +169,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Demo> {
 
     let mut secret = [0u8; 32];
     rand::rng().fill_bytes(&mut secret);
-    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = hex::encode(secret);
     let approvals_dir = data_dir.join("approvals");
     std::fs::create_dir_all(&approvals_dir).context("a directory for approvals")?;
     let text = DEMO_CONFIG

@@ -4,7 +4,7 @@
 //! A **pin** is the SHA-256 of a tool's whole definition as the upstream
 //! lists it (name, title, description, input and output schemas,
 //! annotations, `_meta`, anything else it sends), in RFC 8785 canonical
-//! JSON ([`canonical`]), so an auditor recomputes it with any JCS library.
+//! JSON ([`crate::canonical`]), so an auditor recomputes it with any JCS library.
 //! Pins live in the policy directory, in `pins/<upstream>.toml`, which the
 //! security team commits: per tool the hash, the canonical definition it
 //! was computed from, who pinned it and when. Files are re-read when they
@@ -47,8 +47,9 @@ use prometheus_client::metrics::family::Family;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::canonical;
+
 pub mod api;
-pub mod canonical;
 
 /// The directory under the policy directory holding pin files.
 pub const PINS_DIR: &str = "pins";
@@ -416,7 +417,7 @@ pub fn pin_of(definition: &Value, who: &str) -> Pin {
     Pin {
         sha256: canonical::hex(&canonical::sha256(definition)),
         pinned_by: who.to_owned(),
-        pinned_at: crate::approval::fmt_ms(now_ms()),
+        pinned_at: crate::clock::fmt_ms(crate::clock::now_ms()),
         definition: canonical::canonical(definition),
     }
 }
@@ -649,7 +650,7 @@ impl PinStore {
                 sha256: hex,
                 definition: canonical::canonical(definition),
                 pinned: pins.pin(upstream, subject, name).cloned(),
-                first_seen_ms: now_ms(),
+                first_seen_ms: crate::clock::now_ms(),
             };
             // Two listings seen at once (a refill and a relayed list) raise
             // one event: only the one that puts the proposal in place does.
@@ -867,12 +868,6 @@ fn signature(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime, u64)> {
         .collect();
     v.sort();
     v
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

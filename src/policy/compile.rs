@@ -84,10 +84,7 @@ fn content_hash(sources: &[(PathBuf, String)]) -> String {
         h.update((text.len() as u64).to_be_bytes());
         h.update(text.as_bytes());
     }
-    h.finalize()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&h.finalize()[..16])
 }
 
 /// Compiles policy sources given as (file name, text).

@@ -32,7 +32,6 @@ use cel::{Context, Program, Value as CelValue};
 use globset::{GlobMatcher, GlobSet};
 use serde_json::Value;
 
-
 pub mod compile;
 pub mod file;
 pub mod reload;
@@ -482,7 +481,12 @@ impl Policy {
     }
 
     /// The tool's risk and where it came from.
-    pub fn risk(&self, up: UpstreamFacts<'_>, tool: &str, hints: Option<Hints>) -> (Risk, RiskSource) {
+    pub fn risk(
+        &self,
+        up: UpstreamFacts<'_>,
+        tool: &str,
+        hints: Option<Hints>,
+    ) -> (Risk, RiskSource) {
         // Exact names first, then globs, each in file order.
         for (i, r) in self.tool_rules.iter().enumerate() {
             if r.names.exact.contains(tool) && r.upstream.is_match(&up.name) {
@@ -609,7 +613,13 @@ impl Policy {
     }
 
     /// Steps 2–4 for a run that reaches the upstream.
-    fn rules_access(&self, agent: &str, up: UpstreamFacts<'_>, tool: &str, hints: Option<Hints>) -> Access {
+    fn rules_access(
+        &self,
+        agent: &str,
+        up: UpstreamFacts<'_>,
+        tool: &str,
+        hints: Option<Hints>,
+    ) -> Access {
         let Some(agent) = self.agents.get(agent) else {
             return Access::Hidden(Hidden::UnknownAgent);
         };

@@ -386,7 +386,10 @@ risk = "destructive"
     let ups = upstreams();
     let u = &ups[0];
     assert_eq!(p.risk(u.facts(), "get_thing", None).0, Risk::Read);
-    assert_eq!(p.risk(u.facts(), "get_and_delete", None).0, Risk::Destructive);
+    assert_eq!(
+        p.risk(u.facts(), "get_and_delete", None).0,
+        Risk::Destructive
+    );
 }
 
 #[test]

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::approvals::Granted;
+use super::decide::Granted;
 use super::decide::{Admission, Forwarding, Outcome, RunContext, Verdict};
 
 impl Admission {

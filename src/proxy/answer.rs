@@ -15,7 +15,26 @@ use crate::mcp::version::ProtocolVersion;
 use crate::outcome::StopReason;
 
 use super::decide::{NotPermitted, Outcome};
-use super::error::{codes, UpstreamFailure};
+use super::failure::UpstreamFailure;
+
+/// Codes the firewall itself answers with, outside the JSON-RPC reserved range
+/// (-32768..-32000) as MCP asks of application errors. Stable: clients may
+/// match on them.
+pub mod codes {
+    /// The policy refused this call (gate `deny`, a condition, a role limit).
+    pub const DENIED: i32 = -31001;
+    /// A person must approve this exact call first.
+    pub const APPROVAL_REQUIRED: i32 = -31002;
+    /// A rate limit refused the call; `data.retry_after_ms` says when to retry.
+    pub const RATE_LIMITED: i32 = -31003;
+    /// The upstream could not be reached or failed; `data` names it and the cause.
+    pub const UPSTREAM_ERROR: i32 = -31004;
+    /// The audit trail cannot record this call and the policy is fail-closed.
+    pub const AUDIT_UNAVAILABLE: i32 = -31005;
+    /// The shared budget store cannot be asked and calls of this risk fail
+    /// closed (`[state] on_store_unavailable`); retry later.
+    pub const STORE_UNAVAILABLE: i32 = -31006;
+}
 
 /// A JSON-RPC error response.
 pub fn error(id: Option<&Id>, code: i32, message: &str, data: Option<&Value>) -> Bytes {

@@ -18,65 +18,13 @@ use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::approval::{Approval, ApprovalId, Approvals, CallKey, NewApproval, Transition};
+use crate::approval::{Approval, ApprovalId, Approvals, NewApproval, Transition};
 use crate::audit::{redact_json, AuditRow, JsonPayload};
 use crate::outcome::StopReason;
 use crate::policy::Risk;
 
-use super::decide::RunContext;
+use super::decide::{Gated, Granted, RunContext};
 use super::State;
-
-/// A call behind an `approve` gate, waiting for a person.
-#[derive(Debug)]
-pub struct Gated {
-    /// The pending approval.
-    pub approval: Approval,
-    /// Its key (to consume it once granted).
-    pub key: CallKey,
-    /// The tool's risk.
-    pub risk: Risk,
-}
-
-/// The approval a call runs under.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Granted {
-    /// The approval's id.
-    pub approval: ApprovalId,
-    /// Who approved.
-    pub by: String,
-    /// The tool.
-    pub tool: String,
-    /// Its arguments' hash.
-    pub args_sha256: [u8; 32],
-    /// Until when multi-round retries may run under it (ms since the epoch).
-    pub until_ms: u64,
-}
-
-impl Granted {
-    /// The approval `approval`, consumed for `tool` now.
-    pub fn of(approval: &Approval, approvals: &Approvals) -> Granted {
-        let now = now_ms();
-        Granted {
-            approval: approval.id.clone(),
-            by: approval
-                .decision
-                .as_ref()
-                .map_or_else(String::new, |d| d.by.clone()),
-            tool: approval.key.tool.clone(),
-            args_sha256: approval.key.args_sha256,
-            // Retries of a multi-round call may follow within the time a
-            // person would have had to approve it.
-            until_ms: now
-                .saturating_add(approvals.config().expiry_s.saturating_mul(1000))
-                .min(approval.token_exp.saturating_mul(1000).max(now)),
-        }
-    }
-
-    /// The audit reason of a call running under it.
-    pub fn reason(&self) -> String {
-        format!("approved by {} (approval {})", self.by, self.approval)
-    }
-}
 
 /// What the firewall seals into a `requestState` (see the module docs).
 #[derive(Serialize, Deserialize)]
@@ -154,7 +102,7 @@ impl RunContext {
             b: granted.by.clone(),
             r: self.claims.run_id.clone(),
             n: granted.tool.clone(),
-            h: hex(&granted.args_sha256),
+            h: hex::encode(&granted.args_sha256),
             x: granted.until_ms,
             o: upstream_state,
         };
@@ -185,12 +133,12 @@ impl RunContext {
         if p.v != 1 || p.r != self.claims.run_id {
             return Err(refused("belongs to another run"));
         }
-        if p.n != tool || p.h != hex(args_sha256) {
+        if p.n != tool || p.h != hex::encode(args_sha256) {
             return Err(refused(
                 "belongs to another call (the retry must repeat the tool and its arguments)",
             ));
         }
-        if now_ms() >= p.x {
+        if crate::clock::now_ms() >= p.x {
             return Err(refused("has expired; call the tool again"));
         }
         let approval = ApprovalId::parse(&p.a).ok_or_else(|| refused("is not readable"))?;
@@ -205,20 +153,6 @@ impl RunContext {
             p.o,
         ))
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Connects approvals to the rest of the firewall: every transition becomes

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
 
-use super::error::UpstreamFailure;
+use super::failure::UpstreamFailure;
 use super::h2pool::StreamSlot;
 
 /// An upstream response body. Over HTTP/2 it holds its stream's slot on the

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::approval::{args_sha256, Approval, Approvals, CallKey};
+use crate::approval::{args_sha256, Approval, ApprovalId, Approvals, CallKey};
 use crate::audit::Redactor;
 use crate::auth::Claims;
 use crate::budget::{Budgets, CallBudget, Refusal, Reservation};
@@ -36,10 +36,9 @@ use crate::outcome::{DecisionKind, StopReason};
 use crate::policy::{self, Authority, Call, Decision, Gate, Hidden, Identity, Policy, Risk};
 use crate::telemetry::Metrics;
 
-use super::approvals::{Gated, Granted};
-use super::hold::{HoldKey, Holds};
-use crate::session::{Principal, Sessions, STATE_PREFIX};
+use super::holds::{HoldKey, Holds};
 use super::upstream::UpstreamClient;
+use crate::session::{Principal, Sessions, STATE_PREFIX};
 
 /// Everything a decision needs about the run and the upstream.
 pub struct RunContext {
@@ -397,6 +396,58 @@ impl Outcome {
 
 // === impl RunContext ===
 
+/// A call behind an `approve` gate, waiting for a person.
+#[derive(Debug)]
+pub struct Gated {
+    /// The pending approval.
+    pub approval: Approval,
+    /// Its key (to consume it once granted).
+    pub key: CallKey,
+    /// The tool's risk.
+    pub risk: Risk,
+}
+
+/// The approval a call runs under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The approval's id.
+    pub approval: ApprovalId,
+    /// Who approved.
+    pub by: String,
+    /// The tool.
+    pub tool: String,
+    /// Its arguments' hash.
+    pub args_sha256: [u8; 32],
+    /// Until when multi-round retries may run under it (ms since the epoch).
+    pub until_ms: u64,
+}
+
+impl Granted {
+    /// The approval `approval`, consumed for `tool` now.
+    pub fn of(approval: &Approval, approvals: &Approvals) -> Granted {
+        let now = crate::clock::now_ms();
+        Granted {
+            approval: approval.id.clone(),
+            by: approval
+                .decision
+                .as_ref()
+                .map_or_else(String::new, |d| d.by.clone()),
+            tool: approval.key.tool.clone(),
+            args_sha256: approval.key.args_sha256,
+            // Retries of a multi-round call may follow within the time a
+            // person would have had to approve it.
+            until_ms: now
+                .saturating_add(approvals.config().expiry_s.saturating_mul(1000))
+                .min(approval.token_exp.saturating_mul(1000).max(now)),
+        }
+    }
+
+    /// The audit reason of a call running under it.
+    pub fn reason(&self) -> String {
+        format!("approved by {} (approval {})", self.by, self.approval)
+    }
+}
+
 impl RunContext {
     /// The policy's view of the token.
     pub fn identity(&self) -> Identity<'_> {
@@ -545,7 +596,7 @@ impl RunContext {
         let Some(id) = id else {
             return forward(None);
         };
-        let key = HoldKey::new(self, around.session, &id);
+        let key = HoldKey::new(&self.principal(), around.session, &id);
         match around.holds.cancel(&key) {
             Some(approval) => Verdict::Answer(Outcome::Cancelled {
                 approval: Some(approval),

@@ -19,57 +19,11 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
+use crate::http_util::{full, Body};
 use crate::mcp::jsonrpc::{self, Id, ParseError};
 
-use crate::http_util::{full, Body};
-
-/// Codes the firewall itself answers with, outside the JSON-RPC reserved range
-/// (-32768..-32000) as MCP asks of application errors. Stable: clients may
-/// match on them.
-pub mod codes {
-    /// The policy refused this call (gate `deny`, a condition, a role limit).
-    pub const DENIED: i32 = -31001;
-    /// A person must approve this exact call first.
-    pub const APPROVAL_REQUIRED: i32 = -31002;
-    /// A rate limit refused the call; `data.retry_after_ms` says when to retry.
-    pub const RATE_LIMITED: i32 = -31003;
-    /// The upstream could not be reached or failed; `data` names it and the cause.
-    pub const UPSTREAM_ERROR: i32 = -31004;
-    /// The audit trail cannot record this call and the policy is fail-closed.
-    pub const AUDIT_UNAVAILABLE: i32 = -31005;
-    /// The shared budget store cannot be asked and calls of this risk fail
-    /// closed (`[state] on_store_unavailable`); retry later.
-    pub const STORE_UNAVAILABLE: i32 = -31006;
-}
-
-/// Why a forwarded request failed at or on the way to the upstream.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum UpstreamFailure {
-    /// TCP connect refused, DNS failure, TLS handshake failure.
-    #[error("cannot connect: {0}")]
-    Connect(String),
-    /// No response headers within the request timeout.
-    #[error("no response within {0} ms")]
-    Timeout(u64),
-    /// The body went silent longer than the idle timeout.
-    #[error("response stalled for more than {0} ms")]
-    Idle(u64),
-    /// The connection broke while the response was being read.
-    #[error("connection reset while reading the response: {0}")]
-    Reset(String),
-    /// The upstream answered with a server error status.
-    #[error("upstream answered HTTP {0}")]
-    Status(u16),
-    /// The response could not be understood.
-    #[error("invalid response: {0}")]
-    Invalid(String),
-    /// The response is larger than the firewall buffers for inspection.
-    #[error("response larger than {0} bytes")]
-    TooLarge(usize),
-    /// The firewall is shutting down: the stream ends before its answer.
-    #[error("the firewall is shutting down; retry the request")]
-    ShuttingDown,
-}
+use super::answer::codes;
+use super::failure::UpstreamFailure;
 
 /// An error on the request path.
 #[derive(Debug, thiserror::Error)]
@@ -376,16 +330,4 @@ pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
 
 fn plain_json(status: StatusCode, v: serde_json::Value) -> Response<Body> {
     json_response(status, Bytes::from(v.to_string()))
-}
-
-/// An error and its sources on one line (`outer: cause: root cause`).
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
 }

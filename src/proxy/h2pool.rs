@@ -28,7 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
-use super::error::{error_chain, UpstreamFailure};
+use super::failure::{error_chain, UpstreamFailure};
 
 /// Counts one open stream on its connection until dropped.
 #[derive(Debug)]

@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use dashmap::DashMap;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{header, Method, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
@@ -32,7 +31,7 @@ use hyper::body::Frame;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
-use crate::approval::{ApprovalId, Approvals, Status};
+use crate::approval::{ApprovalId, Status};
 use crate::audit::AuditRow;
 use crate::budget::Settle;
 use crate::http_util::mime_is;
@@ -42,77 +41,14 @@ use crate::mcp::sse;
 use crate::server::listener::ConnInfo;
 
 use super::answer;
-use super::approvals::{Gated, Granted};
-use crate::http_util::{Body, BoxError};
-use super::decide::{ApprovalNote, Outcome, RunContext};
-use super::error::{ProxyError, UpstreamFailure};
+use super::decide::{ApprovalNote, Gated, Granted, Outcome, RunContext};
+use super::error::ProxyError;
+use super::failure::UpstreamFailure;
+use super::holds::{HoldKey, Holds};
 use super::record::Recorder;
 use super::relay::{Due, Exchange, Kind2};
 use super::upstream::Forward;
-
-/// Which held call a `notifications/cancelled` names: the caller's
-/// principal, its session, and the request id.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct HoldKey {
-    principal: String,
-    session: Option<Vec<u8>>,
-    id: Id,
-}
-
-impl HoldKey {
-    /// The key of request `id` of the run in `cx` on `session`.
-    pub fn new(cx: &RunContext, session: Option<&[u8]>, id: &Id) -> HoldKey {
-        let p = cx.principal();
-        HoldKey {
-            principal: format!("{}\0{}\0{}\0{}", p.issuer, p.tenant, p.subject, p.upstream),
-            session: session.map(<[u8]>::to_vec),
-            id: id.clone(),
-        }
-    }
-}
-
-struct HoldEntry {
-    cancel: Arc<Notify>,
-    approval: ApprovalId,
-    tenant: String,
-}
-
-/// The calls held for approval right now, by [`HoldKey`].
-pub struct Holds {
-    held: DashMap<HoldKey, HoldEntry>,
-    approvals: Option<Arc<Approvals>>,
-}
-
-impl Holds {
-    /// Holds whose cancellation withdraws approvals from `approvals`.
-    pub fn new(approvals: Option<Arc<Approvals>>) -> Holds {
-        Holds {
-            held: DashMap::new(),
-            approvals,
-        }
-    }
-
-    /// Cancels the held call `key`, if there is one waiting: its approval is
-    /// withdrawn and its stream ends. Returns the approval's id.
-    pub fn cancel(&self, key: &HoldKey) -> Option<String> {
-        let (_, entry) = self.held.remove(key)?;
-        if let Some(a) = &self.approvals {
-            a.withdraw_now_or_soon(&entry.tenant, &entry.approval);
-        }
-        entry.cancel.notify_one();
-        Some(entry.approval.as_str().to_owned())
-    }
-
-    /// Calls held now.
-    pub fn len(&self) -> usize {
-        self.held.len()
-    }
-
-    /// Whether no call is held.
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
-}
+use crate::http_util::{Body, BoxError};
 
 /// A call held for approval, with what forwarding it needs later.
 pub struct Held {
@@ -145,14 +81,12 @@ pub struct Held {
 /// The SSE response that holds the call.
 pub fn respond(run: Arc<RunContext>, holds: Arc<Holds>, held: Held) -> Response<Body> {
     let cancel = Arc::new(Notify::new());
-    let key = HoldKey::new(&run, held.session.as_deref(), &held.id);
-    holds.held.insert(
+    let key = HoldKey::new(&run.principal(), held.session.as_deref(), &held.id);
+    holds.insert(
         key.clone(),
-        HoldEntry {
-            cancel: cancel.clone(),
-            approval: held.gated.approval.id.clone(),
-            tenant: held.gated.key.tenant.clone(),
-        },
+        cancel.clone(),
+        held.gated.approval.id.clone(),
+        held.gated.key.tenant.clone(),
     );
     let hold_s = run.approvals.as_ref().map_or(0, |a| a.config().hold_s);
     let stream = HoldStream {
@@ -205,17 +139,15 @@ impl Guard {
     /// The hold no longer waits (decided, or about to run).
     fn stop_waiting(&mut self) {
         self.waiting = false;
-        self.holds.held.remove(&self.key);
+        self.holds.release(&self.key);
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let still_held = self.holds.held.remove(&self.key).is_some();
+        let still_held = self.holds.release(&self.key);
         if still_held && self.waiting && self.stateless {
-            if let Some(a) = &self.holds.approvals {
-                a.withdraw_now_or_soon(&self.tenant, &self.approval);
-            }
+            self.holds.withdraw(&self.tenant, &self.approval);
         }
     }
 }

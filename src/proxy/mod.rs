@@ -73,8 +73,10 @@ pub mod approvals;
 pub mod body;
 pub mod decide;
 pub mod error;
+pub mod failure;
 pub mod h2pool;
 pub mod hold;
+pub mod holds;
 pub mod own_client;
 pub mod record;
 pub mod refill;
@@ -84,12 +86,12 @@ pub mod stage;
 pub mod upstream;
 
 use crate::http_util::Body;
+use crate::session::Sessions;
 use decide::RunContext;
 use error::ProxyError;
-use hold::Holds;
+use holds::Holds;
 use record::Recorder;
 use relay::{Due, Exchange, Kind2};
-use crate::session::Sessions;
 use stage::{Decided, Next, Parsed};
 use upstream::{Forward, UpstreamClient};
 
@@ -370,7 +372,7 @@ async fn relay(
     run: &RunContext,
     exchange: Exchange,
     sending: impl std::future::Future<
-        Output = Result<Response<body::UpstreamIncoming>, error::UpstreamFailure>,
+        Output = Result<Response<body::UpstreamIncoming>, failure::UpstreamFailure>,
     >,
     sent_at: std::time::Instant,
 ) -> Result<Response<Body>, ProxyError> {

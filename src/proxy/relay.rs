@@ -70,14 +70,15 @@ use crate::policy::Access;
 use crate::server::listener::ConnInfo;
 
 use super::answer;
-use super::approvals::Granted;
 use super::body::{Collected, UpstreamBody, UpstreamIncoming};
-use crate::http_util::{full, Body, BoxError};
+use super::decide::Granted;
 use super::decide::RunContext;
-use super::error::{ProxyError, UpstreamFailure};
+use super::error::ProxyError;
+use super::failure::UpstreamFailure;
 use super::record::{write_rows, Recorder};
-use crate::session::EventContext;
 use super::upstream::{response_headers, Forward};
+use crate::http_util::{full, Body, BoxError};
+use crate::session::EventContext;
 
 /// Most bytes of an upstream 4xx body relayed to the client.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -635,7 +636,7 @@ impl Exchange {
                 );
                 answer::error(
                     None,
-                    super::error::codes::UPSTREAM_ERROR,
+                    super::answer::codes::UPSTREAM_ERROR,
                     &format!("upstream {:?}: {cause}", self.run.upstream.config.name),
                     None,
                 )
@@ -851,7 +852,10 @@ impl Exchange {
             // annotations; the firewall drops them first.
             return None;
         }
-        match cx.policy.access(&cx.authority, up.facts(), t.name, entry.hints) {
+        match cx
+            .policy
+            .access(&cx.authority, up.facts(), t.name, entry.hints)
+        {
             Access::Visible { risk, gate, .. } => Some((risk, gate)),
             Access::Hidden(_) => None,
         }
@@ -880,7 +884,7 @@ impl Exchange {
             let Ok(definition) = serde_json::from_str::<Value>(item.get()) else {
                 return false;
             };
-            let sha256 = crate::pins::canonical::sha256(&definition);
+            let sha256 = crate::canonical::sha256(&definition);
             let pinned = cx
                 .pins
                 .observe_of(up.pinning, &up.name, subject, name, &sha256, &definition)

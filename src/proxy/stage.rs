@@ -22,13 +22,13 @@ use crate::mcp::methods::{self, Class, Shape};
 use crate::mcp::version::ProtocolVersion;
 use crate::server::listener::ConnInfo;
 
-use crate::http_util::{self, Body};
 use super::decide::{ApprovalNote, Around, Outcome, Ruling, RunContext, Verdict};
 use super::error::{json_response, ProxyError};
 use super::hold::Held;
 use super::record::Recorder;
 use super::relay::Due;
 use super::{answer, tool_label, State};
+use crate::http_util::{self, Body};
 
 /// A POST body read once, parsed strictly, and checked as a whole.
 pub struct Parsed {
@@ -300,7 +300,7 @@ impl Admitted {
                 risk: Option<crate::policy::Risk>,
             },
             Answer(Outcome),
-            Hold(Box<super::approvals::Gated>),
+            Hold(Box<super::decide::Gated>),
         }
         let mut plans = Vec::with_capacity(env.messages.len());
         for (m, verdict) in env.messages.iter().zip(verdicts) {
@@ -501,7 +501,7 @@ fn held_call(
     client: &HeaderMap,
     text: &str,
     m: &Message,
-    gated: super::approvals::Gated,
+    gated: super::decide::Gated,
     conn: ConnInfo,
     session: Option<&[u8]>,
     state: &State,

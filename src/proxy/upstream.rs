@@ -38,7 +38,7 @@ use crate::config::Upstream;
 use crate::server::listener::ConnInfo;
 
 use super::body::UpstreamIncoming;
-use super::error::{error_chain, UpstreamFailure};
+use super::failure::{error_chain, UpstreamFailure};
 use super::h2pool::H2Pool;
 
 /// A client for one upstream.

@@ -22,7 +22,6 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-
 /// Validated `[server.tls]`.
 #[derive(Debug, Clone)]
 pub struct TlsConfig {

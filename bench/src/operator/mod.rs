@@ -312,7 +312,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Option<Outcome>> {
         .flat_map(|t| summaries.iter().map(|s| t.judge(s)))
         .collect();
     let report = Report {
-        started: mcp_firewall::approval::fmt_ms(now_ms()),
+        started: mcp_firewall::clock::fmt_ms(now_ms()),
         plan: described,
         identities: who,
         targets: summaries,

@@ -1,0 +1,45 @@
+//! Why a forwarded request failed at or on the way to the upstream: the
+//! transport's failures as one type, below everything that forwards (the
+//! upstream client, its bodies, the HTTP/2 pool) and everything that answers
+//! for them (`super::answer`, `super::error`).
+
+/// Why a forwarded request failed at or on the way to the upstream.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamFailure {
+    /// TCP connect refused, DNS failure, TLS handshake failure.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// No response headers within the request timeout.
+    #[error("no response within {0} ms")]
+    Timeout(u64),
+    /// The body went silent longer than the idle timeout.
+    #[error("response stalled for more than {0} ms")]
+    Idle(u64),
+    /// The connection broke while the response was being read.
+    #[error("connection reset while reading the response: {0}")]
+    Reset(String),
+    /// The upstream answered with a server error status.
+    #[error("upstream answered HTTP {0}")]
+    Status(u16),
+    /// The response could not be understood.
+    #[error("invalid response: {0}")]
+    Invalid(String),
+    /// The response is larger than the firewall buffers for inspection.
+    #[error("response larger than {0} bytes")]
+    TooLarge(usize),
+    /// The firewall is shutting down: the stream ends before its answer.
+    #[error("the firewall is shutting down; retry the request")]
+    ShuttingDown,
+}
+
+/// An error and its sources on one line (`outer: cause: root cause`).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
