@@ -9,7 +9,10 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
+use std::path::{Path, PathBuf};
+
 use crate::canonical::canonical as canonical_json;
+use crate::policy::Risk;
 use crate::clock::fmt_ms;
 use sha2::{Digest, Sha256};
 
