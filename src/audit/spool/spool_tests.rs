@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::*;
+use std::os::unix::fs::FileExt;
 
 fn settings(dir: &Path) -> SpoolSettings {
     SpoolSettings {

@@ -1,0 +1,125 @@
+//! What survives a restart: at start, torn or corrupt segment tails are cut
+//! (the bytes kept in `rejected/`); the cursor file keeps the last position
+//! ClickHouse acknowledged; batches ClickHouse refused as bad data are saved
+//! for replay.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::format::{segment_path, valid_prefix};
+use super::{injected, Position, SpoolError};
+
+/// Scans a segment left by a previous process and cuts any torn or corrupt tail,
+/// saving the cut bytes to `rejected/`. Returns the bytes cut and the segment's
+/// remaining length (`None`: removed, it had no valid header).
+pub(super) fn repair_segment(dir: &Path, seq: u64) -> Result<(u64, Option<u64>), SpoolError> {
+    let path = segment_path(dir, seq);
+    let data = fs::read(&path).map_err(|e| SpoolError::dir(&path, e))?;
+    let valid = valid_prefix(&data);
+    if valid == data.len() {
+        return Ok((0, Some(valid as u64)));
+    }
+    let cut = (data.len() - valid) as u64;
+    // A header-less file (crash right after create) holds no rows: remove it.
+    if valid == 0 {
+        tracing::warn!(segment = %path.display(), bytes = cut, "audit spool: removing segment without a valid header");
+        keep_rejected(dir, seq, 0, &data);
+        fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
+        return Ok((cut, None));
+    }
+    tracing::warn!(
+        segment = %path.display(),
+        valid_bytes = valid,
+        cut_bytes = cut,
+        "audit spool: torn record at segment end (crash during write); truncating"
+    );
+    keep_rejected(dir, seq, valid as u64, &data[valid..]);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(|e| SpoolError::dir(&path, e))?;
+    f.set_len(valid as u64)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| SpoolError::dir(&path, e))?;
+    Ok((cut, Some(valid as u64)))
+}
+
+/// Saves cut bytes at start-up when the disk allows; on a full disk they are
+/// logged and dropped (they are a torn tail, never an acknowledged row).
+pub(super) fn keep_rejected(dir: &Path, seq: u64, offset: u64, bytes: &[u8]) {
+    if let Err(e) = save_rejected(dir, seq, offset, "corrupt", bytes) {
+        tracing::error!(error = %e, bytes = bytes.len(), "audit spool: cannot keep the torn tail in rejected/ (disk full?); it held no acknowledged row");
+    }
+}
+
+/// Writes `bytes` to `rejected/<seq>-<offset>.<kind>` and fsyncs it.
+pub(crate) fn save_rejected(
+    dir: &Path,
+    seq: u64,
+    offset: u64,
+    kind: &str,
+    bytes: &[u8],
+) -> Result<PathBuf, SpoolError> {
+    let path = dir
+        .join("rejected")
+        .join(format!("{seq:020}-{offset:012}.{kind}"));
+    let write = || -> io::Result<()> {
+        injected(dir)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    write().map_err(|e| SpoolError::dir(&path, e))?;
+    Ok(path)
+}
+
+/// The cursor file: last acknowledged position, with a crc so a torn write is
+/// recognised (and ignored: replaying more is safe, rows are deduplicated).
+pub(crate) fn read_cursor(dir: &Path) -> Option<Position> {
+    let data = fs::read(dir.join("cursor")).ok()?;
+    let bytes: [u8; 20] = data.as_slice().try_into().ok()?;
+    let crc = u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
+    if crc32fast::hash(&bytes[..16]) != crc {
+        return None;
+    }
+    let mut seq = [0u8; 8];
+    let mut offset = [0u8; 8];
+    seq.copy_from_slice(&bytes[..8]);
+    offset.copy_from_slice(&bytes[8..16]);
+    Some(Position {
+        seq: u64::from_le_bytes(seq),
+        offset: u64::from_le_bytes(offset),
+    })
+}
+
+/// Rewrites the cursor file in place: 20 bytes over the old 20, which needs
+/// no new disk block, so a full disk cannot leave the cursor missing or
+/// empty. A torn write fails its crc and reads as no cursor: the spool then
+/// replays from its oldest segment, rows ClickHouse deduplicates. No fsync,
+/// for the same reason.
+pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
+    let mut bytes = [0u8; 20];
+    bytes[..8].copy_from_slice(&pos.seq.to_le_bytes());
+    bytes[8..16].copy_from_slice(&pos.offset.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..16]);
+    bytes[16..].copy_from_slice(&crc.to_le_bytes());
+    injected(dir)?;
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.join("cursor"))?;
+    f.write_all_at(&bytes, 0)?;
+    if f.metadata()?.len() > 20 {
+        f.set_len(20)?;
+    }
+    Ok(())
+}
