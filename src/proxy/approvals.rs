@@ -200,7 +200,10 @@ async fn preview(state: &State, approval: &Approval) -> Result<Value, String> {
         .get(&up.config.name, tool)
         .map(|e| e.input_schema.clone());
     let arguments = super::own_client::arguments(&approval.arguments, schema.as_ref(), fixed);
-    super::own_client::call_tool(up, tool, arguments).await
+    // The approvals side shows the reason to the approver as text.
+    super::own_client::call_tool(up, tool, arguments)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Connects pins to the rest of the firewall: every drift becomes an

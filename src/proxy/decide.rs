@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::approval::{args_sha256, Approval, ApprovalId, Approvals, CallKey};
-use crate::audit::Redactor;
+use crate::audit::{AuditError, Redactor};
 use crate::auth::Claims;
 use crate::budget::{Budgets, CallBudget, Refusal, Reservation};
 use crate::catalog::{ArgumentsError, Catalogs};
@@ -242,8 +242,8 @@ pub enum Outcome {
     AuditUnavailable {
         /// Risk of the tool.
         risk: Risk,
-        /// The spool's error.
-        error: String,
+        /// Why the spool refused.
+        error: AuditCause,
     },
     /// `Mcp-Param-*` headers disagree with the arguments (answered with
     /// HTTP 400, as the transport spec requires).
@@ -370,7 +370,7 @@ impl Outcome {
             Outcome::AuditUnavailable { risk, error } => facts(
                 DecisionKind::Error,
                 StopReason::Denied,
-                error.clone(),
+                error.to_string(),
                 Some(*risk),
             ),
             Outcome::HeaderMismatch(e) => facts(
@@ -395,6 +395,31 @@ impl Outcome {
 }
 
 // === impl RunContext ===
+
+/// Why the audit trail could not record a call: the spool's error, kept
+/// whole (with its sources) for whoever needs more than its message; the
+/// audit row and the answer show the message. Two causes are equal when
+/// they say the same.
+#[derive(Debug, Clone)]
+pub struct AuditCause(pub Arc<AuditError>);
+
+impl From<AuditError> for AuditCause {
+    fn from(e: AuditError) -> AuditCause {
+        AuditCause(Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for AuditCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl PartialEq for AuditCause {
+    fn eq(&self, other: &AuditCause) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.to_string() == other.to_string()
+    }
+}
 
 /// A call behind an `approve` gate, waiting for a person.
 #[derive(Debug)]

@@ -322,7 +322,7 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
                     .await;
                 let outcome = Outcome::AuditUnavailable {
                     risk,
-                    error: e.to_string(),
+                    error: e.into(),
                 };
                 write_outcome(&held, &outcome).await;
                 return event_body(answer_for(&held, &outcome, run));

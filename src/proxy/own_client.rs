@@ -23,8 +23,41 @@ use crate::mcp::sse;
 use crate::server::listener::ConnInfo;
 
 use super::body::{Collected, UpstreamBody};
+use super::failure::UpstreamFailure;
 use super::upstream::{Forward, UpstreamClient};
 use crate::http_util::mime_is;
+
+/// Why one of the firewall's own requests to an upstream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnCallError {
+    /// The request did not get an answer (connect, timeout, status, size).
+    #[error(transparent)]
+    Upstream(#[from] UpstreamFailure),
+    /// The answer's event stream could not be read.
+    #[error("invalid event stream from the upstream: {0}")]
+    EventStream(#[from] sse::SseError),
+    /// The answer is not JSON.
+    #[error("invalid JSON from the upstream: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The event stream carried no JSON-RPC answer.
+    #[error("no answer in the upstream's event stream")]
+    NoAnswerInStream,
+    /// The body was empty where an answer was due.
+    #[error("the upstream sent no answer")]
+    NoAnswer,
+    /// The upstream answered with a JSON-RPC error.
+    #[error("the upstream refused: {0}")]
+    Refused(Value),
+    /// A JSON-RPC answer with neither `result` nor `error`.
+    #[error("the upstream's answer has no result")]
+    NoResult,
+    /// A listing that did not end within [`MAX_LIST_PAGES`] pages.
+    #[error("{method} has more than {MAX_LIST_PAGES} pages; stopped there")]
+    TooManyPages {
+        /// The list method.
+        method: &'static str,
+    },
+}
 
 const LOCAL: ConnInfo = ConnInfo {
     remote: SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0),
@@ -33,7 +66,7 @@ const LOCAL: ConnInfo = ConnInfo {
 };
 
 /// Calls `tool` with `arguments`; returns the tool's result object.
-pub async fn call_tool(up: &UpstreamClient, tool: &str, arguments: Value) -> Result<Value, String> {
+pub async fn call_tool(up: &UpstreamClient, tool: &str, arguments: Value) -> Result<Value, OwnCallError> {
     let params = json!({"name": tool, "arguments": arguments});
     request(up, "tools/call", Some(tool), params).await
 }
@@ -43,13 +76,13 @@ const MAX_LIST_PAGES: usize = 20;
 
 /// Every page of the upstream's `tools/list`, as complete JSON-RPC
 /// responses (what [`crate::mcp::rewrite::tools_list`] reads).
-pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, String> {
+pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, OwnCallError> {
     list_pages(up, "tools/list").await
 }
 
 /// Every page of a paginated list (`tools/list`, `prompts/list`,
 /// `resources/templates/list`), as complete JSON-RPC responses.
-pub async fn list_pages(up: &UpstreamClient, method: &'static str) -> Result<Vec<String>, String> {
+pub async fn list_pages(up: &UpstreamClient, method: &'static str) -> Result<Vec<String>, OwnCallError> {
     let mut pages = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_LIST_PAGES {
@@ -67,9 +100,7 @@ pub async fn list_pages(up: &UpstreamClient, method: &'static str) -> Result<Vec
             return Ok(pages);
         }
     }
-    Err(format!(
-        "{method} has more than {MAX_LIST_PAGES} pages; stopped there"
-    ))
+    Err(OwnCallError::TooManyPages { method })
 }
 
 /// Sends one request as the firewall's own client; returns its result.
@@ -78,7 +109,7 @@ async fn request(
     method: &'static str,
     name: Option<&str>,
     params: Value,
-) -> Result<Value, String> {
+) -> Result<Value, OwnCallError> {
     match stateless(up, method, name, params.clone()).await {
         Ok(v) => Ok(v),
         Err(_) => session(up, method, params).await,
@@ -90,7 +121,7 @@ async fn stateless(
     method: &'static str,
     name: Option<&str>,
     mut params: Value,
-) -> Result<Value, String> {
+) -> Result<Value, OwnCallError> {
     let version = "2026-07-28";
     if let Some(p) = params.as_object_mut() {
         p.insert(
@@ -115,7 +146,7 @@ async fn stateless(
     result_of(answer)
 }
 
-async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Value, String> {
+async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Value, OwnCallError> {
     let version = "2025-06-18";
     let init = json!({
         "jsonrpc": "2.0", "id": "mcp-firewall-init", "method": "initialize",
@@ -174,7 +205,7 @@ async fn post(
     headers: &HeaderMap,
     session: Option<&[u8]>,
     body: Bytes,
-) -> Result<(HeaderMap, Option<Value>), String> {
+) -> Result<(HeaderMap, Option<Value>), OwnCallError> {
     let fwd = Forward {
         method: Method::POST,
         headers,
@@ -185,11 +216,11 @@ async fn post(
         session,
         last_event_id: None,
     };
-    let resp = up.send(fwd).await.map_err(|e| e.to_string())?;
+    let resp = up.send(fwd).await?;
     let status = resp.status();
     let (parts, incoming) = resp.into_parts();
     if !status.is_success() {
-        return Err(format!("the upstream answered HTTP {status}"));
+        return Err(UpstreamFailure::Status(status.as_u16()).into());
     }
     let ct = parts
         .headers
@@ -199,20 +230,16 @@ async fn post(
         .to_owned();
     let mut body = UpstreamBody::new(incoming, up.config.request_timeout);
     let limit = up.config.max_response_bytes;
-    let bytes = match body
-        .collect_bounded(limit)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    let bytes = match body.collect_bounded(limit).await? {
         Collected::Complete(b) => b,
-        Collected::Partial(_) => return Err(format!("answer larger than {limit} bytes")),
+        Collected::Partial(_) => return Err(UpstreamFailure::TooLarge(limit).into()),
     };
     if bytes.is_empty() {
         return Ok((parts.headers, None));
     }
     if mime_is(&ct, "text/event-stream") {
         let mut d = sse::Decoder::new(limit);
-        d.push(&bytes).map_err(|e| e.to_string())?;
+        d.push(&bytes)?;
         while let Some(ev) = d.next_event() {
             if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
                 if v.get("id").is_some() && (v.get("result").is_some() || v.get("error").is_some())
@@ -221,22 +248,21 @@ async fn post(
                 }
             }
         }
-        return Err("no answer in the upstream's event stream".to_owned());
+        return Err(OwnCallError::NoAnswerInStream);
     }
-    let v: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("invalid JSON from the upstream: {e}"))?;
+    let v: Value = serde_json::from_slice(&bytes)?;
     Ok((parts.headers, Some(v)))
 }
 
-fn result_of(answer: Option<Value>) -> Result<Value, String> {
-    let answer = answer.ok_or_else(|| "the upstream sent no answer".to_owned())?;
+fn result_of(answer: Option<Value>) -> Result<Value, OwnCallError> {
+    let answer = answer.ok_or(OwnCallError::NoAnswer)?;
     if let Some(e) = answer.get("error") {
-        return Err(format!("the upstream refused: {e}"));
+        return Err(OwnCallError::Refused(e.clone()));
     }
     answer
         .get("result")
         .cloned()
-        .ok_or_else(|| "the upstream's answer has no result".to_owned())
+        .ok_or(OwnCallError::NoResult)
 }
 
 /// The preview tool's arguments: the gated call's arguments that the preview

@@ -356,7 +356,7 @@ impl Admitted {
                     let risk = risk.unwrap_or(crate::policy::Risk::Read);
                     *plan = Plan::Answer(Outcome::AuditUnavailable {
                         risk,
-                        error: e.to_string(),
+                        error: e.into(),
                     });
                 }
             }
