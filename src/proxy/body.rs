@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
 
-use super::failure::UpstreamFailure;
+use super::failure::{Cause, UpstreamFailure};
 use super::h2pool::StreamSlot;
 
 /// An upstream response body. Over HTTP/2 it holds its stream's slot on the
@@ -78,7 +78,7 @@ impl UpstreamBody {
             let frame = match tokio::time::timeout(self.idle, self.inner.frame()).await {
                 Err(_) => return Err(UpstreamFailure::Idle(self.idle.as_millis() as u64)),
                 Ok(None) => return Ok(None),
-                Ok(Some(Err(e))) => return Err(UpstreamFailure::Reset(e.to_string())),
+                Ok(Some(Err(e))) => return Err(UpstreamFailure::Reset(Cause::new(e))),
                 Ok(Some(Ok(frame))) => frame,
             };
             if let Ok(data) = frame.into_data() {

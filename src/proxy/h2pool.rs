@@ -28,7 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
-use super::failure::{error_chain, UpstreamFailure};
+use super::failure::{Cause, UpstreamFailure};
 
 /// Counts one open stream on its connection until dropped.
 #[derive(Debug)]
@@ -102,13 +102,13 @@ impl H2Pool {
                 Ok(resp) => return Ok((resp, slot)),
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if attempt == 0 => req = unsent,
-                    _ => return Err(UpstreamFailure::Reset(error_chain(e.error()))),
+                    _ => return Err(UpstreamFailure::Reset(Cause::new(e.into_error()))),
                 },
             }
         }
-        Err(UpstreamFailure::Reset(
-            "the upstream closed every HTTP/2 connection".to_owned(),
-        ))
+        Err(UpstreamFailure::Reset(Cause::stated(
+            "the upstream closed every HTTP/2 connection",
+        )))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
@@ -148,14 +148,14 @@ impl H2Pool {
         let io = connector
             .call(self.target.clone())
             .await
-            .map_err(|e| UpstreamFailure::Connect(error_chain(&*e)))?;
+            .map_err(|e| UpstreamFailure::Connect(Cause::boxed(e)))?;
         let (tx, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(20))
             .handshake(io)
             .await
-            .map_err(|e| UpstreamFailure::Connect(error_chain(&e)))?;
+            .map_err(|e| UpstreamFailure::Connect(Cause::new(e)))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");

@@ -38,7 +38,7 @@ use crate::config::Upstream;
 use crate::server::listener::ConnInfo;
 
 use super::body::UpstreamIncoming;
-use super::failure::{error_chain, UpstreamFailure};
+use super::failure::{Cause, UpstreamFailure};
 use super::h2pool::H2Pool;
 
 /// A client for one upstream.
@@ -218,7 +218,7 @@ impl UpstreamClient {
             .map(|request| match &self.transport {
                 Transport::Http1(client) => Either::Left(client.request(request).map(|r| {
                     r.map(|r| r.map(UpstreamIncoming::http1))
-                        .map_err(|e| classify(&e))
+                        .map_err(classify)
                 })),
                 Transport::Http2(pool) => {
                     let pool = Arc::clone(pool);
@@ -308,12 +308,11 @@ impl UpstreamClient {
 }
 
 /// Turns a client error into a failure the agent can act on.
-fn classify(e: &hyper_util::client::legacy::Error) -> UpstreamFailure {
-    let msg = error_chain(e);
+fn classify(e: hyper_util::client::legacy::Error) -> UpstreamFailure {
     if e.is_connect() {
-        UpstreamFailure::Connect(msg)
+        UpstreamFailure::Connect(Cause::new(e))
     } else {
-        UpstreamFailure::Reset(msg)
+        UpstreamFailure::Reset(Cause::new(e))
     }
 }
 
