@@ -265,4 +265,3 @@ impl ApprovalsConfig {
 fn is_http_url(url: &str) -> bool {
     url.starts_with("http://") || url.starts_with("https://")
 }
-

@@ -29,7 +29,6 @@ use arc_swap::ArcSwap;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 
-
 pub mod api;
 pub mod client;
 mod config;
@@ -45,8 +44,8 @@ use store::Store;
 
 pub use config::*;
 pub use error::*;
-pub use model::*;
 use metrics::{Metrics, OutcomeLabel};
+pub use model::*;
 
 /// How long a failed preview is remembered before it is tried again, so a
 /// console refreshing every 2 s does not hammer a failing upstream.

@@ -12,8 +12,8 @@ use super::*;
 use std::path::{Path, PathBuf};
 
 use crate::canonical::canonical as canonical_json;
-use crate::policy::Risk;
 use crate::clock::fmt_ms;
+use crate::policy::Risk;
 use sha2::{Digest, Sha256};
 
 /// 2025-01-01T00:00:00Z in ms.

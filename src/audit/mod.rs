@@ -568,6 +568,7 @@ pub async fn start(
         max_bytes: cfg.spool.max_bytes,
         min_free_bytes: cfg.spool.min_free_bytes,
         write_timeout: Duration::from_millis(cfg.spool.write_timeout_ms),
+        reprobe_after: spool::REPROBE_AFTER,
     };
     let m = metrics.clone();
     // Recovery reads every leftover segment: blocking work, off the runtime.

@@ -88,4 +88,3 @@ impl std::fmt::Debug for Cause {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct Stated(&'static str);
-

@@ -66,7 +66,11 @@ const LOCAL: ConnInfo = ConnInfo {
 };
 
 /// Calls `tool` with `arguments`; returns the tool's result object.
-pub async fn call_tool(up: &UpstreamClient, tool: &str, arguments: Value) -> Result<Value, OwnCallError> {
+pub async fn call_tool(
+    up: &UpstreamClient,
+    tool: &str,
+    arguments: Value,
+) -> Result<Value, OwnCallError> {
     let params = json!({"name": tool, "arguments": arguments});
     request(up, "tools/call", Some(tool), params).await
 }
@@ -82,7 +86,10 @@ pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, OwnCallError
 
 /// Every page of a paginated list (`tools/list`, `prompts/list`,
 /// `resources/templates/list`), as complete JSON-RPC responses.
-pub async fn list_pages(up: &UpstreamClient, method: &'static str) -> Result<Vec<String>, OwnCallError> {
+pub async fn list_pages(
+    up: &UpstreamClient,
+    method: &'static str,
+) -> Result<Vec<String>, OwnCallError> {
     let mut pages = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_LIST_PAGES {
@@ -259,10 +266,7 @@ fn result_of(answer: Option<Value>) -> Result<Value, OwnCallError> {
     if let Some(e) = answer.get("error") {
         return Err(OwnCallError::Refused(e.clone()));
     }
-    answer
-        .get("result")
-        .cloned()
-        .ok_or(OwnCallError::NoResult)
+    answer.get("result").cloned().ok_or(OwnCallError::NoResult)
 }
 
 /// The preview tool's arguments: the gated call's arguments that the preview

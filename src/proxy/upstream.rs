@@ -216,10 +216,11 @@ impl UpstreamClient {
             .build(fwd)
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
             .map(|request| match &self.transport {
-                Transport::Http1(client) => Either::Left(client.request(request).map(|r| {
-                    r.map(|r| r.map(UpstreamIncoming::http1))
-                        .map_err(classify)
-                })),
+                Transport::Http1(client) => Either::Left(
+                    client
+                        .request(request)
+                        .map(|r| r.map(|r| r.map(UpstreamIncoming::http1)).map_err(classify)),
+                ),
                 Transport::Http2(pool) => {
                     let pool = Arc::clone(pool);
                     // Boxed: the pool's send (which may open a connection)

@@ -70,7 +70,7 @@ pub(crate) use recovery::*;
 
 /// After a failed write, [`Shared::accepting`] says no for this long, then lets
 /// one more attempt probe the disk.
-const REPROBE_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const REPROBE_AFTER: Duration = Duration::from_secs(1);
 /// Bytes requested per read of a segment: large reads, few syscalls.
 const READ_CHUNK: usize = 1 << 20;
 /// Groups one leader writes before handing the queue to the spool thread.
@@ -241,6 +241,8 @@ pub(crate) struct Shared {
     epoch: Instant,
     /// The write deadline.
     write_timeout: Duration,
+    /// See [`SpoolSettings::reprobe_after`].
+    reprobe_after: Duration,
     /// Failed writes since the spool last wrote successfully (the outage's
     /// size, logged when it ends).
     failures: AtomicU64,
@@ -272,7 +274,7 @@ impl Shared {
 
     /// Whether a row would likely be accepted: no row was refused for lack of
     /// room since segments were last freed, and the last write (or segment
-    /// creation) succeeded or failed more than [`REPROBE_AFTER`] ago. The
+    /// creation) succeeded or failed more than `reprobe_after` ago. The
     /// re-probe matters: callers that stop calling `record` on `false` would
     /// otherwise never learn that the disk recovered.
     pub(crate) fn accepting(&self) -> bool {
@@ -287,7 +289,7 @@ impl Shared {
                 .failed_at
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .is_none_or(|t| t.elapsed() >= REPROBE_AFTER)
+                .is_none_or(|t| t.elapsed() >= self.reprobe_after)
     }
 
     /// How long the write in progress has run, when past the deadline.
@@ -550,6 +552,9 @@ pub(crate) struct SpoolSettings {
     pub min_free_bytes: u64,
     /// A write running longer refuses new rows at once.
     pub write_timeout: Duration,
+    /// After a failed write, rows are refused for this long before the disk
+    /// is tried again ([`REPROBE_AFTER`] in production; tests shorten it).
+    pub reprobe_after: Duration,
 }
 
 /// What opening an existing spool found.
@@ -678,6 +683,7 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         writing_since: AtomicU64::new(0),
         epoch: Instant::now(),
         write_timeout: settings.write_timeout,
+        reprobe_after: settings.reprobe_after,
         failures: AtomicU64::new(0),
         metrics,
         _lock: lock,

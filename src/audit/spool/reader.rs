@@ -364,7 +364,6 @@ enum Opened {
     NotYet,
 }
 
-
 /// Deletes segments whose rows were all acknowledged and releases their bytes.
 pub(crate) fn delete_segments(shared: &Shared, seqs: &[u64]) {
     for &seq in seqs {

@@ -15,6 +15,8 @@ fn settings(dir: &Path) -> SpoolSettings {
         max_bytes: 1 << 30,
         min_free_bytes: 0,
         write_timeout: Duration::from_secs(5),
+        // A failed disk is tried again at once: the tests say when.
+        reprobe_after: Duration::ZERO,
     }
 }
 
@@ -548,7 +550,6 @@ async fn a_full_disk_seals_the_segment_so_shipped_rows_still_free_it() {
     assert_eq!(shared.bytes_on_disk.load(Ordering::Relaxed), 0);
     // Space is back: a new segment takes the next rows, and they read back.
     fault::clear(dir.path());
-    std::thread::sleep(REPROBE_AFTER);
     append(&shared, &payload(12)).await.unwrap();
     let batch = read_all(&mut reader);
     assert_eq!(batch.body, concat(12..13));
@@ -578,7 +579,6 @@ async fn start_up_on_a_full_disk_succeeds_and_what_was_spooled_still_ships() {
     // The cursor cannot be written on the full disk; the old one stays valid.
     write_cursor(dir.path(), Position { seq: 1, offset: 16 }).unwrap_err();
     fault::clear(dir.path());
-    std::thread::sleep(REPROBE_AFTER);
     append(&shared, &payload(6)).await.unwrap();
     assert_eq!(read_all(&mut reader).body, concat(6..7));
     shared.close();
@@ -620,8 +620,12 @@ fn a_stalled_write_refuses_new_rows_at_once() {
             .unwrap();
         rt.block_on(append(&shared, &payload(1)))
     });
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!spool.shared.accepting(), "a stalled spool says so");
+    // The leader's write stalls past the 100 ms deadline.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while spool.shared.accepting() {
+        assert!(Instant::now() < deadline, "a stalled spool says so");
+        std::thread::yield_now();
+    }
     let started = Instant::now();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
