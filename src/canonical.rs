@@ -143,12 +143,12 @@ mod tests {
         assert_ne!(sha256(&a), sha256(&b));
         let mut h = Sha256::new();
         h.update(canonical(&a).as_bytes());
-        h.update(b"\09007199254740993");
+        h.update(b"\x009007199254740993");
         assert_eq!(sha256(&a), <[u8; 32]>::from(h.finalize()));
         let c = json!({"b": -9_007_199_254_740_995_i64, "a": [18_446_744_073_709_551_615_u64]});
         let mut h = Sha256::new();
         h.update(canonical(&c).as_bytes());
-        h.update(b"\018446744073709551615,-9007199254740995");
+        h.update(b"\x0018446744073709551615,-9007199254740995");
         assert_eq!(sha256(&c), <[u8; 32]>::from(h.finalize()));
         // Up to 2^53 a value hashes as plain SHA-256 of its JCS text.
         let d = json!({"id": 9_007_199_254_740_992_u64, "x": 1.5});

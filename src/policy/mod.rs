@@ -489,13 +489,13 @@ impl Policy {
     ) -> (Risk, RiskSource) {
         // Exact names first, then globs, each in file order.
         for (i, r) in self.tool_rules.iter().enumerate() {
-            if r.names.exact.contains(tool) && r.upstream.is_match(&up.name) {
+            if r.names.exact.contains(tool) && r.upstream.is_match(up.name) {
                 return (r.risk, RiskSource::Policy(i));
             }
         }
         for (i, r) in self.tool_rules.iter().enumerate() {
             if r.names.globs.as_ref().is_some_and(|g| g.is_match(tool))
-                && r.upstream.is_match(&up.name)
+                && r.upstream.is_match(up.name)
             {
                 return (r.risk, RiskSource::Policy(i));
             }
@@ -514,7 +514,7 @@ impl Policy {
         let mut v: Vec<String> = self
             .tool_rules
             .iter()
-            .filter(|r| r.upstream.is_match(&up.name))
+            .filter(|r| r.upstream.is_match(up.name))
             .flat_map(|r| r.names.exact.iter().cloned())
             .collect();
         v.sort();
@@ -594,7 +594,7 @@ impl Policy {
             .conditions
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.upstream.is_match(&up.name) && c.tools.matches(tool))
+            .filter(|(_, c)| c.upstream.is_match(up.name) && c.tools.matches(tool))
             .filter(|(_, c)| c.agents.as_ref().is_none_or(|a| a.matches(agent)))
             .map(|(i, _)| i)
             .collect();
@@ -1010,7 +1010,7 @@ impl NameSet {
 
 impl Matcher {
     fn matches(&self, up: UpstreamFacts<'_>, tool: &str) -> bool {
-        self.upstream.as_ref().is_none_or(|g| g.is_match(&up.name))
+        self.upstream.as_ref().is_none_or(|g| g.is_match(up.name))
             && self
                 .category
                 .as_ref()
@@ -1021,7 +1021,7 @@ impl Matcher {
 
 impl NamedRule {
     fn matches(&self, up: UpstreamFacts<'_>, name: &str) -> bool {
-        self.upstream.as_ref().is_none_or(|g| g.is_match(&up.name)) && self.names.matches(name)
+        self.upstream.as_ref().is_none_or(|g| g.is_match(up.name)) && self.names.matches(name)
     }
 }
 

@@ -338,3 +338,20 @@ pub fn refused_server_request(id: &Id, method: &str) -> Bytes {
 pub fn session_not_found() -> Bytes {
     error(None, -32001, "Session not found", None)
 }
+
+/// The `notifications/progress` a held call's stream carries while it waits
+/// for a person (`ticks` so far).
+pub fn hold_progress(token: &Value, ticks: u64, tool: &str, approval: &str) -> Bytes {
+    Bytes::from(
+        json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {
+                "progressToken": token,
+                "progress": ticks,
+                "message": format!("waiting for a person to approve {tool} (approval {approval})"),
+            },
+        })
+        .to_string(),
+    )
+}

@@ -102,7 +102,7 @@ impl RunContext {
             b: granted.by.clone(),
             r: self.claims.run_id.clone(),
             n: granted.tool.clone(),
-            h: hex::encode(&granted.args_sha256),
+            h: hex::encode(granted.args_sha256),
             x: granted.until_ms,
             o: upstream_state,
         };

@@ -314,7 +314,7 @@ pub fn rpc(
     message: &str,
     data: Option<&serde_json::Value>,
 ) -> Response<Body> {
-    json_response(status, jsonrpc::error_body(id, code, message, data))
+    json_response(status, super::answer::error(id, code, message, data))
 }
 
 /// A response with an `application/json` body.

@@ -28,7 +28,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{header, Method, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::approval::{ApprovalId, Status};
@@ -280,16 +280,13 @@ impl HoldStream {
         let mut out = BytesMut::new();
         match &held.progress_token {
             Some(token) => {
-                let note = json!({
-                    "jsonrpc": "2.0",
-                    "method": "notifications/progress",
-                    "params": {
-                        "progressToken": token,
-                        "progress": self.ticks,
-                        "message": format!("waiting for a person to approve {} (approval {})", held.tool, held.gated.approval.id.as_str()),
-                    },
-                });
-                sse::encode_message(None, note.to_string().as_bytes(), &mut out);
+                let note = answer::hold_progress(
+                    token,
+                    self.ticks,
+                    &held.tool,
+                    held.gated.approval.id.as_str(),
+                );
+                sse::encode_message(None, &note, &mut out);
             }
             None => out.extend_from_slice(b": waiting for approval\n\n"),
         }
