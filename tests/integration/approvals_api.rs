@@ -38,13 +38,9 @@ impl Drop for Admin {
 }
 
 fn auth_config() -> AuthConfig {
-    toml::from_str(&format!(
-        "mcp_audience = \"{}\"\nadmin_audience = \"mcp-firewall-admin\"\nissuers = [\"{}\"]\n[[keys]]\nalg = \"HS256\"\nsecret = \"{}\"\n",
-        common::AUDIENCE,
-        common::ISSUER,
-        common::SECRET
-    ))
-    .expect("auth config")
+    common::config_builder::auth()
+        .try_into()
+        .expect("auth config")
 }
 
 async fn admin(tweak: impl FnOnce(&mut ApprovalsConfig)) -> Admin {

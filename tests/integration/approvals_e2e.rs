@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::common::backend::{Backend, Scope};
 use crate::common::browser::Browser;
 use crate::common::clickhouse::ClickHouse;
-use crate::common::{self, mcp::*, Firewall};
+use crate::common::{self, mcp::*, Firewall, TestConfig};
 use crate::on_both_backends;
 use mcp_demo_upstream::DemoUpstream;
 use mcp_firewall::auth::Audience;
@@ -36,27 +36,20 @@ fn rollback_args() -> Value {
     json!({"deployment_id": "dep-1042", "reason": "checkout errors after deploy"})
 }
 
-fn approvals_section(scope: &Scope, hold_s: u64, expiry_s: u64) -> String {
-    format!(
-        "[approvals]\n{}hold_s = {hold_s}\nexpiry_s = {expiry_s}\nprogress_interval_s = 1\n\n",
-        scope.approvals_store()
-    )
-}
-
 async fn start(
     upstream: &DemoUpstream,
     scope: &Scope,
     hold_s: u64,
     expiry_s: u64,
-    extra: &str,
+    extra: impl FnOnce(TestConfig) -> TestConfig,
 ) -> Firewall {
-    let base = common::config_text(&[], "");
-    let text = format!(
-        "{base}{}{extra}[[upstream]]\nname = \"incidents\"\nurl = \"{}\"\nprojects = [\"sre\"]\n",
-        approvals_section(scope, hold_s, expiry_s),
-        upstream.url()
-    );
-    common::firewall(&text).await
+    let cfg = scope
+        .approvals_store(TestConfig::new())
+        .set("approvals.hold_s", hold_s as i64)
+        .set("approvals.expiry_s", expiry_s as i64)
+        .set("approvals.progress_interval_s", 1)
+        .upstream("incidents", &upstream.url());
+    common::firewall(&extra(cfg).text()).await
 }
 
 fn admin_token(tenant: &str, sub: &str) -> String {
@@ -146,7 +139,7 @@ async fn call_raw(
 async fn hold_then_approve_runs_the_call_once_on_the_held_stream(b: Backend) {
     let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, &scope, 30, 600, "").await;
+    let fw = start(&upstream, &scope, 30, 600, |c| c).await;
     let c = client(&fw, &common::token()).await;
     let call = tokio::spawn(async move {
         let r = call_raw(&c, ROLLBACK, rollback_args()).await;
@@ -176,7 +169,7 @@ async fn hold_then_approve_runs_the_call_once_on_the_held_stream(b: Backend) {
 async fn hold_then_deny_ends_with_the_reason(b: Backend) {
     let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, &scope, 30, 600, "").await;
+    let fw = start(&upstream, &scope, 30, 600, |c| c).await;
     let (call, oncall, id) = held_rollback(&fw).await;
     let (status, _) = decide(&fw, &oncall, &id, "deny", "not during the freeze").await;
     assert_eq!(status, 200);
@@ -190,7 +183,7 @@ async fn hold_then_deny_ends_with_the_reason(b: Backend) {
 async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once(b: Backend) {
     let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, &scope, 1, 600, "").await;
+    let fw = start(&upstream, &scope, 1, 600, |c| c).await;
     let c = client(&fw, &common::token()).await;
     let e = call_raw(&c, ROLLBACK, rollback_args())
         .await
@@ -234,7 +227,7 @@ async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once(b: Ba
 async fn an_approval_nobody_decides_expires(b: Backend) {
     let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, &scope, 10, 1, "").await;
+    let fw = start(&upstream, &scope, 10, 1, |c| c).await;
     let c = client(&fw, &common::token()).await;
     let started = Instant::now();
     let e = call_raw(&c, ROLLBACK, rollback_args())
@@ -253,7 +246,7 @@ async fn an_approval_nobody_decides_expires(b: Backend) {
 async fn who_may_approve(b: Backend) {
     let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, &scope, 0, 600, "").await;
+    let fw = start(&upstream, &scope, 0, 600, |c| c).await;
     let c = client(&fw, &common::token()).await;
     let e = call_raw(&c, ROLLBACK, rollback_args())
         .await
@@ -283,7 +276,7 @@ async fn a_pending_approval_survives_a_restart(b: Backend) {
     let scope = b.scope();
     let upstream = upstream(options(true)).await;
     let token = common::token();
-    let fw = start(&upstream, &scope, 0, 600, "").await;
+    let fw = start(&upstream, &scope, 0, 600, |c| c).await;
     let c = client(&fw, &token).await;
     let e = call_raw(&c, ROLLBACK, rollback_args())
         .await
@@ -292,7 +285,7 @@ async fn a_pending_approval_survives_a_restart(b: Backend) {
     drop(c);
     fw.stop().await;
 
-    let fw = start(&upstream, &scope, 0, 600, "").await;
+    let fw = start(&upstream, &scope, 0, 600, |c| c).await;
     let oncall = admin_token("acme", "oncall");
     let list = pending(&fw, &oncall).await;
     assert_eq!(list.len(), 1);
@@ -314,7 +307,7 @@ async fn a_pending_approval_survives_a_restart(b: Backend) {
 async fn approver_sees_the_preview_and_clicks_approve_in_a_browser(b: Backend) {
     let scope = b.scope();
     let upstream = upstream(options(true)).await;
-    let fw = start(&upstream, &scope, 60, 600, "").await;
+    let fw = start(&upstream, &scope, 60, 600, |c| c).await;
     let (call, oncall, id) = held_rollback(&fw).await;
 
     // The approver's view carries the read-only preview of the call.
@@ -367,12 +360,14 @@ async fn every_transition_is_an_audit_row(b: Backend) {
     let scope = b.scope();
     let spool = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
-    let audit = format!(
-        "[audit]\nenabled = true\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{db}\"\n[audit.spool]\ndir = \"{}\"\n[audit.batch]\nmax_age_ms = 50\n\n",
-        ch.http_url,
-        spool.path().display()
-    );
-    let fw = start(&upstream, &scope, 30, 600, &audit).await;
+    let fw = start(&upstream, &scope, 30, 600, |c| {
+        c.set("audit.enabled", true)
+            .set("audit.clickhouse.url", ch.http_url.as_str())
+            .set("audit.clickhouse.database", db.as_str())
+            .set("audit.spool.dir", common::toml_path(spool.path()))
+            .set("audit.batch.max_age_ms", 50)
+    })
+    .await;
     let (call, oncall, id) = held_rollback(&fw).await;
     decide(&fw, &oncall, &id, "approve", "go").await;
     call.await.unwrap().expect("runs");

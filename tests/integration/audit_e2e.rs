@@ -10,25 +10,15 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::clickhouse::ClickHouse;
-use crate::common::{self, mcp::*};
+use crate::common::{self, mcp::*, TestConfig};
 use crate::through_firewall::{call_err, connect_via};
-
-fn audit_section(spool: &Path, ch: &ClickHouse, db: &str) -> String {
-    format!(
-        "[audit]\nenabled = true\ninstance = \"fw-e2e\"\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{db}\"\n[audit.spool]\ndir = \"{}\"\nfsync_interval_ms = 20\n[audit.batch]\nmax_rows = 1000\nmax_age_ms = 50\nretry_min_ms = 50\nretry_max_ms = 400\n\n",
-        ch.http_url,
-        spool.display()
-    )
-}
 
 /// Config for a firewall in front of `url` (as upstream `incidents`) that
 /// audits into `db`.
-fn config(spool: &Path, ch: &ClickHouse, db: &str, url: &str) -> String {
-    let base = common::config_text(&[], "");
-    format!(
-        "{base}{}[[upstream]]\nname = \"incidents\"\nurl = \"{url}\"\nprojects = [\"sre\"]\nrequest_timeout_ms = 5000\n",
-        audit_section(spool, ch, db)
-    )
+fn config(spool: &Path, ch: &ClickHouse, db: &str, url: &str) -> TestConfig {
+    TestConfig::new()
+        .audit("fw-e2e", &ch.http_url, db, spool)
+        .upstream("incidents", url)
 }
 
 fn wait_rows(ch: &ClickHouse, sql: &str, want: u64) -> u64 {
@@ -61,7 +51,8 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
-    let fw = common::firewall(&config(&dir.path().join("spool"), ch, &db, &upstream.url())).await;
+    let fw =
+        common::firewall(&config(&dir.path().join("spool"), ch, &db, &upstream.url()).text()).await;
     let token = common::token();
     let s = crate::through_firewall::Setup { upstream, fw };
     let client = connect_via(&s, Era::V2026_07_28, &token).await;
@@ -198,7 +189,7 @@ async fn upstream_errors_are_audited() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}/mcp", l.local_addr().unwrap());
     drop(l);
-    let fw = common::firewall(&config(&dir.path().join("spool"), ch, &db, &dead)).await;
+    let fw = common::firewall(&config(&dir.path().join("spool"), ch, &db, &dead).text()).await;
     let resp = common::post_json(
         &fw.mcp_url("incidents"),
         r#"{"jsonrpc":"2.0","id":5,"method":"ping","params":{"password":"hunter2"}}"#,
@@ -238,16 +229,9 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
     let port = free_port();
     let admin = free_port();
     let text = config(&spool, ch, &db, &upstream.url())
-        .replacen(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{port}\""),
-            1,
-        )
-        .replacen(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{admin}\""),
-            1,
-        );
+        .set("server.listen", format!("127.0.0.1:{port}"))
+        .set("admin.listen", format!("127.0.0.1:{admin}"))
+        .text();
     let cfg_path = dir.path().join("fw.toml");
     std::fs::write(&cfg_path, &text).unwrap();
     let start = || {
@@ -418,17 +402,22 @@ async fn full_spool_refuses_writes_and_serves_reads() {
     drop(l);
     let upstream = upstream(options(true)).await;
     // ClickHouse unreachable and a tiny spool: it fills up and stays full.
-    let audit = format!(
-        "[audit]\nenabled = true\n[audit.clickhouse]\nurl = \"{dead}\"\ndatabase = \"x\"\n[audit.spool]\ndir = \"{}\"\nsegment_bytes = 4096\nmax_bytes = 16384\n\n",
-        dir.path().join("spool").display()
-    );
     let writer = "[[agents]]\nname = \"scribe\"\nprojects = [\"sre\"]\nrisks = [\"read\", \"write\"]\nallow = [{ upstream = \"incidents\" }]\ngates = { write = \"allow\" }\nmax_steps = 1000\ncalls_per_s = 1000\n";
     let policies = common::policy_dir(&[("90-scribe.toml", writer)]);
-    let base = common::config_text_in(policies.path(), &[], "[limits]\nper_run_tool_per_s = 0\n");
-    let text = format!(
-        "{base}{audit}[[upstream]]\nname = \"incidents\"\nurl = \"{}\"\nprojects = [\"sre\"]\n",
-        upstream.url()
-    );
+    let text = TestConfig::new()
+        .policies(policies.path())
+        .set("limits.per_run_tool_per_s", 0)
+        .set("audit.enabled", true)
+        .set("audit.clickhouse.url", dead.as_str())
+        .set("audit.clickhouse.database", "x")
+        .set(
+            "audit.spool.dir",
+            common::toml_path(&dir.path().join("spool")),
+        )
+        .set("audit.spool.segment_bytes", 4096)
+        .set("audit.spool.max_bytes", 16384)
+        .upstream("incidents", &upstream.url())
+        .text();
     let fw = common::firewall(&text).await;
     let token = common::sign(&common::claims("scribe", &["sre"]));
     let s = crate::through_firewall::Setup { upstream, fw };
@@ -489,7 +478,8 @@ async fn a_client_that_goes_away_leaves_the_intent_and_a_client_gone_completion(
         crate::common::raw::mcp_answer(&seen)
     })
     .await;
-    let fw = common::firewall(&config(&dir.path().join("spool"), ch, &db, &upstream.url())).await;
+    let fw =
+        common::firewall(&config(&dir.path().join("spool"), ch, &db, &upstream.url()).text()).await;
     let url = fw.mcp_url("incidents");
     let token = common::token();
     common::post(

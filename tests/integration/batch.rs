@@ -54,7 +54,12 @@ async fn post(fw: &common::Firewall, token: &str, body: &str) -> reqwest::Respon
 #[tokio::test]
 async fn batch_mixing_allowed_and_denied_calls() {
     let up = batch_upstream().await;
-    let fw = common::firewall(&common::config_text(&[("incidents", &up.url())], "")).await;
+    let fw = common::firewall(
+        &common::TestConfig::new()
+            .upstream("incidents", &up.url())
+            .text(),
+    )
+    .await;
     let token = common::sign(&common::claims("incident-investigator", &["sre"]));
     // The firewall learns the upstream's tools from a listing.
     let list: Value = post(
@@ -125,7 +130,12 @@ async fn batch_mixing_allowed_and_denied_calls() {
 #[tokio::test]
 async fn batch_of_only_denied_calls_never_reaches_the_upstream() {
     let up = batch_upstream().await;
-    let fw = common::firewall(&common::config_text(&[("incidents", &up.url())], "")).await;
+    let fw = common::firewall(
+        &common::TestConfig::new()
+            .upstream("incidents", &up.url())
+            .text(),
+    )
+    .await;
     let token = common::sign(&common::claims("incident-investigator", &["sre"]));
     post(
         &fw,
@@ -160,7 +170,12 @@ async fn batch_of_only_denied_calls_never_reaches_the_upstream() {
 #[tokio::test]
 async fn allowed_notifications_with_denied_calls_merge_with_202() {
     let up = batch_upstream().await;
-    let fw = common::firewall(&common::config_text(&[("incidents", &up.url())], "")).await;
+    let fw = common::firewall(
+        &common::TestConfig::new()
+            .upstream("incidents", &up.url())
+            .text(),
+    )
+    .await;
     let token = common::sign(&common::claims("incident-investigator", &["sre"]));
     post(
         &fw,

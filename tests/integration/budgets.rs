@@ -120,15 +120,12 @@ async fn step_cap_is_exact_under_100_concurrent_calls(b: Backend) {
     // A role with the default cap (8): reuse `throttled`'s allow list without its rate.
     let extra = "[[agents]]\nname = \"capped\"\nprojects = [\"sre\"]\nrisks = [\"read\"]\nallow = [{ upstream = \"ledger\" }]\n";
     std::fs::write(dir.path().join("91-capped.toml"), extra).unwrap();
-    let fw = common::firewall(&common::config_text_in(
-        dir.path(),
-        &[("ledger", &up.url())],
-        &format!(
-            "[limits]\nper_run_per_s = 0\nper_run_tool_per_s = 0\n{}",
-            scope.state()
-        ),
-    ))
-    .await;
+    let cfg = common::TestConfig::new()
+        .policies(dir.path())
+        .upstream("ledger", &up.url())
+        .set("limits.per_run_per_s", 0)
+        .set("limits.per_run_tool_per_s", 0);
+    let fw = common::firewall(&scope.state(cfg).text()).await;
     let token = common::sign(&common::claims("capped", &["sre"]));
     post(
         &fw,
@@ -191,12 +188,10 @@ async fn cost_cap_with_price_table_and_upstream_reported_cost(b: Backend) {
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);
-    let fw = common::firewall(&common::config_text_in(
-        dir.path(),
-        &[("ledger", &up.url())],
-        &scope.state(),
-    ))
-    .await;
+    let cfg = common::TestConfig::new()
+        .policies(dir.path())
+        .upstream("ledger", &up.url());
+    let fw = common::firewall(&scope.state(cfg).text()).await;
     let token = common::sign(&common::claims("budgeted", &["sre"]));
     post(
         &fw,
@@ -243,12 +238,10 @@ async fn rate_limit_is_a_jsonrpc_error_with_retry_after(b: Backend) {
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);
-    let fw = common::firewall(&common::config_text_in(
-        dir.path(),
-        &[("ledger", &up.url())],
-        &scope.state(),
-    ))
-    .await;
+    let cfg = common::TestConfig::new()
+        .policies(dir.path())
+        .upstream("ledger", &up.url());
+    let fw = common::firewall(&scope.state(cfg).text()).await;
     let token = common::sign(&common::claims("throttled", &["sre"]));
     post(
         &fw,

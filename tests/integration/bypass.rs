@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::common::{self, raw, Firewall};
+use crate::common::{self, raw, Firewall, TestConfig};
 
 const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
 const LIST: &str = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
@@ -16,14 +16,17 @@ const V1125: (&str, &str) = ("mcp-protocol-version", "2025-11-25");
 
 /// A firewall (with `extra` config) in front of a recording MCP upstream
 /// named `incidents`.
-async fn setup(extra: &str) -> (Firewall, raw::RawUpstream) {
+async fn setup(extra: impl FnOnce(TestConfig) -> TestConfig) -> (Firewall, raw::RawUpstream) {
     let up = raw::mcp().await;
     let fw = firewall_for(&up, extra).await;
     (fw, up)
 }
 
-async fn firewall_for(up: &raw::RawUpstream, extra: &str) -> Firewall {
-    common::firewall(&common::config_text(&[("incidents", &up.url())], extra)).await
+async fn firewall_for(
+    up: &raw::RawUpstream,
+    extra: impl FnOnce(TestConfig) -> TestConfig,
+) -> Firewall {
+    common::firewall(&extra(TestConfig::new().upstream("incidents", &up.url())).text()).await
 }
 
 fn url(fw: &Firewall) -> String {
@@ -53,7 +56,7 @@ async fn session(fw: &Firewall, token: &str) -> String {
 
 #[tokio::test]
 async fn another_principals_session_is_unknown_on_post_get_and_delete() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     let alice = common::token();
     let sid = session(&fw, &alice).await;
     // Alice's own calls run in her session, with the upstream's own id.
@@ -127,7 +130,7 @@ async fn another_principals_session_is_unknown_on_post_get_and_delete() {
 
 #[tokio::test]
 async fn a_refreshed_token_of_the_same_subject_keeps_its_session() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     let sid = session(&fw, &common::token()).await;
     // Another run, another token, same issuer, tenant and subject.
     let fresh = common::token();
@@ -142,7 +145,7 @@ async fn a_refreshed_token_of_the_same_subject_keeps_its_session() {
 
 #[tokio::test]
 async fn event_ids_resume_only_the_callers_own_stream() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     let alice = common::token();
     let sid = session(&fw, &alice).await;
     // The GET stream's event id reaches the client sealed.
@@ -209,7 +212,7 @@ async fn event_ids_resume_only_the_callers_own_stream() {
 
 #[tokio::test]
 async fn stateless_requests_carry_no_session_either_way() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     let body = r#"{"jsonrpc":"2.0","id":4,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
     let a = common::post(
         &url(&fw),
@@ -248,10 +251,18 @@ async fn stateless_requests_carry_no_session_either_way() {
 #[tokio::test]
 async fn replicas_sharing_the_session_key_accept_each_others_sessions() {
     let up = raw::mcp().await;
-    let keys = "[sessions]\nkeys = [{ id = \"k1\", value = \"a-shared-session-key-for-every-replica\" }]\n";
+    let keys = |c: TestConfig| {
+        c.set(
+            "sessions.keys",
+            toml::Value::Array(vec![toml::Value::Table(common::table([
+                ("id", "k1".into()),
+                ("value", "a-shared-session-key-for-every-replica".into()),
+            ]))]),
+        )
+    };
     let a = firewall_for(&up, keys).await;
     let b = firewall_for(&up, keys).await;
-    let other = firewall_for(&up, "").await;
+    let other = firewall_for(&up, |c| c).await;
     let alice = common::token();
     let sid = session(&a, &alice).await;
     assert!(sid.starts_with("s1.k1."));
@@ -289,7 +300,7 @@ async fn replicas_sharing_the_session_key_accept_each_others_sessions() {
 
 #[tokio::test]
 async fn a_request_method_without_an_id_is_invalid() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     for body in [
         r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"restart_service","arguments":{}}}"#,
         r#"{"jsonrpc":"2.0","method":"resources/read","params":{"uri":"file:///etc/passwd"}}"#,
@@ -306,7 +317,7 @@ async fn a_request_method_without_an_id_is_invalid() {
 
 #[tokio::test]
 async fn methods_are_matched_exactly_and_unknown_ones_never_forwarded() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     for method in [
         "Tools/Call",
         "tools/call ",
@@ -356,11 +367,23 @@ async fn methods_are_matched_exactly_and_unknown_ones_never_forwarded() {
 #[tokio::test]
 async fn methods_an_upstream_adds_pass_only_when_configured_with_a_risk() {
     let up = raw::mcp().await;
-    let extra = "extra_methods = [{ name = \"vendor/stats\", risk = \"read\" }, { name = \"vendor/wipe\", risk = \"destructive\" }]\n";
-    let text = common::config_text(&[("incidents", &up.url())], "").replace(
-        "idle_timeout_ms = 5000\n",
-        &format!("idle_timeout_ms = 5000\n{extra}"),
-    );
+    let method = |name: &str, risk: &str| {
+        toml::Value::Table(common::table([
+            ("name", name.into()),
+            ("risk", risk.into()),
+        ]))
+    };
+    let text = common::TestConfig::new()
+        .upstream("incidents", &up.url())
+        .upstream_set(
+            "incidents",
+            "extra_methods",
+            vec![
+                method("vendor/stats", "read"),
+                method("vendor/wipe", "destructive"),
+            ],
+        )
+        .text();
     let fw = common::firewall(&text).await;
     let a = common::post(
         &url(&fw),
@@ -386,7 +409,7 @@ async fn methods_an_upstream_adds_pass_only_when_configured_with_a_risk() {
 
 #[tokio::test]
 async fn members_in_another_letter_case_are_refused() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     for body in [
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","Method":"tools/call","params":{"name":"restart_service"}}"#,
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_incident","Name":"restart_service"}}"#,
@@ -403,7 +426,7 @@ async fn members_in_another_letter_case_are_refused() {
 
 #[tokio::test]
 async fn numbers_the_firewall_cannot_hold_exactly_are_invalid_arguments() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     common::post(&url(&fw), &common::token(), &[], LIST).await;
     let listed = up.hits();
     // Out of a double's range: not even JSON the firewall accepts.
@@ -456,7 +479,7 @@ async fn an_answer_the_firewall_cannot_inspect_never_reaches_the_client() {
         }
     })
     .await;
-    let fw = firewall_for(&up, "").await;
+    let fw = firewall_for(&up, |c| c).await;
     let a = common::post(&url(&fw), &common::token(), &[], LIST).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.code(), -31004, "{}", a.text);
@@ -484,7 +507,7 @@ async fn an_answer_with_a_case_twin_of_what_is_filtered_is_refused() {
         }
     })
     .await;
-    let fw = firewall_for(&up, "").await;
+    let fw = firewall_for(&up, |c| c).await;
     let a = common::post(&url(&fw), &common::token(), &[], LIST).await;
     assert_eq!(a.code(), -31004, "{}", a.text);
     assert!(!a.text.contains("restart_service"), "{}", a.text);
@@ -511,7 +534,7 @@ async fn upstream_http_errors_reach_the_client_with_their_status() {
         }
     })
     .await;
-    let fw = firewall_for(&up, "").await;
+    let fw = firewall_for(&up, |c| c).await;
     let a = common::post(&url(&fw), &common::token(), &[], LIST).await;
     assert_eq!(a.status, 404, "{}", a.text);
     assert_eq!(a.code(), -32001);
@@ -569,10 +592,10 @@ async fn a_large_answer_is_inspected_as_it_streams() {
         }
     })
     .await;
-    let text = common::config_text(&[("incidents", &up.url())], "").replace(
-        "idle_timeout_ms = 5000\n",
-        "idle_timeout_ms = 5000\nmax_response_bytes = 65536\n",
-    );
+    let text = common::TestConfig::new()
+        .upstream("incidents", &up.url())
+        .upstream_set("incidents", "max_response_bytes", 65536)
+        .text();
     let fw = common::firewall(&text).await;
     common::post(&url(&fw), &common::token(), &[], LIST).await;
     let call = |arg: &str| {
@@ -616,7 +639,7 @@ async fn a_large_answer_is_inspected_as_it_streams() {
 
 #[tokio::test]
 async fn the_query_string_and_unlisted_headers_stay_behind() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     let a = common::post(
         &format!("{}?token=leak&debug=1", url(&fw)),
         &common::token(),
@@ -651,7 +674,7 @@ async fn the_query_string_and_unlisted_headers_stay_behind() {
 
 #[tokio::test]
 async fn foreign_origins_and_hosts_are_refused_before_anything_else() {
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     let own = fw.base.clone();
     for (k, v) in [
         ("origin", "http://evil.example.com"),
@@ -670,7 +693,7 @@ async fn foreign_origins_and_hosts_are_refused_before_anything_else() {
 
 #[tokio::test]
 async fn the_per_address_limit_applies_before_any_token_is_verified() {
-    let (fw, up) = setup("[limits]\nper_ip_per_s = 3\n").await;
+    let (fw, up) = setup(|c| c.set("limits.per_ip_per_s", 3)).await;
     let mut codes = Vec::new();
     for _ in 0..6 {
         let a = common::post(&url(&fw), "not-a-token", &[], LIST).await;
@@ -690,7 +713,7 @@ async fn the_per_address_limit_applies_before_any_token_is_verified() {
 async fn a_hidden_tool_answers_like_an_invented_one_whatever_its_headers() {
     // observability may not see restart_service; its x-mcp-header would
     // reveal it if checked before the policy.
-    let (fw, up) = setup("").await;
+    let (fw, up) = setup(|c| c).await;
     let mut c = common::claims("observability", &["sre"]);
     c.sub = "olly".into();
     let token = common::sign(&c);
@@ -767,10 +790,10 @@ async fn a_held_stream_counts_against_the_concurrency_limit_until_it_ends() {
         }
     })
     .await;
-    let text = common::config_text(&[("incidents", &up.url())], "").replace(
-        "drain_timeout_ms = 2000\n",
-        "drain_timeout_ms = 2000\nmax_concurrent_requests = 1\n",
-    );
+    let text = common::TestConfig::new()
+        .upstream("incidents", &up.url())
+        .set("server.max_concurrent_requests", 1)
+        .text();
     let fw = common::firewall(&text).await;
     common::post(&url(&fw), &common::token(), &[], LIST).await;
     let streaming = common::http()
@@ -795,13 +818,13 @@ async fn a_held_stream_counts_against_the_concurrency_limit_until_it_ends() {
 #[tokio::test]
 async fn connections_past_the_cap_are_closed_at_once() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (fw, _up) = setup("").await;
+    let (fw, _up) = setup(|c| c).await;
     drop(fw);
     let up = raw::mcp().await;
-    let text = common::config_text(&[("incidents", &up.url())], "").replace(
-        "drain_timeout_ms = 2000\n",
-        "drain_timeout_ms = 2000\nmax_connections = 1\n",
-    );
+    let text = common::TestConfig::new()
+        .upstream("incidents", &up.url())
+        .set("server.max_connections", 1)
+        .text();
     let fw = common::firewall(&text).await;
     let addr = fw.running.mcp_addr;
     let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -835,10 +858,10 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_idle_timeout() {
         }
     })
     .await;
-    let text = common::config_text(&[("incidents", &up.url())], "").replace(
-        "drain_timeout_ms = 2000\n",
-        "drain_timeout_ms = 2000\nwrite_idle_timeout_ms = 500\n",
-    );
+    let text = common::TestConfig::new()
+        .upstream("incidents", &up.url())
+        .set("server.write_idle_timeout_ms", 500)
+        .text();
     let fw = common::firewall(&text).await;
     common::post(&url(&fw), &common::token(), &[], LIST).await;
     let mut s = tokio::net::TcpStream::connect(fw.running.mcp_addr)

@@ -199,10 +199,13 @@ fn token_mint_inspect_and_explain() {
 
 /// A config with shared stores at `redis` and `postgres`, in `dir`.
 fn shared_stores_config(dir: &Path, redis: &str, postgres: &str) -> std::path::PathBuf {
-    let text = format!(
-        "{}[state]\nbackend = \"redis\"\nredis_url = \"{redis}\"\n\n[approvals]\nstore = \"postgres\"\npostgres_url = \"{postgres}\"\n",
-        crate::common::config_text(&[("incidents", "http://127.0.0.1:1/mcp")], "")
-    );
+    let text = crate::common::TestConfig::new()
+        .upstream("incidents", "http://127.0.0.1:1/mcp")
+        .set("state.backend", "redis")
+        .set("state.redis_url", redis)
+        .set("approvals.store", "postgres")
+        .set("approvals.postgres_url", postgres)
+        .text();
     let path = dir.join("fleet.toml");
     std::fs::write(&path, text).unwrap();
     path

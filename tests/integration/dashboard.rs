@@ -149,14 +149,16 @@ async fn every_clickhouse_panel_runs_against_the_schema() {
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
-    let text = crate::common::config_text(
-        &[("incidents", &upstream.url())],
-        &format!(
-            "[audit]\nenabled = true\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{db}\"\n[audit.spool]\ndir = \"{}\"\n",
-            ch.http_url,
-            dir.path().join("spool").display()
-        ),
-    );
+    let text = crate::common::TestConfig::new()
+        .upstream("incidents", &upstream.url())
+        .set("audit.enabled", true)
+        .set("audit.clickhouse.url", ch.http_url.as_str())
+        .set("audit.clickhouse.database", db.as_str())
+        .set(
+            "audit.spool.dir",
+            crate::common::toml_path(&dir.path().join("spool")),
+        )
+        .text();
     let fw = crate::common::firewall(&text).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while ch

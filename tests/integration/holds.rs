@@ -17,20 +17,19 @@ use mcp_firewall::approval::{Approval, Approver, Status};
 const RESTART: &str = r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"restart_service","arguments":{"service":"db"},"_meta":{"progressToken":"p-1"}}}"#;
 const LIST: &str = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
 
-/// A firewall with approvals (and `extra` config) in front of `up`, with the
+/// A firewall with approvals in front of `up`, with the
 /// shipped policies plus `policy` files.
-async fn start(
-    up: &raw::RawUpstream,
-    policy: &[(&str, &str)],
-    extra: &str,
-) -> (Firewall, tempfile::TempDir) {
+async fn start(up: &raw::RawUpstream, policy: &[(&str, &str)]) -> (Firewall, tempfile::TempDir) {
     let dir = common::policy_dir(policy);
     let store = tempfile::tempdir().unwrap();
-    let approvals = format!(
-        "[approvals]\nstore_dir = \"{}\"\nhold_s = 20\nexpiry_s = 60\nprogress_interval_s = 1\n\n{extra}",
-        store.path().display()
-    );
-    let text = common::config_text_in(dir.path(), &[("incidents", &up.url())], &approvals);
+    let text = common::TestConfig::new()
+        .policies(dir.path())
+        .upstream("incidents", &up.url())
+        .set("approvals.store_dir", common::toml_path(store.path()))
+        .set("approvals.hold_s", 20)
+        .set("approvals.expiry_s", 60)
+        .set("approvals.progress_interval_s", 1)
+        .text();
     let fw = common::firewall(&text).await;
     // Keep the policy dir alive with the store.
     std::mem::forget(dir);
@@ -173,14 +172,13 @@ async fn an_approved_call_passes_the_same_inspection_as_any_other() {
     )
     .unwrap();
     let store = tempfile::tempdir().unwrap();
-    let text = common::config_text_in(
-        dir.path(),
-        &[("incidents", &up.url())],
-        &format!(
-            "[approvals]\nstore_dir = \"{}\"\nhold_s = 20\nprogress_interval_s = 1\n",
-            store.path().display()
-        ),
-    );
+    let text = common::TestConfig::new()
+        .policies(dir.path())
+        .upstream("incidents", &up.url())
+        .set("approvals.store_dir", common::toml_path(store.path()))
+        .set("approvals.hold_s", 20)
+        .set("approvals.progress_interval_s", 1)
+        .text();
     let fw = common::firewall(&text).await;
     let claims = common::claims("sre-lead", &["sre"]);
     let token = common::sign(&claims);
@@ -222,7 +220,7 @@ async fn an_approved_call_passes_the_same_inspection_as_any_other() {
 #[tokio::test]
 async fn an_approved_call_whose_upstream_fails_answers_with_the_upstream_error() {
     let up = upstream_answering(|_| raw::full(503, "text/plain", "down")).await;
-    let (fw, _store) = start(&up, &[], "").await;
+    let (fw, _store) = start(&up, &[]).await;
     let token = common::token();
     common::post(&url(&fw), &token, &[], LIST).await;
     let stream = held(&fw, &token, &[], RESTART);
@@ -240,7 +238,7 @@ async fn an_approved_call_whose_upstream_fails_answers_with_the_upstream_error()
 async fn a_budget_that_refuses_after_approval_answers_with_the_skipped_result() {
     let up = raw::mcp().await;
     let capped = "[[agents]]\nname = \"capped\"\nprojects = [\"sre\"]\nrisks = [\"read\", \"write\", \"destructive\"]\nallow = [{}]\nmax_steps = 1\n";
-    let (fw, _store) = start(&up, &[("90-capped.toml", capped)], "").await;
+    let (fw, _store) = start(&up, &[("90-capped.toml", capped)]).await;
     let token = common::sign(&common::claims("capped", &["sre"]));
     common::post(&url(&fw), &token, &[], LIST).await;
     let stream = held(&fw, &token, &[], RESTART);
@@ -269,7 +267,7 @@ async fn a_budget_that_refuses_after_approval_answers_with_the_skipped_result() 
 #[tokio::test]
 async fn cancelling_a_held_call_withdraws_its_approval_and_it_never_runs() {
     let up = raw::mcp().await;
-    let (fw, _store) = start(&up, &[], "").await;
+    let (fw, _store) = start(&up, &[]).await;
     let token = common::token();
     let init = common::post(
         &url(&fw),
@@ -325,7 +323,7 @@ async fn cancelling_a_held_call_withdraws_its_approval_and_it_never_runs() {
 #[tokio::test]
 async fn closing_the_stream_cancels_on_2026_07_28_but_not_on_session_revisions() {
     let up = raw::mcp().await;
-    let (fw, _store) = start(&up, &[], "").await;
+    let (fw, _store) = start(&up, &[]).await;
     let token = common::token();
     common::post(&url(&fw), &token, &[], LIST).await;
     let body_2026 = r#"{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"restart_service","arguments":{"service":"db"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
@@ -377,7 +375,7 @@ async fn a_multi_round_call_stays_bound_to_its_approval() {
         )
     })
     .await;
-    let (fw, _store) = start(&up, &[], "").await;
+    let (fw, _store) = start(&up, &[]).await;
     let token = common::token();
     common::post(&url(&fw), &token, &[], LIST).await;
     let call = |id: u64, extra: &str| {
@@ -474,7 +472,7 @@ async fn progress_keeps_increasing_across_the_hold() {
         ])
     })
     .await;
-    let (fw, _store) = start(&up, &[], "").await;
+    let (fw, _store) = start(&up, &[]).await;
     let token = common::token();
     common::post(&url(&fw), &token, &[], LIST).await;
     let stream = held(&fw, &token, &[], RESTART);
@@ -499,7 +497,7 @@ async fn progress_keeps_increasing_across_the_hold() {
 #[tokio::test]
 async fn an_approval_is_for_one_caller_of_the_run() {
     let up = raw::mcp().await;
-    let (fw, _store) = start(&up, &[], "").await;
+    let (fw, _store) = start(&up, &[]).await;
     let alice = common::claims("sre-lead", &["sre"]);
     let mut bob = alice.clone();
     bob.sub = "carol".into();

@@ -9,7 +9,7 @@ use crate::common::{self, raw};
 async fn setup() -> (common::Firewall, raw::RawUpstream) {
     let up =
         raw::upstream(|seen| async move { raw::result_for(&seen, serde_json::json!({})) }).await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     (fw, up)
 }
 

@@ -21,7 +21,7 @@ async fn shutdown_drains_in_flight_streams() {
         )
     })
     .await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let admin = fw.admin.clone();
     assert_eq!(
         common::http()
@@ -85,7 +85,7 @@ async fn plain_listener_serves_http1_http2_and_a_split_preface() {
             |seen| async move { raw::result_for(&seen, serde_json::json!({"ok": true})) },
         )
         .await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let url = fw.mcp_url("u");
     let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
 

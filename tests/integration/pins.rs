@@ -34,15 +34,14 @@ async fn setup(
     audit: Option<(&ClickHouse, &str, &Path)>,
 ) -> Setup {
     let upstream = upstream(options(json_response)).await;
-    let mut extra = format!("pinning = \"{mode}\"\n\n");
+    let mut cfg = common::TestConfig::new()
+        .policies(policies)
+        .upstream("incidents", &upstream.url())
+        .upstream_set("incidents", "pinning", mode);
     if let Some((ch, db, spool)) = audit {
-        extra.push_str(&format!(
-            "[audit]\nenabled = true\ninstance = \"fw-pins\"\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{db}\"\n[audit.spool]\ndir = \"{}\"\nfsync_interval_ms = 20\n[audit.batch]\nmax_rows = 1000\nmax_age_ms = 50\nretry_min_ms = 50\nretry_max_ms = 400\n\n",
-            ch.http_url,
-            spool.display()
-        ));
+        cfg = cfg.audit("fw-pins", &ch.http_url, db, spool);
     }
-    let text = common::config_text_in(policies, &[("incidents", &upstream.url())], &extra);
+    let text = cfg.text();
     let fw = common::firewall(&text).await;
     Setup { upstream, fw }
 }
@@ -688,11 +687,11 @@ async fn prompts_and_resource_templates_are_pinned_like_tools() {
     let config = dir.path().join("firewall.toml");
     std::fs::write(
         &config,
-        common::config_text_in(
-            policies.path(),
-            &[("incidents", &up.url())],
-            "pinning = \"enforce\"\n",
-        ),
+        common::TestConfig::new()
+            .policies(policies.path())
+            .upstream("incidents", &up.url())
+            .upstream_set("incidents", "pinning", "enforce")
+            .text(),
     )
     .unwrap();
     // The security team records what the upstream lists now.
@@ -841,11 +840,11 @@ async fn check_live_reports_pins_the_upstream_no_longer_matches() {
     let config = dir.path().join("firewall.toml");
     std::fs::write(
         &config,
-        common::config_text_in(
-            policies.path(),
-            &[("incidents", &upstream.url())],
-            "pinning = \"enforce\"\n",
-        ),
+        common::TestConfig::new()
+            .policies(policies.path())
+            .upstream("incidents", &upstream.url())
+            .upstream_set("incidents", "pinning", "enforce")
+            .text(),
     )
     .unwrap();
     let check = || {

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::common::backend::{Backend, Scope};
 use crate::common::postgres::Postgres;
 use crate::common::redis::Redis;
-use crate::common::{self, raw, Firewall};
+use crate::common::{self, raw, Firewall, TestConfig};
 use mcp_firewall::auth::Audience;
 
 const POLICY: &str = r#"
@@ -102,18 +102,21 @@ struct Fleet {
     _policies: tempfile::TempDir,
 }
 
-async fn fleet(n: usize, scope: &Scope, extra: &str) -> Fleet {
+async fn fleet(n: usize, scope: &Scope, extra: impl FnOnce(TestConfig) -> TestConfig) -> Fleet {
     let counts = Counts::default();
     let upstream = ledger(counts.clone()).await;
     let policies = common::policy_dir(&[("90-fleet.toml", POLICY)]);
-    let text = common::config_text_in(
-        policies.path(),
-        &[("ledger", &upstream.url())],
-        &format!(
-            "{}[sessions]\nkeys = [{{ id = \"k1\", value = \"a-shared-session-key-for-every-replica\" }}]\n\n{extra}",
-            scope.state()
-        ),
-    );
+    let cfg = TestConfig::new()
+        .policies(policies.path())
+        .upstream("ledger", &upstream.url())
+        .set(
+            "sessions.keys",
+            toml::Value::Array(vec![toml::Value::Table(common::table([
+                ("id", "k1".into()),
+                ("value", "a-shared-session-key-for-every-replica".into()),
+            ]))]),
+        );
+    let text = extra(scope.state(cfg)).text();
     let mut replicas = Vec::new();
     for _ in 0..n {
         replicas.push(common::firewall(&text).await);
@@ -195,11 +198,12 @@ fn outcome(v: &Value) -> String {
 async fn step_cap_holds_exactly_across_three_replicas() {
     let scope = Backend::Shared.scope();
     let fleet = Arc::new(
-        fleet(
-            3,
-            &scope,
-            "[limits]\nper_run_per_s = 0\nper_run_tool_per_s = 0\nper_tenant_per_s = 0\ndefault_max_steps = 8\n",
-        )
+        fleet(3, &scope, |c| {
+            c.set("limits.per_run_per_s", 0)
+                .set("limits.per_run_tool_per_s", 0)
+                .set("limits.per_tenant_per_s", 0)
+                .set("limits.default_max_steps", 8)
+        })
         .await,
     );
     let token = common::sign(&common::claims("fleet", &["sre"]));
@@ -232,11 +236,12 @@ async fn cost_caps_of_run_and_tenant_day_hold_exactly_across_replicas() {
     // A call costs 0.25; a run may spend 1.0 (4 calls), the tenant 2.0 a
     // day (8 calls): four runs of 20 concurrent calls each get 8 in all.
     let fleet = Arc::new(
-        fleet(
-            3,
-            &scope,
-            "[limits]\nper_run_per_s = 0\nper_run_tool_per_s = 0\nper_tenant_per_s = 0\ntenant_daily_cost = 2.0\n",
-        )
+        fleet(3, &scope, |c| {
+            c.set("limits.per_run_per_s", 0)
+                .set("limits.per_run_tool_per_s", 0)
+                .set("limits.per_tenant_per_s", 0)
+                .set("limits.tenant_daily_cost", 2.0)
+        })
         .await,
     );
     let tokens: Vec<String> = (0..4)
@@ -280,11 +285,12 @@ async fn tenant_rate_holds_within_ten_percent_across_replicas() {
     let scope = Backend::Shared.scope();
     let per_s = 40.0;
     let fleet = Arc::new(
-        fleet(
-            3,
-            &scope,
-            "[limits]\nper_run_per_s = 0\nper_run_tool_per_s = 0\nper_tenant_per_s = 40\ndefault_max_steps = 100000\n",
-        )
+        fleet(3, &scope, |c| {
+            c.set("limits.per_run_per_s", 0)
+                .set("limits.per_run_tool_per_s", 0)
+                .set("limits.per_tenant_per_s", 40)
+                .set("limits.default_max_steps", 100000)
+        })
         .await,
     );
     let token = common::sign(&common::claims("fleet", &["sre"]));
@@ -375,11 +381,16 @@ async fn pending_on(fw: &Firewall, token: &str) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_granted_on_one_replica_releases_the_call_held_on_another_once() {
     let scope = Backend::Shared.scope();
-    let approvals = format!(
-        "[approvals]\n{}hold_s = 20\nexpiry_s = 600\nprogress_interval_s = 1\n\n",
-        scope.approvals_store()
+    let fleet = Arc::new(
+        fleet(3, &scope, |c| {
+            scope
+                .approvals_store(c)
+                .set("approvals.hold_s", 20)
+                .set("approvals.expiry_s", 600)
+                .set("approvals.progress_interval_s", 1)
+        })
+        .await,
     );
-    let fleet = Arc::new(fleet(3, &scope, &approvals).await);
     let token = common::sign(&common::claims("fleet", &["sre"]));
     fleet.list_everywhere(&token).await;
     let oncall = admin_token("oncall");
@@ -471,20 +482,21 @@ async fn an_approval_granted_on_one_replica_releases_the_call_held_on_another_on
 async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
     let redis = Redis::start();
     let scope = Backend::Shared.scope();
-    let state = scope
-        .state()
-        .replace(&Redis::shared().url, &redis.url)
-        .replace("timeout_ms = 200", "timeout_ms = 50");
     let counts = Counts::default();
     let upstream = ledger(counts.clone()).await;
     let policies = common::policy_dir(&[("90-fleet.toml", POLICY)]);
-    let text = common::config_text_in(
-        policies.path(),
-        &[("ledger", &upstream.url())],
-        &format!(
-            "[limits]\nper_run_per_s = 0\nper_run_tool_per_s = 0\ndefault_max_steps = 100000\n{state}"
-        ),
-    );
+    let cfg = TestConfig::new()
+        .policies(policies.path())
+        .upstream("ledger", &upstream.url())
+        .set("limits.per_run_per_s", 0)
+        .set("limits.per_run_tool_per_s", 0)
+        .set("limits.default_max_steps", 100000);
+    // This test's own Redis, and a shorter timeout.
+    let text = scope
+        .state(cfg)
+        .set("state.redis_url", redis.url.as_str())
+        .set("state.timeout_ms", 50)
+        .text();
     let fw = Arc::new(common::firewall(&text).await);
     let token = common::sign(&common::claims("fleet", &["sre"]));
     common::post(
@@ -623,13 +635,15 @@ async fn postgres_dies_gated_calls_refused_at_once_then_recovery() {
     let counts = Counts::default();
     let upstream = ledger(counts.clone()).await;
     let policies = common::policy_dir(&[("90-fleet.toml", POLICY)]);
-    let text = common::config_text_in(
-        policies.path(),
-        &[("ledger", &upstream.url())],
-        &format!(
-            "[approvals]\nstore = \"postgres\"\npostgres_url = \"{db}\"\npostgres_timeout_ms = 300\nhold_s = 0\nexpiry_s = 600\n\n"
-        ),
-    );
+    let text = TestConfig::new()
+        .policies(policies.path())
+        .upstream("ledger", &upstream.url())
+        .set("approvals.store", "postgres")
+        .set("approvals.postgres_url", db.as_str())
+        .set("approvals.postgres_timeout_ms", 300)
+        .set("approvals.hold_s", 0)
+        .set("approvals.expiry_s", 600)
+        .text();
     let fw = common::firewall(&text).await;
     let token = common::sign(&common::claims("fleet", &["sre"]));
     let url = fw.mcp_url("ledger");
@@ -900,13 +914,24 @@ async fn redis_over_tls_with_a_password_from_a_file() {
         ("wrong", "ca.pem", "-31006"),
         ("pw", "other-ca.pem", "-31006"),
     ] {
-        let state = format!(
-            "[state]\nbackend = \"redis\"\nredis_url = \"rediss://127.0.0.1:{}\"\nredis_password_file = \"{}\"\nredis_ca_file = \"{}\"\ntimeout_ms = 500\n",
-            redis.port,
-            dir.path().join(password).display(),
-            dir.path().join(ca_file).display()
-        );
-        let text = common::config_text_in(policies.path(), &[("ledger", &upstream.url())], &state);
+        let text = TestConfig::new()
+            .policies(policies.path())
+            .upstream("ledger", &upstream.url())
+            .set("state.backend", "redis")
+            .set(
+                "state.redis_url",
+                format!("rediss://127.0.0.1:{}", redis.port),
+            )
+            .set(
+                "state.redis_password_file",
+                common::toml_path(&dir.path().join(password)),
+            )
+            .set(
+                "state.redis_ca_file",
+                common::toml_path(&dir.path().join(ca_file)),
+            )
+            .set("state.timeout_ms", 500)
+            .text();
         let fw = Arc::new(common::firewall(&text).await);
         common::post(
             &fw.mcp_url("ledger"),
@@ -980,12 +1005,17 @@ async fn postgres_over_tls_verified_against_the_configured_ca() {
     let policies = common::policy_dir(&[("90-fleet.toml", POLICY)]);
     let token = common::sign(&common::claims("fleet", &["sre"]));
     for (ca_file, files_an_approval) in [("ca.pem", true), ("other.pem", false)] {
-        let approvals = format!(
-            "[approvals]\nstore = \"postgres\"\npostgres_url = \"{db}?sslmode=require\"\npostgres_ca_file = \"{}\"\nhold_s = 0\n\n",
-            certs.path().join(ca_file).display()
-        );
-        let text =
-            common::config_text_in(policies.path(), &[("ledger", &upstream.url())], &approvals);
+        let text = TestConfig::new()
+            .policies(policies.path())
+            .upstream("ledger", &upstream.url())
+            .set("approvals.store", "postgres")
+            .set("approvals.postgres_url", format!("{db}?sslmode=require"))
+            .set(
+                "approvals.postgres_ca_file",
+                common::toml_path(&certs.path().join(ca_file)),
+            )
+            .set("approvals.hold_s", 0)
+            .text();
         let fw = common::firewall(&text).await;
         let url = fw.mcp_url("ledger");
         common::post(

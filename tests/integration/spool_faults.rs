@@ -57,15 +57,17 @@ fn config(
     spool: &Path,
     clickhouse: &str,
     db: &str,
-    extra: &str,
-) -> (String, tempfile::TempDir) {
+) -> (common::TestConfig, tempfile::TempDir) {
     let policies = common::policy_dir(&[("90-scribe.toml", SCRIBE)]);
-    let base = common::config_text_in(
-        policies.path(),
-        &[("incidents", &up.url())],
-        &format!("[limits]\nper_run_tool_per_s = 0\nper_ip_per_s = 0\n\n[audit]\nenabled = true\n{extra}[audit.clickhouse]\nurl = \"{clickhouse}\"\ndatabase = \"{db}\"\n[audit.spool]\ndir = \"{}\"\nfsync_interval_ms = 20\nwrite_timeout_ms = 300\n[audit.batch]\nmax_rows = 1000\nmax_age_ms = 50\nretry_min_ms = 50\nretry_max_ms = 400\n\n", spool.display()),
-    );
-    (base, policies)
+    let cfg = common::TestConfig::new()
+        .policies(policies.path())
+        .upstream("incidents", &up.url())
+        .set("limits.per_run_tool_per_s", 0)
+        .set("limits.per_ip_per_s", 0)
+        .audit("fw", clickhouse, db, spool)
+        .unset("audit.instance")
+        .set("audit.spool.write_timeout_ms", 300);
+    (cfg, policies)
 }
 
 fn call(tool: &str, id: u64, args: Value) -> String {
@@ -117,7 +119,8 @@ async fn a_full_disk_refuses_fail_closed_calls_recovers_frees_the_spool_and_rest
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     let up = upstream().await;
-    let (text, _policies) = config(&up, &spool, &ch.http_url, &db, "");
+    let (cfg, _policies) = config(&up, &spool, &ch.http_url, &db);
+    let text = cfg.text();
     let fw = common::firewall(&text).await;
     let token = common::sign(&common::claims("scribe", &["sre"]));
     let url = fw.mcp_url("incidents");
@@ -214,7 +217,8 @@ async fn a_stalled_disk_serves_reads_unaudited_and_refuses_writes_within_the_dea
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     let up = upstream().await;
-    let (text, _policies) = config(&up, &spool, "http://127.0.0.1:9", "x", "");
+    let (cfg, _policies) = config(&up, &spool, "http://127.0.0.1:9", "x");
+    let text = cfg.text();
     let fw = common::firewall(&text).await;
     let token = common::sign(&common::claims("scribe", &["sre"]));
     let url = fw.mcp_url("incidents");
@@ -282,7 +286,8 @@ async fn readyz_names_a_growing_backlog_and_clears_when_clickhouse_is_back() {
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     let up = upstream().await;
-    let (text, _policies) = config(&up, &spool, &ch.http_url, &db, "max_backlog_age_s = 1\n");
+    let (cfg, _policies) = config(&up, &spool, &ch.http_url, &db);
+    let text = cfg.set("audit.max_backlog_age_s", 1).text();
     let fw = common::firewall(&text).await;
     let token = common::sign(&common::claims("scribe", &["sre"]));
     let url = fw.mcp_url("incidents");
@@ -322,8 +327,8 @@ async fn shutdown_closes_idle_connections_at_once_and_ends_streams_with_a_final_
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     let up = upstream().await;
-    let (text, _policies) = config(&up, &spool, &ch.http_url, &db, "");
-    let text = text.replace("drain_timeout_ms = 2000", "drain_timeout_ms = 3000");
+    let (cfg, _policies) = config(&up, &spool, &ch.http_url, &db);
+    let text = cfg.set("server.drain_timeout_ms", 3000).text();
     let fw = common::firewall(&text).await;
     let token = common::sign(&common::claims("scribe", &["sre"]));
     let url = fw.mcp_url("incidents");

@@ -28,11 +28,19 @@ pub async fn setup(opts: UpstreamOptions) -> Setup {
 /// [`setup`] with another policy directory.
 pub async fn setup_in(opts: UpstreamOptions, policies: &std::path::Path) -> Setup {
     let upstream = upstream(opts).await;
-    let text = common::config_text_in(
-        policies,
-        &[("incidents", &upstream.url())],
-        "[upstream.identity_headers]\n\"X-Tenant-Id\" = \"tenant_id\"\n\"X-Run-Id\" = \"run_id\"\n\"X-Agent\" = \"agent\"\n",
-    );
+    let text = common::TestConfig::new()
+        .policies(policies)
+        .upstream("incidents", &upstream.url())
+        .upstream_set(
+            "incidents",
+            "identity_headers",
+            common::table([
+                ("X-Tenant-Id", "tenant_id".into()),
+                ("X-Run-Id", "run_id".into()),
+                ("X-Agent", "agent".into()),
+            ]),
+        )
+        .text();
     let fw = common::firewall(&text).await;
     Setup { upstream, fw }
 }

@@ -55,14 +55,13 @@ fn client_trusting(ca_pem: &str) -> reqwest::Client {
 }
 
 fn tls_config(dir: &Path, upstream: &str) -> String {
-    common::config_text(&[("u", upstream)], "").replace(
-        "plaintext = true\ndrain_timeout_ms = 2000\n",
-        &format!(
-            "drain_timeout_ms = 2000\n[server.tls]\ncert = \"{}\"\nkey = \"{}\"\nreload_interval_ms = 100\n",
-            dir.join("cert.pem").display(),
-            dir.join("key.pem").display()
-        ),
-    )
+    common::TestConfig::new()
+        .upstream("u", upstream)
+        .unset("server.plaintext")
+        .set("server.tls.cert", common::toml_path(&dir.join("cert.pem")))
+        .set("server.tls.key", common::toml_path(&dir.join("key.pem")))
+        .set("server.tls.reload_interval_ms", 100)
+        .text()
 }
 
 async fn ping(client: &reqwest::Client, url: &str) -> reqwest::Result<reqwest::Response> {
@@ -173,11 +172,16 @@ async fn https_upstream_with_a_custom_ca() {
     });
 
     let url = format!("https://127.0.0.1:{port}/mcp");
-    let without_ca = common::config_text(&[("u", &url)], "");
-    let with_ca = format!(
-        "{without_ca}ca_file = \"{}\"\n",
-        dir.path().join("ca.pem").display()
-    );
+    let without_ca = common::TestConfig::new().upstream("u", &url);
+    let with_ca = without_ca
+        .clone()
+        .upstream_set(
+            "u",
+            "ca_file",
+            common::toml_path(&dir.path().join("ca.pem")),
+        )
+        .text();
+    let without_ca = without_ca.text();
     let fw = common::firewall(&with_ca).await;
     let resp = common::post_json(
         &fw.mcp_url("u"),

@@ -11,7 +11,7 @@ const PING: &str = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
 
 async fn setup() -> (common::Firewall, raw::RawUpstream) {
     let up = raw::upstream(|seen| async move { raw::result_for(&seen, json!({})) }).await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     (fw, up)
 }
 
@@ -84,11 +84,9 @@ async fn expired_token_is_refused() {
     let (fw, up) = setup().await;
     // A token minted for 1 s, used after the leeway (30 s) would be needed;
     // instead mint with a lifetime beyond the maximum: refused as too long.
-    let cfg: mcp_firewall::auth::AuthConfig = toml::from_str(&format!(
-        "mcp_audience = \"{}\"\nadmin_audience = \"mcp-firewall-admin\"\nissuers = [\"{}\"]\nmax_lifetime_s = 86400\n[[keys]]\nalg = \"HS256\"\nsecret = \"{}\"\n",
-        common::AUDIENCE, common::ISSUER, common::SECRET
-    ))
-    .unwrap();
+    let mut auth = common::config_builder::auth();
+    auth.insert("max_lifetime_s".to_owned(), 86400.into());
+    let cfg: mcp_firewall::auth::AuthConfig = auth.try_into().unwrap();
     let long = mcp_firewall::auth::mint(
         &cfg,
         &common::claims("sre-lead", &["sre"]),

@@ -73,13 +73,14 @@ async fn setup() -> (Firewall, raw::RawUpstream, raw::RawUpstream) {
     let receiver =
         raw::upstream(|_seen| async move { raw::full(200, "application/json", "{}") }).await;
     let upstream = raw::mcp().await;
-    let text = common::config_text(
-        &[("incidents", &upstream.url())],
-        &format!(
-            "[telemetry.otlp]\nendpoint = \"http://{}\"\nexport_interval_ms = 100\n",
-            receiver.addr
-        ),
-    );
+    let text = common::TestConfig::new()
+        .upstream("incidents", &upstream.url())
+        .set(
+            "telemetry.otlp.endpoint",
+            format!("http://{}", receiver.addr),
+        )
+        .set("telemetry.otlp.export_interval_ms", 100)
+        .text();
     (common::firewall(&text).await, upstream, receiver)
 }
 

@@ -27,7 +27,7 @@ async fn refused_connection_names_upstream_and_cause() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/mcp", l.local_addr().unwrap());
     drop(l);
-    let fw = common::firewall(&common::config_text(&[("u", &url)], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &url).text()).await;
     let v = error_of(common::post_json(&fw.mcp_url("u"), CALL).await).await;
     assert!(
         v["error"]["data"]["cause"]
@@ -42,7 +42,7 @@ async fn refused_connection_names_upstream_and_cause() {
 #[tokio::test]
 async fn upstream_5xx_becomes_jsonrpc_error() {
     let up = raw::upstream(|_| async { raw::full(503, "text/plain", "overloaded") }).await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let v = error_of(common::post_json(&fw.mcp_url("u"), CALL).await).await;
     assert!(
         v["error"]["data"]["cause"]
@@ -61,8 +61,10 @@ async fn upstream_timeout_becomes_jsonrpc_error() {
         raw::result_for(&seen, json!({}))
     })
     .await;
-    let text = common::config_text(&[("u", &up.url())], "")
-        .replace("request_timeout_ms = 5000", "request_timeout_ms = 300");
+    let text = common::TestConfig::new()
+        .upstream("u", &up.url())
+        .upstream_set("u", "request_timeout_ms", 300)
+        .text();
     let fw = common::firewall(&text).await;
     let started = Instant::now();
     let v = error_of(common::post_json(&fw.mcp_url("u"), CALL).await).await;
@@ -89,7 +91,7 @@ async fn reset_mid_stream_ends_sse_with_error_event() {
         )
     })
     .await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let resp = common::post_json(&fw.mcp_url("u"), CALL).await;
     assert_eq!(resp.status(), 200);
     let text = resp
@@ -131,7 +133,7 @@ async fn sse_events_are_relayed_as_they_arrive() {
         )
     })
     .await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let started = Instant::now();
     let resp = common::post_json(&fw.mcp_url("u"), CALL).await;
     let mut stream = resp.bytes_stream();
@@ -165,7 +167,7 @@ async fn sse_events_are_relayed_as_they_arrive() {
 #[tokio::test]
 async fn client_credentials_and_hop_by_hop_headers_never_reach_the_upstream() {
     let up = raw::upstream(|seen| async move { raw::result_for(&seen, json!({})) }).await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let resp = common::http()
         .post(fw.mcp_url("u"))
         .header("content-type", "application/json")
@@ -208,8 +210,17 @@ async fn client_credentials_and_hop_by_hop_headers_never_reach_the_upstream() {
 #[tokio::test]
 async fn injected_credentials_reach_the_upstream() {
     let up = raw::upstream(|seen| async move { raw::result_for(&seen, json!({})) }).await;
-    let extra = "[upstream.headers]\n\"X-Api-Key\" = { value = \"vendor-key\" }\n";
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], extra)).await;
+    let cfg = common::TestConfig::new()
+        .upstream("u", &up.url())
+        .upstream_set(
+            "u",
+            "headers",
+            common::table([(
+                "X-Api-Key",
+                toml::Value::Table(common::table([("value", "vendor-key".into())])),
+            )]),
+        );
+    let fw = common::firewall(&cfg.text()).await;
     let resp = common::post_json(
         &fw.mcp_url("u"),
         r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
@@ -228,7 +239,7 @@ async fn notification_gets_upstreams_202() {
         r
     })
     .await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let resp = common::post_json(
         &fw.mcp_url("u"),
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
@@ -247,7 +258,7 @@ async fn unreadable_tool_list_is_an_error_not_an_unfiltered_list() {
             |seen| async move { raw::result_for(&seen, json!({"tools": {"name": "rm_rf"}})) },
         )
         .await;
-    let fw = common::firewall(&common::config_text(&[("u", &up.url())], "")).await;
+    let fw = common::firewall(&common::TestConfig::new().upstream("u", &up.url()).text()).await;
     let resp = common::post_json(
         &fw.mcp_url("u"),
         r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#,

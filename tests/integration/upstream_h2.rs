@@ -105,10 +105,11 @@ async fn held_streams_open_new_connections_instead_of_queueing() {
     // most 2 on each. Five held answers need three connections, all at once.
     let up = held_h2(2).await;
     let url = format!("http://{}/mcp", up.addr);
-    let text = common::config_text(&[("u", &url)], "").replace(
-        "connect_timeout_ms = 1000",
-        "http2 = true\nhttp2_max_streams = 2\nconnect_timeout_ms = 1000",
-    );
+    let text = common::TestConfig::new()
+        .upstream("u", &url)
+        .upstream_set("u", "http2", true)
+        .upstream_set("u", "http2_max_streams", 2)
+        .text();
     assert!(text.contains("http2_max_streams = 2"));
     let fw = common::firewall(&text).await;
     let mcp = fw.mcp_url("u");
@@ -185,10 +186,10 @@ async fn an_upstream_that_does_not_speak_http2_is_a_clear_connect_error() {
         }
     });
     let listener_only_h1 = format!("http://{addr}/mcp");
-    let text = common::config_text(&[("u", &listener_only_h1)], "").replace(
-        "connect_timeout_ms = 1000",
-        "http2 = true\nconnect_timeout_ms = 1000",
-    );
+    let text = common::TestConfig::new()
+        .upstream("u", &listener_only_h1)
+        .upstream_set("u", "http2", true)
+        .text();
     let fw = common::firewall(&text).await;
     let resp = common::post_json(
         &fw.mcp_url("u"),

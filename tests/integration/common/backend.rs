@@ -11,6 +11,7 @@
 
 use super::postgres::Postgres;
 use super::redis::Redis;
+use super::{toml_path, TestConfig};
 
 /// Where budgets and approvals live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,33 +48,31 @@ impl Backend {
 }
 
 impl Scope {
-    /// The `[state]` section (empty for local budgets).
-    pub fn state(&self) -> String {
-        self.state_with("")
-    }
-
-    /// The `[state]` section with more keys (`on_store_unavailable`, ...).
-    pub fn state_with(&self, more: &str) -> String {
+    /// `cfg` with this scope's `[state]` (nothing for local budgets).
+    pub fn state(&self, cfg: TestConfig) -> TestConfig {
         match self.backend {
-            Backend::Local => String::new(),
-            Backend::Shared => format!(
-                "[state]\nbackend = \"redis\"\nredis_url = \"{}\"\nkey_prefix = \"{}\"\ntimeout_ms = 200\n{more}\n",
-                Redis::shared().url,
-                self.id
-            ),
+            Backend::Local => cfg,
+            Backend::Shared => cfg
+                .set("state.backend", "redis")
+                .set("state.redis_url", Redis::shared().url.as_str())
+                .set("state.key_prefix", self.id.as_str())
+                .set("state.timeout_ms", 200),
         }
     }
 
-    /// The store keys of an `[approvals]` section.
-    pub fn approvals_store(&self) -> String {
+    /// `cfg` with this scope's approvals store (a journal in `dir`, or the
+    /// scope's PostgreSQL database).
+    pub fn approvals_store(&self, cfg: TestConfig) -> TestConfig {
         match &self.database {
-            None => format!(
-                "store_dir = \"{}\"\n",
-                self.dir.path().join("approvals").display()
+            None => cfg.set(
+                "approvals.store_dir",
+                toml_path(&self.dir.path().join("approvals")),
             ),
-            Some(url) => format!(
-                "store = \"postgres\"\npostgres_url = \"{url}\"\npostgres_timeout_ms = 2000\npostgres_poll_ms = 500\n"
-            ),
+            Some(url) => cfg
+                .set("approvals.store", "postgres")
+                .set("approvals.postgres_url", url.as_str())
+                .set("approvals.postgres_timeout_ms", 2000)
+                .set("approvals.postgres_poll_ms", 500),
         }
     }
 

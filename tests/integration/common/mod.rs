@@ -6,10 +6,13 @@
 pub mod backend;
 pub mod browser;
 pub mod clickhouse;
+pub mod config_builder;
 pub mod mcp;
 pub mod postgres;
 pub mod raw;
 pub mod redis;
+
+pub use config_builder::{path as toml_path, table, TestConfig};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -77,41 +80,6 @@ pub fn copy_policies(from: &Path, to: &Path) {
     }
 }
 
-/// The `[auth]` and `[policy]` sections every test config shares: an HS256
-/// development key and the shipped policies.
-pub fn auth_and_policy() -> String {
-    auth_and_policy_in(&shipped_policies())
-}
-
-/// The same with another policy directory.
-pub fn auth_and_policy_in(policies: &Path) -> String {
-    format!(
-        "[auth]\nmcp_audience = \"{AUDIENCE}\"\nadmin_audience = \"mcp-firewall-admin\"\nissuers = [\"{ISSUER}\"]\nservice_account_issuer = \"{ISSUER}\"\n[[auth.keys]]\nalg = \"HS256\"\nsecret = \"{SECRET}\"\n\n[policy]\ndir = \"{}\"\nreload_interval_ms = 100\n\n",
-        policies.display()
-    )
-}
-
-/// Config text for a plaintext firewall on free ports in front of `upstreams`
-/// (name, url; each in project `sre`), followed by `extra` TOML.
-pub fn config_text(upstreams: &[(&str, &str)], extra: &str) -> String {
-    config_text_in(&shipped_policies(), upstreams, extra)
-}
-
-/// [`config_text`] with another policy directory.
-pub fn config_text_in(policies: &Path, upstreams: &[(&str, &str)], extra: &str) -> String {
-    let mut s = String::from(
-        "[server]\nlisten = \"127.0.0.1:0\"\nplaintext = true\ndrain_timeout_ms = 2000\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n",
-    );
-    s.push_str(&auth_and_policy_in(policies));
-    for (name, url) in upstreams {
-        s.push_str(&format!(
-            "[[upstream]]\nname = \"{name}\"\nurl = \"{url}\"\nprojects = [\"sre\"]\nconnect_timeout_ms = 1000\nrequest_timeout_ms = 5000\nidle_timeout_ms = 5000\n\n"
-        ));
-    }
-    s.push_str(extra);
-    s
-}
-
 /// Claims for a test token: a caller run of `agent` over `projects`.
 pub fn claims(agent: &str, projects: &[&str]) -> MintClaims {
     MintClaims {
@@ -132,10 +100,7 @@ pub fn claims(agent: &str, projects: &[&str]) -> MintClaims {
 
 /// Signs claims with the test key.
 pub fn sign(claims: &MintClaims) -> String {
-    let cfg: AuthConfig = toml::from_str(&format!(
-        "mcp_audience = \"{AUDIENCE}\"\nadmin_audience = \"mcp-firewall-admin\"\nissuers = [\"{ISSUER}\"]\n[[keys]]\nalg = \"HS256\"\nsecret = \"{SECRET}\"\n"
-    ))
-    .expect("test auth config");
+    let cfg: AuthConfig = config_builder::auth().try_into().expect("test auth config");
     mint(&cfg, claims, Duration::from_secs(600)).expect("mint")
 }
 
