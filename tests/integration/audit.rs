@@ -529,9 +529,16 @@ async fn unwritable_spool_dir_fails_calls_per_fail_mode_and_recovers() {
     // The directory comes back: the next row opens a new segment and succeeds.
     std::fs::remove_file(&dir).unwrap();
     std::fs::rename(&moved, &dir).unwrap();
-    // Callers that stopped recording on a refused admit get a re-probe window.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert!(auditor.admit(Risk::Destructive).is_ok());
+    // Callers that stopped recording on a refused admit get a re-probe window:
+    // admission comes back by itself once it has passed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while auditor.admit(Risk::Destructive).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "admission never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     auditor
         .record(row(i + 2, "r"))
         .await

@@ -998,7 +998,12 @@ async fn postgres_over_tls_verified_against_the_configured_ca() {
     );
     pg.psql("postgres", "ALTER SYSTEM SET ssl = on");
     pg.psql("postgres", "SELECT pg_reload_conf()");
-    std::thread::sleep(Duration::from_millis(300));
+    // The reload is asynchronous: wait until the server says TLS is on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pg.psql("postgres", "SHOW ssl").trim() != "on" {
+        assert!(Instant::now() < deadline, "postgres never turned TLS on");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let counts = Counts::default();
     let upstream = ledger(counts.clone()).await;
