@@ -49,10 +49,20 @@ async fn shutdown_drains_in_flight_streams() {
             .await
             .expect("the stream completes during the drain")
     });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The call is in flight once the upstream has it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while up.count("POST", "ping") == 0 {
+        assert!(std::time::Instant::now() < deadline, "the call never reached the upstream");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let base = fw.base.clone();
+    let addr = fw.running.mcp_addr;
     let stopping = tokio::spawn(fw.stop());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The drain has begun once the listener refuses connections.
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "the listener never closed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // New connections are no longer accepted.
     let refused = common::http()
         .post(format!("{base}/mcp/u"))
