@@ -52,7 +52,10 @@ async fn shutdown_drains_in_flight_streams() {
     // The call is in flight once the upstream has it.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while up.count("POST", "ping") == 0 {
-        assert!(std::time::Instant::now() < deadline, "the call never reached the upstream");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never reached the upstream"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let base = fw.base.clone();
@@ -60,7 +63,10 @@ async fn shutdown_drains_in_flight_streams() {
     let stopping = tokio::spawn(fw.stop());
     // The drain has begun once the listener refuses connections.
     while tokio::net::TcpStream::connect(addr).await.is_ok() {
-        assert!(std::time::Instant::now() < deadline, "the listener never closed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener never closed"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // New connections are no longer accepted.

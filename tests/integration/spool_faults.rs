@@ -248,7 +248,10 @@ async fn a_stalled_disk_serves_reads_unaudited_and_refuses_writes_within_the_dea
     // Its write runs past the 300 ms deadline: the spool says so.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !readyz(&fw).await.1.contains("audit_spool_refusing") {
-        assert!(Instant::now() < deadline, "the stalled write was never noticed");
+        assert!(
+            Instant::now() < deadline,
+            "the stalled write was never noticed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let started = Instant::now();
