@@ -65,7 +65,7 @@ pub const MAX_REASON_BYTES: usize = 2000;
 #[derive(Clone)]
 pub(crate) enum Clock {
     System,
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fault-injection"))]
     Manual(Arc<std::sync::atomic::AtomicU64>),
 }
 
@@ -77,7 +77,7 @@ impl Clock {
             Clock::System => SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fault-injection"))]
             Clock::Manual(ms) => ms.load(std::sync::atomic::Ordering::SeqCst),
         }
     }
@@ -130,6 +130,18 @@ impl Approvals {
         registry: &mut Registry,
     ) -> anyhow::Result<Arc<Approvals>> {
         Self::open_with_clock(cfg, registry, Clock::System).await
+    }
+
+    /// [`Approvals::open`] on a clock the caller moves (milliseconds since
+    /// the epoch), so the test suite crosses expiries without sleeping. Test
+    /// builds only (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub async fn open_with_manual_clock(
+        cfg: &ApprovalsConfig,
+        registry: &mut Registry,
+        now_ms: Arc<std::sync::atomic::AtomicU64>,
+    ) -> anyhow::Result<Arc<Approvals>> {
+        Self::open_with_clock(cfg, registry, Clock::Manual(now_ms)).await
     }
 
     pub(crate) async fn open_with_clock(

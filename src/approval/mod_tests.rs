@@ -623,7 +623,10 @@ async fn wait_resolves_when_a_person_decides() {
         let (a, id) = (a.clone(), p.id.clone());
         tokio::spawn(async move { a.wait(&id, Instant::now() + Duration::from_secs(10)).await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Let the waiter run until it parks: nothing wakes it yet.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
     assert!(!waiter.is_finished());
     a.decide("acme", p.id.as_str(), &approver("bob"), true, "")
         .await

@@ -44,6 +44,14 @@ fn auth_config() -> AuthConfig {
 }
 
 async fn admin(tweak: impl FnOnce(&mut ApprovalsConfig)) -> Admin {
+    admin_on(tweak, None).await
+}
+
+/// [`admin`] on a clock the test moves (ms since the epoch), when given.
+async fn admin_on(
+    tweak: impl FnOnce(&mut ApprovalsConfig),
+    clock: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+) -> Admin {
     let dir = tempfile::tempdir().expect("store dir");
     let mut cfg = ApprovalsConfig {
         store_dir: dir.path().join("approvals"),
@@ -51,7 +59,11 @@ async fn admin(tweak: impl FnOnce(&mut ApprovalsConfig)) -> Admin {
     };
     tweak(&mut cfg);
     let mut registry = Registry::default();
-    let approvals = Approvals::open(&cfg, &mut registry).await.expect("open");
+    let approvals = match clock {
+        Some(now) => Approvals::open_with_manual_clock(&cfg, &mut registry, now).await,
+        None => Approvals::open(&cfg, &mut registry).await,
+    }
+    .expect("open");
     let verifier = Verifier::new(&auth_config()).await.expect("verifier");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
@@ -457,20 +469,19 @@ async fn a_second_decision_is_a_conflict() {
 
 #[tokio::test]
 async fn an_expired_approval_is_gone() {
-    let a = admin(|_| {}).await;
-    let mut n = gated("acme", "alice", "rollback_deployment", json!({}));
-    // The tool token dies in a second; so does the approval.
-    n.token_exp = now_s() + 1;
-    let p = a.approvals.request(n).await.expect("request");
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
         .as_millis() as u64;
+    let clock = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(now_ms));
+    let a = admin_on(|_| {}, Some(clock.clone())).await;
+    let mut n = gated("acme", "alice", "rollback_deployment", json!({}));
+    // The tool token dies in a second; so does the approval.
+    n.token_exp = now_s() + 1;
+    let p = a.approvals.request(n).await.expect("request");
     assert!(p.expires_ms <= (now_s() + 1) * 1000, "capped by the token");
-    tokio::time::sleep(Duration::from_millis(
-        p.expires_ms.saturating_sub(now_ms) + 100,
-    ))
-    .await;
+    // Past the token's end.
+    clock.store(p.expires_ms + 100, std::sync::atomic::Ordering::SeqCst);
     let bob = admin_token("acme", "bob");
     let (status, v) = decide(&a.base, &bob, p.id.as_str(), "approve", json!({})).await;
     assert_eq!(status, 410, "{v}");

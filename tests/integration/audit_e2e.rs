@@ -287,7 +287,12 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Kill it under load: once a good number of calls were answered.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while answered.lock().unwrap().len() < 100 {
+        assert!(Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 

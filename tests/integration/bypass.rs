@@ -827,8 +827,27 @@ async fn connections_past_the_cap_are_closed_at_once() {
         .text();
     let fw = common::firewall(&text).await;
     let addr = fw.running.mcp_addr;
-    let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The first connection is served (so the firewall counts it) and stays
+    // open, idle.
+    let mut first = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    first
+        .write_all(
+            format!(
+                "POST /mcp/incidents HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\ncontent-length: {}\r\n\r\n{ping}",
+                common::token(),
+                ping.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), first.read_exact(&mut head))
+        .await
+        .expect("the first connection is answered")
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "the first connection is served");
     let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
     let _ = second
         .write_all(b"GET /mcp/incidents HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
