@@ -81,11 +81,21 @@ fn metric(registry: &Registry, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("metric {name} missing in:\n{text}"))
 }
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+/// [`wait_until`] that blocks its thread while it polls: only for the test
+/// that proves rows ship while the recording runtime cannot run anything.
+fn block_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + timeout;
     while !cond() {
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -387,7 +397,8 @@ async fn pipeline_killed_mid_load_replays_every_acknowledged_row_once() {
                     .map(|c| c.trim().parse::<u64>().unwrap_or(0) > 0)
                     .unwrap_or(false)
         },
-    );
+    )
+    .await;
     child.kill().unwrap(); // SIGKILL: no shutdown, no flush, no cursor update.
     child.wait().unwrap();
     let text = std::fs::read_to_string(&ack_path).unwrap();
@@ -629,7 +640,8 @@ async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() 
     let rejected_dir = spool.join("rejected");
     wait_until("bad batch to be rejected", Duration::from_secs(30), || {
         std::fs::read_dir(&rejected_dir).unwrap().count() == 1
-    });
+    })
+    .await;
     let good = row(1, "after-bad");
     let id = good.event_id.to_string();
     auditor.record(good).await.unwrap();
@@ -802,7 +814,8 @@ async fn retention_drops_expired_day_partitions_only() {
         "old partitions to be dropped",
         Duration::from_secs(30),
         || ch.query_u64(&format!("SELECT count() FROM {db}.audit_events")) == 2,
-    );
+    )
+    .await;
     handle.shutdown(Duration::from_secs(5)).await;
     let stats_days = ch.query_u64(&format!(
         "SELECT uniqExact(day) FROM {db}.audit_events_daily_stats"
@@ -819,7 +832,8 @@ async fn schema_is_created_at_start_before_any_row() {
     wait_until("schema creation", Duration::from_secs(30), || {
         ch.try_query(&format!("SHOW TABLES FROM {db}"))
             .is_ok_and(|t| t.lines().count() == 3)
-    });
+    })
+    .await;
     handle.shutdown(Duration::from_secs(5)).await;
     drop(_a); // the spool stays locked while an Auditor lives
               // A second start finds it in place (idempotent DDL) and still works.
@@ -851,7 +865,8 @@ async fn least_privilege_user_inserts_into_a_schema_the_dba_created() {
     auditor.record(row(1, "lp")).await.unwrap();
     wait_until("the refused DDL", Duration::from_secs(10), || {
         metric(&reg, "audit_send_errors_total") >= 1.0
-    });
+    })
+    .await;
     handle.shutdown(Duration::from_secs(30)).await;
     let count = || ch.query_u64(&format!("SELECT count() FROM {db}.audit_events"));
     assert_eq!(count(), 1);
@@ -869,7 +884,8 @@ async fn least_privilege_user_inserts_into_a_schema_the_dba_created() {
     auditor.record(row(2, "lp")).await.unwrap();
     wait_until("failed attempts", Duration::from_secs(10), || {
         metric(&reg, "audit_retries_total") >= 2.0
-    });
+    })
+    .await;
     handle.shutdown(Duration::from_millis(100)).await;
     assert_eq!(count(), 1);
     assert_eq!(metric(&reg, "audit_rows_rejected_total"), 0.0);
@@ -937,7 +953,7 @@ async fn rows_ship_while_the_recording_runtime_is_blocked() {
         auditor.record(row(i, "run-blocked")).await.unwrap();
     }
     // Blocking sleeps from here on: no task of this runtime is polled.
-    wait_until("rows acknowledged", Duration::from_secs(30), || {
+    block_until("rows acknowledged", Duration::from_secs(30), || {
         metric(&reg, "audit_rows_sent_total") >= 50.0
     });
     assert_eq!(

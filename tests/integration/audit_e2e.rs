@@ -21,7 +21,7 @@ fn config(spool: &Path, ch: &ClickHouse, db: &str, url: &str) -> TestConfig {
         .upstream("incidents", url)
 }
 
-fn wait_rows(ch: &ClickHouse, sql: &str, want: u64) -> u64 {
+async fn wait_rows(ch: &ClickHouse, sql: &str, want: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         // The firewall creates the schema in the background: until it
@@ -34,7 +34,7 @@ fn wait_rows(ch: &ClickHouse, sql: &str, want: u64) -> u64 {
         if n >= want || Instant::now() > deadline {
             return n;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -85,7 +85,7 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
 
     let calls =
         format!("SELECT uniqExact(event_id) FROM {db}.audit_events WHERE method = 'tools/call'");
-    assert_eq!(wait_rows(ch, &calls, 4), 4, "{}", ch.log_tail());
+    assert_eq!(wait_rows(ch, &calls, 4).await, 4, "{}", ch.log_tail());
 
     let allowed = row(ch, &db, "tool = 'export_metrics_csv'");
     assert_eq!(allowed["tenant"], "acme");
@@ -159,7 +159,8 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
         ch,
         &format!("SELECT count() FROM {db}.audit_events_daily_stats"),
         1,
-    );
+    )
+    .await;
     assert!(daily >= 1);
     for q in &queries {
         let q = q
@@ -197,7 +198,7 @@ async fn upstream_errors_are_audited() {
     .await;
     assert_eq!(resp.status(), 200);
     // Its intent and its completion: one event.
-    let n = wait_rows(ch, &format!("SELECT count() FROM {db}.audit_events"), 2);
+    let n = wait_rows(ch, &format!("SELECT count() FROM {db}.audit_events"), 2).await;
     assert_eq!(n, 2);
     let events = ch.query_u64(&format!(
         "SELECT uniqExact(event_id) FROM {db}.audit_events"
@@ -329,7 +330,7 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
         if missing.is_empty() || Instant::now() > deadline {
             break missing;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(
         missing.is_empty(),
@@ -535,7 +536,8 @@ async fn a_client_that_goes_away_leaves_the_intent_and_a_client_gone_completion(
         ch,
         &format!("SELECT count() FROM {db}.audit_events WHERE jsonrpc_id = '77'"),
         2,
-    );
+    )
+    .await;
     assert_eq!(n, 2, "an intent and a completion");
     // Without FINAL both rows show; with it, only the completion.
     let text = ch.query(&format!(
@@ -556,7 +558,7 @@ async fn a_client_that_goes_away_leaves_the_intent_and_a_client_gone_completion(
             ch,
             &format!("SELECT count() FROM {db}.audit_events WHERE method = '{method}' AND row_version = 1"),
             1,
-        );
+        ).await;
         let r = row(ch, &db, &format!("method = '{method}'"));
         assert_eq!(r["row_version"], 1, "{method}: {r}");
         assert!(!r["session_id"].as_str().unwrap().is_empty(), "{r}");
