@@ -371,3 +371,50 @@ fn the_cycle_check_finds_cycles_through_every_kind_of_path() {
     ]);
     assert_eq!(cycles(&tree), Vec::<String>::new());
 }
+
+#[test]
+fn the_dependency_order_on_the_page_is_the_crates() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let start = text
+        .find("Dependencies point one way.")
+        .expect("ARCHITECTURE.md gives the dependency order");
+    let end = start
+        + text[start..]
+            .find("Inside `src/proxy/`")
+            .expect("the paragraph ends");
+    let order: Vec<String> = named_modules(&text[start..end]);
+    let mods = modules(&root().join("src"));
+    let top: BTreeSet<&str> = mods
+        .keys()
+        .filter(|m| m.len() == 1)
+        .map(|m| m[0].as_str())
+        .collect();
+    let listed: BTreeSet<&str> = order.iter().map(String::as_str).collect();
+    assert_eq!(listed, top, "the order names every top-level module once");
+    let rank = |m: &str| order.iter().position(|o| o == m).unwrap();
+    let mut upward = Vec::new();
+    for (me, code) in &mods {
+        for to in references(me, code, &mods) {
+            if let (Some(a), Some(b)) = (me.first(), to.first()) {
+                if a != b && rank(b) > rank(a) {
+                    upward.push(format!("{a} -> {b}"));
+                }
+            }
+        }
+    }
+    upward.sort();
+    upward.dedup();
+    assert!(
+        upward.is_empty(),
+        "modules importing one listed after them on ARCHITECTURE.md: {upward:?}"
+    );
+}
+
+/// The backticked names in `text` that are plain module names.
+fn named_modules(text: &str) -> Vec<String> {
+    text.split('`')
+        .enumerate()
+        .filter(|(i, part)| i % 2 == 1 && part.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(|(_, part)| part.to_owned())
+        .collect()
+}
