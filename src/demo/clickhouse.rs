@@ -49,12 +49,7 @@ fn server_command() -> Option<(PathBuf, Vec<&'static str>)> {
             return Some((PathBuf::from(p), Vec::new()));
         }
     }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("clickhouse"))
-            .find(|p| p.is_file())
-    });
-    on_path.map(|p| (p, vec!["server"]))
+    super::on_path("clickhouse").map(|p| (p, vec!["server"]))
 }
 
 impl ThrowawayClickHouse {

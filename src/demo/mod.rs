@@ -15,3 +15,13 @@
 pub mod clickhouse;
 pub mod run;
 pub mod upstream;
+
+use std::path::PathBuf;
+
+/// The first file called `name` in a directory of `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}

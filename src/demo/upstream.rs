@@ -59,17 +59,9 @@ pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     let beside = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join(&name)));
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(&name))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
     beside
-        .into_iter()
-        .chain(on_path)
-        .find(|p| p.is_file())
+        .filter(|p| p.is_file())
+        .or_else(|| super::on_path(&name))
         .with_context(|| {
             format!(
                 "the sample upstream ({BINARY}) is neither next to this executable nor on PATH: \
