@@ -31,6 +31,9 @@ pub fn canonical(value: &Value) -> String {
 pub fn sha256(value: &Value) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(canonical(value).as_bytes());
+    if !holds_inexact_integer(value) {
+        return h.finalize().into();
+    }
     let mut lost = Vec::new();
     inexact_integers(value, &mut lost);
     for (i, digits) in lost.iter().enumerate() {
@@ -40,17 +43,31 @@ pub fn sha256(value: &Value) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// Whether an integer of `value` is beyond what a double holds (nearly
+/// never: the common case skips ordering the members a second time).
+fn holds_inexact_integer(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => is_inexact(n),
+        Value::Array(items) => items.iter().any(holds_inexact_integer),
+        Value::Object(map) => map.values().any(holds_inexact_integer),
+        Value::Null | Value::Bool(_) | Value::String(_) => false,
+    }
+}
+
+fn is_inexact(n: &serde_json::Number) -> bool {
+    const EXACT: u64 = 1 << 53;
+    n.as_u64()
+        .map(|u| u > EXACT)
+        .or_else(|| n.as_i64().map(|i| i.unsigned_abs() > EXACT))
+        .unwrap_or(false)
+}
+
 /// The integers of `value` that a double does not hold exactly, in
 /// canonical order (members sorted by UTF-16 code units, as JCS sorts).
 fn inexact_integers(value: &Value, out: &mut Vec<String>) {
-    const EXACT: u64 = 1 << 53;
     match value {
         Value::Number(n) => {
-            let inexact = n
-                .as_u64()
-                .map(|u| u > EXACT)
-                .or_else(|| n.as_i64().map(|i| i.unsigned_abs() > EXACT));
-            if inexact == Some(true) {
+            if is_inexact(n) {
                 out.push(n.to_string());
             }
         }
