@@ -225,6 +225,25 @@ async fn without_clickhouse_the_demo_keeps_rows_in_the_spool_and_tail_reads_them
     demo.firewall.shutdown().await;
 }
 
+/// `mcp-firewall demo` on free ports, rows kept in the spool, the estate's
+/// binary `estate`, state in `data`.
+fn demo_command(estate: &std::path::Path, data: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"));
+    cmd.args([
+        "demo",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--spool-only",
+    ])
+    .arg("--upstream-bin")
+    .arg(estate)
+    .arg("--data-dir")
+    .arg(data);
+    cmd
+}
+
 /// Reads the demo's stdout until its guide names the endpoint and the
 /// investigator's token.
 fn read_guide(stdout: std::process::ChildStdout) -> (String, String, String) {
@@ -259,19 +278,7 @@ async fn the_demo_command_starts_the_estate_as_a_child_and_it_dies_with_the_fire
     crate::common::install_crypto();
     let estate = crate::common::estate_binary();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
-        .args([
-            "demo",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--spool-only",
-        ])
-        .arg("--upstream-bin")
-        .arg(&estate)
-        .arg("--data-dir")
-        .arg(dir.path())
+    let mut child = demo_command(&estate, dir.path())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -325,19 +332,7 @@ async fn the_demo_command_starts_the_estate_as_a_child_and_it_dies_with_the_fire
 #[tokio::test]
 async fn the_demo_command_says_how_to_get_the_estate_when_its_binary_is_missing() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
-        .args([
-            "demo",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--spool-only",
-        ])
-        .arg("--upstream-bin")
-        .arg(dir.path().join("no-such-binary"))
-        .arg("--data-dir")
-        .arg(dir.path())
+    let out = demo_command(&dir.path().join("no-such-binary"), dir.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
