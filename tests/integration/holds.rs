@@ -357,6 +357,29 @@ async fn closing_the_stream_cancels_on_2026_07_28_but_not_on_session_revisions()
 
 #[tokio::test]
 async fn a_multi_round_call_stays_bound_to_its_approval() {
+    multi_round_bound(
+        r#"{"service":"db"}"#,
+        (r#""service":"db""#, r#""service":"api""#),
+    )
+    .await;
+}
+
+/// Integers a double cannot hold: an approval for one id never runs a call
+/// on its neighbour, though RFC 8785 prints both alike.
+#[tokio::test]
+async fn a_multi_round_call_stays_bound_to_its_exact_large_integers() {
+    multi_round_bound(
+        r#"{"service":"db","replicas":9007199254740993}"#,
+        ("9007199254740993", "9007199254740992"),
+    )
+    .await;
+}
+
+/// A gated 2026-07-28 call with `args` is approved, answers `input_required`,
+/// and its retry runs under the same approval; the retry tampered, from
+/// another caller, or with `other` (a text replacement) applied to its
+/// arguments is refused and never reaches the upstream.
+async fn multi_round_bound(args: &str, other: (&str, &str)) {
     let up = upstream_answering(|seen| {
         let v: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
         let result = if v["params"]["requestState"] == "up-state-1" {
@@ -380,7 +403,7 @@ async fn a_multi_round_call_stays_bound_to_its_approval() {
     common::post(&url(&fw), &token, &[], LIST).await;
     let call = |id: u64, extra: &str| {
         format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"restart_service","arguments":{{"service":"db"}}{extra},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}}}}"#
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"restart_service","arguments":{args}{extra},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}}}}"#
         )
     };
     let headers = vec![
@@ -420,6 +443,11 @@ async fn a_multi_round_call_stays_bound_to_its_approval() {
     let last = up.seen().last().cloned().unwrap();
     let sent: Value = serde_json::from_slice(&last.body).unwrap();
     assert_eq!(sent["params"]["requestState"], "up-state-1");
+    let want: Value = serde_json::from_str(args).unwrap();
+    assert_eq!(
+        sent["params"]["arguments"], want,
+        "the arguments as approved"
+    );
     let approvals = fw.running.state.approvals.clone().unwrap();
     assert!(
         approvals
@@ -432,7 +460,8 @@ async fn a_multi_round_call_stays_bound_to_its_approval() {
     let runs = up.count("POST", "tools/call");
     // Tampered, or for other arguments, or another caller's: refused.
     let tampered = format!("{}x", &state[..state.len() - 1]);
-    let other_args = retry.replace(r#""service":"db""#, r#""service":"api""#);
+    let other_args = retry.replace(other.0, other.1);
+    assert_ne!(other_args, retry);
     for (tok, body) in [
         (token.clone(), retry.replace(&state, &tampered)),
         (token.clone(), other_args),
