@@ -183,7 +183,12 @@ async fn a_final_refusal_is_not_retried_and_is_counted_as_dropped() {
         text.contains("approvals_webhook_failures_total{kind=\"dropped\"} 1"),
         "{text}"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // "dropped" is counted once the delivery has given up: no attempt can
+    // follow it.
+    assert!(
+        text.contains("approvals_webhook_failures_total{kind=\"attempt\"} 1"),
+        "one failed attempt: {text}"
+    );
     assert_eq!(
         receiver.got.lock().expect("lock").len(),
         1,

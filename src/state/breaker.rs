@@ -58,11 +58,16 @@ impl Breaker {
 
     /// May a call go to the store now?
     pub fn permit(&self) -> Permit {
+        self.permit_at(self.now_ms())
+    }
+
+    /// [`Breaker::permit`] at `now` (milliseconds after the breaker's start).
+    fn permit_at(&self, now: u64) -> Permit {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Permit::Closed;
         }
-        if self.now_ms() < until {
+        if now < until {
             return Permit::Refused;
         }
         // Past the cooldown: one caller probes, the others stay refused.
@@ -86,15 +91,19 @@ impl Breaker {
 
     /// The store failed or timed out.
     pub fn failure(&self) {
+        self.failure_at(self.now_ms());
+    }
+
+    /// [`Breaker::failure`] at `now` (milliseconds after the breaker's start).
+    fn failure_at(&self, now: u64) {
         let n = self
             .failures
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
         let was_probe = self.probing.swap(false, Ordering::AcqRel);
         if n >= self.threshold || was_probe {
-            let until = self
-                .now_ms()
-                .saturating_add(u64::try_from(self.cooldown.as_millis()).unwrap_or(u64::MAX));
+            let until =
+                now.saturating_add(u64::try_from(self.cooldown.as_millis()).unwrap_or(u64::MAX));
             if self.open_until.swap(until, Ordering::AcqRel) == 0 {
                 self.opened.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
@@ -124,34 +133,48 @@ mod tests {
     #[test]
     fn opens_after_threshold_and_one_probe_closes_it() {
         let b = Breaker::new(3, Duration::from_millis(30));
-        assert_eq!(b.permit(), Permit::Closed);
-        b.failure();
-        b.failure();
+        assert_eq!(b.permit_at(1), Permit::Closed);
+        b.failure_at(1);
+        b.failure_at(1);
         assert!(!b.is_open(), "two failures of three do not open it");
         b.success();
-        b.failure();
-        b.failure();
+        b.failure_at(1);
+        b.failure_at(1);
         assert!(!b.is_open(), "a success resets the count");
-        b.failure();
+        b.failure_at(10);
         assert!(b.is_open());
-        assert_eq!(b.permit(), Permit::Refused);
+        assert_eq!(b.permit_at(10), Permit::Refused);
+        assert_eq!(b.permit_at(39), Permit::Refused, "until the cooldown ends");
         assert_eq!(b.opened(), 1);
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(b.permit(), Permit::Probe);
-        assert_eq!(b.permit(), Permit::Refused, "one probe at a time");
+        assert_eq!(b.permit_at(40), Permit::Probe);
+        assert_eq!(b.permit_at(41), Permit::Refused, "one probe at a time");
         b.success();
         assert!(!b.is_open());
-        assert_eq!(b.permit(), Permit::Closed);
+        assert_eq!(b.permit_at(41), Permit::Closed);
     }
 
     #[test]
     fn a_failed_probe_opens_it_again() {
         let b = Breaker::new(1, Duration::from_millis(20));
-        b.failure();
-        std::thread::sleep(Duration::from_millis(30));
-        assert_eq!(b.permit(), Permit::Probe);
+        b.failure_at(1);
+        assert_eq!(b.permit_at(21), Permit::Probe);
+        b.failure_at(21);
+        assert_eq!(b.permit_at(22), Permit::Refused);
+        assert_eq!(
+            b.permit_at(40),
+            Permit::Refused,
+            "a new cooldown from the probe"
+        );
+        assert_eq!(b.permit_at(41), Permit::Probe);
+        assert_eq!(b.opened(), 1, "still the same outage");
+    }
+
+    #[test]
+    fn the_clock_it_reads_moves() {
+        // The public calls read the breaker's own clock, which starts at 1.
+        let b = Breaker::new(1, Duration::from_secs(3600));
+        assert!(b.now_ms() >= 1);
         b.failure();
         assert_eq!(b.permit(), Permit::Refused);
-        assert_eq!(b.opened(), 1, "still the same outage");
     }
 }

@@ -137,7 +137,7 @@ async fn call_raw(
 }
 
 async fn hold_then_approve_runs_the_call_once_on_the_held_stream(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, &scope, 30, 600, |c| c).await;
     let c = client(&fw, &common::token()).await;
@@ -167,7 +167,7 @@ async fn hold_then_approve_runs_the_call_once_on_the_held_stream(b: Backend) {
 }
 
 async fn hold_then_deny_ends_with_the_reason(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, &scope, 30, 600, |c| c).await;
     let (call, oncall, id) = held_rollback(&fw).await;
@@ -181,7 +181,7 @@ async fn hold_then_deny_ends_with_the_reason(b: Backend) {
 }
 
 async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, &scope, 1, 600, |c| c).await;
     let c = client(&fw, &common::token()).await;
@@ -225,7 +225,7 @@ async fn resume_after_the_hold_window_runs_an_identical_retry_exactly_once(b: Ba
 }
 
 async fn an_approval_nobody_decides_expires(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, &scope, 10, 1, |c| c).await;
     let c = client(&fw, &common::token()).await;
@@ -244,7 +244,7 @@ async fn an_approval_nobody_decides_expires(b: Backend) {
 }
 
 async fn who_may_approve(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, &scope, 0, 600, |c| c).await;
     let c = client(&fw, &common::token()).await;
@@ -273,7 +273,7 @@ async fn who_may_approve(b: Backend) {
 }
 
 async fn a_pending_approval_survives_a_restart(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let upstream = upstream(options(true)).await;
     let token = common::token();
     let fw = start(&upstream, &scope, 0, 600, |c| c).await;
@@ -305,7 +305,7 @@ async fn a_pending_approval_survives_a_restart(b: Backend) {
 }
 
 async fn approver_sees_the_preview_and_clicks_approve_in_a_browser(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, &scope, 60, 600, |c| c).await;
     let (call, oncall, id) = held_rollback(&fw).await;
@@ -355,9 +355,9 @@ async fn approver_sees_the_preview_and_clicks_approve_in_a_browser(b: Backend) {
 }
 
 async fn every_transition_is_an_audit_row(b: Backend) {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
-    let scope = b.scope();
+    let scope = b.scope().await;
     let spool = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
     let fw = start(&upstream, &scope, 30, 600, |c| {

@@ -113,7 +113,7 @@ fn num(v: &Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_field_round_trips_through_clickhouse() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let spool = tempfile::tempdir().unwrap();
     let cfg = test_config(spool.path(), &ch.http_url, &db);
@@ -238,7 +238,7 @@ async fn every_field_round_trips_through_clickhouse() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_outage_mid_load_loses_nothing_and_counts_nothing_twice() {
-    let ch = ClickHouse::start();
+    let ch = ClickHouse::start().await;
     let db = ch.create_database();
     let spool = tempfile::tempdir().unwrap();
     let mut cfg = test_config(spool.path(), &ch.http_url, &db);
@@ -267,7 +267,7 @@ async fn clickhouse_outage_mid_load_loses_nothing_and_counts_nothing_twice() {
             stopped = true;
         }
         if chunk == 25 {
-            ch.resume();
+            ch.resume().await;
             stopped = false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -354,7 +354,7 @@ async fn pipeline_killed_mid_load_replays_every_acknowledged_row_once() {
         crash_child(parts[0], parts[1], parts[2], parts[3]).await;
         return;
     }
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -560,7 +560,7 @@ async fn unwritable_spool_dir_fails_calls_per_fail_mode_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torn_record_at_segment_end_is_cut_and_the_rest_shipped() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -619,7 +619,7 @@ async fn torn_record_at_segment_end_is_cut_and_the_rest_shipped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -660,7 +660,7 @@ async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daily_stats_do_not_double_count_duplicate_inserts() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let spool = tempfile::tempdir().unwrap();
     let cfg = test_config(spool.path(), &ch.http_url, &db);
@@ -718,7 +718,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spool_replayed_after_a_crash_is_stored_twice_but_counts_once() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -789,7 +789,7 @@ async fn spool_replayed_after_a_crash_is_stored_twice_but_counts_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_drops_expired_day_partitions_only() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let spool = tempfile::tempdir().unwrap();
     let cfg = test_config(spool.path(), &ch.http_url, &db);
@@ -825,7 +825,7 @@ async fn retention_drops_expired_day_partitions_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_is_created_at_start_before_any_row() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = format!("t_{:016x}", rand::random::<u64>());
     let spool = tempfile::tempdir().unwrap();
     let (_a, handle, _reg) = start(&test_config(spool.path(), &ch.http_url, &db)).await;
@@ -848,7 +848,7 @@ async fn schema_is_created_at_start_before_any_row() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_privilege_user_inserts_into_a_schema_the_dba_created() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = format!("t_{:016x}", rand::random::<u64>());
     for stmt in audit::schema_statements(&db, "audit_events") {
         ch.query(&stmt);
@@ -913,11 +913,11 @@ async fn disabled_auditor_records_nothing_and_never_fails() {
     handle.shutdown(Duration::from_millis(10)).await;
 }
 
-#[test]
-fn schema_file_creates_the_same_tables_by_hand() {
+#[tokio::test]
+async fn schema_file_creates_the_same_tables_by_hand() {
     // The DDL shipped to DBAs runs as is (after placeholder substitution) and is
     // idempotent.
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = format!("t_{:016x}", rand::random::<u64>());
     for _ in 0..2 {
         for stmt in audit::schema_statements(&db, "audit_events") {
@@ -944,7 +944,7 @@ fn schema_file_creates_the_same_tables_by_hand() {
 /// blocked here on purpose, as a saturated worker pool would be).
 #[tokio::test(flavor = "current_thread")]
 async fn rows_ship_while_the_recording_runtime_is_blocked() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let spool = tempfile::tempdir().unwrap();
     let cfg = test_config(spool.path(), &ch.http_url, &db);

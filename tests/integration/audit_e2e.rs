@@ -47,7 +47,7 @@ fn row(ch: &ClickHouse, db: &str, filter: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;
@@ -184,7 +184,7 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_are_audited() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -218,7 +218,7 @@ async fn upstream_errors_are_audited() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn firewall_killed_mid_load_loses_no_answered_call() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -473,7 +473,7 @@ async fn full_spool_refuses_writes_and_serves_reads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_leaves_the_intent_and_a_client_gone_completion() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     // Calls answer slowly; everything else at once.

@@ -29,6 +29,8 @@ struct ServerState {
     status: Mutex<StatusCode>,
     delay_ms: AtomicU64,
     hits: AtomicUsize,
+    /// Connections open now (a client keeps its pooled one until dropped).
+    open: AtomicUsize,
 }
 
 struct KeyServer {
@@ -55,6 +57,7 @@ impl KeyServer {
             status: Mutex::new(StatusCode::OK),
             delay_ms: AtomicU64::new(0),
             hits: AtomicUsize::new(0),
+            open: AtomicUsize::new(0),
         });
         let (acceptor, ca_file) = if tls {
             let (acceptor, ca_pem) = tls_acceptor();
@@ -73,6 +76,8 @@ impl KeyServer {
                 let state = Arc::clone(&served);
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
+                    state.open.fetch_add(1, Ordering::SeqCst);
+                    let open = Arc::clone(&state);
                     let service = service_fn(move |_req| {
                         let state = Arc::clone(&state);
                         async move {
@@ -106,6 +111,7 @@ impl KeyServer {
                                 .await;
                         }
                     }
+                    open.open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
@@ -290,6 +296,8 @@ async fn unknown_kid_flood_causes_at_most_one_fetch_per_interval() {
             futures_util::future::join_all(calls).await
         }
     };
+    // The on-demand fetch below starts the interval no earlier than this.
+    let before_fetch = Instant::now();
     let results = flood(&strangers).await;
     assert!(results
         .iter()
@@ -306,7 +314,21 @@ async fn unknown_kid_flood_causes_at_most_one_fetch_per_interval() {
         .all(|r| matches!(r, Err(TokenError::UnknownKid { .. }))));
     assert_eq!(server.hits(), 2, "within the interval no further fetch");
 
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Unknown kids keep coming: the next fetch is the first once the
+    // 1 s interval has passed, and not one before.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.hits() == 2 {
+        assert!(Instant::now() < deadline, "the limit never reopened");
+        let _ = verifier.verify(&strangers[0], Audience::Mcp).await;
+        if server.hits() == 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(
+        before_fetch.elapsed() >= Duration::from_secs(1),
+        "reopened {:?} after the fetch",
+        before_fetch.elapsed()
+    );
     let _ = flood(&strangers).await;
     assert_eq!(server.hits(), 3, "one more fetch in the next interval");
     assert!(
@@ -419,7 +441,17 @@ async fn dropping_the_verifier_stops_the_refresh_task() {
     let mut source = server.source(10);
     source.refresh_s = 1;
     let verifier = Verifier::new(&config(source)).await.expect("verifier");
+    assert_eq!(server.state.open.load(Ordering::SeqCst), 1, "pooled");
     drop(verifier);
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    // The refresh task owns the HTTP client; its pooled connection closes
+    // only once the task is gone, and nothing is left that could fetch.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.state.open.load(Ordering::SeqCst) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the refresh task outlived the verifier"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(server.hits(), 1);
 }

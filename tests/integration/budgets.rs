@@ -113,7 +113,7 @@ on_both_backends!(
 );
 
 async fn step_cap_is_exact_under_100_concurrent_calls(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);
@@ -184,7 +184,7 @@ async fn step_cap_is_exact_under_100_concurrent_calls(b: Backend) {
 }
 
 async fn cost_cap_with_price_table_and_upstream_reported_cost(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);
@@ -234,7 +234,7 @@ async fn cost_cap_with_price_table_and_upstream_reported_cost(b: Backend) {
 }
 
 async fn rate_limit_is_a_jsonrpc_error_with_retry_after(b: Backend) {
-    let scope = b.scope();
+    let scope = b.scope().await;
     let executions = Arc::new(AtomicUsize::new(0));
     let up = counting_upstream(executions.clone()).await;
     let dir = common::policy_dir(&[("90-budget.toml", POLICY)]);

@@ -211,13 +211,13 @@ fn shared_stores_config(dir: &Path, redis: &str, postgres: &str) -> std::path::P
     path
 }
 
-#[test]
-fn check_says_whether_the_shared_stores_answer_and_migrate_creates_the_schema() {
+#[tokio::test]
+async fn check_says_whether_the_shared_stores_answer_and_migrate_creates_the_schema() {
     use crate::common::postgres::Postgres;
     use crate::common::redis::Redis;
     let dir = tempfile::tempdir().unwrap();
-    let db = Postgres::shared().create_random_database();
-    let config = shared_stores_config(dir.path(), &Redis::shared().url, &db);
+    let db = Postgres::shared().await.create_random_database();
+    let config = shared_stores_config(dir.path(), &Redis::shared().await.url, &db);
 
     let (ok, out) = run(firewall().args(["check", "--config"]).arg(&config));
     assert!(ok, "{out}");

@@ -145,7 +145,7 @@ async fn every_metric_the_dashboard_uses_is_exported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_clickhouse_panel_runs_against_the_schema() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let upstream = upstream(options(true)).await;

@@ -100,6 +100,19 @@ fn held(
     headers: &[(&'static str, String)],
     body: &str,
 ) -> tokio::task::JoinHandle<String> {
+    held_live(fw, token, headers, body).0
+}
+
+/// [`held`], plus the text received so far, updated chunk by chunk.
+fn held_live(
+    fw: &Firewall,
+    token: &str,
+    headers: &[(&'static str, String)],
+    body: &str,
+) -> (
+    tokio::task::JoinHandle<String>,
+    tokio::sync::watch::Receiver<String>,
+) {
     let mut req = common::http()
         .post(url(fw))
         .bearer_auth(token)
@@ -109,15 +122,32 @@ fn held(
     for (k, v) in headers {
         req = req.header(*k, v.clone());
     }
-    tokio::spawn(async move {
+    let (seen, live) = tokio::sync::watch::channel(String::new());
+    let task = tokio::spawn(async move {
         let resp = req.send().await.expect("sent");
         let mut text = String::new();
         let mut s = resp.bytes_stream();
         while let Some(Ok(chunk)) = s.next().await {
             text.push_str(&String::from_utf8_lossy(&chunk));
+            seen.send_replace(text.clone());
         }
         text
-    })
+    });
+    (task, live)
+}
+
+/// Waits until `fw` holds exactly `n` calls (a hold registers once its
+/// stream starts, and leaves once the firewall has seen it end).
+async fn holding(fw: &Firewall, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fw.running.state.holds.len() != n {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} held",
+            fw.running.state.holds.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The JSON data of each SSE event of `text`.
@@ -348,8 +378,10 @@ async fn closing_the_stream_cancels_on_2026_07_28_but_not_on_session_revisions()
     // for the retry.
     let stream = held(&fw, &token, &[], RESTART);
     let b = pending(&fw).await;
+    holding(&fw, 1, "the session call is held").await;
     stream.abort();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The firewall has seen the stream close once the hold is released.
+    holding(&fw, 0, "the closed stream is released").await;
     assert_eq!(status(&fw, &b).await, Status::Pending);
     assert_eq!(up.count("POST", "tools/call"), 0);
     fw.stop().await;
@@ -504,10 +536,22 @@ async fn progress_keeps_increasing_across_the_hold() {
     let (fw, _store) = start(&up, &[]).await;
     let token = common::token();
     common::post(&url(&fw), &token, &[], LIST).await;
-    let stream = held(&fw, &token, &[], RESTART);
+    let (stream, mut live) = held_live(&fw, &token, &[], RESTART);
     let a = pending(&fw).await;
-    // Let the hold send a few progress notifications of its own.
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    // The hold sends two progress notifications of its own first.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        live.wait_for(|text| {
+            events(text)
+                .iter()
+                .filter(|e| e["method"] == "notifications/progress")
+                .count()
+                >= 2
+        }),
+    )
+    .await
+    .expect("the hold sends progress while it waits")
+    .expect("the stream is open");
     approve(&fw, &a).await.unwrap();
     let text = stream.await.unwrap();
     let progress: Vec<f64> = events(&text)

@@ -189,7 +189,7 @@ const DRIFTED: [(&str, &str); 4] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforce_hides_and_refuses_every_drift_until_accepted() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     for (era, json_response) in [(Era::V2025_11_25, false), (Era::V2026_07_28, true)] {
         let db = ch.create_database();
         let spool = tempfile::tempdir().unwrap();

@@ -196,7 +196,7 @@ fn outcome(v: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_cap_holds_exactly_across_three_replicas() {
-    let scope = Backend::Shared.scope();
+    let scope = Backend::Shared.scope().await;
     let fleet = Arc::new(
         fleet(3, &scope, |c| {
             c.set("limits.per_run_per_s", 0)
@@ -232,7 +232,7 @@ async fn step_cap_holds_exactly_across_three_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cost_caps_of_run_and_tenant_day_hold_exactly_across_replicas() {
-    let scope = Backend::Shared.scope();
+    let scope = Backend::Shared.scope().await;
     // A call costs 0.25; a run may spend 1.0 (4 calls), the tenant 2.0 a
     // day (8 calls): four runs of 20 concurrent calls each get 8 in all.
     let fleet = Arc::new(
@@ -282,7 +282,7 @@ async fn cost_caps_of_run_and_tenant_day_hold_exactly_across_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_rate_holds_within_ten_percent_across_replicas() {
-    let scope = Backend::Shared.scope();
+    let scope = Backend::Shared.scope().await;
     let per_s = 40.0;
     let fleet = Arc::new(
         fleet(3, &scope, |c| {
@@ -380,7 +380,7 @@ async fn pending_on(fw: &Firewall, token: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_granted_on_one_replica_releases_the_call_held_on_another_once() {
-    let scope = Backend::Shared.scope();
+    let scope = Backend::Shared.scope().await;
     let fleet = Arc::new(
         fleet(3, &scope, |c| {
             scope
@@ -480,8 +480,8 @@ async fn an_approval_granted_on_one_replica_releases_the_call_held_on_another_on
 /// (closed), nothing hangs, and the shared budgets return by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
-    let redis = Redis::start();
-    let scope = Backend::Shared.scope();
+    let redis = Redis::start().await;
+    let scope = Backend::Shared.scope().await;
     let counts = Counts::default();
     let upstream = ledger(counts.clone()).await;
     let policies = common::policy_dir(&[("90-fleet.toml", POLICY)]);
@@ -509,38 +509,50 @@ async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
     let call = |tool: &'static str, i: usize| one_call(fw.clone(), token.clone(), tool, i);
     assert_eq!(call("write_note", 1).await.0, "ok");
 
-    // Load: a reader and a writer, all along.
+    // Load: a reader and a writer, all along; each phase waits for what
+    // the load has seen, not for a time.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = |tool: &'static str| {
         let (stop, fw, token) = (stop.clone(), fw.clone(), token.clone());
-        tokio::spawn(async move {
-            let mut seen: Vec<(String, Duration)> = Vec::new();
-            let mut i = 10;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                seen.push(one_call(fw.clone(), token.clone(), tool, i).await);
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
+        let seen = Seen::default();
+        let task = tokio::spawn({
+            let seen = seen.clone();
+            async move {
+                let mut i = 10;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let one = one_call(fw.clone(), token.clone(), tool, i).await;
+                    seen.lock().unwrap().push(one);
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
             }
-            seen
-        })
+        });
+        (task, seen)
     };
-    let readers = load("read_thing");
-    let writers = load("write_note");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    redis.stop();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (readers, reads) = load("read_thing");
+    let (writers, writes) = load("write_note");
+    until_seen(&reads, "ok", 5, "reads before the outage").await;
+    until_seen(&writes, "ok", 5, "writes before the outage").await;
+    redis.stop().await;
+    let reads_before = count(&reads, "ok");
+    until_seen(&writes, "-31006", 3, "writes refused in the outage").await;
+    until_seen(&reads, "ok", reads_before + 5, "reads in the outage").await;
     // During the outage: degraded, not unready (all replicas share the store).
-    let ready = common::http()
-        .get(format!("{}/readyz", fw.admin))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
-    let text = ready.text().await.unwrap();
-    assert!(
-        text.contains("degraded: budget_store_unavailable"),
-        "{text}"
-    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = common::http()
+            .get(format!("{}/readyz", fw.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ready.status(), 200);
+        let text = ready.text().await.unwrap();
+        if text.contains("degraded: budget_store_unavailable") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never degraded: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (o, took) = call("write_note", 99_999).await;
     assert_eq!(o, "-31006", "a write is refused while Redis is down");
     assert!(
@@ -550,7 +562,7 @@ async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
     let (o, _) = call("read_thing", 99_998).await;
     assert_eq!(o, "ok", "a read runs on this replica's own budgets");
 
-    redis.resume();
+    redis.resume().await;
     // Recovery is automatic: writes run again within a few seconds.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -561,10 +573,15 @@ async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
         assert!(Instant::now() < deadline, "writes never recovered: {o}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The load's own writes recover too, with the reader still running.
+    let (reads_now, writes_now) = (count(&reads, "ok"), count(&writes, "ok"));
+    until_seen(&writes, "ok", writes_now + 3, "the load's writes after").await;
+    until_seen(&reads, "ok", reads_now + 3, "the load's reads after").await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let reads = readers.await.unwrap();
-    let writes = writers.await.unwrap();
+    readers.await.unwrap();
+    writers.await.unwrap();
+    let reads = std::mem::take(&mut *reads.lock().unwrap());
+    let writes = std::mem::take(&mut *writes.lock().unwrap());
     assert!(
         reads.iter().all(|(o, _)| o == "ok"),
         "every read ran: {:?}",
@@ -610,6 +627,31 @@ async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
     Arc::try_unwrap(fw).ok().unwrap().stop().await;
 }
 
+/// What a load task has seen: each call's outcome and how long it took.
+type Seen = Arc<std::sync::Mutex<Vec<(String, Duration)>>>;
+
+/// How many calls `seen` answered with `outcome`.
+fn count(seen: &Seen, outcome: &str) -> usize {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|(o, _)| o == outcome)
+        .count()
+}
+
+/// Waits until `seen` holds `n` calls answered with `outcome`.
+async fn until_seen(seen: &Seen, outcome: &str, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while count(seen, outcome) < n {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} of {n} {outcome}",
+            count(seen, outcome)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// One `tools/call` of `tool`: its outcome and how long it took.
 async fn one_call(fw: Arc<Firewall>, token: String, tool: &str, i: usize) -> (String, Duration) {
     let started = Instant::now();
@@ -630,7 +672,7 @@ async fn one_call(fw: Arc<Firewall>, token: String, tool: &str, i: usize) -> (St
 /// it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_dies_gated_calls_refused_at_once_then_recovery() {
-    let pg = Postgres::start();
+    let pg = Postgres::start().await;
     let db = pg.create_database("approvals");
     let counts = Counts::default();
     let upstream = ledger(counts.clone()).await;
@@ -671,7 +713,7 @@ async fn postgres_dies_gated_calls_refused_at_once_then_recovery() {
         a.text
     );
 
-    pg.stop();
+    pg.stop().await;
     let started = Instant::now();
     let a = common::post(&url, &token, &[], &wipe(2)).await;
     assert!(
@@ -721,7 +763,7 @@ async fn postgres_dies_gated_calls_refused_at_once_then_recovery() {
         .unwrap();
     assert!(text.contains("approvals_store_unavailable"), "{text}");
 
-    pg.resume();
+    pg.resume().await;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let a = common::post(&url, &token, &[], &wipe(4)).await;
@@ -849,7 +891,7 @@ impl Drop for TlsRedis {
     }
 }
 
-fn tls_redis(dir: &std::path::Path, ca: &crate::tls::Ca, password: &str) -> TlsRedis {
+async fn tls_redis(dir: &std::path::Path, ca: &crate::tls::Ca, password: &str) -> TlsRedis {
     let (cert, key) = ca.issue();
     std::fs::write(dir.join("ca.pem"), &ca.pem).unwrap();
     std::fs::write(dir.join("redis.pem"), cert).unwrap();
@@ -884,7 +926,7 @@ fn tls_redis(dir: &std::path::Path, ca: &crate::tls::Ca, password: &str) -> TlsR
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "TLS redis did not listen");
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     TlsRedis { port, child }
 }
@@ -897,7 +939,7 @@ fn tls_redis(dir: &std::path::Path, ca: &crate::tls::Ca, password: &str) -> TlsR
 async fn redis_over_tls_with_a_password_from_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let ca = crate::tls::Ca::new("redis test CA");
-    let redis = tls_redis(dir.path(), &ca, "s3cret-pw");
+    let redis = tls_redis(dir.path(), &ca, "s3cret-pw").await;
     std::fs::write(dir.path().join("pw"), "s3cret-pw\n").unwrap();
     std::fs::write(dir.path().join("wrong"), "guess\n").unwrap();
     std::fs::write(
@@ -951,7 +993,7 @@ async fn redis_over_tls_with_a_password_from_a_file() {
 /// against the configured CA; another CA's certificate is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_over_tls_verified_against_the_configured_ca() {
-    let pg = Postgres::start();
+    let pg = Postgres::start().await;
     let db = pg.create_database("tlsdb");
     // The server's certificate, readable by the server only.
     let certs = tempfile::tempdir().unwrap();

@@ -114,7 +114,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_fail_closed_calls_recovers_frees_the_spool_and_restarts() {
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -289,7 +289,7 @@ async fn a_stalled_disk_serves_reads_unaudited_and_refuses_writes_within_the_dea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_growing_backlog_and_clears_when_clickhouse_is_back() {
-    let ch = ClickHouse::start();
+    let ch = ClickHouse::start().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
@@ -311,7 +311,7 @@ async fn readyz_names_a_growing_backlog_and_clears_when_clickhouse_is_back() {
             .is_ok_and(|t| t.trim() != "0")
     })
     .await;
-    ch.stop();
+    ch.stop().await;
     let r = common::post(&url, &token, &[], &call("get_incident", 2, json!({}))).await;
     assert!(r.json()["result"].is_object());
     eventually(10, "the backlog named", || async {
@@ -319,7 +319,7 @@ async fn readyz_names_a_growing_backlog_and_clears_when_clickhouse_is_back() {
         status == 503 && body.contains("audit_backlog")
     })
     .await;
-    ch.resume();
+    ch.resume().await;
     eventually(30, "ready once ClickHouse is back", || async {
         readyz(&fw).await.0 == 200
     })
@@ -330,7 +330,7 @@ async fn readyz_names_a_growing_backlog_and_clears_when_clickhouse_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_idle_connections_at_once_and_ends_streams_with_a_final_event() {
     use tokio::io::AsyncReadExt;
-    let ch = ClickHouse::shared();
+    let ch = ClickHouse::shared().await;
     let db = ch.create_database();
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");

@@ -31,18 +31,26 @@ pub struct Scope {
     /// A directory for the approvals journal (and anything else local).
     pub dir: tempfile::TempDir,
     database: Option<String>,
+    redis_url: Option<String>,
 }
 
 impl Backend {
     /// A fresh scope.
-    pub fn scope(self) -> Scope {
+    pub async fn scope(self) -> Scope {
         let id = format!("t{}", uuid::Uuid::new_v4().simple());
-        let database = (self == Backend::Shared).then(|| Postgres::shared().create_database(&id));
+        let (database, redis_url) = match self {
+            Backend::Local => (None, None),
+            Backend::Shared => (
+                Some(Postgres::shared().await.create_database(&id)),
+                Some(Redis::shared().await.url.clone()),
+            ),
+        };
         Scope {
             backend: self,
             id,
             dir: tempfile::tempdir().expect("tempdir"),
             database,
+            redis_url,
         }
     }
 }
@@ -50,11 +58,11 @@ impl Backend {
 impl Scope {
     /// `cfg` with this scope's `[state]` (nothing for local budgets).
     pub fn state(&self, cfg: TestConfig) -> TestConfig {
-        match self.backend {
-            Backend::Local => cfg,
-            Backend::Shared => cfg
+        match &self.redis_url {
+            None => cfg,
+            Some(url) => cfg
                 .set("state.backend", "redis")
-                .set("state.redis_url", Redis::shared().url.as_str())
+                .set("state.redis_url", url.as_str())
                 .set("state.key_prefix", self.id.as_str())
                 .set("state.timeout_ms", 200),
         }

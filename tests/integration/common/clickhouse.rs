@@ -14,6 +14,8 @@
 //!
 //! Queries go over plain HTTP/1.0 on a std `TcpStream`: synchronous, so usable
 //! from sync and async tests alike, and independent of the code under test.
+//! Starting and stopping wait for the server, so they are async: a wait never
+//! puts the test's runtime thread to sleep.
 
 // Each test binary uses a subset of this shared harness.
 #![allow(dead_code)]
@@ -23,7 +25,9 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
+
 use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
 
 /// A running (or stopped) test ClickHouse server.
 pub struct ClickHouse {
@@ -46,13 +50,13 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl ClickHouse {
     /// The server shared by all tests of this binary, started on first use.
-    pub fn shared() -> &'static ClickHouse {
-        static SHARED: OnceLock<ClickHouse> = OnceLock::new();
-        SHARED.get_or_init(ClickHouse::start)
+    pub async fn shared() -> &'static ClickHouse {
+        static SHARED: OnceCell<ClickHouse> = OnceCell::const_new();
+        SHARED.get_or_init(ClickHouse::start).await
     }
 
     /// Starts a dedicated server (killed when dropped).
-    pub fn start() -> ClickHouse {
+    pub async fn start() -> ClickHouse {
         let mut last_err = String::new();
         // Ports are probed then released, so another process may grab one in
         // between: retry with fresh ports.
@@ -72,7 +76,7 @@ impl ClickHouse {
                 server: Mutex::new(None),
                 watchdog: Mutex::new(None),
             };
-            match ch.spawn() {
+            match ch.spawn().await {
                 Ok(()) => return ch,
                 Err(e) => last_err = e,
             }
@@ -81,13 +85,13 @@ impl ClickHouse {
     }
 
     /// Starts the server again after [`ClickHouse::stop`], same ports and data.
-    pub fn resume(&self) {
-        if let Err(e) = self.spawn() {
+    pub async fn resume(&self) {
+        if let Err(e) = self.spawn().await {
             panic!("could not restart clickhouse-server: {e}");
         }
     }
 
-    fn spawn(&self) -> Result<(), String> {
+    async fn spawn(&self) -> Result<(), String> {
         let (program, args) = server_command();
         let config = self.dir.join("config.xml");
         let mut cmd = Command::new(&program);
@@ -149,7 +153,7 @@ impl ClickHouse {
                     self.log_tail()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         *self.server.lock().unwrap() = Some(child);
         if let Some(mut old) = self.watchdog.lock().unwrap().replace(watchdog) {
@@ -160,7 +164,7 @@ impl ClickHouse {
     }
 
     /// Stops the server (SIGTERM, then SIGKILL after 10 s) and waits for it.
-    pub fn stop(&self) {
+    pub async fn stop(&self) {
         let Some(mut child) = self.server.lock().unwrap().take() else {
             return;
         };
@@ -175,7 +179,7 @@ impl ClickHouse {
             if let Ok(Some(_)) = child.try_wait() {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let _ = child.kill();
         let _ = child.wait();

@@ -24,9 +24,10 @@
 //! The watchdog notices through a pipe: its stdin's write end lives in the test
 //! process, so the kernel closes it however that process ends.
 //!
-//! Everything is synchronous and std-only (queries go through the `psql`
-//! binary), so usable from sync and async tests alike, and independent of the
-//! code under test.
+//! Queries are synchronous and std-only (they go through the `psql` binary),
+//! so usable from sync and async tests alike, and independent of the code
+//! under test. Starting and stopping wait for the server, so they are async:
+//! a wait never puts the test's runtime thread to sleep.
 
 // Each test binary uses a subset of this shared harness.
 #![allow(dead_code)]
@@ -36,8 +37,10 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+
 use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
 
 /// A running (or stopped) test PostgreSQL server.
 pub struct Postgres {
@@ -85,13 +88,13 @@ rm -rf "$0" 2>/dev/null || { sleep 0.5; rm -rf "$0"; }
 
 impl Postgres {
     /// The server shared by all tests of this binary, started on first use.
-    pub fn shared() -> &'static Postgres {
-        static SHARED: OnceLock<Postgres> = OnceLock::new();
-        SHARED.get_or_init(Postgres::start)
+    pub async fn shared() -> &'static Postgres {
+        static SHARED: OnceCell<Postgres> = OnceCell::const_new();
+        SHARED.get_or_init(Postgres::start).await
     }
 
     /// Starts a dedicated server (killed when dropped).
-    pub fn start() -> Postgres {
+    pub async fn start() -> Postgres {
         let bin = bin_dir();
         let run_as = if is_root() {
             Some(postgres_user().unwrap_or_else(|e| {
@@ -129,7 +132,7 @@ impl Postgres {
         for _ in 0..3 {
             pg.port = free_port();
             pg.url = pg.url_for(USER);
-            match pg.spawn() {
+            match pg.spawn().await {
                 Ok(()) => {
                     pg.psql("postgres", &format!("CREATE DATABASE {USER}"));
                     return pg;
@@ -143,8 +146,13 @@ impl Postgres {
     /// Kills the server at once (SIGKILL to the postmaster and its children),
     /// like a crash, and waits until its port refuses connections. The data
     /// dir is kept for [`Postgres::resume`].
-    pub fn stop(&self) {
-        self.kill_server();
+    pub async fn stop(&self) {
+        let children = self.kill_server();
+        // Orphans are reaped by init; a zombie holds no socket or memory.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while children.iter().any(|&c| alive(c)) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
             if Instant::now() > deadline {
@@ -153,24 +161,24 @@ impl Postgres {
                     self.port
                 );
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Starts the server again after [`Postgres::stop`], on the same port and
     /// data dir (it runs crash recovery first). No-op when running.
-    pub fn resume(&self) {
+    pub async fn resume(&self) {
         if self.is_running() {
             return;
         }
         let mut last_err = String::new();
         // A racing process may hold the port briefly.
         for _ in 0..5 {
-            match self.spawn() {
+            match self.spawn().await {
                 Ok(()) => return,
                 Err(e) => last_err = e,
             }
-            std::thread::sleep(Duration::from_millis(200));
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         panic!(
             "could not restart postgres on port {}: {last_err}",
@@ -335,7 +343,7 @@ impl Postgres {
         Ok(())
     }
 
-    fn spawn(&self) -> Result<(), String> {
+    async fn spawn(&self) -> Result<(), String> {
         let data = self.dir.join("data");
         // Left behind by a SIGKILL; its pid may belong to another process by
         // now, which would make the postmaster refuse to start.
@@ -404,7 +412,7 @@ impl Postgres {
                     self.log_tail()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         *self.server.lock().unwrap() = Some(child);
         Ok(())
@@ -428,10 +436,11 @@ impl Postgres {
         matches!(cmd.status(), Ok(s) if s.success())
     }
 
-    /// SIGKILLs the postmaster and its children and waits until they are gone.
-    fn kill_server(&self) {
+    /// SIGKILLs the postmaster and its children; returns the children's
+    /// pids (they may take a moment to die).
+    fn kill_server(&self) -> Vec<u32> {
         let Some(mut child) = self.server.lock().unwrap().take() else {
-            return;
+            return Vec::new();
         };
         let pid = child.id();
         // Frozen, the postmaster forks no new children while we kill them.
@@ -441,11 +450,7 @@ impl Postgres {
         let _ = child.kill();
         let _ = child.wait();
         let _ = std::fs::remove_file(self.dir.join("harness.pid"));
-        // Orphans are reaped by init; a zombie holds no socket or memory.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while children.iter().any(|&c| alive(c)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        children
     }
 }
 

@@ -16,7 +16,8 @@
 //!
 //! Commands go over RESP on a std `TcpStream` ([`Redis::command`]):
 //! synchronous, so usable from sync and async tests alike, and independent of
-//! the code under test.
+//! the code under test. Starting and stopping wait for the server, so they
+//! are async: a wait never puts the test's runtime thread to sleep.
 
 // Each test binary uses a subset of this shared harness.
 #![allow(dead_code)]
@@ -26,8 +27,10 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+
 use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
 
 /// A running (or stopped) test Redis server.
 pub struct Redis {
@@ -58,13 +61,13 @@ rm -rf "$0" 2>/dev/null || { sleep 0.5; rm -rf "$0"; }
 
 impl Redis {
     /// The server shared by all tests of this binary, started on first use.
-    pub fn shared() -> &'static Redis {
-        static SHARED: OnceLock<Redis> = OnceLock::new();
-        SHARED.get_or_init(Redis::start)
+    pub async fn shared() -> &'static Redis {
+        static SHARED: OnceCell<Redis> = OnceCell::const_new();
+        SHARED.get_or_init(Redis::start).await
     }
 
     /// Starts a dedicated server (killed when dropped).
-    pub fn start() -> Redis {
+    pub async fn start() -> Redis {
         let mut last_err = String::new();
         // Ports are probed then released, so another process may grab one in
         // between: retry with fresh ports.
@@ -88,7 +91,7 @@ impl Redis {
             if let Err(e) = redis.write_config().and_then(|()| redis.spawn_watchdog()) {
                 panic!("could not start redis-server: {e}");
             }
-            match redis.spawn() {
+            match redis.spawn().await {
                 Ok(()) => return redis,
                 Err(e) => last_err = e,
             }
@@ -98,7 +101,7 @@ impl Redis {
 
     /// Kills the server at once (SIGKILL), like a crash, and waits until its
     /// port refuses connections. The directory is kept for [`Redis::resume`].
-    pub fn stop(&self) {
+    pub async fn stop(&self) {
         let Some(mut child) = self.server.lock().unwrap().take() else {
             return;
         };
@@ -120,24 +123,24 @@ impl Redis {
                     self.port
                 );
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Starts the server again after [`Redis::stop`], on the same port and
     /// directory (with no persistence it starts empty). No-op when running.
-    pub fn resume(&self) {
+    pub async fn resume(&self) {
         if self.is_running() {
             return;
         }
         let mut last_err = String::new();
         // A just-closed socket or a racing process may hold the port briefly.
         for _ in 0..5 {
-            match self.spawn() {
+            match self.spawn().await {
                 Ok(()) => return,
                 Err(e) => last_err = e,
             }
-            std::thread::sleep(Duration::from_millis(200));
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         panic!(
             "could not restart redis-server on port {}: {last_err}",
@@ -229,7 +232,7 @@ impl Redis {
         Ok(())
     }
 
-    fn spawn(&self) -> Result<(), String> {
+    async fn spawn(&self) -> Result<(), String> {
         let program = server_binary();
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -276,7 +279,7 @@ impl Redis {
                     self.log_tail()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         *self.server.lock().unwrap() = Some(child);
         Ok(())
