@@ -145,10 +145,12 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let still_held = self.holds.release(&self.key);
-        if still_held && self.waiting && self.stateless {
+        // Withdrawn before it is released: a hold gone from the registry has
+        // its approval's fate settled.
+        if self.waiting && self.stateless && self.holds.is_held(&self.key) {
             self.holds.withdraw(&self.tenant, &self.approval);
         }
+        self.holds.release(&self.key);
     }
 }
 

@@ -56,12 +56,16 @@ impl Holds {
     /// Cancels the held call `key`, if there is one waiting: its approval is
     /// withdrawn and its stream ends. Returns the approval's id.
     pub fn cancel(&self, key: &HoldKey) -> Option<String> {
+        let (tenant, approval) = self
+            .held
+            .get(key)
+            .map(|e| (e.tenant.clone(), e.approval.clone()))?;
+        // Withdrawn before it leaves the registry: a hold gone from here has
+        // its approval's fate settled (withdrawing twice is harmless).
+        self.withdraw(&tenant, &approval);
         let (_, entry) = self.held.remove(key)?;
-        if let Some(a) = &self.approvals {
-            a.withdraw_now_or_soon(&entry.tenant, &entry.approval);
-        }
         entry.cancel.notify_one();
-        Some(entry.approval.as_str().to_owned())
+        Some(approval.as_str().to_owned())
     }
 
     /// Registers the held call `key`: `cancel` ends its wait.
@@ -79,6 +83,11 @@ impl Holds {
     /// Forgets the held call `key`; whether it was still registered.
     pub fn release(&self, key: &HoldKey) -> bool {
         self.held.remove(key).is_some()
+    }
+
+    /// Whether the call `key` is still held (not cancelled, not released).
+    pub fn is_held(&self, key: &HoldKey) -> bool {
+        self.held.contains_key(key)
     }
 
     /// Withdraws `approval` of `tenant` (its call will not run).

@@ -380,7 +380,8 @@ async fn closing_the_stream_cancels_on_2026_07_28_but_not_on_session_revisions()
     let b = pending(&fw).await;
     holding(&fw, 1, "the session call is held").await;
     stream.abort();
-    // The firewall has seen the stream close once the hold is released.
+    // The firewall has seen the stream close once the hold is released, and
+    // a hold withdraws (if it does) before it is released.
     holding(&fw, 0, "the closed stream is released").await;
     assert_eq!(status(&fw, &b).await, Status::Pending);
     assert_eq!(up.count("POST", "tools/call"), 0);
