@@ -660,18 +660,21 @@ async fn wait_gives_up_at_until_and_reports_expiry_at_the_deadline() {
     let mut short = new_approval(key("restart", &json!({})));
     short.token_exp = T0 / 1000 + 1;
     let s = a.request(short).await.expect("request");
-    let mover = {
-        let clock = clock.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            clock.store(T0 + 1000, Ordering::SeqCst);
-        })
+    let waiter = {
+        let (a, id) = (a.clone(), s.id.clone());
+        tokio::spawn(async move { a.wait(&id, Instant::now() + Duration::from_secs(30)).await })
     };
-    let status = a
-        .wait(&s.id, Instant::now() + Duration::from_secs(30))
-        .await;
+    // Once the waiter is parked on its deadline, time passes the token's end.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiter.is_finished(), "still pending before its deadline");
+    clock.store(T0 + 1000, Ordering::SeqCst);
+    let status = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("resolves at the deadline, not at `until`")
+        .expect("task");
     assert_eq!(status, Status::Expired);
-    mover.await.expect("mover");
     let unknown = ApprovalId::parse("ap_unknown").expect("shape");
     assert_eq!(a.wait(&unknown, Instant::now()).await, Status::Expired);
 }

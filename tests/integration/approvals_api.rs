@@ -662,6 +662,7 @@ async fn the_console_approves_in_headless_chromium() {
         Status::Pending,
         "one click does not approve"
     );
+    browser.record_status().await;
     browser.click(&approve).await;
 
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -692,11 +693,9 @@ async fn the_console_approves_in_headless_chromium() {
         .flatten()
         .expect("known");
     assert_eq!(decided.decision.expect("decision").by, "bob");
-    let status_line = browser.wait_for("#status.ok", Duration::from_secs(5)).await;
-    assert!(browser
-        .text(&status_line)
-        .await
-        .starts_with("Approved rollback_deployment"));
+    browser
+        .wait_said("ok", "Approved rollback_deployment", Duration::from_secs(5))
+        .await;
     assert!(
         a.approvals.consume(&p.key).await.is_some(),
         "the held call may now run"

@@ -607,6 +607,7 @@ async fn the_console_shows_both_definitions_and_accepts_in_headless_chromium() {
         .await
         .starts_with("Click again to pin"));
     assert_eq!(pending(&s.fw).await.len(), 1, "one click does not pin");
+    browser.record_status().await;
     browser.click(&accept).await;
     let deadline = Instant::now() + WAIT;
     while !pending(&s.fw).await.is_empty() {
@@ -617,11 +618,7 @@ async fn the_console_shows_both_definitions_and_accepts_in_headless_chromium() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let status_line = browser.wait_for("#status.ok", Duration::from_secs(5)).await;
-    assert!(browser
-        .text(&status_line)
-        .await
-        .starts_with("Pinned get_incident"));
+    browser.wait_said("ok", "Pinned get_incident", WAIT).await;
     assert_eq!(client.list_all_tools().await.unwrap().len(), 14);
     call(&client, "get_incident", arguments_of("get_incident")).await;
     assert_eq!(s.upstream.total_calls(), 1);

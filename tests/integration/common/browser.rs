@@ -250,6 +250,40 @@ impl Browser {
         .await
     }
 
+    /// Records every message the console's status line shows from now on,
+    /// as `class|text`: its own refresh may overwrite one before a test
+    /// reads it. See [`Browser::wait_said`].
+    pub async fn record_status(&self) {
+        self.execute(
+            "window.__said = []; var s = document.getElementById('status'); \
+             new MutationObserver(function () { window.__said.push(s.className + '|' + s.textContent); }) \
+             .observe(s, {childList: true, characterData: true, subtree: true}); return true;",
+        )
+        .await;
+    }
+
+    /// Waits until the status line has shown a message of `class` starting
+    /// with `prefix` since [`Browser::record_status`].
+    pub async fn wait_said(&self, class: &str, prefix: &str, timeout: Duration) {
+        let want = format!("{class}|{prefix}");
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let said = self.execute("return window.__said;").await;
+            let seen = said.as_array().is_some_and(|all| {
+                all.iter()
+                    .any(|m| m.as_str().is_some_and(|m| m.starts_with(&want)))
+            });
+            if seen {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the status line never said {want:?}; it said: {said}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Opens the review console at `url` and signs in with `token`.
     pub async fn sign_in(&self, url: &str, token: &str) {
         self.goto(url).await;
