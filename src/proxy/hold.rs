@@ -146,7 +146,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         // Withdrawn before it is released: a hold gone from the registry has
-        // its approval's fate settled.
+        // its withdrawal done (journal) or under way (PostgreSQL).
         if self.waiting && self.stateless && self.holds.is_held(&self.key) {
             self.holds.withdraw(&self.tenant, &self.approval);
         }

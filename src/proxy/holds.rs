@@ -61,7 +61,8 @@ impl Holds {
             .get(key)
             .map(|e| (e.tenant.clone(), e.approval.clone()))?;
         // Withdrawn before it leaves the registry: a hold gone from here has
-        // its approval's fate settled (withdrawing twice is harmless).
+        // its withdrawal done (journal) or under way (PostgreSQL);
+        // withdrawing twice is harmless.
         self.withdraw(&tenant, &approval);
         let (_, entry) = self.held.remove(key)?;
         entry.cancel.notify_one();

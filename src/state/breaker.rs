@@ -170,7 +170,7 @@ mod tests {
     }
 
     #[test]
-    fn the_clock_it_reads_moves() {
+    fn the_public_calls_read_the_breakers_own_clock() {
         // The public calls read the breaker's own clock, which starts at 1.
         let b = Breaker::new(1, Duration::from_secs(3600));
         assert!(b.now_ms() >= 1);
