@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common::clickhouse::{ClickHouse, INSERTER_PASSWORD};
+use crate::common::wait_until;
 use mcp_firewall::audit::{
     self, AuditConfig, AuditError, AuditRow, Auditor, FailMode, JsonPayload, Recorded, Risk,
     SpoolError, REDACTED,
@@ -88,14 +89,6 @@ fn block_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     while !cond() {
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

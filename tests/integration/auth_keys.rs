@@ -316,14 +316,11 @@ async fn unknown_kid_flood_causes_at_most_one_fetch_per_interval() {
 
     // Unknown kids keep coming: the next fetch is the first once the
     // 1 s interval has passed, and not one before.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.hits() == 2 {
-        assert!(Instant::now() < deadline, "the limit never reopened");
+    crate::common::eventually("the limit to reopen", Duration::from_secs(10), || async {
         let _ = verifier.verify(&strangers[0], Audience::Mcp).await;
-        if server.hits() == 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+        server.hits() > 2
+    })
+    .await;
     assert!(
         before_fetch.elapsed() >= Duration::from_secs(1),
         "reopened {:?} after the fetch",
@@ -445,13 +442,11 @@ async fn dropping_the_verifier_stops_the_refresh_task() {
     drop(verifier);
     // The refresh task owns the HTTP client; its pooled connection closes
     // only once the task is gone, and nothing is left that could fetch.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.state.open.load(Ordering::SeqCst) != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the refresh task outlived the verifier"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::common::wait_until(
+        "the refresh task to end with the verifier",
+        Duration::from_secs(10),
+        || server.state.open.load(Ordering::SeqCst) == 0,
+    )
+    .await;
     assert_eq!(server.hits(), 1);
 }

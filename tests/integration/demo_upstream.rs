@@ -17,6 +17,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use serde_json::{json, Value};
 
 use crate::common::mcp::*;
+use crate::common::wait_until;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_fourteen_tools_with_honest_annotations_in_every_era() {
@@ -362,21 +363,16 @@ async fn confirmation_without_elicitation_capability_posts_nothing() {
     }
 }
 
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renamed_tool_is_announced_to_session_clients() {
     let upstream = upstream(options(false)).await;
     let client = TestClient::new(Era::V2025_11_25);
     let state = Arc::clone(&client.0);
     let client = connect(&upstream.url(), client).await;
-    wait_until("the session to register", || upstream.session_count() == 1).await;
+    wait_until("the session to register", WAIT, || {
+        upstream.session_count() == 1
+    })
+    .await;
 
     upstream
         .rename_tool("get_incident", "get_incident_v2")
@@ -409,7 +405,7 @@ async fn renamed_tool_is_announced_to_session_clients() {
         Arc::new(args(json!({"type": "object"}))),
     );
     upstream.add_tool(added).await.expect("add");
-    wait_until("a second notification", || {
+    wait_until("a second notification", WAIT, || {
         state.list_changes.load(Ordering::SeqCst) == 2
     })
     .await;
@@ -433,7 +429,7 @@ async fn tool_changes_reach_modern_listeners() {
         .listen(SubscriptionFilter::builder().tools_list_changed().build())
         .await
         .expect("subscriptions/listen");
-    wait_until("the listener to start", || {
+    wait_until("the listener to start", WAIT, || {
         upstream.subscription_count() == 1
     })
     .await;

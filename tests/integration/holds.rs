@@ -139,15 +139,10 @@ fn held_live(
 /// Waits until `fw` holds exactly `n` calls (a hold registers once its
 /// stream starts, and leaves once the firewall has seen it end).
 async fn holding(fw: &Firewall, n: usize, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fw.running.state.holds.len() != n {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {} held",
-            fw.running.state.holds.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait_until(what, Duration::from_secs(10), || {
+        fw.running.state.holds.len() == n
+    })
+    .await;
 }
 
 /// The JSON data of each SSE event of `text`.

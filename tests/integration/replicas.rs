@@ -538,21 +538,21 @@ async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
     until_seen(&writes, "-31006", 3, "writes refused in the outage").await;
     until_seen(&reads, "ok", reads_before + 5, "reads in the outage").await;
     // During the outage: degraded, not unready (all replicas share the store).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let ready = common::http()
-            .get(format!("{}/readyz", fw.admin))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(ready.status(), 200);
-        let text = ready.text().await.unwrap();
-        if text.contains("degraded: budget_store_unavailable") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never degraded: {text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually(
+        "/readyz to say degraded",
+        Duration::from_secs(10),
+        || async {
+            let ready = common::http()
+                .get(format!("{}/readyz", fw.admin))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(ready.status(), 200);
+            let text = ready.text().await.unwrap();
+            text.contains("degraded: budget_store_unavailable")
+        },
+    )
+    .await;
     let (o, took) = call("write_note", 99_999).await;
     assert_eq!(o, "-31006", "a write is refused while Redis is down");
     assert!(
@@ -641,15 +641,8 @@ fn count(seen: &Seen, outcome: &str) -> usize {
 
 /// Waits until `seen` holds `n` calls answered with `outcome`.
 async fn until_seen(seen: &Seen, outcome: &str, n: usize, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while count(seen, outcome) < n {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {} of {n} {outcome}",
-            count(seen, outcome)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("{what} ({n} {outcome})");
+    common::wait_until(&what, Duration::from_secs(15), || count(seen, outcome) >= n).await;
 }
 
 /// One `tools/call` of `tool`: its outcome and how long it took.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::clickhouse::ClickHouse;
-use crate::common::{self, raw, Firewall};
+use crate::common::{self, eventually, raw, Firewall};
 use mcp_firewall::audit::fault::{self, Plan};
 
 const FULL: Plan = Plan {
@@ -99,19 +99,6 @@ async fn metric(fw: &Firewall, name: &str) -> f64 {
         .sum()
 }
 
-/// Waits until `f` holds, up to `secs`.
-async fn eventually<F: std::future::Future<Output = bool>>(
-    secs: u64,
-    what: &str,
-    mut f: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_fail_closed_calls_recovers_frees_the_spool_and_restarts() {
     let ch = ClickHouse::shared().await;
@@ -165,7 +152,10 @@ async fn a_full_disk_refuses_fail_closed_calls_recovers_frees_the_spool_and_rest
 
     // Space is back: writes run again, every row ships, segments are freed.
     fault::clear(&spool);
-    eventually(5, "ready again", || async { readyz(&fw).await.0 == 200 }).await;
+    eventually("ready again", Duration::from_secs(5), || async {
+        readyz(&fw).await.0 == 200
+    })
+    .await;
     let r = common::post(
         &url,
         &token,
@@ -176,24 +166,28 @@ async fn a_full_disk_refuses_fail_closed_calls_recovers_frees_the_spool_and_rest
     assert!(r.json()["result"].is_object(), "{}", r.text);
     // (The calls made while the disk was full could not be recorded: the
     // read was served and counted as lost, the write refused.)
-    eventually(20, "the rows in ClickHouse", || async {
+    eventually("the rows in ClickHouse", Duration::from_secs(20), || async {
         ch.try_query(&format!("SELECT count() FROM {db}.audit_events FINAL WHERE jsonrpc_id = '4' AND stop_reason = 'done'"))
             .is_ok_and(|t| t.trim() == "1")
     })
     .await;
-    eventually(10, "shipped segments deleted", || async {
-        std::fs::read_dir(&spool)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "seg")
-            })
-            .count()
-            <= 2
-    })
+    eventually(
+        "shipped segments deleted",
+        Duration::from_secs(10),
+        || async {
+            std::fs::read_dir(&spool)
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .path()
+                        .extension()
+                        .is_some_and(|x| x == "seg")
+                })
+                .count()
+                <= 2
+        },
+    )
     .await;
     fw.stop().await;
 
@@ -205,9 +199,11 @@ async fn a_full_disk_refuses_fail_closed_calls_recovers_frees_the_spool_and_rest
     let r = common::post(&url, &token, &[], &call("get_incident", 5, json!({}))).await;
     assert!(r.json()["result"].is_object(), "{}", r.text);
     fault::clear(&spool);
-    eventually(5, "ready after the restart", || async {
-        readyz(&fw).await.0 == 200
-    })
+    eventually(
+        "ready after the restart",
+        Duration::from_secs(5),
+        || async { readyz(&fw).await.0 == 200 },
+    )
     .await;
     fw.stop().await;
 }
@@ -306,7 +302,7 @@ async fn readyz_names_a_growing_backlog_and_clears_when_clickhouse_is_back() {
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
     )
     .await;
-    eventually(20, "shipping works", || async {
+    eventually("shipping works", Duration::from_secs(20), || async {
         ch.try_query(&format!("SELECT count() FROM {db}.audit_events"))
             .is_ok_and(|t| t.trim() != "0")
     })
@@ -314,15 +310,17 @@ async fn readyz_names_a_growing_backlog_and_clears_when_clickhouse_is_back() {
     ch.stop().await;
     let r = common::post(&url, &token, &[], &call("get_incident", 2, json!({}))).await;
     assert!(r.json()["result"].is_object());
-    eventually(10, "the backlog named", || async {
+    eventually("the backlog named", Duration::from_secs(10), || async {
         let (status, body) = readyz(&fw).await;
         status == 503 && body.contains("audit_backlog")
     })
     .await;
     ch.resume().await;
-    eventually(30, "ready once ClickHouse is back", || async {
-        readyz(&fw).await.0 == 200
-    })
+    eventually(
+        "ready once ClickHouse is back",
+        Duration::from_secs(30),
+        || async { readyz(&fw).await.0 == 200 },
+    )
     .await;
     fw.stop().await;
 }
@@ -405,7 +403,7 @@ async fn shutdown_closes_idle_connections_at_once_and_ends_streams_with_a_final_
     );
     stopping.await.unwrap();
     // Its completion row says how it ended.
-    eventually(20, "the completion row", || async {
+    eventually("the completion row", Duration::from_secs(20), || async {
         ch.try_query(&format!(
             "SELECT stop_reason FROM {db}.audit_events FINAL WHERE jsonrpc_id = '77'"
         ))

@@ -19,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::common;
+use crate::common::wait_until;
 
 /// An h2c-only upstream that allows `limit` streams per connection and
 /// answers every POST with SSE headers at once and its one event only when
@@ -88,17 +89,6 @@ async fn held_h2(limit: u32) -> HeldH2 {
     }
 }
 
-async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !ok() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_streams_open_new_connections_instead_of_queueing() {
     // The upstream serves 2 streams per connection; the firewall puts at
@@ -130,9 +120,11 @@ async fn held_streams_open_new_connections_instead_of_queueing() {
         .collect();
     // Every request reaches the upstream while the earlier answers are
     // still open: none waits for a stream to end.
-    wait_until("five requests are in flight upstream", || {
-        up.requests.load(Ordering::SeqCst) == 5
-    })
+    wait_until(
+        "five requests are in flight upstream",
+        Duration::from_secs(10),
+        || up.requests.load(Ordering::SeqCst) == 5,
+    )
     .await;
     assert_eq!(up.connections.load(Ordering::SeqCst), 3);
 

@@ -11,8 +11,10 @@ pub mod mcp;
 pub mod postgres;
 pub mod raw;
 pub mod redis;
+pub mod wait;
 
 pub use config_builder::{path as toml_path, table, TestConfig};
+pub use wait::{eventually, wait_until};
 
 use std::path::Path;
 use std::sync::Arc;
