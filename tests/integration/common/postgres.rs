@@ -38,8 +38,8 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-
 use std::time::{Duration, Instant};
+
 use tokio::sync::OnceCell;
 
 /// A running (or stopped) test PostgreSQL server.
