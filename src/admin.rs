@@ -56,6 +56,28 @@ pub struct Admin {
     pub budget_store: Option<Arc<crate::state::Redis>>,
     /// `degraded{reason}`.
     pub degraded: Family<ReasonLabel, Gauge>,
+    /// Host names requests may name (IP addresses always pass).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// The admin listener's `Host` check: the listed names, or any IP address.
+fn admin_host(allowed: &[String], req: &Request<Incoming>) -> Result<(), String> {
+    let ip_or_listed = |value: &[u8]| -> Result<(), String> {
+        let text = String::from_utf8_lossy(value).to_ascii_lowercase();
+        let name = crate::http_util::host_name(&text);
+        if name.parse::<std::net::IpAddr>().is_ok() || allowed.iter().any(|h| h == name) {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    };
+    if let Some(a) = req.uri().authority() {
+        ip_or_listed(a.as_str().as_bytes())?;
+    }
+    for h in req.headers().get_all(http::header::HOST) {
+        ip_or_listed(h.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Label of `mcp_firewall_not_ready`.
@@ -120,6 +142,15 @@ pub async fn handle(
     admin: Arc<Admin>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    // DNS rebinding: a browser on the operator's machine made to resolve a
+    // foreign name to this listener names that name; an address never is.
+    if let Err(host) = admin_host(&admin.allowed_hosts, &req) {
+        tracing::info!(host, "admin request refused: Host not allowed");
+        return Ok(text(
+            StatusCode::FORBIDDEN,
+            format!("Host {host:?} is not allowed on the admin listener (admin.allowed_hosts)\n"),
+        ));
+    }
     if crate::pins::api::owns(req.uri().path()) {
         let (pins, verifier) = &admin.pins;
         return Ok(crate::pins::api::handle(pins.clone(), verifier.clone(), req).await);

@@ -190,6 +190,7 @@ pub async fn start_with(
         not_ready,
         budget_store,
         degraded,
+        allowed_hosts: config.admin_allowed_hosts.clone(),
     });
     // The gauges follow the state even when nobody probes /readyz.
     background.push(tokio::spawn(watch_readiness(admin.clone())));
@@ -201,6 +202,7 @@ pub async fn start_with(
     let limits = listener::ConnLimits {
         connections: Arc::new(Semaphore::new(config.server.max_connections)),
         write_idle: config.server.write_idle_timeout,
+        max_header_bytes: config.server.max_header_bytes,
         on_refused: Arc::new(move |why| {
             let counter = match why {
                 listener::Refused::TooMany => &metrics.refused_connections,

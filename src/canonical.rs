@@ -26,6 +26,50 @@ pub fn canonical(value: &Value) -> String {
     serde_jcs::to_string(value).unwrap_or_else(|_| value.to_string())
 }
 
+/// The canonical text of `value`, except that integers a double cannot
+/// hold keep their exact digits: the form a pin file stores, so that reading
+/// it back gives the value (and so the [`sha256`]) that was pinned. For a
+/// value without such integers (nearly all) it is [`canonical`] itself.
+pub fn canonical_exact(value: &Value) -> String {
+    if !holds_inexact_integer(value) {
+        return canonical(value);
+    }
+    let mut out = String::new();
+    write_exact(value, &mut out);
+    out
+}
+
+fn write_exact(value: &Value, out: &mut String) {
+    match value {
+        Value::Number(n) if is_inexact(n) => out.push_str(&n.to_string()),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_exact(v, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push('{');
+            for (i, (k, v)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&canonical(&Value::String(k.clone())));
+                out.push(':');
+                write_exact(v, out);
+            }
+            out.push('}');
+        }
+        other => out.push_str(&canonical(other)),
+    }
+}
+
 /// SHA-256 of the canonical text, followed (only when the value holds
 /// integers a double cannot) by NUL and those integers' exact digits.
 pub fn sha256(value: &Value) -> [u8; 32] {
@@ -93,6 +137,40 @@ pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
     let mut out = [0u8; 32];
     ::hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
+}
+
+#[cfg(test)]
+mod exact_tests {
+    use super::*;
+
+    #[test]
+    fn exact_text_reads_back_to_the_same_hash() {
+        let v: Value = serde_json::from_str(
+            r#"{"z":1,"b":{"max":9007199254740993,"x":[1.5,18446744073709551615]},"a":"é\n"}"#,
+        )
+        .unwrap();
+        let text = canonical_exact(&v);
+        assert!(text.contains("9007199254740993"), "{text}");
+        assert!(text.contains("18446744073709551615"), "{text}");
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
+        assert_eq!(sha256(&back), sha256(&v));
+        // Lossy canonical text would not: that was the bug.
+        let lossy: Value = serde_json::from_str(&canonical(&v)).unwrap();
+        assert_ne!(sha256(&lossy), sha256(&v));
+        // Without such integers it is the canonical text itself.
+        let plain = serde_json::json!({"b": 2, "a": [1.0, "x"]});
+        assert_eq!(canonical_exact(&plain), canonical(&plain));
+        // Member order and string escapes are the canonical ones.
+        let mixed = serde_json::json!({"b": 9007199254740995u64, "a": "q\"\u{1}"});
+        assert_eq!(
+            canonical_exact(&mixed),
+            format!(
+                "{{\"a\":{},\"b\":9007199254740995}}",
+                canonical(&mixed["a"])
+            )
+        );
+    }
 }
 
 #[cfg(test)]

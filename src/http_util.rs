@@ -93,9 +93,82 @@ pub fn origin_of(url: &str, origin_only: bool) -> Option<String> {
     })
 }
 
+/// Every name the request gives its target by, against `allowed` (an
+/// empty list allows any): the `Host` header (each of them), and the
+/// authority of the request target (HTTP/2 `:authority`, an HTTP/1.1
+/// absolute-form target). A browser made to resolve a foreign name to this
+/// listener (DNS rebinding) names that foreign host in one of them. `Err`
+/// carries the refused value.
+pub fn check_hosts(allowed: &[String], uri: &http::Uri, headers: &HeaderMap) -> Result<(), String> {
+    if allowed.is_empty() {
+        return Ok(());
+    }
+    let check = |value: &[u8]| -> Result<(), String> {
+        let text = String::from_utf8_lossy(value).to_ascii_lowercase();
+        let name = host_name(&text);
+        if allowed.iter().any(|h| h == name) {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    };
+    if let Some(authority) = uri.authority() {
+        check(authority.as_str().as_bytes())?;
+    }
+    for host in headers.get_all(http::header::HOST) {
+        check(host.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The host of a `Host` header value or an authority, without userinfo,
+/// port or IPv6 brackets.
+pub fn host_name(host: &str) -> &str {
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    host.rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(host, |(h, _)| h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_names_lose_their_port_and_userinfo() {
+        assert_eq!(host_name("example.com:8443"), "example.com");
+        assert_eq!(host_name("example.com"), "example.com");
+        assert_eq!(host_name("[::1]:8080"), "::1");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
+        assert_eq!(host_name("localhost@evil.example:80"), "evil.example");
+    }
+
+    #[test]
+    fn every_name_of_the_target_is_checked() {
+        let allowed = vec!["localhost".to_owned()];
+        let mut h = HeaderMap::new();
+        h.insert(http::header::HOST, "localhost:8080".parse().unwrap());
+        let plain: http::Uri = "/mcp/x".parse().unwrap();
+        assert_eq!(check_hosts(&allowed, &plain, &h), Ok(()));
+        let h2: http::Uri = "http://evil.example:8080/mcp/x".parse().unwrap();
+        assert_eq!(
+            check_hosts(&allowed, &h2, &HeaderMap::new()),
+            Err("evil.example:8080".to_owned())
+        );
+        assert_eq!(
+            check_hosts(&allowed, &h2, &h),
+            Err("evil.example:8080".to_owned()),
+            "an allowed Host does not excuse a foreign :authority"
+        );
+        let ok: http::Uri = "http://localhost/mcp/x".parse().unwrap();
+        assert_eq!(check_hosts(&allowed, &ok, &HeaderMap::new()), Ok(()));
+        h.append(http::header::HOST, "evil.example".parse().unwrap());
+        assert!(check_hosts(&allowed, &plain, &h).is_err(), "a second Host");
+        assert_eq!(check_hosts(&[], &h2, &h), Ok(()));
+    }
 
     #[test]
     fn media_types_ignore_parameters_and_case() {

@@ -120,6 +120,9 @@ pub struct Metrics {
     pub refused_connections: prometheus_client::metrics::counter::Counter,
     /// Connections closed because the client stopped reading.
     pub write_idle_closed: prometheus_client::metrics::counter::Counter,
+    /// Rows of refused messages not written: the principal was over its
+    /// rate of such rows.
+    pub refused_rows_dropped: prometheus_client::metrics::counter::Counter,
     /// Requests sent upstream, by the class of their answer.
     pub upstream_requests: prometheus_client::metrics::family::Family<
         UpstreamLabels,
@@ -164,6 +167,7 @@ impl Metrics {
             refused_ip: Default::default(),
             refused_connections: Default::default(),
             write_idle_closed: Default::default(),
+            refused_rows_dropped: Default::default(),
             upstream_requests: Default::default(),
             upstream_latency: prometheus_client::metrics::family::Family::new_with_constructor(
                 latency_histogram,
@@ -209,6 +213,11 @@ impl Metrics {
             "write_idle_closed",
             "Connections closed because the client stopped reading (server.write_idle_timeout_ms)",
             m.write_idle_closed.clone(),
+        );
+        registry.register(
+            "refused_rows_dropped",
+            "Audit rows of messages refused before a decision that were not written (the principal sent more than 10 per second)",
+            m.refused_rows_dropped.clone(),
         );
         registry.register(
             "tool_calls",

@@ -6,6 +6,20 @@ use std::fmt;
 use super::model::{ApprovalId, Status};
 use super::store;
 
+/// Why a later round of an approved call may not run under its approval.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoundRefused {
+    /// No consumed approval with this id in the caller's tenant.
+    #[error("the approval it was sealed for is unknown or was never run")]
+    Unknown,
+    /// The round already ran (a replayed `requestState`).
+    #[error("was already used: an approval releases each round of its call once")]
+    Spent,
+    /// The store could not record the round, so it does not run.
+    #[error("cannot be recorded as used ({0}); the round does not run")]
+    Unavailable(String),
+}
+
 /// Why an approvals operation failed. [`api`] maps each to an HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum ApprovalError {

@@ -280,6 +280,24 @@ impl Approvals {
         approval
     }
 
+    /// Spends round `round` (1, 2, …) of the consumed approval `id` of
+    /// `tenant`: the retry of a multi-round call that carries the state
+    /// sealed for that round runs, once. Exactly once across replicas: of
+    /// two retries carrying the same state, one gets it; a store failure
+    /// refuses it.
+    pub async fn spend_round(
+        &self,
+        tenant: &str,
+        id: &ApprovalId,
+        round: u32,
+    ) -> Result<(), RoundRefused> {
+        let now = self.clock.now_ms();
+        match &self.backend {
+            Backend::File(s) => s.spend_round(tenant, id, round, now),
+            Backend::Postgres(p) => p.spend_round(tenant, id, round).await,
+        }
+    }
+
     /// Withdraws the live approval `id` of `tenant` (its call was cancelled
     /// by the caller before it ran): it can no longer be decided or
     /// consumed. Returns it when it was live.

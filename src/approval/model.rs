@@ -205,6 +205,11 @@ pub struct Approval {
     pub decision: Option<Decision>,
     /// When the approved call ran.
     pub consumed_ms: Option<u64>,
+    /// How many later rounds of the approved call (2026-07-28 multi-round
+    /// retries) have run under it: each round's sealed `requestState`
+    /// releases exactly one, so a replay finds its round already spent.
+    #[serde(default)]
+    pub rounds: u32,
 }
 
 impl Approval {

@@ -33,7 +33,7 @@ use crate::state::breaker::{Breaker, Permit};
 
 use super::{
     Approval, ApprovalError, ApprovalId, ApprovalsConfig, Approver, CallKey, Decision, NewApproval,
-    Status, Transition,
+    RoundRefused, Status, Transition,
 };
 
 /// The channel status changes are announced on.
@@ -42,7 +42,8 @@ const CHANNEL: &str = "mcp_firewall_approvals";
 const MIGRATION_LOCK: i64 = 0x6d63_7066_7701;
 
 /// Schema versions, applied in order, each once.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE mcp_firewall_approvals (
     id text PRIMARY KEY,
     tenant text NOT NULL,
@@ -84,11 +85,15 @@ $$;
 CREATE TRIGGER mcp_firewall_approvals_notify
     AFTER INSERT OR UPDATE OF status ON mcp_firewall_approvals
     FOR EACH ROW EXECUTE FUNCTION mcp_firewall_approvals_notify();
-"#];
+"#,
+    r#"
+ALTER TABLE mcp_firewall_approvals ADD COLUMN rounds integer NOT NULL DEFAULT 0;
+"#,
+];
 
 const COLS: &str = "id, tenant, run_id, subject, upstream, tool, args_sha256, agent, risk, \
     arguments, token_exp, preview_tool, self_approval, created_ms, expires_ms, status, \
-    decided_approved, decided_by, decided_ms, reason, consumed_ms";
+    decided_approved, decided_by, decided_ms, reason, consumed_ms, rounds";
 
 const KEY_MATCH: &str = "tenant = $1 AND run_id = $2 AND subject = $3 AND upstream = $4 \
     AND tool = $5 AND args_sha256 = $6";
@@ -394,6 +399,53 @@ impl PgStore {
 
     /// See [`super::Approvals::consume`]. `Err` when the database cannot be
     /// asked (the call does not run).
+    /// See [`super::Approvals::spend_round`]: one `UPDATE` that moves
+    /// `rounds` from `round - 1` to `round`, so one retry wins.
+    pub(crate) async fn spend_round(
+        &self,
+        tenant: &str,
+        id: &ApprovalId,
+        round: u32,
+    ) -> Result<(), RoundRefused> {
+        let Ok(round_i) = i32::try_from(round) else {
+            return Err(RoundRefused::Spent);
+        };
+        if round_i < 1 {
+            return Err(RoundRefused::Spent);
+        }
+        let id_s = id.as_str().to_owned();
+        let tenant_s = tenant.to_owned();
+        let found = self
+            .inner
+            .run(|c| async move {
+                let spent = c
+                    .query_opt(
+                        "UPDATE mcp_firewall_approvals SET rounds = $3 WHERE id = $1 AND tenant = $2 \
+                         AND status = 'consumed' AND rounds = $3 - 1 RETURNING id",
+                        &[&id_s, &tenant_s, &round_i],
+                    )
+                    .await?;
+                if spent.is_some() {
+                    return Ok(Some(true));
+                }
+                let known = c
+                    .query_opt(
+                        "SELECT id FROM mcp_firewall_approvals WHERE id = $1 AND tenant = $2 \
+                         AND status = 'consumed'",
+                        &[&id_s, &tenant_s],
+                    )
+                    .await?;
+                Ok(known.map(|_| false))
+            })
+            .await
+            .map_err(|e: ApprovalError| RoundRefused::Unavailable(e.to_string()))?;
+        match found {
+            Some(true) => Ok(()),
+            Some(false) => Err(RoundRefused::Spent),
+            None => Err(RoundRefused::Unknown),
+        }
+    }
+
     pub(crate) async fn consume(
         &self,
         key: &CallKey,
@@ -1072,5 +1124,6 @@ fn approval(row: &Row) -> Result<Approval, Pg> {
         status: Status::from_name(&status).ok_or_else(|| bad("status"))?,
         decision,
         consumed_ms: row.try_get::<_, Option<i64>>("consumed_ms")?.map(to_u64),
+        rounds: u32::try_from(row.try_get::<_, i32>("rounds")?).unwrap_or(0),
     })
 }

@@ -42,8 +42,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{
-    Approval, ApprovalError, ApprovalId, Approver, CallKey, Decision, NewApproval, Status,
-    Transition,
+    Approval, ApprovalError, ApprovalId, Approver, CallKey, Decision, NewApproval, RoundRefused,
+    Status, Transition,
 };
 
 /// The journal file inside `store_dir`.
@@ -187,6 +187,11 @@ enum RecordRef<'a> {
         id: &'a ApprovalId,
         at_ms: u64,
     },
+    Round {
+        id: &'a ApprovalId,
+        round: u32,
+        at_ms: u64,
+    },
 }
 
 /// A journal record, as read back.
@@ -211,6 +216,12 @@ enum Record {
     },
     Withdraw {
         id: ApprovalId,
+        at_ms: u64,
+    },
+    Round {
+        id: ApprovalId,
+        round: u32,
+        #[allow(dead_code)]
         at_ms: u64,
     },
 }
@@ -523,6 +534,7 @@ impl Store {
             status: Status::Pending,
             decision: None,
             consumed_ms: None,
+            rounds: 0,
         };
         inner.journal.append(&RecordRef::Put {
             approval: &approval,
@@ -584,6 +596,38 @@ impl Store {
             at_ms: now,
         });
         Some(entry.approval.clone())
+    }
+
+    /// See [`super::Approvals::spend_round`].
+    pub(crate) fn spend_round(
+        &self,
+        tenant: &str,
+        id: &ApprovalId,
+        round: u32,
+        now: u64,
+    ) -> Result<(), RoundRefused> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let entry = inner.by_id.get(id).ok_or(RoundRefused::Unknown)?;
+        let a = &entry.approval;
+        if a.key.tenant != tenant || a.status != Status::Consumed {
+            return Err(RoundRefused::Unknown);
+        }
+        if round == 0 || a.rounds != round - 1 {
+            return Err(RoundRefused::Spent);
+        }
+        if let Err(e) = inner.journal.append(&RecordRef::Round {
+            id,
+            round,
+            at_ms: now,
+        }) {
+            tracing::error!(approval = %id, error = %e, "cannot journal a round of an approved call; the round does not run");
+            return Err(RoundRefused::Unavailable(e.to_string()));
+        }
+        if let Some(entry) = inner.by_id.get_mut(id) {
+            entry.approval.rounds = round;
+        }
+        Ok(())
     }
 
     /// See [`super::Approvals::decide`], in the approver's tenant; the
@@ -942,6 +986,11 @@ fn apply(by_id: &mut HashMap<ApprovalId, Approval>, rec: Record, stats: &mut Rep
             if let Some(a) = target(by_id, stats, &id) {
                 a.status = Status::Withdrawn;
                 a.consumed_ms = Some(at_ms);
+            }
+        }
+        Record::Round { id, round, .. } => {
+            if let Some(a) = target(by_id, stats, &id) {
+                a.rounds = a.rounds.max(round);
             }
         }
     }

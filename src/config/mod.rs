@@ -92,6 +92,10 @@ pub struct RawServer {
     /// Largest single SSE event relayed. Default 4 MiB.
     #[serde(default = "default_max_sse_event_bytes")]
     pub max_sse_event_bytes: usize,
+    /// Largest request head (request line and headers) accepted: larger is
+    /// a 431. Default 16 KiB, at least 8 KiB.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
     /// OAuth authorization servers advertised in the protected-resource
     /// metadata (RFC 9728). Default: `auth.issuers`.
     pub authorization_servers: Option<Vec<String>>,
@@ -152,6 +156,10 @@ pub struct RawAdmin {
     /// Address; default `127.0.0.1:9090`.
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
+    /// Host names a request may name in `Host` (or HTTP/2 `:authority`):
+    /// default the local names. An IP address always passes (DNS
+    /// rebinding needs a name), so probes and scrapers by address work.
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 /// `[log]`.
@@ -291,6 +299,10 @@ fn default_max_request_bytes() -> usize {
 fn default_max_response_bytes() -> usize {
     8 * 1024 * 1024
 }
+fn default_max_header_bytes() -> usize {
+    crate::server::listener::DEFAULT_MAX_HEADER_BYTES
+}
+
 fn default_max_sse_event_bytes() -> usize {
     4 * 1024 * 1024
 }
@@ -357,6 +369,7 @@ impl Default for RawAdmin {
     fn default() -> Self {
         RawAdmin {
             listen: default_admin_listen(),
+            allowed_hosts: None,
         }
     }
 }

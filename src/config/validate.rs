@@ -26,6 +26,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Admin listener address.
     pub admin_listen: SocketAddr,
+    /// Host names the admin listener answers to (besides IP addresses).
+    pub admin_allowed_hosts: Vec<String>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -73,6 +75,8 @@ pub struct ServerConfig {
     pub max_response_bytes: usize,
     /// SSE event cap.
     pub max_sse_event_bytes: usize,
+    /// Request head cap (431 above).
+    pub max_header_bytes: usize,
     /// JSON nesting cap.
     pub max_json_depth: usize,
     /// Batch size cap.
@@ -379,6 +383,15 @@ impl Validator<'_> {
                 return Err(self.invalid(key, "must be greater than 0"));
             }
         }
+        if s.max_header_bytes < crate::server::listener::MIN_MAX_HEADER_BYTES {
+            return Err(self.invalid(
+                "server.max_header_bytes",
+                format!(
+                    "must be at least {} (the smallest request head HTTP/1.1 can be read with)",
+                    crate::server::listener::MIN_MAX_HEADER_BYTES
+                ),
+            ));
+        }
         let public_url_explicit = s.public_url.is_some();
         let public_url = match s.public_url {
             Some(u) => {
@@ -459,6 +472,7 @@ impl Validator<'_> {
             max_request_bytes: s.max_request_bytes,
             max_response_bytes: s.max_response_bytes,
             max_sse_event_bytes: s.max_sse_event_bytes,
+            max_header_bytes: s.max_header_bytes,
             max_json_depth: s.max_json_depth,
             max_batch: s.max_batch,
             drain_timeout: Duration::from_millis(s.drain_timeout_ms),
@@ -490,6 +504,11 @@ impl Validator<'_> {
                 a.spool.dir = self.path(&a.spool.dir);
                 a.validate()
                     .map_err(|e| self.invalid("audit", e.to_string()))?;
+                // A pattern that does not compile would turn redaction off:
+                // refuse the configuration instead (with audit on or off:
+                // approvers see redacted arguments too).
+                crate::audit::Redactor::new(&a.redact.key_patterns)
+                    .map_err(|e| self.invalid("audit.redact.key_patterns", e.to_string()))?;
                 Some(a)
             }
             None => None,
@@ -519,6 +538,10 @@ impl Validator<'_> {
             source: self.file.to_owned(),
             server,
             admin_listen: raw.admin.listen,
+            admin_allowed_hosts: match &raw.admin.allowed_hosts {
+                Some(list) => list.iter().map(|h| h.trim().to_ascii_lowercase()).collect(),
+                None => vec!["localhost".to_owned()],
+            },
             log_format: raw.log.format,
             log_level: raw.log.level,
             upstreams,

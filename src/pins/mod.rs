@@ -418,7 +418,7 @@ pub fn pin_of(definition: &Value, who: &str) -> Pin {
         sha256: canonical::hex(&canonical::sha256(definition)),
         pinned_by: who.to_owned(),
         pinned_at: crate::clock::fmt_ms(crate::clock::now_ms()),
-        definition: canonical::canonical(definition),
+        definition: canonical::canonical_exact(definition),
     }
 }
 
@@ -648,7 +648,7 @@ impl PinStore {
                     _ => "new",
                 },
                 sha256: hex,
-                definition: canonical::canonical(definition),
+                definition: canonical::canonical_exact(definition),
                 pinned: pins.pin(upstream, subject, name).cloned(),
                 first_seen_ms: crate::clock::now_ms(),
             };
@@ -832,6 +832,9 @@ impl PinStore {
             };
         };
         self.rejected.insert(key, proposal.sha256);
+        // Views remembered under the old generation listed it: the next
+        // list is filtered again, without the rejected definition.
+        self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 }

@@ -272,3 +272,79 @@ fn prompts_and_templates_are_pinned_apart_from_tools() {
         Ok(())
     );
 }
+
+/// A definition holding an integer a double cannot (beyond 2^53) is pinned
+/// with its exact digits: accepting it makes it pinned as listed, the file
+/// loads again, and the neighbouring integer is still a mismatch.
+#[test]
+fn definitions_with_integers_beyond_2_pow_53_pin_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let def: Value = serde_json::from_str(
+        r#"{"name":"get_incident","inputSchema":{"type":"object","properties":{"id":{"type":"integer","maximum":9007199254740993}}}}"#,
+    )
+    .unwrap();
+    let sha = canonical::sha256(&def);
+    assert_eq!(
+        s.observe(Mode::Enforce, "incidents", "get_incident", &sha, &def),
+        Err(Refusal::Unpinned)
+    );
+    let hex = canonical::hex(&sha);
+    let pin = s
+        .accept("incidents", Subject::Tool, "get_incident", &hex, "alice")
+        .unwrap();
+    assert_eq!(pin.sha256, hex);
+    assert!(
+        pin.definition.contains("9007199254740993"),
+        "{}",
+        pin.definition
+    );
+    assert_eq!(
+        s.observe(Mode::Enforce, "incidents", "get_incident", &sha, &def),
+        Ok(()),
+        "accepted means pinned as listed"
+    );
+    // The file the review wrote loads (as `check` and `serve` read it).
+    let loaded = Pins::load(&dir.path().join(PINS_DIR)).expect("the pin file loads");
+    assert_eq!(
+        loaded.verdict("incidents", "get_incident", &sha),
+        Verdict::Pinned
+    );
+    let neighbour: Value = serde_json::from_str(
+        &serde_json::to_string(&def)
+            .unwrap()
+            .replace("9007199254740993", "9007199254740992"),
+    )
+    .unwrap();
+    assert_eq!(
+        loaded.verdict("incidents", "get_incident", &canonical::sha256(&neighbour)),
+        Verdict::Mismatch
+    );
+}
+
+/// A rejected definition leaves the lists at once: the generation views are
+/// remembered under moves on.
+#[test]
+fn rejecting_a_definition_moves_the_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let v1 = tool("Reads an incident.");
+    let sha1 = canonical::sha256(&v1);
+    assert_eq!(
+        s.observe(Mode::Record, "incidents", "get_incident", &sha1, &v1),
+        Ok(())
+    );
+    let before = s.generation();
+    s.reject(
+        "incidents",
+        Subject::Tool,
+        "get_incident",
+        &canonical::hex(&sha1),
+    )
+    .unwrap();
+    assert!(s.generation() > before);
+    assert_eq!(
+        s.observe(Mode::Record, "incidents", "get_incident", &sha1, &v1),
+        Err(Refusal::Rejected)
+    );
+}

@@ -15,7 +15,7 @@ use super::file::{
 };
 use super::{
     Agent, Condition, Gate, Gates, Matcher, NameSet, NamedAccess, NamedRule, Policy, Risk,
-    ServerRequests, ServiceAccount, ToolRule,
+    ServerRequestRules, ServerRequests, ServiceAccount, ToolRule,
 };
 
 /// A policy error: file, line and what is wrong.
@@ -173,11 +173,7 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
             policy.conditions.push(cx.condition(c)?);
         }
         if let Some(sr) = raw.server_requests {
-            policy.server_requests = ServerRequests {
-                sampling: sr.sampling.unwrap_or(true),
-                elicitation: sr.elicitation.unwrap_or(true),
-                roots: sr.roots.unwrap_or(true),
-            };
+            policy.server_requests = server_requests(sr, file)?;
         }
     }
     // Agents last: their gates default to the (possibly later-file) [gates].
@@ -277,13 +273,18 @@ impl Cx<'_> {
         })
     }
 
-    fn named_access(&self, a: &RawNamedAccess) -> Result<NamedAccess, PolicyError> {
+    fn named_access(&self, a: &RawNamedAccess, uris: bool) -> Result<NamedAccess, PolicyError> {
         let rules = |list: &[RawNameMatch]| -> Result<Vec<NamedRule>, PolicyError> {
             list.iter()
                 .map(|r| {
+                    let names = if uris {
+                        self.name_set(&self.normalized_uris(&r.names)?)?
+                    } else {
+                        self.name_set(&r.names)?
+                    };
                     Ok(NamedRule {
                         upstream: r.upstream.as_ref().map(|u| self.glob(u)).transpose()?,
-                        names: self.name_set(&r.names)?,
+                        names,
                     })
                 })
                 .collect()
@@ -292,6 +293,28 @@ impl Cx<'_> {
             allow: a.allow.as_deref().map(rules).transpose()?,
             deny: rules(&a.deny)?,
         })
+    }
+
+    /// Resource rules in the form URIs are matched in (RFC 3986
+    /// normalization); a pattern without a scheme (`*`) stays as written.
+    fn normalized_uris(
+        &self,
+        names: &[Spanned<String>],
+    ) -> Result<Vec<Spanned<String>>, PolicyError> {
+        names
+            .iter()
+            .map(|n| match super::uri::normalize(n.get_ref()) {
+                Ok(u) => Ok(Spanned::new(n.span(), u)),
+                Err(super::uri::UriError::NoScheme) => Ok(n.clone()),
+                Err(e) => Err(self.err(
+                    n.span(),
+                    format!(
+                        "resource rule {:?} is not a URI the firewall can match: {e}",
+                        n.get_ref()
+                    ),
+                )),
+            })
+            .collect()
     }
 
     fn agent(&self, a: RawAgent, defaults: Gates) -> Result<Agent, PolicyError> {
@@ -324,8 +347,8 @@ impl Cx<'_> {
                 .map(|m| self.matcher(m))
                 .collect::<Result<_, _>>()?,
             gates: defaults.overridden(&a.gates),
-            prompts: self.named_access(&a.prompts)?,
-            resources: self.named_access(&a.resources)?,
+            prompts: self.named_access(&a.prompts, false)?,
+            resources: self.named_access(&a.resources, true)?,
             self_approval: a.self_approval,
             max_steps: a.max_steps,
             max_cost: a.max_cost,
@@ -375,6 +398,47 @@ impl Cx<'_> {
             ),
         })
     }
+}
+
+/// `[server_requests]` compiled: unset keys are refusals; an upstream's
+/// table inherits what it leaves out; every origin must be one.
+fn server_requests(
+    raw: crate::policy::file::RawServerRequests,
+    file: &std::path::Path,
+) -> Result<ServerRequests, PolicyError> {
+    let origins = |list: Vec<String>| -> Result<Vec<String>, PolicyError> {
+        list.into_iter()
+            .map(|o| {
+                crate::http_util::origin_of(&o, true).ok_or_else(|| PolicyError::Invalid {
+                    file: file.to_owned(),
+                    line: 0,
+                    message: format!(
+                        "[server_requests] elicitation_url_origins: {o:?} is not an http(s) origin (scheme://host[:port])"
+                    ),
+                })
+            })
+            .collect()
+    };
+    let all = ServerRequestRules {
+        sampling: raw.sampling.unwrap_or(false),
+        elicitation: raw.elicitation.unwrap_or(false),
+        roots: raw.roots.unwrap_or(false),
+        elicitation_url_origins: origins(raw.elicitation_url_origins.unwrap_or_default())?,
+    };
+    let mut upstreams = HashMap::new();
+    for (name, u) in raw.upstreams {
+        let rules = ServerRequestRules {
+            sampling: u.sampling.unwrap_or(all.sampling),
+            elicitation: u.elicitation.unwrap_or(all.elicitation),
+            roots: u.roots.unwrap_or(all.roots),
+            elicitation_url_origins: match u.elicitation_url_origins {
+                Some(list) => origins(list)?,
+                None => all.elicitation_url_origins.clone(),
+            },
+        };
+        upstreams.insert(name, rules);
+    }
+    Ok(ServerRequests { all, upstreams })
 }
 
 fn is_glob(s: &str) -> bool {

@@ -196,16 +196,37 @@ pub struct RawCondition {
     pub reason: String,
 }
 
-/// `[server_requests]`: which server-to-client requests upstreams may send.
+/// `[server_requests]`: which server-to-client requests upstreams may send
+/// (none by default), with `[server_requests.upstreams.<name>]` for one
+/// upstream.
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct RawServerRequests {
-    /// `sampling/createMessage` (default true).
+    /// `sampling/createMessage` (default false).
     pub sampling: Option<bool>,
-    /// `elicitation/create` (default true).
+    /// `elicitation/create` (default false).
     pub elicitation: Option<bool>,
-    /// `roots/list` (default true).
+    /// `roots/list` (default false).
     pub roots: Option<bool>,
+    /// Origins URL-mode elicitation may point at (default none).
+    pub elicitation_url_origins: Option<Vec<String>>,
+    /// Per upstream, by route name.
+    #[serde(default)]
+    pub upstreams: std::collections::BTreeMap<String, RawServerRequestsFor>,
+}
+
+/// `[server_requests.upstreams.<name>]`: the same keys for one upstream.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RawServerRequestsFor {
+    /// `sampling/createMessage`.
+    pub sampling: Option<bool>,
+    /// `elicitation/create`.
+    pub elicitation: Option<bool>,
+    /// `roots/list`.
+    pub roots: Option<bool>,
+    /// Origins URL-mode elicitation may point at.
+    pub elicitation_url_origins: Option<Vec<String>>,
 }
 
 fn star() -> Spanned<String> {

@@ -35,6 +35,7 @@ use serde_json::Value;
 pub mod compile;
 pub mod file;
 pub mod reload;
+pub mod uri;
 
 pub use compile::{compile, load_dir, PolicyError};
 
@@ -353,15 +354,29 @@ struct Condition {
     origin: String,
 }
 
-/// Which server-to-client requests upstreams may send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which server-to-client requests upstreams may send: none unless the
+/// policy allows them, for every upstream or for one by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerRequests {
+    /// For every upstream without a table of its own.
+    pub all: ServerRequestRules,
+    /// Per upstream, by route name (keys it leaves out come from `all`).
+    pub upstreams: HashMap<String, ServerRequestRules>,
+}
+
+/// What one upstream may ask the client for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerRequestRules {
     /// `sampling/createMessage`.
     pub sampling: bool,
-    /// `elicitation/create`.
+    /// `elicitation/create` (form mode; URL mode also needs its origin
+    /// listed).
     pub elicitation: bool,
     /// `roots/list`.
     pub roots: bool,
+    /// Origins (`scheme://host[:port]`) a URL-mode elicitation may send the
+    /// user to.
+    pub elicitation_url_origins: Vec<String>,
 }
 
 struct NameSet {
@@ -422,8 +437,47 @@ impl Policy {
     }
 
     /// Server-to-client request permissions.
-    pub fn server_requests(&self) -> ServerRequests {
-        self.server_requests
+    pub fn server_requests(&self) -> &ServerRequests {
+        &self.server_requests
+    }
+
+    /// Whether upstream `upstream` may send the client a `method` request
+    /// with `params` (decoded by the strict reader): `Err` names why not.
+    /// Refused unless allowed: sampling, elicitation and roots by the
+    /// `[server_requests]` rules (URL-mode elicitation only to a listed
+    /// origin), `ping` always, task polling only where sampling or
+    /// elicitation is allowed, anything else never.
+    pub fn server_request(
+        &self,
+        upstream: &str,
+        method: &str,
+        params: Option<&str>,
+    ) -> Result<(), String> {
+        let rules = self
+            .server_requests
+            .upstreams
+            .get(upstream)
+            .unwrap_or(&self.server_requests.all);
+        let refused = |what: &str| {
+            Err(format!(
+                "{what} is not allowed for upstream {upstream:?} by the policy's [server_requests]"
+            ))
+        };
+        match method {
+            "ping" => Ok(()),
+            "sampling/createMessage" if rules.sampling => Ok(()),
+            "roots/list" if rules.roots => Ok(()),
+            "elicitation/create" if rules.elicitation => elicitation_target(rules, params),
+            "tasks/get" | "tasks/result" | "tasks/list" | "tasks/cancel"
+                if rules.sampling || rules.elicitation =>
+            {
+                Ok(())
+            }
+            "sampling/createMessage" | "roots/list" | "elicitation/create" => refused(method),
+            other => Err(format!(
+                "{other:?} is not a server-to-client request the firewall relays"
+            )),
+        }
     }
 
     /// The run's role and effective projects. Fails closed: an unknown role
@@ -711,9 +765,24 @@ impl Policy {
         self.named_allowed(auth, up, name, |a| &a.prompts)
     }
 
-    /// Whether the run may read a resource of the upstream.
+    /// Whether the run may read a resource of the upstream: its rules
+    /// match the URI as RFC 3986 normalizes it (scheme and host case,
+    /// percent-encoding, dot segments), so no other spelling of a denied
+    /// URI passes; a URI whose normalization is ambiguous (encoded `/`,
+    /// NUL, backslash) is refused as such.
+    pub fn resource_access(
+        &self,
+        auth: &Authority,
+        up: UpstreamFacts<'_>,
+        uri: &str,
+    ) -> Result<bool, uri::UriError> {
+        let normalized = uri::normalize(uri)?;
+        Ok(self.named_allowed(auth, up, &normalized, |a| &a.resources))
+    }
+
+    /// [`Policy::resource_access`], with an unmatchable URI refused.
     pub fn resource_allowed(&self, auth: &Authority, up: UpstreamFacts<'_>, uri: &str) -> bool {
-        self.named_allowed(auth, up, uri, |a| &a.resources)
+        self.resource_access(auth, up, uri).unwrap_or(false)
     }
 
     fn named_allowed(
@@ -749,6 +818,42 @@ impl Policy {
                 "no rule and no trusted annotation: destructive by default".to_owned()
             }
         }
+    }
+}
+
+/// A URL-mode elicitation (`mode = "url"`) may only send the user to an
+/// origin the rules list; form mode needs nothing more.
+fn elicitation_target(rules: &ServerRequestRules, params: Option<&str>) -> Result<(), String> {
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        mode: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow)]
+        url: Option<std::borrow::Cow<'a, str>>,
+    }
+    let p: Params<'_> = match params {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| format!("unreadable elicitation/create params: {e}"))?,
+        None => Params {
+            mode: None,
+            url: None,
+        },
+    };
+    match p.mode.as_deref() {
+        None | Some("form") => Ok(()),
+        Some("url") => {
+            let url = p.url.as_deref().unwrap_or("");
+            let origin = crate::http_util::origin_of(url, false);
+            match origin {
+                Some(o) if rules.elicitation_url_origins.contains(&o) => Ok(()),
+                _ => Err(format!(
+                    "URL-mode elicitation to {url:?}: its origin is not in the policy's elicitation_url_origins"
+                )),
+            }
+        }
+        Some(other) => Err(format!(
+            "elicitation mode {other:?} is not one the firewall knows"
+        )),
     }
 }
 
@@ -928,16 +1033,6 @@ impl Gate {
 impl fmt::Display for Gate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl Default for ServerRequests {
-    fn default() -> Self {
-        ServerRequests {
-            sampling: true,
-            elicitation: true,
-            roots: true,
-        }
     }
 }
 

@@ -9,6 +9,10 @@
 //!    cannot be asked admits or refuses the call by its risk
 //!    (`[state] on_store_unavailable`).
 //!
+//! A multi-round retry carrying a sealed `requestState` spends that state's
+//! round in the approvals store first: an approval releases each round
+//! once, so a replayed state is refused before it can run again.
+//!
 //! Only a call that would run spends budget, so the gate comes first.
 
 use std::sync::Arc;
@@ -27,6 +31,13 @@ impl Admission {
             mut granted,
             rewrite,
         } = self;
+        // A multi-round retry under an approval: its round runs once.
+        if let Some(g) = granted.as_deref().filter(|g| g.round > 0) {
+            if let Err(why) = run.spend_round(g).await {
+                tracing::info!(tool, approval = %g.approval, round = g.round, reason = %why, "retry refused");
+                return Verdict::Answer(Outcome::BadRequestState(why));
+            }
+        }
         if let Some((arguments, hash)) = gate {
             match run.gate(&tool, &arguments, hash, risk).await {
                 Ok(Ok(g)) => {

@@ -151,6 +151,12 @@ pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -
                 Some(&json!({ "uri": uri })),
             )
         }
+        Outcome::AmbiguousUri { uri, why } => error(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Resource URI refused: {why} (the firewall matches resource rules on the normalized URI and does not guess at {uri:?})"),
+            Some(&json!({ "uri": uri })),
+        ),
         Outcome::Skipped {
             refusal: refusal @ Refusal::RateLimited { scope, retry_after },
             ..

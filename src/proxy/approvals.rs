@@ -45,6 +45,8 @@ struct StatePayload {
     x: u64,
     /// The upstream's own `requestState`, if it sent one.
     o: Option<String>,
+    /// The round this state releases (spent once in the approvals store).
+    k: u32,
 }
 
 // === impl RunContext ===
@@ -97,7 +99,7 @@ impl RunContext {
     /// `requestState` the client gets.
     pub fn seal_granted(&self, granted: &Granted, upstream_state: Option<String>) -> String {
         let payload = StatePayload {
-            v: 1,
+            v: 2,
             a: granted.approval.as_str().to_owned(),
             b: granted.by.clone(),
             r: self.claims.run_id.clone(),
@@ -105,6 +107,7 @@ impl RunContext {
             h: hex::encode(granted.args_sha256),
             x: granted.until_ms,
             o: upstream_state,
+            k: granted.round.saturating_add(1),
         };
         let bytes = serde_json::to_vec(&payload).unwrap_or_default();
         self.sessions.seal_state(&self.principal(), &bytes)
@@ -130,7 +133,7 @@ impl RunContext {
             })?;
         let p: StatePayload =
             serde_json::from_slice(&bytes).map_err(|_| refused("is not readable"))?;
-        if p.v != 1 || p.r != self.claims.run_id {
+        if p.v != 2 || p.r != self.claims.run_id {
             return Err(refused("belongs to another run"));
         }
         if p.n != tool || p.h != hex::encode(args_sha256) {
@@ -149,9 +152,24 @@ impl RunContext {
                 tool: p.n,
                 args_sha256: *args_sha256,
                 until_ms: p.x,
+                round: p.k,
             },
             p.o,
         ))
+    }
+}
+
+impl RunContext {
+    /// Spends the round a retry's sealed `requestState` releases, before
+    /// the retry runs: a replayed state finds it spent and is refused.
+    pub async fn spend_round(&self, granted: &Granted) -> Result<(), String> {
+        let Some(approvals) = &self.approvals else {
+            return Err("approvals are not configured on this firewall".to_owned());
+        };
+        approvals
+            .spend_round(&self.claims.tenant_id, &granted.approval, granted.round)
+            .await
+            .map_err(|e| format!("requestState {e}"))
     }
 }
 

@@ -231,6 +231,14 @@ pub enum Outcome {
     InvalidArguments(String),
     /// A prompt or resource outside the run's rules.
     NotPermitted(NotPermitted),
+    /// A resource URI whose normalization is ambiguous: refused, not
+    /// guessed at.
+    AmbiguousUri {
+        /// The URI as sent.
+        uri: String,
+        /// What makes it ambiguous.
+        why: crate::policy::uri::UriError,
+    },
     /// Over a budget: not executed.
     Skipped {
         /// Risk of the tool.
@@ -358,6 +366,12 @@ impl Outcome {
                 },
                 None,
             ),
+            Outcome::AmbiguousUri { uri, why } => facts(
+                DecisionKind::Invalid,
+                StopReason::Denied,
+                format!("resource URI {uri:?} refused: {why}"),
+                None,
+            ),
             Outcome::Skipped { risk, refusal } => facts(
                 match refusal {
                     Refusal::Unavailable { .. } => DecisionKind::Error,
@@ -445,6 +459,10 @@ pub struct Granted {
     pub args_sha256: [u8; 32],
     /// Until when multi-round retries may run under it (ms since the epoch).
     pub until_ms: u64,
+    /// Which execution of the call this is: 0 for the one the approval's
+    /// consumption released, `n` for the retry carrying the `requestState`
+    /// sealed after execution `n - 1` (spent in the store before it runs).
+    pub round: u32,
 }
 
 impl Granted {
@@ -464,6 +482,7 @@ impl Granted {
             until_ms: now
                 .saturating_add(approvals.config().expiry_s.saturating_mul(1000))
                 .min(approval.token_exp.saturating_mul(1000).max(now)),
+            round: 0,
         }
     }
 
@@ -520,9 +539,13 @@ impl RunContext {
             }
             Class::Resource => {
                 let uri = msg.name.as_deref().unwrap_or("");
-                self.permit(self.resource_allowed(uri), || {
-                    NotPermitted::Resource(uri.to_owned())
-                })
+                match self.resource_access(uri) {
+                    Ok(allowed) => self.permit(allowed, || NotPermitted::Resource(uri.to_owned())),
+                    Err(why) => Verdict::Answer(Outcome::AmbiguousUri {
+                        uri: uri.to_owned(),
+                        why,
+                    }),
+                }
             }
             Class::Completion => match completion_ref(msg) {
                 Some(CompletionRef::Prompt(name)) => match self.prompt_pinned(&name) {
@@ -531,10 +554,10 @@ impl RunContext {
                         NotPermitted::Prompt(name.clone())
                     }),
                 },
-                Some(CompletionRef::Resource(uri)) => self
-                    .permit(self.resource_allowed(&uri), || {
-                        NotPermitted::Resource(uri.clone())
-                    }),
+                Some(CompletionRef::Resource(uri)) => match self.resource_access(&uri) {
+                    Ok(allowed) => self.permit(allowed, || NotPermitted::Resource(uri.clone())),
+                    Err(why) => Verdict::Answer(Outcome::AmbiguousUri { uri, why }),
+                },
                 // Without a readable reference the upstream answers it.
                 None => forward(None),
             },
@@ -557,9 +580,9 @@ impl RunContext {
             .prompt_allowed(&self.authority, self.upstream.config.facts(), name)
     }
 
-    fn resource_allowed(&self, uri: &str) -> bool {
+    fn resource_access(&self, uri: &str) -> Result<bool, crate::policy::uri::UriError> {
         self.policy
-            .resource_allowed(&self.authority, self.upstream.config.facts(), uri)
+            .resource_access(&self.authority, self.upstream.config.facts(), uri)
     }
 
     fn permit(&self, allowed: bool, what: impl FnOnce() -> NotPermitted) -> Verdict {

@@ -129,6 +129,26 @@ pub enum ProxyError {
 // === impl ProxyError ===
 
 impl ProxyError {
+    /// The JSON-RPC method of the refused message, when the refusal knows it.
+    pub fn method(&self) -> Option<&str> {
+        match self {
+            ProxyError::Parse(e) => e.method(),
+            ProxyError::UnknownMethod { method, .. } => Some(method.as_str()),
+            _ => None,
+        }
+    }
+
+    /// The JSON-RPC id of the refused message, when the refusal knows it.
+    pub fn id(&self) -> Option<&Id> {
+        match self {
+            ProxyError::Parse(e) => e.id(),
+            ProxyError::UnknownMethod { id, .. } | ProxyError::HeaderMismatch { id, .. } => {
+                id.as_ref()
+            }
+            _ => None,
+        }
+    }
+
     /// The HTTP response for this error. The single status mapping.
     pub fn into_response(self) -> Response<Body> {
         let message = self.to_string();

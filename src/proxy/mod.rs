@@ -132,6 +132,16 @@ pub struct State {
     /// Turns true just before the drain deadline: open streams end with a
     /// final error event instead of being cut.
     pub closing: tokio::sync::watch::Sender<bool>,
+    /// How many rows of refused messages each principal may leave per
+    /// second (a flood of hostile bodies cannot fill the spool).
+    pub refused_rows: governor::DefaultKeyedRateLimiter<String>,
+}
+
+/// Rows of messages refused before a decision, per principal: 10 a second,
+/// bursts of 20.
+fn refused_rows_quota() -> governor::Quota {
+    governor::Quota::per_second(std::num::NonZeroU32::MIN.saturating_add(9))
+        .allow_burst(std::num::NonZeroU32::MIN.saturating_add(19))
 }
 
 /// Why the request-path state could not be built.
@@ -172,7 +182,11 @@ impl State {
         };
         metrics.prepare_upstreams(config.upstreams.iter().map(|u| u.name.as_str()));
         let budgets = Arc::new(budgets(&config).map_err(|e| StateError::Store(e.to_string()))?);
-        let redactor = Arc::new(redactor(&config));
+        let redactor = Arc::new(redactor(&config).map_err(|e| {
+            StateError::Store(format!(
+                "audit.redact.key_patterns: {e}; redaction cannot be turned off by a typo"
+            ))
+        })?);
         let sessions =
             Arc::new(Sessions::new(&config.session_keys).map_err(|_| StateError::SessionKey)?);
         if !sessions.shared() {
@@ -196,6 +210,7 @@ impl State {
             pins,
             sessions,
             closing: tokio::sync::watch::Sender::new(false),
+            refused_rows: governor::RateLimiter::keyed(refused_rows_quota()),
         })
     }
 }
@@ -216,14 +231,15 @@ fn budgets(config: &Config) -> anyhow::Result<crate::budget::Budgets> {
     })
 }
 
-/// The redactor of the audit config (or the default patterns).
-fn redactor(config: &Config) -> Redactor {
+/// The redactor of the audit config (or the default patterns); a pattern
+/// that does not compile is an error, never a redactor that masks nothing.
+fn redactor(config: &Config) -> Result<Redactor, crate::audit::RedactError> {
     let patterns = config
         .audit
         .as_ref()
         .map(|a| a.redact.key_patterns.clone())
         .unwrap_or_else(|| crate::audit::RedactConfig::default().key_patterns);
-    Redactor::new(&patterns).unwrap_or_else(|_| Redactor::none())
+    Redactor::new(&patterns)
 }
 
 /// Serves one request on the MCP listener.
@@ -253,7 +269,7 @@ async fn serve(
         .to_owned();
 
     // Step 2: browsers (DNS rebinding, cross-site requests).
-    check_host_and_origin(&state.config.server, req.headers())?;
+    check_host_and_origin(&state.config.server, req.uri(), req.headers())?;
 
     // Step 3: authenticate.
     let claims = authenticate(state, req.headers(), &name).await?;
@@ -293,7 +309,14 @@ async fn post(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ProxyError> {
     // Step 6: read and parse once; everything after decides on this model.
-    let parsed = Parsed::read(state, &mut run, req).await?;
+    // A refusal here is on record too (rate-limited per principal).
+    let parsed = match Parsed::read(state, &mut run, req).await {
+        Ok(p) => p,
+        Err(e) => {
+            record_refused(state, &run, conn, session.as_deref(), &e).await;
+            return Err(e);
+        }
+    };
     if state.traces.is_some() {
         let meta = parsed
             .env
@@ -364,6 +387,43 @@ async fn post(
 
     // Step 13: relay.
     relay(&run, exchange, sending, sent_at).await
+}
+
+/// The row of a message refused before any decision (unreadable, smuggling,
+/// headers that disagree with the body): one per refused request, at most
+/// [`refused_rows_quota`] per principal, the rest counted as dropped.
+async fn record_refused(
+    state: &State,
+    run: &RunContext,
+    conn: ConnInfo,
+    session: Option<&[u8]>,
+    e: &ProxyError,
+) {
+    if !state.auditor.is_enabled() {
+        return;
+    }
+    let c = &run.claims;
+    let key = format!("{}\u{0}{}\u{0}{}", c.tenant_id, c.sub, c.run_id);
+    if state.refused_rows.check_key(&key).is_err() {
+        state.metrics.refused_rows_dropped.inc();
+        return;
+    }
+    if state.refused_rows.len() > 100_000 {
+        state.refused_rows.retain_recent();
+    }
+    let session_name = session
+        .map(|s| run.sessions.audit_name(&run.principal(), s))
+        .unwrap_or_default();
+    let recorder = Recorder::new(
+        state.auditor.clone(),
+        run,
+        &HeaderMap::new(),
+        conn.client,
+        0,
+        session_name,
+    );
+    let row = recorder.refused_message(e.method(), e.id(), e.to_string());
+    recorder.write(vec![row]).await;
 }
 
 /// Waits for the upstream's answer (counted in the upstream metrics) and
@@ -536,17 +596,11 @@ async fn transport(
 /// check.
 fn check_host_and_origin(
     server: &crate::config::ServerConfig,
+    uri: &http::Uri,
     headers: &HeaderMap,
 ) -> Result<(), ProxyError> {
-    if !server.allowed_hosts.is_empty() {
-        if let Some(host) = headers.get(header::HOST) {
-            let text = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
-            let name = host_name(&text);
-            if !server.allowed_hosts.iter().any(|h| h == name) {
-                return Err(ProxyError::HostNotAllowed(text));
-            }
-        }
-    }
+    crate::http_util::check_hosts(&server.allowed_hosts, uri, headers)
+        .map_err(ProxyError::HostNotAllowed)?;
     for origin in headers.get_all(header::ORIGIN) {
         let text = String::from_utf8_lossy(origin.as_bytes()).into_owned();
         let normalized = crate::http_util::origin_of(&text, true);
@@ -558,16 +612,6 @@ fn check_host_and_origin(
         }
     }
     Ok(())
-}
-
-/// The host of a `Host` header value, without port or IPv6 brackets.
-fn host_name(host: &str) -> &str {
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    host.rsplit_once(':')
-        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
-        .map_or(host, |(h, _)| h)
 }
 
 /// Finds and verifies the tool token; the error carries what the 401 needs.
@@ -785,17 +829,4 @@ fn protected_resource_metadata(state: &State, rest: &str) -> Result<Response<Bod
         HeaderValue::from_static("public, max-age=300"),
     );
     Ok(r)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_name;
-
-    #[test]
-    fn host_names_lose_their_port() {
-        assert_eq!(host_name("example.com:8443"), "example.com");
-        assert_eq!(host_name("example.com"), "example.com");
-        assert_eq!(host_name("[::1]:8080"), "::1");
-        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
-    }
 }

@@ -146,6 +146,40 @@ impl Recorder {
         row
     }
 
+    /// The final row of a server-to-client request the firewall refused in
+    /// the client's place (it never reached the client).
+    pub fn refused_server_request(&self, m: &Message, reason: String) -> AuditRow {
+        let mut row = self.row(m);
+        row.decision = DecisionKind::Deny.as_str().into();
+        row.stop_reason = StopReason::Denied.as_str().into();
+        row.reason = format!("server-to-client request refused: {reason}");
+        row.is_error = true;
+        row.latency_us = self.started.elapsed().as_micros() as u64;
+        row
+    }
+
+    /// The row of a request refused before any decision could be made on
+    /// its messages (`method` and `id` when the refusal knows them).
+    pub fn refused_message(
+        &self,
+        method: Option<&str>,
+        id: Option<&crate::mcp::jsonrpc::Id>,
+        reason: String,
+    ) -> AuditRow {
+        let mut row = self.base.clone();
+        row.event_id = uuid::Uuid::now_v7();
+        row.method = method.unwrap_or("").to_owned().into();
+        if let Some(id) = id {
+            row.jsonrpc_id = serde_json::to_string(id).unwrap_or_default();
+        }
+        row.decision = DecisionKind::Invalid.as_str().into();
+        row.stop_reason = StopReason::Denied.as_str().into();
+        row.reason = format!("refused before a decision: {reason}");
+        row.is_error = true;
+        row.latency_us = self.started.elapsed().as_micros() as u64;
+        row
+    }
+
     /// The intent row of a GET stream or a DELETE (`method` is the HTTP
     /// method: these carry no JSON-RPC message).
     pub fn transport(&self, method: &'static str, reason: String) -> AuditRow {

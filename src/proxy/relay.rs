@@ -729,16 +729,22 @@ impl Exchange {
             }
             Kind::Request => {
                 let method = m.method.as_deref().unwrap_or("");
-                if self.run.version.is_stateless() {
+                let verdict = if self.run.version.is_stateless() {
                     // 2026-07-28 servers ask through input-required results only.
-                    tracing::info!(upstream = %self.run.upstream.config.name, method, "dropped a server-to-client request on a 2026-07-28 stream");
-                    return Ok(Pass::Dropped);
+                    Err("2026-07-28 servers ask through input-required results only".to_owned())
+                } else {
+                    self.server_request(method, m.params.as_deref().map(RawValue::get))
+                };
+                match verdict {
+                    Ok(()) => Ok(Pass::Same),
+                    Err(why) => {
+                        if self.recorder.enabled() {
+                            rows.push(self.recorder.refused_server_request(m, why.clone()));
+                        }
+                        self.refuse_server_request(m, &why);
+                        Ok(Pass::Dropped)
+                    }
                 }
-                if self.server_request_allowed(method) {
-                    return Ok(Pass::Same);
-                }
-                self.refuse_server_request(m);
-                Ok(Pass::Dropped)
             }
             Kind::Notification => match m.method.as_deref() {
                 Some("notifications/tools/list_changed") => {
@@ -904,9 +910,8 @@ impl Exchange {
         raw: &str,
         granted: Option<&Granted>,
     ) -> Result<Pass, UpstreamFailure> {
-        if !raw.contains("input_required") {
-            return Ok(Pass::Same);
-        }
+        // Decided on decoded values (an escaped `input\u005frequired` is the
+        // same string), from the message the strict reader accepted.
         #[derive(serde::Deserialize)]
         struct Resp<'a> {
             #[serde(borrow)]
@@ -915,7 +920,7 @@ impl Exchange {
         #[derive(serde::Deserialize)]
         struct Required<'a> {
             #[serde(borrow, rename = "resultType")]
-            result_type: Option<&'a str>,
+            result_type: Option<std::borrow::Cow<'a, str>>,
             #[serde(borrow, rename = "inputRequests")]
             input_requests: Option<std::collections::BTreeMap<String, InputRequest<'a>>>,
             #[serde(rename = "requestState")]
@@ -924,7 +929,9 @@ impl Exchange {
         #[derive(serde::Deserialize)]
         struct InputRequest<'a> {
             #[serde(borrow)]
-            method: &'a str,
+            method: std::borrow::Cow<'a, str>,
+            #[serde(borrow)]
+            params: Option<&'a RawValue>,
         }
         let Ok(Resp {
             result: Some(result),
@@ -935,16 +942,21 @@ impl Exchange {
         let parsed = serde_json::from_str::<Required>(result.get()).map_err(|e| {
             UpstreamFailure::Invalid(format!("unreadable input-required result: {e}"))
         })?;
-        if parsed.result_type != Some("input_required") {
+        if parsed.result_type.as_deref() != Some("input_required") {
             return Ok(Pass::Same);
         }
         let refused: Vec<String> = parsed
             .input_requests
             .iter()
             .flatten()
-            .map(|(_, r)| r.method)
-            .filter(|method| !self.server_request_allowed(method))
-            .map(str::to_owned)
+            .filter_map(|(_, r)| {
+                self.server_request(&r.method, r.params.map(RawValue::get))
+                    .err()
+                    .map(|why| {
+                        tracing::info!(upstream = %self.run.upstream.config.name, method = %r.method, reason = %why, "input request refused");
+                        r.method.clone().into_owned()
+                    })
+            })
             .collect();
         if !refused.is_empty() {
             let body = answer::refused_input_request(m.id.as_ref(), &refused);
@@ -971,25 +983,21 @@ impl Exchange {
         Ok(Pass::Replaced(format!("{head}{new_result}{tail}")))
     }
 
-    fn server_request_allowed(&self, method: &str) -> bool {
-        let rules = self.run.policy.server_requests();
-        match method {
-            "sampling/createMessage" => rules.sampling,
-            "elicitation/create" => rules.elicitation,
-            "roots/list" => rules.roots,
-            // ping and anything else harmless passes.
-            _ => true,
-        }
+    /// The policy's word on a server-to-client request of this upstream.
+    fn server_request(&self, method: &str, params: Option<&str>) -> Result<(), String> {
+        self.run
+            .policy
+            .server_request(&self.run.upstream.config.name, method, params)
     }
 
     /// A legacy server-to-client request the policy refuses: the client never
     /// sees it; the upstream gets an error answer on the client's session.
-    fn refuse_server_request(&self, m: &Message) {
+    fn refuse_server_request(&self, m: &Message, why: &str) {
+        let method = m.method.as_deref().unwrap_or("");
+        tracing::info!(upstream = %self.run.upstream.config.name, method, reason = why, "server-to-client request refused by policy");
         let (Some(id), Some(reply)) = (&m.id, &self.reply) else {
             return;
         };
-        let method = m.method.as_deref().unwrap_or("");
-        tracing::info!(upstream = %self.run.upstream.config.name, method, "server-to-client request refused by policy");
         let body = answer::refused_server_request(id, method);
         let up = self.run.upstream.clone();
         let headers = reply.headers.clone();
@@ -1103,10 +1111,12 @@ impl Exchange {
     fn finish_large(&mut self, facts: &[Facts]) -> Result<Vec<AuditRow>, String> {
         let mut rows = Vec::new();
         for f in facts {
+            // Too large to read the requests' params: an elicitation (whose
+            // URL mode needs its target checked) is refused outright.
             let refused: Vec<&String> = f
                 .input_methods
                 .iter()
-                .filter(|m| !self.server_request_allowed(m))
+                .filter(|m| *m == "elicitation/create" || self.server_request(m, None).is_err())
                 .collect();
             if f.result_type.as_deref() == Some("input_required") && !refused.is_empty() {
                 return Err(format!(

@@ -118,27 +118,63 @@ impl hyper::body::Body for Guarded {
 
 /// The client's address: the peer's, or, when the peer is a trusted proxy,
 /// the last `X-Forwarded-For` entry that is not itself a trusted proxy.
+/// Entries are read in the forms proxies write (`ip`, `ip:port`, `[v6]`,
+/// `[v6]:port`, quoted or not); an entry that is none of them ends the walk
+/// at the trusted hop that wrote it, never skipping left to an entry the
+/// client chose.
 pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[ipnet::IpNet]) -> IpAddr {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
     let mut client = peer;
-    let hops: Vec<IpAddr> = headers
+    let hops: Vec<Option<IpAddr>> = headers
         .get_all("x-forwarded-for")
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|s| s.trim().parse::<IpAddr>().ok())
+        .flat_map(|v| match v.to_str() {
+            Ok(text) => text.split(',').map(forwarded_address).collect(),
+            Err(_) => vec![None],
+        })
         .collect();
     // Right to left: each trusted hop vouches for the one before it.
     for hop in hops.into_iter().rev() {
+        let Some(hop) = hop else {
+            break;
+        };
         client = hop;
         if !is_trusted(&hop) {
             break;
         }
     }
     client
+}
+
+/// One `X-Forwarded-For` entry as an address, without its port.
+fn forwarded_address(entry: &str) -> Option<IpAddr> {
+    let e = entry.trim();
+    let e = e
+        .strip_prefix('"')
+        .and_then(|x| x.strip_suffix('"'))
+        .unwrap_or(e);
+    if let Some(rest) = e.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        let port_ok = after.is_empty() || after.strip_prefix(':').is_some_and(is_port);
+        return port_ok
+            .then(|| inside.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6))
+            .flatten();
+    }
+    if let Ok(ip) = e.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    let (host, port) = e.rsplit_once(':')?;
+    if !is_port(port) {
+        return None;
+    }
+    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+fn is_port(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Resolves the client address and applies its coarse limit before the
@@ -284,5 +320,47 @@ mod tests {
         // Without a header the proxy itself is the client.
         assert_eq!(client_address(proxy, &HeaderMap::new(), &trusted), proxy);
         assert_eq!(client_address(proxy, &xff("1.2.3.4"), &[]), proxy);
+    }
+
+    #[test]
+    fn forwarded_for_entries_with_ports_are_read_and_garbage_ends_the_walk() {
+        let trusted: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().expect("net")];
+        let proxy: IpAddr = "10.1.2.3".parse().expect("ip");
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        // The forms real proxies write: the client is the written entry, not
+        // the client-chosen one to its left.
+        for (header, client) in [
+            ("6.6.6.6, 198.51.100.7:4711", "198.51.100.7"),
+            ("6.6.6.6, [2001:db8::7]:4711", "2001:db8::7"),
+            ("6.6.6.6, [2001:db8::7]", "2001:db8::7"),
+            ("6.6.6.6, \"198.51.100.7:80\"", "198.51.100.7"),
+            ("6.6.6.6, 2001:db8::7", "2001:db8::7"),
+            ("6.6.6.6, 198.51.100.7:80, 10.9.9.9:1234", "198.51.100.7"),
+        ] {
+            assert_eq!(
+                client_address(proxy, &xff(header), &trusted),
+                ip(client),
+                "{header}"
+            );
+        }
+        // An entry that cannot be read ends the walk at the hop that wrote
+        // it: rotating the entries to its left changes nothing.
+        for header in [
+            "6.6.6.6, unknown",
+            "7.7.7.7, 198.51.100.7:99999999",
+            "8.8.8.8, [2001:db8::7",
+            "9.9.9.9, _hidden",
+            "1.1.1.1, 198.51.100.7:",
+        ] {
+            assert_eq!(
+                client_address(proxy, &xff(header), &trusted),
+                proxy,
+                "{header}"
+            );
+        }
+        assert_eq!(
+            client_address(proxy, &xff("6.6.6.6, garbage, 10.9.9.9"), &trusted),
+            ip("10.9.9.9")
+        );
     }
 }

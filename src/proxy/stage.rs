@@ -147,6 +147,20 @@ fn check_envelope(env: &Envelope, run: &RunContext) -> Result<(), ProxyError> {
             message: format!("JSON-RPC batches are not allowed in protocol version {version}"),
         });
     }
+    // Two requests (or two responses) of one batch with the same id: their
+    // answers cannot be told apart, and an approval or a cancellation
+    // could be applied to the wrong one.
+    if env.batch {
+        let mut seen = std::collections::HashSet::with_capacity(env.messages.len());
+        for m in &env.messages {
+            let Some(id) = &m.id else { continue };
+            if !seen.insert((m.kind == Kind::Response, id)) {
+                return Err(ProxyError::InvalidRequest {
+                    message: format!("the batch has two messages with id {id}; ids must be unique"),
+                });
+            }
+        }
+    }
     if version.is_stateless() && env.messages.iter().any(|m| m.kind == Kind::Response) {
         return Err(ProxyError::InvalidRequest {
             message: format!(

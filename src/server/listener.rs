@@ -83,18 +83,28 @@ struct Builders {
     http2: auto::Builder<TokioExecutor>,
 }
 
+/// The request-head cap when none is configured (16 KiB).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// The smallest request-head cap hyper's HTTP/1.1 reader can work with.
+pub const MIN_MAX_HEADER_BYTES: usize = 8192;
+
 impl Builders {
-    fn new() -> Self {
+    fn new(max_header_bytes: usize) -> Self {
         let mut builder = auto::Builder::new(TokioExecutor::new());
+        // hyper answers 431 when a request head does not fit its read
+        // buffer (HTTP/1.1) or header list (HTTP/2).
         builder
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(HEAD_TIMEOUT)
+            .max_buf_size(max_header_bytes.max(MIN_MAX_HEADER_BYTES))
             .keep_alive(true);
         builder
             .http2()
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
+            .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX))
             .max_concurrent_streams(1024);
         Self {
             http1: builder.clone().http1_only(),
@@ -130,6 +140,9 @@ pub struct ConnLimits {
     pub write_idle: Duration,
     /// Counts connections refused and closed for write idleness.
     pub on_refused: Arc<dyn Fn(Refused) + Send + Sync>,
+    /// Most bytes of request head (HTTP/1.1: request line and headers;
+    /// HTTP/2: the header list) a request may have: larger is a 431.
+    pub max_header_bytes: usize,
 }
 
 /// Why a connection was closed by the listener.
@@ -150,6 +163,7 @@ impl ConnLimits {
             )),
             write_idle: Duration::from_secs(3600),
             on_refused: Arc::new(|_| {}),
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
         }
     }
 }
@@ -307,7 +321,7 @@ pub async fn serve<F, S, B>(
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let builders = Arc::new(Builders::new());
+    let builders = Arc::new(Builders::new(limits.max_header_bytes));
     let graceful = GracefulShutdown::new();
 
     loop {
@@ -438,7 +452,7 @@ mod tests {
 
     #[test]
     fn alpn_chooses_the_protocol_and_its_absence_leaves_it_to_the_bytes() {
-        let b = Builders::new();
+        let b = Builders::new(DEFAULT_MAX_HEADER_BYTES);
         assert!(std::ptr::eq(b.for_alpn(Some(b"h2")), &b.http2));
         assert!(std::ptr::eq(b.for_alpn(Some(b"http/1.1")), &b.http1));
         assert!(std::ptr::eq(b.for_alpn(None), &b.sniffing));

@@ -461,12 +461,31 @@ async fn multi_round_bound(args: &str, other: (&str, &str)) {
             r#","inputResponses":{{"confirm":{{"action":"accept","content":{{}}}}}},"requestState":{state_json}"#
         ),
     );
-    let r = common::post(&url(&fw), &token, &h, &retry).await;
+    let before = up.count("POST", "tools/call");
+    // Sent twice at once: the state releases one execution, so exactly one
+    // of the two runs and the other is refused as already used.
+    let u = url(&fw);
+    let (r1, r2) = tokio::join!(
+        common::post(&u, &token, &h, &retry),
+        common::post(&u, &token, &h, &retry)
+    );
+    let (r, refused) = if r1.text.contains("restarted") {
+        (r1, r2)
+    } else {
+        (r2, r1)
+    };
     assert_eq!(
         r.json()["result"]["content"][0]["text"],
         "restarted",
         "{}",
         r.text
+    );
+    assert_eq!(refused.json()["error"]["code"], -32602, "{}", refused.text);
+    assert!(refused.text.contains("already used"), "{}", refused.text);
+    assert_eq!(
+        up.count("POST", "tools/call"),
+        before + 1,
+        "the approved round ran exactly once"
     );
     let last = up.seen().last().cloned().unwrap();
     let sent: Value = serde_json::from_slice(&last.body).unwrap();
@@ -516,6 +535,15 @@ async fn multi_round_bound(args: &str, other: (&str, &str)) {
         );
     }
     assert_eq!(up.count("POST", "tools/call"), runs, "no refused retry ran");
+    // Replayed later, once more: the round already ran; nothing is sent.
+    let r = common::post(&url(&fw), &token, &h, &retry).await;
+    assert_eq!(r.json()["error"]["code"], -32602, "{}", r.text);
+    assert!(r.text.contains("already used"), "{}", r.text);
+    assert_eq!(
+        up.count("POST", "tools/call"),
+        runs,
+        "the replay did not run"
+    );
     fw.stop().await;
 }
 

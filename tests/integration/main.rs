@@ -2,6 +2,7 @@
 //! clients from the official Rust SDK, scripted raw HTTP upstreams for failure
 //! modes, a real ClickHouse server), no mocks of MCP.
 
+mod answer_path;
 mod approvals_api;
 mod approvals_e2e;
 mod architecture;
