@@ -351,8 +351,12 @@ async fn list(
     let items = approvals.list(&approver.tenant, status).await?;
     // Previews of pending approvals are fetched concurrently; each is cached
     // after its first success, so a refreshing console costs lookups.
-    let previews =
-        futures_util::future::join_all(items.iter().map(|a| preview_view(approvals, a))).await;
+    let previews = futures_util::future::join_all(
+        items
+            .iter()
+            .map(|a| preview_view(approvals, a, &approver.subject)),
+    )
+    .await;
     let approvals_out = items
         .into_iter()
         .zip(previews)
@@ -376,16 +380,16 @@ async fn show(
         .get(&approver.tenant, id)
         .await?
         .ok_or_else(|| ApprovalError::NotFound { id: id.to_owned() })?;
-    let preview = preview_view(approvals, &approval).await;
+    let preview = preview_view(approvals, &approval, &approver.subject).await;
     Ok(json_response(
         StatusCode::OK,
         &view(approvals, approval, preview),
     ))
 }
 
-async fn preview_view(approvals: &Approvals, a: &Approval) -> Option<PreviewView> {
+async fn preview_view(approvals: &Approvals, a: &Approval, by: &str) -> Option<PreviewView> {
     let tool = a.preview_tool.clone()?;
-    let result = approvals.preview(a).await?;
+    let result = approvals.preview(a, by).await?;
     Some(match result {
         Ok(v) => PreviewView {
             tool,

@@ -473,7 +473,7 @@ impl Approvals {
     /// tool, no preview function is set, or it is no longer pending (its
     /// effect is history). Computed once per approval and cached; a failure
     /// is cached for 15 s, a slow preview fails after 10 s.
-    pub async fn preview(&self, approval: &Approval) -> Option<PreviewResult> {
+    pub async fn preview(&self, approval: &Approval, opened_by: &str) -> Option<PreviewResult> {
         let tool = approval.preview_tool.as_ref()?;
         if approval.status_at(self.clock.now_ms()) != Status::Pending {
             return None;
@@ -492,7 +492,7 @@ impl Approvals {
                 return Some(result.clone());
             }
         }
-        let result = match tokio::time::timeout(PREVIEW_TIMEOUT, f(approval)).await {
+        let result = match tokio::time::timeout(PREVIEW_TIMEOUT, f(approval, opened_by)).await {
             Ok(Ok(v)) => Ok(Arc::new(v)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(format!(

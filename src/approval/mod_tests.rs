@@ -870,7 +870,7 @@ async fn previews_are_computed_once_and_only_while_pending() {
     let calls = Arc::new(AtomicUsize::new(0));
     {
         let calls = calls.clone();
-        a.set_preview(Arc::new(move |ap: &Approval| {
+        a.set_preview(Arc::new(move |ap: &Approval, _by: &str| {
             let n = calls.fetch_add(1, Ordering::SeqCst);
             let tool = ap.preview_tool.clone().unwrap_or_default();
             Box::pin(async move {
@@ -882,24 +882,24 @@ async fn previews_are_computed_once_and_only_while_pending() {
     let mut n = rollback();
     n.preview_tool = Some("preview_remediation".to_owned());
     let p = a.request(n).await.expect("request");
-    let (x, y) = tokio::join!(a.preview(&p), a.preview(&p));
+    let (x, y) = tokio::join!(a.preview(&p, "bob"), a.preview(&p, "bob"));
     let x = x.expect("preview").expect("ok");
     assert_eq!(x, y.expect("preview").expect("ok"));
     assert_eq!(x["tool"], "preview_remediation");
-    assert_eq!(a.preview(&p).await.expect("cached").expect("ok"), x);
+    assert_eq!(a.preview(&p, "bob").await.expect("cached").expect("ok"), x);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
     let plain = a
         .request(new_approval(key("restart", &json!({}))))
         .await
         .expect("request");
-    assert!(a.preview(&plain).await.is_none(), "no preview tool");
+    assert!(a.preview(&plain, "bob").await.is_none(), "no preview tool");
     let decided = a
         .decide("acme", p.id.as_str(), &approver("bob"), true, "")
         .await
         .expect("approve");
     assert!(
-        a.preview(&decided).await.is_none(),
+        a.preview(&decided, "bob").await.is_none(),
         "history has no preview"
     );
 }
@@ -911,7 +911,7 @@ async fn a_failed_preview_is_reported_and_retried_later() {
     let calls = Arc::new(AtomicUsize::new(0));
     {
         let calls = calls.clone();
-        a.set_preview(Arc::new(move |_: &Approval| {
+        a.set_preview(Arc::new(move |_: &Approval, _: &str| {
             calls.fetch_add(1, Ordering::SeqCst);
             Box::pin(async { Err("upstream answered 503".to_owned()) })
         }));
@@ -920,10 +920,10 @@ async fn a_failed_preview_is_reported_and_retried_later() {
     n.preview_tool = Some("preview_remediation".to_owned());
     let p = a.request(n).await.expect("request");
     assert_eq!(
-        a.preview(&p).await.expect("attempted"),
+        a.preview(&p, "bob").await.expect("attempted"),
         Err("upstream answered 503".to_owned())
     );
-    assert!(a.preview(&p).await.expect("cached").is_err());
+    assert!(a.preview(&p, "bob").await.expect("cached").is_err());
     assert_eq!(calls.load(Ordering::SeqCst), 1, "errors are cached briefly");
 }
 

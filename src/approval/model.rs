@@ -265,8 +265,10 @@ pub type TransitionHook = Box<dyn Fn(&Transition) + Send + Sync>;
 
 /// Calls the preview tool for an approval; set by the request path, which
 /// knows how to reach upstreams.
+/// Computes the preview of an approval for the approver (`&str`, their
+/// subject) who opened it: the firewall's own call is attributed to them.
 pub type PreviewFn =
-    Arc<dyn Fn(&Approval) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
+    Arc<dyn Fn(&Approval, &str) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
 
 /// A preview result as shown: the value, or why there is none.
 pub type PreviewResult = Result<Arc<Value>, String>;

@@ -197,7 +197,17 @@ async fn live(
         Subject::Prompt => ("prompts/list", "prompts"),
         Subject::ResourceTemplate => ("resources/templates/list", "resourceTemplates"),
     };
-    let pages = crate::proxy::own_client::list_pages(client, method)
+    // The operator's command, not the serving firewall: no audit pipeline
+    // runs here.
+    let auditor = crate::audit::Auditor::disabled();
+    let on_behalf = crate::proxy::own_client::OnBehalf {
+        auditor: &auditor,
+        tenant: "",
+        subject: "mcp-firewall pins",
+        run_id: "",
+        reason: "pins record",
+    };
+    let pages = crate::proxy::own_client::list_pages(client, on_behalf, method)
         .await
         .map_err(|e| anyhow::anyhow!("{method}: {e}"))?;
     let mut out = Vec::new();

@@ -188,18 +188,22 @@ pub fn wire(state: &Arc<State>, approvals: &Arc<Approvals>) {
         });
     }));
     let weak = Arc::downgrade(state);
-    approvals.set_preview(Arc::new(move |approval: &Approval| {
+    approvals.set_preview(Arc::new(move |approval: &Approval, by: &str| {
         let state = weak.upgrade();
         let approval = approval.clone();
+        let by = by.to_owned();
         async move {
             let state = state.ok_or_else(|| "the firewall is shutting down".to_owned())?;
-            preview(&state, &approval).await
+            preview(&state, &approval, &by).await
         }
         .boxed()
     }));
 }
 
-async fn preview(state: &State, approval: &Approval) -> Result<Value, String> {
+/// The preview of `approval` for the approver `by`: a call of the policy's
+/// read-only preview tool, on record as the firewall's own request made for
+/// that approver.
+async fn preview(state: &State, approval: &Approval, by: &str) -> Result<Value, String> {
     let up = state
         .upstreams
         .get(&approval.key.upstream)
@@ -219,7 +223,19 @@ async fn preview(state: &State, approval: &Approval) -> Result<Value, String> {
         .map(|e| e.input_schema.clone());
     let arguments = super::own_client::arguments(&approval.arguments, schema.as_ref(), fixed);
     // The approvals side shows the reason to the approver as text.
-    super::own_client::call_tool(up, tool, arguments)
+    let reason = format!(
+        "preview {tool} of approval {} ({}), opened by {by}",
+        approval.id.as_str(),
+        approval.key.tool
+    );
+    let on_behalf = super::own_client::OnBehalf {
+        auditor: &state.auditor,
+        tenant: &approval.key.tenant,
+        subject: by,
+        run_id: &approval.key.run_id,
+        reason: &reason,
+    };
+    super::own_client::call_tool(up, on_behalf, tool, arguments)
         .await
         .map_err(|e| e.to_string())
 }

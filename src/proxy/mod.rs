@@ -192,6 +192,7 @@ impl State {
         if !sessions.shared() {
             tracing::info!("sessions are sealed with a key of this process: configure [sessions] keys for several replicas");
         }
+        let refills = Arc::new(refill::Refills::new(auditor.clone()));
         Ok(State {
             holds: Arc::new(Holds::new(approvals.clone())),
             config,
@@ -205,7 +206,7 @@ impl State {
             metrics,
             approvals,
             redactor,
-            refills: Arc::new(refill::Refills::default()),
+            refills,
             traces: None,
             pins,
             sessions,

@@ -11,6 +11,11 @@
 //! request, `DELETE`) for servers that only speak the session-based
 //! revisions. The upstream's injected credentials apply as for any forwarded
 //! request; no run's identity is sent (the firewall asks as itself).
+//!
+//! Every request it sends is on record like a forwarded one ([`OnBehalf`]):
+//! an intent row before it leaves, its completion when the answer comes,
+//! attributed to whoever made the firewall ask (the approver who opened a
+//! preview, or the firewall itself for a catalog refill).
 
 use std::net::SocketAddr;
 
@@ -19,7 +24,9 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{header, Method};
 use serde_json::{json, Value};
 
+use crate::audit::{AuditRow, Auditor, JsonPayload};
 use crate::mcp::sse;
+use crate::outcome::{DecisionKind, StopReason};
 use crate::server::listener::ConnInfo;
 
 use super::body::{Collected, UpstreamBody};
@@ -51,12 +58,71 @@ pub enum OwnCallError {
     /// A JSON-RPC answer with neither `result` nor `error`.
     #[error("the upstream's answer has no result")]
     NoResult,
+    /// The audit trail refused the request's row (fail-closed).
+    #[error("the audit trail cannot record the request: {0}")]
+    Audit(String),
     /// A listing that did not end within [`MAX_LIST_PAGES`] pages.
     #[error("{method} has more than {MAX_LIST_PAGES} pages; stopped there")]
     TooManyPages {
         /// The list method.
         method: &'static str,
     },
+}
+
+/// Whom one of the firewall's own requests is on record for.
+#[derive(Clone, Copy)]
+pub struct OnBehalf<'a> {
+    /// Where the rows go (a disabled auditor records nothing).
+    pub auditor: &'a Auditor,
+    /// The tenant it is for (empty: the firewall's own business).
+    pub tenant: &'a str,
+    /// Who made the firewall ask (an approver's subject, or `mcp-firewall`).
+    pub subject: &'a str,
+    /// The run it concerns, if any.
+    pub run_id: &'a str,
+    /// Why the firewall asks.
+    pub reason: &'a str,
+}
+
+impl OnBehalf<'_> {
+    /// The intent row of one request about to be sent.
+    fn intent(
+        &self,
+        up: &UpstreamClient,
+        method: &str,
+        tool: Option<&str>,
+        body: &Bytes,
+    ) -> AuditRow {
+        let mut row = AuditRow::new();
+        row.tenant = self.tenant.to_owned();
+        row.subject = self.subject.to_owned();
+        row.run_id = self.run_id.to_owned();
+        row.upstream = up.config.name.clone();
+        row.method = method.to_owned().into();
+        row.tool = tool.unwrap_or("").to_owned();
+        row.decision = DecisionKind::Allow.as_str().into();
+        row.reason = format!("the firewall's own request: {}", self.reason);
+        row.row_version = 0;
+        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+            if let Some(id) = v.get("id") {
+                row.jsonrpc_id = id.to_string();
+            }
+            if let Some(args) = v.pointer("/params/arguments") {
+                row.arguments = JsonPayload::Value(args.clone());
+            }
+        }
+        row
+    }
+
+    /// Writes `row` (a disabled auditor skips it); an audit trail that
+    /// refuses it (fail-closed) refuses the request.
+    async fn write(&self, row: AuditRow) -> Result<(), OwnCallError> {
+        self.auditor
+            .record_or_fail(row)
+            .await
+            .map(|_| ())
+            .map_err(|e| OwnCallError::Audit(e.to_string()))
+    }
 }
 
 const LOCAL: ConnInfo = ConnInfo {
@@ -68,11 +134,12 @@ const LOCAL: ConnInfo = ConnInfo {
 /// Calls `tool` with `arguments`; returns the tool's result object.
 pub async fn call_tool(
     up: &UpstreamClient,
+    by: OnBehalf<'_>,
     tool: &str,
     arguments: Value,
 ) -> Result<Value, OwnCallError> {
     let params = json!({"name": tool, "arguments": arguments});
-    request(up, "tools/call", Some(tool), params).await
+    request(up, by, "tools/call", Some(tool), params).await
 }
 
 /// Most pages of a `tools/list` the firewall follows.
@@ -80,14 +147,18 @@ const MAX_LIST_PAGES: usize = 20;
 
 /// Every page of the upstream's `tools/list`, as complete JSON-RPC
 /// responses (what [`crate::mcp::rewrite::tools_list`] reads).
-pub async fn list_tools(up: &UpstreamClient) -> Result<Vec<String>, OwnCallError> {
-    list_pages(up, "tools/list").await
+pub async fn list_tools(
+    up: &UpstreamClient,
+    by: OnBehalf<'_>,
+) -> Result<Vec<String>, OwnCallError> {
+    list_pages(up, by, "tools/list").await
 }
 
 /// Every page of a paginated list (`tools/list`, `prompts/list`,
 /// `resources/templates/list`), as complete JSON-RPC responses.
 pub async fn list_pages(
     up: &UpstreamClient,
+    by: OnBehalf<'_>,
     method: &'static str,
 ) -> Result<Vec<String>, OwnCallError> {
     let mut pages = Vec::new();
@@ -97,7 +168,7 @@ pub async fn list_pages(
             Some(c) => json!({"cursor": c}),
             None => json!({}),
         };
-        let result = request(up, method, None, params).await?;
+        let result = request(up, by, method, None, params).await?;
         cursor = result
             .get("nextCursor")
             .and_then(Value::as_str)
@@ -113,18 +184,22 @@ pub async fn list_pages(
 /// Sends one request as the firewall's own client; returns its result.
 async fn request(
     up: &UpstreamClient,
+    by: OnBehalf<'_>,
     method: &'static str,
     name: Option<&str>,
     params: Value,
 ) -> Result<Value, OwnCallError> {
-    match stateless(up, method, name, params.clone()).await {
+    match stateless(up, by, method, name, params.clone()).await {
         Ok(v) => Ok(v),
-        Err(_) => session(up, method, params).await,
+        // The audit trail refusing is no reason to try another revision.
+        Err(e @ OwnCallError::Audit(_)) => Err(e),
+        Err(_) => session(up, by, method, name, params).await,
     }
 }
 
 async fn stateless(
     up: &UpstreamClient,
+    by: OnBehalf<'_>,
     method: &'static str,
     name: Option<&str>,
     mut params: Value,
@@ -149,11 +224,25 @@ async fn stateless(
     if let Some(v) = name.and_then(|n| HeaderValue::from_str(n).ok()) {
         headers.insert(HeaderName::from_static("mcp-name"), v);
     }
-    let (_, answer) = post(up, &headers, None, Bytes::from(body.to_string())).await?;
+    let (_, answer) = post(
+        up,
+        by,
+        (method, name),
+        &headers,
+        None,
+        Bytes::from(body.to_string()),
+    )
+    .await?;
     result_of(answer)
 }
 
-async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Value, OwnCallError> {
+async fn session(
+    up: &UpstreamClient,
+    by: OnBehalf<'_>,
+    method: &str,
+    name: Option<&str>,
+    params: Value,
+) -> Result<Value, OwnCallError> {
     let version = "2025-06-18";
     let init = json!({
         "jsonrpc": "2.0", "id": "mcp-firewall-init", "method": "initialize",
@@ -161,7 +250,15 @@ async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Val
     });
     let mut headers = base_headers(version);
     headers.remove("mcp-protocol-version");
-    let (resp_headers, answer) = post(up, &headers, None, Bytes::from(init.to_string())).await?;
+    let (resp_headers, answer) = post(
+        up,
+        by,
+        ("initialize", None),
+        &headers,
+        None,
+        Bytes::from(init.to_string()),
+    )
+    .await?;
     result_of(answer)?;
     headers.insert(
         HeaderName::from_static("mcp-protocol-version"),
@@ -173,27 +270,68 @@ async fn session(up: &UpstreamClient, method: &str, params: Value) -> Result<Val
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     post(
         up,
+        by,
+        ("notifications/initialized", None),
         &headers,
         sid.as_deref(),
         Bytes::from(initialized.to_string()),
     )
     .await?;
     let call = json!({"jsonrpc": "2.0", "id": "mcp-firewall", "method": method, "params": params});
-    let outcome = post(up, &headers, sid.as_deref(), Bytes::from(call.to_string())).await;
+    let outcome = post(
+        up,
+        by,
+        (method, name),
+        &headers,
+        sid.as_deref(),
+        Bytes::from(call.to_string()),
+    )
+    .await;
     if sid.is_some() {
-        let fwd = Forward {
-            method: Method::DELETE,
-            headers: &headers,
-            query: None,
-            body: Bytes::new(),
-            conn: LOCAL,
-            set: &[],
-            session: sid.as_deref(),
-            last_event_id: None,
-        };
-        let _ = up.send(fwd).await;
+        let row = by.intent(up, "DELETE", None, &Bytes::new());
+        if by.write(row.clone()).await.is_ok() {
+            let fwd = Forward {
+                method: Method::DELETE,
+                headers: &headers,
+                query: None,
+                body: Bytes::new(),
+                conn: LOCAL,
+                set: &[],
+                session: sid.as_deref(),
+                last_event_id: None,
+            };
+            let ended = up.send(fwd).await;
+            let status = ended.as_ref().map_or(0, |r| r.status().as_u16());
+            let _ = by.write(completed(row, status, ended.is_err(), None)).await;
+        }
     }
     result_of(outcome?.1)
+}
+
+/// The completion of an own request's intent row.
+fn completed(mut row: AuditRow, status: u16, failed: bool, answer: Option<&Value>) -> AuditRow {
+    row.row_version = 1;
+    row.upstream_status = status;
+    row.is_error = failed
+        || answer.is_some_and(|a| {
+            a.get("error").is_some() || a.pointer("/result/isError") == Some(&Value::Bool(true))
+        });
+    row.stop_reason = if failed {
+        StopReason::UpstreamError
+    } else {
+        StopReason::Done
+    }
+    .as_str()
+    .into();
+    if let Some(a) = answer {
+        row.result = JsonPayload::Value(
+            a.get("result")
+                .or(a.get("error"))
+                .cloned()
+                .unwrap_or(Value::Null),
+        );
+    }
+    row
 }
 
 fn base_headers(version: &'static str) -> HeaderMap {
@@ -205,9 +343,37 @@ fn base_headers(version: &'static str) -> HeaderMap {
     h
 }
 
-/// POSTs one message; returns the response headers and the JSON-RPC answer
-/// (from a JSON body or the SSE event carrying it), if any.
+/// POSTs one message (`what`: its method and the tool it names), on record
+/// before it is sent and completed when it is answered; returns the
+/// response headers and the JSON-RPC answer (from a JSON body or the SSE
+/// event carrying it), if any.
 async fn post(
+    up: &UpstreamClient,
+    by: OnBehalf<'_>,
+    what: (&str, Option<&str>),
+    headers: &HeaderMap,
+    session: Option<&[u8]>,
+    body: Bytes,
+) -> Result<(HeaderMap, Option<Value>), OwnCallError> {
+    let row = by.intent(up, what.0, what.1, &body);
+    by.write(row.clone()).await?;
+    let started = std::time::Instant::now();
+    let answered = send(up, headers, session, body).await;
+    let mut done = match &answered {
+        Ok((_, answer)) => completed(row, 200, false, answer.as_ref()),
+        Err(OwnCallError::Upstream(UpstreamFailure::Status(s))) => completed(row, *s, true, None),
+        Err(_) => completed(row, 0, true, None),
+    };
+    done.upstream_latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    done.latency_us = done.upstream_latency_us;
+    if let Err(e) = by.write(done).await {
+        tracing::error!(upstream = %up.config.name, error = %e, "completion row of the firewall's own request not written");
+    }
+    answered
+}
+
+/// Sends one POST and reads its answer.
+async fn send(
     up: &UpstreamClient,
     headers: &HeaderMap,
     session: Option<&[u8]>,

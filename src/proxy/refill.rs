@@ -31,12 +31,21 @@ use super::upstream::UpstreamClient;
 pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// When each upstream was last refilled (by route name).
-#[derive(Default)]
 pub struct Refills {
     last: DashMap<String, Arc<Mutex<Option<Instant>>>>,
+    /// The refills' own requests are on record.
+    auditor: crate::audit::Auditor,
 }
 
 impl Refills {
+    /// Refills whose requests are recorded by `auditor`.
+    pub fn new(auditor: crate::audit::Auditor) -> Refills {
+        Refills {
+            last: DashMap::new(),
+            auditor,
+        }
+    }
+
     /// Fetches the upstream's tool list into `catalogs`, unless a refill of
     /// this upstream ran less than [`MIN_INTERVAL`] ago. Returns how many
     /// tools were recorded (0 when skipped or failed).
@@ -62,7 +71,14 @@ impl Refills {
             return 0;
         }
         *last = Some(Instant::now());
-        let pages = match own_client::list_tools(up).await {
+        let on_behalf = own_client::OnBehalf {
+            auditor: &self.auditor,
+            tenant: "",
+            subject: "mcp-firewall",
+            run_id: "",
+            reason: "catalog refill (a call named a tool not seen listed, or the list changed)",
+        };
+        let pages = match own_client::list_tools(up, on_behalf).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(upstream = %name, error = %e, "catalog refill: tools/list failed");

@@ -656,3 +656,259 @@ async fn configuration_mistakes_that_would_weaken_the_firewall_refuse_to_load() 
         assert!(err.to_string().contains(what), "{err}");
     }
 }
+
+// --- hole 9: every call on record -------------------------------------------
+
+/// A firewall whose rows go to a fresh database of the shared ClickHouse.
+struct Audited {
+    ch: &'static crate::common::clickhouse::ClickHouse,
+    db: String,
+    _spool: tempfile::TempDir,
+}
+
+async fn start_audited(
+    up: &raw::RawUpstream,
+    policy: &[(&str, &str)],
+    tweak: impl FnOnce(TestConfig) -> TestConfig,
+) -> (Firewall, Audited) {
+    let ch = crate::common::clickhouse::ClickHouse::shared().await;
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let (url, path) = (ch.http_url.clone(), spool.path().to_owned());
+    let fw = start_with(up, policy, |c| {
+        tweak(c.audit("fw-answer", &url, &db, &path))
+    })
+    .await;
+    (
+        fw,
+        Audited {
+            ch,
+            db,
+            _spool: spool,
+        },
+    )
+}
+
+impl Audited {
+    fn count(&self, filter: &str) -> u64 {
+        self.ch
+            .try_query(&format!(
+                "SELECT count() FROM {}.audit_events FINAL WHERE {filter}",
+                self.db
+            ))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until `filter` matches at least `want` rows; returns how many.
+    async fn rows(&self, filter: &str, want: u64) -> u64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = self.count(filter);
+            if n >= want || std::time::Instant::now() > deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// For every JSON-RPC message the recording upstream received (each
+    /// element of a batch, the firewall's own requests, its answers to
+    /// refused server requests) and every GET and DELETE, a row of the same
+    /// method and id exists.
+    async fn assert_every_upstream_request_on_record(&self, up: &raw::RawUpstream) {
+        use std::collections::BTreeMap;
+        let mut want: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for s in up.seen() {
+            if s.method != http::Method::POST {
+                *want
+                    .entry((s.method.to_string(), String::new()))
+                    .or_default() += 1;
+                continue;
+            }
+            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
+            let messages = match v {
+                Value::Array(items) => items,
+                one => vec![one],
+            };
+            for m in messages {
+                let method = m["method"].as_str().unwrap_or("").to_owned();
+                let id = m.get("id").map(Value::to_string).unwrap_or_default();
+                *want.entry((method, id)).or_default() += 1;
+            }
+        }
+        assert!(!want.is_empty(), "the upstream received something");
+        for ((method, id), n) in want {
+            let filter = if method.is_empty() {
+                // An answer in the client's place: the refusal's row.
+                format!(
+                    "jsonrpc_id = '{}' AND decision = 'deny'",
+                    id.replace('\'', "\\'")
+                )
+            } else {
+                format!(
+                    "method = '{method}' AND jsonrpc_id = '{}'",
+                    id.replace('\'', "\\'")
+                )
+            };
+            let got = self.rows(&filter, n).await;
+            assert!(
+                got >= n,
+                "{method} {id}: the upstream received {n}, the audit has {got} rows\nall rows: {}",
+                self.ch
+                    .try_query(&format!(
+                        "SELECT method, jsonrpc_id, decision, reason FROM {}.audit_events FINAL",
+                        self.db
+                    ))
+                    .unwrap_or_default()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn refused_messages_are_on_record_at_a_bounded_rate() {
+    let up = raw::mcp().await;
+    let (fw, audit) = start_audited(&up, &[], |c| c).await;
+    let token = common::token();
+    // Hostile bodies of several kinds, each refused before any decision.
+    let hostile = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_incident","name":"restart_service"}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_incident","Name":"restart_service"}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"get_incident"}} trailing"#,
+        r#"[{"jsonrpc":"2.0","id":4,"method":"ping"},{"jsonrpc":"2.0","id":4,"method":"ping"}]"#,
+    ];
+    for body in hostile {
+        let r = common::post(
+            &fw.mcp_url("incidents"),
+            &token,
+            &[("mcp-protocol-version", "2025-03-26")],
+            body,
+        )
+        .await;
+        assert!(r.json().get("error").is_some(), "{body}: {}", r.text);
+    }
+    // A 2026-07-28 header that disagrees with the body.
+    let (mut h, body) = modern(
+        "tools/call",
+        "get_incident",
+        5,
+        json!({"name": "get_incident", "arguments": {}}),
+    );
+    h[2].1 = "restart_service".to_owned();
+    let r = post_modern(&fw, &token, &(h, body)).await;
+    assert!(r.json().get("error").is_some(), "{}", r.text);
+    let refused = "decision = 'invalid' AND position(reason, 'refused before a decision') > 0 AND subject = 'alice'";
+    assert_eq!(
+        audit.rows(refused, 5).await,
+        5,
+        "one row per refused message"
+    );
+    assert_eq!(audit.count(&format!("{refused} AND jsonrpc_id = '5'")), 1);
+    assert_eq!(up.hits(), 0, "none reached the upstream");
+
+    // A flood: rows stop at the principal's rate, the rest are counted.
+    for i in 0..60 {
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"ping","params":{{"a":1,"a":2}}}}"#);
+        common::post(&fw.mcp_url("incidents"), &token, &[], &body).await;
+    }
+    let metrics = common::http()
+        .get(format!("{}/metrics", fw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dropped: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("mcp_firewall_refused_rows_dropped"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(dropped >= 20.0, "the flood was cut: {dropped}\n{metrics}");
+    // Every refused message is either a row or counted as dropped.
+    let want = 65 - dropped as u64;
+    let rows = audit.rows(refused, want).await;
+    assert_eq!(rows, want, "{rows} rows + {dropped} dropped of 65 refused");
+    assert!(rows >= 20, "the burst is on record: {rows}");
+    assert_eq!(up.hits(), 0);
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn every_request_the_upstream_received_is_on_record() {
+    let up = raw::upstream(|seen| async move {
+        let v: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+        if v["method"] == "tools/call" && v["params"]["arguments"]["incident_id"] == "ask-roots" {
+            // Asks the client for its roots, which the policy refuses: the
+            // firewall answers the upstream in the client's place.
+            let ask = json!({"jsonrpc": "2.0", "id": 777, "method": "roots/list"});
+            let done = json!({"jsonrpc": "2.0", "id": v["id"], "result": {"content": []}});
+            return raw::sse(
+                vec![
+                    bytes::Bytes::from(format!("data: {ask}\n\n")),
+                    bytes::Bytes::from(format!("data: {done}\n\n")),
+                ],
+                Duration::from_millis(5),
+                false,
+            );
+        }
+        raw::mcp_answer(&seen)
+    })
+    .await;
+    let (fw, audit) = start_audited(&up, &[], |c| c).await;
+    let token = common::token();
+    let url = fw.mcp_url("incidents");
+    // A call before any list: the firewall lists the tools itself first.
+    let req = modern(
+        "tools/call",
+        "get_incident",
+        21,
+        json!({"name": "get_incident", "arguments": {"incident_id": "INC-1"}}),
+    );
+    let r = post_modern(&fw, &token, &req).await;
+    assert!(r.json().get("result").is_some(), "{}", r.text);
+    // The session era: initialize, a notification, calls, a batch, a
+    // resource, the GET stream, DELETE.
+    let init = r#"{"jsonrpc":"2.0","id":"i1","method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let r = common::post(&url, &token, &[], init).await;
+    let sid = r.headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let s = |extra: &str| -> Vec<(&'static str, String)> {
+        vec![
+            ("mcp-session-id", sid.clone()),
+            ("mcp-protocol-version", extra.to_owned()),
+        ]
+    };
+    let h = s("2025-03-26");
+    let hv: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for body in [
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":22,"method":"tools/list","params":{}}"#,
+        r#"{"jsonrpc":"2.0","id":23,"method":"tools/call","params":{"name":"get_incident","arguments":{"incident_id":"ask-roots"}}}"#,
+        r#"[{"jsonrpc":"2.0","id":24,"method":"tools/call","params":{"name":"get_incident","arguments":{"incident_id":"a"}}},{"jsonrpc":"2.0","id":25,"method":"ping"}]"#,
+        r#"{"jsonrpc":"2.0","id":26,"method":"resources/read","params":{"uri":"file:///tmp/x"}}"#,
+    ] {
+        let r = common::post(&url, &token, &hv, body).await;
+        assert!(r.status == 200 || r.status == 202, "{body}: {}", r.text);
+        assert!(!r.text.contains("\"error\""), "{body}: {}", r.text);
+    }
+    let g = common::send(reqwest::Method::GET, &url, Some(&token), &hv, None).await;
+    assert_eq!(g.status, 200);
+    let d = common::send(reqwest::Method::DELETE, &url, Some(&token), &hv, None).await;
+    assert_eq!(d.status, 200);
+    crate::common::wait::wait_until("the refusal answered", Duration::from_secs(5), || {
+        up.seen().iter().any(|s| {
+            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
+            v["id"] == 777 && v.get("error").is_some()
+        })
+    })
+    .await;
+    assert!(
+        up.count("POST", "tools/list") >= 2,
+        "the firewall's own list and the client's"
+    );
+    audit.assert_every_upstream_request_on_record(&up).await;
+    fw.stop().await;
+}

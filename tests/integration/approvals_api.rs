@@ -241,7 +241,7 @@ async fn show_includes_the_preview_computed_once() {
     let calls = Arc::new(AtomicUsize::new(0));
     {
         let calls = calls.clone();
-        a.approvals.set_preview(Arc::new(move |ap| {
+        a.approvals.set_preview(Arc::new(move |ap, _by| {
             calls.fetch_add(1, Ordering::SeqCst);
             let tool = ap.preview_tool.clone().unwrap_or_default();
             let args = (*ap.arguments).clone();
@@ -493,7 +493,7 @@ async fn an_expired_approval_is_gone() {
 #[tokio::test]
 async fn the_cli_lists_shows_and_decides() {
     let a = admin(|_| {}).await;
-    a.approvals.set_preview(Arc::new(|_| {
+    a.approvals.set_preview(Arc::new(|_, _| {
         Box::pin(async { Ok(json!({"would_roll_back": "v42 -> v41"})) })
     }));
     let mut n = gated(

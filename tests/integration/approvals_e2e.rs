@@ -369,8 +369,41 @@ async fn every_transition_is_an_audit_row(b: Backend) {
     })
     .await;
     let (call, oncall, id) = held_rollback(&fw).await;
+    // The approver opens the approval: its preview is the firewall's own
+    // call of the upstream, on record and attributed to that approver.
+    let shown = common::http()
+        .get(format!("{}/approvals/{id}", fw.admin))
+        .bearer_auth(&oncall)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shown.status(), 200);
+    assert_eq!(upstream.calls("preview_remediation"), 1);
     decide(&fw, &oncall, &id, "approve", "go").await;
     call.await.unwrap().expect("runs");
+    let preview_sql = format!(
+        "SELECT count() FROM {db}.audit_events FINAL WHERE method = 'tools/call' AND tool = 'preview_remediation' \
+         AND subject = 'oncall' AND tenant = 'acme' AND row_version = 1 AND position(reason, 'opened by oncall') > 0"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut previews = 0;
+    while Instant::now() < deadline && previews == 0 {
+        previews = ch
+            .try_query(&preview_sql)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        previews,
+        1,
+        "the preview call is on record: {}",
+        ch.try_query(&format!(
+            "SELECT method, tool, subject, reason FROM {db}.audit_events"
+        ))
+        .unwrap_or_default()
+    );
     let sql = format!("SELECT groupArray(decision) FROM (SELECT decision FROM {db}.audit_events FINAL WHERE method = 'approval' ORDER BY time_ms)");
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut got = String::new();

@@ -803,17 +803,29 @@ async fn retention_drops_expired_day_partitions_only() {
     let mut cfg = test_config(spool.path(), &ch.http_url, &db);
     cfg.retention_days = Some(30);
     let (_a, handle, _reg) = start(&cfg).await;
+    // One retention pass drops the events' partitions, then the daily
+    // aggregate's: wait for both, not just the first.
+    let stats_days = || {
+        ch.query_u64(&format!(
+            "SELECT uniqExact(day) FROM {db}.audit_events_daily_stats"
+        ))
+    };
     wait_until(
         "old partitions to be dropped",
         Duration::from_secs(30),
-        || ch.query_u64(&format!("SELECT count() FROM {db}.audit_events")) == 2,
+        || {
+            ch.query_u64(&format!("SELECT count() FROM {db}.audit_events")) == 2
+                && stats_days() <= 2
+        },
     )
     .await;
     handle.shutdown(Duration::from_secs(5)).await;
-    let stats_days = ch.query_u64(&format!(
-        "SELECT uniqExact(day) FROM {db}.audit_events_daily_stats"
-    ));
-    assert!(stats_days <= 2, "old daily stats dropped too");
+    assert_eq!(
+        ch.query_u64(&format!("SELECT count() FROM {db}.audit_events")),
+        2,
+        "only the expired day partitions were dropped"
+    );
+    assert!(stats_days() <= 2, "old daily stats dropped too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
