@@ -128,6 +128,7 @@ fn bench_seal(c: &mut Criterion) {
         tenant: "acme",
         subject: "alice@example.com",
         upstream: "incidents",
+        run: "run-42",
     };
     let upstream_id = b"3f2b8c1e-9a4d-4c7e-b2f1-6d8e0a5c4b3a";
     let sealed = sessions.seal(&who, upstream_id);

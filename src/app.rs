@@ -367,6 +367,7 @@ async fn sweep_budgets(state: Arc<State>) {
     loop {
         tick.tick().await;
         state.budgets.sweep();
+        state.tasks.sweep(&state.budgets, false);
         state.metrics.budget_runs.set(state.budgets.runs() as i64);
         let evicted = state.budgets.evicted();
         let counted = state.metrics.budget_runs_evicted.get();

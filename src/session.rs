@@ -7,11 +7,11 @@
 //! `s1.<key id>.<upstream id, base64url>.<tag, base64url>`, where the tag is
 //! an HMAC-SHA256 (truncated to 128 bits) over the upstream's id and the
 //! principal it was issued to: issuer, tenant and subject of the verified
-//! token, and the upstream route. Every POST, GET and DELETE carrying a
+//! token, the upstream route, and the run (`run_id`). Every POST, GET and DELETE carrying a
 //! session id is unsealed against the caller's own principal; a forged,
 //! altered or other principal's id is answered as an unknown session (404)
-//! and never forwarded. The binding is to the principal, not to the token
-//! bytes: a refreshed token of the same subject keeps its session.
+//! and never forwarded. The binding is to the principal and run, not to the
+//! token bytes: a refreshed token of the same run keeps its session.
 //!
 //! SSE event ids are sealed the same way (`e1.…`), so `Last-Event-ID`
 //! resumes only a stream of the caller's own session. A sealed event id also
@@ -27,6 +27,9 @@
 //! keys accepts every replica's sessions. Without configured keys a random
 //! key is made at start: sessions then live as long as the process (a
 //! client seeing 404 starts a new session, as the transport spec requires).
+//!
+//! Task ids (`t1.…`) and multi-round `requestState`s (`r1.…`) are sealed
+//! the same way, each under its own tag domain, so no kind opens as another.
 //!
 //! On 2026-07-28 requests there are no sessions: `Mcp-Session-Id` is
 //! ignored, never forwarded, and never minted.
@@ -46,6 +49,8 @@ const TAG_BYTES: usize = 16;
 pub const MIN_KEY_BYTES: usize = 32;
 /// What every `requestState` the firewall seals starts with.
 pub const STATE_PREFIX: &str = "r1.";
+/// What every task id the firewall seals starts with.
+pub const TASK_PREFIX: &str = "t1.";
 /// Largest stream context (pending requests and the upstream's event id)
 /// carried in a sealed event id.
 pub const MAX_EVENT_CONTEXT: usize = 512;
@@ -120,6 +125,8 @@ pub struct Principal<'a> {
     pub subject: &'a str,
     /// The upstream route.
     pub upstream: &'a str,
+    /// The run (`run_id`): what the firewall hands one run is not another's.
+    pub run: &'a str,
 }
 
 /// Why a sealed value was refused. Callers answer every case alike (an
@@ -290,6 +297,33 @@ impl Sessions {
         Ok(payload)
     }
 
+    /// The sealed form of an upstream task id (and what the firewall needs
+    /// to know of its call), for `who`: the only task id a client sees, so
+    /// `tasks/*` reach only the tasks of the principal and run that created
+    /// them.
+    pub fn seal_task(&self, who: &Principal<'_>, payload: &[u8]) -> String {
+        let (kid, key) = self.current();
+        let tag = task_tag(key, who, payload);
+        format!(
+            "{TASK_PREFIX}{kid}.{}.{}",
+            URL_SAFE_NO_PAD.encode(payload),
+            URL_SAFE_NO_PAD.encode(tag)
+        )
+    }
+
+    /// The payload of a sealed task id, if it was sealed for `who`.
+    pub fn open_task(&self, who: &Principal<'_>, sealed: &[u8]) -> Result<Vec<u8>, SealError> {
+        let (key, body, tag) = self.split(sealed, b"t1")?;
+        let payload = URL_SAFE_NO_PAD
+            .decode(body)
+            .map_err(|_| SealError::Malformed)?;
+        let expected = task_tag(key, who, &payload);
+        if !same(&expected, &tag) {
+            return Err(SealError::Mismatch);
+        }
+        Ok(payload)
+    }
+
     fn current(&self) -> (&str, &hmac::Key) {
         // `new` always leaves at least one key.
         let (id, key) = &self.keys[0];
@@ -349,6 +383,7 @@ fn session_tag(key: &hmac::Key, who: &Principal<'_>, upstream_id: &[u8]) -> [u8;
             who.tenant.as_bytes(),
             who.subject.as_bytes(),
             who.upstream.as_bytes(),
+            who.run.as_bytes(),
             upstream_id,
         ],
     );
@@ -370,6 +405,7 @@ fn event_tag(
             who.tenant.as_bytes(),
             who.subject.as_bytes(),
             who.upstream.as_bytes(),
+            who.run.as_bytes(),
             session.unwrap_or(b""),
             payload,
         ],
@@ -387,6 +423,24 @@ fn state_tag(key: &hmac::Key, who: &Principal<'_>, payload: &[u8]) -> [u8; TAG_B
             who.tenant.as_bytes(),
             who.subject.as_bytes(),
             who.upstream.as_bytes(),
+            who.run.as_bytes(),
+            payload,
+        ],
+    );
+    truncate(ctx.sign())
+}
+
+fn task_tag(key: &hmac::Key, who: &Principal<'_>, payload: &[u8]) -> [u8; TAG_BYTES] {
+    let mut ctx = hmac::Context::with_key(key);
+    frame(
+        &mut ctx,
+        &[
+            b"mcp-firewall task v1",
+            who.issuer.as_bytes(),
+            who.tenant.as_bytes(),
+            who.subject.as_bytes(),
+            who.upstream.as_bytes(),
+            who.run.as_bytes(),
             payload,
         ],
     );

@@ -16,6 +16,7 @@ const ALICE: Principal<'static> = Principal {
     tenant: "acme",
     subject: "alice",
     upstream: "incidents",
+    run: "run-1",
 };
 
 #[test]
@@ -43,6 +44,10 @@ fn a_sealed_session_opens_for_its_principal_only() {
         },
         Principal {
             upstream: "warehouse",
+            ..ALICE
+        },
+        Principal {
+            run: "run-2",
             ..ALICE
         },
     ] {
@@ -180,4 +185,110 @@ fn audit_names_are_stable_and_keyed() {
     assert_eq!(n, s.audit_name(&ALICE, b"sid"));
     assert_ne!(n, s.audit_name(&ALICE, b"sid2"));
     assert!(!n.contains("sid"));
+}
+
+/// One table for every kind of state the firewall hands out: a forged
+/// value, an altered one, another principal's, another run's and one of
+/// another kind are refused; the value opens again for its owner (replay:
+/// single use, where a value releases an action, is the caller's to
+/// enforce: a `requestState`'s round is spent in the approvals store).
+#[test]
+fn every_sealed_kind_refuses_forged_altered_foreign_and_cross_kind_values() {
+    type Open = fn(&Sessions, &Principal<'_>, &[u8]) -> Result<Vec<u8>, SealError>;
+    let s = sessions();
+    let other_keys = Sessions::new(&[key("k1", "fedcba9876543210fedcba9876543210")]).expect("keys");
+    let ctx = EventContext {
+        due: vec![Due {
+            id: Id::Number(7),
+            method: "tools/call".into(),
+        }],
+        upstream_event_id: "up-e1".into(),
+    };
+    let kinds: Vec<(&str, String, Open)> = vec![
+        ("session", s.seal(&ALICE, b"sid"), |s, w, b| s.open(w, b)),
+        (
+            "event",
+            s.seal_event(&ALICE, Some(b"sid"), &ctx).expect("fits"),
+            |s, w, b| {
+                s.open_event(w, Some(b"sid"), b)
+                    .map(|c| c.upstream_event_id.into_bytes())
+            },
+        ),
+        ("requestState", s.seal_state(&ALICE, b"{}"), |s, w, b| {
+            s.open_state(w, b)
+        }),
+        ("task", s.seal_task(&ALICE, b"task-1"), |s, w, b| {
+            s.open_task(w, b)
+        }),
+    ];
+    for (i, (kind, sealed, open)) in kinds.iter().enumerate() {
+        // Opens for its owner, as often as asked (replay).
+        assert!(open(&s, &ALICE, sealed.as_bytes()).is_ok(), "{kind}");
+        assert!(
+            open(&s, &ALICE, sealed.as_bytes()).is_ok(),
+            "{kind} replayed"
+        );
+        // Forged with another key of the same id.
+        let forged = match *kind {
+            "session" => other_keys.seal(&ALICE, b"sid"),
+            "event" => other_keys
+                .seal_event(&ALICE, Some(b"sid"), &ctx)
+                .expect("fits"),
+            "requestState" => other_keys.seal_state(&ALICE, b"{}"),
+            _ => other_keys.seal_task(&ALICE, b"task-1"),
+        };
+        assert_eq!(
+            open(&s, &ALICE, forged.as_bytes()),
+            Err(SealError::Mismatch),
+            "{kind} forged"
+        );
+        // Altered: every single character of the body or the tag.
+        let bytes = sealed.as_bytes();
+        let body_start = sealed.match_indices('.').nth(1).map_or(0, |(p, _)| p + 1);
+        for at in body_start..bytes.len() {
+            if bytes[at] == b'.' {
+                continue;
+            }
+            let mut altered = bytes.to_vec();
+            altered[at] = if altered[at] == b'A' { b'B' } else { b'A' };
+            assert!(
+                open(&s, &ALICE, &altered).is_err(),
+                "{kind} altered at {at}"
+            );
+        }
+        // Another principal's, another run's.
+        for who in [
+            Principal {
+                subject: "mallory",
+                ..ALICE
+            },
+            Principal {
+                tenant: "globex",
+                ..ALICE
+            },
+            Principal {
+                run: "run-2",
+                ..ALICE
+            },
+            Principal {
+                upstream: "warehouse",
+                ..ALICE
+            },
+        ] {
+            assert_eq!(
+                open(&s, &who, sealed.as_bytes()),
+                Err(SealError::Mismatch),
+                "{kind} {who:?}"
+            );
+        }
+        // A value of another kind never opens as this one.
+        for (j, (other, value, _)) in kinds.iter().enumerate() {
+            if i != j {
+                assert!(
+                    open(&s, &ALICE, value.as_bytes()).is_err(),
+                    "{other} opened as {kind}"
+                );
+            }
+        }
+    }
 }

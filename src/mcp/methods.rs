@@ -50,8 +50,25 @@ pub enum Class {
     List(ListKind),
     /// `notifications/cancelled`: may withdraw a held call.
     Cancel,
+    /// `tasks/*`: only the run's own tasks, by their sealed ids.
+    Task(TaskMethod),
     /// Lifecycle and everything else the firewall lets through as it is.
     Pass,
+}
+
+/// Which `tasks/*` method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskMethod {
+    /// `tasks/get`: the task (2026-07-28: with its outcome once done).
+    Get,
+    /// `tasks/result` (2025-11-25): the outcome of the task's call.
+    Result,
+    /// `tasks/list` (2025-11-25).
+    List,
+    /// `tasks/cancel`.
+    Cancel,
+    /// `tasks/update` (2026-07-28): answers to the task's input requests.
+    Update,
 }
 
 /// Which list an answer filters.
@@ -118,11 +135,16 @@ pub const METHODS: &[Method] = &[
     m("resources/subscribe", Request, Resource, LEGACY),
     m("resources/unsubscribe", Request, Resource, LEGACY),
     m("completion/complete", Request, Completion, ALL),
-    m("tasks/get", Request, Pass, E1125 | E0728),
-    m("tasks/cancel", Request, Pass, E1125 | E0728),
-    m("tasks/result", Request, Pass, E1125),
-    m("tasks/list", Request, Pass, E1125),
-    m("tasks/update", Request, Pass, E0728),
+    m("tasks/get", Request, Task(TaskMethod::Get), E1125 | E0728),
+    m(
+        "tasks/cancel",
+        Request,
+        Task(TaskMethod::Cancel),
+        E1125 | E0728,
+    ),
+    m("tasks/result", Request, Task(TaskMethod::Result), E1125),
+    m("tasks/list", Request, Task(TaskMethod::List), E1125),
+    m("tasks/update", Request, Task(TaskMethod::Update), E0728),
     m("notifications/initialized", Notification, Pass, LEGACY),
     m("notifications/progress", Notification, Pass, LEGACY),
     m(

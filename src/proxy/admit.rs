@@ -70,6 +70,7 @@ pub async fn admit_budget(
                 reservation: Some(reservation),
                 granted,
                 rewrite,
+                task: None,
             })
         }
         Err(refusal) => {

@@ -151,6 +151,13 @@ pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -
                 Some(&json!({ "uri": uri })),
             )
         }
+        // The words an upstream uses for an id it does not know.
+        Outcome::UnknownTask => error(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            "Failed to retrieve task: Task not found",
+            None,
+        ),
         Outcome::AmbiguousUri { uri, why } => error(
             Some(id),
             jsonrpc::INVALID_PARAMS,

@@ -72,6 +72,8 @@ pub struct RunContext {
     pub pins: Arc<crate::pins::PinStore>,
     /// Catalog refills (a `list_changed` re-lists at once).
     pub refills: Arc<super::refill::Refills>,
+    /// The tasks this replica saw created.
+    pub tasks: Arc<super::tasks::Tasks>,
     /// This request's trace, when traces are on.
     pub trace: Option<Arc<crate::trace::RequestTrace>>,
 }
@@ -153,6 +155,9 @@ pub struct Forwarding {
     /// The message to send instead of its bytes (a multi-round retry whose
     /// `requestState` the firewall sealed gets the upstream's own back).
     pub rewrite: Option<String>,
+    /// The run's own task a `tasks/*` request names (opened from its sealed
+    /// id); the upstream gets its own id, in the body and in `Mcp-Name`.
+    pub task: Option<super::tasks::TaskRef>,
 }
 
 /// What an approver-facing answer says about a pending approval.
@@ -231,6 +236,10 @@ pub enum Outcome {
     InvalidArguments(String),
     /// A prompt or resource outside the run's rules.
     NotPermitted(NotPermitted),
+    /// A task id that is not one the firewall sealed for this principal and
+    /// run (forged, altered, another's, or its tool out of reach): answered
+    /// like a task that does not exist.
+    UnknownTask,
     /// A resource URI whose normalization is ambiguous: refused, not
     /// guessed at.
     AmbiguousUri {
@@ -364,6 +373,12 @@ impl Outcome {
                     NotPermitted::Prompt(_) => "prompt outside the run's rules".to_owned(),
                     NotPermitted::Resource(_) => "resource outside the run's rules".to_owned(),
                 },
+                None,
+            ),
+            Outcome::UnknownTask => facts(
+                DecisionKind::Hidden,
+                StopReason::Denied,
+                "not a task of this principal and run".to_owned(),
                 None,
             ),
             Outcome::AmbiguousUri { uri, why } => facts(
@@ -505,6 +520,7 @@ impl RunContext {
             tenant: &self.claims.tenant_id,
             subject: &self.claims.sub,
             upstream: &self.upstream.config.name,
+            run: &self.claims.run_id,
         }
     }
 
@@ -562,6 +578,7 @@ impl RunContext {
                 None => forward(None),
             },
             Class::Cancel => self.decide_cancel(msg, around),
+            Class::Task(method) => self.decide_task(msg, around, method),
             Class::List(_) | Class::Pass => forward(None),
         };
         verdict.into()
@@ -651,6 +668,60 @@ impl RunContext {
             }),
             None => forward(None),
         }
+    }
+
+    /// `tasks/*`: a task is reachable only by the principal and run that
+    /// created it, through the sealed id the firewall handed out, and only
+    /// while the run may still use the tool whose call created it; anything
+    /// else is a task that does not exist. The upstream gets its own id.
+    fn decide_task(
+        &self,
+        msg: &Message,
+        around: &Around<'_>,
+        method: crate::mcp::methods::TaskMethod,
+    ) -> Verdict {
+        #[derive(Deserialize)]
+        struct Params<'a> {
+            #[serde(borrow, rename = "taskId")]
+            task_id: Option<std::borrow::Cow<'a, str>>,
+        }
+        if method == crate::mcp::methods::TaskMethod::List {
+            // The answer keeps only the run's own tasks.
+            return forward(None);
+        }
+        let sealed = msg
+            .params
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
+            .and_then(|p| p.task_id);
+        let Some(sealed) = sealed else {
+            return Verdict::Answer(Outcome::UnknownTask);
+        };
+        let Some(task) = super::tasks::open(&self.sessions, &self.principal(), &sealed) else {
+            return Verdict::Answer(Outcome::UnknownTask);
+        };
+        let hints = self
+            .catalogs
+            .get(&self.upstream.config.name, &task.tool)
+            .and_then(|e| e.hints);
+        if let policy::Access::Hidden(_) = self.policy.access(
+            &self.authority,
+            self.upstream.config.facts(),
+            &task.tool,
+            hints,
+        ) {
+            return Verdict::Answer(Outcome::UnknownTask);
+        }
+        let text = around.body.get(msg.span.clone()).unwrap_or("");
+        let id = Value::String(task.upstream_id.clone()).to_string();
+        let Some(rewrite) = jsonrpc::with_param(text, "taskId", Some(&id)) else {
+            return Verdict::Answer(Outcome::UnknownTask);
+        };
+        Verdict::Forward(Forwarding {
+            rewrite: Some(rewrite),
+            task: Some(task),
+            ..Forwarding::default()
+        })
     }
 
     fn decide_call(&self, msg: &Message, around: &Around<'_>) -> Ruling {

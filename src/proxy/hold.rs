@@ -337,6 +337,7 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
             granted: Some(Arc::new(granted)),
             row: held.intent.take(),
             resumed: false,
+            task: None,
         };
         let exchange = Exchange::new(
             run.clone(),

@@ -83,6 +83,7 @@ pub mod refill;
 pub mod relay;
 pub mod stack;
 pub mod stage;
+pub mod tasks;
 pub mod upstream;
 
 use crate::http_util::Body;
@@ -132,6 +133,8 @@ pub struct State {
     /// Turns true just before the drain deadline: open streams end with a
     /// final error event instead of being cut.
     pub closing: tokio::sync::watch::Sender<bool>,
+    /// The tasks this replica saw created (whose they are, what they hold).
+    pub tasks: Arc<tasks::Tasks>,
     /// How many rows of refused messages each principal may leave per
     /// second (a flood of hostile bodies cannot fill the spool).
     pub refused_rows: governor::DefaultKeyedRateLimiter<String>,
@@ -212,6 +215,7 @@ impl State {
             sessions,
             closing: tokio::sync::watch::Sender::new(false),
             refused_rows: governor::RateLimiter::keyed(refused_rows_quota()),
+            tasks: Arc::new(tasks::Tasks::default()),
         })
     }
 }
@@ -359,13 +363,21 @@ async fn post(
 
     // Step 12: forward what may go upstream.
     let identity = identity_headers(&run);
+    let mut set = identity.clone();
+    if let Some(v) = outgoing
+        .mcp_name
+        .as_deref()
+        .and_then(|n| HeaderValue::from_str(n).ok())
+    {
+        set.push((HeaderName::from_static("mcp-name"), v));
+    }
     let fwd = Forward {
         method: Method::POST,
         headers: &outgoing.head.headers,
         query: outgoing.head.uri.query(),
         body: outgoing.body,
         conn,
-        set: &identity,
+        set: &set,
         session: session.as_deref(),
         last_event_id: None,
     };
@@ -675,6 +687,7 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
         closing: state.closing.subscribe(),
         pins: state.pins.clone(),
         refills: state.refills.clone(),
+        tasks: state.tasks.clone(),
         trace: None,
     })
 }

@@ -62,7 +62,7 @@ use crate::audit::{AuditRow, JsonPayload};
 use crate::budget::{Reservation, Settle};
 use crate::http_util::{content_type, mime_is};
 use crate::mcp::jsonrpc::{self, Id, Kind, Message};
-use crate::mcp::methods::{Class, ListKind};
+use crate::mcp::methods::{Class, ListKind, TaskMethod};
 use crate::mcp::scan::{Facts, Scan};
 use crate::mcp::{rewrite, sse};
 use crate::outcome::StopReason;
@@ -76,6 +76,7 @@ use super::decide::RunContext;
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
 use super::record::{write_rows, Recorder};
+use super::tasks;
 use super::upstream::{response_headers, Forward};
 use crate::http_util::{full, Body, BoxError};
 use crate::session::EventContext;
@@ -105,6 +106,8 @@ pub struct Due {
     /// Learned from a sealed event id: its answer is replayed on a resumed
     /// stream (its budget and intent were settled on the original stream).
     pub resumed: bool,
+    /// The run's own task a `tasks/*` request names.
+    pub task: Option<super::tasks::TaskRef>,
 }
 
 /// What kind of HTTP exchange this is.
@@ -192,6 +195,7 @@ impl Due {
             granted,
             row,
             resumed: false,
+            task: None,
         }
     }
 
@@ -206,6 +210,7 @@ impl Due {
             granted: None,
             row,
             resumed: false,
+            task: None,
         }
     }
 
@@ -220,6 +225,7 @@ impl Due {
             granted: None,
             row: None,
             resumed: true,
+            task: None,
         }
     }
 }
@@ -713,10 +719,18 @@ impl Exchange {
                         Class::List(ListKind::ResourceTemplates) => Pass::Replaced(
                             self.filter_named(raw, "resourceTemplates", "uriTemplate")?,
                         ),
-                        Class::ToolCall | Class::Prompt | Class::Resource => {
+                        Class::ToolCall => {
+                            let granted = d.granted.clone();
+                            match self.check_input_required(m, raw, granted.as_deref())? {
+                                Pass::Same => self.task_created(pos, m, raw)?,
+                                other => other,
+                            }
+                        }
+                        Class::Prompt | Class::Resource => {
                             let granted = d.granted.clone();
                             self.check_input_required(m, raw, granted.as_deref())?
                         }
+                        Class::Task(method) => self.task_answer(pos, method, m, raw)?,
                         _ => Pass::Same,
                     }
                 };
@@ -766,8 +780,174 @@ impl Exchange {
                     Ok(Pass::Same)
                 }
                 Some("notifications/progress") => Ok(self.shift_progress(raw)),
+                Some("notifications/tasks/status" | "notifications/tasks") => {
+                    Ok(self.task_notification(raw))
+                }
                 _ => Ok(Pass::Same),
             },
+        }
+    }
+
+    /// The answer to a `tools/call` that created a task: the client gets the
+    /// task's sealed id, and the call's budget waits for the task's outcome.
+    fn task_created(
+        &mut self,
+        pos: usize,
+        m: &Message,
+        raw: &str,
+    ) -> Result<Pass, UpstreamFailure> {
+        let Some(result) = result_value(m, raw) else {
+            return Ok(Pass::Same);
+        };
+        let Some((upstream_id, ttl_ms)) = tasks::created(&result) else {
+            return Ok(Pass::Same);
+        };
+        let tool = self.due[pos].tool.clone().unwrap_or_default();
+        let cx = self.run.clone();
+        let who = cx.principal();
+        let sealed = tasks::seal(&cx.sessions, &who, &upstream_id, &tool);
+        let tool = tool.clone();
+        let mut v: Value = serde_json::from_str(raw)
+            .map_err(|e| UpstreamFailure::Invalid(format!("unreadable task: {e}")))?;
+        let sealed_ok =
+            tasks::replace_at(&mut v, &["result", "task", "taskId"], |_| sealed.clone())
+                || tasks::replace_at(&mut v, &["result", "taskId"], |_| sealed.clone());
+        if !sealed_ok {
+            return Err(UpstreamFailure::Invalid(
+                "a task without a readable id".to_owned(),
+            ));
+        }
+        // The call's budget is settled by the task's outcome.
+        let reservation = self.due[pos].reservation.take();
+        cx.tasks.created(
+            &cx.budgets,
+            (cx.upstream.config.name.clone(), upstream_id),
+            tasks::owner(&who),
+            tool,
+            reservation,
+            ttl_ms.map_or(tasks::MAX_TASK_TTL, std::time::Duration::from_millis),
+        );
+        Ok(Pass::Replaced(v.to_string()))
+    }
+
+    /// The answer to a `tasks/*` request of the run's own task: ids sealed,
+    /// `tasks/list` kept to the run's own tasks, a task's outcome inspected
+    /// and settled as its call's, its input requests policed.
+    fn task_answer(
+        &mut self,
+        pos: usize,
+        method: TaskMethod,
+        m: &Message,
+        raw: &str,
+    ) -> Result<Pass, UpstreamFailure> {
+        let cx = self.run.clone();
+        let who = cx.principal();
+        let owner = tasks::owner(&who);
+        let upstream = cx.upstream.config.name.clone();
+        let task = self.due[pos].task.clone();
+        let tool = task.as_ref().map_or("", |t| t.tool.as_str()).to_owned();
+        let mut v: Value = serde_json::from_str(raw)
+            .map_err(|e| UpstreamFailure::Invalid(format!("unreadable task answer: {e}")))?;
+        let seal = |id: &str| tasks::seal(&cx.sessions, &who, id, &tool);
+        match method {
+            TaskMethod::List => {
+                if let Some(list) = v.pointer_mut("/result/tasks").and_then(Value::as_array_mut) {
+                    let mut kept = Vec::with_capacity(list.len());
+                    for mut t in list.drain(..) {
+                        let id = t.get("taskId").and_then(Value::as_str).unwrap_or("");
+                        if let Some(tool) = cx.tasks.tool_of(&upstream, id, &owner) {
+                            tasks::replace_at(&mut t, &["taskId"], |id| {
+                                tasks::seal(&cx.sessions, &who, id, &tool)
+                            });
+                            kept.push(t);
+                        }
+                    }
+                    *list = kept;
+                }
+            }
+            TaskMethod::Result => {
+                let upstream_id = task
+                    .as_ref()
+                    .map(|t| t.upstream_id.clone())
+                    .unwrap_or_default();
+                tasks::replace_at(
+                    &mut v,
+                    &[
+                        "result",
+                        "_meta",
+                        "io.modelcontextprotocol/related-task",
+                        "taskId",
+                    ],
+                    |id| seal(id),
+                );
+                if let Some(result) = v.get("result") {
+                    let cost = tasks::reported_cost(result, &cx.budgets.config().cost_meta_key);
+                    cx.tasks.outcome(&cx.budgets, &upstream, &upstream_id, cost);
+                }
+            }
+            TaskMethod::Get | TaskMethod::Cancel | TaskMethod::Update => {
+                tasks::replace_at(&mut v, &["result", "taskId"], |id| seal(id));
+                // 2026-07-28: an input-required task carries requests for the
+                // client; a completed one its call's outcome.
+                let refused: Vec<String> = v
+                    .pointer("/result/inputRequests")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(_, r)| {
+                        let method = r.get("method").and_then(Value::as_str).unwrap_or("");
+                        let params = r.get("params").map(Value::to_string);
+                        self.server_request(method, params.as_deref())
+                            .err()
+                            .map(|_| method.to_owned())
+                    })
+                    .collect();
+                if !refused.is_empty() {
+                    let body = answer::refused_input_request(m.id.as_ref(), &refused);
+                    return Ok(Pass::Replaced(String::from_utf8_lossy(&body).into_owned()));
+                }
+                let terminal = matches!(
+                    v.pointer("/result/status").and_then(Value::as_str),
+                    Some("completed" | "failed" | "cancelled")
+                );
+                if terminal {
+                    if let Some(t) = &task {
+                        let cost = v.pointer("/result/result").and_then(|r| {
+                            tasks::reported_cost(r, &cx.budgets.config().cost_meta_key)
+                        });
+                        cx.tasks
+                            .outcome(&cx.budgets, &upstream, &t.upstream_id, cost);
+                    }
+                }
+            }
+        }
+        Ok(Pass::Replaced(v.to_string()))
+    }
+
+    /// A task status notification: relayed with the sealed id when the task
+    /// is this run's own, else not at all.
+    fn task_notification(&self, raw: &str) -> Pass {
+        let cx = &self.run;
+        let who = cx.principal();
+        let Ok(mut v) = serde_json::from_str::<Value>(raw) else {
+            return Pass::Dropped;
+        };
+        let id = v
+            .pointer("/params/taskId")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let tool = id.as_deref().and_then(|id| {
+            cx.tasks
+                .tool_of(&cx.upstream.config.name, id, &tasks::owner(&who))
+        });
+        match tool {
+            Some(tool) => {
+                tasks::replace_at(&mut v, &["params", "taskId"], |id| {
+                    tasks::seal(&cx.sessions, &who, id, &tool)
+                });
+                Pass::Replaced(v.to_string())
+            }
+            None => Pass::Dropped,
         }
     }
 
@@ -1201,6 +1381,13 @@ impl Drop for Exchange {
             Err(_) => tracing::error!(rows = rows.len(), "completion rows lost: no runtime"),
         }
     }
+}
+
+/// The `result` of a response, decoded (`None` when it has none).
+fn result_value(m: &Message, raw: &str) -> Option<Value> {
+    let r = m.result.as_ref()?;
+    let text = raw.get(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)?;
+    serde_json::from_str(text).ok()
 }
 
 /// How a failed call's budget is settled: refunded only when it certainly

@@ -74,6 +74,9 @@ pub struct Outgoing {
     pub local: Vec<Bytes>,
     /// The rows of this request.
     pub recorder: Recorder,
+    /// What `Mcp-Name` says upstream instead of the client's value (a task's
+    /// own id in place of its sealed one).
+    pub mcp_name: Option<String>,
 }
 
 // === impl Parsed ===
@@ -317,10 +320,15 @@ impl Admitted {
             Hold(Box<super::decide::Gated>),
         }
         let mut plans = Vec::with_capacity(env.messages.len());
+        let mut mcp_name = None;
         for (m, verdict) in env.messages.iter().zip(verdicts) {
             plans.push(match verdict {
                 Verdict::Forward(f) => {
                     let class = class_of(m, run);
+                    if let Some(t) = &f.task {
+                        // Mcp-Name mirrors params.taskId (2026-07-28).
+                        mcp_name = Some(t.upstream_id.clone());
+                    }
                     let row = recorder.enabled().then(|| {
                         let reason = f.granted.as_ref().map_or_else(String::new, |g| g.reason());
                         recorder.intent(m, f.risk, reason)
@@ -329,9 +337,18 @@ impl Admitted {
                         Some(t) => Part::Replaced(t),
                         None => Part::Span(m.span.clone()),
                     };
+                    let mut due = Due::message(m, class, f.reservation, f.granted, row);
+                    if let Some(t) = f.task {
+                        // On record as a step of its call's task.
+                        if let Some(row) = due.row.as_mut() {
+                            row.tool = t.tool.clone();
+                            row.reason = format!("task of a {} call", t.tool);
+                        }
+                        due.task = Some(t);
+                    }
                     Plan::Send {
                         part,
-                        due: Box::new(Due::message(m, class, f.reservation, f.granted, row)),
+                        due: Box::new(due),
                         risk: f.risk,
                     }
                 }
@@ -470,6 +487,7 @@ impl Admitted {
             due,
             local,
             recorder,
+            mcp_name: mcp_name.filter(|_| !env.batch),
         }))
     }
 }

@@ -912,3 +912,245 @@ async fn every_request_the_upstream_received_is_on_record() {
     audit.assert_every_upstream_request_on_record(&up).await;
     fw.stop().await;
 }
+
+// --- hole 7: tasks bound to the principal and run that created them --------
+
+/// A recording upstream that speaks tasks: task-augmented `tools/call`
+/// creates `up-task-1` (2025-11-25 shape, or 2026-07-28 with
+/// `resultType: "task"`); `tasks/*` answer for whatever id they are given.
+/// A 2026-07-28 `tasks/get` answers input-required (asking for roots) the
+/// first time and completed after that.
+async fn task_upstream() -> raw::RawUpstream {
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    raw::upstream(move |seen| {
+        let polls = polls.clone();
+        async move {
+            let v: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+            let modern = v["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == V2026;
+            let id = v["params"]["taskId"].clone();
+            let task = |status: &str| {
+                json!({"taskId": id, "status": status, "createdAt": "2026-12-01T00:00:00Z",
+                       "lastUpdatedAt": "2026-12-01T00:00:00Z", "ttl": 60000})
+            };
+            let result = match v["method"].as_str() {
+                Some("tools/call") if modern => json!({"resultType": "task", "taskId": "up-task-1",
+                    "status": "working", "createdAt": "2026-12-01T00:00:00Z",
+                    "lastUpdatedAt": "2026-12-01T00:00:00Z", "ttlMs": 60000}),
+                Some("tools/call") => json!({"task": {"taskId": "up-task-1", "status": "working",
+                    "createdAt": "2026-12-01T00:00:00Z", "lastUpdatedAt": "2026-12-01T00:00:00Z", "ttl": 60000}}),
+                Some("tasks/get") if modern => {
+                    let mut t = task("input_required");
+                    t["resultType"] = json!("complete");
+                    if polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                        t["inputRequests"] = json!({"r1": {"method": "roots/list"}});
+                    } else {
+                        t["status"] = json!("completed");
+                        t["result"] = json!({"content": [{"type": "text", "text": "done"}], "isError": false});
+                    }
+                    t
+                }
+                Some("tasks/get") => task("working"),
+                Some("tasks/cancel") => task("cancelled"),
+                Some("tasks/update") => json!({"resultType": "complete"}),
+                Some("tasks/result") => json!({"content": [{"type": "text", "text": "the outcome"}],
+                    "_meta": {"io.modelcontextprotocol/related-task": {"taskId": id}}}),
+                Some("tasks/list") => json!({"tasks": [
+                    {"taskId": "up-task-1", "status": "working", "createdAt": "x", "lastUpdatedAt": "x", "ttl": 1},
+                    {"taskId": "up-task-of-someone-else", "status": "working", "createdAt": "x", "lastUpdatedAt": "x", "ttl": 1},
+                ]}),
+                _ => return raw::mcp_answer(&seen),
+            };
+            raw::result_for(&seen, result)
+        }
+    })
+    .await
+}
+
+/// The `taskId`s the upstream was sent for `method`.
+fn task_ids_sent(up: &raw::RawUpstream, method: &str) -> Vec<String> {
+    up.seen()
+        .iter()
+        .filter_map(|s| serde_json::from_slice::<Value>(&s.body).ok())
+        .filter(|v| v["method"] == method)
+        .map(|v| v["params"]["taskId"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn session_era_tasks_are_the_creating_runs_own() {
+    let up = task_upstream().await;
+    let (fw, audit) = start_audited(&up, &[], |c| c).await;
+    let alice = common::sign(&common::claims("sre-lead", &["sre"]));
+    let mallory = common::other_token();
+    let alice_other_run = common::token();
+    let rpc = |id: u64, method: &str, params: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+    };
+    post_legacy(&fw, &alice, &rpc(1, "tools/list", json!({}))).await;
+    let r = post_legacy(
+        &fw,
+        &alice,
+        &rpc(2, "tools/call", json!({"name": "get_incident", "arguments": {"incident_id": "INC-1"}, "task": {"ttl": 60000}})),
+    )
+    .await;
+    let sealed = r.json()["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", r.text))
+        .to_owned();
+    assert!(
+        sealed.starts_with("t1."),
+        "the client sees a sealed id: {sealed}"
+    );
+    assert!(!r.text.contains("up-task-1"), "{}", r.text);
+
+    // The creating run: its requests reach the upstream with its own id.
+    let r = post_legacy(&fw, &alice, &rpc(3, "tasks/get", json!({"taskId": sealed}))).await;
+    assert_eq!(r.json()["result"]["taskId"], sealed.as_str(), "{}", r.text);
+    assert_eq!(task_ids_sent(&up, "tasks/get"), vec!["up-task-1"]);
+
+    // Another principal, another run of the same subject, the upstream's
+    // raw id, an altered id: a task that does not exist; nothing is sent.
+    let mut altered = sealed.clone();
+    altered.pop();
+    altered.push(if sealed.ends_with('A') { 'B' } else { 'A' });
+    for (who, id) in [
+        (&mallory, sealed.as_str()),
+        (&alice_other_run, sealed.as_str()),
+        (&alice, "up-task-1"),
+        (&alice, altered.as_str()),
+    ] {
+        for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+            let r = post_legacy(&fw, who, &rpc(4, method, json!({"taskId": id}))).await;
+            assert_eq!(r.code(), -32602, "{method} {id}: {}", r.text);
+            assert!(r.text.contains("Task not found"), "{}", r.text);
+        }
+    }
+    assert_eq!(task_ids_sent(&up, "tasks/get").len(), 1);
+    assert!(task_ids_sent(&up, "tasks/result").is_empty());
+    assert!(task_ids_sent(&up, "tasks/cancel").is_empty());
+
+    // tasks/list: each run sees its own tasks only, sealed.
+    let r = post_legacy(&fw, &alice, &rpc(5, "tasks/list", json!({}))).await;
+    let listed = r.json()["result"]["tasks"].clone();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{}", r.text);
+    assert_eq!(listed[0]["taskId"], sealed.as_str());
+    let r = post_legacy(&fw, &mallory, &rpc(6, "tasks/list", json!({}))).await;
+    assert_eq!(r.json()["result"]["tasks"], json!([]), "{}", r.text);
+    assert!(!r.text.contains("up-task"), "{}", r.text);
+
+    // The outcome: the call's result, on record as that tool's.
+    let r = post_legacy(
+        &fw,
+        &alice,
+        &rpc(7, "tasks/result", json!({"taskId": sealed})),
+    )
+    .await;
+    assert_eq!(
+        r.json()["result"]["content"][0]["text"],
+        "the outcome",
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        r.json()["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        sealed.as_str()
+    );
+    assert_eq!(
+        audit
+            .rows("method = 'tasks/result' AND tool = 'get_incident' AND row_version = 1 AND position(result_summary, 'the outcome') > 0", 1)
+            .await,
+        1,
+        "{}",
+        audit
+            .ch
+            .try_query(&format!(
+                "SELECT method, tool, row_version, result_summary FROM {}.audit_events FINAL WHERE method LIKE 'tasks/%'",
+                audit.db
+            ))
+            .unwrap_or_default()
+    );
+    // Cancel: the owner only.
+    let r = post_legacy(
+        &fw,
+        &alice,
+        &rpc(8, "tasks/cancel", json!({"taskId": sealed})),
+    )
+    .await;
+    assert_eq!(r.json()["result"]["status"], "cancelled", "{}", r.text);
+    assert_eq!(task_ids_sent(&up, "tasks/cancel"), vec!["up-task-1"]);
+    audit.assert_every_upstream_request_on_record(&up).await;
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn stateless_tasks_are_the_creating_runs_own_and_their_input_requests_are_policed() {
+    let up = task_upstream().await;
+    let fw = start(&up, &[]).await;
+    let alice = common::sign(&common::claims("sre-lead", &["sre"]));
+    let mallory = common::other_token();
+    let call = modern(
+        "tools/call",
+        "get_incident",
+        1,
+        json!({"name": "get_incident", "arguments": {"incident_id": "INC-1"}}),
+    );
+    let r = post_modern(&fw, &alice, &call).await;
+    assert_eq!(r.json()["result"]["resultType"], "task", "{}", r.text);
+    let sealed = r.json()["result"]["taskId"].as_str().unwrap().to_owned();
+    assert!(sealed.starts_with("t1."), "{sealed}");
+    // Another principal: unknown, for every tasks method; nothing sent.
+    for method in ["tasks/get", "tasks/update", "tasks/cancel"] {
+        let mut params = json!({"taskId": sealed});
+        if method == "tasks/update" {
+            params["inputResponses"] = json!({"r1": {"roots": [{"uri": "file:///"}]}});
+        }
+        let r = post_modern(&fw, &mallory, &modern(method, &sealed, 2, params)).await;
+        assert_eq!(r.code(), -32602, "{method}: {}", r.text);
+    }
+    assert!(
+        task_ids_sent(&up, "tasks/get").is_empty() && task_ids_sent(&up, "tasks/update").is_empty()
+    );
+    // The owner: the upstream gets its own id in the body and in Mcp-Name.
+    // The first poll asks for roots, which the policy refuses.
+    let r = post_modern(
+        &fw,
+        &alice,
+        &modern("tasks/get", &sealed, 3, json!({"taskId": sealed})),
+    )
+    .await;
+    assert_eq!(r.code(), -31001, "{}", r.text);
+    assert!(
+        r.text.contains("roots/list") && !r.text.contains("inputRequests"),
+        "{}",
+        r.text
+    );
+    let sent = up.seen().last().cloned().unwrap();
+    assert_eq!(sent.headers["mcp-name"], "up-task-1");
+    assert_eq!(task_ids_sent(&up, "tasks/get"), vec!["up-task-1"]);
+    // tasks/update carries the run's answers, bound to its own task.
+    let r = post_modern(
+        &fw,
+        &alice,
+        &modern(
+            "tasks/update",
+            &sealed,
+            4,
+            json!({"taskId": sealed, "inputResponses": {"r1": {"roots": []}}}),
+        ),
+    )
+    .await;
+    assert_eq!(r.json()["result"]["resultType"], "complete", "{}", r.text);
+    assert_eq!(task_ids_sent(&up, "tasks/update"), vec!["up-task-1"]);
+    // Completed: the outcome arrives with the sealed id.
+    let r = post_modern(
+        &fw,
+        &alice,
+        &modern("tasks/get", &sealed, 5, json!({"taskId": sealed})),
+    )
+    .await;
+    assert_eq!(r.json()["result"]["status"], "completed", "{}", r.text);
+    assert_eq!(r.json()["result"]["taskId"], sealed.as_str());
+    assert_eq!(r.json()["result"]["result"]["content"][0]["text"], "done");
+    assert!(!r.text.contains("up-task-1"), "{}", r.text);
+    fw.stop().await;
+}

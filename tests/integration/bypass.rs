@@ -129,17 +129,32 @@ async fn another_principals_session_is_unknown_on_post_get_and_delete() {
 }
 
 #[tokio::test]
-async fn a_refreshed_token_of_the_same_subject_keeps_its_session() {
+async fn a_refreshed_token_of_the_same_run_keeps_its_session_another_run_does_not() {
     let (fw, up) = setup(|c| c).await;
-    let sid = session(&fw, &common::token()).await;
-    // Another run, another token, same issuer, tenant and subject.
-    let fresh = common::token();
+    let claims = common::claims("sre-lead", &["sre"]);
+    let sid = session(&fw, &common::sign(&claims)).await;
+    // A refreshed token: another token of the same run.
+    let mut refreshed = claims.clone();
+    refreshed.jti = Some("refreshed".to_owned());
+    let fresh = common::sign(&refreshed);
     let a = common::post(&url(&fw), &fresh, &[("mcp-session-id", &sid), V1125], LIST).await;
     assert_eq!(a.status, 200, "{}", a.text);
     assert!(up.seen().last().unwrap().headers["mcp-session-id"]
         .to_str()
         .unwrap()
         .starts_with(raw::UPSTREAM_SESSION));
+    // Another run of the same subject: the session is not its own.
+    let before = up.hits();
+    let other_run = common::token();
+    let a = common::post(
+        &url(&fw),
+        &other_run,
+        &[("mcp-session-id", &sid), V1125],
+        LIST,
+    )
+    .await;
+    assert_eq!(a.status, 404, "{}", a.text);
+    assert_eq!(up.hits(), before, "nothing forwarded");
     fw.stop().await;
 }
 
