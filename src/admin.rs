@@ -62,22 +62,9 @@ pub struct Admin {
 
 /// The admin listener's `Host` check: the listed names, or any IP address.
 fn admin_host(allowed: &[String], req: &Request<Incoming>) -> Result<(), String> {
-    let ip_or_listed = |value: &[u8]| -> Result<(), String> {
-        let text = String::from_utf8_lossy(value).to_ascii_lowercase();
-        let name = crate::http_util::host_name(&text);
-        if name.parse::<std::net::IpAddr>().is_ok() || allowed.iter().any(|h| h == name) {
-            Ok(())
-        } else {
-            Err(text)
-        }
-    };
-    if let Some(a) = req.uri().authority() {
-        ip_or_listed(a.as_str().as_bytes())?;
-    }
-    for h in req.headers().get_all(http::header::HOST) {
-        ip_or_listed(h.as_bytes())?;
-    }
-    Ok(())
+    crate::http_util::check_hosts(req.uri(), req.headers(), |name| {
+        name.parse::<std::net::IpAddr>().is_ok() || allowed.iter().any(|h| h == name)
+    })
 }
 
 /// Label of `mcp_firewall_not_ready`.

@@ -93,20 +93,20 @@ pub fn origin_of(url: &str, origin_only: bool) -> Option<String> {
     })
 }
 
-/// Every name the request gives its target by, against `allowed` (an
-/// empty list allows any): the `Host` header (each of them), and the
-/// authority of the request target (HTTP/2 `:authority`, an HTTP/1.1
-/// absolute-form target). A browser made to resolve a foreign name to this
-/// listener (DNS rebinding) names that foreign host in one of them. `Err`
-/// carries the refused value.
-pub fn check_hosts(allowed: &[String], uri: &http::Uri, headers: &HeaderMap) -> Result<(), String> {
-    if allowed.is_empty() {
-        return Ok(());
-    }
+/// Every name the request gives its target by, against `allowed` (which
+/// sees each name without port or brackets): the `Host` header (each of
+/// them), and the authority of the request target (HTTP/2 `:authority`, an
+/// HTTP/1.1 absolute-form target). A browser made to resolve a foreign name
+/// to this listener (DNS rebinding) names that foreign host in one of them.
+/// `Err` carries the refused value.
+pub fn check_hosts(
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    allowed: impl Fn(&str) -> bool,
+) -> Result<(), String> {
     let check = |value: &[u8]| -> Result<(), String> {
         let text = String::from_utf8_lossy(value).to_ascii_lowercase();
-        let name = host_name(&text);
-        if allowed.iter().any(|h| h == name) {
+        if allowed(host_name(&text)) {
             Ok(())
         } else {
             Err(text)
@@ -148,26 +148,27 @@ mod tests {
 
     #[test]
     fn every_name_of_the_target_is_checked() {
-        let allowed = vec!["localhost".to_owned()];
+        let listed = ["localhost"];
+        let allowed = |n: &str| listed.contains(&n);
         let mut h = HeaderMap::new();
         h.insert(http::header::HOST, "localhost:8080".parse().unwrap());
         let plain: http::Uri = "/mcp/x".parse().unwrap();
-        assert_eq!(check_hosts(&allowed, &plain, &h), Ok(()));
+        assert_eq!(check_hosts(&plain, &h, allowed), Ok(()));
         let h2: http::Uri = "http://evil.example:8080/mcp/x".parse().unwrap();
         assert_eq!(
-            check_hosts(&allowed, &h2, &HeaderMap::new()),
+            check_hosts(&h2, &HeaderMap::new(), allowed),
             Err("evil.example:8080".to_owned())
         );
         assert_eq!(
-            check_hosts(&allowed, &h2, &h),
+            check_hosts(&h2, &h, allowed),
             Err("evil.example:8080".to_owned()),
             "an allowed Host does not excuse a foreign :authority"
         );
         let ok: http::Uri = "http://localhost/mcp/x".parse().unwrap();
-        assert_eq!(check_hosts(&allowed, &ok, &HeaderMap::new()), Ok(()));
+        assert_eq!(check_hosts(&ok, &HeaderMap::new(), allowed), Ok(()));
         h.append(http::header::HOST, "evil.example".parse().unwrap());
-        assert!(check_hosts(&allowed, &plain, &h).is_err(), "a second Host");
-        assert_eq!(check_hosts(&[], &h2, &h), Ok(()));
+        assert!(check_hosts(&plain, &h, allowed).is_err(), "a second Host");
+        assert_eq!(check_hosts(&h2, &h, |_| true), Ok(()));
     }
 
     #[test]

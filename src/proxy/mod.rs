@@ -612,8 +612,12 @@ fn check_host_and_origin(
     uri: &http::Uri,
     headers: &HeaderMap,
 ) -> Result<(), ProxyError> {
-    crate::http_util::check_hosts(&server.allowed_hosts, uri, headers)
-        .map_err(ProxyError::HostNotAllowed)?;
+    // An empty list allows any name.
+    let hosts = &server.allowed_hosts;
+    crate::http_util::check_hosts(uri, headers, |name| {
+        hosts.is_empty() || hosts.iter().any(|h| h == name)
+    })
+    .map_err(ProxyError::HostNotAllowed)?;
     for origin in headers.get_all(header::ORIGIN) {
         let text = String::from_utf8_lossy(origin.as_bytes()).into_owned();
         let normalized = crate::http_util::origin_of(&text, true);

@@ -796,7 +796,23 @@ impl Exchange {
         m: &Message,
         raw: &str,
     ) -> Result<Pass, UpstreamFailure> {
-        let Some(result) = result_value(m, raw) else {
+        // Most results are no task: a typed look first, the whole value
+        // only for a task.
+        #[derive(serde::Deserialize)]
+        struct Probe<'a> {
+            #[serde(borrow, rename = "resultType")]
+            result_type: Option<std::borrow::Cow<'a, str>>,
+            task: Option<serde::de::IgnoredAny>,
+        }
+        let Some(text) = result_text(m, raw) else {
+            return Ok(Pass::Same);
+        };
+        let is_task = serde_json::from_str::<Probe>(text)
+            .is_ok_and(|p| p.task.is_some() || p.result_type.as_deref() == Some("task"));
+        let Some(result) = is_task
+            .then(|| serde_json::from_str::<Value>(text).ok())
+            .flatten()
+        else {
             return Ok(Pass::Same);
         };
         let Some((upstream_id, ttl_ms)) = tasks::created(&result) else {
@@ -1093,11 +1109,6 @@ impl Exchange {
         // Decided on decoded values (an escaped `input\u005frequired` is the
         // same string), from the message the strict reader accepted.
         #[derive(serde::Deserialize)]
-        struct Resp<'a> {
-            #[serde(borrow)]
-            result: Option<&'a RawValue>,
-        }
-        #[derive(serde::Deserialize)]
         struct Required<'a> {
             #[serde(borrow, rename = "resultType")]
             result_type: Option<std::borrow::Cow<'a, str>>,
@@ -1113,13 +1124,10 @@ impl Exchange {
             #[serde(borrow)]
             params: Option<&'a RawValue>,
         }
-        let Ok(Resp {
-            result: Some(result),
-        }) = serde_json::from_str::<Resp>(raw)
-        else {
+        let Some(result) = result_text(m, raw) else {
             return Ok(Pass::Same);
         };
-        let parsed = serde_json::from_str::<Required>(result.get()).map_err(|e| {
+        let parsed = serde_json::from_str::<Required>(result).map_err(|e| {
             UpstreamFailure::Invalid(format!("unreadable input-required result: {e}"))
         })?;
         if parsed.result_type.as_deref() != Some("input_required") {
@@ -1147,12 +1155,10 @@ impl Exchange {
         };
         // Seal the approval (and the upstream's own state) into requestState.
         let sealed = self.run.seal_granted(granted, parsed.request_state);
-        let new_result = set_member(
-            result.get(),
-            "requestState",
-            &Value::String(sealed).to_string(),
-        )
-        .ok_or_else(|| UpstreamFailure::Invalid("unreadable input-required result".to_owned()))?;
+        let new_result = set_member(result, "requestState", &Value::String(sealed).to_string())
+            .ok_or_else(|| {
+                UpstreamFailure::Invalid("unreadable input-required result".to_owned())
+            })?;
         let (Some(r), start) = (m.result.as_ref(), m.span.start) else {
             return Ok(Pass::Same);
         };
@@ -1383,11 +1389,11 @@ impl Drop for Exchange {
     }
 }
 
-/// The `result` of a response, decoded (`None` when it has none).
-fn result_value(m: &Message, raw: &str) -> Option<Value> {
+/// The raw `result` of a response (`raw` is the message's text), as the
+/// strict reader found it (`None` when it has none).
+fn result_text<'r>(m: &Message, raw: &'r str) -> Option<&'r str> {
     let r = m.result.as_ref()?;
-    let text = raw.get(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)?;
-    serde_json::from_str(text).ok()
+    raw.get(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)
 }
 
 /// How a failed call's budget is settled: refunded only when it certainly

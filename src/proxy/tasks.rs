@@ -139,16 +139,6 @@ impl Tasks {
             keep
         });
     }
-
-    /// How many tasks are remembered.
-    pub fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
-    }
 }
 
 fn settle(budgets: &Budgets, r: Option<Reservation>, reported: Option<f64>) {
