@@ -14,7 +14,12 @@
 //   evil.example.com) is forwarded untouched, so the firewall's own Host and
 //   Origin checks are what the scenario sees.
 // - When the client goes away, the upstream request is torn down too.
-// - SHIM_LOG=FILE appends one line per request (method, path, status).
+// - SHIM_LOG=FILE appends one line per request when its answer starts:
+//   method, path, status, when the request arrived and how long the answer
+//   took, the end of its Mcp-Session-Id, the client's port (which requests
+//   shared a connection) and, for a POST, the JSON-RPC methods (or "answer")
+//   seen in the first 4 KiB of its body: so the order in which a session's
+//   GET and POSTs reached the shim can be read back.
 import fs from 'node:fs';
 import http from 'node:http';
 
@@ -41,9 +46,30 @@ function namesSelf(authority) {
 // Hop-by-hop headers a proxy must not forward (RFC 9110 7.6.1).
 const HOP = ['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer'];
 
+// What a log line says about the request besides method and path.
+function describe(req, arrived, head) {
+  const sid = String(req.headers['mcp-session-id'] || '-').slice(-8);
+  let what = '';
+  if (head.length) {
+    const text = Buffer.concat(head).toString('utf8', 0, 4096);
+    const methods = [...text.matchAll(/"method"\s*:\s*"([^"]{1,80})"/g)].map((m) => m[1]);
+    what = methods.length ? ` ${methods.join(',')}` : /"(result|error)"\s*:/.test(text) ? ' answer' : '';
+  }
+  return `sid=${sid}${what} conn=${req.socket.remotePort} in=${new Date(arrived).toISOString().slice(11)} +${Date.now() - arrived}ms`;
+}
+
 let seq = 0;
 const server = http.createServer((req, res) => {
   const n = ++seq;
+  const arrived = Date.now();
+  const head = [];
+  let headBytes = 0;
+  req.on('data', (chunk) => {
+    if (headBytes < 4096) {
+      head.push(chunk);
+      headBytes += chunk.length;
+    }
+  });
   const headers = { ...req.headers };
   for (const h of HOP) delete headers[h];
   if (headers.host && namesSelf(headers.host)) headers.host = target.host;
@@ -66,7 +92,10 @@ const server = http.createServer((req, res) => {
       setHost: false,
     },
     (upRes) => {
-      log(`#${n} ${req.method} ${req.url} host=${headers.host} -> ${upRes.statusCode} ${upRes.headers['content-type'] || '-'}`);
+      log(
+        `#${n} ${req.method} ${req.url} host=${headers.host} -> ${upRes.statusCode} ` +
+          `${upRes.headers['content-type'] || '-'} ${describe(req, arrived, head)}`,
+      );
       const out = { ...upRes.headers };
       for (const h of HOP) delete out[h];
       res.writeHead(upRes.statusCode, upRes.statusMessage, out);
