@@ -524,6 +524,17 @@ impl RunContext {
         }
     }
 
+    /// What the upstream's answers are decided against
+    /// ([`super::decide_answer`]).
+    pub fn answer_scope(&self) -> super::decide_answer::Scope<'_> {
+        super::decide_answer::Scope {
+            policy: &self.policy,
+            authority: &self.authority,
+            upstream: &self.upstream.config,
+            stateless: self.version.is_stateless(),
+        }
+    }
+
     /// Decides one message.
     pub fn decide(&self, msg: &Message, around: &Around<'_>) -> Ruling {
         let name = match (msg.kind, msg.method.as_deref()) {

@@ -37,7 +37,8 @@
 //! 11. **Hold** ([`hold`]): a gated call waits for a person, then rejoins at
 //!     budgets and record.
 //! 12. **Forward** ([`upstream`]): only the allowed headers, the upstream's own
-//!     session id, its credentials.
+//!     session id, its credentials; a session's POST after the GET stream
+//!     the client opened first, or is opening ([`opening`]).
 //! 13. **Relay** ([`relay`]): JSON whole or streamed, SSE event by event,
 //!     lists filtered, server requests policed, rows completed before
 //!     answers leave.
@@ -72,11 +73,13 @@ pub mod answer;
 pub mod approvals;
 pub mod body;
 pub mod decide;
+pub mod decide_answer;
 pub mod error;
 pub mod failure;
 pub mod h2pool;
 pub mod hold;
 pub mod holds;
+pub mod opening;
 pub mod own_client;
 pub mod record;
 pub mod refill;
@@ -135,6 +138,10 @@ pub struct State {
     pub closing: tokio::sync::watch::Sender<bool>,
     /// The tasks this replica saw created (whose they are, what they hold).
     pub tasks: Arc<tasks::Tasks>,
+    /// Sessions whose GET stream is on its way upstream: their POSTs wait
+    /// for it, so the upstream has the stream before the calls the client
+    /// sent after it.
+    pub opening: Arc<opening::Opening>,
     /// How many rows of refused messages each principal may leave per
     /// second (a flood of hostile bodies cannot fill the spool).
     pub refused_rows: governor::DefaultKeyedRateLimiter<String>,
@@ -216,6 +223,7 @@ impl State {
             closing: tokio::sync::watch::Sender::new(false),
             refused_rows: governor::RateLimiter::keyed(refused_rows_quota()),
             tasks: Arc::new(tasks::Tasks::default()),
+            opening: Arc::new(opening::Opening::default()),
         })
     }
 }
@@ -361,7 +369,23 @@ async fn post(
         Next::Forward(outgoing) => *outgoing,
     };
 
-    // Step 12: forward what may go upstream.
+    // Step 12: forward what may go upstream, after the session's GET
+    // stream when the client opened that first (or is opening it now).
+    if let Some(s) = session.as_deref() {
+        state
+            .opening
+            .before_post(&run.upstream.config.name, s)
+            .await;
+    }
+    // An accepted `notifications/initialized` announces the client's GET
+    // stream, where this upstream may ask it something.
+    let expect_get = session.clone().filter(|_| {
+        asks_client(&run)
+            && outgoing
+                .due
+                .iter()
+                .any(|d| d.method == "notifications/initialized")
+    });
     let identity = identity_headers(&run);
     let mut set = identity.clone();
     if let Some(v) = outgoing
@@ -399,7 +423,25 @@ async fn post(
     drop(outgoing.head);
 
     // Step 13: relay.
-    relay(&run, exchange, sending, sent_at).await
+    let answer = relay(&run, exchange, sending, sent_at).await;
+    if let (Some(s), Ok(r)) = (&expect_get, &answer) {
+        if r.status() == StatusCode::ACCEPTED {
+            state.opening.initialized(&run.upstream.config.name, s);
+        }
+    }
+    answer
+}
+
+/// Whether the policy lets this upstream ask the client anything
+/// (sampling, elicitation, roots): only then is a request lost on a GET
+/// stream not open yet worth a POST's wait ([`opening`]).
+fn asks_client(run: &RunContext) -> bool {
+    let rules = run.policy.server_requests();
+    let r = rules
+        .upstreams
+        .get(&run.upstream.config.name)
+        .unwrap_or(&rules.all);
+    r.sampling || r.elicitation || r.roots
 }
 
 /// The row of a message refused before any decision (unreadable, smuggling,
@@ -470,6 +512,11 @@ async fn get(
     session: Option<Vec<u8>>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ProxyError> {
+    // From now until the upstream answers this GET's headers, the
+    // session's POSTs wait ([`opening`]).
+    let opened = session
+        .as_deref()
+        .map(|s| state.opening.get(&run.upstream.config.name, s));
     let (head, _body) = req.into_parts();
     let mut due = Vec::new();
     let mut last_event_id = None;
@@ -501,6 +548,7 @@ async fn get(
         reason,
         due,
         last_event_id,
+        opened,
     )
     .await
 }
@@ -528,11 +576,13 @@ async fn delete(
         reason,
         Vec::new(),
         None,
+        None,
     )
     .await
 }
 
 /// GET and DELETE after their own checks: on record, forwarded, relayed.
+/// `opened` (a GET's) is let go when the upstream answered the headers.
 #[allow(clippy::too_many_arguments)]
 async fn transport(
     state: &State,
@@ -544,6 +594,7 @@ async fn transport(
     reason: String,
     mut due: Vec<Due>,
     last_event_id: Option<String>,
+    opened: Option<opening::GetGuard>,
 ) -> Result<Response<Body>, ProxyError> {
     let session_name = session
         .as_deref()
@@ -590,6 +641,13 @@ async fn transport(
     };
     let sent_at = std::time::Instant::now();
     let sending = run.upstream.send(fwd);
+    // With its answer's headers the upstream has the stream: the session's
+    // POSTs may go.
+    let sending = async move {
+        let answered = sending.await;
+        drop(opened);
+        answered
+    };
     let exchange = Exchange::new(
         run.clone(),
         recorder,

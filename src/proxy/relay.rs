@@ -66,13 +66,13 @@ use crate::mcp::methods::{Class, ListKind, TaskMethod};
 use crate::mcp::scan::{Facts, Scan};
 use crate::mcp::{rewrite, sse};
 use crate::outcome::StopReason;
-use crate::policy::Access;
 use crate::server::listener::ConnInfo;
 
 use super::answer;
 use super::body::{Collected, UpstreamBody, UpstreamIncoming};
 use super::decide::Granted;
 use super::decide::RunContext;
+use super::decide_answer::{self, result_text, Answering, NewTask, Verdict};
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
 use super::record::{write_rows, Recorder};
@@ -686,106 +686,94 @@ impl Exchange {
         Ok((Pass::Replaced(format!("[{}]", kept.join(","))), rows))
     }
 
-    /// Inspects one upstream message; `raw` is its text.
+    /// Carries out the answer-side decision ([`decide_answer`]) on one
+    /// upstream message; `raw` is its text.
     fn on_message(
         &mut self,
         m: &Message,
         raw: &str,
         rows: &mut Vec<AuditRow>,
     ) -> Result<Pass, UpstreamFailure> {
-        match m.kind {
-            Kind::Response => {
-                let Some(pos) =
-                    m.id.as_ref()
-                        .and_then(|id| self.due.iter().position(|d| d.id.as_ref() == Some(id)))
-                else {
-                    tracing::info!(upstream = %self.run.upstream.config.name, id = ?m.id, "dropped an answer to a request this exchange did not send");
-                    return Ok(Pass::Dropped);
-                };
-                let pass = if m.is_error {
-                    Pass::Same
-                } else {
-                    let d = &self.due[pos];
-                    match d.class {
-                        Class::List(ListKind::Tools) => {
-                            Pass::Replaced(self.filter_listed_tools(m, raw)?)
-                        }
-                        Class::List(ListKind::Prompts) => {
-                            Pass::Replaced(self.filter_named(raw, "prompts", "name")?)
-                        }
-                        Class::List(ListKind::Resources) => {
-                            Pass::Replaced(self.filter_named(raw, "resources", "uri")?)
-                        }
-                        Class::List(ListKind::ResourceTemplates) => Pass::Replaced(
-                            self.filter_named(raw, "resourceTemplates", "uriTemplate")?,
-                        ),
-                        Class::ToolCall => {
-                            let granted = d.granted.clone();
-                            match self.check_input_required(m, raw, granted.as_deref())? {
-                                Pass::Same => self.task_created(pos, m, raw)?,
-                                other => other,
-                            }
-                        }
-                        Class::Prompt | Class::Resource => {
-                            let granted = d.granted.clone();
-                            self.check_input_required(m, raw, granted.as_deref())?
-                        }
-                        Class::Task(method) => self.task_answer(pos, method, m, raw)?,
-                        _ => Pass::Same,
-                    }
-                };
-                let relayed = match &pass {
-                    Pass::Replaced(t) => t.as_str(),
-                    _ => raw,
-                };
-                rows.extend(self.answered(pos, relayed));
-                Ok(pass)
+        let pos =
+            m.id.as_ref()
+                .filter(|_| m.kind == Kind::Response)
+                .and_then(|id| self.due.iter().position(|d| d.id.as_ref() == Some(id)));
+        let run = self.run.clone();
+        let answering = pos.map(|p| Answering {
+            class: &self.due[p].class,
+            approved: self.due[p].granted.is_some(),
+        });
+        let verdict = decide_answer::decide(run.answer_scope(), m, raw, answering)?;
+        let upstream = &run.upstream.config.name;
+        let pass = match verdict {
+            Verdict::Relay => Pass::Same,
+            Verdict::Unsolicited => {
+                tracing::info!(upstream = %upstream, id = ?m.id, "dropped an answer to a request this exchange did not send");
+                return Ok(Pass::Dropped);
             }
-            Kind::Request => {
-                let method = m.method.as_deref().unwrap_or("");
-                let verdict = if self.run.version.is_stateless() {
-                    // 2026-07-28 servers ask through input-required results only.
-                    Err("2026-07-28 servers ask through input-required results only".to_owned())
-                } else {
-                    self.server_request(method, m.params.as_deref().map(RawValue::get))
-                };
-                match verdict {
-                    Ok(()) => Ok(Pass::Same),
-                    Err(why) => {
-                        if self.recorder.enabled() {
-                            rows.push(self.recorder.refused_server_request(m, why.clone()));
-                        }
-                        self.refuse_server_request(m, &why);
-                        Ok(Pass::Dropped)
-                    }
+            Verdict::Filter(kind) => Pass::Replaced(match kind {
+                ListKind::Tools => self.filter_listed_tools(m, raw)?,
+                ListKind::Prompts => self.filter_named(raw, kind, "prompts", "name")?,
+                ListKind::Resources => self.filter_named(raw, kind, "resources", "uri")?,
+                ListKind::ResourceTemplates => {
+                    self.filter_named(raw, kind, "resourceTemplates", "uriTemplate")?
                 }
+            }),
+            Verdict::RefuseInputRequests(refused) => {
+                for r in &refused {
+                    tracing::info!(upstream = %upstream, method = %r.method, reason = %r.why, "input request refused");
+                }
+                let methods: Vec<String> = refused.into_iter().map(|r| r.method).collect();
+                let body = answer::refused_input_request(m.id.as_ref(), &methods);
+                Pass::Replaced(String::from_utf8_lossy(&body).into_owned())
             }
-            Kind::Notification => match m.method.as_deref() {
-                Some("notifications/tools/list_changed") => {
-                    let upstream = &self.run.upstream.config.name;
-                    self.run.catalogs.clear(upstream);
-                    if let Some(shared) = self.run.budgets.store() {
-                        crate::catalog::announce_list_changed(shared.redis(), upstream);
-                    }
-                    // Re-list at once: a changed definition is compared
-                    // with its pin before any client lists again.
-                    if self.run.upstream.config.pinning != crate::pins::Mode::Off {
-                        let run = self.run.clone();
-                        tokio::spawn(async move {
-                            run.refills
-                                .refill(&run.catalogs, &run.upstream, &run.pins)
-                                .await;
-                        });
-                    }
-                    Ok(Pass::Same)
-                }
-                Some("notifications/progress") => Ok(self.shift_progress(raw)),
-                Some("notifications/tasks/status" | "notifications/tasks") => {
-                    Ok(self.task_notification(raw))
-                }
-                _ => Ok(Pass::Same),
+            Verdict::SealState(state) => {
+                let granted = pos.and_then(|p| self.due[p].granted.clone());
+                self.seal_request_state(m, raw, granted.as_deref(), state)?
+            }
+            Verdict::TaskCreated(task) => match pos {
+                Some(p) => self.task_created(p, raw, task)?,
+                None => Pass::Same,
             },
+            Verdict::Task(method) => match pos {
+                Some(p) => self.task_answer(p, method, raw)?,
+                None => Pass::Same,
+            },
+            Verdict::RefuseServerRequest(why) => {
+                if self.recorder.enabled() {
+                    rows.push(self.recorder.refused_server_request(m, why.clone()));
+                }
+                self.refuse_server_request(m, &why);
+                return Ok(Pass::Dropped);
+            }
+            Verdict::ListChanged => {
+                run.catalogs.clear(upstream);
+                if let Some(shared) = run.budgets.store() {
+                    crate::catalog::announce_list_changed(shared.redis(), upstream);
+                }
+                // Re-list at once: a changed definition is compared with its
+                // pin before any client lists again.
+                if run.upstream.config.pinning != crate::pins::Mode::Off {
+                    let run = run.clone();
+                    tokio::spawn(async move {
+                        run.refills
+                            .refill(&run.catalogs, &run.upstream, &run.pins)
+                            .await;
+                    });
+                }
+                Pass::Same
+            }
+            Verdict::Progress => self.shift_progress(raw),
+            Verdict::TaskStatus => self.task_notification(raw),
+        };
+        if let Some(pos) = pos {
+            let relayed = match &pass {
+                Pass::Replaced(t) => t.as_str(),
+                _ => raw,
+            };
+            rows.extend(self.answered(pos, relayed));
         }
+        Ok(pass)
     }
 
     /// The answer to a `tools/call` that created a task: the client gets the
@@ -793,31 +781,13 @@ impl Exchange {
     fn task_created(
         &mut self,
         pos: usize,
-        m: &Message,
         raw: &str,
+        task: NewTask,
     ) -> Result<Pass, UpstreamFailure> {
-        // Most results are no task: a typed look first, the whole value
-        // only for a task.
-        #[derive(serde::Deserialize)]
-        struct Probe<'a> {
-            #[serde(borrow, rename = "resultType")]
-            result_type: Option<std::borrow::Cow<'a, str>>,
-            task: Option<serde::de::IgnoredAny>,
-        }
-        let Some(text) = result_text(m, raw) else {
-            return Ok(Pass::Same);
-        };
-        let is_task = serde_json::from_str::<Probe>(text)
-            .is_ok_and(|p| p.task.is_some() || p.result_type.as_deref() == Some("task"));
-        let Some(result) = is_task
-            .then(|| serde_json::from_str::<Value>(text).ok())
-            .flatten()
-        else {
-            return Ok(Pass::Same);
-        };
-        let Some((upstream_id, ttl_ms)) = tasks::created(&result) else {
-            return Ok(Pass::Same);
-        };
+        let NewTask {
+            upstream_id,
+            ttl_ms,
+        } = task;
         let tool = self.due[pos].tool.clone().unwrap_or_default();
         let cx = self.run.clone();
         let who = cx.principal();
@@ -853,7 +823,6 @@ impl Exchange {
         &mut self,
         pos: usize,
         method: TaskMethod,
-        m: &Message,
         raw: &str,
     ) -> Result<Pass, UpstreamFailure> {
         let cx = self.run.clone();
@@ -903,25 +872,8 @@ impl Exchange {
             }
             TaskMethod::Get | TaskMethod::Cancel | TaskMethod::Update => {
                 tasks::replace_at(&mut v, &["result", "taskId"], |id| seal(id));
-                // 2026-07-28: an input-required task carries requests for the
-                // client; a completed one its call's outcome.
-                let refused: Vec<String> = v
-                    .pointer("/result/inputRequests")
-                    .and_then(Value::as_object)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|(_, r)| {
-                        let method = r.get("method").and_then(Value::as_str).unwrap_or("");
-                        let params = r.get("params").map(Value::to_string);
-                        self.server_request(method, params.as_deref())
-                            .err()
-                            .map(|_| method.to_owned())
-                    })
-                    .collect();
-                if !refused.is_empty() {
-                    let body = answer::refused_input_request(m.id.as_ref(), &refused);
-                    return Ok(Pass::Replaced(String::from_utf8_lossy(&body).into_owned()));
-                }
+                // 2026-07-28: a completed task carries its call's outcome
+                // (its input requests were decided on).
                 let terminal = matches!(
                     v.pointer("/result/status").and_then(Value::as_str),
                     Some("completed" | "failed" | "cancelled")
@@ -1027,8 +979,9 @@ impl Exchange {
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
     }
 
-    /// Records one listed tool in the catalog and decides whether (and with
-    /// which risk and gate) the run sees it.
+    /// Records one listed tool in the catalog and compares it with its pin;
+    /// the decision whether (and with which risk and gate) the run sees it
+    /// is [`decide_answer::tool_visible`].
     fn listed_tool(
         &self,
         t: &rewrite::ListedTool<'_>,
@@ -1036,7 +989,7 @@ impl Exchange {
         let cx = &self.run;
         let up = &cx.upstream.config;
         let entry = cx.catalogs.record_listed(&up.name, t);
-        if cx
+        let pinned = cx
             .pins
             .observe(
                 up.pinning,
@@ -1045,116 +998,66 @@ impl Exchange {
                 &entry.sha256,
                 &entry.definition,
             )
-            .is_err()
-        {
-            return None;
-        }
-        if entry.param_headers().violation().is_some() {
-            // MCP clients must drop tools with invalid x-mcp-header
-            // annotations; the firewall drops them first.
-            return None;
-        }
-        match cx
-            .policy
-            .access(&cx.authority, up.facts(), t.name, entry.hints)
-        {
-            Access::Visible { risk, gate, .. } => Some((risk, gate)),
-            Access::Hidden(_) => None,
-        }
+            .is_ok();
+        let valid_headers = entry.param_headers().violation().is_none();
+        decide_answer::tool_visible(
+            cx.answer_scope(),
+            t.name,
+            entry.hints,
+            pinned,
+            valid_headers,
+        )
     }
 
-    fn filter_named(&self, raw: &str, array: &str, key: &str) -> Result<String, UpstreamFailure> {
+    /// A prompts, resources or resource templates list, kept to the run's
+    /// view ([`decide_answer::item_visible`]); prompts and templates are
+    /// compared with their pins like tools (their descriptions reach the
+    /// model too).
+    fn filter_named(
+        &self,
+        raw: &str,
+        kind: ListKind,
+        array: &str,
+        key: &str,
+    ) -> Result<String, UpstreamFailure> {
         let cx = &self.run;
         let up = &cx.upstream.config;
-        let prompts = array == "prompts";
-        // Prompts and resource templates are pinned like tools: their
-        // descriptions reach the model too.
-        let subject = match array {
-            "prompts" => Some(crate::pins::Subject::Prompt),
-            "resourceTemplates" => Some(crate::pins::Subject::ResourceTemplate),
-            _ => None,
+        let subject = match kind {
+            ListKind::Prompts => Some(crate::pins::Subject::Prompt),
+            ListKind::ResourceTemplates => Some(crate::pins::Subject::ResourceTemplate),
+            ListKind::Tools | ListKind::Resources => None,
         };
         rewrite::named_list(raw, array, key, |name, item| {
-            let allowed = if prompts {
-                cx.policy.prompt_allowed(&cx.authority, up.facts(), name)
-            } else {
-                cx.policy.resource_allowed(&cx.authority, up.facts(), name)
+            let pinned = match subject.filter(|_| cx.pins.applies(up.pinning, &up.name)) {
+                None => true,
+                Some(subject) => {
+                    serde_json::from_str::<Value>(item.get()).is_ok_and(|definition| {
+                        let sha256 = crate::canonical::sha256(&definition);
+                        cx.pins
+                            .observe_of(up.pinning, &up.name, subject, name, &sha256, &definition)
+                            .is_ok()
+                    })
+                }
             };
-            let Some(subject) = subject.filter(|_| cx.pins.applies(up.pinning, &up.name)) else {
-                return allowed;
-            };
-            let Ok(definition) = serde_json::from_str::<Value>(item.get()) else {
-                return false;
-            };
-            let sha256 = crate::canonical::sha256(&definition);
-            let pinned = cx
-                .pins
-                .observe_of(up.pinning, &up.name, subject, name, &sha256, &definition)
-                .is_ok();
-            allowed && pinned
+            decide_answer::item_visible(cx.answer_scope(), kind, name, pinned)
         })
         .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
     }
 
-    /// 2026-07-28 input-required results carry server-to-client requests: a
-    /// kind the policy refuses turns the answer into an error; for a call
-    /// that ran under an approval, the approval is sealed into the
-    /// `requestState` so the retry runs under it.
-    fn check_input_required(
+    /// An input-required result of a call that ran under an approval: the
+    /// approval (and the upstream's own `state`) is sealed into the
+    /// `requestState`, so the retry runs under it.
+    fn seal_request_state(
         &self,
         m: &Message,
         raw: &str,
         granted: Option<&Granted>,
+        state: Option<String>,
     ) -> Result<Pass, UpstreamFailure> {
-        // Decided on decoded values (an escaped `input\u005frequired` is the
-        // same string), from the message the strict reader accepted.
-        #[derive(serde::Deserialize)]
-        struct Required<'a> {
-            #[serde(borrow, rename = "resultType")]
-            result_type: Option<std::borrow::Cow<'a, str>>,
-            #[serde(borrow, rename = "inputRequests")]
-            input_requests: Option<std::collections::BTreeMap<String, InputRequest<'a>>>,
-            #[serde(rename = "requestState")]
-            request_state: Option<String>,
-        }
-        #[derive(serde::Deserialize)]
-        struct InputRequest<'a> {
-            #[serde(borrow)]
-            method: std::borrow::Cow<'a, str>,
-            #[serde(borrow)]
-            params: Option<&'a RawValue>,
-        }
-        let Some(result) = result_text(m, raw) else {
+        let (Some(granted), Some(result)) = (granted, result_text(m, raw)) else {
             return Ok(Pass::Same);
         };
-        let parsed = serde_json::from_str::<Required>(result).map_err(|e| {
-            UpstreamFailure::Invalid(format!("unreadable input-required result: {e}"))
-        })?;
-        if parsed.result_type.as_deref() != Some("input_required") {
-            return Ok(Pass::Same);
-        }
-        let refused: Vec<String> = parsed
-            .input_requests
-            .iter()
-            .flatten()
-            .filter_map(|(_, r)| {
-                self.server_request(&r.method, r.params.map(RawValue::get))
-                    .err()
-                    .map(|why| {
-                        tracing::info!(upstream = %self.run.upstream.config.name, method = %r.method, reason = %why, "input request refused");
-                        r.method.clone().into_owned()
-                    })
-            })
-            .collect();
-        if !refused.is_empty() {
-            let body = answer::refused_input_request(m.id.as_ref(), &refused);
-            return Ok(Pass::Replaced(String::from_utf8_lossy(&body).into_owned()));
-        }
-        let Some(granted) = granted else {
-            return Ok(Pass::Same);
-        };
-        // Seal the approval (and the upstream's own state) into requestState.
-        let sealed = self.run.seal_granted(granted, parsed.request_state);
+        let sealed = self.run.seal_granted(granted, state);
         let new_result = set_member(result, "requestState", &Value::String(sealed).to_string())
             .ok_or_else(|| {
                 UpstreamFailure::Invalid("unreadable input-required result".to_owned())
@@ -1167,13 +1070,6 @@ impl Exchange {
             raw.get(r.end - start..).unwrap_or(""),
         );
         Ok(Pass::Replaced(format!("{head}{new_result}{tail}")))
-    }
-
-    /// The policy's word on a server-to-client request of this upstream.
-    fn server_request(&self, method: &str, params: Option<&str>) -> Result<(), String> {
-        self.run
-            .policy
-            .server_request(&self.run.upstream.config.name, method, params)
     }
 
     /// A legacy server-to-client request the policy refuses: the client never
@@ -1297,28 +1193,17 @@ impl Exchange {
     fn finish_large(&mut self, facts: &[Facts]) -> Result<Vec<AuditRow>, String> {
         let mut rows = Vec::new();
         for f in facts {
-            // Too large to read the requests' params: an elicitation (whose
-            // URL mode needs its target checked) is refused outright.
-            let refused: Vec<&String> = f
-                .input_methods
-                .iter()
-                .filter(|m| *m == "elicitation/create" || self.server_request(m, None).is_err())
-                .collect();
-            if f.result_type.as_deref() == Some("input_required") && !refused.is_empty() {
-                return Err(format!(
-                    "the upstream asked the client for {refused:?}, which the policy refuses"
-                ));
-            }
-            let Some(pos) =
+            let pos =
                 f.id.as_ref()
-                    .and_then(|id| self.due.iter().position(|d| d.id.as_ref() == Some(id)))
-            else {
+                    .and_then(|id| self.due.iter().position(|d| d.id.as_ref() == Some(id)));
+            let answering = pos.map(|p| Answering {
+                class: &self.due[p].class,
+                approved: self.due[p].granted.is_some(),
+            });
+            decide_answer::streamed(self.run.answer_scope(), f, answering)?;
+            let Some(pos) = pos else {
                 return Err("the answer answers a request this exchange did not send".to_owned());
             };
-            if self.due[pos].granted.is_some() && f.result_type.as_deref() == Some("input_required")
-            {
-                return Err("an input-required answer too large to bind to its approval".to_owned());
-            }
             let mut d = self.due.swap_remove(pos);
             if let Some(r) = d.reservation.take() {
                 let settling = self
@@ -1387,13 +1272,6 @@ impl Drop for Exchange {
             Err(_) => tracing::error!(rows = rows.len(), "completion rows lost: no runtime"),
         }
     }
-}
-
-/// The raw `result` of a response (`raw` is the message's text), as the
-/// strict reader found it (`None` when it has none).
-fn result_text<'r>(m: &Message, raw: &'r str) -> Option<&'r str> {
-    let r = m.result.as_ref()?;
-    raw.get(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)
 }
 
 /// How a failed call's budget is settled: refunded only when it certainly

@@ -15,7 +15,7 @@
 # WORK_DIR         default: a fresh mktemp dir (config, logs, results)
 # CONFORMANCE_CACHE  installs (Node 22, the suites, the server's venv); default
 #                  ${XDG_CACHE_HOME:-~/.cache}/mcp-firewall-conformance
-# CONFORMANCE_SETS   which sets to run (default: all but v016-everything),
+# CONFORMANCE_SETS   which sets to run (default: all four),
 #                  e.g. "a12-2026" or "v016 v016-everything"
 # CONFORMANCE_SCENARIOS  run only these scenarios (space-separated), one
 #                  `--scenario` run each, instead of the set's runner arguments
@@ -58,7 +58,7 @@ ALL_SETS=(
 # server request to a race until the firewall orders a session's GET stream
 # before its POSTs (README.md, "everything-server.mjs"); add it here with
 # that fix.
-SETS=${CONFORMANCE_SETS:-v016 a12-2025 a12-2026}
+SETS=${CONFORMANCE_SETS:-v016 v016-everything a12-2025 a12-2026}
 SCENARIOS=${CONFORMANCE_SCENARIOS:-}
 
 # The servers the chosen sets need.
