@@ -52,6 +52,9 @@ pub enum Class {
     Cancel,
     /// `tasks/*`: only the run's own tasks, by their sealed ids.
     Task(TaskMethod),
+    /// `subscriptions/listen` (2026-07-28): the tasks it names are the run's
+    /// own, by their sealed ids.
+    Listen,
     /// Lifecycle and everything else the firewall lets through as it is.
     Pass,
 }
@@ -119,7 +122,7 @@ pub const METHODS: &[Method] = &[
     m("ping", Request, Pass, LEGACY),
     m("logging/setLevel", Request, Pass, LEGACY),
     m("server/discover", Request, Pass, E0728),
-    m("subscriptions/listen", Request, Pass, E0728),
+    m("subscriptions/listen", Request, Listen, E0728),
     m("tools/list", Request, List(ListKind::Tools), ALL),
     m("tools/call", Request, ToolCall, ALL),
     m("prompts/list", Request, List(ListKind::Prompts), ALL),

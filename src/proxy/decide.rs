@@ -13,6 +13,7 @@
 //! | `tools/call` behind an `approve` gate | held for a person, or `-31002` with the approval to follow |
 //! | `tools/call` past a rate limit | `-31003`; past a step or cost cap: a *skipped* tool result |
 //! | `prompts/get`, `resources/read|subscribe|unsubscribe`, `completion/complete` outside the run's rules | `-32602` unknown prompt / resource not found |
+//! | `tasks/*`, `subscriptions/listen` naming a task that is not the run's own (forged, another principal's or run's, its tool no longer the run's) | `-32602` task not found, never forwarded |
 //! | `notifications/cancelled` of a held call | the hold ends, its approval is withdrawn, nothing is forwarded |
 //! | everything else on a reachable upstream | forwarded |
 
@@ -532,6 +533,8 @@ impl RunContext {
             authority: &self.authority,
             upstream: &self.upstream.config,
             stateless: self.version.is_stateless(),
+            tasks: &self.tasks,
+            principal: self.principal(),
         }
     }
 
@@ -590,6 +593,7 @@ impl RunContext {
             },
             Class::Cancel => self.decide_cancel(msg, around),
             Class::Task(method) => self.decide_task(msg, around, method),
+            Class::Listen => self.decide_listen(msg, around),
             Class::List(_) | Class::Pass => forward(None),
         };
         verdict.into()
@@ -705,24 +709,9 @@ impl RunContext {
             .as_deref()
             .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
             .and_then(|p| p.task_id);
-        let Some(sealed) = sealed else {
+        let Some(task) = sealed.and_then(|s| self.own_task(&s)) else {
             return Verdict::Answer(Outcome::UnknownTask);
         };
-        let Some(task) = super::tasks::open(&self.sessions, &self.principal(), &sealed) else {
-            return Verdict::Answer(Outcome::UnknownTask);
-        };
-        let hints = self
-            .catalogs
-            .get(&self.upstream.config.name, &task.tool)
-            .and_then(|e| e.hints);
-        if let policy::Access::Hidden(_) = self.policy.access(
-            &self.authority,
-            self.upstream.config.facts(),
-            &task.tool,
-            hints,
-        ) {
-            return Verdict::Answer(Outcome::UnknownTask);
-        }
         let text = around.body.get(msg.span.clone()).unwrap_or("");
         let id = Value::String(task.upstream_id.clone()).to_string();
         let Some(rewrite) = jsonrpc::with_param(text, "taskId", Some(&id)) else {
@@ -731,6 +720,66 @@ impl RunContext {
         Verdict::Forward(Forwarding {
             rewrite: Some(rewrite),
             task: Some(task),
+            ..Forwarding::default()
+        })
+    }
+
+    /// The run's own task by the sealed id the firewall handed out, while
+    /// the run may still use the tool whose call created it.
+    fn own_task(&self, sealed: &str) -> Option<super::tasks::TaskRef> {
+        let task = super::tasks::open(&self.sessions, &self.principal(), sealed)?;
+        let hints = self
+            .catalogs
+            .get(&self.upstream.config.name, &task.tool)
+            .and_then(|e| e.hints);
+        match self.policy.access(
+            &self.authority,
+            self.upstream.config.facts(),
+            &task.tool,
+            hints,
+        ) {
+            policy::Access::Hidden(_) => None,
+            policy::Access::Visible { .. } => Some(task),
+        }
+    }
+
+    /// `subscriptions/listen` naming tasks (`notifications.taskIds`): each
+    /// must be the run's own ([`Self::own_task`]), or the whole request is
+    /// refused as naming a task that does not exist; the upstream gets its
+    /// own ids.
+    fn decide_listen(&self, msg: &Message, around: &Around<'_>) -> Verdict {
+        #[derive(Deserialize)]
+        struct Params<'a> {
+            #[serde(borrow)]
+            notifications: Option<&'a RawValue>,
+        }
+        let notifications = msg
+            .params
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
+            .and_then(|p| p.notifications);
+        let Some(mut v) = notifications.and_then(|n| serde_json::from_str::<Value>(n.get()).ok())
+        else {
+            return forward(None);
+        };
+        let Some(ids) = v.get_mut("taskIds") else {
+            return forward(None);
+        };
+        let Some(ids) = ids.as_array_mut() else {
+            return Verdict::Answer(Outcome::UnknownTask);
+        };
+        for id in ids.iter_mut() {
+            let Some(task) = id.as_str().and_then(|s| self.own_task(s)) else {
+                return Verdict::Answer(Outcome::UnknownTask);
+            };
+            *id = Value::String(task.upstream_id);
+        }
+        let text = around.body.get(msg.span.clone()).unwrap_or("");
+        let Some(rewrite) = jsonrpc::with_param(text, "notifications", Some(&v.to_string())) else {
+            return Verdict::Answer(Outcome::UnknownTask);
+        };
+        Verdict::Forward(Forwarding {
+            rewrite: Some(rewrite),
             ..Forwarding::default()
         })
     }

@@ -18,7 +18,7 @@
 //! | a server-to-client request the policy refuses, or any on 2026-07-28 | [`Verdict::RefuseServerRequest`]: the client never sees it |
 //! | `notifications/tools/list_changed` | [`Verdict::ListChanged`]: relayed, the catalog re-listed |
 //! | `notifications/progress` | [`Verdict::Progress`]: relayed, a held call's progress kept increasing |
-//! | a task status notification | [`Verdict::TaskStatus`]: relayed only for the run's own task |
+//! | a task status notification, a server request of a task (`related-task`), `notifications/subscriptions/acknowledged` | [`Verdict::SealTasks`]: relayed with the run's own task ids sealed; a status of another run's task is [`Verdict::ForeignTask`] (dropped), a request of one refused, foreign ids left out of an acknowledgement |
 //! | an answer too large to hold ([`streamed`]), asking for refused input, or input-required under an approval | cut off, not completed |
 //! | anything else | relayed |
 
@@ -34,8 +34,10 @@ use crate::mcp::jsonrpc::{Kind, Message};
 use crate::mcp::methods::{Class, ListKind, TaskMethod};
 use crate::mcp::scan::Facts;
 use crate::policy::{Access, Authority, Gate, Policy, Risk};
+use crate::session::Principal;
 
 use super::failure::UpstreamFailure;
+use super::tasks::{self, Tasks};
 
 /// What an answer is decided against: one policy snapshot, the run's
 /// authority, the upstream, the era.
@@ -49,6 +51,19 @@ pub struct Scope<'a> {
     pub upstream: &'a Upstream,
     /// A 2026-07-28 (stateless) exchange.
     pub stateless: bool,
+    /// The tasks this replica saw created, and whose they are.
+    pub tasks: &'a Tasks,
+    /// Who the run is.
+    pub principal: Principal<'a>,
+}
+
+impl Scope<'_> {
+    /// Whether the upstream's task `id` is the run's own.
+    fn owns_task(&self, id: &str) -> bool {
+        self.tasks
+            .tool_of(&self.upstream.name, id, &tasks::owner(&self.principal))
+            .is_some()
+    }
 }
 
 /// The request a response answers, as the exchange sent it.
@@ -86,8 +101,24 @@ pub enum Verdict {
     ListChanged,
     /// Progress of a request.
     Progress,
-    /// A task's status changed.
-    TaskStatus,
+    /// Relayed with the run's own task ids (at these places) sealed.
+    SealTasks(TaskIds),
+    /// A notification about a task that is not the run's: dropped.
+    ForeignTask,
+}
+
+/// Where the task ids of a message are.
+#[derive(Debug, PartialEq)]
+pub enum TaskIds {
+    /// `params.taskId` (a task status notification).
+    Status,
+    /// `params._meta["io.modelcontextprotocol/related-task"].taskId` (a
+    /// request the upstream sends for a task).
+    Related,
+    /// `params.notifications.taskIds` of
+    /// `notifications/subscriptions/acknowledged`: these (the run's own) are
+    /// kept, sealed.
+    Acknowledged(Vec<String>),
 }
 
 /// One refused input request of an input-required answer.
@@ -142,20 +173,39 @@ pub fn decide(
                 _ => Ok(Verdict::Relay),
             }
         }
-        Kind::Request => match server_request(
-            s,
-            m.method.as_deref().unwrap_or(""),
-            m.params.as_deref().map(RawValue::get),
-        ) {
-            Ok(()) => Ok(Verdict::Relay),
-            Err(why) => Ok(Verdict::RefuseServerRequest(why)),
-        },
-        Kind::Notification => Ok(match m.method.as_deref() {
-            Some("notifications/tools/list_changed") => Verdict::ListChanged,
-            Some("notifications/progress") => Verdict::Progress,
-            Some("notifications/tasks/status" | "notifications/tasks") => Verdict::TaskStatus,
-            _ => Verdict::Relay,
-        }),
+        Kind::Request => {
+            let params = m.params.as_deref().map(RawValue::get);
+            if let Err(why) = server_request(s, m.method.as_deref().unwrap_or(""), params) {
+                return Ok(Verdict::RefuseServerRequest(why));
+            }
+            Ok(match related_task(params) {
+                None => Verdict::Relay,
+                Some(id) if s.owns_task(&id) => Verdict::SealTasks(TaskIds::Related),
+                Some(id) => Verdict::RefuseServerRequest(format!(
+                    "it names task {id:?}, which is not this run's"
+                )),
+            })
+        }
+        Kind::Notification => {
+            let params = m.params.as_deref().map(RawValue::get);
+            Ok(match m.method.as_deref() {
+                Some("notifications/tools/list_changed") => Verdict::ListChanged,
+                Some("notifications/progress") => Verdict::Progress,
+                Some("notifications/tasks/status" | "notifications/tasks") => {
+                    match status_task(params) {
+                        Some(id) if s.owns_task(&id) => Verdict::SealTasks(TaskIds::Status),
+                        _ => Verdict::ForeignTask,
+                    }
+                }
+                Some("notifications/subscriptions/acknowledged") => match acknowledged(params) {
+                    Some(ids) => Verdict::SealTasks(TaskIds::Acknowledged(
+                        ids.into_iter().filter(|id| s.owns_task(id)).collect(),
+                    )),
+                    None => Verdict::Relay,
+                },
+                _ => Verdict::Relay,
+            })
+        }
     }
 }
 
@@ -333,6 +383,59 @@ fn task_answer(
     Ok(Verdict::Task(method))
 }
 
+/// `params.taskId` of a task status notification, decoded.
+fn status_task(params: Option<&str>) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "taskId")]
+        task_id: Cow<'a, str>,
+    }
+    Some(
+        serde_json::from_str::<Params>(params?)
+            .ok()?
+            .task_id
+            .into_owned(),
+    )
+}
+
+/// `params._meta["io.modelcontextprotocol/related-task"].taskId`, decoded.
+fn related_task(params: Option<&str>) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "_meta")]
+        meta: Option<Meta<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow, rename = "io.modelcontextprotocol/related-task")]
+        related: Option<Related<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Related<'a> {
+        #[serde(borrow, rename = "taskId")]
+        task_id: Cow<'a, str>,
+    }
+    let p = serde_json::from_str::<Params>(params?).ok()?;
+    Some(p.meta?.related?.task_id.into_owned())
+}
+
+/// `params.notifications.taskIds` of an acknowledgement, decoded.
+fn acknowledged(params: Option<&str>) -> Option<Vec<String>> {
+    #[derive(Deserialize)]
+    struct Params {
+        notifications: Option<Notifications>,
+    }
+    #[derive(Deserialize)]
+    struct Notifications {
+        #[serde(rename = "taskIds")]
+        task_ids: Option<Vec<String>>,
+    }
+    serde_json::from_str::<Params>(params?)
+        .ok()?
+        .notifications?
+        .task_ids
+}
+
 /// The task a `tools/call` result created, if it is one (2025-11-25:
 /// `result.task`; 2026-07-28: `resultType: "task"`).
 fn created_task(result: &str) -> Option<NewTask> {
@@ -405,6 +508,77 @@ projects = ["sre"]
         cfg.upstreams[0].clone()
     }
 
+    const PRINCIPAL: Principal<'static> = Principal {
+        issuer: "https://idp.test",
+        tenant: "acme",
+        subject: "user:olga",
+        upstream: "up",
+        run: "run-1",
+    };
+
+    /// A registry where task `mine` is the run's own and `theirs` another
+    /// run's of the same subject.
+    fn own_task() -> Tasks {
+        let tasks = Tasks::default();
+        let budgets = crate::budget::Budgets::new(crate::budget::LimitsConfig::default());
+        let ttl = std::time::Duration::from_secs(60);
+        let theirs = Principal {
+            run: "run-2",
+            ..PRINCIPAL
+        };
+        for (id, who) in [("mine", PRINCIPAL), ("theirs", theirs)] {
+            tasks.created(
+                &budgets,
+                ("up".into(), id.into()),
+                tasks::owner(&who),
+                "t".into(),
+                None,
+                ttl,
+            );
+        }
+        tasks
+    }
+
+    #[test]
+    fn task_ids_in_notifications_and_requests_are_the_run_own_or_go() {
+        let status = |id: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/tasks","params":{{"taskId":"{id}","status":"working"}}}}"#
+            )
+        };
+        let c = Class::Pass;
+        assert_eq!(
+            verdict(true, &status("mine"), &c, false),
+            Verdict::SealTasks(TaskIds::Status)
+        );
+        assert_eq!(
+            verdict(true, &status("theirs"), &c, false),
+            Verdict::ForeignTask
+        );
+        assert_eq!(
+            verdict(true, &status(r"m\u0069ne"), &c, false),
+            Verdict::SealTasks(TaskIds::Status)
+        );
+        let ack = r#"{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"notifications":{"taskIds":["mine","theirs","nobody"]}}}"#;
+        assert_eq!(
+            verdict(true, ack, &c, false),
+            Verdict::SealTasks(TaskIds::Acknowledged(vec!["mine".into()]))
+        );
+        let related = |id: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","params":{{"_meta":{{"io.modelcontextprotocol/related-task":{{"taskId":"{id}"}}}}}}}}"#
+            )
+        };
+        assert_eq!(
+            verdict(false, &related("mine"), &c, false),
+            Verdict::SealTasks(TaskIds::Related)
+        );
+        assert!(matches!(
+            verdict(false, &related("theirs"), &c, false),
+            Verdict::RefuseServerRequest(why) if why.contains("not this run's")
+        ));
+    }
+
     fn authority() -> Authority {
         Authority {
             agent: "a".into(),
@@ -417,11 +591,14 @@ projects = ["sre"]
             crate::policy::compile::compile(&[(PathBuf::from("p.toml"), POLICY.into())]).unwrap();
         let authority = authority();
         let up = upstream();
+        let tasks = own_task();
         let s = Scope {
             policy: &policy,
             authority: &authority,
             upstream: &up,
             stateless,
+            tasks: &tasks,
+            principal: PRINCIPAL,
         };
         let env = jsonrpc::parse_upstream(text.as_bytes()).unwrap();
         let m = &env.messages[0];
@@ -539,11 +716,14 @@ projects = ["sre"]
             crate::policy::compile::compile(&[(PathBuf::from("p.toml"), POLICY.into())]).unwrap();
         let authority = authority();
         let up = upstream();
+        let tasks = own_task();
         let s = Scope {
             policy: &policy,
             authority: &authority,
             upstream: &up,
             stateless: false,
+            tasks: &tasks,
+            principal: PRINCIPAL,
         };
         let env = jsonrpc::parse_upstream(text.as_bytes()).unwrap();
         assert_eq!(

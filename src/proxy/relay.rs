@@ -72,7 +72,7 @@ use super::answer;
 use super::body::{Collected, UpstreamBody, UpstreamIncoming};
 use super::decide::Granted;
 use super::decide::RunContext;
-use super::decide_answer::{self, result_text, Answering, NewTask, Verdict};
+use super::decide_answer::{self, result_text, Answering, NewTask, TaskIds, Verdict};
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
 use super::record::{write_rows, Recorder};
@@ -764,7 +764,11 @@ impl Exchange {
                 Pass::Same
             }
             Verdict::Progress => self.shift_progress(raw),
-            Verdict::TaskStatus => self.task_notification(raw),
+            Verdict::SealTasks(at) => self.seal_task_ids(raw, at)?,
+            Verdict::ForeignTask => {
+                tracing::debug!(upstream = %upstream, "dropped a notification about another run's task");
+                return Ok(Pass::Dropped);
+            }
         };
         if let Some(pos) = pos {
             let relayed = match &pass {
@@ -892,31 +896,48 @@ impl Exchange {
         Ok(Pass::Replaced(v.to_string()))
     }
 
-    /// A task status notification: relayed with the sealed id when the task
-    /// is this run's own, else not at all.
-    fn task_notification(&self, raw: &str) -> Pass {
+    /// A message naming the run's own tasks, relayed with their ids sealed
+    /// (those of an acknowledgement: only the run's own, decided on).
+    fn seal_task_ids(&self, raw: &str, at: TaskIds) -> Result<Pass, UpstreamFailure> {
         let cx = &self.run;
         let who = cx.principal();
-        let Ok(mut v) = serde_json::from_str::<Value>(raw) else {
-            return Pass::Dropped;
+        let owner = tasks::owner(&who);
+        let upstream = &cx.upstream.config.name;
+        let seal = |id: &str| {
+            let tool = cx.tasks.tool_of(upstream, id, &owner).unwrap_or_default();
+            tasks::seal(&cx.sessions, &who, id, &tool)
         };
-        let id = v
-            .pointer("/params/taskId")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let tool = id.as_deref().and_then(|id| {
-            cx.tasks
-                .tool_of(&cx.upstream.config.name, id, &tasks::owner(&who))
-        });
-        match tool {
-            Some(tool) => {
-                tasks::replace_at(&mut v, &["params", "taskId"], |id| {
-                    tasks::seal(&cx.sessions, &who, id, &tool)
-                });
-                Pass::Replaced(v.to_string())
+        let mut v: Value = serde_json::from_str(raw)
+            .map_err(|e| UpstreamFailure::Invalid(format!("unreadable task message: {e}")))?;
+        let sealed = match at {
+            TaskIds::Status => tasks::replace_at(&mut v, &["params", "taskId"], seal),
+            TaskIds::Related => tasks::replace_at(
+                &mut v,
+                &[
+                    "params",
+                    "_meta",
+                    "io.modelcontextprotocol/related-task",
+                    "taskId",
+                ],
+                seal,
+            ),
+            TaskIds::Acknowledged(kept) => {
+                let ids: Vec<Value> = kept.iter().map(|id| Value::String(seal(id))).collect();
+                match v.pointer_mut("/params/notifications") {
+                    Some(Value::Object(n)) => {
+                        n.insert("taskIds".to_owned(), Value::Array(ids));
+                        true
+                    }
+                    _ => false,
+                }
             }
-            None => Pass::Dropped,
+        };
+        if !sealed {
+            return Err(UpstreamFailure::Invalid(
+                "a task message without a readable task id".to_owned(),
+            ));
         }
+        Ok(Pass::Replaced(v.to_string()))
     }
 
     /// Keeps a held call's progress increasing past what the hold sent.

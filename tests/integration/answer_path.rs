@@ -952,8 +952,53 @@ async fn task_upstream() -> raw::RawUpstream {
                 Some("tasks/get") => task("working"),
                 Some("tasks/cancel") => task("cancelled"),
                 Some("tasks/update") => json!({"resultType": "complete"}),
-                Some("tasks/result") => json!({"content": [{"type": "text", "text": "the outcome"}],
-                    "_meta": {"io.modelcontextprotocol/related-task": {"taskId": id}}}),
+                Some("tasks/result") => {
+                    // On the outcome's stream, the upstream asks the client
+                    // something for this task, and for a task of someone
+                    // else's.
+                    let ask = |rid: &str, task: &Value| {
+                        let m = json!({"jsonrpc": "2.0", "id": rid, "method": "sampling/createMessage",
+                            "params": {"messages": [], "maxTokens": 1,
+                                "_meta": {"io.modelcontextprotocol/related-task": {"taskId": task}}}});
+                        bytes::Bytes::from(format!("data: {m}\n\n"))
+                    };
+                    let outcome = json!({"jsonrpc": "2.0", "id": v["id"], "result": {
+                        "content": [{"type": "text", "text": "the outcome"}],
+                        "_meta": {"io.modelcontextprotocol/related-task": {"taskId": id}}}});
+                    return raw::sse(
+                        vec![
+                            ask("s-own", &id),
+                            ask("s-foreign", &json!("up-task-of-someone-else")),
+                            bytes::Bytes::from(format!("data: {outcome}\n\n")),
+                        ],
+                        std::time::Duration::from_millis(5),
+                        false,
+                    );
+                }
+                Some("subscriptions/listen") => {
+                    // Acknowledges what it was asked plus a task of someone
+                    // else's, and tells of both.
+                    let ev = |m: Value| bytes::Bytes::from(format!("data: {m}\n\n"));
+                    let mut acked = v["params"]["notifications"]["taskIds"].clone();
+                    if let Some(a) = acked.as_array_mut() {
+                        a.push(json!("up-task-of-someone-else"));
+                    }
+                    let status = |tid: &str| {
+                        ev(json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": {
+                            "taskId": tid, "status": "working", "createdAt": "x", "lastUpdatedAt": "x", "ttlMs": 1}}))
+                    };
+                    return raw::sse(
+                        vec![
+                            ev(json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                                "params": {"notifications": {"taskIds": acked}}})),
+                            status("up-task-1"),
+                            status("up-task-of-someone-else"),
+                            ev(json!({"jsonrpc": "2.0", "id": v["id"], "result": {}})),
+                        ],
+                        std::time::Duration::from_millis(5),
+                        false,
+                    );
+                }
                 Some("tasks/list") => json!({"tasks": [
                     {"taskId": "up-task-1", "status": "working", "createdAt": "x", "lastUpdatedAt": "x", "ttl": 1},
                     {"taskId": "up-task-of-someone-else", "status": "working", "createdAt": "x", "lastUpdatedAt": "x", "ttl": 1},
@@ -1055,6 +1100,33 @@ async fn session_era_tasks_are_the_creating_runs_own() {
         r.json()["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
         sealed.as_str()
     );
+    // What the upstream asked for this task reaches the client with the
+    // sealed id; what it asked for someone else's task does not reach it,
+    // and is refused on record.
+    let asked: Vec<Value> = r
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .filter(|m| m["method"] == "sampling/createMessage")
+        .collect();
+    assert_eq!(asked.len(), 1, "{}", r.text);
+    assert_eq!(asked[0]["id"], "s-own");
+    assert_eq!(
+        asked[0]["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        sealed.as_str()
+    );
+    assert!(
+        !r.text.contains("up-task") && !r.text.contains("s-foreign"),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        audit
+            .rows("jsonrpc_id = '\"s-foreign\"' AND decision = 'deny' AND position(reason, 'not this run') > 0", 1)
+            .await,
+        1
+    );
     assert_eq!(
         audit
             .rows("method = 'tasks/result' AND tool = 'get_incident' AND row_version = 1 AND position(result_summary, 'the outcome') > 0", 1)
@@ -1152,5 +1224,60 @@ async fn stateless_tasks_are_the_creating_runs_own_and_their_input_requests_are_
     assert_eq!(r.json()["result"]["taskId"], sealed.as_str());
     assert_eq!(r.json()["result"]["result"]["content"][0]["text"], "done");
     assert!(!r.text.contains("up-task-1"), "{}", r.text);
+
+    // subscriptions/listen: the tasks it names are the run's own, by their
+    // sealed ids; another principal's listen, a forged id or the
+    // upstream's raw id is a task that does not exist, and nothing is sent.
+    let listen = |id: u64, ids: Value| {
+        let (mut h, body) = modern(
+            "subscriptions/listen",
+            "",
+            id,
+            json!({"notifications": {"taskIds": ids}}),
+        );
+        h.retain(|(k, _)| k != "mcp-name");
+        (h, body)
+    };
+    for (who, ids) in [
+        (&mallory, json!([sealed])),
+        (&alice, json!([sealed, "t1.forged"])),
+        (&alice, json!(["up-task-1"])),
+        (&alice, json!("not-a-list")),
+    ] {
+        let r = post_modern(&fw, who, &listen(6, ids.clone())).await;
+        assert_eq!(r.code(), -32602, "{ids}: {}", r.text);
+        assert!(r.text.contains("Task not found"), "{}", r.text);
+    }
+    let listens = || {
+        up.seen()
+            .iter()
+            .filter_map(|s| serde_json::from_slice::<Value>(&s.body).ok())
+            .filter(|v| v["method"] == "subscriptions/listen")
+            .collect::<Vec<_>>()
+    };
+    assert!(listens().is_empty());
+    let r = post_modern(&fw, &alice, &listen(7, json!([sealed]))).await;
+    assert_eq!(
+        listens()[0]["params"]["notifications"]["taskIds"],
+        json!(["up-task-1"])
+    );
+    let events: Vec<Value> = r
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .collect();
+    let ack = events
+        .iter()
+        .find(|m| m["method"] == "notifications/subscriptions/acknowledged")
+        .unwrap_or_else(|| panic!("{}", r.text));
+    assert_eq!(ack["params"]["notifications"]["taskIds"], json!([sealed]));
+    let statuses: Vec<&Value> = events
+        .iter()
+        .filter(|m| m["method"] == "notifications/tasks")
+        .collect();
+    assert_eq!(statuses.len(), 1, "{}", r.text);
+    assert_eq!(statuses[0]["params"]["taskId"], sealed.as_str());
+    assert!(!r.text.contains("up-task"), "{}", r.text);
     fw.stop().await;
 }
