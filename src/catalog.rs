@@ -18,8 +18,6 @@
 //! authority (role and effective projects), and the catalog (a clear starts
 //! over, so the next list records every tool again).
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -38,8 +36,11 @@ const MAX_LISTING_BYTES: usize = 4 << 20;
 
 /// One upstream tool as last listed.
 pub struct ToolEntry {
-    /// Hash of the tool's JSON, to skip unchanged re-listings.
-    fingerprint: u64,
+    /// The tool's JSON text as listed, to skip unchanged re-listings. The
+    /// text itself, not a hash of it: a 64-bit hash an upstream can collide
+    /// (its keys are fixed) would let a changed definition reuse the entry,
+    /// and the pin verdict, of the reviewed one.
+    listed: Box<str>,
     /// Its `inputSchema`.
     pub input_schema: Value,
     /// Its annotations as risk hints (untrusted).
@@ -115,9 +116,6 @@ impl Catalogs {
         raw: &str,
         parse: impl FnOnce() -> Value,
     ) -> Arc<ToolEntry> {
-        let mut h = DefaultHasher::new();
-        raw.hash(&mut h);
-        let fingerprint = h.finish();
         let catalog = match self.by_upstream.get(upstream) {
             Some(c) => c.clone(),
             None => self
@@ -126,7 +124,7 @@ impl Catalogs {
                 .or_default()
                 .clone(),
         };
-        if let Some(e) = catalog.get(name).filter(|e| e.fingerprint == fingerprint) {
+        if let Some(e) = catalog.get(name).filter(|e| *e.listed == *raw) {
             return e.clone();
         }
         let definition = parse();
@@ -135,7 +133,7 @@ impl Catalogs {
             .cloned()
             .unwrap_or(Value::Null);
         let entry = ToolEntry {
-            fingerprint,
+            listed: raw.into(),
             input_schema,
             hints: Hints::from_annotations(definition.get("annotations")),
             sha256: crate::canonical::sha256(&definition),
