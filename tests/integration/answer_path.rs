@@ -1281,3 +1281,152 @@ async fn stateless_tasks_are_the_creating_runs_own_and_their_input_requests_are_
     assert!(!r.text.contains("up-task"), "{}", r.text);
     fw.stop().await;
 }
+
+// --- hole 12: a session's GET stream reaches the upstream before its POSTs -
+
+/// An upstream that answers a GET's headers only after `GET_DELAY`, and
+/// notes when each GET and each `tools/list` arrived.
+async fn ordering_upstream(
+    arrivals: std::sync::Arc<std::sync::Mutex<Vec<(&'static str, std::time::Instant)>>>,
+) -> raw::RawUpstream {
+    raw::upstream(move |seen| {
+        let arrivals = arrivals.clone();
+        async move {
+            let now = std::time::Instant::now();
+            if seen.method == http::Method::GET {
+                arrivals.lock().unwrap().push(("GET", now));
+                tokio::time::sleep(GET_DELAY).await;
+            } else if String::from_utf8_lossy(&seen.body).contains("tools/list") {
+                arrivals.lock().unwrap().push(("POST", now));
+            }
+            raw::mcp_answer(&seen)
+        }
+    })
+    .await
+}
+
+const GET_DELAY: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn a_sessions_post_does_not_overtake_the_get_stream_its_client_opened() {
+    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let up = ordering_upstream(arrivals.clone()).await;
+    let fw = start(&up, &[]).await;
+    let token = common::token();
+    let url = fw.mcp_url("incidents");
+    let init = r#"{"jsonrpc":"2.0","id":"i1","method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{}},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let r = common::post(&url, &token, &[], init).await;
+    let sid = r.headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let h = [
+        ("mcp-session-id", sid.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}}"#;
+
+    // 1. The client opens its GET stream and, before the upstream has
+    //    answered it, sends a call: the call reaches the upstream after the
+    //    upstream answered the GET (it has the stream when the call runs).
+    let get = {
+        let (url, token, h) = (
+            url.clone(),
+            token.clone(),
+            h.map(|(k, v)| (k, v.to_owned())),
+        );
+        tokio::spawn(async move {
+            let hv: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let mut req = common::http().get(&url).bearer_auth(&token);
+            for (k, v) in hv {
+                req = req.header(k, v);
+            }
+            req.header("accept", "text/event-stream")
+                .send()
+                .await
+                .map(|r| r.status())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = common::post(&url, &token, &h, list).await;
+    assert!(r.json().get("result").is_some(), "{}", r.text);
+    assert_eq!(get.await.unwrap().unwrap(), 200);
+    {
+        let a = arrivals.lock().unwrap();
+        assert_eq!(
+            a.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            ["GET", "POST"]
+        );
+        let waited = a[1].1 - a[0].1;
+        assert!(
+            waited >= GET_DELAY - Duration::from_millis(20),
+            "the call reached the upstream {waited:?} after the GET, before its answer"
+        );
+    }
+
+    // 2. A new session: right after `notifications/initialized` the client
+    //    sends a call and opens its GET stream a moment later; the call
+    //    still reaches the upstream after the GET (within the grace).
+    arrivals.lock().unwrap().clear();
+    let r = common::post(&url, &token, &[], init).await;
+    let sid = r.headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let h = [
+        ("mcp-session-id", sid.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let r = common::post(
+        &url,
+        &token,
+        &h,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let call = {
+        let (url, token, h) = (
+            url.clone(),
+            token.clone(),
+            h.map(|(k, v)| (k, v.to_owned())),
+        );
+        tokio::spawn(async move {
+            let hv: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            common::post(&url, &token, &hv, list).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let g = common::send(reqwest::Method::GET, &url, Some(&token), &h, None).await;
+    assert_eq!(g.status, 200);
+    let r = call.await.unwrap();
+    assert!(r.json().get("result").is_some(), "{}", r.text);
+    assert_eq!(
+        arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| *k)
+            .collect::<Vec<_>>(),
+        ["GET", "POST"]
+    );
+
+    // 3. A client that opens no GET stream pays the grace once, not on
+    //    every call.
+    let r = common::post(&url, &token, &[], init).await;
+    let sid = r.headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let h = [
+        ("mcp-session-id", sid.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    common::post(
+        &url,
+        &token,
+        &h,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    let t = std::time::Instant::now();
+    common::post(&url, &token, &h, list).await;
+    let first = t.elapsed();
+    let t = std::time::Instant::now();
+    common::post(&url, &token, &h, list).await;
+    let second = t.elapsed();
+    assert!(first >= Duration::from_millis(90), "{first:?}");
+    assert!(second < Duration::from_millis(90), "{second:?}");
+    fw.stop().await;
+}
