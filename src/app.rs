@@ -211,14 +211,37 @@ pub async fn start_with(
             counter.inc();
         }),
     };
-    let mcp = tokio::spawn(listener::serve(
-        mcp_listener,
-        acceptor,
-        move |conn| stack::mcp(&shared, conn),
-        rx.clone(),
-        drain,
-        limits,
-    ));
+    // The MCP listener on its serving threads (`server.threads`), each
+    // with its own accept loop on the one socket.
+    let mcp_listener = Arc::new(mcp_listener.into_std()?);
+    let mcp_rx = rx.clone();
+    let serving = crate::server::shards::spawn(config.server.threads, move |_shard| {
+        let (shared, acceptor, rx, limits) = (
+            shared.clone(),
+            acceptor.clone(),
+            mcp_rx.clone(),
+            limits.clone(),
+        );
+        let listener = mcp_listener.try_clone().and_then(TcpListener::from_std);
+        async move {
+            match listener {
+                Ok(listener) => {
+                    listener::serve(
+                        listener,
+                        acceptor,
+                        move |conn| stack::mcp(&shared, conn),
+                        rx,
+                        drain,
+                        limits,
+                    )
+                    .await;
+                }
+                Err(e) => tracing::error!(error = %e, "a serving thread cannot listen"),
+            }
+        }
+    })
+    .context("starting the serving threads")?;
+    let mcp = tokio::spawn(serving);
     let admin_state = admin.clone();
     let admin_task = tokio::spawn(listener::serve(
         admin_listener,

@@ -90,6 +90,18 @@ struct Listing {
     views: DashMap<Authority, Arc<str>>,
     /// When it was first seen.
     seen: std::time::Instant,
+    /// Whole answers carrying this result, as the upstream sent them and as
+    /// each authority was given them ([`Catalogs::remembered_answer`]).
+    answers: DashMap<Authority, Arc<Remembered>>,
+}
+
+/// A `tools/list` answer, as the upstream sent it and as one authority was
+/// given it, each with the span of its `id` token.
+struct Remembered {
+    upstream: Box<str>,
+    upstream_id: std::ops::Range<usize>,
+    relayed: Box<str>,
+    relayed_id: std::ops::Range<usize>,
 }
 
 // === impl Catalogs ===
@@ -233,6 +245,7 @@ impl Catalogs {
                         epoch,
                         views,
                         seen: std::time::Instant::now(),
+                        answers: DashMap::new(),
                     }),
                 );
             }
@@ -240,6 +253,130 @@ impl Catalogs {
         }
         Ok(view)
     }
+}
+
+impl Catalogs {
+    /// The catalog's epoch (bumped by every [`Catalogs::clear`]), read before
+    /// a `tools/list` answer is filtered and handed to
+    /// [`Catalogs::remember_answer`] after.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The answer to give for `text`, a whole `tools/list` answer of
+    /// `upstream` to the request with id `id`, when an earlier answer was
+    /// byte for byte the same but for its `id` token, under the same policy
+    /// generation and catalog: that one was validated by the strict reader
+    /// and filtered for `authority`, and the same bytes get the same
+    /// verdict. The `id` token must read (JSON) as `id`; it is relayed as
+    /// the upstream spelled it, like every other byte of the envelope.
+    pub fn remembered_answer(
+        &self,
+        upstream: &str,
+        policy: u64,
+        authority: &Authority,
+        text: &str,
+        id: &crate::mcp::jsonrpc::Id,
+    ) -> Option<String> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let listing = self
+            .listings
+            .get(upstream)
+            .map(|l| Arc::clone(&l))
+            .filter(|l| l.policy == policy && l.epoch == epoch)?;
+        let r = listing.answers.get(authority).map(|r| Arc::clone(&r))?;
+        let before = r.upstream.get(..r.upstream_id.start)?;
+        let after = r.upstream.get(r.upstream_id.end..)?;
+        if text.len() <= before.len() + after.len()
+            || !text.starts_with(before)
+            || !text.ends_with(after)
+        {
+            return None;
+        }
+        let token = text.get(before.len()..text.len() - after.len())?;
+        // Only a plain token: digits, or a string without escapes (what the
+        // firewall forwards), never anything that could open or close
+        // another member.
+        let read = match token.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+            Some(inner) if !inner.contains(['"', '\\']) && !inner.chars().any(char::is_control) => {
+                Some(crate::mcp::jsonrpc::Id::String(inner.to_owned()))
+            }
+            Some(_) => None,
+            None if !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit() || b == b'-') => {
+                // The strict reader's canonical integer spelling only.
+                token
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| n.to_string() == token)
+                    .map(crate::mcp::jsonrpc::Id::Number)
+            }
+            None => None,
+        };
+        if read.as_ref() != Some(id) {
+            return None;
+        }
+        let head = r.relayed.get(..r.relayed_id.start)?;
+        let tail = r.relayed.get(r.relayed_id.end..)?;
+        let mut out = String::with_capacity(head.len() + token.len() + tail.len());
+        out.push_str(head);
+        out.push_str(token);
+        out.push_str(tail);
+        Some(out)
+    }
+
+    /// Remembers a `tools/list` answer `text` of `upstream` and what
+    /// `authority` was given for it (`relayed`), when the listing its result
+    /// made is still current (`epoch` read before it was filtered) under
+    /// `policy`. Both must carry a top-level `id` member.
+    pub fn remember_answer(
+        &self,
+        upstream: &str,
+        policy: u64,
+        authority: &Authority,
+        epoch: u64,
+        text: &str,
+        relayed: &str,
+    ) {
+        if self.epoch.load(Ordering::Acquire) != epoch {
+            return;
+        }
+        let Some(listing) = self
+            .listings
+            .get(upstream)
+            .map(|l| Arc::clone(&l))
+            .filter(|l| l.policy == policy && l.epoch == epoch)
+        else {
+            return;
+        };
+        if listing.answers.len() >= MAX_VIEWS && !listing.answers.contains_key(authority) {
+            return;
+        }
+        let (Some(upstream_id), Some(relayed_id)) = (id_span(text), id_span(relayed)) else {
+            return;
+        };
+        listing.answers.insert(
+            authority.clone(),
+            Arc::new(Remembered {
+                upstream: text.into(),
+                upstream_id,
+                relayed: relayed.into(),
+                relayed_id,
+            }),
+        );
+    }
+}
+
+/// The byte range of the top-level `id` member's value in a JSON-RPC
+/// message.
+fn id_span(text: &str) -> Option<std::ops::Range<usize>> {
+    #[derive(serde::Deserialize)]
+    struct Id<'a> {
+        #[serde(borrow)]
+        id: &'a serde_json::value::RawValue,
+    }
+    let id = serde_json::from_str::<Id>(text).ok()?.id.get();
+    let start = (id.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    Some(start..start + id.len())
 }
 
 /// The Redis channel announcing that an upstream's tool list changed.

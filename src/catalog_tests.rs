@@ -197,3 +197,66 @@ fn a_listed_tool_is_reused_only_for_the_same_bytes() {
     assert!(!Arc::ptr_eq(&changed, &again));
     assert_eq!(again.sha256, first.sha256);
 }
+
+#[test]
+fn a_remembered_answer_is_given_only_for_the_same_bytes_but_a_plain_matching_id() {
+    use crate::mcp::jsonrpc::Id;
+    let c = Catalogs::default();
+    let runs = Cell::new(0);
+    let reader = authority("reader", &["p"]);
+    let epoch = c.epoch();
+    view(&c, 1, &reader, RESULT, r#"{"tools":[]}"#, &runs);
+    let text = format!(r#"{{"jsonrpc":"2.0","id":7,"result":{RESULT}}}"#);
+    let relayed = r#"{"jsonrpc":"2.0","id":7,"result":{"tools":[]}}"#;
+    c.remember_answer("up", 1, &reader, epoch, &text, relayed);
+    let again = |text: &str, id: Id| c.remembered_answer("up", 1, &reader, text, &id);
+    // The same bytes with another id: the remembered view, with that id.
+    let t = text.replace(r#""id":7"#, r#""id":12"#);
+    assert_eq!(
+        again(&t, Id::Number(12)).as_deref(),
+        Some(r#"{"jsonrpc":"2.0","id":12,"result":{"tools":[]}}"#)
+    );
+    let t = text.replace(r#""id":7"#, r#""id":"a-1""#);
+    assert_eq!(
+        again(&t, Id::String("a-1".into())).as_deref(),
+        Some(r#"{"jsonrpc":"2.0","id":"a-1","result":{"tools":[]}}"#)
+    );
+    // An id that is not the request's, or not spelled plainly: no.
+    assert_eq!(again(&t, Id::String("a-2".into())), None);
+    for token in [
+        r#""a\u002d1""#,
+        "012",
+        "12.0",
+        "1e1",
+        r#"12,"x":1"#,
+        r#"7,"result":{},"id":7"#,
+    ] {
+        let t = text.replace(r#""id":7"#, &format!(r#""id":{token}"#));
+        assert_eq!(again(&t, Id::Number(12)), None, "{token}");
+        assert_eq!(again(&t, Id::String("a-1".into())), None, "{token}");
+    }
+    // Any other byte changed: no.
+    let t = text.replace(r#""name":"a""#, r#""name":"b""#);
+    assert_eq!(again(&t, Id::Number(7)), None);
+    assert_eq!(again(&format!("{text} "), Id::Number(7)), None);
+    // Another authority, another policy generation, a cleared catalog: no.
+    let other = authority("writer", &["p"]);
+    assert_eq!(
+        c.remembered_answer("up", 1, &other, &text, &Id::Number(7)),
+        None
+    );
+    assert_eq!(
+        c.remembered_answer("up", 2, &reader, &text, &Id::Number(7)),
+        None
+    );
+    assert!(again(&text, Id::Number(7)).is_some());
+    c.clear("up");
+    assert_eq!(again(&text, Id::Number(7)), None);
+    // Remembered only while the listing is the one filtered after `epoch`.
+    let stale = c.epoch();
+    view(&c, 1, &reader, RESULT, r#"{"tools":[]}"#, &runs);
+    c.clear("up");
+    c.remember_answer("up", 1, &reader, stale, &text, relayed);
+    view(&c, 1, &reader, RESULT, r#"{"tools":[]}"#, &runs);
+    assert_eq!(again(&text, Id::Number(7)), None);
+}

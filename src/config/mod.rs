@@ -96,6 +96,11 @@ pub struct RawServer {
     /// a 431. Default 16 KiB, at least 8 KiB.
     #[serde(default = "default_max_header_bytes")]
     pub max_header_bytes: usize,
+    /// Serving threads for the MCP listener, each a single-threaded
+    /// runtime with its own upstream connections (a call never changes
+    /// threads). Default 0: one per CPU; at most 64.
+    #[serde(default)]
+    pub threads: usize,
     /// OAuth authorization servers advertised in the protected-resource
     /// metadata (RFC 9728). Default: `auth.issuers`.
     pub authorization_servers: Option<Vec<String>>,

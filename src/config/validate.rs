@@ -77,6 +77,8 @@ pub struct ServerConfig {
     pub max_sse_event_bytes: usize,
     /// Request head cap (431 above).
     pub max_header_bytes: usize,
+    /// Serving threads of the MCP listener (resolved: at least 1).
+    pub threads: usize,
     /// JSON nesting cap.
     pub max_json_depth: usize,
     /// Batch size cap.
@@ -473,6 +475,7 @@ impl Validator<'_> {
             max_response_bytes: s.max_response_bytes,
             max_sse_event_bytes: s.max_sse_event_bytes,
             max_header_bytes: s.max_header_bytes,
+            threads: crate::server::shards::count(s.threads),
             max_json_depth: s.max_json_depth,
             max_batch: s.max_batch,
             drain_timeout: Duration::from_millis(s.drain_timeout_ms),

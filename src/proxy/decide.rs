@@ -525,6 +525,12 @@ impl RunContext {
         }
     }
 
+    /// What a remembered view of a list depends on besides the upstream's
+    /// bytes and the authority: the policy and the pins in force.
+    pub fn view_generation(&self) -> u64 {
+        self.policy.generation() ^ self.pins.generation().rotate_left(32)
+    }
+
     /// What the upstream's answers are decided against
     /// ([`super::decide_answer`]).
     pub fn answer_scope(&self) -> super::decide_answer::Scope<'_> {

@@ -657,14 +657,38 @@ impl Exchange {
     /// Inspects one complete upstream JSON text (a message or a batch):
     /// what to send instead, and the rows it completes.
     fn inspect(&mut self, text: &str) -> Result<(Pass, Vec<AuditRow>), UpstreamFailure> {
+        if let Some(remembered) = self.remembered_list_answer(text) {
+            return Ok(remembered);
+        }
+        // A whole tools/list answer is remembered with what the run was
+        // given for it: the catalog's epoch is read before it is filtered.
+        let epoch = self.run.catalogs.epoch();
         let env = jsonrpc::parse_upstream(text.as_bytes())
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
+        let list_answer = match env.messages.as_slice() {
+            [m] if !env.batch && m.kind == Kind::Response && !m.is_error => self
+                .due
+                .iter()
+                .any(|d| d.class == Class::List(ListKind::Tools) && d.id.is_some() && d.id == m.id),
+            _ => false,
+        };
         let mut rows = Vec::new();
         let mut parts: Vec<(std::ops::Range<usize>, Pass)> = Vec::with_capacity(env.messages.len());
         for m in &env.messages {
             let raw = text.get(m.span.clone()).unwrap_or("");
             let pass = self.on_message(m, raw, &mut rows)?;
             parts.push((m.span.clone(), pass));
+        }
+        if let (true, [(_, Pass::Replaced(relayed))]) = (list_answer, parts.as_slice()) {
+            let cx = &self.run;
+            cx.catalogs.remember_answer(
+                &cx.upstream.config.name,
+                cx.view_generation(),
+                &cx.authority,
+                epoch,
+                text,
+                relayed,
+            );
         }
         if parts.iter().all(|(_, p)| matches!(p, Pass::Same)) {
             return Ok((Pass::Same, rows));
@@ -684,6 +708,30 @@ impl Exchange {
             return Ok((Pass::Dropped, rows));
         }
         Ok((Pass::Replaced(format!("[{}]", kept.join(","))), rows))
+    }
+
+    /// A whole `tools/list` answer the firewall validated and filtered for
+    /// this run's authority before, byte for byte but for its id
+    /// ([`crate::catalog::Catalogs::remembered_answer`]): relayed as it was
+    /// then, and on record like any answer.
+    fn remembered_list_answer(&mut self, text: &str) -> Option<(Pass, Vec<AuditRow>)> {
+        let cx = self.run.clone();
+        let (pos, relayed) = self.due.iter().enumerate().find_map(|(pos, d)| {
+            let id =
+                d.id.as_ref()
+                    .filter(|_| d.class == Class::List(ListKind::Tools))?;
+            cx.catalogs
+                .remembered_answer(
+                    &cx.upstream.config.name,
+                    cx.view_generation(),
+                    &cx.authority,
+                    text,
+                    id,
+                )
+                .map(|relayed| (pos, relayed))
+        })?;
+        let rows = self.answered(pos, &relayed).into_iter().collect();
+        Some((Pass::Replaced(relayed), rows))
     }
 
     /// Carries out the answer-side decision ([`decide_answer`]) on one
@@ -981,8 +1029,7 @@ impl Exchange {
             .catalogs
             .view(
                 &cx.upstream.config.name,
-                // Views depend on the policy and the pins in force.
-                cx.policy.generation() ^ cx.pins.generation().rotate_left(32),
+                cx.view_generation(),
                 &cx.authority,
                 result,
                 || rewrite::tools_result(result, |t| self.listed_tool(t)),
@@ -1107,7 +1154,7 @@ impl Exchange {
         let conn = reply.conn;
         let identity = reply.identity.clone();
         let session = self.session.clone();
-        tokio::spawn(async move {
+        crate::server::shards::spawn_detached(async move {
             let fwd = Forward {
                 method: Method::POST,
                 headers: &headers,
@@ -1286,11 +1333,9 @@ impl Drop for Exchange {
             return;
         }
         let auditor = self.recorder.auditor().clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move { write_rows(&auditor, rows).await });
-            }
-            Err(_) => tracing::error!(rows = rows.len(), "completion rows lost: no runtime"),
+        let n = rows.len();
+        if !crate::server::shards::spawn_detached(async move { write_rows(&auditor, rows).await }) {
+            tracing::error!(rows = n, "completion rows lost: no runtime");
         }
     }
 }

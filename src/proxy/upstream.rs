@@ -19,7 +19,7 @@
 //! rewrite) what comes back.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -45,7 +45,11 @@ use super::h2pool::H2Pool;
 pub struct UpstreamClient {
     /// The validated config of this upstream.
     pub config: Arc<Upstream>,
-    transport: Transport,
+    /// One transport per serving thread (index 0: off them), built there on
+    /// first use, so the thread that forwards a call also drives the
+    /// connection it goes on ([`crate::server::shards`]).
+    transports: Box<[OnceLock<Transport>]>,
+    make: Box<dyn Fn() -> Transport + Send + Sync>,
 }
 
 /// How requests reach the upstream.
@@ -173,7 +177,7 @@ impl UpstreamClient {
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http();
-        let transport = if config.http2 {
+        let transport: Box<dyn Fn() -> Transport + Send + Sync> = if config.http2 {
             // HTTP/2 only: h2 in ALPN on TLS, prior knowledge on plain TCP.
             let connector = builder.enable_http2().wrap_connector(http);
             let mut target = config.url.clone().into_parts();
@@ -182,23 +186,40 @@ impl UpstreamClient {
                 upstream: config.name.clone(),
                 reason: e.to_string(),
             })?;
-            Transport::Http2(Arc::new(H2Pool::new(
-                connector,
-                target,
-                config.http2_max_streams,
-                Duration::from_secs(60),
-            )))
+            let max_streams = config.http2_max_streams;
+            Box::new(move || {
+                Transport::Http2(Arc::new(H2Pool::new(
+                    connector.clone(),
+                    target.clone(),
+                    max_streams,
+                    Duration::from_secs(60),
+                )))
+            })
         } else {
             let connector = builder.enable_http1().wrap_connector(http);
-            let mut client = Client::builder(TokioExecutor::new());
-            client
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .pool_max_idle_per_host(1024);
-            Transport::Http1(client.build(connector))
+            Box::new(move || {
+                let mut client = Client::builder(TokioExecutor::new());
+                client
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .pool_idle_timeout(Duration::from_secs(60))
+                    .pool_max_idle_per_host(1024);
+                Transport::Http1(client.build(connector.clone()))
+            })
         };
-        Ok(UpstreamClient { transport, config })
+        Ok(UpstreamClient {
+            transports: (0..=crate::server::shards::MAX_SHARDS)
+                .map(|_| OnceLock::new())
+                .collect(),
+            make: transport,
+            config,
+        })
+    }
+
+    /// The transport of the thread this runs on.
+    fn transport(&self) -> &Transport {
+        let i = crate::server::shards::current().min(self.transports.len() - 1);
+        self.transports[i].get_or_init(|| (self.make)())
     }
 
     /// Sends a request and waits (bounded by the request timeout) for the
@@ -215,7 +236,7 @@ impl UpstreamClient {
         let sending = self
             .build(fwd)
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
-            .map(|request| match &self.transport {
+            .map(|request| match self.transport() {
                 Transport::Http1(client) => Either::Left(
                     client
                         .request(request)

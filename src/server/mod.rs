@@ -3,4 +3,5 @@
 //! the proxy's (the per-request service stack is `crate::proxy::stack`).
 
 pub mod listener;
+pub mod shards;
 pub mod tls;
