@@ -26,6 +26,7 @@ pub(crate) struct Metrics {
     spool_free_bytes: Gauge,
     spool_write_failures: Counter,
     spool_stalls: Counter,
+    spool_slow_writes: Counter,
 }
 
 impl Metrics {
@@ -89,6 +90,11 @@ impl Metrics {
             m.spool_stalls.clone(),
         );
         r.register(
+            "spool_slow_writes",
+            "Spells of a slow spool disk (a write over 20 ms): rows are written by the spool thread, not by the serving threads, for a second after each",
+            m.spool_slow_writes.clone(),
+        );
+        r.register(
             "oldest_unsent_age_seconds",
             "Age of the oldest row spooled but not yet acknowledged by ClickHouse",
             m.oldest_unsent_age.clone(),
@@ -133,6 +139,9 @@ impl Metrics {
     }
     pub(crate) fn spool_stall(&self) {
         self.spool_stalls.inc();
+    }
+    pub(crate) fn spool_slow_write(&self) {
+        self.spool_slow_writes.inc();
     }
     pub(crate) fn oldest_unsent_age(&self) -> f64 {
         self.oldest_unsent_age.get()

@@ -22,7 +22,13 @@
 //!   caller after that write returned. No thread hand-off on the request path:
 //!   at the load a proxy sees, the leader's group is usually just its own row. A
 //!   leader writes at most [`LEADER_ROUNDS`] groups, then hands the queue to the
-//!   spool thread, so no caller writes for others indefinitely.
+//!   spool thread, so no caller writes for others indefinitely. Callers lead on
+//!   the serving threads (single-threaded runtimes,
+//!   [`crate::server::shards`]); on a multi-thread runtime, and on every
+//!   thread for [`SLOW_FOR`] after a write slower than [`SLOW_WRITE`] (the
+//!   watchdog), rows are handed to the spool thread instead, so a disk that
+//!   turns slow holds the spool thread rather than the threads serving
+//!   calls.
 //! * fsync never runs on a caller's task: the spool thread syncs every
 //!   `fsync_interval_ms` (a process crash, SIGKILL, loses no acknowledged row; a
 //!   power loss loses at most one interval). Segments are created without an
@@ -73,6 +79,10 @@ pub(crate) use recovery::*;
 pub(crate) const REPROBE_AFTER: Duration = Duration::from_secs(1);
 /// Bytes requested per read of a segment: large reads, few syscalls.
 const READ_CHUNK: usize = 1 << 20;
+/// A write slower than this makes the disk count as slow ([`SLOW_FOR`]).
+const SLOW_WRITE: Duration = Duration::from_millis(20);
+/// How long after a slow write callers hand their rows to the spool thread.
+const SLOW_FOR: Duration = Duration::from_secs(1);
 /// Groups one leader writes before handing the queue to the spool thread.
 const LEADER_ROUNDS: usize = 8;
 /// How often the spool thread looks for work when `fsync_interval_ms` is 0.
@@ -238,6 +248,10 @@ pub(crate) struct Shared {
     /// Milliseconds since `epoch` when the write in progress started; 0 when
     /// none is.
     writing_since: AtomicU64,
+    /// Milliseconds since `epoch` until which the disk counts as slow (a
+    /// write took longer than [`SLOW_WRITE`]): callers hand their rows to
+    /// the spool thread meanwhile instead of writing them themselves.
+    slow_until: AtomicU64,
     epoch: Instant,
     /// The write deadline.
     write_timeout: Duration,
@@ -306,6 +320,26 @@ impl Shared {
     /// The write deadline.
     pub(crate) fn write_timeout(&self) -> Duration {
         self.write_timeout
+    }
+
+    /// Whether a recent write was slow: callers do not write themselves then.
+    fn disk_slow(&self) -> bool {
+        let until = self.slow_until.load(Ordering::Relaxed);
+        until != 0 && (self.epoch.elapsed().as_millis() as u64) < until
+    }
+
+    /// A write took `took`: for [`SLOW_FOR`] from now, rows are written by
+    /// the spool thread (whose stall holds no caller), and the first slow
+    /// write of a spell logs one line.
+    fn note_slow(&self, took: Duration) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let was = self
+            .slow_until
+            .swap(now + SLOW_FOR.as_millis() as u64, Ordering::Relaxed);
+        if was <= now {
+            tracing::warn!(ms = took.as_millis() as u64, "audit spool: a write was slow; the spool thread writes rows until the disk is fast again");
+            self.metrics.spool_slow_write();
+        }
     }
 
     fn begin_write(&self) {
@@ -433,7 +467,7 @@ impl Shared {
             return Ok(Appended::Queued(rx));
         }
         q.writing = true;
-        if on_runtime_worker() {
+        if on_runtime_worker() || self.disk_slow() {
             // The spool thread writes: a disk that stalls holds it, never a
             // runtime worker and the tasks queued on that worker. Under load
             // it writes many callers' rows with one `write(2)`.
@@ -482,7 +516,12 @@ impl Shared {
             self.begin_write();
             let result = log.write_group(self, &buf);
             self.end_write();
-            slow = began.elapsed() > self.write_timeout;
+            let took = began.elapsed();
+            // A caller that met a slow disk writes no more groups either.
+            slow = took > self.write_timeout || (own && took > SLOW_WRITE);
+            if took > SLOW_WRITE {
+                self.note_slow(took);
+            }
             if result.is_ok() && self.fsync_interval.is_zero() {
                 log.sync_inline(&self.dir);
             }
@@ -681,6 +720,7 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         free_bytes: AtomicU64::new(u64::MAX),
         min_free_bytes: settings.min_free_bytes,
         writing_since: AtomicU64::new(0),
+        slow_until: AtomicU64::new(0),
         epoch: Instant::now(),
         write_timeout: settings.write_timeout,
         reprobe_after: settings.reprobe_after,

@@ -657,3 +657,52 @@ async fn too_little_free_space_refuses_rows_like_a_full_spool() {
     assert!(!spool.shared.accepting());
     stop(spool);
 }
+
+#[test]
+fn after_a_slow_write_callers_hand_their_rows_to_the_spool_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    // A serving thread (single-threaded runtime): it writes its own row.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let own = spool
+        .shared
+        .append(|b| b.extend_from_slice(&payload(1)))
+        .unwrap();
+    assert!(matches!(own, Appended::Written(Ok(()))));
+    // A slow disk: the leader's write takes 60 ms (over SLOW_WRITE).
+    fault::inject(
+        dir.path(),
+        Plan {
+            no_space: false,
+            stall: Some(Duration::from_millis(60)),
+        },
+    );
+    let slow = spool
+        .shared
+        .append(|b| b.extend_from_slice(&payload(2)))
+        .unwrap();
+    assert!(matches!(slow, Appended::Written(Ok(()))));
+    assert!(spool.shared.disk_slow());
+    // Now the spool thread writes: the caller queues and waits, and is not
+    // the one whose thread a slow write holds.
+    let queued = spool
+        .shared
+        .append(|b| b.extend_from_slice(&payload(3)))
+        .unwrap();
+    assert!(matches!(queued, Appended::Queued(_)), "handed off");
+    rt.block_on(async { queued.outcome().await.unwrap().unwrap() });
+    fault::clear(dir.path());
+    // Past SLOW_FOR without a slow write, callers write again.
+    std::thread::sleep(SLOW_FOR + Duration::from_millis(50));
+    assert!(!spool.shared.disk_slow());
+    let own = spool
+        .shared
+        .append(|b| b.extend_from_slice(&payload(4)))
+        .unwrap();
+    assert!(matches!(own, Appended::Written(Ok(()))));
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, concat(1..5));
+}
