@@ -17,9 +17,15 @@
 //! visitor that builds nothing but a stack of the current object's keys), then
 //! a typed pass that pulls the envelope fields out as `&RawValue` slices of the
 //! body. Nothing is copied except the fields [`Message`] owns.
+//!
+//! Upstream answers ([`parse_upstream`]) are read in one pass instead: the
+//! tape's reader ([`super::tape`]) checks the same rules and records where
+//! the values of the first levels are, so responses, and the lists in them,
+//! are read off the tape ([`Envelope::tape`], [`Message::node`]) without
+//! walking their bytes again. Whatever it declines is read the two-pass way,
+//! whose verdict and error stand.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::fmt;
 use std::ops::Range;
 
@@ -27,6 +33,8 @@ use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
+
+use super::tape::{self, Folded, KeyRefusal, ObjectKeys, Shape, Tape};
 
 /// JSON-RPC "Parse error": the body is not valid (or not acceptable) JSON.
 pub const PARSE_ERROR: i32 = -32700;
@@ -38,11 +46,6 @@ pub const METHOD_NOT_FOUND: i32 = -32601;
 pub const INVALID_PARAMS: i32 = -32602;
 /// JSON-RPC "Internal error".
 pub const INTERNAL_ERROR: i32 = -32603;
-
-/// Objects with more keys than this switch duplicate detection from a linear
-/// scan to a hash set, so a body with one huge object cannot make the check
-/// quadratic. Below it the scan beats hashing (typical MCP objects have < 8 keys).
-const LINEAR_KEY_SCAN_MAX: usize = 16;
 
 /// Resource limits applied while parsing a body.
 #[derive(Debug, Clone, Copy)]
@@ -133,6 +136,9 @@ pub struct Message {
     /// `params.requestState` of a request that names its target (a
     /// 2026-07-28 multi-round retry), unescaped, when it is a string.
     pub request_state: Option<String>,
+    /// This message's value on its envelope's [`Envelope::tape`], when it
+    /// was read off one.
+    pub node: Option<tape::NodeId>,
 }
 
 impl Message {
@@ -154,6 +160,7 @@ impl Message {
             is_error: false,
             result: None,
             request_state: None,
+            node: None,
         }
     }
 
@@ -193,6 +200,9 @@ pub struct Envelope {
     pub batch: bool,
     /// The messages in body order.
     pub messages: Vec<Message>,
+    /// Where the values of the first levels are, for an answer read by the
+    /// tape's single pass ([`parse_upstream`]).
+    pub tape: Option<Tape>,
 }
 
 /// The type of a JSON value, for error messages.
@@ -217,7 +227,11 @@ pub enum JsonType {
 impl JsonType {
     /// Classifies a validated raw JSON value by its first bytes.
     fn of(raw: &RawValue) -> JsonType {
-        let text = raw.get();
+        JsonType::of_text(raw.get())
+    }
+
+    /// Classifies the text of a validated JSON value by its first bytes.
+    fn of_text(text: &str) -> JsonType {
         match text.as_bytes().first() {
             Some(b'n') => JsonType::Null,
             Some(b't' | b'f') => JsonType::Bool,
@@ -637,6 +651,7 @@ pub fn parse(body: &[u8], limits: &Limits) -> Result<Envelope, ParseError> {
             Ok(Envelope {
                 batch: false,
                 messages: vec![message],
+                tape: None,
             })
         }
         Root::Array(0) => Err(ParseError::EmptyBatch),
@@ -654,6 +669,7 @@ pub fn parse(body: &[u8], limits: &Limits) -> Result<Envelope, ParseError> {
             Ok(Envelope {
                 batch: true,
                 messages,
+                tape: None,
             })
         }
     }
@@ -675,6 +691,26 @@ pub fn parse_upstream(body: &[u8]) -> Result<Envelope, ParseError> {
     let text = std::str::from_utf8(body).map_err(|e| ParseError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
+    if let Some(tape) = tape::read(
+        text,
+        Role::Root,
+        UPSTREAM_LIMITS.max_depth,
+        UPSTREAM_LIMITS.max_batch,
+        TAPE_DEPTH,
+    ) {
+        debug_assert!(
+            validate(text, &UPSTREAM_LIMITS).is_ok(),
+            "the tape accepted an answer the validator refuses: {text}"
+        );
+        return envelope_from_tape(text, tape);
+    }
+    parse_upstream_serde(text)
+}
+
+/// [`parse_upstream`] the long way: the serde validator, then each message
+/// parsed from its bytes (an answer the tape's reader declined: its error,
+/// or a verdict on what the tape was unsure of).
+fn parse_upstream_serde(text: &str) -> Result<Envelope, ParseError> {
     validate(text, &UPSTREAM_LIMITS)?;
     let trimmed = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
     let base = text.as_ptr() as usize;
@@ -689,6 +725,7 @@ pub fn parse_upstream(body: &[u8]) -> Result<Envelope, ParseError> {
         return Ok(Envelope {
             batch: true,
             messages,
+            tape: None,
         });
     }
     let start = trimmed.as_ptr() as usize - base;
@@ -696,6 +733,96 @@ pub fn parse_upstream(body: &[u8]) -> Result<Envelope, ParseError> {
     Ok(Envelope {
         batch: false,
         messages: vec![message],
+        tape: None,
+    })
+}
+
+/// Levels of an answer kept on its tape: a batch, a message, its `result`,
+/// a list in it, an item, the item's members and what is in those (a
+/// tool's `annotations.title`).
+const TAPE_DEPTH: usize = 7;
+
+/// The messages of an answer the tape's reader accepted. Responses are read
+/// off the tape; anything else (a request or notification from the
+/// upstream, or a response the tape cannot vouch for) is parsed from its
+/// bytes as before, which also yields the precise error.
+fn envelope_from_tape(text: &str, tape: Tape) -> Result<Envelope, ParseError> {
+    let root = tape.root().ok_or(ParseError::NotObjectOrArray {
+        found: JsonType::Null,
+    })?;
+    let batch = tape.kind(root) == Some(tape::Kind::Array);
+    let nodes: Vec<tape::NodeId> = if batch {
+        tape.children(root)
+            .map(Iterator::collect)
+            .unwrap_or_default()
+    } else {
+        vec![root]
+    };
+    let mut messages = Vec::with_capacity(nodes.len());
+    for (i, n) in nodes.into_iter().enumerate() {
+        let index = batch.then_some(i);
+        let message = match response_from_tape(text, &tape, n, index) {
+            Some(m) => m,
+            None => {
+                let span = tape.span(n);
+                parse_message(text.get(span.clone()).unwrap_or(""), span, index)?
+            }
+        };
+        messages.push(message);
+    }
+    Ok(Envelope {
+        batch,
+        messages,
+        tape: Some(tape),
+    })
+}
+
+/// A well-formed response read off the tape: `"jsonrpc": "2.0"`, a valid
+/// `id`, exactly one of `result` and a valid `error`, no `method` or
+/// `params`. `None` for anything else ([`parse_message`] decides it).
+fn response_from_tape(
+    text: &str,
+    tape: &Tape,
+    n: tape::NodeId,
+    index: Option<usize>,
+) -> Option<Message> {
+    let (mut jsonrpc, mut id, mut result, mut error) = (None, None, None, None);
+    for c in tape.children(n)? {
+        match tape.key(text, c)?.as_ref() {
+            "jsonrpc" => jsonrpc = Some(c),
+            "id" => id = Some(c),
+            "result" => result = Some(c),
+            "error" => error = Some(c),
+            "method" | "params" => return None,
+            _ => {}
+        }
+    }
+    let version = tape.text(text, jsonrpc?);
+    if version != "\"2.0\"" && str_text(version).as_deref() != Some("2.0") {
+        return None;
+    }
+    let id = parse_id_text(tape.text(text, id?), index).ok()?;
+    let (is_error, result) = match (result, error) {
+        (Some(r), None) => (false, Some(r)),
+        (None, Some(e)) => {
+            check_error_object(tape.text(text, e), index).ok()?;
+            (true, None)
+        }
+        _ => return None,
+    };
+    Some(Message {
+        kind: Kind::Response,
+        id: Some(id),
+        method: None,
+        span: tape.span(n),
+        params: None,
+        call: None,
+        name: None,
+        meta: None,
+        is_error,
+        result: result.map(|r| tape.span(r)),
+        request_state: None,
+        node: Some(n),
     })
 }
 
@@ -889,6 +1016,37 @@ impl Role {
             (Role::Params, "_meta") => Role::Meta,
             _ => Role::Inner,
         }
+    }
+}
+
+/// The roles as the tape's reader sees them: the same members, the same
+/// places where only objects (or objects and arrays) may stand.
+impl Shape for Role {
+    fn members(self) -> Option<(&'static [&'static str], &'static str)> {
+        Role::members(self)
+    }
+
+    fn child(self, key: &str) -> Role {
+        Role::child(self, key)
+    }
+
+    fn element(self, index: usize) -> Role {
+        match self {
+            Role::Root => Role::Element(index),
+            _ => Role::Inner,
+        }
+    }
+
+    fn holds_scalar(self) -> bool {
+        !matches!(self, Role::Root | Role::Element(_))
+    }
+
+    fn holds_array(self) -> bool {
+        !matches!(self, Role::Element(_))
+    }
+
+    fn is_batch(self) -> bool {
+        matches!(self, Role::Root)
     }
 }
 
@@ -1175,56 +1333,17 @@ impl<'de> Visitor<'de> for Validate<'_, 'de> {
             self.state.root = Some(Root::Object);
         }
         self.enter()?;
-        let members = self.role.members();
-        let start = self.state.keys.len();
-        let mut hashed: Option<HashSet<Folded<'de>>> = None;
+        let mut keys = ObjectKeys::open(&self.state.keys, self.role.members());
         while let Some(key) = map.next_key_seed(KeySeed)? {
-            // Keys are compared folded (without allocating): two keys equal
-            // but for letter case are one key to a case-insensitive decoder.
-            let cased = !key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase());
-            if let Some((names, scope)) = members.filter(|_| cased) {
-                if let Some(member) = names.iter().find(|m| Folded::eq_str(m, &key) && **m != key) {
-                    return self.fail(Failure::CaseVariant {
-                        key: key.into_owned(),
-                        member,
-                        scope,
-                    });
-                }
-            }
-            let folded = Folded(key.clone());
-            let earlier: Option<bool> = match &mut hashed {
-                Some(set) => match set.get(&folded) {
-                    Some(k) => Some(k.0 == key),
-                    None => {
-                        set.insert(folded);
-                        None
-                    }
-                },
-                None => {
-                    let found = self.state.keys[start..]
-                        .iter()
-                        .find(|k| **k == folded)
-                        .map(|k| k.0 == key);
-                    if found.is_none() {
-                        if self.state.keys.len() - start >= LINEAR_KEY_SCAN_MAX {
-                            let mut set: HashSet<Folded<'de>> =
-                                self.state.keys.drain(start..).collect();
-                            set.insert(folded);
-                            hashed = Some(set);
-                        } else {
-                            self.state.keys.push(folded);
-                        }
-                    }
-                    found
-                }
-            };
-            if let Some(exact) = earlier {
-                // The same key twice, or two spellings that differ in case.
+            if let Err(refusal) = keys.admit(&mut self.state.keys, key.clone()) {
                 let key = key.into_owned();
-                return self.fail(if exact {
-                    Failure::Duplicate(key)
-                } else {
-                    Failure::CaseDuplicate(key)
+                return self.fail(match refusal {
+                    KeyRefusal::Duplicate => Failure::Duplicate(key),
+                    // Two spellings that differ in case.
+                    KeyRefusal::CaseDuplicate => Failure::CaseDuplicate(key),
+                    KeyRefusal::CaseVariant { member, scope } => {
+                        Failure::CaseVariant { key, member, scope }
+                    }
                 });
             }
             let child = Validate {
@@ -1236,64 +1355,9 @@ impl<'de> Visitor<'de> for Validate<'_, 'de> {
                 return Err(e);
             }
         }
-        self.state.keys.truncate(start);
+        keys.close(&mut self.state.keys);
         self.state.depth -= 1;
         Ok(())
-    }
-}
-
-/// An object key compared and hashed as a case-insensitive decoder sees it:
-/// lower case, with U+017F LATIN SMALL LETTER LONG S as `s` and U+212A
-/// KELVIN SIGN as `k` (Unicode case folding maps both onto ASCII letters, as
-/// Go's `strings.EqualFold` does). Nothing is allocated.
-#[derive(Debug, Clone)]
-struct Folded<'de>(Cow<'de, str>);
-
-impl Folded<'_> {
-    fn chars(s: &str) -> impl Iterator<Item = char> + '_ {
-        s.chars().flat_map(|c| {
-            let one = match c {
-                '\u{17F}' => Some('s'),
-                c if c.is_ascii() => Some(c.to_ascii_lowercase()),
-                _ => None,
-            };
-            one.into_iter().chain(
-                one.is_none()
-                    .then(|| c.to_lowercase())
-                    .into_iter()
-                    .flatten(),
-            )
-        })
-    }
-
-    fn eq_str(a: &str, b: &str) -> bool {
-        if a.is_ascii() && b.is_ascii() {
-            return a.eq_ignore_ascii_case(b);
-        }
-        Self::chars(a).eq(Self::chars(b))
-    }
-}
-
-impl PartialEq for Folded<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        Self::eq_str(&self.0, &other.0)
-    }
-}
-
-impl Eq for Folded<'_> {}
-
-impl std::hash::Hash for Folded<'_> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        if self.0.is_ascii() {
-            for b in self.0.bytes() {
-                state.write_u8(b.to_ascii_lowercase());
-            }
-        } else {
-            for c in Self::chars(&self.0) {
-                state.write_u32(u32::from(c));
-            }
-        }
-        state.write_u8(0xff);
     }
 }
 
@@ -1376,7 +1440,12 @@ struct ErrorView<'a> {
 
 /// The unescaped value of a raw JSON string, borrowed when it has no escapes.
 fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
+    str_text(raw.get())
+}
+
+/// The unescaped value of the text of a JSON string, borrowed when it has
+/// no escapes.
+fn str_text(text: &str) -> Option<Cow<'_, str>> {
     let inner = text.strip_prefix('"')?.strip_suffix('"')?;
     if !inner.contains('\\') {
         return Some(Cow::Borrowed(inner));
@@ -1440,7 +1509,7 @@ fn parse_message(
         (None, _, _) if id.is_none() => return Err(ParseError::ResponseWithoutId { index }),
         (None, Some(_), None) => (Kind::Response, false),
         (None, None, Some(error)) => {
-            check_error_object(error, index)?;
+            check_error_object(error.get(), index)?;
             (Kind::Response, true)
         }
     };
@@ -1457,6 +1526,7 @@ fn parse_message(
         is_error,
         result,
         request_state: None,
+        node: None,
     };
     let Some(method) = method else {
         return Ok(message);
@@ -1531,9 +1601,13 @@ fn parse_message(
 }
 
 fn parse_id(raw: &RawValue, index: Option<usize>) -> Result<Id, ParseError> {
-    match JsonType::of(raw) {
+    parse_id_text(raw.get(), index)
+}
+
+fn parse_id_text(raw: &str, index: Option<usize>) -> Result<Id, ParseError> {
+    match JsonType::of_text(raw) {
         JsonType::String => {
-            raw_str(raw)
+            str_text(raw)
                 .map(|s| Id::String(s.into_owned()))
                 .ok_or(ParseError::IdInvalidType {
                     index,
@@ -1541,7 +1615,6 @@ fn parse_id(raw: &RawValue, index: Option<usize>) -> Result<Id, ParseError> {
                 })
         }
         JsonType::Integer => raw
-            .get()
             .parse::<i64>()
             .map(Id::Number)
             .map_err(|_| ParseError::IdOutOfRange { index }),
@@ -1549,12 +1622,12 @@ fn parse_id(raw: &RawValue, index: Option<usize>) -> Result<Id, ParseError> {
     }
 }
 
-fn check_error_object(raw: &RawValue, index: Option<usize>) -> Result<(), ParseError> {
-    let found = JsonType::of(raw);
+fn check_error_object(raw: &str, index: Option<usize>) -> Result<(), ParseError> {
+    let found = JsonType::of_text(raw);
     if found != JsonType::Object {
         return Err(ParseError::ErrorNotObject { index, found });
     }
-    let view: ErrorView<'_> = serde_json::from_str(raw.get()).map_err(syntax_error)?;
+    let view: ErrorView<'_> = serde_json::from_str(raw).map_err(syntax_error)?;
     match view.code {
         Some(code) if is_integer(code) && code.get().parse::<i64>().is_ok() => {}
         _ => return Err(ParseError::ErrorCodeInvalid { index }),

@@ -232,7 +232,7 @@ fn duplicate_detection_holds_in_objects_with_many_keys() {
     let e = err(body.as_bytes());
     assert_eq!(e.to_string(), r#"duplicate key "k3" at $.params"#);
     // A duplicate just past the switch to hashing is still found.
-    let mut keys: Vec<String> = (0..LINEAR_KEY_SCAN_MAX + 1)
+    let mut keys: Vec<String> = (0..tape::LINEAR_KEY_SCAN_MAX + 1)
         .map(|i| format!("\"k{i}\":{i}"))
         .collect();
     keys.push("\"k0\":0".into());
@@ -705,6 +705,59 @@ mod props {
             prop_assert_eq!(env.messages[0].id.clone(), Some(Id::Number(id)));
         }
 
+        // The tape's single pass over an answer accepts only what the serde
+        // validator accepts, accepts every well-formed answer, and reads
+        // the same envelope; mutated answers (a byte inserted, dropped or
+        // replaced) included.
+        #[test]
+        fn the_tape_reads_answers_as_the_validator_does(
+            result in arb_json(),
+            id in any::<i64>(),
+            batch in any::<bool>(),
+            edit in prop::option::of((any::<prop::sample::Index>(), 0u8..3, prop::sample::select(
+                vec![b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', b'0', b'-', b'.', b'e', b'u', b'd', b'8', 0x01, b' ', b'a', b'A'],
+            ))),
+        ) {
+            let one = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#,
+                serde_json::to_string(&result).expect("serialize"),
+            );
+            let mut body = if batch { format!("[{one},{one}]") } else { one }.into_bytes();
+            if let Some((at, op, byte)) = edit {
+                let i = at.index(body.len());
+                match op {
+                    0 => body.insert(i, byte),
+                    1 => { body.remove(i); }
+                    _ => body[i] = byte,
+                }
+            }
+            let Ok(text) = std::str::from_utf8(&body) else { return Ok(()) };
+            let taped = tape::read(text, Role::Root, UPSTREAM_LIMITS.max_depth, UPSTREAM_LIMITS.max_batch, TAPE_DEPTH);
+            let serde = parse_upstream_serde(text);
+            if taped.is_some() {
+                prop_assert!(validate(text, &UPSTREAM_LIMITS).is_ok(), "tape accepted {text}");
+            }
+            if edit.is_none() {
+                prop_assert!(taped.is_some(), "tape declined a well-formed answer {text}");
+            }
+            match (parse_upstream(&body), serde) {
+                (Ok(fast), Ok(slow)) => {
+                    prop_assert_eq!(fast.batch, slow.batch);
+                    prop_assert_eq!(fast.messages.len(), slow.messages.len());
+                    for (f, s) in fast.messages.iter().zip(&slow.messages) {
+                        prop_assert_eq!(f.kind, s.kind);
+                        prop_assert_eq!(&f.id, &s.id);
+                        prop_assert_eq!(&f.span, &s.span);
+                        prop_assert_eq!(&f.result, &s.result);
+                        prop_assert_eq!(f.is_error, s.is_error);
+                        prop_assert_eq!(&f.method, &s.method);
+                    }
+                }
+                (Err(f), Err(s)) => prop_assert_eq!(f.to_string(), s.to_string()),
+                (f, s) => prop_assert!(false, "fast {:?} vs slow {:?} for {}", f.map(|_| ()), s.map(|_| ()), text),
+            }
+        }
+
         // Arbitrary bytes never panic, and anything accepted is valid JSON.
         #[test]
         fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..64)) {
@@ -801,4 +854,76 @@ fn members_spelled_in_another_case_are_refused() {
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"Name":"n","Method":"GET"},"xCustom":1}}"#,
     );
     assert_eq!(m.call.expect("call").name, "t");
+}
+
+#[test]
+fn answers_the_tape_declines_get_the_validators_verdict_and_error() {
+    let cases: &[&str] = &[
+        // A member twice, in another case, a case twin of a result member.
+        r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"tools":[]}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{"isError":false,"ISERROR":true}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{"Tools":[]}}"#,
+        // The same, spelled with an escape.
+        r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"\u0074ools":[]}}"#,
+        // Lone surrogates, raw control characters, numbers a double cannot hold.
+        r#"{"jsonrpc":"2.0","id":1,"result":{"a":"\ud800"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{"a":"\udc00x"}}"#,
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"a\":\"\u{1}\"}}",
+        r#"{"jsonrpc":"2.0","id":1,"result":{"a":1e400}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{"a":01}}"#,
+        // Trailing bytes, a trailing comma, a scalar where a message belongs.
+        r#"{"jsonrpc":"2.0","id":1,"result":{}} x"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{},}"#,
+        r#"[1]"#,
+        r#""x""#,
+        // Envelope errors only the message parser names.
+        r#"{"jsonrpc":"1.0","id":1,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","result":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"error":{"code":"x","message":"m"}}"#,
+    ];
+    for text in cases {
+        let fast = parse_upstream(text.as_bytes())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        let slow = parse_upstream_serde(text)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(fast.is_err(), "accepted {text}");
+        assert_eq!(fast, slow, "{text}");
+    }
+    // Nesting past serde_json's own limit is refused by both.
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"result":{}{}}}"#,
+        "[".repeat(130),
+        "]".repeat(130)
+    );
+    assert!(parse_upstream(deep.as_bytes()).is_err());
+}
+
+#[test]
+fn a_response_read_off_the_tape_is_the_one_parsed_from_its_bytes() {
+    for text in [
+        r#"{"jsonrpc":"2.0","id":"a\u0062","result":{"tools":[{"name":"x"}]}}"#,
+        r#"{"\u006asonrpc":"2.0","id":7,"error":{"code":-32000,"message":"m"}}"#,
+        r#" [ {"jsonrpc":"2.0","id":1,"result":{}} , {"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":1}} ] "#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","params":{"messages":[]}}"#,
+    ] {
+        let fast = parse_upstream(text.as_bytes()).unwrap();
+        assert!(fast.tape.is_some(), "{text}");
+        let slow = parse_upstream_serde(text).unwrap();
+        assert_eq!(fast.messages.len(), slow.messages.len());
+        for (f, s) in fast.messages.iter().zip(&slow.messages) {
+            assert_eq!(
+                (f.kind, &f.id, &f.span, &f.result, f.is_error),
+                (s.kind, &s.id, &s.span, &s.result, s.is_error),
+                "{text}"
+            );
+            assert_eq!(&f.method, &s.method);
+            assert_eq!(
+                f.params.as_ref().map(|p| p.get()),
+                s.params.as_ref().map(|p| p.get())
+            );
+        }
+    }
 }

@@ -9,4 +9,5 @@ pub mod numbers;
 pub mod rewrite;
 pub mod scan;
 pub mod sse;
+pub mod tape;
 pub mod version;

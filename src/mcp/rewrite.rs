@@ -10,9 +10,11 @@
 //! - The list now depends on who asked, so it must never be cached as shared:
 //!   `cacheScope` becomes `"private"` and `ttlMs` is capped (2026-07-28).
 //!
-//! The answer is scanned as borrowed raw JSON: untouched fields (input
-//! schemas, descriptions, cursors) are copied as the bytes they were, and only
-//! the small objects that change are rebuilt. This keeps a 100-tool list well
+//! The answer is read as borrowed raw JSON, off the strict reader's tape
+//! when it has one ([`tools_result_on`]: no second walk) or parsed from its
+//! bytes: untouched fields (input schemas, descriptions, cursors) are copied
+//! as the bytes they were, and only the small objects that change are
+//! rebuilt. Both ways write the same output (members in key order). This keeps a 100-tool list well
 //! inside the latency budget. Anything that cannot be read this way makes the
 //! rewrite fail, and the caller answers with an error: an unfiltered list
 //! never passes.
@@ -20,6 +22,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
+
+use super::tape::{Kind, NodeId, Tape};
 
 use crate::policy::{Gate, Risk};
 
@@ -33,10 +37,10 @@ pub struct ListedTool<'a> {
     pub name: &'a str,
     /// Its whole JSON text (for change detection).
     pub raw: &'a str,
-    /// Its `annotations`, if any.
-    pub annotations: Option<&'a RawValue>,
-    /// Its `inputSchema`, if any.
-    pub input_schema: Option<&'a RawValue>,
+    /// The text of its `annotations`, if any.
+    pub annotations: Option<&'a str>,
+    /// The text of its `inputSchema`, if any.
+    pub input_schema: Option<&'a str>,
 }
 
 /// Why a list could not be rewritten.
@@ -60,7 +64,7 @@ pub fn tools_list(
     mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
 ) -> Result<String, RewriteError> {
     with_result(response, |result, out| {
-        rewrite_result(result, &mut decide, out)
+        rewrite_result(Raw, result, &mut decide, out)
     })
 }
 
@@ -71,8 +75,136 @@ pub fn tools_result(
     mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
 ) -> Result<String, RewriteError> {
     let mut out = String::with_capacity(result.len());
-    rewrite_result(result, &mut decide, &mut out)?;
+    rewrite_result(Raw, result, &mut decide, &mut out)?;
     Ok(out)
+}
+
+/// [`tools_result`] for a `result` the strict reader put on a tape
+/// (value `result` of `tape`, read from `text`): the members and tools are
+/// read off the tape, not parsed again. The output is the same.
+pub fn tools_result_on(
+    text: &str,
+    tape: &Tape,
+    result: NodeId,
+    mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+) -> Result<String, RewriteError> {
+    let doc = OnTape { text, tape };
+    let mut out = String::with_capacity(tape.span(result).len());
+    rewrite_result(doc, At::Node(result), &mut decide, &mut out)?;
+    Ok(out)
+}
+
+/// Where the rewrite reads a JSON text's parts from: the bytes (parsed as
+/// borrowed raw JSON) or the strict reader's tape of them.
+trait Doc<'a>: Copy {
+    /// A value of the document.
+    type Value: Copy;
+    /// Its text.
+    fn text(self, v: Self::Value) -> &'a str;
+    /// The members of an object, in key order (keys as written; a key
+    /// with an escape, or a value that is not an object, is an error).
+    fn members(self, v: Self::Value) -> Result<Vec<(&'a str, Self::Value)>, String>;
+    /// The elements of an array (a value that is not one is an error).
+    fn elements(self, v: Self::Value) -> Result<Vec<Self::Value>, String>;
+}
+
+/// Parts parsed from the bytes.
+#[derive(Clone, Copy)]
+struct Raw;
+
+impl<'a> Doc<'a> for Raw {
+    type Value = &'a str;
+
+    fn text(self, v: &'a str) -> &'a str {
+        v
+    }
+
+    fn members(self, v: &'a str) -> Result<Vec<(&'a str, &'a str)>, String> {
+        let map: BTreeMap<&'a str, &'a RawValue> =
+            serde_json::from_str(v).map_err(|e| e.to_string())?;
+        Ok(map.into_iter().map(|(k, v)| (k, v.get())).collect())
+    }
+
+    fn elements(self, v: &'a str) -> Result<Vec<&'a str>, String> {
+        let items: Vec<&'a RawValue> = serde_json::from_str(v).map_err(|e| e.to_string())?;
+        Ok(items.into_iter().map(RawValue::get).collect())
+    }
+}
+
+/// Parts read off a tape; a value below the tape's levels is parsed from
+/// its bytes like [`Raw`].
+#[derive(Clone, Copy)]
+struct OnTape<'a> {
+    text: &'a str,
+    tape: &'a Tape,
+}
+
+/// A value on the tape, or one below its levels.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Node(NodeId),
+    Text(&'a str),
+}
+
+impl<'a> Doc<'a> for OnTape<'a> {
+    type Value = At<'a>;
+
+    fn text(self, v: At<'a>) -> &'a str {
+        match v {
+            At::Node(n) => self.tape.text(self.text, n),
+            At::Text(t) => t,
+        }
+    }
+
+    fn members(self, v: At<'a>) -> Result<Vec<(&'a str, At<'a>)>, String> {
+        let n = match v {
+            At::Node(n) => n,
+            At::Text(t) => {
+                let m = Raw.members(t)?;
+                return Ok(m.into_iter().map(|(k, v)| (k, At::Text(v))).collect());
+            }
+        };
+        if self.tape.kind(n) != Some(Kind::Object) {
+            return Err("expected an object".to_owned());
+        }
+        let Some(children) = self.tape.children(n) else {
+            return self.members(At::Text(self.text(v)));
+        };
+        let mut out = Vec::new();
+        for c in children {
+            let key = self
+                .tape
+                .plain_key(self.text, c)
+                .ok_or_else(|| "a member name with an escape".to_owned())?;
+            out.push((key, At::Node(c)));
+        }
+        // Keys are unique (the strict reader refused twins).
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        Ok(out)
+    }
+
+    fn elements(self, v: At<'a>) -> Result<Vec<At<'a>>, String> {
+        let n = match v {
+            At::Node(n) => n,
+            At::Text(t) => return Ok(Raw.elements(t)?.into_iter().map(At::Text).collect()),
+        };
+        if self.tape.kind(n) != Some(Kind::Array) {
+            return Err("expected an array".to_owned());
+        }
+        match self.tape.children(n) {
+            Some(children) => Ok(children.map(At::Node).collect()),
+            None => self.elements(At::Text(self.text(v))),
+        }
+    }
+}
+
+/// The member `key` of `members` (sorted by key).
+fn get<V: Copy>(members: &[(&str, V)], key: &str) -> Option<V> {
+    members
+        .binary_search_by(|(k, _)| (*k).cmp(key))
+        .ok()
+        .and_then(|i| members.get(i))
+        .map(|(_, v)| *v)
 }
 
 /// Copies a JSON-RPC response, letting `rewrite` write its `result`. Error
@@ -106,18 +238,16 @@ fn with_result(
     Ok(out)
 }
 
-fn rewrite_result(
-    result: &str,
+fn rewrite_result<'a, D: Doc<'a>>(
+    doc: D,
+    result: D::Value,
     decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
     out: &mut String,
 ) -> Result<(), RewriteError> {
-    let fields: BTreeMap<&str, &RawValue> =
-        serde_json::from_str(result).map_err(|e| RewriteError::NoTools(e.to_string()))?;
-    let tools_raw = fields
-        .get("tools")
-        .ok_or_else(|| RewriteError::NoTools("missing".to_owned()))?;
-    let tools: Vec<&RawValue> =
-        serde_json::from_str(tools_raw.get()).map_err(|e| RewriteError::NoTools(e.to_string()))?;
+    let fields = doc.members(result).map_err(RewriteError::NoTools)?;
+    let tools_at =
+        get(&fields, "tools").ok_or_else(|| RewriteError::NoTools("missing".to_owned()))?;
+    let tools = doc.elements(tools_at).map_err(RewriteError::NoTools)?;
     let mut has_scope = false;
     out.push('{');
     let mut first = true;
@@ -129,7 +259,7 @@ fn rewrite_result(
                 out.push('[');
                 let mut first_tool = true;
                 for t in &tools {
-                    rewrite_tool(t.get(), decide, out, &mut first_tool)?;
+                    rewrite_tool(doc, *t, decide, out, &mut first_tool)?;
                 }
                 out.push(']');
             }
@@ -140,8 +270,8 @@ fn rewrite_result(
             }
             "ttlMs" => {
                 sep(out, &mut first);
-                let ttl = v
-                    .get()
+                let ttl = doc
+                    .text(*v)
                     .parse::<f64>()
                     .ok()
                     .filter(|t| t.is_finite() && *t >= 0.0);
@@ -152,11 +282,11 @@ fn rewrite_result(
             _ => {
                 sep(out, &mut first);
                 push_key(out, k);
-                out.push_str(v.get());
+                out.push_str(doc.text(*v));
             }
         }
     }
-    if !has_scope && (fields.contains_key("ttlMs") || fields.contains_key("resultType")) {
+    if !has_scope && (get(&fields, "ttlMs").is_some() || get(&fields, "resultType").is_some()) {
         // A 2026-07-28 result without a scope: say it is private.
         sep(out, &mut first);
         out.push_str("\"cacheScope\":\"private\"");
@@ -165,21 +295,23 @@ fn rewrite_result(
     Ok(())
 }
 
-fn rewrite_tool(
-    raw: &str,
+fn rewrite_tool<'a, D: Doc<'a>>(
+    doc: D,
+    tool: D::Value,
     decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
     out: &mut String,
     first_tool: &mut bool,
 ) -> Result<(), RewriteError> {
-    let fields: BTreeMap<&str, &RawValue> =
-        serde_json::from_str(raw).map_err(|e| RewriteError::NoTools(e.to_string()))?;
-    let name_raw = fields.get("name").ok_or(RewriteError::NoName)?;
-    let name: String = serde_json::from_str(name_raw.get()).map_err(|_| RewriteError::NoName)?;
+    let raw = doc.text(tool);
+    let fields = doc.members(tool).map_err(RewriteError::NoTools)?;
+    let name_at = get(&fields, "name").ok_or(RewriteError::NoName)?;
+    let name: String = serde_json::from_str(doc.text(name_at)).map_err(|_| RewriteError::NoName)?;
+    let annotations = get(&fields, "annotations");
     let listed = ListedTool {
         name: &name,
         raw,
-        annotations: fields.get("annotations").copied(),
-        input_schema: fields.get("inputSchema").copied(),
+        annotations: annotations.map(|a| doc.text(a)),
+        input_schema: get(&fields, "inputSchema").map(|s| doc.text(s)),
     };
     let Some((risk, gate)) = decide(&listed) else {
         return Ok(());
@@ -193,21 +325,21 @@ fn rewrite_tool(
         }
         sep(out, &mut first);
         push_key(out, k);
-        out.push_str(v.get());
+        out.push_str(doc.text(*v));
     }
     // Annotations: derived from the policy's risk; only the vendor's display
     // title (a string) survives. Written straight into `out`: a list of 100
     // tools must not cost 200 JSON maps.
-    let title = fields
-        .get("annotations")
-        .and_then(|a| serde_json::from_str::<BTreeMap<&str, &RawValue>>(a.get()).ok())
-        .and_then(|a| a.get("title").copied())
-        .filter(|t| t.get().starts_with('"'));
+    let title = annotations
+        .and_then(|a| doc.members(a).ok())
+        .and_then(|a| get(&a, "title"))
+        .map(|t| doc.text(t))
+        .filter(|t| t.starts_with('"'));
     sep(out, &mut first);
     out.push_str("\"annotations\":{");
     if let Some(t) = title {
         out.push_str("\"title\":");
-        out.push_str(t.get());
+        out.push_str(t);
         out.push(',');
     }
     out.push_str(if risk == Risk::Read {
@@ -222,10 +354,9 @@ fn rewrite_tool(
     });
     // _meta: the vendor's entries, plus the firewall's risk and gate (which
     // overwrite any vendor entry of the same name), keys in sorted order.
-    let mut meta: BTreeMap<&str, &str> = fields
-        .get("_meta")
-        .and_then(|m| serde_json::from_str::<BTreeMap<&str, &RawValue>>(m.get()).ok())
-        .map(|m| m.into_iter().map(|(k, v)| (k, v.get())).collect())
+    let mut meta: BTreeMap<&str, &str> = get(&fields, "_meta")
+        .and_then(|m| doc.members(m).ok())
+        .map(|m| m.into_iter().map(|(k, v)| (k, doc.text(v))).collect())
         .unwrap_or_default();
     meta.insert("mcp-firewall/risk", risk_json(risk));
     meta.insert("mcp-firewall/gate", gate_json(gate));
@@ -473,7 +604,7 @@ mod tests {
             seen.push((
                 t.name.to_owned(),
                 t.annotations.is_some(),
-                t.input_schema.map(|s| s.get().to_owned()),
+                t.input_schema.map(|s| s.to_owned()),
             ));
             None
         })

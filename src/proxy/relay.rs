@@ -153,6 +153,8 @@ pub struct Exchange {
     upstream_started: Instant,
     status: u16,
     bytes_out: usize,
+    /// The last `tools/list` answer inspected reused a remembered view.
+    list_view_reused: bool,
     /// Settlements in a shared budget store not yet confirmed: awaited
     /// (briefly) before the answers they belong to leave, so the caller's
     /// next call is admitted against them.
@@ -161,6 +163,14 @@ pub struct Exchange {
 
 /// Longest an answer waits for its budget settlement in a shared store.
 const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// An upstream answer as the strict reader read it: its text and the
+/// tape of its first levels ([`jsonrpc::parse_upstream`]).
+#[derive(Clone, Copy)]
+struct Read<'a> {
+    text: &'a str,
+    tape: &'a crate::mcp::tape::Tape,
+}
 
 /// What an upstream message becomes.
 enum Pass {
@@ -256,6 +266,7 @@ impl Exchange {
             status: 0,
             bytes_out: 0,
             settling: Vec::new(),
+            list_view_reused: false,
         }
     }
 
@@ -665,6 +676,7 @@ impl Exchange {
         let epoch = self.run.catalogs.epoch();
         let env = jsonrpc::parse_upstream(text.as_bytes())
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
+        self.list_view_reused = false;
         let list_answer = match env.messages.as_slice() {
             [m] if !env.batch && m.kind == Kind::Response && !m.is_error => self
                 .due
@@ -676,10 +688,15 @@ impl Exchange {
         let mut parts: Vec<(std::ops::Range<usize>, Pass)> = Vec::with_capacity(env.messages.len());
         for m in &env.messages {
             let raw = text.get(m.span.clone()).unwrap_or("");
-            let pass = self.on_message(m, raw, &mut rows)?;
+            let read = env.tape.as_ref().map(|tape| Read { text, tape });
+            let pass = self.on_message(m, raw, read, &mut rows)?;
             parts.push((m.span.clone(), pass));
         }
-        if let (true, [(_, Pass::Replaced(relayed))]) = (list_answer, parts.as_slice()) {
+        // Only a result seen twice (a view reused): one that changes with
+        // every answer is not worth the two extra reads.
+        if let (true, true, [(_, Pass::Replaced(relayed))]) =
+            (list_answer, self.list_view_reused, parts.as_slice())
+        {
             let cx = &self.run;
             cx.catalogs.remember_answer(
                 &cx.upstream.config.name,
@@ -740,6 +757,7 @@ impl Exchange {
         &mut self,
         m: &Message,
         raw: &str,
+        read: Option<Read<'_>>,
         rows: &mut Vec<AuditRow>,
     ) -> Result<Pass, UpstreamFailure> {
         let pos =
@@ -760,7 +778,7 @@ impl Exchange {
                 return Ok(Pass::Dropped);
             }
             Verdict::Filter(kind) => Pass::Replaced(match kind {
-                ListKind::Tools => self.filter_listed_tools(m, raw)?,
+                ListKind::Tools => self.filter_listed_tools(m, raw, read)?,
                 ListKind::Prompts => self.filter_named(raw, kind, "prompts", "name")?,
                 ListKind::Resources => self.filter_named(raw, kind, "resources", "uri")?,
                 ListKind::ResourceTemplates => {
@@ -1013,7 +1031,12 @@ impl Exchange {
     /// The answer to a `tools/list` this exchange sent: its `result` is
     /// replaced by the run's view of it (remembered by the catalog when the
     /// upstream repeats itself), the rest of the message is kept as is.
-    fn filter_listed_tools(&self, m: &Message, raw: &str) -> Result<String, UpstreamFailure> {
+    fn filter_listed_tools(
+        &mut self,
+        m: &Message,
+        raw: &str,
+        read: Option<Read<'_>>,
+    ) -> Result<String, UpstreamFailure> {
         let Some(at) = m.result.as_ref().and_then(|r| {
             Some(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)
         }) else {
@@ -1025,6 +1048,7 @@ impl Exchange {
             return self.filter_tools(raw);
         };
         let cx = &self.run;
+        let rewritten = std::cell::Cell::new(false);
         let view = cx
             .catalogs
             .view(
@@ -1032,9 +1056,23 @@ impl Exchange {
                 cx.view_generation(),
                 &cx.authority,
                 result,
-                || rewrite::tools_result(result, |t| self.listed_tool(t)),
+                || {
+                    rewritten.set(true);
+                    // Off the strict reader's tape when the answer was read
+                    // onto one: the tools are not walked again.
+                    let on_tape = read.zip(m.node).and_then(|(r, n)| {
+                        let result = r.tape.member(r.text, n, "result")?;
+                        Some(rewrite::tools_result_on(r.text, r.tape, result, |t| {
+                            self.listed_tool(t)
+                        }))
+                    });
+                    on_tape
+                        .unwrap_or_else(|| rewrite::tools_result(result, |t| self.listed_tool(t)))
+                },
             )
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
+        // A result seen before: the whole answer is worth remembering.
+        self.list_view_reused = !rewritten.get();
         let mut out = String::with_capacity(head.len() + view.len() + tail.len());
         out.push_str(head);
         out.push_str(&view);

@@ -1,0 +1,698 @@
+//! The strict reader's single pass over a JSON text: one walk that checks
+//! everything the validating pass of [`super::jsonrpc`] checks (strict
+//! RFC 8259 grammar, no lone surrogate escape, numbers a double can hold,
+//! nesting, no key twice in an object, compared after unescaping and case
+//! folding, no case twin of a member its [`Shape`] names) and records, on a
+//! tape, where each value of the first levels is: its kind, its bytes and
+//! its key. What the answer-side decisions need (a message's `id` and
+//! `result`, a listed tool's members) is then read off the tape instead of
+//! walking the bytes again.
+//!
+//! Invariants:
+//! - [`read`] accepts a subset of what the serde validator accepts: on any
+//!   doubt it returns `None`, and the caller asks the serde validator, whose
+//!   error is the one reported (and whose verdict stands). Debug builds
+//!   check every acceptance against it.
+//! - The tape borrows nothing: node spans index the text it was read from.
+//! - Key comparisons ([`Folded`], [`ObjectKeys`]) are the ones both readers
+//!   use: there is one definition of "the same key".
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::ops::Range;
+
+/// Objects with more keys than this switch duplicate detection from a linear
+/// scan to a hash set, so a body with one huge object cannot make the check
+/// quadratic. Below it the scan beats hashing (typical MCP objects have < 8 keys).
+pub(crate) const LINEAR_KEY_SCAN_MAX: usize = 16;
+
+/// serde_json refuses the 128th nested container; so does the tape.
+const SERDE_DEPTH: usize = 127;
+
+/// What a value in one place of a document may be, and what its members
+/// are called (the roles of [`super::jsonrpc`]).
+pub(crate) trait Shape: Copy {
+    /// The members a differently cased key must not imitate, and what they
+    /// are called, for an object in this place.
+    fn members(self) -> Option<(&'static [&'static str], &'static str)>;
+    /// The place of the value of member `key`.
+    fn child(self, key: &str) -> Self;
+    /// The place of element `index` of an array here.
+    fn element(self, index: usize) -> Self;
+    /// Whether a string, number, boolean or null may stand here.
+    fn holds_scalar(self) -> bool;
+    /// Whether an array may stand here.
+    fn holds_array(self) -> bool;
+    /// Whether an array here is a batch (its length is bounded).
+    fn is_batch(self) -> bool;
+}
+
+/// What a recorded value is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `{…}`
+    Object,
+    /// `[…]`
+    Array,
+    /// `"…"`
+    String,
+    /// A number.
+    Number,
+    /// `true` or `false`.
+    Bool,
+    /// `null`.
+    Null,
+}
+
+/// A recorded value's index on its tape.
+pub type NodeId = usize;
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    kind: Kind,
+    start: u32,
+    end: u32,
+    /// The key's token (quotes included) when the value is a member; an
+    /// empty span otherwise.
+    key_start: u32,
+    key_end: u32,
+    key_escaped: bool,
+    /// Whether the members or elements are on the tape.
+    children: bool,
+    /// One past the last node of this value's recorded subtree.
+    next: u32,
+}
+
+/// The values of the first levels of a document read by [`read`].
+#[derive(Debug, Default)]
+pub struct Tape {
+    nodes: Vec<Node>,
+}
+
+// === impl Tape ===
+
+impl Tape {
+    /// The document's value.
+    pub fn root(&self) -> Option<NodeId> {
+        (!self.nodes.is_empty()).then_some(0)
+    }
+
+    fn node(&self, n: NodeId) -> Option<&Node> {
+        self.nodes.get(n)
+    }
+
+    /// The kind of value `n`.
+    pub fn kind(&self, n: NodeId) -> Option<Kind> {
+        self.node(n).map(|x| x.kind)
+    }
+
+    /// The bytes of value `n` in the text the tape was read from.
+    pub fn span(&self, n: NodeId) -> Range<usize> {
+        self.node(n)
+            .map_or(0..0, |x| x.start as usize..x.end as usize)
+    }
+
+    /// The text of value `n`.
+    pub fn text<'t>(&self, text: &'t str, n: NodeId) -> &'t str {
+        text.get(self.span(n)).unwrap_or("")
+    }
+
+    /// The key of member `n` as written, without its quotes, when it has no
+    /// escape (`None` for an escaped key or a value that is not a member).
+    pub fn plain_key<'t>(&self, text: &'t str, n: NodeId) -> Option<&'t str> {
+        let x = self.node(n)?;
+        if x.key_escaped || x.key_end <= x.key_start + 1 {
+            return None;
+        }
+        text.get(x.key_start as usize + 1..x.key_end as usize - 1)
+    }
+
+    /// The key of member `n`, unescaped.
+    pub fn key<'t>(&self, text: &'t str, n: NodeId) -> Option<Cow<'t, str>> {
+        let x = self.node(n)?;
+        if !x.key_escaped {
+            return self.plain_key(text, n).map(Cow::Borrowed);
+        }
+        let token = text.get(x.key_start as usize..x.key_end as usize)?;
+        serde_json::from_str::<String>(token).ok().map(Cow::Owned)
+    }
+
+    /// The members or elements of `n`, when they are on the tape.
+    pub fn children(&self, n: NodeId) -> Option<Children<'_>> {
+        let x = self.node(n)?;
+        if !x.children {
+            return None;
+        }
+        Some(Children {
+            tape: self,
+            at: n + 1,
+            end: x.next as usize,
+        })
+    }
+
+    /// The member of object `n` called `name` (unescaped), if it has one.
+    pub fn member(&self, text: &str, n: NodeId, name: &str) -> Option<NodeId> {
+        self.children(n)?
+            .find(|&c| self.key(text, c).is_some_and(|k| k == name))
+    }
+}
+
+/// The members or elements of a value, in document order.
+pub struct Children<'a> {
+    tape: &'a Tape,
+    at: usize,
+    end: usize,
+}
+
+impl Iterator for Children<'_> {
+    type Item = NodeId;
+
+    fn next(&mut self) -> Option<NodeId> {
+        if self.at >= self.end {
+            return None;
+        }
+        let n = self.at;
+        self.at = self.tape.node(n).map_or(self.end, |x| x.next as usize);
+        Some(n)
+    }
+}
+
+/// Reads `text` whole, strictly, as a value in place `shape`: the tape of
+/// its values down to `record_depth` levels (the document's value is level
+/// 1), or `None` if anything about it would make the serde validator fail
+/// or need a closer look (then ask it).
+pub(crate) fn read<S: Shape>(
+    text: &str,
+    shape: S,
+    max_depth: usize,
+    max_batch: usize,
+    record_depth: usize,
+) -> Option<Tape> {
+    // Spans are 32-bit; a larger text goes the long way.
+    u32::try_from(text.len()).ok()?;
+    let mut r = Reader {
+        text,
+        b: text.as_bytes(),
+        pos: 0,
+        depth: 0,
+        max_depth: max_depth.min(SERDE_DEPTH),
+        max_batch,
+        record_depth,
+        nodes: Vec::with_capacity(64),
+        keys: Vec::with_capacity(16),
+    };
+    r.ws();
+    if !matches!(r.peek(), Some(b'{' | b'[')) {
+        return None;
+    }
+    r.value(shape, None, true).ok()?;
+    r.ws();
+    if r.pos != r.b.len() {
+        return None;
+    }
+    Some(Tape { nodes: r.nodes })
+}
+
+/// Any reason to hand the text to the serde validator.
+struct Refused;
+
+type Step<T = ()> = Result<T, Refused>;
+
+struct Reader<'t> {
+    text: &'t str,
+    b: &'t [u8],
+    pos: usize,
+    depth: usize,
+    max_depth: usize,
+    max_batch: usize,
+    record_depth: usize,
+    nodes: Vec<Node>,
+    keys: Vec<Folded<'t>>,
+}
+
+/// A member's key token: its span and whether it has escapes.
+#[derive(Clone, Copy)]
+struct KeyToken {
+    start: usize,
+    end: usize,
+    escaped: bool,
+}
+
+impl<'t> Reader<'t> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.pos).copied()
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn expect(&mut self, c: u8) -> Step {
+        self.ws();
+        if self.peek() != Some(c) {
+            return Err(Refused);
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// One value (after optional whitespace), recorded when `record`.
+    fn value<S: Shape>(&mut self, shape: S, key: Option<KeyToken>, record: bool) -> Step {
+        self.ws();
+        let start = self.pos;
+        let c = self.peek().ok_or(Refused)?;
+        let at = self.nodes.len();
+        // Its members are recorded when it is above the last level.
+        let inner = record && self.depth + 1 < self.record_depth;
+        if record {
+            let k = key.unwrap_or(KeyToken {
+                start: 0,
+                end: 0,
+                escaped: false,
+            });
+            self.nodes.push(Node {
+                kind: Kind::Null,
+                start: start as u32,
+                end: start as u32,
+                key_start: k.start as u32,
+                key_end: k.end as u32,
+                key_escaped: k.escaped,
+                children: inner,
+                next: 0,
+            });
+        }
+        let kind = match c {
+            b'{' => {
+                self.object(shape, inner)?;
+                Kind::Object
+            }
+            b'[' => {
+                self.array(shape, inner)?;
+                Kind::Array
+            }
+            _ if !shape.holds_scalar() => return Err(Refused),
+            b'"' => {
+                self.string()?;
+                Kind::String
+            }
+            b't' => {
+                self.literal(b"true")?;
+                Kind::Bool
+            }
+            b'f' => {
+                self.literal(b"false")?;
+                Kind::Bool
+            }
+            b'n' => {
+                self.literal(b"null")?;
+                Kind::Null
+            }
+            b'-' | b'0'..=b'9' => {
+                self.number()?;
+                Kind::Number
+            }
+            _ => return Err(Refused),
+        };
+        let next = self.nodes.len() as u32;
+        if let Some(n) = self.nodes.get_mut(at).filter(|_| record) {
+            n.kind = kind;
+            n.end = self.pos as u32;
+            n.next = next;
+        }
+        Ok(())
+    }
+
+    fn enter(&mut self) -> Step {
+        self.depth += 1;
+        if self.depth > self.max_depth {
+            return Err(Refused);
+        }
+        Ok(())
+    }
+
+    fn object<S: Shape>(&mut self, shape: S, record: bool) -> Step {
+        self.enter()?;
+        self.pos += 1;
+        let text = self.text;
+        let mut keys = ObjectKeys::open(&self.keys, shape.members());
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+        } else {
+            loop {
+                self.ws();
+                if self.peek() != Some(b'"') {
+                    return Err(Refused);
+                }
+                let start = self.pos;
+                let escaped = self.string()?;
+                let token = KeyToken {
+                    start,
+                    end: self.pos,
+                    escaped,
+                };
+                let key: Cow<'t, str> = if escaped {
+                    let raw = text.get(start..self.pos).ok_or(Refused)?;
+                    Cow::Owned(serde_json::from_str::<String>(raw).map_err(|_| Refused)?)
+                } else {
+                    Cow::Borrowed(text.get(start + 1..self.pos - 1).ok_or(Refused)?)
+                };
+                keys.admit(&mut self.keys, key.clone())
+                    .map_err(|_| Refused)?;
+                self.expect(b':')?;
+                self.value(shape.child(&key), Some(token), record)?;
+                self.ws();
+                match self.peek() {
+                    Some(b',') => self.pos += 1,
+                    Some(b'}') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return Err(Refused),
+                }
+            }
+        }
+        keys.close(&mut self.keys);
+        self.depth -= 1;
+        Ok(())
+    }
+
+    fn array<S: Shape>(&mut self, shape: S, record: bool) -> Step {
+        if !shape.holds_array() {
+            return Err(Refused);
+        }
+        self.enter()?;
+        self.pos += 1;
+        self.ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+        } else {
+            let mut index = 0usize;
+            loop {
+                if shape.is_batch() && index >= self.max_batch {
+                    return Err(Refused);
+                }
+                self.value(shape.element(index), None, record)?;
+                index += 1;
+                self.ws();
+                match self.peek() {
+                    Some(b',') => self.pos += 1,
+                    Some(b']') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return Err(Refused),
+                }
+            }
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Step {
+        if self.b.get(self.pos..self.pos + word.len()) != Some(word) {
+            return Err(Refused);
+        }
+        self.pos += word.len();
+        Ok(())
+    }
+
+    /// A string token from its opening quote; whether it had escapes.
+    fn string(&mut self) -> Step<bool> {
+        self.pos += 1;
+        let mut escaped = false;
+        loop {
+            let rest = self.b.get(self.pos..).ok_or(Refused)?;
+            let i = memchr::memchr2(b'"', b'\\', rest).ok_or(Refused)?;
+            // No raw control character in what was skipped.
+            if rest.get(..i).is_some_and(has_control) {
+                return Err(Refused);
+            }
+            self.pos += i;
+            if self.peek() == Some(b'"') {
+                self.pos += 1;
+                return Ok(escaped);
+            }
+            escaped = true;
+            self.escape()?;
+        }
+    }
+
+    /// One escape, from its backslash. A `\u` escape of a UTF-16 surrogate
+    /// must be a high one followed by a low one.
+    fn escape(&mut self) -> Step {
+        match self.b.get(self.pos + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                self.pos += 2;
+                Ok(())
+            }
+            Some(b'u') => {
+                let cp = self.hex4(self.pos + 2)?;
+                self.pos += 6;
+                if (0xDC00..0xE000).contains(&cp) {
+                    return Err(Refused);
+                }
+                if (0xD800..0xDC00).contains(&cp) {
+                    if self.b.get(self.pos..self.pos + 2) != Some(b"\\u") {
+                        return Err(Refused);
+                    }
+                    let low = self.hex4(self.pos + 2)?;
+                    if !(0xDC00..0xE000).contains(&low) {
+                        return Err(Refused);
+                    }
+                    self.pos += 6;
+                }
+                Ok(())
+            }
+            _ => Err(Refused),
+        }
+    }
+
+    fn hex4(&self, at: usize) -> Step<u32> {
+        let digits = self.b.get(at..at + 4).ok_or(Refused)?;
+        let mut v = 0u32;
+        for d in digits {
+            let x = (*d as char).to_digit(16).ok_or(Refused)?;
+            v = v * 16 + x;
+        }
+        Ok(v)
+    }
+
+    /// A number: JSON's grammar, and a value a double holds (serde_json
+    /// refuses one that overflows; so does the tape, with room to spare).
+    fn number(&mut self) -> Step {
+        let start = self.pos;
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(Refused),
+        }
+        let mut float = false;
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            self.some_digits()?;
+            float = true;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            self.some_digits()?;
+            float = true;
+        }
+        let token = self.text.get(start..self.pos).ok_or(Refused)?;
+        if float || token.len() > 18 {
+            let v: f64 = token.parse().map_err(|_| Refused)?;
+            if !v.is_finite() || v.abs() >= 1e308 {
+                return Err(Refused);
+            }
+        }
+        Ok(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn some_digits(&mut self) -> Step {
+        if !matches!(self.peek(), Some(b'0'..=b'9')) {
+            return Err(Refused);
+        }
+        self.digits();
+        Ok(())
+    }
+}
+
+/// Whether `bytes` holds a control character (below U+0020), which JSON
+/// strings must escape. Written to vectorize: a minimum over the bytes.
+fn has_control(bytes: &[u8]) -> bool {
+    let mut chunks = bytes.chunks_exact(32);
+    for c in &mut chunks {
+        if c.iter().fold(u8::MAX, |m, &b| m.min(b)) < 0x20 {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&b| b < 0x20)
+}
+
+/// Why a key is refused ([`ObjectKeys::admit`]).
+pub(crate) enum KeyRefusal {
+    /// The same key again.
+    Duplicate,
+    /// The same key again in other letter case.
+    CaseDuplicate,
+    /// A case twin of the member `member` of `scope`.
+    CaseVariant {
+        member: &'static str,
+        scope: &'static str,
+    },
+}
+
+/// The keys of one open object, checked as each is read: no key twice
+/// (compared folded, [`Folded`]) and no case twin of a member the place
+/// names. Keys of every open object share one stack; this object owns its
+/// tail from `start`.
+pub(crate) struct ObjectKeys<'de> {
+    start: usize,
+    hashed: Option<HashSet<Folded<'de>>>,
+    members: Option<(&'static [&'static str], &'static str)>,
+}
+
+impl<'de> ObjectKeys<'de> {
+    /// An object just opened, whose members are `members`.
+    pub(crate) fn open(
+        stack: &[Folded<'de>],
+        members: Option<(&'static [&'static str], &'static str)>,
+    ) -> ObjectKeys<'de> {
+        ObjectKeys {
+            start: stack.len(),
+            hashed: None,
+            members,
+        }
+    }
+
+    /// Admits `key`, the next key of this object, or says why not.
+    pub(crate) fn admit(
+        &mut self,
+        stack: &mut Vec<Folded<'de>>,
+        key: Cow<'de, str>,
+    ) -> Result<(), KeyRefusal> {
+        // Keys are compared folded (without allocating): two keys equal
+        // but for letter case are one key to a case-insensitive decoder.
+        let cased = !key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase());
+        if let Some((names, scope)) = self.members.filter(|_| cased) {
+            if let Some(member) = names
+                .iter()
+                .find(|m| Folded::eq_str(m, &key) && **m != key.as_ref())
+            {
+                return Err(KeyRefusal::CaseVariant { member, scope });
+            }
+        }
+        let earlier: Option<bool> = match &mut self.hashed {
+            Some(set) => match set.get(&Folded(Cow::Borrowed(&key))) {
+                Some(k) => Some(k.0 == key),
+                None => {
+                    set.insert(Folded(key));
+                    None
+                }
+            },
+            None => {
+                let folded = Folded(key);
+                let found = stack
+                    .get(self.start..)
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|k| **k == folded)
+                    .map(|k| k.0 == folded.0);
+                if found.is_none() {
+                    if stack.len() - self.start >= LINEAR_KEY_SCAN_MAX {
+                        let mut set: HashSet<Folded<'de>> = stack.drain(self.start..).collect();
+                        set.insert(folded);
+                        self.hashed = Some(set);
+                    } else {
+                        stack.push(folded);
+                    }
+                }
+                found
+            }
+        };
+        match earlier {
+            None => Ok(()),
+            Some(true) => Err(KeyRefusal::Duplicate),
+            Some(false) => Err(KeyRefusal::CaseDuplicate),
+        }
+    }
+
+    /// The object closed: its keys leave the stack.
+    pub(crate) fn close(self, stack: &mut Vec<Folded<'de>>) {
+        stack.truncate(self.start);
+    }
+}
+
+/// An object key compared and hashed as a case-insensitive decoder sees it:
+/// lower case, with U+017F LATIN SMALL LETTER LONG S as `s` and U+212A
+/// KELVIN SIGN as `k` (Unicode case folding maps both onto ASCII letters, as
+/// Go's `strings.EqualFold` does). Nothing is allocated.
+#[derive(Debug, Clone)]
+pub(crate) struct Folded<'de>(pub(crate) Cow<'de, str>);
+
+impl Folded<'_> {
+    fn chars(s: &str) -> impl Iterator<Item = char> + '_ {
+        s.chars().flat_map(|c| {
+            let one = match c {
+                '\u{17F}' => Some('s'),
+                c if c.is_ascii() => Some(c.to_ascii_lowercase()),
+                _ => None,
+            };
+            one.into_iter().chain(
+                one.is_none()
+                    .then(|| c.to_lowercase())
+                    .into_iter()
+                    .flatten(),
+            )
+        })
+    }
+
+    /// Whether `a` and `b` are one key to a case-insensitive decoder.
+    pub(crate) fn eq_str(a: &str, b: &str) -> bool {
+        if a.is_ascii() && b.is_ascii() {
+            return a.eq_ignore_ascii_case(b);
+        }
+        Self::chars(a).eq(Self::chars(b))
+    }
+}
+
+impl PartialEq for Folded<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        Self::eq_str(&self.0, &other.0)
+    }
+}
+
+impl Eq for Folded<'_> {}
+
+impl std::hash::Hash for Folded<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if self.0.is_ascii() {
+            for b in self.0.bytes() {
+                state.write_u8(b.to_ascii_lowercase());
+            }
+        } else {
+            for c in Self::chars(&self.0) {
+                state.write_u32(u32::from(c));
+            }
+        }
+        state.write_u8(0xff);
+    }
+}
+
+#[cfg(test)]
+#[path = "tape_tests.rs"]
+mod tests;
