@@ -601,6 +601,7 @@ fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
     });
     report.notes.extend(shared);
     report.verdicts = report::targets(&report);
+    report.step_verdicts = report::targets_for(&report, &report::STEP);
     let dir = json.parent().unwrap_or(Path::new("."));
     let md = report::markdown(&report);
     let svg = plot::svg(&report)?;

@@ -198,6 +198,7 @@ mod tests {
             notes: Vec::new(),
             instances: Vec::new(),
             verdicts: Vec::new(),
+            step_verdicts: Vec::new(),
         };
         let svg = svg(&report).unwrap();
         assert!(svg.starts_with("<svg"));

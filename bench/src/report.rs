@@ -11,8 +11,10 @@
 //!   that a firewall uses on the same machine (ClickHouse for audit, Redis
 //!   for `firewall-redis`) are measured over the same window and reported
 //!   next to it;
-//! - the targets of issue 20 ([`targets`]) are judged from the report alone
-//!   (cells, instances, meta), so a re-rendered report judges them again;
+//! - the targets of issue 20 ([`targets`], the standing goal) and the same
+//!   targets at issue 32's thresholds ([`targets_for`] with [`STEP`]) are
+//!   judged from the report alone (cells, instances, meta), so a
+//!   re-rendered report judges them again;
 //!   one the run did not measure is said to be "not measured in this run",
 //!   never met;
 //! - rendering is pure (data in, text out), so it is unit-tested.
@@ -41,6 +43,10 @@ pub struct Report {
     /// The targets of issue 20, judged from this run ([`targets`]).
     #[serde(default)]
     pub verdicts: Vec<Verdict>,
+    /// The same targets at issue 32's thresholds ([`targets_for`] with
+    /// [`STEP`]).
+    #[serde(default)]
+    pub step_verdicts: Vec<Verdict>,
 }
 
 /// What [`InstanceReport::scope`] says of the long-lived instances.
@@ -504,6 +510,61 @@ pub const SCALE_RUNS: u64 = 100_000;
 /// Issue 20: idle client connections of the scale cell.
 pub const SCALE_IDLE: u64 = 10_000;
 
+/// One issue's thresholds for the targets [`targets_for`] judges.
+#[derive(Debug, Clone, Copy)]
+pub struct Goal {
+    /// Forwarded `tools/call`, audited, over hyper's rps (c=16, c=64).
+    pub call_vs_hyper: f64,
+    /// The firewall's own CPU per forwarded call, µs.
+    pub own_cpu_us: f64,
+    /// `firewall-noaudit` over hyper's rps.
+    pub noaudit_vs_hyper: f64,
+    /// `tools/list` with the view cache warm, over hyper's rps.
+    pub list_vs_hyper: f64,
+    /// `tools/list` with the view rebuilt per request, over hyper's rps.
+    pub list_cold_vs_hyper: f64,
+    /// p99 the audited firewall adds over direct at c=1, ms.
+    pub p99_added_ms: f64,
+    /// KB per held SSE stream over HTTP/1.1 upstreams.
+    pub kb_per_stream: f64,
+    /// Peak RSS holding 1,000 streams over HTTP/1.1 upstreams, MB.
+    pub streams_mb: f64,
+    /// The same with an HTTP/2 upstream, MB.
+    pub streams_h2_mb: f64,
+    /// End-of-run RSS over fresh, MB.
+    pub end_rss_growth_mb: f64,
+}
+
+/// Issue 20's targets: the standing goal.
+pub const STANDING: Goal = Goal {
+    call_vs_hyper: CALL_VS_HYPER,
+    own_cpu_us: OWN_CPU_US,
+    noaudit_vs_hyper: NOAUDIT_VS_HYPER,
+    list_vs_hyper: LIST_VS_HYPER,
+    list_cold_vs_hyper: LIST_VS_HYPER,
+    p99_added_ms: P99_ADDED_MS,
+    kb_per_stream: KB_PER_STREAM,
+    streams_mb: STREAMS_MB,
+    streams_h2_mb: STREAMS_H2_MB,
+    end_rss_growth_mb: END_RSS_GROWTH_MB,
+};
+
+/// Issue 32's targets: the step of the hot-path redesign toward
+/// [`STANDING`] (2× issue 20's measured throughput; an HTTP/2 upstream's
+/// streams keep the standing bound).
+pub const STEP: Goal = Goal {
+    call_vs_hyper: 0.50,
+    own_cpu_us: 40.0,
+    noaudit_vs_hyper: 0.70,
+    list_vs_hyper: 0.50,
+    list_cold_vs_hyper: 0.35,
+    p99_added_ms: 0.40,
+    kb_per_stream: 30.0,
+    streams_mb: 60.0,
+    streams_h2_mb: STREAMS_H2_MB,
+    end_rss_growth_mb: 25.0,
+};
+
 const NOT_MEASURED: &str = "not measured in this run";
 
 // === impl Verdict ===
@@ -562,6 +623,12 @@ impl Verdict {
 ///    connection held to the end, with rps and RSS against the same
 ///    target's `call` h1 c=16.
 pub fn targets(r: &Report) -> Vec<Verdict> {
+    targets_for(r, &STANDING)
+}
+
+/// The same targets as [`targets`], judged with `goal`'s thresholds
+/// ([`STEP`]: issue 32's).
+pub fn targets_for(r: &Report, goal: &Goal) -> Vec<Verdict> {
     let cells = &r.cells;
     let mut out = Vec::new();
     for c in [16, 64] {
@@ -571,11 +638,11 @@ pub fn targets(r: &Report) -> Vec<Verdict> {
             c,
             "firewall",
             "firewall (verification, CEL policy, limits, audit)",
-            CALL_VS_HYPER,
+            goal.call_vs_hyper,
         ));
     }
     for c in [16, 64] {
-        out.push(own_cpu(cells, c));
+        out.push(own_cpu(cells, c, goal));
     }
     for c in [16, 64] {
         out.push(throughput_vs_hyper(
@@ -584,7 +651,7 @@ pub fn targets(r: &Report) -> Vec<Verdict> {
             c,
             "firewall-noaudit",
             "firewall-noaudit (audit off)",
-            NOAUDIT_VS_HYPER,
+            goal.noaudit_vs_hyper,
         ));
     }
     for scenario in ["list", "list-cold"] {
@@ -600,12 +667,16 @@ pub fn targets(r: &Report) -> Vec<Verdict> {
             c,
             "firewall",
             "firewall",
-            LIST_VS_HYPER,
+            if scenario == "list" {
+                goal.list_vs_hyper
+            } else {
+                goal.list_cold_vs_hyper
+            },
         ));
     }
-    out.push(p99_added(cells));
-    out.extend(streams(r));
-    out.push(end_of_run_rss(r));
+    out.push(p99_added(cells, goal));
+    out.extend(streams(r, goal));
+    out.push(end_of_run_rss(r, goal));
     out.push(scale(cells));
     out
 }
@@ -676,9 +747,10 @@ fn throughput_vs_hyper(
     )
 }
 
-fn own_cpu(cells: &[CellReport], c: usize) -> Verdict {
+fn own_cpu(cells: &[CellReport], c: usize, goal: &Goal) -> Verdict {
     let title = format!(
-        "call h1 c={c}: the firewall's own CPU per call (firewall − hyper) ≤ {OWN_CPU_US:.0} µs"
+        "call h1 c={c}: the firewall's own CPU per call (firewall − hyper) ≤ {:.0} µs",
+        goal.own_cpu_us
     );
     let cell = find_cell(cells, "call", c);
     if cell.is_none() {
@@ -691,14 +763,16 @@ fn own_cpu(cells: &[CellReport], c: usize) -> Verdict {
     let own = fw - hy;
     Verdict::judged(
         title,
-        own <= OWN_CPU_US,
+        own <= goal.own_cpu_us,
         format!("{own:.1} µs: firewall {fw:.1} µs per call, hyper {hy:.1} µs"),
     )
 }
 
-fn p99_added(cells: &[CellReport]) -> Verdict {
-    let title =
-        format!("call h1 c=1: p99 the audited firewall adds over direct ≤ {P99_ADDED_MS:.2} ms");
+fn p99_added(cells: &[CellReport], goal: &Goal) -> Verdict {
+    let title = format!(
+        "call h1 c=1: p99 the audited firewall adds over direct ≤ {:.2} ms",
+        goal.p99_added_ms
+    );
     let cell = find_cell(cells, "call", 1);
     if cell.is_none() {
         return Verdict::not_measured(title, "no call/h1/1 cell");
@@ -709,7 +783,7 @@ fn p99_added(cells: &[CellReport]) -> Verdict {
     let extra = fw.p99_ms - d.p99_ms;
     Verdict::judged(
         title,
-        extra <= P99_ADDED_MS,
+        extra <= goal.p99_added_ms,
         format!(
             "{extra:+.2} ms: firewall p99 {} ms, direct {} ms",
             ms(fw.p99_ms),
@@ -723,17 +797,20 @@ pub fn kb_per_stream(m: &Figures, streams: usize) -> Option<f64> {
     Some((m.peak_rss_mb? - m.fresh_rss_mb?) * 1024.0 / streams.max(1) as f64)
 }
 
-fn streams(r: &Report) -> Vec<Verdict> {
+fn streams(r: &Report, goal: &Goal) -> Vec<Verdict> {
     let per_stream = format!(
-        "streams h1: ≤ {KB_PER_STREAM:.0} KB per held SSE stream over HTTP/1.1 upstreams (firewall, fresh instance)"
+        "streams h1: ≤ {:.0} KB per held SSE stream over HTTP/1.1 upstreams (firewall, fresh instance)",
+        goal.kb_per_stream
     );
     let h1 = format!(
-        "streams h1: {} held streams ≤ {STREAMS_MB:.0} MB on a fresh firewall instance (HTTP/1.1 upstream)",
-        thousands(STREAMS_HELD as u64)
+        "streams h1: {} held streams ≤ {:.0} MB on a fresh firewall instance (HTTP/1.1 upstream)",
+        thousands(STREAMS_HELD as u64),
+        goal.streams_mb
     );
     let h2 = format!(
-        "streams h1: {} held streams ≤ {STREAMS_H2_MB:.0} MB on a fresh firewall instance with an HTTP/2 upstream (firewall-h2up)",
-        thousands(STREAMS_HELD as u64)
+        "streams h1: {} held streams ≤ {:.0} MB on a fresh firewall instance with an HTTP/2 upstream (firewall-h2up)",
+        thousands(STREAMS_HELD as u64),
+        goal.streams_h2_mb
     );
     let Some(cell) = closed_h1(&r.cells, "streams")
         .into_iter()
@@ -785,8 +862,8 @@ fn streams(r: &Report) -> Vec<Verdict> {
                     out.push(size(per_stream, per));
                     out.push(size(h1, whole));
                 } else {
-                    out.push(Verdict::judged(per_stream, kb <= KB_PER_STREAM, per));
-                    out.push(Verdict::judged(h1, peak <= STREAMS_MB, whole));
+                    out.push(Verdict::judged(per_stream, kb <= goal.kb_per_stream, per));
+                    out.push(Verdict::judged(h1, peak <= goal.streams_mb, whole));
                 }
             }
         }
@@ -809,16 +886,17 @@ fn streams(r: &Report) -> Vec<Verdict> {
             if small {
                 size(h2, whole)
             } else {
-                Verdict::judged(h2, peak <= STREAMS_H2_MB, whole)
+                Verdict::judged(h2, peak <= goal.streams_h2_mb, whole)
             }
         }
     });
     out
 }
 
-fn end_of_run_rss(r: &Report) -> Verdict {
+fn end_of_run_rss(r: &Report, goal: &Goal) -> Verdict {
     let title = format!(
-        "end-of-run VmRSS of the audited firewall ≤ fresh + {END_RSS_GROWTH_MB:.0} MB after {} runs",
+        "end-of-run VmRSS of the audited firewall ≤ fresh + {:.0} MB after {} runs",
+        goal.end_rss_growth_mb,
         thousands(END_RSS_RUNS)
     );
     let Some(i) = r
@@ -846,7 +924,7 @@ fn end_of_run_rss(r: &Report) -> Verdict {
             ),
         );
     }
-    Verdict::judged(title, growth <= END_RSS_GROWTH_MB, figure)
+    Verdict::judged(title, growth <= goal.end_rss_growth_mb, figure)
 }
 
 fn scale(cells: &[CellReport]) -> Verdict {
@@ -1133,6 +1211,15 @@ pub fn table(r: &Report) -> String {
             let _ = writeln!(s, "  {}", instance_line(i));
         }
     }
+    if !r.step_verdicts.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nTargets of issue 32 (this step), against the hyper pass-through:"
+        );
+        for v in &r.step_verdicts {
+            let _ = writeln!(s, "  {}", v.line());
+        }
+    }
     if !r.verdicts.is_empty() {
         let _ = writeln!(s, "\nTargets (issue 20), against the hyper pass-through:");
         for v in &r.verdicts {
@@ -1315,6 +1402,15 @@ pub fn markdown(r: &Report) -> String {
     ];
     for (k, v) in rows {
         let _ = writeln!(s, "| {k} | {v} |");
+    }
+    if !r.step_verdicts.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## Targets of issue 32 (this step)\n\nThe same targets at issue 32's thresholds, judged against the bare hyper pass-through of the same run.\n"
+        );
+        for v in &r.step_verdicts {
+            let _ = writeln!(s, "- {}", v.line());
+        }
     }
     if !r.verdicts.is_empty() {
         let _ = writeln!(

@@ -113,6 +113,7 @@ fn renderings_carry_every_target_and_the_errors() {
         notes: vec!["a note".into()],
         instances: Vec::new(),
         verdicts: Vec::new(),
+        step_verdicts: Vec::new(),
     };
     let t = table(&r);
     assert!(t.contains("call h1 c=16"));
@@ -137,6 +138,7 @@ fn reports_round_trip_through_json_for_re_rendering() {
         notes: Vec::new(),
         instances: vec![instance("firewall", 20.0, 30.0, 25_000)],
         verdicts: Vec::new(),
+        step_verdicts: Vec::new(),
     };
     let mut r = r;
     r.verdicts = targets(&r);
@@ -205,6 +207,7 @@ fn the_shared_state_note_compares_firewall_redis_with_firewall_in_call_cells() {
         notes,
         instances: Vec::new(),
         verdicts: Vec::new(),
+        step_verdicts: Vec::new(),
     };
     let md = markdown(&r);
     assert!(md.contains("| firewall-redis |"), "{md}");
@@ -281,6 +284,7 @@ fn report_of(cells: Vec<CellReport>, instances: Vec<InstanceReport>) -> Report {
         notes: Vec::new(),
         instances,
         verdicts: Vec::new(),
+        step_verdicts: Vec::new(),
     }
 }
 
@@ -723,4 +727,43 @@ fn renderings_carry_the_targets_the_instances_and_the_fresh_and_scale_figures() 
     assert!(md.contains("- scale, firewall: 3.00k rps"), "{md}");
     // Every target any cell measured is a summary column.
     assert!(md.contains("| cell | hyper | firewall |"), "{md}");
+}
+
+#[test]
+fn issue_32_step_targets_are_judged_at_their_own_thresholds() {
+    let cold = cell_of(
+        "list-cold",
+        16,
+        &[("hyper", 4_000.0, 0.5), ("firewall", 1_600.0, 1.9)],
+    );
+    let call = cell_of(
+        "call",
+        16,
+        &[("hyper", 10_000.0, 0.5), ("firewall", 5_500.0, 0.8)],
+    );
+    let r = report_of(vec![cold, call], Vec::new());
+    let standing = targets(&r);
+    let step = targets_for(&r, &STEP);
+    assert_eq!(standing.len(), step.len());
+    // x0.40 of hyper: past the step's 0.35, short of the standing 0.70.
+    let title = ["list-cold (view rebuilt per request) h1 c=16"];
+    assert_eq!(verdict(&standing, &title).status, Status::Missed);
+    let c = verdict(&step, &title);
+    assert_eq!(c.status, Status::Met, "{c:?}");
+    assert!(c.target.contains("≥ 0.35× hyper"), "{}", c.target);
+    // x0.55 audited calls: the step's 0.50 met, the standing 0.70 missed.
+    let call = ["call h1 c=16", "firewall (verification"];
+    assert_eq!(verdict(&standing, &call).status, Status::Missed);
+    assert_eq!(verdict(&step, &call).status, Status::Met);
+    let own = verdict(&step, &["own CPU", "c=16"]);
+    assert!(own.target.contains("≤ 40 µs"), "{}", own.target);
+    // Both sets are rendered, the step's first.
+    let mut r = r;
+    r.verdicts = standing;
+    r.step_verdicts = step;
+    let md = markdown(&r);
+    let step_at = md.find("## Targets of issue 32").expect("step section");
+    let standing_at = md.find("## Targets (issue 20)").expect("standing section");
+    assert!(step_at < standing_at);
+    assert!(table(&r).contains("Targets of issue 32 (this step)"));
 }

@@ -513,8 +513,10 @@ pub async fn run(opts: Options) -> Result<Report, RunError> {
         notes,
         instances,
         verdicts: Vec::new(),
+        step_verdicts: Vec::new(),
     };
     report.verdicts = report::targets(&report);
+    report.step_verdicts = report::targets_for(&report, &report::STEP);
     Ok(report)
 }
 

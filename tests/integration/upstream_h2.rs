@@ -95,7 +95,10 @@ async fn held_streams_open_new_connections_instead_of_queueing() {
     // most 2 on each. Five held answers need three connections, all at once.
     let up = held_h2(2).await;
     let url = format!("http://{}/mcp", up.addr);
+    // One serving thread: each has upstream connections of its own, and
+    // the count is of one pool's.
     let text = common::TestConfig::new()
+        .set("server.threads", 1)
         .upstream("u", &url)
         .upstream_set("u", "http2", true)
         .upstream_set("u", "http2_max_streams", 2)
