@@ -102,6 +102,8 @@ struct Remembered {
     upstream_id: std::ops::Range<usize>,
     relayed: Box<str>,
     relayed_id: std::ops::Range<usize>,
+    /// The relayed answer's `result` (for the completion row).
+    relayed_result: Option<std::ops::Range<usize>>,
 }
 
 // === impl Catalogs ===
@@ -270,6 +272,7 @@ impl Catalogs {
     /// and filtered for `authority`, and the same bytes get the same
     /// verdict. The `id` token must read (JSON) as `id`; it is relayed as
     /// the upstream spelled it, like every other byte of the envelope.
+    /// With the answer comes where its `result` is.
     pub fn remembered_answer(
         &self,
         upstream: &str,
@@ -277,7 +280,7 @@ impl Catalogs {
         authority: &Authority,
         text: &str,
         id: &crate::mcp::jsonrpc::Id,
-    ) -> Option<String> {
+    ) -> Option<(String, Option<std::ops::Range<usize>>)> {
         let epoch = self.epoch.load(Ordering::Acquire);
         let listing = self
             .listings
@@ -321,7 +324,18 @@ impl Catalogs {
         out.push_str(head);
         out.push_str(token);
         out.push_str(tail);
-        Some(out)
+        // The result moves with the id's new length when it comes after it.
+        let result = r.relayed_result.clone().and_then(|res| {
+            if res.end <= r.relayed_id.start {
+                Some(res)
+            } else if res.start >= r.relayed_id.end {
+                let at = res.start - r.relayed_id.end + head.len() + token.len();
+                Some(at..at + res.len())
+            } else {
+                None
+            }
+        });
+        Some((out, result))
     }
 
     /// Remembers a `tools/list` answer `text` of `upstream` and what
@@ -351,7 +365,9 @@ impl Catalogs {
         if listing.answers.len() >= MAX_VIEWS && !listing.answers.contains_key(authority) {
             return;
         }
-        let (Some(upstream_id), Some(relayed_id)) = (id_span(text), id_span(relayed)) else {
+        let (Some((upstream_id, _)), Some((relayed_id, relayed_result))) =
+            (id_span(text), id_span(relayed))
+        else {
             return;
         };
         listing.answers.insert(
@@ -361,22 +377,33 @@ impl Catalogs {
                 upstream_id,
                 relayed: relayed.into(),
                 relayed_id,
+                relayed_result,
             }),
         );
     }
 }
 
-/// The byte range of the top-level `id` member's value in a JSON-RPC
-/// message.
-fn id_span(text: &str) -> Option<std::ops::Range<usize>> {
+/// The byte ranges of the top-level `id` member's value in a JSON-RPC
+/// message, and of its `result`'s.
+type Spans = (std::ops::Range<usize>, Option<std::ops::Range<usize>>);
+
+fn id_span(text: &str) -> Option<Spans> {
     #[derive(serde::Deserialize)]
     struct Id<'a> {
         #[serde(borrow)]
         id: &'a serde_json::value::RawValue,
+        #[serde(borrow)]
+        result: Option<&'a serde_json::value::RawValue>,
     }
-    let id = serde_json::from_str::<Id>(text).ok()?.id.get();
-    let start = (id.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
-    Some(start..start + id.len())
+    let parsed = serde_json::from_str::<Id>(text).ok()?;
+    let span = |v: &str| {
+        let start = (v.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+        Some(start..start + v.len())
+    };
+    Some((
+        span(parsed.id.get())?,
+        parsed.result.and_then(|r| span(r.get())),
+    ))
 }
 
 /// The Redis channel announcing that an upstream's tool list changed.

@@ -209,18 +209,26 @@ fn a_remembered_answer_is_given_only_for_the_same_bytes_but_a_plain_matching_id(
     let text = format!(r#"{{"jsonrpc":"2.0","id":7,"result":{RESULT}}}"#);
     let relayed = r#"{"jsonrpc":"2.0","id":7,"result":{"tools":[]}}"#;
     c.remember_answer("up", 1, &reader, epoch, &text, relayed);
-    let again = |text: &str, id: Id| c.remembered_answer("up", 1, &reader, text, &id);
-    // The same bytes with another id: the remembered view, with that id.
+    let again = |text: &str, id: Id| {
+        c.remembered_answer("up", 1, &reader, text, &id)
+            .map(|(answer, _)| answer)
+    };
+    // The same bytes with another id: the remembered view, with that id,
+    // and where its result is (moved with the id's length).
     let t = text.replace(r#""id":7"#, r#""id":12"#);
     assert_eq!(
         again(&t, Id::Number(12)).as_deref(),
         Some(r#"{"jsonrpc":"2.0","id":12,"result":{"tools":[]}}"#)
     );
     let t = text.replace(r#""id":7"#, r#""id":"a-1""#);
+    let (answer, result) = c
+        .remembered_answer("up", 1, &reader, &t, &Id::String("a-1".into()))
+        .unwrap();
     assert_eq!(
-        again(&t, Id::String("a-1".into())).as_deref(),
-        Some(r#"{"jsonrpc":"2.0","id":"a-1","result":{"tools":[]}}"#)
+        answer,
+        r#"{"jsonrpc":"2.0","id":"a-1","result":{"tools":[]}}"#
     );
+    assert_eq!(answer.get(result.unwrap()), Some(r#"{"tools":[]}"#));
     // An id that is not the request's, or not spelled plainly: no.
     assert_eq!(again(&t, Id::String("a-2".into())), None);
     for token in [
@@ -242,11 +250,13 @@ fn a_remembered_answer_is_given_only_for_the_same_bytes_but_a_plain_matching_id(
     // Another authority, another policy generation, a cleared catalog: no.
     let other = authority("writer", &["p"]);
     assert_eq!(
-        c.remembered_answer("up", 1, &other, &text, &Id::Number(7)),
+        c.remembered_answer("up", 1, &other, &text, &Id::Number(7))
+            .map(|(a, _)| a),
         None
     );
     assert_eq!(
-        c.remembered_answer("up", 2, &reader, &text, &Id::Number(7)),
+        c.remembered_answer("up", 2, &reader, &text, &Id::Number(7))
+            .map(|(a, _)| a),
         None
     );
     assert!(again(&text, Id::Number(7)).is_some());

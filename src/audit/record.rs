@@ -36,6 +36,9 @@ pub enum JsonPayload {
     Value(serde_json::Value),
     /// Unparsed JSON text; only parsed when it may hold a key to redact.
     Raw(Box<RawValue>),
+    /// The same, for text the strict reader already accepted (a member of
+    /// an answer read off its tape): not validated a second time.
+    Text(Box<str>),
 }
 
 impl From<serde_json::Value> for JsonPayload {

@@ -182,22 +182,8 @@ pub(crate) fn render_payload(
     out.clear();
     match payload {
         JsonPayload::Absent => {}
-        JsonPayload::Raw(raw) => {
-            let text = raw.get();
-            if !patterns.may_match_text(text, max_bytes) {
-                out.extend_from_slice(truncate_utf8(text, max_bytes).as_bytes());
-                return;
-            }
-            match serde_json::from_str::<Value>(text) {
-                Ok(mut v) => {
-                    redact_json(&mut v, patterns);
-                    write_capped(&v, max_bytes, out);
-                }
-                // RawValue guarantees valid JSON; should parsing still fail
-                // (recursion limit), storing the text could leak a secret.
-                Err(_) => out.extend_from_slice(REDACTED.as_bytes()),
-            }
-        }
+        JsonPayload::Raw(raw) => render_text(raw.get(), patterns, max_bytes, out),
+        JsonPayload::Text(text) => render_text(text, patterns, max_bytes, out),
         JsonPayload::Value(v) => {
             // Parsed payloads are the rare case (rows built by the firewall
             // itself); the caller's row stays as it was.
@@ -205,6 +191,24 @@ pub(crate) fn render_payload(
             redact_json(&mut v, patterns);
             write_capped(&v, max_bytes, out);
         }
+    }
+}
+
+/// Renders JSON text: copied (capped) when no pattern may match in what is
+/// kept, else parsed, redacted and written capped.
+fn render_text(text: &str, patterns: &Redactor, max_bytes: usize, out: &mut Vec<u8>) {
+    if !patterns.may_match_text(text, max_bytes) {
+        out.extend_from_slice(truncate_utf8(text, max_bytes).as_bytes());
+        return;
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(mut v) => {
+            redact_json(&mut v, patterns);
+            write_capped(&v, max_bytes, out);
+        }
+        // The text was read as valid JSON; should parsing still fail
+        // (recursion limit), storing it could leak a secret.
+        Err(_) => out.extend_from_slice(REDACTED.as_bytes()),
     }
 }
 

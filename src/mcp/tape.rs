@@ -26,6 +26,9 @@ use std::ops::Range;
 /// quadratic. Below it the scan beats hashing (typical MCP objects have < 8 keys).
 pub(crate) const LINEAR_KEY_SCAN_MAX: usize = 16;
 
+/// Bytes of a string scanned one by one before a vector search.
+const SHORT_STRING: usize = 24;
+
 /// serde_json refuses the 128th nested container; so does the tape.
 const SERDE_DEPTH: usize = 127;
 
@@ -423,6 +426,18 @@ impl<'t> Reader<'t> {
     fn string(&mut self) -> Step<bool> {
         self.pos += 1;
         let mut escaped = false;
+        // Most strings (keys, names, types) are short: a byte loop finds
+        // their end before a vector search would have started.
+        let short = self.b.get(self.pos..).unwrap_or_default();
+        for (i, &c) in short.iter().take(SHORT_STRING).enumerate() {
+            if c == b'"' {
+                self.pos += i + 1;
+                return Ok(false);
+            }
+            if c == b'\\' || c < 0x20 {
+                break;
+            }
+        }
         loop {
             let rest = self.b.get(self.pos..).ok_or(Refused)?;
             let i = memchr::memchr2(b'"', b'\\', rest).ok_or(Refused)?;
@@ -587,31 +602,32 @@ impl<'de> ObjectKeys<'de> {
     ) -> Result<(), KeyRefusal> {
         // Keys are compared folded (without allocating): two keys equal
         // but for letter case are one key to a case-insensitive decoder.
-        let cased = !key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase());
+        let folded = Folded::new(key);
+        let cased = !folded.ascii || folded.key.bytes().any(|b| b.is_ascii_uppercase());
+        let key = &folded.key;
         if let Some((names, scope)) = self.members.filter(|_| cased) {
             if let Some(member) = names
                 .iter()
-                .find(|m| Folded::eq_str(m, &key) && **m != key.as_ref())
+                .find(|m| Folded::eq_str(m, key) && **m != key.as_ref())
             {
                 return Err(KeyRefusal::CaseVariant { member, scope });
             }
         }
         let earlier: Option<bool> = match &mut self.hashed {
-            Some(set) => match set.get(&Folded(Cow::Borrowed(&key))) {
-                Some(k) => Some(k.0 == key),
+            Some(set) => match set.get(&folded) {
+                Some(k) => Some(k.key == folded.key),
                 None => {
-                    set.insert(Folded(key));
+                    set.insert(folded);
                     None
                 }
             },
             None => {
-                let folded = Folded(key);
                 let found = stack
                     .get(self.start..)
                     .unwrap_or_default()
                     .iter()
                     .find(|k| **k == folded)
-                    .map(|k| k.0 == folded.0);
+                    .map(|k| k.key == folded.key);
                 if found.is_none() {
                     if stack.len() - self.start >= LINEAR_KEY_SCAN_MAX {
                         let mut set: HashSet<Folded<'de>> = stack.drain(self.start..).collect();
@@ -640,9 +656,21 @@ impl<'de> ObjectKeys<'de> {
 /// An object key compared and hashed as a case-insensitive decoder sees it:
 /// lower case, with U+017F LATIN SMALL LETTER LONG S as `s` and U+212A
 /// KELVIN SIGN as `k` (Unicode case folding maps both onto ASCII letters, as
-/// Go's `strings.EqualFold` does). Nothing is allocated.
+/// Go's `strings.EqualFold` does). Nothing is allocated; whether the key is
+/// ASCII is found once, so most comparisons are a length check.
 #[derive(Debug, Clone)]
-pub(crate) struct Folded<'de>(pub(crate) Cow<'de, str>);
+pub(crate) struct Folded<'de> {
+    key: Cow<'de, str>,
+    ascii: bool,
+}
+
+impl<'de> Folded<'de> {
+    /// `key`, to be compared folded.
+    pub(crate) fn new(key: Cow<'de, str>) -> Folded<'de> {
+        let ascii = key.is_ascii();
+        Folded { key, ascii }
+    }
+}
 
 impl Folded<'_> {
     fn chars(s: &str) -> impl Iterator<Item = char> + '_ {
@@ -672,7 +700,10 @@ impl Folded<'_> {
 
 impl PartialEq for Folded<'_> {
     fn eq(&self, other: &Self) -> bool {
-        Self::eq_str(&self.0, &other.0)
+        if self.ascii && other.ascii {
+            return self.key.eq_ignore_ascii_case(&other.key);
+        }
+        Self::chars(&self.key).eq(Self::chars(&other.key))
     }
 }
 
@@ -680,12 +711,12 @@ impl Eq for Folded<'_> {}
 
 impl std::hash::Hash for Folded<'_> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        if self.0.is_ascii() {
-            for b in self.0.bytes() {
+        if self.ascii {
+            for b in self.key.bytes() {
                 state.write_u8(b.to_ascii_lowercase());
             }
         } else {
-            for c in Self::chars(&self.0) {
+            for c in Self::chars(&self.key) {
                 state.write_u32(u32::from(c));
             }
         }

@@ -219,11 +219,26 @@ impl Recorder {
         &self.auditor
     }
 
-    /// Completes an intent row with the upstream's answer.
+    /// Completes an intent row with the upstream's answer (as relayed).
     pub fn complete(
         &self,
-        mut row: AuditRow,
+        row: AuditRow,
         answer: Option<&str>,
+        status: u16,
+        upstream_started: Instant,
+        bytes_out: usize,
+    ) -> AuditRow {
+        let parts = answer.map(AnswerParts::of);
+        self.complete_with(row, parts, status, upstream_started, bytes_out)
+    }
+
+    /// [`Recorder::complete`] with the answer's `result` and `error`
+    /// already located (off the strict reader's tape, or where the
+    /// firewall wrote them): the answer is not read again.
+    pub fn complete_with(
+        &self,
+        mut row: AuditRow,
+        parts: Option<AnswerParts<'_>>,
         status: u16,
         upstream_started: Instant,
         bytes_out: usize,
@@ -234,34 +249,30 @@ impl Recorder {
         row.upstream_latency_us = upstream_started.elapsed().as_micros() as u64;
         row.bytes_out = bytes_out as u64;
         row.stop_reason = StopReason::Done.as_str().into();
-        if let Some(raw) = answer {
-            #[derive(serde::Deserialize)]
-            struct Answer<'a> {
-                #[serde(borrow)]
-                result: Option<&'a RawValue>,
-                #[serde(borrow)]
-                error: Option<&'a RawValue>,
+        #[derive(serde::Deserialize)]
+        struct IsError {
+            #[serde(rename = "isError")]
+            is_error: Option<bool>,
+        }
+        let raw = |text: &str| JsonPayload::Text(text.into());
+        match parts {
+            Some(AnswerParts { error: Some(e), .. }) => {
+                row.is_error = true;
+                row.result = raw(e);
             }
-            #[derive(serde::Deserialize)]
-            struct IsError {
-                #[serde(rename = "isError")]
-                is_error: Option<bool>,
+            Some(AnswerParts {
+                result: Some(r), ..
+            }) => {
+                // `isError` exists only on tool results; other results
+                // (a 100-tool list) are not read a second time for it.
+                row.is_error = row.tool_call()
+                    && serde_json::from_str::<IsError>(r)
+                        .ok()
+                        .and_then(|x| x.is_error)
+                        .unwrap_or(false);
+                row.result = raw(r);
             }
-            if let Ok(a) = serde_json::from_str::<Answer>(raw) {
-                if let Some(e) = a.error {
-                    row.is_error = true;
-                    row.result = JsonPayload::Raw(e.to_owned());
-                } else if let Some(r) = a.result {
-                    // `isError` exists only on tool results; other results
-                    // (a 100-tool list) are not read a second time for it.
-                    row.is_error = row.tool_call()
-                        && serde_json::from_str::<IsError>(r.get())
-                            .ok()
-                            .and_then(|x| x.is_error)
-                            .unwrap_or(false);
-                    row.result = JsonPayload::Raw(r.to_owned());
-                }
-            }
+            _ => {}
         }
         row
     }
@@ -329,4 +340,33 @@ fn trace_id(headers: &HeaderMap) -> String {
         }
     }
     header(headers, "x-request-id")
+}
+
+/// Where an answer's `result` and `error` are (each the member's text).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnswerParts<'a> {
+    /// The `result` member's value.
+    pub result: Option<&'a str>,
+    /// The `error` member's value.
+    pub error: Option<&'a str>,
+}
+
+impl<'a> AnswerParts<'a> {
+    /// Reads them out of a whole answer (nothing, if it is not an object).
+    pub fn of(answer: &'a str) -> AnswerParts<'a> {
+        #[derive(serde::Deserialize)]
+        struct Answer<'a> {
+            #[serde(borrow)]
+            result: Option<&'a RawValue>,
+            #[serde(borrow)]
+            error: Option<&'a RawValue>,
+        }
+        serde_json::from_str::<Answer>(answer).map_or_else(
+            |_| AnswerParts::default(),
+            |a| AnswerParts {
+                result: a.result.map(RawValue::get),
+                error: a.error.map(RawValue::get),
+            },
+        )
+    }
 }

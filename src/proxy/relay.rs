@@ -75,7 +75,7 @@ use super::decide::RunContext;
 use super::decide_answer::{self, result_text, Answering, NewTask, TaskIds, Verdict};
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
-use super::record::{write_rows, Recorder};
+use super::record::{write_rows, AnswerParts, Recorder};
 use super::tasks;
 use super::upstream::{response_headers, Forward};
 use crate::http_util::{full, Body, BoxError};
@@ -155,6 +155,9 @@ pub struct Exchange {
     bytes_out: usize,
     /// The last `tools/list` answer inspected reused a remembered view.
     list_view_reused: bool,
+    /// Where the view's `result` is in the filtered `tools/list` answer
+    /// just written (for its completion row).
+    list_result: Option<std::ops::Range<usize>>,
     /// Settlements in a shared budget store not yet confirmed: awaited
     /// (briefly) before the answers they belong to leave, so the caller's
     /// next call is admitted against them.
@@ -267,6 +270,7 @@ impl Exchange {
             bytes_out: 0,
             settling: Vec::new(),
             list_view_reused: false,
+            list_result: None,
         }
     }
 
@@ -383,7 +387,14 @@ impl Exchange {
     }
 
     /// Completes the due answering `id` with `answer` (as relayed).
-    fn answered(&mut self, pos: usize, answer: &str) -> Option<AuditRow> {
+    /// `parts` locate its `result` or `error` when they are known
+    /// already; else the completion row reads them out of `answer`.
+    fn answered(
+        &mut self,
+        pos: usize,
+        answer: &str,
+        parts: Option<AnswerParts<'_>>,
+    ) -> Option<AuditRow> {
         let mut d = self.due.swap_remove(pos);
         self.settle(
             &mut d,
@@ -403,9 +414,10 @@ impl Exchange {
             None => None,
         };
         row.map(|row| {
-            self.recorder.complete(
+            let parts = parts.unwrap_or_else(|| AnswerParts::of(answer));
+            self.recorder.complete_with(
                 row,
-                Some(answer),
+                Some(parts),
                 self.status,
                 self.upstream_started,
                 self.bytes_out,
@@ -747,7 +759,15 @@ impl Exchange {
                 )
                 .map(|relayed| (pos, relayed))
         })?;
-        let rows = self.answered(pos, &relayed).into_iter().collect();
+        let (relayed, result) = relayed;
+        let parts = AnswerParts {
+            result: result.and_then(|r| relayed.get(r)),
+            error: None,
+        };
+        let rows = self
+            .answered(pos, &relayed, Some(parts))
+            .into_iter()
+            .collect();
         Some((Pass::Replaced(relayed), rows))
     }
 
@@ -760,6 +780,7 @@ impl Exchange {
         read: Option<Read<'_>>,
         rows: &mut Vec<AuditRow>,
     ) -> Result<Pass, UpstreamFailure> {
+        self.list_result = None;
         let pos =
             m.id.as_ref()
                 .filter(|_| m.kind == Kind::Response)
@@ -837,12 +858,34 @@ impl Exchange {
             }
         };
         if let Some(pos) = pos {
-            let relayed = match &pass {
-                Pass::Replaced(t) => t.as_str(),
-                _ => raw,
+            let (relayed, parts) = match &pass {
+                Pass::Replaced(t) => (
+                    t.as_str(),
+                    self.list_result.take().and_then(|r| {
+                        Some(AnswerParts {
+                            result: Some(t.get(r)?),
+                            error: None,
+                        })
+                    }),
+                ),
+                // Relayed as read: its members are on the tape.
+                _ => (
+                    raw,
+                    read.zip(m.node).map(|(r, n)| AnswerParts {
+                        result: r
+                            .tape
+                            .member(r.text, n, "result")
+                            .map(|x| r.tape.text(r.text, x)),
+                        error: r
+                            .tape
+                            .member(r.text, n, "error")
+                            .map(|x| r.tape.text(r.text, x)),
+                    }),
+                ),
             };
-            rows.extend(self.answered(pos, relayed));
+            rows.extend(self.answered(pos, relayed, parts));
         }
+        self.list_result = None;
         Ok(pass)
     }
 
@@ -1077,6 +1120,7 @@ impl Exchange {
         out.push_str(head);
         out.push_str(&view);
         out.push_str(tail);
+        self.list_result = Some(head.len()..head.len() + view.len());
         Ok(out)
     }
 
