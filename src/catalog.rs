@@ -366,7 +366,7 @@ impl Catalogs {
             return;
         }
         let (Some((upstream_id, _)), Some((relayed_id, relayed_result))) =
-            (id_span(text), id_span(relayed))
+            (spans(text), spans(relayed))
         else {
             return;
         };
@@ -387,7 +387,7 @@ impl Catalogs {
 /// message, and of its `result`'s.
 type Spans = (std::ops::Range<usize>, Option<std::ops::Range<usize>>);
 
-fn id_span(text: &str) -> Option<Spans> {
+fn spans(text: &str) -> Option<Spans> {
     #[derive(serde::Deserialize)]
     struct Id<'a> {
         #[serde(borrow)]

@@ -587,6 +587,11 @@ projects = ["sre"]
     }
 
     fn verdict(stateless: bool, text: &str, class: &Class, approved: bool) -> Verdict {
+        decided(stateless, text, Some(Answering { class, approved }))
+    }
+
+    /// The decision on `text`'s first message, answering as `answering`.
+    fn decided(stateless: bool, text: &str, answering: Option<Answering<'_>>) -> Verdict {
         let policy =
             crate::policy::compile::compile(&[(PathBuf::from("p.toml"), POLICY.into())]).unwrap();
         let authority = authority();
@@ -603,7 +608,7 @@ projects = ["sre"]
         let env = jsonrpc::parse_upstream(text.as_bytes()).unwrap();
         let m = &env.messages[0];
         let raw = &text[m.span.clone()];
-        decide(s, m, raw, Some(Answering { class, approved })).unwrap()
+        decide(s, m, raw, answering).unwrap()
     }
 
     #[test]
@@ -712,23 +717,6 @@ projects = ["sre"]
             verdict(true, text, &Class::List(ListKind::Tools), false),
             Verdict::Relay
         );
-        let policy =
-            crate::policy::compile::compile(&[(PathBuf::from("p.toml"), POLICY.into())]).unwrap();
-        let authority = authority();
-        let up = upstream();
-        let tasks = own_task();
-        let s = Scope {
-            policy: &policy,
-            authority: &authority,
-            upstream: &up,
-            stateless: false,
-            tasks: &tasks,
-            principal: PRINCIPAL,
-        };
-        let env = jsonrpc::parse_upstream(text.as_bytes()).unwrap();
-        assert_eq!(
-            decide(s, &env.messages[0], text, None).unwrap(),
-            Verdict::Unsolicited
-        );
+        assert_eq!(decided(false, text, None), Verdict::Unsolicited);
     }
 }

@@ -155,9 +155,6 @@ pub struct Exchange {
     bytes_out: usize,
     /// The last `tools/list` answer inspected reused a remembered view.
     list_view_reused: bool,
-    /// Where the view's `result` is in the filtered `tools/list` answer
-    /// just written (for its completion row).
-    list_result: Option<std::ops::Range<usize>>,
     /// Settlements in a shared budget store not yet confirmed: awaited
     /// (briefly) before the answers they belong to leave, so the caller's
     /// next call is admitted against them.
@@ -270,7 +267,6 @@ impl Exchange {
             bytes_out: 0,
             settling: Vec::new(),
             list_view_reused: false,
-            list_result: None,
         }
     }
 
@@ -698,9 +694,9 @@ impl Exchange {
         };
         let mut rows = Vec::new();
         let mut parts: Vec<(std::ops::Range<usize>, Pass)> = Vec::with_capacity(env.messages.len());
+        let read = env.tape.as_ref().map(|tape| Read { text, tape });
         for m in &env.messages {
             let raw = text.get(m.span.clone()).unwrap_or("");
-            let read = env.tape.as_ref().map(|tape| Read { text, tape });
             let pass = self.on_message(m, raw, read, &mut rows)?;
             parts.push((m.span.clone(), pass));
         }
@@ -780,7 +776,6 @@ impl Exchange {
         read: Option<Read<'_>>,
         rows: &mut Vec<AuditRow>,
     ) -> Result<Pass, UpstreamFailure> {
-        self.list_result = None;
         let pos =
             m.id.as_ref()
                 .filter(|_| m.kind == Kind::Response)
@@ -791,6 +786,8 @@ impl Exchange {
             approved: self.due[p].granted.is_some(),
         });
         let verdict = decide_answer::decide(run.answer_scope(), m, raw, answering)?;
+        // Where a filtered list's view is in what is relayed.
+        let mut view_at = None;
         let upstream = &run.upstream.config.name;
         let pass = match verdict {
             Verdict::Relay => Pass::Same,
@@ -799,7 +796,11 @@ impl Exchange {
                 return Ok(Pass::Dropped);
             }
             Verdict::Filter(kind) => Pass::Replaced(match kind {
-                ListKind::Tools => self.filter_listed_tools(m, raw, read)?,
+                ListKind::Tools => {
+                    let (out, at) = self.filter_listed_tools(m, raw, read)?;
+                    view_at = at;
+                    out
+                }
                 ListKind::Prompts => self.filter_named(raw, kind, "prompts", "name")?,
                 ListKind::Resources => self.filter_named(raw, kind, "resources", "uri")?,
                 ListKind::ResourceTemplates => {
@@ -861,31 +862,29 @@ impl Exchange {
             let (relayed, parts) = match &pass {
                 Pass::Replaced(t) => (
                     t.as_str(),
-                    self.list_result.take().and_then(|r| {
+                    view_at.and_then(|at| {
                         Some(AnswerParts {
-                            result: Some(t.get(r)?),
+                            result: Some(t.get(at)?),
                             error: None,
                         })
                     }),
                 ),
-                // Relayed as read: its members are on the tape.
+                // Relayed as read off the tape: its result's span is known,
+                // its error is a member of its node.
                 _ => (
                     raw,
                     read.zip(m.node).map(|(r, n)| AnswerParts {
-                        result: r
-                            .tape
-                            .member(r.text, n, "result")
-                            .map(|x| r.tape.text(r.text, x)),
-                        error: r
-                            .tape
-                            .member(r.text, n, "error")
+                        result: m.result.clone().and_then(|at| r.text.get(at)),
+                        error: m
+                            .is_error
+                            .then(|| r.tape.member(r.text, n, "error"))
+                            .flatten()
                             .map(|x| r.tape.text(r.text, x)),
                     }),
                 ),
             };
             rows.extend(self.answered(pos, relayed, parts));
         }
-        self.list_result = None;
         Ok(pass)
     }
 
@@ -1074,21 +1073,22 @@ impl Exchange {
     /// The answer to a `tools/list` this exchange sent: its `result` is
     /// replaced by the run's view of it (remembered by the catalog when the
     /// upstream repeats itself), the rest of the message is kept as is.
+    /// With it comes where the view is in it (for the completion row).
     fn filter_listed_tools(
         &mut self,
         m: &Message,
         raw: &str,
         read: Option<Read<'_>>,
-    ) -> Result<String, UpstreamFailure> {
+    ) -> Result<(String, Option<std::ops::Range<usize>>), UpstreamFailure> {
         let Some(at) = m.result.as_ref().and_then(|r| {
             Some(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)
         }) else {
-            return self.filter_tools(raw);
+            return Ok((self.filter_tools(raw)?, None));
         };
         let (Some(head), Some(result), Some(tail)) =
             (raw.get(..at.start), raw.get(at.clone()), raw.get(at.end..))
         else {
-            return self.filter_tools(raw);
+            return Ok((self.filter_tools(raw)?, None));
         };
         let cx = &self.run;
         let rewritten = std::cell::Cell::new(false);
@@ -1120,8 +1120,7 @@ impl Exchange {
         out.push_str(head);
         out.push_str(&view);
         out.push_str(tail);
-        self.list_result = Some(head.len()..head.len() + view.len());
-        Ok(out)
+        Ok((out, Some(head.len()..head.len() + view.len())))
     }
 
     fn filter_tools(&self, raw: &str) -> Result<String, UpstreamFailure> {
