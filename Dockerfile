@@ -15,7 +15,7 @@ COPY benches benches
 COPY bench/src bench/src
 COPY config config
 COPY policies policies
-RUN cargo build --release --locked -p mcp-firewall -p mcp-demo-upstream
+RUN cargo build --profile dist --locked -p mcp-firewall -p mcp-demo-upstream
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
@@ -23,9 +23,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     && useradd --system --uid 10001 --home /var/lib/mcp-firewall mcp-firewall \
     && mkdir -p /var/lib/mcp-firewall/spool /var/lib/mcp-firewall/approvals \
     && chown -R mcp-firewall /var/lib/mcp-firewall
-COPY --from=build /src/target/release/mcp-firewall /usr/local/bin/mcp-firewall
+COPY --from=build /src/target/dist/mcp-firewall /usr/local/bin/mcp-firewall
 # The sample estate `demo` starts beside the firewall (and compose serves alone).
-COPY --from=build /src/target/release/mcp-demo-upstream /usr/local/bin/mcp-demo-upstream
+COPY --from=build /src/target/dist/mcp-demo-upstream /usr/local/bin/mcp-demo-upstream
 COPY config/example.toml /etc/mcp-firewall/config.toml
 COPY config/compose.toml /etc/mcp-firewall/compose.toml
 COPY policies /etc/mcp-firewall/policies

@@ -44,7 +44,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum FirewallError {
     /// The binary is missing.
-    #[error("firewall binary {0} not found: build it with `cargo build --release -p mcp-firewall` (or pass --firewall-bin)")]
+    #[error("firewall binary {0} not found: build it with `cargo build --profile dist -p mcp-firewall` (or pass --firewall-bin)")]
     NoBinary(PathBuf),
     /// Writing the config, key or policies failed.
     #[error("writing {path}: {source}")]

@@ -129,7 +129,8 @@ pub struct Meta {
     pub redis: Option<String>,
     /// The firewall binary.
     pub firewall_bin: String,
-    /// Whether the binaries were built in release mode (by path).
+    /// Whether the binaries were built optimized (`release` or `dist`, by
+    /// path).
     pub release: bool,
     /// Rounds per target per cell.
     pub rounds: usize,
@@ -1264,6 +1265,18 @@ fn cell_notes(c: &CellReport, call16: Option<&CellReport>) -> Vec<String> {
     out
 }
 
+/// The cargo profile a binary was built with, by its path: `dist` (the
+/// build of record), `release`, or `debug`.
+fn build_profile(bin: &str, optimized: bool) -> &'static str {
+    if bin.contains("/dist/") {
+        "dist"
+    } else if optimized {
+        "release"
+    } else {
+        "debug"
+    }
+}
+
 fn instance_line(i: &InstanceReport) -> String {
     let growth = match (i.fresh_rss_mb, i.end_rss_mb) {
         (Some(a), Some(b)) => format!(" ({:+.1} MB)", b - a),
@@ -1361,7 +1374,7 @@ pub fn markdown(r: &Report) -> String {
             format!(
                 "{} ({}), log level {}{}",
                 m.firewall_bin,
-                if m.release { "release" } else { "debug" },
+                build_profile(&m.firewall_bin, m.release),
                 m.firewall_log_level,
                 if m.firewall_upstream.is_empty() {
                     String::new()

@@ -1745,7 +1745,7 @@ impl World {
                     firewall::REDIS_KEY_PREFIX
                 )
             }),
-            release: bin.contains("/release/"),
+            release: bin.contains("/release/") || bin.contains("/dist/"),
             firewall_bin: bin,
             rounds: o.rounds,
             warmup_s: o.warmup.as_secs_f64(),

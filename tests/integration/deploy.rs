@@ -134,7 +134,7 @@ fn the_image_and_compose_start_what_works_as_shipped() {
     // `demo` starts the estate from beside the firewall's binary.
     assert!(docker.contains("-p mcp-firewall -p mcp-demo-upstream"));
     assert!(docker.contains(
-        "COPY --from=build /src/target/release/mcp-demo-upstream /usr/local/bin/mcp-demo-upstream"
+        "COPY --from=build /src/target/dist/mcp-demo-upstream /usr/local/bin/mcp-demo-upstream"
     ));
     let compose = std::fs::read_to_string(root().join("docker-compose.yml")).unwrap();
     for line in [
