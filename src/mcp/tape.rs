@@ -26,8 +26,8 @@ use std::ops::Range;
 /// quadratic. Below it the scan beats hashing (typical MCP objects have < 8 keys).
 pub(crate) const LINEAR_KEY_SCAN_MAX: usize = 16;
 
-/// Bytes of a string scanned one by one before a vector search.
-const SHORT_STRING: usize = 24;
+/// Bytes of a string tested at once for the end of its plain run.
+const PLAIN_CHUNK: usize = 16;
 
 /// serde_json refuses the 128th nested container; so does the tape.
 const SERDE_DEPTH: usize = 127;
@@ -426,32 +426,21 @@ impl<'t> Reader<'t> {
     fn string(&mut self) -> Step<bool> {
         self.pos += 1;
         let mut escaped = false;
-        // Most strings (keys, names, types) are short: a byte loop finds
-        // their end before a vector search would have started.
-        let short = self.b.get(self.pos..).unwrap_or_default();
-        for (i, &c) in short.iter().take(SHORT_STRING).enumerate() {
-            if c == b'"' {
-                self.pos += i + 1;
-                return Ok(false);
-            }
-            if c == b'\\' || c < 0x20 {
-                break;
-            }
-        }
         loop {
             let rest = self.b.get(self.pos..).ok_or(Refused)?;
-            let i = memchr::memchr2(b'"', b'\\', rest).ok_or(Refused)?;
-            // No raw control character in what was skipped.
-            if rest.get(..i).is_some_and(has_control) {
-                return Err(Refused);
+            self.pos += plain_run(rest);
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(escaped);
+                }
+                Some(b'\\') => {
+                    escaped = true;
+                    self.escape()?;
+                }
+                // A raw control character, or the text ended inside it.
+                _ => return Err(Refused),
             }
-            self.pos += i;
-            if self.peek() == Some(b'"') {
-                self.pos += 1;
-                return Ok(escaped);
-            }
-            escaped = true;
-            self.escape()?;
         }
     }
 
@@ -546,16 +535,21 @@ impl<'t> Reader<'t> {
     }
 }
 
-/// Whether `bytes` holds a control character (below U+0020), which JSON
-/// strings must escape. Written to vectorize: a minimum over the bytes.
-fn has_control(bytes: &[u8]) -> bool {
-    let mut chunks = bytes.chunks_exact(32);
-    for c in &mut chunks {
-        if c.iter().fold(u8::MAX, |m, &b| m.min(b)) < 0x20 {
-            return true;
+/// How many bytes at the start of `bytes` a JSON string holds as they are:
+/// up to the first `"`, `\` or control character (below U+0020, which
+/// strings must escape), or all of them. One pass: whole chunks are tested
+/// at once (the test vectorizes), the chunk that holds the stop byte by byte.
+fn plain_run(bytes: &[u8]) -> usize {
+    let stops = |c: u8| (c == b'"') | (c == b'\\') | (c < 0x20);
+    let mut at = 0;
+    for chunk in bytes.chunks_exact(PLAIN_CHUNK) {
+        if chunk.iter().fold(false, |any, &c| any | stops(c)) {
+            break;
         }
+        at += PLAIN_CHUNK;
     }
-    chunks.remainder().iter().any(|&b| b < 0x20)
+    let tail = bytes.get(at..).unwrap_or_default();
+    at + tail.iter().position(|&c| stops(c)).unwrap_or(tail.len())
 }
 
 /// Why a key is refused ([`ObjectKeys::admit`]).
@@ -608,7 +602,7 @@ impl<'de> ObjectKeys<'de> {
         if let Some((names, scope)) = self.members.filter(|_| cased) {
             if let Some(member) = names
                 .iter()
-                .find(|m| Folded::eq_str(m, key) && **m != key.as_ref())
+                .find(|m| folded.eq_member(m) && **m != key.as_ref())
             {
                 return Err(KeyRefusal::CaseVariant { member, scope });
             }
@@ -687,6 +681,15 @@ impl Folded<'_> {
                     .flatten(),
             )
         })
+    }
+
+    /// Whether this key is `member` (an ASCII name a place defines) to a
+    /// case-insensitive decoder: for an ASCII key a length check first.
+    fn eq_member(&self, member: &str) -> bool {
+        if self.ascii {
+            return member.len() == self.key.len() && member.eq_ignore_ascii_case(&self.key);
+        }
+        Self::eq_str(member, &self.key)
     }
 
     /// Whether `a` and `b` are one key to a case-insensitive decoder.

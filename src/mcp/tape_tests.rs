@@ -122,3 +122,32 @@ fn keys_are_compared_folded_like_a_case_insensitive_decoder() {
     let text = format!("{{{}}}", many.join(","));
     assert!(tape(&text).is_some());
 }
+
+#[test]
+fn a_string_ends_at_its_first_stop_wherever_it_falls_in_a_chunk() {
+    // Every stop byte at every offset around the chunk boundaries, with
+    // plain bytes (ASCII, DEL, multi-byte UTF-8) before it.
+    let stops: Vec<u8> = (0u8..0x20).chain([b'"', b'\\']).collect();
+    for len in 0..(3 * PLAIN_CHUNK + 3) {
+        let plain: Vec<u8> = "aé\u{7f}z".bytes().cycle().take(len).collect();
+        assert_eq!(plain_run(&plain), len, "no stop in {len} plain bytes");
+        for &stop in &stops {
+            let mut b = plain.clone();
+            b.push(stop);
+            b.extend_from_slice(b"\"tail\\");
+            assert_eq!(plain_run(&b), len, "stop {stop:#x} after {len} bytes");
+        }
+    }
+    // And the reader: a raw control character anywhere in a long string is
+    // refused, the same string escaped is read.
+    for at in [0, 15, 16, 17, 40] {
+        let mut s = "x".repeat(48);
+        s.insert(at, '\u{1}');
+        assert!(
+            tape(&format!(r#"{{"a":"{s}"}}"#)).is_none(),
+            "control at {at}"
+        );
+        let escaped = s.replace('\u{1}', "\\u0001");
+        assert!(tape(&format!(r#"{{"a":"{escaped}"}}"#)).is_some());
+    }
+}

@@ -31,15 +31,18 @@ impl Admission {
             mut granted,
             rewrite,
         } = self;
+        // The approvals store is asked only for gated calls and retries:
+        // those awaits are boxed so that every call's future does not carry
+        // their few KB.
         // A multi-round retry under an approval: its round runs once.
         if let Some(g) = granted.as_deref().filter(|g| g.round > 0) {
-            if let Err(why) = run.spend_round(g).await {
+            if let Err(why) = Box::pin(run.spend_round(g)).await {
                 tracing::info!(tool, approval = %g.approval, round = g.round, reason = %why, "retry refused");
                 return Verdict::Answer(Outcome::BadRequestState(why));
             }
         }
         if let Some((arguments, hash)) = gate {
-            match run.gate(&tool, &arguments, hash, risk).await {
+            match Box::pin(run.gate(&tool, &arguments, hash, risk)).await {
                 Ok(Ok(g)) => {
                     tracing::info!(tool, approval = %g.approval, "running an approved call");
                     granted = Some(Arc::new(g));

@@ -294,6 +294,8 @@ async fn serve(
     // Step 5: the session, the caller's own or none.
     let session = open_session(&run, req.headers())?;
 
+    // GET and DELETE are boxed: once per session each, their futures would
+    // otherwise make every POST's future as large as theirs.
     match *req.method() {
         Method::POST => post(state, conn, run, session, req).await,
         Method::GET | Method::DELETE if run.version.is_stateless() => {
@@ -302,11 +304,11 @@ async fn serve(
         }
         Method::GET => {
             run.trace = start_trace(state, &run, req.headers(), None, "GET");
-            get(state, conn, Arc::new(run), session, req).await
+            Box::pin(get(state, conn, Arc::new(run), session, req)).await
         }
         Method::DELETE => {
             run.trace = start_trace(state, &run, req.headers(), None, "DELETE");
-            delete(state, conn, Arc::new(run), session, req).await
+            Box::pin(delete(state, conn, Arc::new(run), session, req)).await
         }
         ref m => Err(ProxyError::MethodNotAllowed(m.clone())),
     }

@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
 use http::header::{HeaderMap, HeaderName};
 use http::{header, HeaderValue, Method, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
@@ -330,19 +331,27 @@ impl Exchange {
 
     /// The error for a failed upstream, answering every waiting request;
     /// the open rows are written as failed first.
-    pub async fn fail(mut self, failure: UpstreamFailure) -> ProxyError {
-        let ids: Vec<Id> = self.due.iter().filter_map(|d| d.id.clone()).collect();
-        let rows = self.end_all(
-            StopReason::UpstreamError,
-            &failure.to_string(),
-            settle_for(&failure),
-        );
-        self.write(rows).await;
-        ProxyError::Upstream {
-            upstream: self.run.upstream.config.name.clone(),
-            failure,
-            ids,
-        }
+    ///
+    /// Boxed, like the other rare ends of an exchange ([`Exchange::accepted`],
+    /// [`Exchange::client_error`]): awaited inline, each would make the
+    /// future of every request, which holds the largest of its awaits, a few
+    /// KB larger (allocated and copied per request, and resident for every
+    /// one in flight).
+    pub fn fail(mut self, failure: UpstreamFailure) -> BoxFuture<'static, ProxyError> {
+        Box::pin(async move {
+            let ids: Vec<Id> = self.due.iter().filter_map(|d| d.id.clone()).collect();
+            let rows = self.end_all(
+                StopReason::UpstreamError,
+                &failure.to_string(),
+                settle_for(&failure),
+            );
+            self.write(rows).await;
+            ProxyError::Upstream {
+                upstream: self.run.upstream.config.name.clone(),
+                failure,
+                ids,
+            }
+        })
     }
 
     /// Ends every open due: rows completed with `stop`, budgets settled.
@@ -582,95 +591,103 @@ impl Exchange {
     }
 
     /// 202/204 (and DELETE's answer): what was forwarded is accepted.
-    async fn accepted(
+    fn accepted(
         mut self,
         status: StatusCode,
         headers: HeaderMap,
-    ) -> Result<Response<Body>, ProxyError> {
-        if self.requests_due() {
-            return Err(self
-                .fail(UpstreamFailure::Invalid(
-                    "the upstream accepted a request without answering it".to_owned(),
-                ))
-                .await);
-        }
-        let rows: Vec<AuditRow> = std::mem::take(&mut self.due)
-            .into_iter()
-            .filter_map(|d| d.row)
-            .map(|row| {
-                self.recorder
-                    .complete(row, None, self.status, self.upstream_started, 0)
-            })
-            .collect();
-        self.write(rows).await;
-        if !self.local.is_empty() {
-            // The upstream accepted the notifications/responses of a batch;
-            // the firewall still owes answers for what it refused.
-            let merged = merge_json(&Bytes::new(), &self.local);
-            return Ok(json_with(StatusCode::OK, headers, merged));
-        }
-        let mut r = Response::new(crate::http_util::empty());
-        *r.status_mut() = status;
-        *r.headers_mut() = headers;
-        Ok(r)
+    ) -> BoxFuture<'static, Result<Response<Body>, ProxyError>> {
+        Box::pin(async move {
+            if self.requests_due() {
+                return Err(self
+                    .fail(UpstreamFailure::Invalid(
+                        "the upstream accepted a request without answering it".to_owned(),
+                    ))
+                    .await);
+            }
+            let rows: Vec<AuditRow> = std::mem::take(&mut self.due)
+                .into_iter()
+                .filter_map(|d| d.row)
+                .map(|row| {
+                    self.recorder
+                        .complete(row, None, self.status, self.upstream_started, 0)
+                })
+                .collect();
+            self.write(rows).await;
+            if !self.local.is_empty() {
+                // The upstream accepted the notifications/responses of a batch;
+                // the firewall still owes answers for what it refused.
+                let merged = merge_json(&Bytes::new(), &self.local);
+                return Ok(json_with(StatusCode::OK, headers, merged));
+            }
+            let mut r = Response::new(crate::http_util::empty());
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            Ok(r)
+        })
     }
 
     /// A 4xx answer, relayed with its status: JSON bodies only when they are
     /// JSON-RPC errors, text bodies capped.
-    async fn client_error(
+    fn client_error(
         mut self,
         status: StatusCode,
         mut headers: HeaderMap,
         mut body: UpstreamBody,
-    ) -> Response<Body> {
-        let ct = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let bytes = match body.collect_bounded(MAX_ERROR_BODY).await {
-            Ok(Collected::Complete(b)) => Some(b),
-            _ => None,
-        };
-        let cause = format!("upstream answered HTTP {}", status.as_u16());
-        // It refused: nothing ran.
-        let rows = self.end_all(StopReason::UpstreamError, &cause, Settle::NotExecuted);
-        self.write(rows).await;
-        // JSON-RPC error responses only (their id may be null: the
-        // upstream could not tell which request failed).
-        let errors_only = |b: &Bytes| {
-            let is_error = |v: &Value| {
-                v.get("error").is_some_and(Value::is_object)
-                    && v.get("result").is_none()
-                    && v.get("method").is_none()
+    ) -> BoxFuture<'static, Response<Body>> {
+        Box::pin(async move {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            let bytes = match body.collect_bounded(MAX_ERROR_BODY).await {
+                Ok(Collected::Complete(b)) => Some(b),
+                _ => None,
             };
-            match serde_json::from_slice::<Value>(b) {
-                Ok(Value::Array(items)) => !items.is_empty() && items.iter().all(is_error),
-                Ok(v) => is_error(&v),
-                Err(_) => false,
-            }
-        };
-        let body = match bytes {
-            Some(b) if b.is_empty() => b,
-            Some(b) if mime_is(&ct, "application/json") && errors_only(&b) => b,
-            Some(b) if !mime_is(&ct, "application/json") && !mime_is(&ct, "text/event-stream") => b,
-            _ => {
-                headers.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                answer::error(
-                    None,
-                    super::answer::codes::UPSTREAM_ERROR,
-                    &format!("upstream {:?}: {cause}", self.run.upstream.config.name),
-                    None,
-                )
-            }
-        };
-        let mut r = Response::new(full(body));
-        *r.status_mut() = status;
-        *r.headers_mut() = headers;
-        r
+            let cause = format!("upstream answered HTTP {}", status.as_u16());
+            // It refused: nothing ran.
+            let rows = self.end_all(StopReason::UpstreamError, &cause, Settle::NotExecuted);
+            self.write(rows).await;
+            // JSON-RPC error responses only (their id may be null: the
+            // upstream could not tell which request failed).
+            let errors_only = |b: &Bytes| {
+                let is_error = |v: &Value| {
+                    v.get("error").is_some_and(Value::is_object)
+                        && v.get("result").is_none()
+                        && v.get("method").is_none()
+                };
+                match serde_json::from_slice::<Value>(b) {
+                    Ok(Value::Array(items)) => !items.is_empty() && items.iter().all(is_error),
+                    Ok(v) => is_error(&v),
+                    Err(_) => false,
+                }
+            };
+            let body = match bytes {
+                Some(b) if b.is_empty() => b,
+                Some(b) if mime_is(&ct, "application/json") && errors_only(&b) => b,
+                Some(b)
+                    if !mime_is(&ct, "application/json") && !mime_is(&ct, "text/event-stream") =>
+                {
+                    b
+                }
+                _ => {
+                    headers.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    answer::error(
+                        None,
+                        super::answer::codes::UPSTREAM_ERROR,
+                        &format!("upstream {:?}: {cause}", self.run.upstream.config.name),
+                        None,
+                    )
+                }
+            };
+            let mut r = Response::new(full(body));
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            r
+        })
     }
 
     /// Inspects one complete upstream JSON text (a message or a batch):
