@@ -321,9 +321,9 @@ pub(crate) async fn authenticate(
         .await
         .map_err(ApiError::BadToken)?;
     Ok(Approver {
-        subject: claims.sub.clone(),
-        tenant: claims.tenant_id.clone(),
-        scopes: claims.scopes.clone(),
+        subject: claims.sub.to_string(),
+        tenant: claims.tenant_id.to_string(),
+        scopes: claims.scopes.to_vec(),
     })
 }
 

@@ -36,8 +36,8 @@ async fn minted_dev_token_verifies_for_its_audience_only() {
     let verifier = Verifier::new(&cfg).await.expect("verifier");
     let token = mint(&cfg, &mint_claims(Audience::Mcp), Duration::from_secs(300)).expect("mint");
     let claims = verifier.verify(&token, Audience::Mcp).await.expect("valid");
-    assert_eq!(claims.sub, "dev-user");
-    assert_eq!(claims.scopes, vec!["mcp:tools"]);
+    assert_eq!(&*claims.sub, "dev-user");
+    assert_eq!(&*claims.scopes, ["mcp:tools"]);
     assert_eq!(
         claims.project_ceiling.as_deref(),
         Some(&["alpha".to_owned(), "beta".to_owned()][..])
@@ -56,7 +56,7 @@ async fn minted_dev_token_verifies_for_its_audience_only() {
         .verify(&admin, Audience::Admin)
         .await
         .expect("valid");
-    assert_eq!(claims.scopes, vec!["approvals"]);
+    assert_eq!(&*claims.scopes, ["approvals"]);
 }
 
 #[test]

@@ -21,6 +21,7 @@
 //! [`mod@mint`] (developer minting and inspection).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,7 @@ pub mod config;
 mod jwks;
 mod keys;
 pub mod mint;
+mod shared;
 pub mod token;
 pub mod verify;
 
@@ -115,25 +117,25 @@ impl fmt::Display for Mode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Claims {
     /// The principal (`sub`).
-    pub sub: String,
+    pub sub: Arc<str>,
     /// The tenant the run belongs to.
-    pub tenant_id: String,
+    pub tenant_id: Arc<str>,
     /// The agent running.
-    pub agent: String,
+    pub agent: Arc<str>,
     /// The run this token was minted for.
     pub run_id: String,
     /// On whose authority the run acts.
     pub mode: Mode,
     /// Projects the run may touch (empty allowed except where policy says).
-    pub projects: Vec<String>,
+    pub projects: Arc<[String]>,
     /// Upper bound on projects the run may ever touch, if the issuer set one.
-    pub project_ceiling: Option<Vec<String>>,
+    pub project_ceiling: Option<Arc<[String]>>,
     /// The token's scopes (claim `scope`, space-separated).
-    pub scopes: Vec<String>,
+    pub scopes: Arc<[String]>,
     /// Unique token id, for audit and replay tracking.
     pub jti: String,
     /// Issuer.
-    pub iss: String,
+    pub iss: Arc<str>,
     /// Expiry, seconds since the epoch.
     pub exp: u64,
     /// Issue time, seconds since the epoch.

@@ -103,6 +103,8 @@ struct Inner {
     ring: Arc<KeyRing>,
     tasks: Vec<JoinHandle<()>>,
     cache: TokenCache,
+    /// Claim values the cached tokens share.
+    shared: super::shared::SharedClaims,
     clock: Clock,
 }
 
@@ -158,6 +160,7 @@ impl Verifier {
                 ring,
                 tasks,
                 cache: TokenCache::new(cfg.cache_entries),
+                shared: super::shared::SharedClaims::new(),
                 clock,
             }),
         })
@@ -360,17 +363,19 @@ impl Verifier {
             });
         }
 
+        // What tokens of one agent have in common is held once.
+        let shared = &inner.shared;
         Ok(Claims {
-            sub,
-            tenant_id,
-            agent,
+            sub: shared.text(&sub),
+            tenant_id: shared.text(&tenant_id),
+            agent: shared.text(&agent),
             run_id,
             mode,
-            projects,
-            project_ceiling,
-            scopes,
+            projects: shared.list(projects),
+            project_ceiling: project_ceiling.map(|p| shared.list(p)),
+            scopes: shared.list(scopes),
             jti,
-            iss,
+            iss: shared.text(&iss),
             exp,
             iat,
             nbf,

@@ -96,16 +96,16 @@ async fn every_supported_algorithm_verifies() {
         let got = verifier.verify(&token, Audience::Mcp).await;
         let got = got.unwrap_or_else(|e| panic!("{} token refused: {e}", key.signing.alg()));
         assert_eq!(got.kid.as_deref(), key.signing.kid());
-        assert_eq!(got.sub, "user-1");
-        assert_eq!(got.tenant_id, "tenant-1");
-        assert_eq!(got.agent, "coder");
+        assert_eq!(&*got.sub, "user-1");
+        assert_eq!(&*got.tenant_id, "tenant-1");
+        assert_eq!(&*got.agent, "coder");
         assert_eq!(got.run_id, "run-42");
         assert_eq!(got.mode, Mode::Caller);
-        assert_eq!(got.projects, vec!["alpha", "beta"]);
+        assert_eq!(&*got.projects, ["alpha", "beta"]);
         assert_eq!(got.project_ceiling, None);
-        assert_eq!(got.scopes, vec!["mcp:tools", "other"]);
+        assert_eq!(&*got.scopes, ["mcp:tools", "other"]);
         assert_eq!(got.jti, "jti-1");
-        assert_eq!(got.iss, testkit::ISS);
+        assert_eq!(&*got.iss, testkit::ISS);
         assert_eq!((got.iat, got.exp), (NOW, NOW + 300));
         assert_eq!(got.audience, Audience::Mcp);
     }
@@ -547,8 +547,8 @@ async fn empty_projects_and_a_ceiling_are_accepted() {
     let got = s.mcp(&s.ec_token(&c)).await.expect("valid");
     assert!(got.projects.is_empty());
     assert_eq!(
-        got.project_ceiling,
-        Some(vec!["alpha".to_owned(), "gamma".to_owned()])
+        got.project_ceiling.as_deref(),
+        Some(&["alpha".to_owned(), "gamma".to_owned()][..])
     );
 }
 

@@ -275,7 +275,7 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
         Some(a) => serde_json::from_str(a).context("--arguments is not JSON")?,
         None => Value::Object(Default::default()),
     };
-    let service_issuer = cfg.auth.service_account_issuer.as_deref() == Some(claims.iss.as_str());
+    let service_issuer = cfg.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
     let identity: Identity<'_> = crate::proxy::decide::identity(&claims, service_issuer);
     let mut out = String::new();
     let authority = match policy.authority(&identity) {
@@ -335,16 +335,16 @@ fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
         })
     };
     Ok(auth::Claims {
-        sub: s("sub"),
-        tenant_id: s("tenant_id"),
-        agent: s("agent"),
+        sub: s("sub").into(),
+        tenant_id: s("tenant_id").into(),
+        agent: s("agent").into(),
         run_id: s("run_id"),
         mode: Mode::from_name(&s("mode")).unwrap_or(Mode::Caller),
-        projects: list("projects").unwrap_or_default(),
-        project_ceiling: list("project_ceiling"),
+        projects: list("projects").unwrap_or_default().into(),
+        project_ceiling: list("project_ceiling").map(Into::into),
         scopes: s("scope").split_whitespace().map(str::to_owned).collect(),
         jti: s("jti"),
-        iss: s("iss"),
+        iss: s("iss").into(),
         exp: 0,
         iat: 0,
         nbf: None,

@@ -921,9 +921,9 @@ impl RunContext {
     /// The call key of a gated call of this run.
     pub fn call_key(&self, tool: &str, args_sha256: [u8; 32]) -> CallKey {
         CallKey {
-            tenant: self.claims.tenant_id.clone(),
+            tenant: self.claims.tenant_id.to_string(),
             run_id: self.claims.run_id.clone(),
-            subject: self.claims.sub.clone(),
+            subject: self.claims.sub.to_string(),
             upstream: self.upstream.config.name.clone(),
             tool: tool.to_owned(),
             args_sha256,

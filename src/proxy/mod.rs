@@ -719,8 +719,7 @@ async fn authenticate(
 /// The run's authority over the named upstream, or 404.
 fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContext, ProxyError> {
     let policy = state.policy.load_full();
-    let service_issuer =
-        state.config.auth.service_account_issuer.as_deref() == Some(claims.iss.as_str());
+    let service_issuer = state.config.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
     let identity = decide::identity(&claims, service_issuer);
     let authority = match policy.authority(&identity) {
         Ok(a) => a,
@@ -856,13 +855,13 @@ fn claim_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
         .iter()
         .filter_map(|(name, claim)| {
             let value = match claim {
-                IdentityClaim::Subject => c.sub.clone(),
-                IdentityClaim::Tenant => c.tenant_id.clone(),
-                IdentityClaim::Agent => c.agent.clone(),
+                IdentityClaim::Subject => c.sub.to_string(),
+                IdentityClaim::Tenant => c.tenant_id.to_string(),
+                IdentityClaim::Agent => c.agent.to_string(),
                 IdentityClaim::Run => c.run_id.clone(),
                 IdentityClaim::Mode => c.mode.name().to_owned(),
                 IdentityClaim::TokenId => c.jti.clone(),
-                IdentityClaim::Issuer => c.iss.clone(),
+                IdentityClaim::Issuer => c.iss.to_string(),
                 IdentityClaim::Projects => cx.authority.projects.join(","),
             };
             // Claims are verified to hold no control characters; a value a

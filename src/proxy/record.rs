@@ -65,8 +65,8 @@ impl Recorder {
             };
         }
         let c = &cx.claims;
-        base.tenant = c.tenant_id.clone();
-        base.subject = c.sub.clone();
+        base.tenant = c.tenant_id.to_string();
+        base.subject = c.sub.to_string();
         base.agent_role = cx.authority.agent.clone();
         base.run_id = c.run_id.clone();
         base.token_id = c.jti.clone();

@@ -203,6 +203,9 @@ async fn step_cap_holds_exactly_across_three_replicas() {
                 .set("limits.per_run_tool_per_s", 0)
                 .set("limits.per_tenant_per_s", 0)
                 .set("limits.default_max_steps", 8)
+                // Exactness, not the store's outage: a loaded machine's slow
+                // Redis must not turn reads over to per-replica budgets.
+                .set("state.timeout_ms", 2000)
         })
         .await,
     );
@@ -241,6 +244,7 @@ async fn cost_caps_of_run_and_tenant_day_hold_exactly_across_replicas() {
                 .set("limits.per_run_tool_per_s", 0)
                 .set("limits.per_tenant_per_s", 0)
                 .set("limits.tenant_daily_cost", 2.0)
+                .set("state.timeout_ms", 2000)
         })
         .await,
     );
