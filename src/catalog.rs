@@ -17,6 +17,11 @@
 //! result's bytes (compared in full, not by hash), the policy generation, the
 //! authority (role and effective projects), and the catalog (a clear starts
 //! over, so the next list records every tool again).
+//!
+//! And, per upstream, the tools of the last list as the strict reader
+//! accepted them ([`Catalogs::known_tools`]): an answer that differs only
+//! around its tools (a cursor, `_meta`) is read without reading its tools
+//! again ([`crate::mcp::tape::Known`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -26,6 +31,7 @@ use serde_json::Value;
 
 use crate::mcp::headers::ParamHeaders;
 use crate::mcp::rewrite::ListedTool;
+use crate::mcp::tape::Known;
 use crate::policy::{Authority, Hints};
 
 /// Views remembered per listing; past it, further authorities are computed
@@ -73,26 +79,52 @@ pub struct Catalogs {
     epoch: AtomicU64,
     /// The last `tools/list` result of each upstream and its views.
     listings: DashMap<String, Arc<Listing>>,
+    /// The `tools` array of each upstream's last `tools/list` result and its
+    /// views: a result that differs only around them (a cursor, `_meta`)
+    /// keeps the tools' view.
+    tool_views: DashMap<String, Arc<Viewed>>,
     /// Upstreams cleared since their last refill: the next refill runs
     /// whenever the last one was (the upstream said its list changed).
     stale: dashmap::DashSet<String>,
+    /// The tools of each upstream's last list as the strict reader read them.
+    known: DashMap<String, Arc<Known>>,
+}
+
+/// Bytes an upstream sent (a `tools/list` result, or the `tools` array in
+/// one) and the view of them each authority was given, under one policy
+/// generation and catalog epoch.
+struct Viewed {
+    /// The upstream's bytes.
+    bytes: Box<str>,
+    /// The policy generation the views were decided under.
+    policy: u64,
+    /// The catalog epoch when the tools were recorded.
+    epoch: u64,
+    /// The rewritten bytes per authority.
+    views: DashMap<Authority, Arc<str>>,
+}
+
+impl AsRef<Viewed> for Viewed {
+    fn as_ref(&self) -> &Viewed {
+        self
+    }
 }
 
 /// One upstream's last `tools/list` result and what each authority saw of it.
 struct Listing {
-    /// The upstream's `result`, byte for byte.
-    result: Box<str>,
-    /// The policy generation the views were decided under.
-    policy: u64,
-    /// The catalog epoch when the result's tools were recorded.
-    epoch: u64,
-    /// The rewritten `result` per authority.
-    views: DashMap<Authority, Arc<str>>,
+    /// The result, byte for byte, and its views.
+    viewed: Viewed,
     /// When it was first seen.
     seen: std::time::Instant,
     /// Whole answers carrying this result, as the upstream sent them and as
     /// each authority was given them ([`Catalogs::remembered_answer`]).
     answers: DashMap<Authority, Arc<Remembered>>,
+}
+
+impl AsRef<Viewed> for Listing {
+    fn as_ref(&self) -> &Viewed {
+        &self.viewed
+    }
 }
 
 /// A `tools/list` answer, as the upstream sent it and as one authority was
@@ -172,6 +204,7 @@ impl Catalogs {
         self.stale.insert(upstream.to_owned());
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.listings.remove(upstream);
+        self.tool_views.remove(upstream);
         if let Some(c) = self.by_upstream.get(upstream) {
             c.clear();
         }
@@ -213,43 +246,94 @@ impl Catalogs {
         result: &str,
         rewrite: impl FnOnce() -> Result<String, E>,
     ) -> Result<Arc<str>, E> {
-        let epoch = self.epoch.load(Ordering::Acquire);
-        let listing = self
-            .listings
-            .get(upstream)
-            .map(|l| Arc::clone(&l))
-            .filter(|l| l.policy == policy && l.epoch == epoch && *l.result == *result);
-        if let Some(view) = listing
+        let make = |viewed| Listing {
+            viewed,
+            seen: std::time::Instant::now(),
+            answers: DashMap::new(),
+        };
+        Self::view_in(
+            &self.listings,
+            &self.epoch,
+            upstream,
+            policy,
+            authority,
+            result,
+            rewrite,
+            make,
+        )
+    }
+
+    /// [`Catalogs::view`] of the `tools` array of a `tools/list` result: the
+    /// same tools in a result that changed around them (a cursor, `_meta`)
+    /// keep their view.
+    pub fn tools_view<E>(
+        &self,
+        upstream: &str,
+        policy: u64,
+        authority: &Authority,
+        tools: &str,
+        rewrite: impl FnOnce() -> Result<String, E>,
+    ) -> Result<Arc<str>, E> {
+        let make = |viewed| viewed;
+        Self::view_in(
+            &self.tool_views,
+            &self.epoch,
+            upstream,
+            policy,
+            authority,
+            tools,
+            rewrite,
+            make,
+        )
+    }
+
+    /// The view of `bytes` in `table` (see [`Catalogs::view`]); a new entry
+    /// is made by `make`.
+    #[allow(clippy::too_many_arguments)]
+    fn view_in<T: AsRef<Viewed>, E>(
+        table: &DashMap<String, Arc<T>>,
+        epochs: &AtomicU64,
+        upstream: &str,
+        policy: u64,
+        authority: &Authority,
+        bytes: &str,
+        rewrite: impl FnOnce() -> Result<String, E>,
+        make: impl FnOnce(Viewed) -> T,
+    ) -> Result<Arc<str>, E> {
+        let epoch = epochs.load(Ordering::Acquire);
+        let entry = table.get(upstream).map(|l| Arc::clone(&l)).filter(|l| {
+            let v = (**l).as_ref();
+            v.policy == policy && v.epoch == epoch && *v.bytes == *bytes
+        });
+        if let Some(view) = entry
             .as_ref()
-            .and_then(|l| l.views.get(authority).map(|v| Arc::clone(&v)))
+            .and_then(|l| (**l).as_ref().views.get(authority).map(|v| Arc::clone(&v)))
         {
             return Ok(view);
         }
         let view: Arc<str> = rewrite()?.into();
         // Remember it only if no clear raced with the recording.
-        if self.epoch.load(Ordering::Acquire) != epoch {
+        if epochs.load(Ordering::Acquire) != epoch {
             return Ok(view);
         }
-        match listing {
-            Some(l) if l.views.len() < MAX_VIEWS => {
-                l.views.insert(authority.clone(), Arc::clone(&view));
+        match entry {
+            Some(l) if (*l).as_ref().views.len() < MAX_VIEWS => {
+                (*l).as_ref()
+                    .views
+                    .insert(authority.clone(), Arc::clone(&view));
             }
             // Past the bound: computed each time.
             Some(_) => {}
-            None if result.len() <= MAX_LISTING_BYTES => {
+            None if bytes.len() <= MAX_LISTING_BYTES => {
                 let views = DashMap::new();
                 views.insert(authority.clone(), Arc::clone(&view));
-                self.listings.insert(
-                    upstream.to_owned(),
-                    Arc::new(Listing {
-                        result: result.into(),
-                        policy,
-                        epoch,
-                        views,
-                        seen: std::time::Instant::now(),
-                        answers: DashMap::new(),
-                    }),
-                );
+                let viewed = Viewed {
+                    bytes: bytes.into(),
+                    policy,
+                    epoch,
+                    views,
+                };
+                table.insert(upstream.to_owned(), Arc::new(make(viewed)));
             }
             None => {}
         }
@@ -258,6 +342,24 @@ impl Catalogs {
 }
 
 impl Catalogs {
+    /// The tools of `upstream`'s last `tools/list` answer as the strict
+    /// reader accepted them (syntax only: nothing here says what a run may
+    /// see, so no policy or clear invalidates them).
+    pub fn known_tools(&self, upstream: &str) -> Option<Arc<Known>> {
+        self.known.get(upstream).map(|k| Arc::clone(&k))
+    }
+
+    /// Remembers the tools a read of `upstream`'s answer found different
+    /// from the known ones.
+    pub fn remember_known_tools(&self, upstream: &str, known: Known) {
+        match self.known.get_mut(upstream) {
+            Some(mut k) => *k = Arc::new(known),
+            None => {
+                self.known.insert(upstream.to_owned(), Arc::new(known));
+            }
+        }
+    }
+
     /// The catalog's epoch (bumped by every [`Catalogs::clear`]), read before
     /// a `tools/list` answer is filtered and handed to
     /// [`Catalogs::remember_answer`] after.
@@ -286,7 +388,7 @@ impl Catalogs {
             .listings
             .get(upstream)
             .map(|l| Arc::clone(&l))
-            .filter(|l| l.policy == policy && l.epoch == epoch)?;
+            .filter(|l| l.viewed.policy == policy && l.viewed.epoch == epoch)?;
         let r = listing.answers.get(authority).map(|r| Arc::clone(&r))?;
         let before = r.upstream.get(..r.upstream_id.start)?;
         let after = r.upstream.get(r.upstream_id.end..)?;
@@ -358,7 +460,7 @@ impl Catalogs {
             .listings
             .get(upstream)
             .map(|l| Arc::clone(&l))
-            .filter(|l| l.policy == policy && l.epoch == epoch)
+            .filter(|l| l.viewed.policy == policy && l.viewed.epoch == epoch)
         else {
             return;
         };

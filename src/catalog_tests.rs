@@ -270,3 +270,47 @@ fn a_remembered_answer_is_given_only_for_the_same_bytes_but_a_plain_matching_id(
     view(&c, 1, &reader, RESULT, r#"{"tools":[]}"#, &runs);
     assert_eq!(again(&text, Id::Number(7)), None);
 }
+
+/// Calls `tools_view` like [`view`].
+fn tools_view(
+    c: &Catalogs,
+    policy: u64,
+    who: &Authority,
+    tools: &str,
+    out: &str,
+    runs: &Cell<u32>,
+) -> Arc<str> {
+    c.tools_view::<()>("up", policy, who, tools, || {
+        runs.set(runs.get() + 1);
+        Ok(out.to_owned())
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_tools_view_is_kept_by_the_tools_bytes_authority_policy_and_catalog() {
+    const TOOLS: &str = r#"[{"name":"a","inputSchema":{"type":"object"}}]"#;
+    let c = Catalogs::default();
+    let runs = Cell::new(0);
+    let reader = authority("reader", &["p"]);
+    assert_eq!(&*tools_view(&c, 1, &reader, TOOLS, "v", &runs), "v");
+    assert_eq!(&*tools_view(&c, 1, &reader, TOOLS, "x", &runs), "v");
+    assert_eq!(runs.get(), 1);
+    // Apart from the result-level views: a result's view is not a tools view.
+    assert_eq!(&*view(&c, 1, &reader, TOOLS, "r", &runs), "r");
+    assert_eq!(runs.get(), 2);
+    // Another authority, another policy (or pins) generation, other bytes,
+    // a cleared catalog: each rewritten.
+    let admin = authority("admin", &["p"]);
+    assert_eq!(&*tools_view(&c, 1, &admin, TOOLS, "admin", &runs), "admin");
+    assert_eq!(&*tools_view(&c, 2, &reader, TOOLS, "gen2", &runs), "gen2");
+    let changed = TOOLS.replace("\"a\"", "\"b\"");
+    assert_eq!(&*tools_view(&c, 2, &reader, &changed, "b", &runs), "b");
+    assert_eq!(runs.get(), 5);
+    c.clear("up");
+    assert_eq!(
+        &*tools_view(&c, 2, &reader, &changed, "again", &runs),
+        "again"
+    );
+    assert_eq!(runs.get(), 6);
+}

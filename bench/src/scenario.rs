@@ -13,8 +13,9 @@
 //! - a mix is a fixed interleaved sequence, so every run sends the same
 //!   proportions in the same order;
 //! - `list` and `list-cold` send the same request and expect the same tools;
-//!   only the upstream route differs (`list-cold`'s answers are never
-//!   byte-identical, so the firewall cannot reuse a remembered view);
+//!   only the upstream route differs (`list-cold`'s answers, and the
+//!   `tools` arrays in them, are never byte-identical: one tool changes,
+//!   so the firewall cannot reuse a remembered view);
 //! - `streams` and `scale` say how their firewall instances are started
 //!   ([`Instances`]): memory per stream and growth with runs are measured
 //!   from a fresh instance, not one every earlier cell has used.

@@ -8,12 +8,13 @@
 //! - `POST /mcp/bench-hold`: SSE; a `tools/call` first gets an SSE comment,
 //!   then the stream is held open for the configured time before the result
 //!   (many concurrent open streams for the memory measurement);
-//! - `POST /mcp/bench-fresh`: JSON like `/mcp/bench`, but every `tools/list`
-//!   result carries a counter of its own in `_meta`
-//!   (`{"_meta":{"mcp-bench/listing":N},"tools":[...]}`): no two results
-//!   are byte-identical, so a proxy cannot reuse what it computed from the
-//!   previous one (the firewall's remembered view stays cold), while the
-//!   tools themselves never change.
+//! - `POST /mcp/bench-fresh`: JSON like `/mcp/bench`, but the last tool of
+//!   every `tools/list` result carries a counter of its own in its `_meta`
+//!   (`{"tools":[…,{…,"_meta":{"mcp-bench/listing":N}}]}`): no two results,
+//!   and no two `tools` arrays, are byte-identical, so a proxy cannot reuse
+//!   a view it computed from an earlier one (the firewall's remembered views,
+//!   of the result and of its tools, stay cold), while the other tools never
+//!   change (as when an upstream changes one tool).
 //!
 //! Methods: `tools/list` (the whole catalog), `tools/call` (the same result
 //! for every tool), `ping`, `initialize`; notifications and responses get
@@ -121,17 +122,19 @@ impl Answers {
         }
     }
 
-    /// Appends the `result` of `method` as frames; `fresh` gives a
-    /// `tools/list` result its own counter (the catalog's bytes are shared,
-    /// only the counter is new). Returns false for an unknown method.
+    /// Appends the `result` of `method` as frames; `fresh` gives the last
+    /// tool of a `tools/list` result its own counter (the catalog's bytes
+    /// are shared, only the counter is new). Returns false for an unknown
+    /// method.
     fn push_result(&self, method: &str, fresh: bool, parts: &mut VecDeque<Bytes>) -> bool {
-        if fresh && method == "tools/list" {
+        // `{"tools":[…,{…}]}`: the last tool's closing brace is 3 from the end.
+        let last = self.list_result.len().saturating_sub(3);
+        if fresh && method == "tools/list" && self.list_result.get(last..) == Some(b"}]}") {
             let n = self.listings.fetch_add(1, Ordering::Relaxed);
+            parts.push_back(self.list_result.slice(..last));
             parts.push_back(Bytes::from(format!(
-                "{{\"_meta\":{{\"mcp-bench/listing\":{n}}},"
+                ",\"_meta\":{{\"mcp-bench/listing\":{n}}}}}]}}"
             )));
-            // `{"tools":[...]}` without its opening brace.
-            parts.push_back(self.list_result.slice(1..));
             return true;
         }
         match self.result_for(method) {

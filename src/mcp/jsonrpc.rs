@@ -688,23 +688,35 @@ const UPSTREAM_LIMITS: Limits = Limits {
 /// duplicate, or a case twin of `result`, `tools`, `inputRequests` that a
 /// case-insensitive client would take instead of the filtered one).
 pub fn parse_upstream(body: &[u8]) -> Result<Envelope, ParseError> {
+    parse_upstream_known(body, None).map(|(envelope, _)| envelope)
+}
+
+/// [`parse_upstream`] of an answer that may hold a `tools/list` result:
+/// the listed tools byte for byte the same as `known` ones (read strictly
+/// before, in the same place) are not read again ([`tape::Known`]). With
+/// the envelope come the tools to remember when they differ from `known`.
+pub fn parse_upstream_known(
+    body: &[u8],
+    known: Option<&tape::Known>,
+) -> Result<(Envelope, Option<tape::Known>), ParseError> {
     let text = std::str::from_utf8(body).map_err(|e| ParseError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
-    if let Some(tape) = tape::read(
+    if let Some((tape, learned)) = tape::read_known(
         text,
         Role::Root,
         UPSTREAM_LIMITS.max_depth,
         UPSTREAM_LIMITS.max_batch,
         TAPE_DEPTH,
+        known,
     ) {
         debug_assert!(
             validate(text, &UPSTREAM_LIMITS).is_ok(),
             "the tape accepted an answer the validator refuses: {text}"
         );
-        return envelope_from_tape(text, tape);
+        return Ok((envelope_from_tape(text, tape)?, learned));
     }
-    parse_upstream_serde(text)
+    Ok((parse_upstream_serde(text)?, None))
 }
 
 /// [`parse_upstream`] the long way: the serde validator, then each message
@@ -1047,6 +1059,10 @@ impl Shape for Role {
 
     fn is_batch(self) -> bool {
         matches!(self, Role::Root)
+    }
+
+    fn known_list(self, key: &str) -> bool {
+        matches!(self, Role::Result) && key == "tools"
     }
 }
 

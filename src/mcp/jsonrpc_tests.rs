@@ -705,6 +705,63 @@ mod props {
             prop_assert_eq!(env.messages[0].id.clone(), Some(Id::Number(id)));
         }
 
+        // Tools taken from the known ones read exactly as a full read: the
+        // same acceptance and the same tape, whatever the earlier list was
+        // and however the new answer was edited (a byte inserted, dropped
+        // or replaced, in a tool or around them), single or in a batch.
+        #[test]
+        fn known_tools_read_as_a_full_read(
+            before in prop::collection::vec(arb_json(), 0..5),
+            keep in prop::collection::vec(any::<bool>(), 0..5),
+            added in prop::option::of(arb_json()),
+            batch_before in any::<bool>(),
+            batch_after in any::<bool>(),
+            edit in prop::option::of((any::<prop::sample::Index>(), 0u8..3, prop::sample::select(
+                vec![b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', b'0', b'-', b'e', b'u', 0x01, b' ', b'a', b'A'],
+            ))),
+        ) {
+            let tool = |i: usize, v: &serde_json::Value| format!(
+                r#"{{"name":"t{i}","inputSchema":{{"type":"object"}},"v":{}}}"#,
+                serde_json::to_string(v).expect("serialize"),
+            );
+            let answer = |tools: &[String], n: usize, batch: bool| {
+                let one = format!(
+                    r#"{{"jsonrpc":"2.0","id":1,"result":{{"_meta":{{"n":{n}}},"tools":[{}]}}}}"#,
+                    tools.join(", "),
+                );
+                if batch { format!("[{one}]") } else { one }
+            };
+            let first: Vec<String> = before.iter().enumerate().map(|(i, v)| tool(i, v)).collect();
+            let mut next: Vec<String> = first
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| keep.get(*i).copied().unwrap_or(true))
+                .map(|(_, t)| t.clone())
+                .collect();
+            if let Some(v) = &added {
+                next.insert(next.len() / 2, tool(9, v));
+            }
+            let earlier = answer(&first, 1, batch_before);
+            let (_, known) = parse_upstream_known(earlier.as_bytes(), None).expect("well formed");
+            let mut body = answer(&next, 2, batch_after).into_bytes();
+            if let Some((at, op, byte)) = edit {
+                let i = at.index(body.len());
+                match op {
+                    0 => body.insert(i, byte),
+                    1 => { body.remove(i); }
+                    _ => body[i] = byte,
+                }
+            }
+            let Ok(text) = std::str::from_utf8(&body) else { return Ok(()) };
+            let read = |known| tape::read_known(text, Role::Root, UPSTREAM_LIMITS.max_depth, UPSTREAM_LIMITS.max_batch, TAPE_DEPTH, known);
+            let full = read(None).map(|(t, _)| t);
+            let taken = read(known.as_ref()).map(|(t, _)| t);
+            prop_assert_eq!(&taken, &full, "{}", text);
+            if taken.is_some() {
+                prop_assert!(validate(text, &UPSTREAM_LIMITS).is_ok(), "accepted {text}");
+            }
+        }
+
         // The tape's single pass over an answer accepts only what the serde
         // validator accepts, accepts every well-formed answer, and reads
         // the same envelope; mutated answers (a byte inserted, dropped or
@@ -926,4 +983,59 @@ fn a_response_read_off_the_tape_is_the_one_parsed_from_its_bytes() {
             );
         }
     }
+}
+
+/// A `tools/list` answer of `tools` with its own `_meta` counter `n`.
+fn listing(tools: &str, n: u32) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{n},"result":{{"_meta":{{"n":{n}}},"tools":[{tools}]}}}}"#)
+}
+
+#[test]
+fn known_tools_are_taken_only_where_their_bytes_are_the_same() {
+    let tools =
+        r#"{"name":"a","inputSchema":{"type":"object"}}, {"name":"b","description":"\u0062"}"#;
+    let (_, known) = parse_upstream_known(listing(tools, 1).as_bytes(), None).unwrap();
+    let known = known.expect("the first list is remembered");
+    assert_eq!(known.len(), 2);
+    // The same tools around another envelope: every tool is taken, nothing
+    // new to remember, and the tape is a full read's.
+    let again = listing(tools, 2);
+    let (env, learned) = parse_upstream_known(again.as_bytes(), Some(&known)).unwrap();
+    assert!(
+        learned.is_none(),
+        "every tool was taken from the known ones"
+    );
+    assert_eq!(env.tape, parse_upstream(again.as_bytes()).unwrap().tape);
+    // One tool fewer: remembered anew.
+    let fewer = listing(r#"{"name":"a","inputSchema":{"type":"object"}}"#, 3);
+    let (_, learned) = parse_upstream_known(fewer.as_bytes(), Some(&known)).unwrap();
+    assert_eq!(learned.map(|k| k.len()), Some(1));
+    // A known tool's bytes followed by what makes the answer malformed, or a
+    // tool that starts like a known one and goes on with a duplicate key:
+    // refused, as without the known tools.
+    for hostile in [
+        listing(r#"{"name":"a","inputSchema":{"type":"object"}}}"#, 4),
+        listing(r#"{"name":"a","inputSchema":{"type":"object"}} {"name":"b"}"#, 5),
+        r#"{"jsonrpc":"2.0","id":6,"result":{"tools":[{"name":"a","inputSchema":{"type":"object"}},"name":"a"}]}}"#.to_owned(),
+        listing(r#"{"name":"a","name":"a","inputSchema":{"type":"object"}}"#, 7),
+    ] {
+        let taken = parse_upstream_known(hostile.as_bytes(), Some(&known));
+        let full = parse_upstream(hostile.as_bytes());
+        assert!(taken.is_err(), "{hostile}");
+        assert_eq!(
+            taken.err().map(|e| e.to_string()),
+            full.err().map(|e| e.to_string())
+        );
+    }
+}
+
+#[test]
+fn only_a_list_of_objects_in_result_tools_is_remembered() {
+    // Numbers could be a prefix of a longer number: never remembered.
+    let (_, known) = parse_upstream_known(listing("1, 2", 1).as_bytes(), None).unwrap();
+    assert!(known.is_none());
+    // A `tools` member anywhere but in a result is not a list of tools.
+    let call = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"tools":[{"name":"a"}]}}}"#;
+    let (_, known) = parse_upstream_known(call.as_bytes(), None).unwrap();
+    assert!(known.is_none());
 }

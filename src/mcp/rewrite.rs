@@ -44,7 +44,7 @@ pub struct ListedTool<'a> {
 }
 
 /// Why a list could not be rewritten.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RewriteError {
     /// Not a JSON-RPC response object.
     #[error("tools/list answer is not a JSON-RPC response: {0}")]
@@ -55,6 +55,11 @@ pub enum RewriteError {
     /// A tool without a string `name`.
     #[error("a listed tool has no name")]
     NoName,
+    /// Two entries of one name (tool, prompt, resource URI or template):
+    /// which of them a client uses, and which the firewall checked, would
+    /// be anyone's guess.
+    #[error("the list names {0:?} more than once")]
+    DuplicateName(String),
 }
 
 /// Rewrites a complete JSON-RPC response to `tools/list`. `decide` returns
@@ -64,7 +69,12 @@ pub fn tools_list(
     mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
 ) -> Result<String, RewriteError> {
     with_result(response, |result, out| {
-        rewrite_result(Raw, result, &mut decide, out)
+        rewrite_result(
+            Raw,
+            result,
+            &mut |at, out| write_tools(Raw, at, &mut decide, out),
+            out,
+        )
     })
 }
 
@@ -75,23 +85,59 @@ pub fn tools_result(
     mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
 ) -> Result<String, RewriteError> {
     let mut out = String::with_capacity(result.len());
-    rewrite_result(Raw, result, &mut decide, &mut out)?;
+    rewrite_result(
+        Raw,
+        result,
+        &mut |at, out| write_tools(Raw, at, &mut decide, out),
+        &mut out,
+    )?;
     Ok(out)
 }
 
 /// [`tools_result`] for a `result` the strict reader put on a tape
 /// (value `result` of `tape`, read from `text`): the members and tools are
-/// read off the tape, not parsed again. The output is the same.
+/// read off the tape, not parsed again. The rewritten `tools` array comes
+/// from `tools` ([`ToolsArray::rewrite`], or a view remembered for the
+/// same array's bytes); the rest of the result is rewritten here. The
+/// output is [`tools_result`]'s.
 pub fn tools_result_on(
     text: &str,
     tape: &Tape,
     result: NodeId,
-    mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    mut tools: impl FnMut(ToolsArray<'_>) -> Result<std::sync::Arc<str>, RewriteError>,
 ) -> Result<String, RewriteError> {
     let doc = OnTape { text, tape };
     let mut out = String::with_capacity(tape.span(result).len());
-    rewrite_result(doc, At::Node(result), &mut decide, &mut out)?;
+    let mut write = |at: At<'_>, out: &mut String| {
+        out.push_str(&tools(ToolsArray { doc, at })?);
+        Ok(())
+    };
+    rewrite_result(doc, At::Node(result), &mut write, &mut out)?;
     Ok(out)
+}
+
+/// The `tools` array of a result on a tape, to rewrite for one run.
+pub struct ToolsArray<'a> {
+    doc: OnTape<'a>,
+    at: At<'a>,
+}
+
+impl ToolsArray<'_> {
+    /// The array's text as the upstream sent it.
+    pub fn text(&self) -> &str {
+        self.doc.text(self.at)
+    }
+
+    /// The array rewritten: only the tools `decide` keeps, each with the
+    /// annotations of its risk and gate.
+    pub fn rewrite(
+        &self,
+        mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    ) -> Result<String, RewriteError> {
+        let mut out = String::with_capacity(self.text().len());
+        write_tools(self.doc, self.at, &mut decide, &mut out)?;
+        Ok(out)
+    }
 }
 
 /// Where the rewrite reads a JSON text's parts from: the bytes (parsed as
@@ -238,16 +284,21 @@ fn with_result(
     Ok(out)
 }
 
+/// Writes a result's `tools` array (given where it is) into `out`.
+type WriteTools<'w, V> = dyn FnMut(V, &mut String) -> Result<(), RewriteError> + 'w;
+
+/// Writes the rewritten `result`: its `tools` by `tools`, the cache
+/// members made private, the rest as they were.
 fn rewrite_result<'a, D: Doc<'a>>(
     doc: D,
     result: D::Value,
-    decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    tools: &mut WriteTools<'_, D::Value>,
     out: &mut String,
 ) -> Result<(), RewriteError> {
     let fields = doc.members(result).map_err(RewriteError::NoTools)?;
-    let tools_at =
-        get(&fields, "tools").ok_or_else(|| RewriteError::NoTools("missing".to_owned()))?;
-    let tools = doc.elements(tools_at).map_err(RewriteError::NoTools)?;
+    if get(&fields, "tools").is_none() {
+        return Err(RewriteError::NoTools("missing".to_owned()));
+    }
     let mut has_scope = false;
     out.push('{');
     let mut first = true;
@@ -256,12 +307,7 @@ fn rewrite_result<'a, D: Doc<'a>>(
             "tools" => {
                 sep(out, &mut first);
                 push_key(out, "tools");
-                out.push('[');
-                let mut first_tool = true;
-                for t in &tools {
-                    rewrite_tool(doc, *t, decide, out, &mut first_tool)?;
-                }
-                out.push(']');
+                tools(*v, out)?;
             }
             "cacheScope" => {
                 has_scope = true;
@@ -295,17 +341,40 @@ fn rewrite_result<'a, D: Doc<'a>>(
     Ok(())
 }
 
+/// Writes the `tools` array `at`, keeping only what `decide` keeps.
+fn write_tools<'a, D: Doc<'a>>(
+    doc: D,
+    at: D::Value,
+    decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    out: &mut String,
+) -> Result<(), RewriteError> {
+    let tools = doc.elements(at).map_err(RewriteError::NoTools)?;
+    out.push('[');
+    let mut first_tool = true;
+    let mut names = std::collections::HashSet::with_capacity(tools.len());
+    for t in &tools {
+        rewrite_tool(doc, *t, decide, out, &mut first_tool, &mut names)?;
+    }
+    out.push(']');
+    Ok(())
+}
+
 fn rewrite_tool<'a, D: Doc<'a>>(
     doc: D,
     tool: D::Value,
     decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
     out: &mut String,
     first_tool: &mut bool,
+    names: &mut std::collections::HashSet<String>,
 ) -> Result<(), RewriteError> {
     let raw = doc.text(tool);
     let fields = doc.members(tool).map_err(RewriteError::NoTools)?;
     let name_at = get(&fields, "name").ok_or(RewriteError::NoName)?;
     let name: String = serde_json::from_str(doc.text(name_at)).map_err(|_| RewriteError::NoName)?;
+    // Refused before the second one is recorded or decided.
+    if names.contains(&name) {
+        return Err(RewriteError::DuplicateName(name));
+    }
     let annotations = get(&fields, "annotations");
     let listed = ListedTool {
         name: &name,
@@ -313,7 +382,9 @@ fn rewrite_tool<'a, D: Doc<'a>>(
         annotations: annotations.map(|a| doc.text(a)),
         input_schema: get(&fields, "inputSchema").map(|s| doc.text(s)),
     };
-    let Some((risk, gate)) = decide(&listed) else {
+    let decided = decide(&listed);
+    names.insert(name);
+    let Some((risk, gate)) = decided else {
         return Ok(());
     };
     sep(out, first_tool);
@@ -401,6 +472,7 @@ pub fn named_list(
                 f if f == array => {
                     out.push('[');
                     let mut first_item = true;
+                    let mut names = std::collections::HashSet::with_capacity(items.len());
                     for item in &items {
                         let obj: BTreeMap<&str, &RawValue> = serde_json::from_str(item.get())
                             .map_err(|e| RewriteError::NoTools(e.to_string()))?;
@@ -408,7 +480,12 @@ pub fn named_list(
                             .get(key)
                             .and_then(|n| serde_json::from_str(n.get()).ok())
                             .ok_or(RewriteError::NoName)?;
-                        if keep(&name, item) {
+                        if names.contains(&name) {
+                            return Err(RewriteError::DuplicateName(name));
+                        }
+                        let kept = keep(&name, item);
+                        names.insert(name);
+                        if kept {
                             sep(out, &mut first_item);
                             out.push_str(item.get());
                         }
@@ -565,6 +642,12 @@ mod tests {
             json!([{"uri":"a://1","name":"x"}])
         );
         assert_eq!(v["result"]["cacheScope"], "private");
+        // One URI twice, the second a hidden one's twin: refused whole.
+        let twice = json!({"jsonrpc":"2.0","id":1,"result":{"resources":[{"uri":"a://1","name":"x"},{"uri":"a://1","name":"y"}]}}).to_string();
+        assert_eq!(
+            named_list(&twice, "resources", "uri", |_, _| true).unwrap_err(),
+            RewriteError::DuplicateName("a://1".to_owned())
+        );
         assert!(named_list(
             r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
             "prompts",
@@ -595,6 +678,27 @@ mod tests {
         )
         .is_err());
         assert!(tools_list("not json", |_| None).is_err());
+    }
+
+    #[test]
+    fn a_second_tool_of_one_name_refuses_the_list_before_it_is_decided() {
+        let list = r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"get","inputSchema":{"type":"object"}},
+            {"name":"other","inputSchema":{"type":"object"}},
+            {"name":"g\u0065t","description":"the same name, escaped","inputSchema":{}}]}}"#;
+        let mut decided = Vec::new();
+        let e = tools_list(list, |t| {
+            decided.push(t.name.to_owned());
+            Some((Risk::Read, Gate::Allow))
+        })
+        .unwrap_err();
+        assert_eq!(e, RewriteError::DuplicateName("get".to_owned()));
+        assert_eq!(decided, ["get", "other"]);
+        // Names that only look alike are different tools.
+        let list = r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"get","inputSchema":{}},{"name":"Get","inputSchema":{}},
+            {"name":"get ","inputSchema":{}}]}}"#;
+        assert!(tools_list(list, |_| Some((Risk::Read, Gate::Allow))).is_ok());
     }
 
     #[test]

@@ -16,6 +16,11 @@
 //! - The tape borrows nothing: node spans index the text it was read from.
 //! - Key comparisons ([`Folded`], [`ObjectKeys`]) are the ones both readers
 //!   use: there is one definition of "the same key".
+//! - [`Known`] elements (a list's objects this reader accepted before, in
+//!   the same place, at the same depth, under the same limits) are taken
+//!   byte for byte instead of read again: an object's extent is fixed by
+//!   its own bytes, so identical bytes there read identically, and the tape
+//!   gets the nodes the first read recorded. Anything else is read.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -48,6 +53,11 @@ pub(crate) trait Shape: Copy {
     fn holds_array(self) -> bool;
     /// Whether an array here is a batch (its length is bounded).
     fn is_batch(self) -> bool;
+    /// Whether the value of member `key` of an object here is a list whose
+    /// elements may be taken from the [`Known`] ones (`result.tools`).
+    fn known_list(self, _key: &str) -> bool {
+        false
+    }
 }
 
 /// What a recorded value is.
@@ -70,7 +80,7 @@ pub enum Kind {
 /// A recorded value's index on its tape.
 pub type NodeId = usize;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Node {
     kind: Kind,
     start: u32,
@@ -86,10 +96,75 @@ struct Node {
     next: u32,
 }
 
-/// The values of the first levels of a document read by [`read`].
-#[derive(Debug, Default)]
+/// The values of the first levels of a document read by [`read_known`].
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Tape {
     nodes: Vec<Node>,
+}
+
+/// The object elements of the last list read in a known place
+/// ([`Shape::known_list`]), with the nodes their read recorded (spans
+/// relative to the element), and where they were read: an element is
+/// taken from here only at the same index, depth and limits.
+#[derive(Debug)]
+pub struct Known {
+    place: Place,
+    elements: Vec<KnownElement>,
+}
+
+/// Where a list's elements were read: what decides how an element is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place {
+    depth: usize,
+    max_depth: usize,
+    record: bool,
+    record_depth: usize,
+}
+
+#[derive(Debug)]
+struct KnownElement {
+    text: Box<[u8]>,
+    /// The element's subtree, spans from its first byte, `next` from its
+    /// first node.
+    nodes: Box<[Node]>,
+}
+
+/// Largest list whose elements are remembered ([`Known`]).
+const MAX_KNOWN_BYTES: usize = 4 << 20;
+
+// === impl Known ===
+
+impl Known {
+    /// How many elements are remembered.
+    pub fn len(&self) -> usize {
+        self.elements.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.elements.is_empty()
+    }
+
+    /// The bytes held.
+    pub fn bytes(&self) -> usize {
+        self.elements
+            .iter()
+            .map(|e| e.text.len() + e.nodes.len() * std::mem::size_of::<Node>())
+            .sum()
+    }
+}
+
+/// One element of a list in a known place as this read found it.
+#[derive(Clone, Copy)]
+struct Seen {
+    start: usize,
+    end: usize,
+    /// Its nodes on the tape: `first..last`.
+    first: usize,
+    last: usize,
+    object: bool,
+    /// Taken from the [`Known`] elements.
+    taken: bool,
 }
 
 // === impl Tape ===
@@ -184,6 +259,7 @@ impl Iterator for Children<'_> {
 /// its values down to `record_depth` levels (the document's value is level
 /// 1), or `None` if anything about it would make the serde validator fail
 /// or need a closer look (then ask it).
+#[cfg(test)]
 pub(crate) fn read<S: Shape>(
     text: &str,
     shape: S,
@@ -191,6 +267,21 @@ pub(crate) fn read<S: Shape>(
     max_batch: usize,
     record_depth: usize,
 ) -> Option<Tape> {
+    read_known(text, shape, max_depth, max_batch, record_depth, None).map(|(tape, _)| tape)
+}
+
+/// [`read`], taking the elements of the first list in a known place from
+/// `known` where they are byte for byte the same; with the tape comes that
+/// list's elements as [`Known`] when they differ from `known` (to remember
+/// for the next read), `None` when they are the same or there was no list.
+pub(crate) fn read_known<S: Shape>(
+    text: &str,
+    shape: S,
+    max_depth: usize,
+    max_batch: usize,
+    record_depth: usize,
+    known: Option<&Known>,
+) -> Option<(Tape, Option<Known>)> {
     // Spans are 32-bit; a larger text goes the long way.
     u32::try_from(text.len()).ok()?;
     let mut r = Reader {
@@ -203,6 +294,9 @@ pub(crate) fn read<S: Shape>(
         record_depth,
         nodes: Vec::with_capacity(64),
         keys: Vec::with_capacity(16),
+        known,
+        known_next: false,
+        list: None,
     };
     r.ws();
     if !matches!(r.peek(), Some(b'{' | b'[')) {
@@ -213,7 +307,8 @@ pub(crate) fn read<S: Shape>(
     if r.pos != r.b.len() {
         return None;
     }
-    Some(Tape { nodes: r.nodes })
+    let learned = r.learned();
+    Some((Tape { nodes: r.nodes }, learned))
 }
 
 /// Any reason to hand the text to the serde validator.
@@ -231,6 +326,11 @@ struct Reader<'t> {
     record_depth: usize,
     nodes: Vec<Node>,
     keys: Vec<Folded<'t>>,
+    known: Option<&'t Known>,
+    /// The value about to be read is a list in a known place.
+    known_next: bool,
+    /// The first list read in a known place: where, and its elements.
+    list: Option<(Place, Vec<Seen>)>,
 }
 
 /// A member's key token: its span and whether it has escapes.
@@ -263,6 +363,7 @@ impl<'t> Reader<'t> {
 
     /// One value (after optional whitespace), recorded when `record`.
     fn value<S: Shape>(&mut self, shape: S, key: Option<KeyToken>, record: bool) -> Step {
+        let known_list = std::mem::take(&mut self.known_next);
         self.ws();
         let start = self.pos;
         let c = self.peek().ok_or(Refused)?;
@@ -292,7 +393,7 @@ impl<'t> Reader<'t> {
                 Kind::Object
             }
             b'[' => {
-                self.array(shape, inner)?;
+                self.array(shape, inner, known_list)?;
                 Kind::Array
             }
             _ if !shape.holds_scalar() => return Err(Refused),
@@ -365,6 +466,7 @@ impl<'t> Reader<'t> {
                 keys.admit(&mut self.keys, key.clone())
                     .map_err(|_| Refused)?;
                 self.expect(b':')?;
+                self.known_next = shape.known_list(&key);
                 self.value(shape.child(&key), Some(token), record)?;
                 self.ws();
                 match self.peek() {
@@ -382,12 +484,21 @@ impl<'t> Reader<'t> {
         Ok(())
     }
 
-    fn array<S: Shape>(&mut self, shape: S, record: bool) -> Step {
+    fn array<S: Shape>(&mut self, shape: S, record: bool, known_list: bool) -> Step {
         if !shape.holds_array() {
             return Err(Refused);
         }
         self.enter()?;
         self.pos += 1;
+        // The first list in a known place: its elements are seen (and
+        // taken from the known ones where they can be).
+        let place = Place {
+            depth: self.depth,
+            max_depth: self.max_depth,
+            record,
+            record_depth: self.record_depth,
+        };
+        let mut seen = (known_list && self.list.is_none()).then(Vec::new);
         self.ws();
         if self.peek() == Some(b']') {
             self.pos += 1;
@@ -397,7 +508,25 @@ impl<'t> Reader<'t> {
                 if shape.is_batch() && index >= self.max_batch {
                     return Err(Refused);
                 }
-                self.value(shape.element(index), None, record)?;
+                match seen.as_mut() {
+                    Some(seen) => {
+                        self.ws();
+                        let (start, first) = (self.pos, self.nodes.len());
+                        let taken = self.take_known(place, index);
+                        if !taken {
+                            self.value(shape.element(index), None, record)?;
+                        }
+                        seen.push(Seen {
+                            start,
+                            end: self.pos,
+                            first,
+                            last: self.nodes.len(),
+                            object: self.b.get(start) == Some(&b'{'),
+                            taken,
+                        });
+                    }
+                    None => self.value(shape.element(index), None, record)?,
+                }
                 index += 1;
                 self.ws();
                 match self.peek() {
@@ -410,8 +539,86 @@ impl<'t> Reader<'t> {
                 }
             }
         }
+        if let Some(seen) = seen {
+            self.list = Some((place, seen));
+        }
         self.depth -= 1;
         Ok(())
+    }
+
+    /// Takes element `index` of a list in a known place from the known
+    /// ones if its bytes are the same there: the read moves past it and the
+    /// tape gets the nodes its first read recorded. Only objects are known,
+    /// so the bytes compared are the whole element (an object ends at its
+    /// own closing brace; a number would not).
+    fn take_known(&mut self, place: Place, index: usize) -> bool {
+        let Some(e) = self
+            .known
+            .filter(|k| k.place == place)
+            .and_then(|k| k.elements.get(index))
+        else {
+            return false;
+        };
+        let start = self.pos;
+        if !self
+            .b
+            .get(start..)
+            .is_some_and(|rest| rest.starts_with(&e.text))
+        {
+            return false;
+        }
+        let (Ok(at), Ok(base)) = (u32::try_from(start), u32::try_from(self.nodes.len())) else {
+            return false;
+        };
+        self.nodes.extend(e.nodes.iter().map(|n| Node {
+            start: n.start + at,
+            end: n.end + at,
+            key_start: if n.key_end > 0 { n.key_start + at } else { 0 },
+            key_end: if n.key_end > 0 { n.key_end + at } else { 0 },
+            next: n.next + base,
+            ..*n
+        }));
+        self.pos += e.text.len();
+        true
+    }
+
+    /// The elements of the list in a known place, to remember, when this
+    /// read did not take every one of them from the known ones (or took
+    /// them but there are fewer now). Only a list of objects is remembered.
+    fn learned(&self) -> Option<Known> {
+        let (place, seen) = self.list.as_ref()?;
+        let same = self
+            .known
+            .is_some_and(|k| k.place == *place && k.len() == seen.len())
+            && seen.iter().all(|s| s.taken);
+        let size = seen.iter().map(|s| s.end - s.start).sum::<usize>();
+        if same || size > MAX_KNOWN_BYTES || !seen.iter().all(|s| s.object) {
+            return None;
+        }
+        let mut elements = Vec::with_capacity(seen.len());
+        for s in seen {
+            let at = u32::try_from(s.start).ok()?;
+            let base = u32::try_from(s.first).ok()?;
+            let nodes = self.nodes.get(s.first..s.last)?;
+            elements.push(KnownElement {
+                text: self.b.get(s.start..s.end)?.into(),
+                nodes: nodes
+                    .iter()
+                    .map(|n| Node {
+                        start: n.start - at,
+                        end: n.end - at,
+                        key_start: if n.key_end > 0 { n.key_start - at } else { 0 },
+                        key_end: if n.key_end > 0 { n.key_end - at } else { 0 },
+                        next: n.next - base,
+                        ..*n
+                    })
+                    .collect(),
+            });
+        }
+        Some(Known {
+            place: *place,
+            elements,
+        })
     }
 
     fn literal(&mut self, word: &[u8]) -> Step {

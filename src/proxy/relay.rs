@@ -699,8 +699,22 @@ impl Exchange {
         // A whole tools/list answer is remembered with what the run was
         // given for it: the catalog's epoch is read before it is filtered.
         let epoch = self.run.catalogs.epoch();
-        let env = jsonrpc::parse_upstream(text.as_bytes())
+        // An answer to a tools/list this exchange sent: the tools the
+        // upstream listed last time are not read again where they are the
+        // same bytes.
+        let lists_tools = self
+            .due
+            .iter()
+            .any(|d| d.class == Class::List(ListKind::Tools));
+        let upstream = &self.run.upstream.config.name;
+        let known = lists_tools
+            .then(|| self.run.catalogs.known_tools(upstream))
+            .flatten();
+        let (env, learned) = jsonrpc::parse_upstream_known(text.as_bytes(), known.as_deref())
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))?;
+        if let Some(learned) = learned.filter(|_| lists_tools) {
+            self.run.catalogs.remember_known_tools(upstream, learned);
+        }
         self.list_view_reused = false;
         let list_answer = match env.messages.as_slice() {
             [m] if !env.batch && m.kind == Kind::Response && !m.is_error => self
@@ -1120,10 +1134,18 @@ impl Exchange {
                     rewritten.set(true);
                     // Off the strict reader's tape when the answer was read
                     // onto one: the tools are not walked again.
+                    // Its tools keep their view when only what is around
+                    // them changed (a cursor, `_meta`).
                     let on_tape = read.zip(m.node).and_then(|(r, n)| {
                         let result = r.tape.member(r.text, n, "result")?;
-                        Some(rewrite::tools_result_on(r.text, r.tape, result, |t| {
-                            self.listed_tool(t)
+                        Some(rewrite::tools_result_on(r.text, r.tape, result, |tools| {
+                            cx.catalogs.tools_view(
+                                &cx.upstream.config.name,
+                                cx.view_generation(),
+                                &cx.authority,
+                                tools.text(),
+                                || tools.rewrite(|t| self.listed_tool(t)),
+                            )
                         }))
                     });
                     on_tape
