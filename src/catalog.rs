@@ -18,19 +18,25 @@
 //! authority (role and effective projects), and the catalog (a clear starts
 //! over, so the next list records every tool again).
 //!
+//! Per upstream and authority, the `tools` array last shown and its view
+//! ([`Catalogs::tools_view`]): the same array in a result that changed
+//! around it keeps its view, and a changed array takes each tool that is
+//! byte for byte the one at the same index (and still the catalog's copy)
+//! from it; only the tools that changed are decided again.
+//!
 //! And, per upstream, the tools of the last list as the strict reader
 //! accepted them ([`Catalogs::known_tools`]): an answer that differs only
 //! around its tools (a cursor, `_meta`) is read without reading its tools
 //! again ([`crate::mcp::tape::Known`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
 use serde_json::Value;
 
 use crate::mcp::headers::ParamHeaders;
-use crate::mcp::rewrite::ListedTool;
+use crate::mcp::rewrite::{ListedTool, Prior, ToolsView};
 use crate::mcp::tape::Known;
 use crate::policy::{Authority, Hints};
 
@@ -39,6 +45,9 @@ use crate::policy::{Authority, Hints};
 const MAX_VIEWS: usize = 64;
 /// Larger results are rewritten every time instead of remembered.
 const MAX_LISTING_BYTES: usize = 4 << 20;
+/// What the `tools` arrays remembered per upstream, one per authority, may
+/// hold in all; past it, further authorities are computed each time.
+const MAX_TOOL_VIEWS_BYTES: usize = 16 << 20;
 
 /// One upstream tool as last listed.
 pub struct ToolEntry {
@@ -79,10 +88,9 @@ pub struct Catalogs {
     epoch: AtomicU64,
     /// The last `tools/list` result of each upstream and its views.
     listings: DashMap<String, Arc<Listing>>,
-    /// The `tools` array of each upstream's last `tools/list` result and its
-    /// views: a result that differs only around them (a cursor, `_meta`)
-    /// keeps the tools' view.
-    tool_views: DashMap<String, Arc<Viewed>>,
+    /// Per upstream, the last `tools` array each authority was shown and
+    /// its view ([`Catalogs::tools_view`]).
+    tool_views: DashMap<String, Arc<ToolViews>>,
     /// Upstreams cleared since their last refill: the next refill runs
     /// whenever the last one was (the upstream said its list changed).
     stale: dashmap::DashSet<String>,
@@ -90,9 +98,8 @@ pub struct Catalogs {
     known: DashMap<String, Arc<Known>>,
 }
 
-/// Bytes an upstream sent (a `tools/list` result, or the `tools` array in
-/// one) and the view of them each authority was given, under one policy
-/// generation and catalog epoch.
+/// A `tools/list` result an upstream sent and the view of it each
+/// authority was given, under one policy generation and catalog epoch.
 struct Viewed {
     /// The upstream's bytes.
     bytes: Box<str>,
@@ -104,9 +111,26 @@ struct Viewed {
     views: DashMap<Authority, Arc<str>>,
 }
 
-impl AsRef<Viewed> for Viewed {
-    fn as_ref(&self) -> &Viewed {
-        self
+/// The last `tools` array of one upstream each authority was shown.
+#[derive(Default)]
+struct ToolViews {
+    by_authority: DashMap<Authority, Arc<ToolsViewed>>,
+    /// What they hold, in bytes (about).
+    held: AtomicUsize,
+}
+
+/// A `tools` array, and its view for one authority under one policy
+/// generation and catalog epoch.
+struct ToolsViewed {
+    bytes: Box<str>,
+    policy: u64,
+    epoch: u64,
+    view: ToolsView,
+}
+
+impl ToolsViewed {
+    fn size(&self) -> usize {
+        self.bytes.len() + self.view.size()
     }
 }
 
@@ -192,6 +216,15 @@ impl Catalogs {
         entry
     }
 
+    /// Whether the catalog's entry for `name` is the tool listed as `raw`
+    /// (a view of it decided earlier may be shown again).
+    pub fn holds(&self, upstream: &str, name: &str, raw: &str) -> bool {
+        self.by_upstream
+            .get(upstream)
+            .and_then(|c| c.get(name).map(|e| *e.listed == *raw))
+            .unwrap_or(false)
+    }
+
     /// Records one tool of a `tools/list` answer.
     pub fn record_listed(&self, upstream: &str, t: &ListedTool<'_>) -> Arc<ToolEntry> {
         self.record(upstream, t.name, t.raw, || {
@@ -263,28 +296,66 @@ impl Catalogs {
         )
     }
 
-    /// [`Catalogs::view`] of the `tools` array of a `tools/list` result: the
-    /// same tools in a result that changed around them (a cursor, `_meta`)
-    /// keep their view.
+    /// The view of the `tools` array of an upstream's `tools/list` result for
+    /// one authority under policy generation `policy`: the one shown last
+    /// when the array's bytes are the same (whatever changed around it: a
+    /// cursor, `_meta`), else computed by `rewrite`, given the last array
+    /// and view of this authority under the same policy and catalog epoch
+    /// to take unchanged tools from ([`crate::mcp::rewrite::ToolsArray::rewrite`]).
     pub fn tools_view<E>(
         &self,
         upstream: &str,
         policy: u64,
         authority: &Authority,
         tools: &str,
-        rewrite: impl FnOnce() -> Result<String, E>,
+        rewrite: impl FnOnce(Option<Prior<'_>>) -> Result<ToolsView, E>,
     ) -> Result<Arc<str>, E> {
-        let make = |viewed| viewed;
-        Self::view_in(
-            &self.tool_views,
-            &self.epoch,
-            upstream,
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let views = self.tool_views.get(upstream).map(|v| Arc::clone(&v));
+        let prior = views
+            .as_ref()
+            .and_then(|v| v.by_authority.get(authority).map(|p| Arc::clone(&p)))
+            .filter(|p| p.policy == policy && p.epoch == epoch);
+        if let Some(p) = prior.as_ref().filter(|p| *p.bytes == *tools) {
+            return Ok(Arc::clone(&p.view.text));
+        }
+        let view = rewrite(prior.as_deref().map(|p| Prior {
+            bytes: &p.bytes,
+            view: &p.view,
+        }))?;
+        let text = Arc::clone(&view.text);
+        // Remember it only if no clear raced with the recording.
+        if self.epoch.load(Ordering::Acquire) != epoch || tools.len() > MAX_LISTING_BYTES {
+            return Ok(text);
+        }
+        let views = match views {
+            Some(v) => v,
+            None => Arc::clone(&self.tool_views.entry(upstream.to_owned()).or_default()),
+        };
+        let viewed = ToolsViewed {
+            bytes: tools.into(),
             policy,
-            authority,
-            tools,
-            rewrite,
-            make,
-        )
+            epoch,
+            view,
+        };
+        let size = viewed.size();
+        let replaces = views.by_authority.get(authority).map(|p| p.size());
+        let room = views.held.load(Ordering::Relaxed) + size
+            <= MAX_TOOL_VIEWS_BYTES + replaces.unwrap_or(0);
+        let counted = replaces.is_some() || views.by_authority.len() < MAX_VIEWS;
+        if room && counted {
+            views.held.fetch_add(size, Ordering::Relaxed);
+            if let Some(old) = views
+                .by_authority
+                .insert(authority.clone(), Arc::new(viewed))
+            {
+                views.held.fetch_sub(
+                    old.size().min(views.held.load(Ordering::Relaxed)),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        Ok(text)
     }
 
     /// The view of `bytes` in `table` (see [`Catalogs::view`]); a new entry

@@ -271,7 +271,8 @@ fn a_remembered_answer_is_given_only_for_the_same_bytes_but_a_plain_matching_id(
     assert_eq!(again(&text, Id::Number(7)), None);
 }
 
-/// Calls `tools_view` like [`view`].
+/// Calls `tools_view` like [`view`]; `prior` gets the bytes of the prior
+/// array it was given.
 fn tools_view(
     c: &Catalogs,
     policy: u64,
@@ -279,12 +280,16 @@ fn tools_view(
     tools: &str,
     out: &str,
     runs: &Cell<u32>,
-) -> Arc<str> {
-    c.tools_view::<()>("up", policy, who, tools, || {
-        runs.set(runs.get() + 1);
-        Ok(out.to_owned())
-    })
-    .unwrap()
+) -> (Arc<str>, Option<String>) {
+    let mut given = None;
+    let view = c
+        .tools_view::<()>("up", policy, who, tools, |prior| {
+            runs.set(runs.get() + 1);
+            given = prior.map(|p| p.bytes.to_owned());
+            Ok(ToolsView::of(out))
+        })
+        .unwrap();
+    (view, given)
 }
 
 #[test]
@@ -293,24 +298,63 @@ fn a_tools_view_is_kept_by_the_tools_bytes_authority_policy_and_catalog() {
     let c = Catalogs::default();
     let runs = Cell::new(0);
     let reader = authority("reader", &["p"]);
-    assert_eq!(&*tools_view(&c, 1, &reader, TOOLS, "v", &runs), "v");
-    assert_eq!(&*tools_view(&c, 1, &reader, TOOLS, "x", &runs), "v");
+    assert_eq!(
+        tools_view(&c, 1, &reader, TOOLS, "v", &runs),
+        ("v".into(), None)
+    );
+    assert_eq!(&*tools_view(&c, 1, &reader, TOOLS, "x", &runs).0, "v");
     assert_eq!(runs.get(), 1);
     // Apart from the result-level views: a result's view is not a tools view.
     assert_eq!(&*view(&c, 1, &reader, TOOLS, "r", &runs), "r");
     assert_eq!(runs.get(), 2);
-    // Another authority, another policy (or pins) generation, other bytes,
-    // a cleared catalog: each rewritten.
-    let admin = authority("admin", &["p"]);
-    assert_eq!(&*tools_view(&c, 1, &admin, TOOLS, "admin", &runs), "admin");
-    assert_eq!(&*tools_view(&c, 2, &reader, TOOLS, "gen2", &runs), "gen2");
+    // Other bytes for the same authority: rewritten, given the last ones.
     let changed = TOOLS.replace("\"a\"", "\"b\"");
-    assert_eq!(&*tools_view(&c, 2, &reader, &changed, "b", &runs), "b");
-    assert_eq!(runs.get(), 5);
+    assert_eq!(
+        tools_view(&c, 1, &reader, &changed, "b", &runs),
+        ("b".into(), Some(TOOLS.to_owned()))
+    );
+    // Another authority: its own, given nothing of the reader's.
+    let admin = authority("admin", &["p"]);
+    assert_eq!(
+        tools_view(&c, 1, &admin, TOOLS, "admin", &runs),
+        ("admin".into(), None)
+    );
+    // The reader's last is still its own.
+    assert_eq!(&*tools_view(&c, 1, &reader, &changed, "y", &runs).0, "b");
+    assert_eq!(runs.get(), 4);
+    // Another policy (or pins) generation, a cleared catalog: rewritten from
+    // nothing.
+    assert_eq!(
+        tools_view(&c, 2, &reader, &changed, "gen2", &runs),
+        ("gen2".into(), None)
+    );
     c.clear("up");
     assert_eq!(
-        &*tools_view(&c, 2, &reader, &changed, "again", &runs),
-        "again"
+        tools_view(&c, 2, &reader, &changed, "again", &runs),
+        ("again".into(), None)
     );
     assert_eq!(runs.get(), 6);
+}
+
+#[test]
+fn tools_views_are_bounded_by_authorities() {
+    const TOOLS: &str = r#"[{"name":"a"}]"#;
+    let c = Catalogs::default();
+    let runs = Cell::new(0);
+    for i in 0..MAX_VIEWS + 1 {
+        tools_view(
+            &c,
+            1,
+            &authority(&format!("r{i}"), &["p"]),
+            TOOLS,
+            "v",
+            &runs,
+        );
+    }
+    let last = authority(&format!("r{MAX_VIEWS}"), &["p"]);
+    let (_, prior) = tools_view(&c, 1, &last, "[]", "v", &runs);
+    assert_eq!(prior, None, "the one over the bound was not remembered");
+    let first = authority("r0", &["p"]);
+    let (_, prior) = tools_view(&c, 1, &first, "[]", "v", &runs);
+    assert_eq!(prior.as_deref(), Some(TOOLS));
 }

@@ -19,7 +19,9 @@
 //! rewrite fail, and the caller answers with an error: an unfiltered list
 //! never passes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
@@ -72,7 +74,11 @@ pub fn tools_list(
         rewrite_result(
             Raw,
             result,
-            &mut |at, out| write_tools(Raw, at, &mut decide, out),
+            &mut |at, out| {
+                Memo::none(&mut Vec::new(), |memo| {
+                    write_tools(Raw, at, &mut decide, memo, out)
+                })
+            },
             out,
         )
     })
@@ -88,7 +94,11 @@ pub fn tools_result(
     rewrite_result(
         Raw,
         result,
-        &mut |at, out| write_tools(Raw, at, &mut decide, out),
+        &mut |at, out| {
+            Memo::none(&mut Vec::new(), |memo| {
+                write_tools(Raw, at, &mut decide, memo, out)
+            })
+        },
         &mut out,
     )?;
     Ok(out)
@@ -104,7 +114,7 @@ pub fn tools_result_on(
     text: &str,
     tape: &Tape,
     result: NodeId,
-    mut tools: impl FnMut(ToolsArray<'_>) -> Result<std::sync::Arc<str>, RewriteError>,
+    mut tools: impl FnMut(ToolsArray<'_>) -> Result<Arc<str>, RewriteError>,
 ) -> Result<String, RewriteError> {
     let doc = OnTape { text, tape };
     let mut out = String::with_capacity(tape.span(result).len());
@@ -122,6 +132,52 @@ pub struct ToolsArray<'a> {
     at: At<'a>,
 }
 
+/// A rewritten `tools` array, and per tool where it was in the upstream's
+/// array, its name, and where its view is in the rewritten one: what the
+/// next rewrite for the same run authority takes unchanged tools from.
+#[derive(Debug)]
+pub struct ToolsView {
+    /// The rewritten array.
+    pub text: Arc<str>,
+    parts: Vec<ToolPart>,
+}
+
+/// One tool of a [`ToolsView`].
+#[derive(Debug)]
+struct ToolPart {
+    /// Its bytes in the upstream's array (`None`: not taken again).
+    element: Option<Range<usize>>,
+    name: Arc<str>,
+    /// Its view in the rewritten array (`None`: hidden).
+    view: Option<Range<usize>>,
+}
+
+/// The upstream's previous `tools` array and its view, decided for the
+/// same run authority under the same policy, pins and catalog epoch.
+#[derive(Clone, Copy)]
+pub struct Prior<'p> {
+    /// The previous array's bytes.
+    pub bytes: &'p str,
+    /// Its view.
+    pub view: &'p ToolsView,
+}
+
+impl ToolsView {
+    /// A view of `text` with nothing to take tools from (for tests).
+    #[cfg(test)]
+    pub fn of(text: &str) -> Self {
+        ToolsView {
+            text: text.into(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// What it holds, in bytes (to bound what is remembered).
+    pub fn size(&self) -> usize {
+        self.text.len() + self.parts.len() * std::mem::size_of::<ToolPart>()
+    }
+}
+
 impl ToolsArray<'_> {
     /// The array's text as the upstream sent it.
     pub fn text(&self) -> &str {
@@ -129,15 +185,76 @@ impl ToolsArray<'_> {
     }
 
     /// The array rewritten: only the tools `decide` keeps, each with the
-    /// annotations of its risk and gate.
+    /// annotations of its risk and gate. A tool whose bytes are those of
+    /// the tool at the same index of `prior`, and that `unchanged` (given
+    /// its name and bytes) confirms is still what the catalog holds, keeps
+    /// its view from `prior` without being decided again (its decision
+    /// depends on nothing but its bytes and what `prior` was decided under).
     pub fn rewrite(
         &self,
+        prior: Option<Prior<'_>>,
+        mut unchanged: impl FnMut(&str, &str) -> bool,
         mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
-    ) -> Result<String, RewriteError> {
+    ) -> Result<ToolsView, RewriteError> {
         let mut out = String::with_capacity(self.text().len());
-        write_tools(self.doc, self.at, &mut decide, &mut out)?;
-        Ok(out)
+        let mut parts = Vec::new();
+        let mut memo = Memo {
+            prior,
+            unchanged: &mut unchanged,
+            parts: &mut parts,
+        };
+        write_tools(self.doc, self.at, &mut decide, &mut memo, &mut out)?;
+        Ok(ToolsView {
+            text: out.into(),
+            parts,
+        })
     }
+}
+
+/// What a rewrite of a `tools` array takes from the last one and records
+/// for the next ([`ToolsArray::rewrite`]).
+struct Memo<'m, 'p> {
+    prior: Option<Prior<'p>>,
+    unchanged: &'m mut dyn FnMut(&str, &str) -> bool,
+    parts: &'m mut Vec<ToolPart>,
+}
+
+impl<'p> Memo<'_, 'p> {
+    /// No memo: every tool is decided.
+    fn none(
+        parts: &mut Vec<ToolPart>,
+        f: impl FnOnce(&mut Memo<'_, '_>) -> Result<(), RewriteError>,
+    ) -> Result<(), RewriteError> {
+        let mut never = |_: &str, _: &str| false;
+        f(&mut Memo {
+            prior: None,
+            unchanged: &mut never,
+            parts,
+        })
+    }
+
+    /// The view of the tool at `index`, whose bytes are `raw`, from the
+    /// prior rewrite, when it may be taken from there.
+    fn taken(&mut self, index: usize, raw: &str) -> Option<(&'p ToolPart, &'p str)> {
+        let prior = self.prior?;
+        let part = prior.view.parts.get(index)?;
+        let before = prior.bytes.get(part.element.clone()?)?;
+        if before != raw || !(self.unchanged)(&part.name, raw) {
+            return None;
+        }
+        let view = match &part.view {
+            Some(at) => prior.view.text.get(at.clone())?,
+            None => "",
+        };
+        Some((part, view))
+    }
+}
+
+/// Where `part` (a slice of `whole`) is in it.
+fn offset_in(whole: &str, part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= whole.len()).then_some(start..end)
 }
 
 /// Where the rewrite reads a JSON text's parts from: the bytes (parsed as
@@ -341,38 +458,67 @@ fn rewrite_result<'a, D: Doc<'a>>(
     Ok(())
 }
 
-/// Writes the `tools` array `at`, keeping only what `decide` keeps.
+/// Writes the `tools` array `at`, keeping only what `decide` keeps (or,
+/// for a tool unchanged since `memo`'s prior rewrite, what that kept).
 fn write_tools<'a, D: Doc<'a>>(
     doc: D,
     at: D::Value,
     decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    memo: &mut Memo<'_, '_>,
     out: &mut String,
 ) -> Result<(), RewriteError> {
+    let array = doc.text(at);
     let tools = doc.elements(at).map_err(RewriteError::NoTools)?;
+    memo.parts.reserve(tools.len());
     out.push('[');
     let mut first_tool = true;
-    let mut names = std::collections::HashSet::with_capacity(tools.len());
-    for t in &tools {
-        rewrite_tool(doc, *t, decide, out, &mut first_tool, &mut names)?;
+    let mut names: HashSet<Arc<str>> = HashSet::with_capacity(tools.len());
+    for (index, t) in tools.iter().enumerate() {
+        let raw = doc.text(*t);
+        let element = offset_in(array, raw);
+        let (name, view) = match memo.taken(index, raw) {
+            Some((part, view)) => {
+                let name = Arc::clone(&part.name);
+                let kept = part.view.is_some();
+                if !names.insert(Arc::clone(&name)) {
+                    return Err(RewriteError::DuplicateName(name.to_string()));
+                }
+                let view = kept.then(|| {
+                    sep(out, &mut first_tool);
+                    let start = out.len();
+                    out.push_str(view);
+                    start..out.len()
+                });
+                (name, view)
+            }
+            None => rewrite_tool(doc, *t, decide, out, &mut first_tool, &mut names)?,
+        };
+        memo.parts.push(ToolPart {
+            element,
+            name,
+            view,
+        });
     }
     out.push(']');
     Ok(())
 }
 
+/// Writes one tool as `decide` decides it, after the separator; returns its
+/// name and where its view was written (`None`: hidden).
 fn rewrite_tool<'a, D: Doc<'a>>(
     doc: D,
     tool: D::Value,
     decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
     out: &mut String,
     first_tool: &mut bool,
-    names: &mut std::collections::HashSet<String>,
-) -> Result<(), RewriteError> {
+    names: &mut HashSet<Arc<str>>,
+) -> Result<(Arc<str>, Option<Range<usize>>), RewriteError> {
     let raw = doc.text(tool);
     let fields = doc.members(tool).map_err(RewriteError::NoTools)?;
     let name_at = get(&fields, "name").ok_or(RewriteError::NoName)?;
     let name: String = serde_json::from_str(doc.text(name_at)).map_err(|_| RewriteError::NoName)?;
     // Refused before the second one is recorded or decided.
-    if names.contains(&name) {
+    if names.contains(name.as_str()) {
         return Err(RewriteError::DuplicateName(name));
     }
     let annotations = get(&fields, "annotations");
@@ -383,11 +529,13 @@ fn rewrite_tool<'a, D: Doc<'a>>(
         input_schema: get(&fields, "inputSchema").map(|s| doc.text(s)),
     };
     let decided = decide(&listed);
-    names.insert(name);
+    let name: Arc<str> = name.into();
+    names.insert(Arc::clone(&name));
     let Some((risk, gate)) = decided else {
-        return Ok(());
+        return Ok((name, None));
     };
     sep(out, first_tool);
+    let start = out.len();
     out.push('{');
     let mut first = true;
     for (k, v) in &fields {
@@ -441,7 +589,7 @@ fn rewrite_tool<'a, D: Doc<'a>>(
     }
     out.push('}');
     out.push('}');
-    Ok(())
+    Ok((name, Some(start..out.len())))
 }
 
 /// Rewrites a complete JSON-RPC response to a `prompts/list`,
@@ -722,5 +870,103 @@ mod tests {
             )
         );
         assert!(!seen[2].1);
+    }
+}
+
+#[cfg(test)]
+mod memo_tests {
+    //! A `tools` array rewritten after a prior one of the same authority.
+    use super::*;
+    use crate::mcp::jsonrpc::parse_upstream;
+
+    /// Rewrites `body`'s tools after `prior`, deciding with `decide`; the
+    /// names decided come back with the view.
+    fn rewrite_after(
+        body: &str,
+        prior: Option<(&str, &ToolsView)>,
+        unchanged: bool,
+        decide: impl Fn(&str) -> Option<(Risk, Gate)>,
+    ) -> Result<(String, ToolsView, Vec<String>), RewriteError> {
+        let env = parse_upstream(body.as_bytes()).unwrap();
+        let tape = env.tape.as_ref().unwrap();
+        let node = env.messages[0].node.unwrap();
+        let result = tape.member(body, node, "result").unwrap();
+        let mut decided = Vec::new();
+        let mut kept = None;
+        let mut bytes = String::new();
+        let out = tools_result_on(body, tape, result, |tools| {
+            bytes = tools.text().to_owned();
+            let view = tools.rewrite(
+                prior.map(|(bytes, view)| Prior { bytes, view }),
+                |_, _| unchanged,
+                |t| {
+                    decided.push(t.name.to_owned());
+                    decide(t.name)
+                },
+            )?;
+            let text = Arc::clone(&view.text);
+            kept = Some(view);
+            Ok(text)
+        })?;
+        let _ = out;
+        Ok((bytes, kept.unwrap(), decided))
+    }
+
+    fn body(tools: &[&str]) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"tools":[{}]}}}}"#,
+            tools.join(",")
+        )
+    }
+
+    const A: &str = r#"{"name":"a","description":"A","inputSchema":{"type":"object"}}"#;
+    const B: &str = r#"{"name":"b","inputSchema":{"type":"object"}}"#;
+    const C: &str = r#"{"name":"c","inputSchema":{"type":"object"}}"#;
+
+    fn read_all(name: &str) -> Option<(Risk, Gate)> {
+        (name != "b").then_some((Risk::Read, Gate::Allow))
+    }
+
+    #[test]
+    fn unchanged_tools_keep_their_view_and_only_changed_ones_are_decided() {
+        let first = body(&[A, B, C]);
+        let (bytes, view, decided) = rewrite_after(&first, None, true, read_all).unwrap();
+        assert_eq!(decided, ["a", "b", "c"]);
+        // One tool changed (c), the others in place: only c is decided,
+        // and the view is what a full rewrite writes.
+        let c2 = C.replace("\"c\"", "\"c\",\"description\":\"new\"");
+        let second = body(&[A, B, &c2]);
+        let (_, again, decided) =
+            rewrite_after(&second, Some((&bytes, &view)), true, read_all).unwrap();
+        assert_eq!(decided, ["c"]);
+        let (_, full, _) = rewrite_after(&second, None, true, read_all).unwrap();
+        assert_eq!(again.text, full.text);
+        assert!(again.text.contains("\"new\""));
+        // A tool moved to another index is decided again.
+        let moved = body(&[B, A, C]);
+        let (_, _, decided) = rewrite_after(&moved, Some((&bytes, &view)), true, read_all).unwrap();
+        assert_eq!(decided, ["b", "a"]);
+        // Where the catalog no longer holds a tool's bytes, it is decided
+        // (and so recorded) again.
+        let (_, _, decided) =
+            rewrite_after(&second, Some((&bytes, &view)), false, read_all).unwrap();
+        assert_eq!(decided, ["a", "b", "c"]);
+        // A hidden tool stays hidden without being decided.
+        assert!(!again.text.contains("\"b\""));
+    }
+
+    #[test]
+    fn a_known_name_after_a_known_tool_is_refused() {
+        let first = body(&[A, B]);
+        let (bytes, view, _) = rewrite_after(&first, None, true, read_all).unwrap();
+        // The known tools byte for byte, then another `a`.
+        let twin = A.replace("\"A\"", "\"Deletes everything\"");
+        let hostile = body(&[A, B, &twin]);
+        let e = rewrite_after(&hostile, Some((&bytes, &view)), true, read_all).unwrap_err();
+        assert_eq!(e, RewriteError::DuplicateName("a".to_owned()));
+        // And another `a` before the known one, which is then taken.
+        let hostile = body(&[&twin, A, B]);
+        let e = rewrite_after(&hostile, Some((&bytes, &view)), true, read_all).unwrap_err();
+        assert_eq!(e, RewriteError::DuplicateName("a".to_owned()));
     }
 }

@@ -1135,16 +1135,24 @@ impl Exchange {
                     // Off the strict reader's tape when the answer was read
                     // onto one: the tools are not walked again.
                     // Its tools keep their view when only what is around
-                    // them changed (a cursor, `_meta`).
+                    // them changed (a cursor, `_meta`), and each unchanged
+                    // tool its own when others changed.
                     let on_tape = read.zip(m.node).and_then(|(r, n)| {
                         let result = r.tape.member(r.text, n, "result")?;
                         Some(rewrite::tools_result_on(r.text, r.tape, result, |tools| {
+                            let up = &cx.upstream.config.name;
                             cx.catalogs.tools_view(
-                                &cx.upstream.config.name,
+                                up,
                                 cx.view_generation(),
                                 &cx.authority,
                                 tools.text(),
-                                || tools.rewrite(|t| self.listed_tool(t)),
+                                |prior| {
+                                    tools.rewrite(
+                                        prior,
+                                        |name, raw| cx.catalogs.holds(up, name, raw),
+                                        |t| self.listed_tool(t),
+                                    )
+                                },
                             )
                         }))
                     });
