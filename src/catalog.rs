@@ -312,10 +312,11 @@ impl Catalogs {
     ) -> Result<Arc<str>, E> {
         let epoch = self.epoch.load(Ordering::Acquire);
         let views = self.tool_views.get(upstream).map(|v| Arc::clone(&v));
-        let prior = views
+        let last = views
             .as_ref()
-            .and_then(|v| v.by_authority.get(authority).map(|p| Arc::clone(&p)))
-            .filter(|p| p.policy == policy && p.epoch == epoch);
+            .and_then(|v| v.by_authority.get(authority).map(|p| Arc::clone(&p)));
+        let replaces = last.as_ref().map(|p| p.size());
+        let prior = last.filter(|p| p.policy == policy && p.epoch == epoch);
         if let Some(p) = prior.as_ref().filter(|p| *p.bytes == *tools) {
             return Ok(Arc::clone(&p.view.text));
         }
@@ -339,7 +340,6 @@ impl Catalogs {
             view,
         };
         let size = viewed.size();
-        let replaces = views.by_authority.get(authority).map(|p| p.size());
         let room = views.held.load(Ordering::Relaxed) + size
             <= MAX_TOOL_VIEWS_BYTES + replaces.unwrap_or(0);
         let counted = replaces.is_some() || views.by_authority.len() < MAX_VIEWS;

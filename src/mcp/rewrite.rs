@@ -74,11 +74,7 @@ pub fn tools_list(
         rewrite_result(
             Raw,
             result,
-            &mut |at, out| {
-                Memo::none(&mut Vec::new(), |memo| {
-                    write_tools(Raw, at, &mut decide, memo, out)
-                })
-            },
+            &mut |at, out| write_raw_tools(at, &mut decide, out),
             out,
         )
     })
@@ -94,11 +90,7 @@ pub fn tools_result(
     rewrite_result(
         Raw,
         result,
-        &mut |at, out| {
-            Memo::none(&mut Vec::new(), |memo| {
-                write_tools(Raw, at, &mut decide, memo, out)
-            })
-        },
+        &mut |at, out| write_raw_tools(at, &mut decide, out),
         &mut out,
     )?;
     Ok(out)
@@ -220,19 +212,6 @@ struct Memo<'m, 'p> {
 }
 
 impl<'p> Memo<'_, 'p> {
-    /// No memo: every tool is decided.
-    fn none(
-        parts: &mut Vec<ToolPart>,
-        f: impl FnOnce(&mut Memo<'_, '_>) -> Result<(), RewriteError>,
-    ) -> Result<(), RewriteError> {
-        let mut never = |_: &str, _: &str| false;
-        f(&mut Memo {
-            prior: None,
-            unchanged: &mut never,
-            parts,
-        })
-    }
-
     /// The view of the tool at `index`, whose bytes are `raw`, from the
     /// prior rewrite, when it may be taken from there.
     fn taken(&mut self, index: usize, raw: &str) -> Option<(&'p ToolPart, &'p str)> {
@@ -248,6 +227,22 @@ impl<'p> Memo<'_, 'p> {
         };
         Some((part, view))
     }
+}
+
+/// [`write_tools`] of an array parsed from its bytes, with no prior
+/// rewrite to take tools from.
+fn write_raw_tools(
+    at: &str,
+    decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+    out: &mut String,
+) -> Result<(), RewriteError> {
+    let mut never = |_: &str, _: &str| false;
+    let mut memo = Memo {
+        prior: None,
+        unchanged: &mut never,
+        parts: &mut Vec::new(),
+    };
+    write_tools(Raw, at, decide, &mut memo, out)
 }
 
 /// Where `part` (a slice of `whole`) is in it.
