@@ -56,6 +56,10 @@ pub struct ToolEntry {
     /// (its keys are fixed) would let a changed definition reuse the entry,
     /// and the pin verdict, of the reviewed one.
     listed: Box<str>,
+    /// Unique to this entry among the catalogs' entries: a view decided on
+    /// it may be shown again while the catalog still holds the entry with
+    /// this stamp ([`Catalogs::stamps`]).
+    stamp: u64,
     /// Its `inputSchema`.
     pub input_schema: Value,
     /// Its annotations as risk hints (untrusted).
@@ -96,6 +100,18 @@ pub struct Catalogs {
     stale: dashmap::DashSet<String>,
     /// The tools of each upstream's last list as the strict reader read them.
     known: DashMap<String, Arc<Known>>,
+    /// The last [`ToolEntry::stamp`] given.
+    stamps: AtomicU64,
+}
+
+/// The stamps of one upstream's catalog entries ([`Catalogs::stamps`]).
+pub struct Stamps(Option<Arc<DashMap<String, Arc<ToolEntry>>>>);
+
+impl Stamps {
+    /// The stamp of the catalog's entry for `name`, if it has one.
+    pub fn of(&self, name: &str) -> Option<u64> {
+        self.0.as_ref()?.get(name).map(|e| e.stamp)
+    }
 }
 
 /// A `tools/list` result an upstream sent and the view of it each
@@ -204,6 +220,7 @@ impl Catalogs {
             .unwrap_or(Value::Null);
         let entry = ToolEntry {
             listed: raw.into(),
+            stamp: self.stamps.fetch_add(1, Ordering::Relaxed) + 1,
             input_schema,
             hints: Hints::from_annotations(definition.get("annotations")),
             sha256: crate::canonical::sha256(&definition),
@@ -216,13 +233,11 @@ impl Catalogs {
         entry
     }
 
-    /// Whether the catalog's entry for `name` is the tool listed as `raw`
-    /// (a view of it decided earlier may be shown again).
-    pub fn holds(&self, upstream: &str, name: &str, raw: &str) -> bool {
-        self.by_upstream
-            .get(upstream)
-            .and_then(|c| c.get(name).map(|e| *e.listed == *raw))
-            .unwrap_or(false)
+    /// The stamps of `upstream`'s entries as they are now: a view decided
+    /// on an entry may be shown again while its stamp is the catalog's
+    /// (looked up once per list, not once per tool).
+    pub fn stamps(&self, upstream: &str) -> Stamps {
+        Stamps(self.by_upstream.get(upstream).map(|c| Arc::clone(&c)))
     }
 
     /// Records one tool of a `tools/list` answer.
@@ -631,6 +646,11 @@ pub async fn follow_list_changed(redis: Arc<crate::state::Redis>, catalogs: Arc<
 // === impl ToolEntry ===
 
 impl ToolEntry {
+    /// Unique to this entry ([`Catalogs::stamps`]).
+    pub fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
     /// The `x-mcp-header` parameters of the tool (2026-07-28), from its schema.
     pub fn param_headers(&self) -> &ParamHeaders {
         self.param_headers

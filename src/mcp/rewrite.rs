@@ -19,6 +19,7 @@
 //! rewrite fail, and the caller answers with an error: an unfiltered list
 //! never passes.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
@@ -140,6 +141,8 @@ struct ToolPart {
     /// Its bytes in the upstream's array (`None`: not taken again).
     element: Option<Range<usize>>,
     name: Arc<str>,
+    /// The stamp of the catalog entry it was decided on.
+    stamp: Option<u64>,
     /// Its view in the rewritten array (`None`: hidden).
     view: Option<Range<usize>>,
 }
@@ -177,22 +180,31 @@ impl ToolsArray<'_> {
     }
 
     /// The array rewritten: only the tools `decide` keeps, each with the
-    /// annotations of its risk and gate. A tool whose bytes are those of
-    /// the tool at the same index of `prior`, and that `unchanged` (given
-    /// its name and bytes) confirms is still what the catalog holds, keeps
-    /// its view from `prior` without being decided again (its decision
-    /// depends on nothing but its bytes and what `prior` was decided under).
+    /// annotations of its risk and gate; `decide` also gives the stamp of
+    /// the catalog entry it decided on. A tool whose bytes are those of the
+    /// tool at the same index of `prior`, and whose catalog entry is still
+    /// the one that was decided (`stamp` gives the entry's stamp now, by
+    /// name), keeps its view from `prior` without being decided again (its
+    /// decision depends on nothing but its bytes and what `prior` was
+    /// decided under).
     pub fn rewrite(
         &self,
         prior: Option<Prior<'_>>,
-        mut unchanged: impl FnMut(&str, &str) -> bool,
-        mut decide: impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
+        mut stamp: impl FnMut(&str) -> Option<u64>,
+        mut decide: impl FnMut(&ListedTool<'_>) -> (Option<(Risk, Gate)>, u64),
     ) -> Result<ToolsView, RewriteError> {
         let mut out = String::with_capacity(self.text().len());
         let mut parts = Vec::new();
+        let decided = Cell::new(None);
+        let mut decide = |t: &ListedTool<'_>| {
+            let (shown, stamp) = decide(t);
+            decided.set(Some(stamp));
+            shown
+        };
         let mut memo = Memo {
             prior,
-            unchanged: &mut unchanged,
+            stamp: &mut stamp,
+            decided: &decided,
             parts: &mut parts,
         };
         write_tools(self.doc, self.at, &mut decide, &mut memo, &mut out)?;
@@ -207,7 +219,9 @@ impl ToolsArray<'_> {
 /// for the next ([`ToolsArray::rewrite`]).
 struct Memo<'m, 'p> {
     prior: Option<Prior<'p>>,
-    unchanged: &'m mut dyn FnMut(&str, &str) -> bool,
+    stamp: &'m mut dyn FnMut(&str) -> Option<u64>,
+    /// The stamp of the entry the last tool decided was decided on.
+    decided: &'m Cell<Option<u64>>,
     parts: &'m mut Vec<ToolPart>,
 }
 
@@ -218,7 +232,7 @@ impl<'p> Memo<'_, 'p> {
         let prior = self.prior?;
         let part = prior.view.parts.get(index)?;
         let before = prior.bytes.get(part.element.clone()?)?;
-        if before != raw || !(self.unchanged)(&part.name, raw) {
+        if before != raw || part.stamp.is_none() || (self.stamp)(&part.name) != part.stamp {
             return None;
         }
         let view = match &part.view {
@@ -236,10 +250,11 @@ fn write_raw_tools(
     decide: &mut impl FnMut(&ListedTool<'_>) -> Option<(Risk, Gate)>,
     out: &mut String,
 ) -> Result<(), RewriteError> {
-    let mut never = |_: &str, _: &str| false;
+    let mut never = |_: &str| None;
     let mut memo = Memo {
         prior: None,
-        unchanged: &mut never,
+        stamp: &mut never,
+        decided: &Cell::new(None),
         parts: &mut Vec::new(),
     };
     write_tools(Raw, at, decide, &mut memo, out)
@@ -471,7 +486,7 @@ fn write_tools<'a, D: Doc<'a>>(
     for (index, t) in tools.iter().enumerate() {
         let raw = doc.text(*t);
         let element = offset_in(array, raw);
-        let (name, view) = match memo.taken(index, raw) {
+        let (name, stamp, view) = match memo.taken(index, raw) {
             Some((part, view)) => {
                 let name = Arc::clone(&part.name);
                 let kept = part.view.is_some();
@@ -484,13 +499,18 @@ fn write_tools<'a, D: Doc<'a>>(
                     out.push_str(view);
                     start..out.len()
                 });
-                (name, view)
+                (name, part.stamp, view)
             }
-            None => rewrite_tool(doc, *t, decide, out, &mut first_tool, &mut names)?,
+            None => {
+                memo.decided.set(None);
+                let (name, view) = rewrite_tool(doc, *t, decide, out, &mut first_tool, &mut names)?;
+                (name, memo.decided.take(), view)
+            }
         };
         memo.parts.push(ToolPart {
             element,
             name,
+            stamp,
             view,
         });
     }
@@ -893,10 +913,12 @@ mod memo_tests {
             bytes = tools.text().to_owned();
             let view = tools.rewrite(
                 prior.map(|(bytes, view)| Prior { bytes, view }),
-                |_, _| unchanged,
+                // Every entry decided is stamped 1; a changed catalog
+                // holds other entries.
+                |_| Some(if unchanged { 1 } else { 2 }),
                 |t| {
                     decided.push(t.name.to_owned());
-                    decide(t.name)
+                    (decide(t.name), 1)
                 },
             )?;
             let text = Arc::clone(&view.text);

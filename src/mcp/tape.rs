@@ -25,6 +25,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Objects with more keys than this switch duplicate detection from a linear
 /// scan to a hash set, so a body with one huge object cannot make the check
@@ -109,7 +110,8 @@ pub struct Tape {
 #[derive(Debug)]
 pub struct Known {
     place: Place,
-    elements: Vec<KnownElement>,
+    /// Shared with the next list learned where it takes them unchanged.
+    elements: Vec<Arc<KnownElement>>,
 }
 
 /// Where a list's elements were read: what decides how an element is read.
@@ -595,12 +597,22 @@ impl<'t> Reader<'t> {
         if same || size > MAX_KNOWN_BYTES || !seen.iter().all(|s| s.object) {
             return None;
         }
+        // Elements taken unchanged are shared with the known list, not
+        // copied (one tool of a hundred changing costs that one).
+        let taken = self.known.filter(|k| k.place == *place);
         let mut elements = Vec::with_capacity(seen.len());
-        for s in seen {
+        for (index, s) in seen.iter().enumerate() {
+            if let Some(e) = taken
+                .filter(|_| s.taken)
+                .and_then(|k| k.elements.get(index))
+            {
+                elements.push(Arc::clone(e));
+                continue;
+            }
             let at = u32::try_from(s.start).ok()?;
             let base = u32::try_from(s.first).ok()?;
             let nodes = self.nodes.get(s.first..s.last)?;
-            elements.push(KnownElement {
+            elements.push(Arc::new(KnownElement {
                 text: self.b.get(s.start..s.end)?.into(),
                 nodes: nodes
                     .iter()
@@ -613,7 +625,7 @@ impl<'t> Reader<'t> {
                         ..*n
                     })
                     .collect(),
-            });
+            }));
         }
         Some(Known {
             place: *place,

@@ -1141,6 +1141,7 @@ impl Exchange {
                         let result = r.tape.member(r.text, n, "result")?;
                         Some(rewrite::tools_result_on(r.text, r.tape, result, |tools| {
                             let up = &cx.upstream.config.name;
+                            let stamps = cx.catalogs.stamps(up);
                             cx.catalogs.tools_view(
                                 up,
                                 cx.view_generation(),
@@ -1149,8 +1150,8 @@ impl Exchange {
                                 |prior| {
                                     tools.rewrite(
                                         prior,
-                                        |name, raw| cx.catalogs.holds(up, name, raw),
-                                        |t| self.listed_tool(t),
+                                        |name| stamps.of(name),
+                                        |t| self.decide_listed_tool(t),
                                     )
                                 },
                             )
@@ -1182,6 +1183,16 @@ impl Exchange {
         &self,
         t: &rewrite::ListedTool<'_>,
     ) -> Option<(crate::policy::Risk, crate::policy::Gate)> {
+        self.decide_listed_tool(t).0
+    }
+
+    /// [`Exchange::listed_tool`], with the stamp of the catalog entry it
+    /// was decided on (a view of it may be shown again while the catalog
+    /// holds that entry).
+    fn decide_listed_tool(
+        &self,
+        t: &rewrite::ListedTool<'_>,
+    ) -> (Option<(crate::policy::Risk, crate::policy::Gate)>, u64) {
         let cx = &self.run;
         let up = &cx.upstream.config;
         let entry = cx.catalogs.record_listed(&up.name, t);
@@ -1196,13 +1207,14 @@ impl Exchange {
             )
             .is_ok();
         let valid_headers = entry.param_headers().violation().is_none();
-        decide_answer::tool_visible(
+        let shown = decide_answer::tool_visible(
             cx.answer_scope(),
             t.name,
             entry.hints,
             pinned,
             valid_headers,
-        )
+        );
+        (shown, entry.stamp())
     }
 
     /// A prompts, resources or resource templates list, kept to the run's
