@@ -203,6 +203,7 @@ pub async fn start_with(
         connections: Arc::new(Semaphore::new(config.server.max_connections)),
         write_idle: config.server.write_idle_timeout,
         max_header_bytes: config.server.max_header_bytes,
+        spread: Some(crate::server::shards::Spread::new(config.server.threads)),
         on_refused: Arc::new(move |why| {
             let counter = match why {
                 listener::Refused::TooMany => &metrics.refused_connections,

@@ -29,8 +29,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tokio_rustls::TlsAcceptor;
+
+use super::shards::{Placed, Spread};
 
 /// What the request path knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
@@ -143,6 +145,27 @@ pub struct ConnLimits {
     /// Most bytes of request head (HTTP/1.1: request line and headers;
     /// HTTP/2: the header list) a request may have: larger is a 431.
     pub max_header_bytes: usize,
+    /// The serving threads sharing the listener, whose connections are
+    /// spread evenly (`None`: one accept loop, nothing to spread).
+    pub spread: Option<Arc<Spread<Handed>>>,
+}
+
+/// A connection a serving thread accepted and hands to a less busy one
+/// ([`Spread`]), before a byte of it was read.
+pub struct Handed {
+    stream: std::net::TcpStream,
+    remote: SocketAddr,
+    slot: OwnedSemaphorePermit,
+    placed: Placed<Handed>,
+}
+
+/// A connection to serve here: accepted, or handed over.
+struct Accepted {
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    slot: OwnedSemaphorePermit,
+    /// Counted on this thread while it is open.
+    _placed: Option<Placed<Handed>>,
 }
 
 /// Why a connection was closed by the listener.
@@ -164,6 +187,7 @@ impl ConnLimits {
             write_idle: Duration::from_secs(3600),
             on_refused: Arc::new(|_| {}),
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            spread: None,
         }
     }
 }
@@ -323,11 +347,30 @@ pub async fn serve<F, S, B>(
 {
     let builders = Arc::new(Builders::new(limits.max_header_bytes));
     let graceful = GracefulShutdown::new();
+    // On a serving thread: its place among the others, and its inbox.
+    let here = super::shards::current();
+    let mut inbox = limits.spread.as_ref().and_then(|s| s.inbox(here));
 
     loop {
-        let (stream, remote) = tokio::select! {
+        let Accepted {
+            stream,
+            remote,
+            slot,
+            _placed,
+        } = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
+                Ok((stream, remote)) => {
+                    let Ok(slot) = limits.connections.clone().try_acquire_owned() else {
+                        (limits.on_refused)(Refused::TooMany);
+                        drop(stream);
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    match place(&limits, here, stream, remote, slot) {
+                        Some(a) => a,
+                        None => continue,
+                    }
+                }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -335,14 +378,22 @@ pub async fn serve<F, S, B>(
                     continue;
                 }
             },
+            Some(handed) = next_handed(&mut inbox) => {
+                match tokio::net::TcpStream::from_std(handed.stream) {
+                    Ok(stream) => Accepted {
+                        stream,
+                        remote: handed.remote,
+                        slot: handed.slot,
+                        _placed: Some(handed.placed),
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a handed-over connection could not be registered");
+                        continue;
+                    }
+                }
+            },
             _ = wait_true(&mut shutdown) => break,
         };
-        let Ok(slot) = limits.connections.clone().try_acquire_owned() else {
-            (limits.on_refused)(Refused::TooMany);
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
         let write_idle = limits.write_idle;
         let on_idle = limits.on_refused.clone();
         let info = ConnInfo {
@@ -357,7 +408,7 @@ pub async fn serve<F, S, B>(
                 let watcher = graceful.watcher();
                 let mut stop = shutdown.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    let _held = (slot, _placed);
                     let Some(sniffed) = peek_protocol(&stream, &mut stop).await else {
                         return;
                     };
@@ -374,7 +425,7 @@ pub async fn serve<F, S, B>(
                 let watcher = graceful.watcher();
                 let mut stop = shutdown.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    let _held = (slot, _placed);
                     let handshake =
                         tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
                     let tls_stream = tokio::select! {
@@ -414,6 +465,69 @@ pub async fn serve<F, S, B>(
     }
 }
 
+/// Where a connection just accepted on serving thread `here` is served:
+/// here (returned), or handed to a less busy thread (`None`). A connection
+/// that cannot be moved is served here.
+fn place(
+    limits: &ConnLimits,
+    here: usize,
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    slot: OwnedSemaphorePermit,
+) -> Option<Accepted> {
+    let placed = limits.spread.as_ref().and_then(|s| s.place(here));
+    let (spread, placed) = match (&limits.spread, placed) {
+        (Some(spread), Some(placed)) if placed.shard != here => (spread, placed),
+        (_, placed) => {
+            return Some(Accepted {
+                stream,
+                remote,
+                slot,
+                _placed: placed,
+            })
+        }
+    };
+    let to = placed.shard;
+    // Out of this thread's reactor, into the other's (`from_std` there).
+    let stream = match stream.into_std() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "an accepted connection could not be handed over");
+            return None;
+        }
+    };
+    let handed = Handed {
+        stream,
+        remote,
+        slot,
+        placed,
+    };
+    match spread.hand(to, handed) {
+        Ok(()) => None,
+        // That thread stopped (shutting down): serve it here.
+        Err(h) => match tokio::net::TcpStream::from_std(h.stream) {
+            Ok(stream) => Some(Accepted {
+                stream,
+                remote: h.remote,
+                slot: h.slot,
+                _placed: Some(h.placed.recount(here)),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "an accepted connection could not be registered");
+                None
+            }
+        },
+    }
+}
+
+/// The next connection handed to this thread; never, without an inbox.
+async fn next_handed(inbox: &mut Option<mpsc::UnboundedReceiver<Handed>>) -> Option<Handed> {
+    match inbox {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn log_conn_end<E: std::fmt::Display>(
     fut: impl Future<Output = Result<(), E>>,
     remote: SocketAddr,
@@ -435,6 +549,91 @@ pub async fn wait_true(rx: &mut watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A burst of connections (all queued before any thread accepts) is
+    /// served by every serving thread, however the kernel woke them.
+    #[tokio::test]
+    async fn a_burst_of_connections_is_served_by_every_thread() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let std_listener = Arc::new(std_listener);
+        let spread = Spread::<Handed>::new(2);
+        let (stop, rx) = watch::channel(false);
+        let limits = ConnLimits {
+            spread: Some(spread.clone()),
+            ..ConnLimits::unlimited()
+        };
+        let serving = crate::server::shards::spawn(2, move |_| {
+            let listener = std_listener.try_clone().and_then(TcpListener::from_std);
+            let (rx, limits) = (rx.clone(), limits.clone());
+            async move {
+                let service = |_conn| {
+                    hyper::service::service_fn(|_req| async {
+                        let shard = crate::server::shards::current().to_string();
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from(shard)),
+                        ))
+                    })
+                };
+                serve(
+                    listener.unwrap(),
+                    None,
+                    service,
+                    rx,
+                    Duration::from_secs(1),
+                    limits,
+                )
+                .await;
+            }
+        })
+        .unwrap();
+        let serving = tokio::spawn(serving);
+
+        let mut conns =
+            futures_util::future::join_all((0..16).map(|_| tokio::net::TcpStream::connect(addr)))
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+        let mut served = [0usize; 2];
+        for c in &mut conns {
+            c.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 512];
+            let shard = loop {
+                let n = c.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "closed before answering");
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf);
+                if let Some((_, body)) = text.split_once("\r\n\r\n") {
+                    if !body.is_empty() {
+                        break body.parse::<usize>().unwrap();
+                    }
+                }
+            };
+            served[shard - 1] += 1;
+        }
+        assert_eq!(served.iter().sum::<usize>(), 16);
+        assert!(
+            served.iter().all(|&n| (6..=10).contains(&n)),
+            "connections per thread: {served:?}"
+        );
+        // Counted where they are served, while they are open.
+        assert_eq!(spread.loads().iter().sum::<usize>(), 16);
+        drop(conns);
+        stop.send(true).unwrap();
+        serving.await.unwrap();
+        assert_eq!(
+            spread.loads(),
+            [0, 0],
+            "a closed connection is no longer counted"
+        );
+    }
 
     #[test]
     fn first_bytes_choose_the_protocol() {
