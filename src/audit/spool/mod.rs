@@ -16,19 +16,21 @@
 //!   and unreadable spool bytes (`*.corrupt`); nothing is silently dropped.
 //!
 //! Invariants:
-//! * Appends are group-committed by whichever caller finds no write in progress
-//!   (the *leader*): it writes its own record and everything queued behind it
-//!   with one `write(2)` per group, on its own task, and acknowledges each queued
-//!   caller after that write returned. No thread hand-off on the request path:
-//!   at the load a proxy sees, the leader's group is usually just its own row. A
-//!   leader writes at most [`LEADER_ROUNDS`] groups, then hands the queue to the
-//!   spool thread, so no caller writes for others indefinitely. Callers lead on
-//!   the serving threads (single-threaded runtimes,
-//!   [`crate::server::shards`]); on a multi-thread runtime, and on every
-//!   thread for [`SLOW_FOR`] after a write slower than [`SLOW_WRITE`] (the
-//!   watchdog), rows are handed to the spool thread instead, so a disk that
-//!   turns slow holds the spool thread rather than the threads serving
-//!   calls.
+//! * A caller on a serving thread (a single-threaded runtime,
+//!   [`crate::server::shards`]) writes its own record with one `write(2)`
+//!   under the segment's lock, waiting at most [`SLOW_WRITE`] for another
+//!   thread's write to finish: no queue, no acknowledgement, so no serving
+//!   thread ever wakes another one to say its row is written (measured: when
+//!   callers queued behind whichever thread was writing, the two serving
+//!   threads woke each other about once per forwarded call). Tasks of one
+//!   serving thread never wait for each other: a write is synchronous.
+//! * Rows are queued instead, and written as groups by the spool thread (or a
+//!   leader that found no write in progress, off any runtime), on a
+//!   multi-thread runtime, and on every thread for [`SLOW_FOR`] after a write
+//!   slower than [`SLOW_WRITE`] or a wait for the segment's lock that long
+//!   (the watchdog), so a disk that turns slow holds the spool thread rather
+//!   than the threads serving calls. A leader writes at most
+//!   [`LEADER_ROUNDS`] groups, then hands the queue to the spool thread.
 //! * fsync never runs on a caller's task: the spool thread syncs every
 //!   `fsync_interval_ms` (a process crash, SIGKILL, loses no acknowledged row; a
 //!   power loss loses at most one interval). Segments are created without an
@@ -222,9 +224,11 @@ pub(crate) struct Shared {
     queue: Mutex<Queue>,
     /// Wakes the spool thread (hand-off, shutdown); paired with `queue`.
     wake_syncer: Condvar,
-    /// The segment being appended to. Locked by the current leader while it
-    /// writes, and briefly by the spool thread; never taken while `queue` is held.
-    log: Mutex<Log>,
+    /// The segment being appended to. Locked by whoever writes (a serving
+    /// thread its own row, a leader its group) and briefly by the spool
+    /// thread; never taken while `queue` is held. A `parking_lot` mutex for
+    /// its bounded wait ([`parking_lot::Mutex::try_lock_for`]).
+    log: parking_lot::Mutex<Log>,
     /// Active segment and how much of it is fully written (readers stop there).
     committed: Mutex<Position>,
     /// Wakes the shipper when new records were committed.
@@ -401,19 +405,146 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
-    fn log(&self) -> MutexGuard<'_, Log> {
-        // Nothing panics while holding the lock, so a poisoned lock's data is intact.
-        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    fn log(&self) -> parking_lot::MutexGuard<'_, Log> {
+        self.log.lock()
     }
 
-    /// Frames one record into the next group write (`encode` appends the
-    /// payload) and, if no write is in progress, writes it right away on the
-    /// calling thread as the group's leader. Otherwise the record waits for the
-    /// current leader, which acknowledges it.
-    ///
-    /// Encoding happens under the queue lock, straight into the group buffer: no
-    /// per-row buffer allocation; the lock is held for roughly one encode + crc.
+    /// Appends one record (`encode` appends the payload). On a serving
+    /// thread, or off any runtime, its caller writes it ([`Self::append_own`]);
+    /// on a multi-thread runtime, or while the disk is slow, it is queued for
+    /// the spool thread ([`Self::append_queued`]), which acknowledges it.
     pub(crate) fn append(&self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<Appended, SpoolError> {
+        if on_runtime_worker() || self.disk_slow() {
+            return self.append_queued(encode);
+        }
+        self.append_own(encode)
+    }
+
+    /// A serving thread's row (or one written off any runtime): framed in
+    /// the thread's own buffer and written by its caller under the segment's
+    /// lock. Waits at most [`SLOW_WRITE`] for another thread's write; past
+    /// that the disk counts as slow and the row goes to the spool thread.
+    fn append_own(&self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<Appended, SpoolError> {
+        thread_local! {
+            static FRAME: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let mut rec = FRAME.with(std::cell::RefCell::take);
+        rec.clear();
+        rec.extend_from_slice(&[0u8; RECORD_HEADER_LEN]);
+        encode(&mut rec);
+        let result = self.write_own(&mut rec);
+        // Keep a typical row's buffer for the thread's next one.
+        if rec.capacity() <= 1 << 16 {
+            FRAME.with(|f| f.replace(rec));
+        }
+        result
+    }
+
+    fn write_own(&self, rec: &mut [u8]) -> Result<Appended, SpoolError> {
+        let len = rec.len() - RECORD_HEADER_LEN;
+        if len > MAX_RECORD_LEN {
+            return Err(SpoolError::TooLarge {
+                len,
+                max: MAX_RECORD_LEN,
+            });
+        }
+        {
+            let mut q = self.queue();
+            if q.closed {
+                return Err(SpoolError::Closed);
+            }
+            self.admit(q.buf.len() + rec.len())?;
+            self.refuse_if_stalled()?;
+            frame(rec);
+            if q.writing {
+                // The spool thread writes a handed-off queue: the row joins
+                // it, behind the rows queued first.
+                q.buf.extend_from_slice(rec);
+                let (tx, rx) = oneshot::channel();
+                q.waiters.push(tx);
+                return Ok(Appended::Queued(rx));
+            }
+        }
+        let wait = SLOW_WRITE.min(self.write_timeout);
+        let Some(mut log) = self.log.try_lock_for(wait) else {
+            // Another thread's write has held the segment that long: the
+            // disk is slow, and the spool thread writes for a while.
+            self.note_slow(wait);
+            return self.hand_off(rec);
+        };
+        let began = Instant::now();
+        self.begin_write();
+        let result = log.write_group(self, rec);
+        self.end_write();
+        let took = began.elapsed();
+        if took > SLOW_WRITE {
+            self.note_slow(took);
+        }
+        if result.is_ok() {
+            if self.fsync_interval.is_zero() {
+                log.sync_inline(&self.dir);
+            }
+            self.metrics.rows_queued(1);
+        }
+        Ok(Appended::Written(result))
+    }
+
+    /// Queues a framed record for the spool thread and wakes it.
+    fn hand_off(&self, rec: &[u8]) -> Result<Appended, SpoolError> {
+        let mut q = self.queue();
+        if q.closed {
+            return Err(SpoolError::Closed);
+        }
+        q.buf.extend_from_slice(rec);
+        let (tx, rx) = oneshot::channel();
+        q.waiters.push(tx);
+        if !q.writing {
+            q.writing = true;
+            q.handed_off = true;
+            drop(q);
+            self.wake_syncer.notify_one();
+        }
+        Ok(Appended::Queued(rx))
+    }
+
+    /// Refuses a row while a write has been in progress past the deadline:
+    /// it is not queued behind a write that may never return.
+    fn refuse_if_stalled(&self) -> Result<(), SpoolError> {
+        if self.stalled().is_none() {
+            return Ok(());
+        }
+        self.metrics.spool_stall();
+        Err(SpoolError::Stalled {
+            ms: self.write_timeout.as_millis() as u64,
+        })
+    }
+
+    /// Refuses a row that would take the spool past its limits: too little
+    /// free disk, or `max_bytes` with `queued` bytes not yet written.
+    fn admit(&self, queued: usize) -> Result<(), SpoolError> {
+        if self.low_space.load(Ordering::Relaxed) {
+            return Err(SpoolError::LowSpace {
+                free: self.free_bytes.load(Ordering::Relaxed),
+                min: self.min_free_bytes,
+            });
+        }
+        let used = self.bytes_on_disk.load(Ordering::Relaxed) + queued as u64;
+        if used > self.max_bytes {
+            self.full.store(true, Ordering::Relaxed);
+            return Err(SpoolError::Full {
+                used,
+                max: self.max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Frames one record into the next group write and, if no write is in
+    /// progress and the caller may write (off any runtime), writes it right
+    /// away as the group's leader; otherwise the spool thread (or the current
+    /// leader) writes it and acknowledges it. Encoding happens under the
+    /// queue lock, straight into the group buffer.
+    fn append_queued(&self, encode: impl FnOnce(&mut Vec<u8>)) -> Result<Appended, SpoolError> {
         let mut q = self.queue();
         if q.closed {
             return Err(SpoolError::Closed);
@@ -429,38 +560,17 @@ impl Shared {
                 max: MAX_RECORD_LEN,
             });
         }
-        if self.low_space.load(Ordering::Relaxed) {
-            q.buf.truncate(start);
-            return Err(SpoolError::LowSpace {
-                free: self.free_bytes.load(Ordering::Relaxed),
-                min: self.min_free_bytes,
-            });
-        }
         if q.writing {
-            if let Some(running) = self.stalled() {
-                // Not behind a write that may never return.
+            if let Err(e) = self.refuse_if_stalled() {
                 q.buf.truncate(start);
-                self.metrics.spool_stall();
-                let _ = running;
-                return Err(SpoolError::Stalled {
-                    ms: self.write_timeout.as_millis() as u64,
-                });
+                return Err(e);
             }
         }
-        let used = self.bytes_on_disk.load(Ordering::Relaxed) + q.buf.len() as u64;
-        if used > self.max_bytes {
+        if let Err(e) = self.admit(q.buf.len()) {
             q.buf.truncate(start);
-            self.full.store(true, Ordering::Relaxed);
-            return Err(SpoolError::Full {
-                used,
-                max: self.max_bytes,
-            });
+            return Err(e);
         }
-        let crc = crc32fast::hash(&q.buf[start + RECORD_HEADER_LEN..]);
-        // `len` fits: it is at most MAX_RECORD_LEN (16 MiB).
-        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
-        q.buf[start..start + 4].copy_from_slice(&len32.to_le_bytes());
-        q.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        frame(&mut q.buf[start..]);
         if q.writing {
             let (tx, rx) = oneshot::channel();
             q.waiters.push(tx);
@@ -571,6 +681,17 @@ impl Shared {
         let pending = self.log().take_unsynced();
         pending.sync(&self.dir);
     }
+}
+
+/// Fills in the header of the record that `rec` holds (header space, then
+/// the payload): its length and the payload's CRC.
+fn frame(rec: &mut [u8]) {
+    let (header, payload) = rec.split_at_mut(RECORD_HEADER_LEN);
+    let crc = crc32fast::hash(payload);
+    // The length fits: callers refuse payloads over MAX_RECORD_LEN (16 MiB).
+    let len32 = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    header[..4].copy_from_slice(&len32.to_le_bytes());
+    header[4..8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Whether the caller is a task of a multi-thread runtime (whose worker a
@@ -703,7 +824,7 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
             closed: false,
         }),
         wake_syncer: Condvar::new(),
-        log: Mutex::new(Log::default()),
+        log: parking_lot::Mutex::new(Log::default()),
         committed: Mutex::new(Position {
             seq: last_seq,
             offset: u64::MAX,

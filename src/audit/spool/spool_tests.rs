@@ -706,3 +706,64 @@ fn after_a_slow_write_callers_hand_their_rows_to_the_spool_thread() {
     let mut reader = stop(spool);
     assert_eq!(read_all(&mut reader).body, concat(1..5));
 }
+
+/// Appends one row from a thread of its own, as a serving thread does, and
+/// says how the row was taken.
+fn append_on_a_serving_thread(
+    shared: &Arc<Shared>,
+    label: u64,
+) -> std::thread::JoinHandle<Appended> {
+    let shared = Arc::clone(shared);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _in = rt.enter();
+        shared
+            .append(|b| b.extend_from_slice(&payload(label)))
+            .unwrap()
+    })
+}
+
+#[test]
+fn a_serving_thread_writes_its_own_row_after_another_threads_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    // Another thread is writing (it holds the segment) for a moment.
+    let held = spool.shared.log();
+    let caller = append_on_a_serving_thread(&spool.shared, 1);
+    std::thread::sleep(Duration::from_millis(2));
+    drop(held);
+    // The caller waited and wrote its row itself: nothing was queued for
+    // anyone to acknowledge, so no thread was woken for it.
+    let took = caller.join().unwrap();
+    assert!(matches!(took, Appended::Written(Ok(()))), "{took:?}");
+    assert!(spool.shared.queue().waiters.is_empty());
+    assert!(!spool.shared.disk_slow());
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, concat(1..2));
+}
+
+#[test]
+fn a_serving_thread_held_longer_than_a_fast_write_hands_its_row_to_the_spool_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    let held = spool.shared.log();
+    let caller = append_on_a_serving_thread(&spool.shared, 1);
+    // Longer than SLOW_WRITE: the caller stops waiting, the disk counts as
+    // slow, and the row is queued for the spool thread.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !spool.shared.disk_slow() {
+        assert!(Instant::now() < deadline, "the wait is bounded");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let queued = caller.join().unwrap();
+    assert!(matches!(queued, Appended::Queued(_)), "{queued:?}");
+    drop(held);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async { queued.outcome().await.unwrap().unwrap() });
+    let mut reader = stop(spool);
+    assert_eq!(read_all(&mut reader).body, concat(1..2));
+}
