@@ -82,7 +82,9 @@ pub struct Held {
 pub fn respond(run: Arc<RunContext>, holds: Arc<Holds>, held: Held) -> Response<Body> {
     let cancel = Arc::new(Notify::new());
     let key = HoldKey::new(&run.principal(), held.session.as_deref(), &held.id);
-    holds.insert(
+    // Not registered if its client cancelled it already: `cancel` is then
+    // notified and the approval withdrawn, and the stream ends at once.
+    let _registered = holds.insert(
         key.clone(),
         cancel.clone(),
         held.gated.approval.id.clone(),

@@ -2,8 +2,16 @@
 //! session, request id), so a `notifications/cancelled` from the same
 //! principal ends the hold and withdraws its approval. The hold stage itself
 //! is `super::hold`; this registry is below it and below the decision.
+//!
+//! A call's approval is filed (and visible to approvers) a moment before its
+//! hold is registered here, and a cancel served on another connection, on
+//! another serving thread, can fall in between. Such a cancel matches
+//! nothing, so it is remembered briefly ([`EARLY_CANCEL_FOR`]): the hold
+//! that registers under its key afterwards is cancelled at once and its
+//! approval withdrawn, so a call its client cancelled never runs.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use tokio::sync::Notify;
@@ -38,9 +46,20 @@ struct HoldEntry {
     tenant: String,
 }
 
+/// How long a cancel that matched no held call is remembered for a hold
+/// that registers under its key afterwards (the gap between filing an
+/// approval and registering its hold is a few milliseconds).
+pub const EARLY_CANCEL_FOR: Duration = Duration::from_secs(2);
+
+/// Most cancels remembered at once; past that the oldest are forgotten
+/// first (they are the likeliest to have lapsed).
+const EARLY_CANCELS_MAX: usize = 4096;
+
 /// The calls held for approval right now, by [`HoldKey`].
 pub struct Holds {
     held: DashMap<HoldKey, HoldEntry>,
+    /// Cancels that matched no held call, and when they came.
+    early: DashMap<HoldKey, Instant>,
     approvals: Option<Arc<Approvals>>,
 }
 
@@ -49,17 +68,24 @@ impl Holds {
     pub fn new(approvals: Option<Arc<Approvals>>) -> Holds {
         Holds {
             held: DashMap::new(),
+            early: DashMap::new(),
             approvals,
         }
     }
 
     /// Cancels the held call `key`, if there is one waiting: its approval is
     /// withdrawn and its stream ends. Returns the approval's id.
+    /// A cancel that matches nothing is remembered for a hold that
+    /// registers under `key` within [`EARLY_CANCEL_FOR`] ([`Self::insert`]).
     pub fn cancel(&self, key: &HoldKey) -> Option<String> {
-        let (tenant, approval) = self
+        let Some((tenant, approval)) = self
             .held
             .get(key)
-            .map(|e| (e.tenant.clone(), e.approval.clone()))?;
+            .map(|e| (e.tenant.clone(), e.approval.clone()))
+        else {
+            self.remember_early(key);
+            return None;
+        };
         // Withdrawn before it leaves the registry: a hold gone from here has
         // its withdrawal done (journal) or under way (PostgreSQL);
         // withdrawing twice is harmless.
@@ -69,8 +95,24 @@ impl Holds {
         Some(approval.as_str().to_owned())
     }
 
-    /// Registers the held call `key`: `cancel` ends its wait.
-    pub fn insert(&self, key: HoldKey, cancel: Arc<Notify>, approval: ApprovalId, tenant: String) {
+    /// Registers the held call `key`: `cancel` ends its wait. If its client
+    /// cancelled it already (a cancel that came before the hold registered,
+    /// within [`EARLY_CANCEL_FOR`]), its approval is withdrawn and `cancel`
+    /// notified at once, and false returned.
+    pub fn insert(
+        &self,
+        key: HoldKey,
+        cancel: Arc<Notify>,
+        approval: ApprovalId,
+        tenant: String,
+    ) -> bool {
+        if let Some((_, at)) = self.early.remove(&key) {
+            if at.elapsed() <= EARLY_CANCEL_FOR {
+                self.withdraw(&tenant, &approval);
+                cancel.notify_one();
+                return false;
+            }
+        }
         self.held.insert(
             key,
             HoldEntry {
@@ -79,6 +121,20 @@ impl Holds {
                 tenant,
             },
         );
+        true
+    }
+
+    /// Remembers a cancel that matched no held call; lapsed ones are
+    /// dropped first, and the map never holds more than
+    /// [`EARLY_CANCELS_MAX`].
+    fn remember_early(&self, key: &HoldKey) {
+        if self.early.len() >= EARLY_CANCELS_MAX {
+            self.early.retain(|_, at| at.elapsed() <= EARLY_CANCEL_FOR);
+            if self.early.len() >= EARLY_CANCELS_MAX {
+                self.early.clear();
+            }
+        }
+        self.early.insert(key.clone(), Instant::now());
     }
 
     /// Forgets the held call `key`; whether it was still registered.
@@ -106,5 +162,59 @@ impl Holds {
     /// Whether no call is held.
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Principal;
+
+    fn key(id: i64) -> HoldKey {
+        let p = Principal {
+            issuer: "iss",
+            tenant: "acme",
+            subject: "user:olga",
+            upstream: "incidents",
+            run: "r1",
+        };
+        HoldKey::new(&p, Some(b"s1"), &Id::Number(id))
+    }
+
+    #[tokio::test]
+    async fn a_cancel_before_the_hold_registers_cancels_the_hold() {
+        let holds = Holds::new(None);
+        // The cancel comes first (the approval was filed, the hold not yet
+        // registered): it matches nothing.
+        assert_eq!(holds.cancel(&key(11)), None);
+        let cancel = Arc::new(Notify::new());
+        let registered = holds.insert(
+            key(11),
+            Arc::clone(&cancel),
+            ApprovalId::parse("a-1").unwrap(),
+            "acme".to_owned(),
+        );
+        assert!(!registered, "a cancelled call is not held");
+        assert!(!holds.is_held(&key(11)));
+        // The hold's wait ends at once.
+        tokio::time::timeout(Duration::from_secs(1), cancel.notified())
+            .await
+            .expect("notified");
+        // Another id is held as usual, and the remembered cancel is spent.
+        let other = Arc::new(Notify::new());
+        assert!(holds.insert(
+            key(12),
+            other,
+            ApprovalId::parse("a-2").unwrap(),
+            "acme".to_owned()
+        ));
+        assert!(holds.is_held(&key(12)));
+        assert!(holds.insert(
+            key(11),
+            Arc::new(Notify::new()),
+            ApprovalId::parse("a-3").unwrap(),
+            "acme".to_owned()
+        ));
+        assert!(holds.is_held(&key(11)));
     }
 }

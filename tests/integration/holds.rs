@@ -310,6 +310,14 @@ async fn cancelling_a_held_call_withdraws_its_approval_and_it_never_runs() {
     common::post(&url(&fw), &token, &h, LIST).await;
     let stream = held(&fw, &token, &session, RESTART);
     let a = pending(&fw).await;
+    // The approval is filed a moment before the hold registers (a cancel in
+    // between is `proxy::holds`' unit test's): wait for the hold, so that the cancel
+    // below is matched here, not forwarded.
+    let holds = fw.running.state.holds.clone();
+    common::wait_until("the call is held", Duration::from_secs(5), || {
+        holds.len() == 1
+    })
+    .await;
     // Another principal's cancel, or another id, cancels nothing.
     let cancel = |id: u64| {
         format!(
