@@ -453,6 +453,9 @@ impl Shared {
             if q.closed {
                 return Err(SpoolError::Closed);
             }
+            // Checked before the segment's lock is taken: two serving
+            // threads may each pass with one record to spare, so the spool
+            // can end one record per thread over `max_bytes`.
             self.admit(q.buf.len() + rec.len())?;
             self.refuse_if_stalled()?;
             frame(rec);
