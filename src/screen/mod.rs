@@ -1,0 +1,538 @@
+//! Content screening's detectors (issue 33, first part): what a text the
+//! upstream sent holds that a model should not see or should not trust —
+//! secrets by their documented prefixes (the rules are data, in
+//! [`rules`]), PEM private keys and JWTs; payment card numbers (Luhn, a
+//! card network's first digit) and IBANs (mod 97); hidden characters
+//! (Unicode tags, zero-width and bidi controls used to hide text) and
+//! terminal escapes. One pass per kind over the text, no allocation unless
+//! something is found. Only where a finding is (its range), never its
+//! text, leaves this module besides [`redact`]'s output.
+//!
+//! What screening does with findings (flag, redact, block), per upstream
+//! and tool, and the run's labels, are the answer path's decisions; this
+//! module only finds.
+
+pub mod rules;
+
+use std::ops::Range;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+
+/// The families screening is configured by (`[screen] secrets`, `pii`,
+/// `injection`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Credentials and keys.
+    Secrets,
+    /// Personal and payment data.
+    Pii,
+    /// Content aimed at the model rather than the reader.
+    Injection,
+}
+
+/// What was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A token of a [`rules::Rule`], by the rule's name.
+    Secret(&'static str),
+    /// A PEM private key block.
+    PrivateKey,
+    /// A JSON Web Token (header, payload, signature).
+    Jwt,
+    /// A payment card number.
+    Card,
+    /// An International Bank Account Number.
+    Iban,
+    /// Unicode tag characters, zero-width or bidi controls used to hide text.
+    HiddenCharacters,
+    /// A terminal (ANSI) escape sequence.
+    TerminalEscape,
+}
+
+impl Kind {
+    /// The family it is configured by.
+    pub fn family(self) -> Family {
+        match self {
+            Kind::Secret(_) | Kind::PrivateKey | Kind::Jwt => Family::Secrets,
+            Kind::Card | Kind::Iban => Family::Pii,
+            Kind::HiddenCharacters | Kind::TerminalEscape => Family::Injection,
+        }
+    }
+
+    /// Its name in records and in `[redacted:<name>]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Secret(name) => name,
+            Kind::PrivateKey => "private_key",
+            Kind::Jwt => "jwt",
+            Kind::Card => "card_number",
+            Kind::Iban => "iban",
+            Kind::HiddenCharacters => "hidden_characters",
+            Kind::TerminalEscape => "terminal_escape",
+        }
+    }
+
+    /// Whether redaction removes it (hidden content) rather than replacing
+    /// it with a marker.
+    pub fn removed_when_redacted(self) -> bool {
+        matches!(self, Kind::HiddenCharacters | Kind::TerminalEscape)
+    }
+}
+
+/// One finding: its kind and where it is in the text (byte offsets, on
+/// character boundaries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// What it is.
+    pub kind: Kind,
+    /// Where it is.
+    pub range: Range<usize>,
+}
+
+/// The detectors, built once.
+pub struct Scanner {
+    /// The secret rules' prefixes, then the PEM and JWT openings.
+    prefixes: AhoCorasick,
+}
+
+/// Prefixes after the rules': a PEM block's opening and a JWT's header.
+const PEM_BEGIN: &str = "-----BEGIN ";
+const JWT_HEADER: &str = "eyJ";
+
+impl Scanner {
+    /// Builds the prefix automaton.
+    ///
+    /// # Errors
+    /// If the automaton cannot be built (it can, for these few prefixes).
+    pub fn new() -> Result<Scanner, aho_corasick::BuildError> {
+        let patterns = rules::RULES
+            .iter()
+            .map(|r| r.prefix)
+            .chain([PEM_BEGIN, JWT_HEADER]);
+        let prefixes = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(patterns)?;
+        Ok(Scanner { prefixes })
+    }
+
+    /// Every finding in `text`, in order, not overlapping.
+    pub fn scan(&self, text: &str) -> Vec<Finding> {
+        let mut found = Vec::new();
+        self.secrets(text, &mut found);
+        cards(text, &mut found);
+        ibans(text, &mut found);
+        hidden(text, &mut found);
+        escapes(text, &mut found);
+        settle(found)
+    }
+
+    fn secrets(&self, text: &str, found: &mut Vec<Finding>) {
+        let bytes = text.as_bytes();
+        let pem = rules::RULES.len();
+        for m in self.prefixes.find_iter(text) {
+            if !starts_word(bytes, m.start()) {
+                continue;
+            }
+            let hit = match m.pattern().as_usize() {
+                i if i < pem => rules::RULES.get(i).and_then(|r| {
+                    rule_token(bytes, m.end(), r).map(|end| (Kind::Secret(r.name), end))
+                }),
+                i if i == pem => pem_block(text, m.start()).map(|end| (Kind::PrivateKey, end)),
+                _ => jwt(bytes, m.start()).map(|end| (Kind::Jwt, end)),
+            };
+            if let Some((kind, end)) = hit {
+                found.push(Finding {
+                    kind,
+                    range: m.start()..end,
+                });
+            }
+        }
+    }
+}
+
+/// Whether a token may start at `at`: nothing word-like right before it.
+fn starts_word(bytes: &[u8], at: usize) -> bool {
+    at == 0
+        || bytes
+            .get(at - 1)
+            .is_none_or(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-'))
+}
+
+/// The end of a rule's token whose body starts at `from`, if its length
+/// fits and nothing the body admits follows it.
+fn rule_token(bytes: &[u8], from: usize, rule: &rules::Rule) -> Option<usize> {
+    let body = bytes
+        .get(from..)?
+        .iter()
+        .take(rule.max + 1)
+        .take_while(|b| rule.body.admits(**b))
+        .count();
+    (rule.min..=rule.max).contains(&body).then_some(from + body)
+}
+
+/// A PEM block of a private key starting at `at`: through its END line, or
+/// to the end of the text if it was cut off (a partial key is still a key).
+fn pem_block(text: &str, at: usize) -> Option<usize> {
+    let rest = text.get(at..)?;
+    let line_end = rest.find('\n').unwrap_or(rest.len()).min(80);
+    let header = rest.get(..line_end)?;
+    if !header.contains("PRIVATE KEY-----") {
+        return None;
+    }
+    match rest.find("-----END ") {
+        Some(end) => {
+            let tail = rest.get(end..)?;
+            let close = tail
+                .get(9..)
+                .and_then(|t| t.find("-----"))
+                .map_or(tail.len(), |i| 9 + i + 5);
+            Some(at + end + close)
+        }
+        None => Some(text.len()),
+    }
+}
+
+/// A JWT starting at `at`: three base64url segments, the first two JSON
+/// objects (`eyJ`), the signature at least 16 characters.
+fn jwt(bytes: &[u8], at: usize) -> Option<usize> {
+    let seg = |from: usize| -> usize {
+        bytes
+            .get(from..)
+            .map_or(0, |r| r.iter().take_while(|b| is_b64url(**b)).count())
+    };
+    let h = seg(at);
+    let p_start = at + h + 1;
+    if h < 10 || bytes.get(at + h) != Some(&b'.') || !bytes.get(p_start..)?.starts_with(b"eyJ") {
+        return None;
+    }
+    let p = seg(p_start);
+    let s_start = p_start + p + 1;
+    if p < 10 || bytes.get(p_start + p) != Some(&b'.') {
+        return None;
+    }
+    let s = seg(s_start);
+    (s >= 16).then_some(s_start + s)
+}
+
+fn is_b64url(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
+}
+
+/// Payment card numbers: 13 to 19 digits, alone or in groups split by
+/// single spaces or dashes, starting with a card network's digit (2–6),
+/// passing the Luhn check, not all one digit.
+fn cards(text: &str, found: &mut Vec<Finding>) {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if !bytes[i].is_ascii_digit() || (i > 0 && is_word_byte(bytes[i - 1])) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut digits = [0u8; 20];
+        let mut n = 0;
+        let mut end = i;
+        let mut j = i;
+        while j < bytes.len() {
+            let b = bytes[j];
+            if b.is_ascii_digit() {
+                if n < digits.len() {
+                    digits[n] = b - b'0';
+                }
+                n += 1;
+                j += 1;
+                end = j;
+            } else if (b == b' ' || b == b'-')
+                && bytes.get(j + 1).is_some_and(u8::is_ascii_digit)
+                && n > 0
+            {
+                j += 1;
+            } else {
+                break;
+            }
+        }
+        let ends_word = bytes.get(end).is_none_or(|b| !is_word_byte(*b));
+        if (13..=19).contains(&n) && ends_word && card_like(&digits[..n]) {
+            found.push(Finding {
+                kind: Kind::Card,
+                range: start..end,
+            });
+        }
+        i = end.max(i + 1);
+    }
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+fn card_like(digits: &[u8]) -> bool {
+    let first = digits.first().copied().unwrap_or(0);
+    (2..=6).contains(&first) && digits.iter().any(|d| *d != first) && luhn(digits)
+}
+
+/// The Luhn check over `digits` (check digit last).
+pub fn luhn(digits: &[u8]) -> bool {
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, d)| {
+            let d = u32::from(*d);
+            if i % 2 == 1 {
+                let x = d * 2;
+                if x > 9 {
+                    x - 9
+                } else {
+                    x
+                }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum % 10 == 0
+}
+
+/// IBANs: a country code, two check digits and 11 to 30 letters and
+/// digits, written solid or in groups of four split by single spaces;
+/// valid when the mod-97 check gives 1.
+fn ibans(text: &str, found: &mut Vec<Finding>) {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i + 4 <= bytes.len() {
+        let head = &bytes[i..i + 4];
+        let shaped = head[0].is_ascii_uppercase()
+            && head[1].is_ascii_uppercase()
+            && head[2].is_ascii_digit()
+            && head[3].is_ascii_digit();
+        if !shaped || !starts_word(bytes, i) {
+            i += 1;
+            continue;
+        }
+        let mut chars: Vec<u8> = head.to_vec();
+        let mut j = i + 4;
+        let mut end = j;
+        while j < bytes.len() && chars.len() < 34 {
+            let b = bytes[j];
+            if b.is_ascii_uppercase() || b.is_ascii_digit() {
+                chars.push(b);
+                j += 1;
+                end = j;
+            } else if b == b' '
+                && bytes
+                    .get(j + 1)
+                    .is_some_and(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+            {
+                j += 1;
+            } else {
+                break;
+            }
+        }
+        let ends_word = bytes.get(end).is_none_or(|b| !is_word_byte(*b));
+        if (15..=34).contains(&chars.len()) && ends_word && iban_valid(&chars) {
+            found.push(Finding {
+                kind: Kind::Iban,
+                range: i..end,
+            });
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// ISO 13616's check: the first four characters moved to the end, letters
+/// as 10–35, the number mod 97 is 1.
+pub fn iban_valid(chars: &[u8]) -> bool {
+    if chars.len() < 5 {
+        return false;
+    }
+    let (head, rest) = chars.split_at(4);
+    let mut r: u32 = 0;
+    for &c in rest.iter().chain(head) {
+        let v = if c.is_ascii_digit() {
+            u32::from(c - b'0')
+        } else if c.is_ascii_uppercase() {
+            u32::from(c - b'A') + 10
+        } else {
+            return false;
+        };
+        r = if v >= 10 {
+            (r * 100 + v) % 97
+        } else {
+            (r * 10 + v) % 97
+        };
+    }
+    r == 1
+}
+
+/// Characters that hide text: Unicode tags (U+E0000–E007F), zero-width
+/// spaces and joiners where no script needs them (a joiner counts only
+/// between ASCII characters: Arabic, Persian, Indic scripts and emoji
+/// sequences use them), invisible operators, a byte-order mark inside the
+/// text, and bidi embeddings, overrides and isolates between ASCII text
+/// (the "Trojan Source" reordering; the left-to-right and right-to-left
+/// marks that right-to-left text uses are not findings). Neighbouring ones
+/// are one finding.
+fn hidden(text: &str, found: &mut Vec<Finding>) {
+    let mut run: Option<Range<usize>> = None;
+    let mut prev: Option<char> = None;
+    let mut chars = text.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        let next = chars.peek().map(|(_, n)| *n);
+        let ascii_around = prev.is_none_or(|p| p.is_ascii()) && next.is_none_or(|n| n.is_ascii());
+        let hides = match c {
+            '\u{E0000}'..='\u{E007F}' => true,
+            '\u{200B}' | '\u{2060}'..='\u{2064}' | '\u{180E}' => true,
+            '\u{FEFF}' => at > 0,
+            '\u{200C}' | '\u{200D}' => ascii_around,
+            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => ascii_around,
+            _ => false,
+        };
+        if hides {
+            let end = at + c.len_utf8();
+            run = Some(match run {
+                Some(r) if r.end == at => r.start..end,
+                Some(r) => {
+                    found.push(Finding {
+                        kind: Kind::HiddenCharacters,
+                        range: r,
+                    });
+                    at..end
+                }
+                None => at..end,
+            });
+        }
+        prev = Some(c);
+    }
+    if let Some(r) = run {
+        found.push(Finding {
+            kind: Kind::HiddenCharacters,
+            range: r,
+        });
+    }
+}
+
+/// Terminal escapes: ESC (or the one-character CSI, U+009B) and the
+/// sequence it starts — a control sequence through its final byte, an
+/// operating-system command through BEL or ESC `\`, else ESC and the next
+/// character.
+fn escapes(text: &str, found: &mut Vec<Finding>) {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let (csi_from, start) = match bytes[i] {
+            0x1b => match bytes.get(i + 1) {
+                Some(b'[') => (Some(i + 2), i),
+                Some(b']') => {
+                    let end = osc_end(bytes, i + 2);
+                    found.push(Finding {
+                        kind: Kind::TerminalEscape,
+                        range: i..end,
+                    });
+                    i = end;
+                    continue;
+                }
+                Some(b) if (0x20..0x7f).contains(b) => {
+                    found.push(Finding {
+                        kind: Kind::TerminalEscape,
+                        range: i..i + 2,
+                    });
+                    i += 2;
+                    continue;
+                }
+                _ => (None, i),
+            },
+            0xc2 if bytes.get(i + 1) == Some(&0x9b) => (Some(i + 2), i),
+            _ => (None, i),
+        };
+        match csi_from {
+            Some(from) => {
+                let mut j = from;
+                while j < bytes.len() && (0x20..=0x3f).contains(&bytes[j]) {
+                    j += 1;
+                }
+                let end = if j < bytes.len() && (0x40..=0x7e).contains(&bytes[j]) {
+                    j + 1
+                } else {
+                    j
+                };
+                found.push(Finding {
+                    kind: Kind::TerminalEscape,
+                    range: start..end,
+                });
+                i = end.max(i + 1);
+            }
+            None if bytes[i] == 0x1b => {
+                found.push(Finding {
+                    kind: Kind::TerminalEscape,
+                    range: i..i + 1,
+                });
+                i += 1;
+            }
+            None => i += 1,
+        }
+    }
+}
+
+/// Where an operating-system command that starts at `from` ends: after BEL
+/// or ESC `\`, else at the end of the text.
+fn osc_end(bytes: &[u8], from: usize) -> usize {
+    let mut j = from;
+    while j < bytes.len() {
+        match bytes[j] {
+            0x07 => return j + 1,
+            0x1b if bytes.get(j + 1) == Some(&b'\\') => return j + 2,
+            _ => j += 1,
+        }
+    }
+    bytes.len()
+}
+
+/// Sorts findings by where they start and drops any that overlaps one
+/// kept before it (the earlier, then the longer, wins).
+fn settle(mut found: Vec<Finding>) -> Vec<Finding> {
+    found.sort_by(|a, b| {
+        a.range
+            .start
+            .cmp(&b.range.start)
+            .then(b.range.end.cmp(&a.range.end))
+    });
+    let mut kept: Vec<Finding> = Vec::with_capacity(found.len());
+    for f in found {
+        if kept.last().is_none_or(|k| k.range.end <= f.range.start) {
+            kept.push(f);
+        }
+    }
+    kept
+}
+
+/// `text` with each of `findings` (from [`Scanner::scan`] of that text)
+/// replaced by `[redacted:<name>]`, or removed where it hides content.
+pub fn redact(text: &str, findings: &[Finding]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for f in findings {
+        let Some(before) = text.get(at..f.range.start) else {
+            continue;
+        };
+        if f.range.end > text.len() {
+            continue;
+        }
+        out.push_str(before);
+        if !f.kind.removed_when_redacted() {
+            out.push_str("[redacted:");
+            out.push_str(f.kind.name());
+            out.push(']');
+        }
+        at = f.range.end;
+    }
+    out.push_str(text.get(at..).unwrap_or(""));
+    out
+}
+
+#[cfg(test)]
+#[path = "screen_tests.rs"]
+mod tests;

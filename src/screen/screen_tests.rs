@@ -1,0 +1,307 @@
+use super::*;
+
+fn scanner() -> Scanner {
+    Scanner::new().unwrap()
+}
+
+fn kinds(text: &str) -> Vec<&'static str> {
+    scanner().scan(text).iter().map(|f| f.kind.name()).collect()
+}
+
+/// The text a finding covers.
+fn covered(text: &str) -> Vec<String> {
+    scanner()
+        .scan(text)
+        .iter()
+        .map(|f| text[f.range.clone()].to_owned())
+        .collect()
+}
+
+// Samples are built from pieces so that no whole token sits in the source.
+fn aws() -> String {
+    ["AKIA", "IOSFODNN7EXAMPLE"].concat()
+}
+
+#[test]
+fn every_secret_rule_finds_its_sample_and_not_its_near_miss() {
+    let a36 = "aB3".repeat(12);
+    let cases: Vec<(String, String, &str)> = vec![
+        (
+            aws(),
+            ["AKIA", "IOSFODNN7EXAMPL"].concat(),
+            "aws_access_key_id",
+        ),
+        (
+            ["ASIA", "Y34FZKBOKMUTVV7A"].concat(),
+            ["ASIA", "y34fzkbokmutvv7a"].concat(),
+            "aws_access_key_id",
+        ),
+        (
+            format!("ghp_{a36}"),
+            format!("ghp_{}", &a36[..35]),
+            "github_token",
+        ),
+        (format!("gho_{a36}"), format!("gho_{a36}x"), "github_token"),
+        (
+            format!("ghu_{a36}"),
+            format!("ghu_{}", &a36[..20]),
+            "github_token",
+        ),
+        (
+            format!("ghs_{a36}"),
+            format!("ghs_{}", &a36[..30]),
+            "github_token",
+        ),
+        (
+            format!("ghr_{a36}"),
+            format!("ghr_{}", &a36[..10]),
+            "github_token",
+        ),
+        (
+            format!("github_pat_{}", "11ABCDEFG0_".repeat(7)),
+            format!("github_pat_{}", "11ABCDEFG0"),
+            "github_token",
+        ),
+        (
+            format!("glpat-{}", "x1Y2-z3_w4".repeat(2)),
+            "glpat-short".to_owned(),
+            "gitlab_token",
+        ),
+        (
+            format!("xoxb-{}", "1234567890-abcdefghij"),
+            "xoxb-123".to_owned(),
+            "slack_token",
+        ),
+        (
+            format!("xoxp-{}", "1234567890-abcdefghij"),
+            "xoxp-".to_owned(),
+            "slack_token",
+        ),
+        (
+            format!("xoxe.xoxp-{}", "1-abcdefghijklmnopqrstu"),
+            "xoxe.xoxp-1".to_owned(),
+            "slack_token",
+        ),
+        (
+            format!("sk_live_{}", "4eC39HqLyjWDarjtT1zdp7dc"),
+            format!("sk_test_{}", "4eC39HqLyjWDarjtT1zdp7dc"),
+            "stripe_key",
+        ),
+        (
+            format!("rk_live_{}", "4eC39HqLyjWDarjtT1zdp7dc"),
+            "rk_live_short".to_owned(),
+            "stripe_key",
+        ),
+    ];
+    for (hit, miss, name) in cases {
+        let text = format!("token: {hit} (rotate it)");
+        assert_eq!(kinds(&text), vec![name], "{hit}");
+        assert_eq!(covered(&text), vec![hit.clone()], "{hit}");
+        assert!(
+            kinds(&format!("token: {miss} (rotate it)")).is_empty(),
+            "{miss}"
+        );
+        // Inside a longer word it is not this token.
+        assert!(kinds(&format!("x{hit}")).is_empty(), "x{hit}");
+    }
+}
+
+#[test]
+fn a_pem_private_key_is_found_whole_or_cut_off() {
+    let key = [
+        "-----BEGIN ",
+        "RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA0Z3VS5JJcds3xfn\n-----END RSA ",
+        "PRIVATE KEY-----",
+    ]
+    .concat();
+    let text = format!("config:\n{key}\ndone");
+    assert_eq!(covered(&text), vec![key.clone()]);
+    let cut = &key[..40];
+    assert_eq!(kinds(cut), vec!["private_key"]);
+    // A certificate is public.
+    let cert = [
+        "-----BEGIN ",
+        "CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
+    ]
+    .concat();
+    assert!(kinds(&cert).is_empty());
+}
+
+#[test]
+fn a_jwt_is_found_and_look_alikes_are_not() {
+    let jwt = [
+        "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9",
+        ".eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ",
+        ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
+    ]
+    .concat();
+    assert_eq!(covered(&format!("Authorization: Bearer {jwt}")), vec![jwt]);
+    assert!(kinds("eyJhbGciOiJIUzI1NiJ9 alone").is_empty());
+    assert!(kinds("eyJhbGciOiJIUzI1NiJ9.notjson.sig").is_empty());
+}
+
+#[test]
+fn card_numbers_pass_luhn_and_look_like_a_network_s() {
+    for card in [
+        "4111 1111 1111 1111",
+        "5500-0000-0000-0004",
+        "378282246310005",
+        "6011111111111117",
+    ] {
+        assert_eq!(
+            covered(&format!("card {card}, exp 12/29")),
+            vec![card.to_owned()],
+            "{card}"
+        );
+    }
+    for benign in [
+        "order 4111111111111112",  // fails Luhn
+        "ts 1733400000000",        // a millisecond timestamp: network digit 1
+        "0000 0000 0000 0000",     // one digit
+        "id 41111111111111111111", // 20 digits
+        "v4111111111111111",       // inside a word
+        "4111 1111 1111",          // 12 digits
+    ] {
+        assert!(kinds(benign).is_empty(), "{benign}");
+    }
+}
+
+#[test]
+fn ibans_pass_mod_97_solid_or_grouped() {
+    for iban in [
+        "GB82 WEST 1234 5698 7654 32",
+        "DE89370400440532013000",
+        "FR1420041010050500013M02606",
+    ] {
+        assert_eq!(
+            covered(&format!("pay to {iban}.")),
+            vec![iban.to_owned()],
+            "{iban}"
+        );
+    }
+    for benign in [
+        "GB83 WEST 1234 5698 7654 32",
+        "DE89370400440532013001",
+        "AB12 short",
+        "US12345678901234567",
+    ] {
+        assert!(kinds(benign).is_empty(), "{benign}");
+    }
+}
+
+#[test]
+fn hidden_characters_are_found_where_no_script_needs_them() {
+    let tags: String = "ignore"
+        .chars()
+        .map(|c| char::from_u32(0xE0000 + c as u32).unwrap())
+        .collect();
+    let text = format!("Nice weather{tags} today");
+    assert_eq!(covered(&text), vec![tags]);
+    assert_eq!(kinds("pass\u{200B}word"), vec!["hidden_characters"]);
+    assert_eq!(kinds("a\u{FEFF}b"), vec!["hidden_characters"]);
+    assert_eq!(
+        kinds("if admin \u{202E}{ return }\u{2066}"),
+        vec!["hidden_characters", "hidden_characters"]
+    );
+    assert_eq!(kinds("x\u{200D}y"), vec!["hidden_characters"]);
+    for benign in [
+        "\u{FEFF}leading byte-order mark",
+        "family: \u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467}",
+        "Persian: \u{0645}\u{06CC}\u{200C}\u{062E}\u{0648}\u{0627}\u{0647}\u{0645}",
+        "Hebrew with a mark: \u{05E9}\u{05DC}\u{05D5}\u{05DD}\u{200F} 2024",
+        "Arabic embedding: \u{0627}\u{202B}\u{0644}\u{202C}\u{0645}",
+    ] {
+        assert!(kinds(benign).is_empty(), "{benign:?}");
+    }
+}
+
+#[test]
+fn terminal_escapes_are_found_with_their_sequence() {
+    assert_eq!(
+        covered("ok \u{1b}[31mred\u{1b}[0m"),
+        vec!["\u{1b}[31m", "\u{1b}[0m"]
+    );
+    assert_eq!(
+        covered("\u{1b}]0;title\u{7}rest"),
+        vec!["\u{1b}]0;title\u{7}"]
+    );
+    assert_eq!(
+        covered("\u{1b}]8;;http://x\u{1b}\\link"),
+        vec!["\u{1b}]8;;http://x\u{1b}\\"]
+    );
+    assert_eq!(covered("clear\u{1b}c"), vec!["\u{1b}c"]);
+    assert_eq!(covered("c1 \u{9b}2J"), vec!["\u{9b}2J"]);
+    assert_eq!(covered("lone \u{1b}"), vec!["\u{1b}"]);
+}
+
+#[test]
+fn redaction_replaces_secrets_and_removes_hidden_content() {
+    let s = scanner();
+    let text = format!(
+        "key {} and\u{200B} card 4111 1111 1111 1111 \u{1b}[2Jend",
+        aws()
+    );
+    let found = s.scan(&text);
+    assert_eq!(
+        redact(&text, &found),
+        "key [redacted:aws_access_key_id] and card [redacted:card_number] end"
+    );
+    // Nothing found, nothing changed.
+    assert_eq!(redact("plain", &s.scan("plain")), "plain");
+}
+
+#[test]
+fn findings_never_overlap_and_keep_the_earlier_longer_one() {
+    let found = settle(vec![
+        Finding {
+            kind: Kind::Card,
+            range: 5..10,
+        },
+        Finding {
+            kind: Kind::Jwt,
+            range: 0..8,
+        },
+        Finding {
+            kind: Kind::Iban,
+            range: 0..3,
+        },
+        Finding {
+            kind: Kind::TerminalEscape,
+            range: 10..12,
+        },
+    ]);
+    let ranges: Vec<_> = found.iter().map(|f| f.range.clone()).collect();
+    assert_eq!(ranges, vec![0..8, 10..12]);
+}
+
+/// Benign tool results of the kinds an agent reads all day: none of them is
+/// a finding (the start of the precision corpus the issue asks for).
+#[test]
+fn benign_results_have_no_findings() {
+    let corpus = [
+        "commit 3f786850e387550fdab836ed7e6dc881de23001b\nAuthor: dev <dev@example.com>",
+        "sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        "request id 123e4567-e89b-12d3-a456-426614174000 took 12 ms",
+        "payload: SGVsbG8sIHdvcmxkISBUaGlzIGlzIGJhc2U2NCBlbmNvZGVkIHRleHQu",
+        "fn main() { let x = vec![1, 2, 3]; println!(\"{:?}\", x); }",
+        "2026-12-05T11:43:43Z INFO server: listening on 0.0.0.0:8080",
+        "Order #1234567890123456 shipped (tracking 9400111899223197428490)",
+        "See https://docs.example.com/guide?page=2#install for details",
+        "価格は1,980円です。明日届きます。",
+        "\u{05E9}\u{05DC}\u{05D5}\u{05DD} \u{200F}(123)",
+        "\u{0645}\u{0631}\u{062D}\u{0628}\u{0627} \u{0628}\u{0643}",
+        "AKIA is a prefix; AKIAIOSFODNN7 is too short",
+        "ghp_ alone, gho_short, github_pat_",
+        "phone +1 555 0100, ext 12",
+        "IBAN field left empty: GB00",
+        "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n-----END PUBLIC KEY-----",
+        "matrix: [[1,0,0],[0,1,0],[0,0,1]]",
+        "SELECT * FROM incidents WHERE id = 'INC-1' LIMIT 10;",
+        "Emoji: \u{1F44D}\u{1F3FD} and flags \u{1F1EF}\u{1F1F5}",
+        "version 1.2.3-beta+exp.sha.5114f85",
+    ];
+    let s = scanner();
+    for text in corpus {
+        assert!(s.scan(text).is_empty(), "{text:?}: {:?}", s.scan(text));
+    }
+}
