@@ -345,7 +345,12 @@ fn passwords(text: &str, found: &mut Vec<Finding>) {
             }
             let len = bytes.get(j..).map_or(0, |r| {
                 r.iter()
-                    .take_while(|b| b.is_ascii_graphic() && !b"\"',;&".contains(b))
+                    .enumerate()
+                    .take_while(|(k, b)| {
+                        b.is_ascii_graphic()
+                            && !b"\"',;".contains(b)
+                            && !(**b == b'&' && next_param(&r[k + 1..]))
+                    })
                     .count()
             });
             let value = text.get(j..j + len).unwrap_or("");
@@ -357,6 +362,16 @@ fn passwords(text: &str, found: &mut Vec<Finding>) {
             }
         }
     }
+}
+
+/// Whether `rest` (after an `&`) starts a query string's next parameter
+/// (`name=`): then the `&` ends the value.
+fn next_param(rest: &[u8]) -> bool {
+    let name = rest
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+        .count();
+    name > 0 && rest.get(name) == Some(&b'=')
 }
 
 fn placeholder(value: &str) -> bool {
@@ -601,20 +616,25 @@ fn ibans(text: &str, found: &mut Vec<Finding>) {
             && head[1].is_ascii_uppercase()
             && head[2].is_ascii_digit()
             && head[3].is_ascii_digit();
-        if !shaped || !starts_word(bytes, i) {
+        let len = std::str::from_utf8(&head[..2])
+            .ok()
+            .and_then(|c| IBAN_LENGTHS.iter().find(|(country, _)| *country == c))
+            .map(|(_, len)| *len);
+        let (Some(len), true) = (len, shaped && starts_word(bytes, i)) else {
             i += 1;
             continue;
-        }
-        let mut chars: Vec<u8> = head.to_vec();
-        let mut j = i + 4;
-        let mut end = j;
-        while j < bytes.len() && chars.len() < 34 {
+        };
+        // The country's length of letters and digits, solid or in groups
+        // split by single spaces; what follows must not continue it.
+        let mut chars: Vec<u8> = Vec::with_capacity(len);
+        let mut j = i;
+        while j < bytes.len() && chars.len() < len {
             let b = bytes[j];
             if b.is_ascii_uppercase() || b.is_ascii_digit() {
                 chars.push(b);
                 j += 1;
-                end = j;
             } else if b == b' '
+                && !chars.is_empty()
                 && bytes
                     .get(j + 1)
                     .is_some_and(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
@@ -624,23 +644,111 @@ fn ibans(text: &str, found: &mut Vec<Finding>) {
                 break;
             }
         }
-        let ends_word = bytes.get(end).is_none_or(|b| !is_word_byte(*b));
-        if (15..=34).contains(&chars.len()) && ends_word && iban_valid(&chars) {
+        let ends_word = bytes.get(j).is_none_or(|b| !is_word_byte(*b));
+        if chars.len() == len && ends_word && iban_valid(&chars) {
             found.push(Finding {
                 kind: Kind::Iban,
-                range: i..end,
+                range: i..j,
             });
-            i = end;
+            i = j;
         } else {
             i += 1;
         }
     }
 }
 
-/// ISO 13616's check: the first four characters moved to the end, letters
+/// The countries that issue IBANs and their IBAN lengths (the ISO 13616
+/// registry): a candidate of another country or length is not an IBAN,
+/// which keeps upper-case hex and ids that pass mod 97 by chance out.
+const IBAN_LENGTHS: &[(&str, usize)] = &[
+    ("AD", 24),
+    ("AE", 23),
+    ("AL", 28),
+    ("AT", 20),
+    ("AZ", 28),
+    ("BA", 20),
+    ("BE", 16),
+    ("BG", 22),
+    ("BH", 22),
+    ("BR", 29),
+    ("BY", 28),
+    ("CH", 21),
+    ("CR", 22),
+    ("CY", 28),
+    ("CZ", 24),
+    ("DE", 22),
+    ("DK", 18),
+    ("DO", 28),
+    ("EE", 20),
+    ("EG", 29),
+    ("ES", 24),
+    ("FI", 18),
+    ("FO", 18),
+    ("FR", 27),
+    ("GB", 22),
+    ("GE", 22),
+    ("GI", 23),
+    ("GL", 18),
+    ("GR", 27),
+    ("GT", 28),
+    ("HR", 21),
+    ("HU", 28),
+    ("IE", 22),
+    ("IL", 23),
+    ("IQ", 23),
+    ("IS", 26),
+    ("IT", 27),
+    ("JO", 30),
+    ("KW", 30),
+    ("KZ", 20),
+    ("LB", 28),
+    ("LC", 32),
+    ("LI", 21),
+    ("LT", 20),
+    ("LU", 20),
+    ("LV", 21),
+    ("MC", 27),
+    ("MD", 24),
+    ("ME", 22),
+    ("MK", 19),
+    ("MR", 27),
+    ("MT", 31),
+    ("MU", 30),
+    ("NL", 18),
+    ("NO", 15),
+    ("PK", 24),
+    ("PL", 28),
+    ("PS", 29),
+    ("PT", 25),
+    ("QA", 29),
+    ("RO", 24),
+    ("RS", 22),
+    ("SA", 24),
+    ("SC", 31),
+    ("SE", 24),
+    ("SI", 19),
+    ("SK", 24),
+    ("SM", 27),
+    ("ST", 25),
+    ("SV", 28),
+    ("TL", 23),
+    ("TN", 24),
+    ("TR", 26),
+    ("UA", 29),
+    ("VA", 22),
+    ("VG", 24),
+    ("XK", 20),
+];
+
+/// ISO 13616's check: the country's length, then the first four
+/// characters moved to the end, letters
 /// as 10–35, the number mod 97 is 1.
 pub fn iban_valid(chars: &[u8]) -> bool {
-    if chars.len() < 5 {
+    let country = chars.get(..2).and_then(|c| std::str::from_utf8(c).ok());
+    let fits = IBAN_LENGTHS
+        .iter()
+        .any(|(c, len)| Some(*c) == country && *len == chars.len());
+    if !fits {
         return false;
     }
     let (head, rest) = chars.split_at(4);
@@ -666,11 +774,17 @@ pub fn iban_valid(chars: &[u8]) -> bool {
 /// spaces and joiners where no script needs them (a joiner counts only
 /// between ASCII characters: Arabic, Persian, Indic scripts and emoji
 /// sequences use them), invisible operators, a byte-order mark inside the
-/// text, and bidi embeddings, overrides and isolates between ASCII text
-/// (the "Trojan Source" reordering; the left-to-right and right-to-left
-/// marks that right-to-left text uses are not findings). Neighbouring ones
-/// are one finding.
+/// text, bidi overrides between ASCII text, and bidi embeddings and
+/// isolates between ASCII text in a text without right-to-left script (the
+/// "Trojan Source" reordering; the marks, embeddings and isolates that
+/// right-to-left text uses are not findings). Neighbouring ones are one
+/// finding.
 fn hidden(text: &str, found: &mut Vec<Finding>) {
+    // Right-to-left text embeds and isolates left-to-right runs (a file
+    // name, a number) legitimately.
+    let rtl = text.chars().any(|c| {
+        matches!(c, '\u{0590}'..='\u{08FF}' | '\u{FB1D}'..='\u{FDFF}' | '\u{FE70}'..='\u{FEFC}')
+    });
     let mut run: Option<Range<usize>> = None;
     let mut prev: Option<char> = None;
     let mut chars = text.char_indices().peekable();
@@ -682,7 +796,8 @@ fn hidden(text: &str, found: &mut Vec<Finding>) {
             '\u{200B}' | '\u{2060}'..='\u{2064}' | '\u{180E}' => true,
             '\u{FEFF}' => at > 0,
             '\u{200C}' | '\u{200D}' => ascii_around,
-            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => ascii_around,
+            '\u{202D}' | '\u{202E}' => ascii_around,
+            '\u{202A}'..='\u{202C}' | '\u{2066}'..='\u{2069}' => ascii_around && !rtl,
             _ => false,
         };
         if hides {

@@ -179,11 +179,18 @@ fn ibans_pass_mod_97_solid_or_grouped() {
             "{iban}"
         );
     }
+    // Followed by more words, the IBAN still ends at its country's length.
+    assert_eq!(
+        covered("GB82 WEST 1234 5698 7654 32 EUR"),
+        vec!["GB82 WEST 1234 5698 7654 32"]
+    );
     for benign in [
         "GB83 WEST 1234 5698 7654 32",
         "DE89370400440532013001",
+        "DE893704004405320130001",
         "AB12 short",
         "US12345678901234567",
+        "ZZ08ABCDEF0123456789",
     ] {
         assert!(kinds(benign).is_empty(), "{benign}");
     }
@@ -320,6 +327,8 @@ fn a_password_assignment_counts_when_its_value_looks_generated() {
         format!("DB_PASSWORD: \"{v}\""),
         format!("{{\"client_secret\": \"{v}\"}}"),
         format!("api_key = '{v}'"),
+        // In a query string the next parameter ends the value.
+        format!("https://x.test/login?password={v}&user=olga"),
     ] {
         assert_eq!(covered(&text), vec![v.to_owned()], "{text}");
     }
@@ -421,4 +430,68 @@ fn every_instruction_cue_is_found_as_whole_words_in_any_case() {
         );
     }
     assert!(kinds("we never ignore previous instructionsets").is_empty());
+}
+
+#[derive(serde::Deserialize)]
+struct Sample {
+    text: String,
+    #[serde(default)]
+    category: String,
+    #[serde(default)]
+    kind: String,
+}
+
+fn samples(jsonl: &str) -> Vec<Sample> {
+    jsonl
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The precision corpus (`tests/fixtures/screen/benign.jsonl`): tool
+/// results of the kinds an agent reads (commits, logs with UUIDs and
+/// timestamps, hashes, base64, 16-digit order numbers that fail Luhn,
+/// code, links to allowed hosts, CJK and right-to-left text with its
+/// marks, configs with placeholders): nothing the redact and block kinds
+/// act on, and no injection finding either.
+#[test]
+fn the_benign_corpus_has_no_findings_but_flag_only_ones() {
+    let corpus = samples(include_str!("../../tests/fixtures/screen/benign.jsonl"));
+    assert!(corpus.len() >= 200, "{} samples", corpus.len());
+    let s = scanner();
+    let mut wrong = Vec::new();
+    for sample in &corpus {
+        for f in s.scan(&sample.text) {
+            if !matches!(f.kind, Kind::Email | Kind::Phone) {
+                wrong.push(format!(
+                    "{} {:?}: {} at {:?}",
+                    sample.category,
+                    sample.text,
+                    f.kind.name(),
+                    &sample.text[f.range.clone()]
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Hostile samples (`tests/fixtures/screen/hostile.jsonl`; a `|` inside a
+/// secret's prefix keeps whole tokens out of the repository and is removed
+/// here): each is found, as its kind.
+#[test]
+fn every_hostile_sample_is_found_as_its_kind() {
+    let hostile = samples(include_str!("../../tests/fixtures/screen/hostile.jsonl"));
+    assert!(hostile.len() >= 40, "{} samples", hostile.len());
+    let s = scanner();
+    for sample in &hostile {
+        let text = sample.text.replace('|', "");
+        let found: Vec<_> = s.scan(&text).iter().map(|f| f.kind.name()).collect();
+        assert!(
+            found.contains(&sample.kind.as_str()),
+            "{text:?}: {found:?}, want {}",
+            sample.kind
+        );
+    }
 }
