@@ -432,23 +432,7 @@ fn phones(text: &str, found: &mut Vec<Finding>) {
         if at > 0 && is_word_byte(bytes[at - 1]) {
             continue;
         }
-        let mut digits = 0;
-        let mut end = at + 1;
-        let mut j = at + 1;
-        while j < bytes.len() {
-            if bytes[j].is_ascii_digit() {
-                digits += 1;
-                j += 1;
-                end = j;
-            } else if b" -.".contains(&bytes[j])
-                && bytes.get(j + 1).is_some_and(u8::is_ascii_digit)
-                && digits > 0
-            {
-                j += 1;
-            } else {
-                break;
-            }
-        }
+        let (digits, end) = digit_run(bytes, at + 1, b" -.", &mut []);
         let ends_word = bytes.get(end).is_none_or(|b| !is_word_byte(*b));
         if (8..=15).contains(&digits) && ends_word {
             found.push(Finding {
@@ -540,29 +524,9 @@ fn cards(text: &str, found: &mut Vec<Finding>) {
         }
         let start = i;
         let mut digits = [0u8; 20];
-        let mut n = 0;
-        let mut end = i;
-        let mut j = i;
-        while j < bytes.len() {
-            let b = bytes[j];
-            if b.is_ascii_digit() {
-                if n < digits.len() {
-                    digits[n] = b - b'0';
-                }
-                n += 1;
-                j += 1;
-                end = j;
-            } else if (b == b' ' || b == b'-')
-                && bytes.get(j + 1).is_some_and(u8::is_ascii_digit)
-                && n > 0
-            {
-                j += 1;
-            } else {
-                break;
-            }
-        }
+        let (n, end) = digit_run(bytes, i, b" -", &mut digits);
         let ends_word = bytes.get(end).is_none_or(|b| !is_word_byte(*b));
-        if (13..=19).contains(&n) && ends_word && card_like(&digits[..n]) {
+        if (13..=19).contains(&n) && ends_word && card_like(&digits[..n.min(digits.len())]) {
             found.push(Finding {
                 kind: Kind::Card,
                 range: start..end,
@@ -570,6 +534,30 @@ fn cards(text: &str, found: &mut Vec<Finding>) {
         }
         i = end.max(i + 1);
     }
+}
+
+/// Digits from `from`, alone or in groups split by single bytes of
+/// `seps`: how many digits there are and where the last one ends; the
+/// first ones' values go into `values` (as many as it holds).
+fn digit_run(bytes: &[u8], from: usize, seps: &[u8], values: &mut [u8]) -> (usize, usize) {
+    let mut n = 0;
+    let mut end = from;
+    let mut j = from;
+    while let Some(&b) = bytes.get(j) {
+        if b.is_ascii_digit() {
+            if let Some(v) = values.get_mut(n) {
+                *v = b - b'0';
+            }
+            n += 1;
+            j += 1;
+            end = j;
+        } else if seps.contains(&b) && n > 0 && bytes.get(j + 1).is_some_and(u8::is_ascii_digit) {
+            j += 1;
+        } else {
+            break;
+        }
+    }
+    (n, end)
 }
 
 fn is_word_byte(b: u8) -> bool {
