@@ -120,6 +120,11 @@ pub struct Scanner {
     prefixes: AhoCorasick,
     /// The instruction cues, ASCII case folded.
     cues: AhoCorasick,
+    /// The names of `password=`-style assignments ([`ASSIGNED`]), ASCII
+    /// case folded.
+    assignments: AhoCorasick,
+    /// Where a rendered image or link starts its URL ([`LINK_MARKERS`]).
+    link_markers: AhoCorasick,
     /// Where answers may link and load images from (`screen.link_hosts`):
     /// a name, or `*.name` for its subdomains.
     link_hosts: Vec<String>,
@@ -148,6 +153,22 @@ pub const CUES: &[&str] = &[
     "print your system prompt",
 ];
 
+/// Names whose assigned value is a secret (the password rule).
+const ASSIGNED: &[&str] = &[
+    "password",
+    "passwd",
+    "pwd",
+    "secret",
+    "api_key",
+    "apikey",
+    "access_token",
+    "client_secret",
+];
+
+/// A markdown image's or link's `](`, then the HTML attributes that load or
+/// link a URL.
+const LINK_MARKERS: &[&str] = &["](", "src=", "href=", "SRC=", "HREF="];
+
 /// Prefixes after the rules': a PEM block's opening and a JWT's header.
 const PEM_BEGIN: &str = "-----BEGIN ";
 const JWT_HEADER: &str = "eyJ";
@@ -165,13 +186,17 @@ impl Scanner {
         let prefixes = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
             .build(patterns)?;
-        let cues = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostLongest)
-            .ascii_case_insensitive(true)
-            .build(CUES)?;
+        let folded = |words: &[&str]| {
+            AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .ascii_case_insensitive(true)
+                .build(words)
+        };
         Ok(Scanner {
             prefixes,
-            cues,
+            cues: folded(CUES)?,
+            assignments: folded(ASSIGNED)?,
+            link_markers: AhoCorasick::new(LINK_MARKERS)?,
             link_hosts: link_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
         })
     }
@@ -184,7 +209,7 @@ impl Scanner {
         ibans(text, &mut found);
         hidden(text, &mut found);
         escapes(text, &mut found);
-        passwords(text, &mut found);
+        self.passwords(text, &mut found);
         emails(text, &mut found);
         phones(text, &mut found);
         self.links(text, &mut found);
@@ -211,24 +236,17 @@ impl Scanner {
     /// renders (and fetches) only the former kinds.
     fn links(&self, text: &str, found: &mut Vec<Finding>) {
         let bytes = text.as_bytes();
-        let mut i = 0;
-        while i < bytes.len() {
-            let url_at = if bytes[i] == b']' && bytes.get(i + 1) == Some(&b'(') {
-                Some(i + 2)
-            } else if let Some(rest) = text.get(i..) {
-                ["src=", "href=", "SRC=", "HREF="]
-                    .iter()
-                    .find(|a| rest.starts_with(**a))
-                    .filter(|_| i > 0 && bytes[i - 1].is_ascii_whitespace())
-                    .map(|a| {
-                        let at = i + a.len();
-                        at + usize::from(matches!(bytes.get(at), Some(b'"' | b'\'')))
-                    })
+        // Markers inside a URL already read are not new links.
+        let mut read_to = 0;
+        for m in self.link_markers.find_iter(text) {
+            if m.start() < read_to {
+                continue;
+            }
+            let at = if m.pattern().as_usize() == 0 {
+                m.end()
+            } else if m.start() > 0 && bytes[m.start() - 1].is_ascii_whitespace() {
+                m.end() + usize::from(matches!(bytes.get(m.end()), Some(b'"' | b'\'')))
             } else {
-                None
-            };
-            let Some(at) = url_at else {
-                i += 1;
                 continue;
             };
             let len = bytes.get(at..).map_or(0, |r| {
@@ -245,7 +263,50 @@ impl Scanner {
                     });
                 }
             }
-            i = at + len.max(1);
+            read_to = at + len;
+        }
+    }
+
+    /// `password=`-style assignments (a name of [`ASSIGNED`], any case,
+    /// alone or ending an identifier after `_`, `-` or `.`, then `=` or
+    /// `:`, quotes allowed) whose value is at least 12 characters with
+    /// at least 3.5 bits of entropy per character and not a placeholder.
+    fn passwords(&self, text: &str, found: &mut Vec<Finding>) {
+        let bytes = text.as_bytes();
+        for m in self.assignments.find_iter(text) {
+            let at = m.start();
+            // `DB_PASSWORD` names one too; `mypassword` is another word.
+            if at > 0 && bytes.get(at - 1).is_some_and(u8::is_ascii_alphanumeric) {
+                continue;
+            }
+            let mut j = m.end();
+            while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
+                j += 1;
+            }
+            if !matches!(bytes.get(j), Some(b'=' | b':')) {
+                continue;
+            }
+            j += 1;
+            while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
+                j += 1;
+            }
+            let len = bytes.get(j..).map_or(0, |r| {
+                r.iter()
+                    .enumerate()
+                    .take_while(|(k, b)| {
+                        b.is_ascii_graphic()
+                            && !b"\"',;".contains(b)
+                            && !(**b == b'&' && next_param(&r[k + 1..]))
+                    })
+                    .count()
+            });
+            let value = text.get(j..j + len).unwrap_or("");
+            if value.len() >= 12 && !placeholder(value) && entropy(value) >= 3.5 {
+                found.push(Finding {
+                    kind: Kind::Password,
+                    range: j..j + len,
+                });
+            }
         }
     }
 
@@ -303,65 +364,6 @@ fn url_host(url: &str) -> Option<String> {
     };
     let host = host.trim_end_matches('.').to_owned();
     (!host.is_empty()).then_some(host)
-}
-
-/// `password=`-style assignments (`password`, `passwd`, `pwd`, `secret`,
-/// `api_key`, `apikey`, `access_token`, `client_secret`, any case, alone or
-/// ending an identifier after `_`, `-` or `.`, then
-/// `=` or `:`, quotes allowed) whose value is at least 12 characters with
-/// at least 3.5 bits of entropy per character and not a placeholder.
-fn passwords(text: &str, found: &mut Vec<Finding>) {
-    const NAMES: &[&str] = &[
-        "password",
-        "passwd",
-        "pwd",
-        "secret",
-        "api_key",
-        "apikey",
-        "access_token",
-        "client_secret",
-    ];
-    let lower = text.to_ascii_lowercase();
-    let bytes = text.as_bytes();
-    for name in NAMES {
-        let mut from = 0;
-        while let Some(pos) = lower.get(from..).and_then(|r| r.find(name)) {
-            let at = from + pos;
-            from = at + name.len();
-            // `DB_PASSWORD` names one too; `mypassword` is another word.
-            if at > 0 && bytes.get(at - 1).is_some_and(u8::is_ascii_alphanumeric) {
-                continue;
-            }
-            let mut j = at + name.len();
-            while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
-                j += 1;
-            }
-            if !matches!(bytes.get(j), Some(b'=' | b':')) {
-                continue;
-            }
-            j += 1;
-            while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
-                j += 1;
-            }
-            let len = bytes.get(j..).map_or(0, |r| {
-                r.iter()
-                    .enumerate()
-                    .take_while(|(k, b)| {
-                        b.is_ascii_graphic()
-                            && !b"\"',;".contains(b)
-                            && !(**b == b'&' && next_param(&r[k + 1..]))
-                    })
-                    .count()
-            });
-            let value = text.get(j..j + len).unwrap_or("");
-            if value.len() >= 12 && !placeholder(value) && entropy(value) >= 3.5 {
-                found.push(Finding {
-                    kind: Kind::Password,
-                    range: j..j + len,
-                });
-            }
-        }
-    }
 }
 
 /// Whether `rest` (after an `&`) starts a query string's next parameter

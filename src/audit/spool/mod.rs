@@ -448,6 +448,9 @@ impl Shared {
                 max: MAX_RECORD_LEN,
             });
         }
+        // Framed before any lock: the CRC is this caller's work alone.
+        frame(rec);
+        let rec: &[u8] = rec;
         {
             let mut q = self.queue();
             if q.closed {
@@ -458,14 +461,11 @@ impl Shared {
             // can end one record per thread over `max_bytes`.
             self.admit(q.buf.len() + rec.len())?;
             self.refuse_if_stalled()?;
-            frame(rec);
             if q.writing {
                 // The spool thread writes a handed-off queue: the row joins
                 // it, behind the rows queued first.
                 q.buf.extend_from_slice(rec);
-                let (tx, rx) = oneshot::channel();
-                q.waiters.push(tx);
-                return Ok(Appended::Queued(rx));
+                return Ok(await_group(&mut q));
             }
         }
         let wait = SLOW_WRITE.min(self.write_timeout);
@@ -499,15 +499,14 @@ impl Shared {
             return Err(SpoolError::Closed);
         }
         q.buf.extend_from_slice(rec);
-        let (tx, rx) = oneshot::channel();
-        q.waiters.push(tx);
+        let queued = await_group(&mut q);
         if !q.writing {
             q.writing = true;
             q.handed_off = true;
             drop(q);
             self.wake_syncer.notify_one();
         }
-        Ok(Appended::Queued(rx))
+        Ok(queued)
     }
 
     /// Refuses a row while a write has been in progress past the deadline:
@@ -575,21 +574,18 @@ impl Shared {
         }
         frame(&mut q.buf[start..]);
         if q.writing {
-            let (tx, rx) = oneshot::channel();
-            q.waiters.push(tx);
-            return Ok(Appended::Queued(rx));
+            return Ok(await_group(&mut q));
         }
         q.writing = true;
         if on_runtime_worker() || self.disk_slow() {
             // The spool thread writes: a disk that stalls holds it, never a
             // runtime worker and the tasks queued on that worker. Under load
             // it writes many callers' rows with one `write(2)`.
-            let (tx, rx) = oneshot::channel();
-            q.waiters.push(tx);
+            let queued = await_group(&mut q);
             q.handed_off = true;
             drop(q);
             self.wake_syncer.notify_one();
-            return Ok(Appended::Queued(rx));
+            return Ok(queued);
         }
         drop(q);
         Ok(Appended::Written(self.lead(LEADER_ROUNDS, true)))
@@ -684,6 +680,14 @@ impl Shared {
         let pending = self.log().take_unsynced();
         pending.sync(&self.dir);
     }
+}
+
+/// The last record queued waits for the group write that takes it: its
+/// writer acknowledges it.
+fn await_group(q: &mut Queue) -> Appended {
+    let (tx, rx) = oneshot::channel();
+    q.waiters.push(tx);
+    Appended::Queued(rx)
 }
 
 /// Fills in the header of the record that `rec` holds (header space, then
