@@ -99,6 +99,10 @@ enum Command {
         /// The call's arguments, as JSON.
         #[arg(long)]
         arguments: Option<String>,
+        /// The run's labels, what-if (`private,untrusted`); without it they
+        /// are read from Redis when state is shared.
+        #[arg(long)]
+        labels: Option<String>,
     },
     /// Development tokens.
     #[command(subcommand)]
@@ -240,6 +244,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             upstream,
             tool,
             arguments,
+            labels,
         } => {
             let cfg = config::load(&config)?;
             let args = cli::ExplainArgs {
@@ -248,6 +253,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 upstream: &upstream,
                 tool: &tool,
                 arguments: arguments.as_deref(),
+                labels: labels.as_deref(),
             };
             print!("{}", cli::explain(&cfg, args).await?);
             Ok(())

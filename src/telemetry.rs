@@ -92,8 +92,52 @@ pub struct PolicyLabels {
     pub sha256: String,
 }
 
+/// Labels of the screening findings counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct FindingLabels {
+    /// Upstream name.
+    pub upstream: String,
+    /// What was found (`aws_access_key_id`, `card_number`, `hidden_characters`, …).
+    pub kind: &'static str,
+    /// What the answer path did: `flag`, `redact`, `block`.
+    pub action: &'static str,
+}
+
+/// Labels of the taint gate counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct TaintLabels {
+    /// `trifecta` or `after_untrusted`.
+    pub rule: &'static str,
+    /// `approve` or `deny`.
+    pub gate: &'static str,
+}
+
+/// Labels of the run labels counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct RunLabelLabels {
+    /// `untrusted` or `private`.
+    pub label: &'static str,
+}
+
 /// Request-path metrics.
 pub struct Metrics {
+    /// What screening found in answers, by kind and action.
+    pub screen_findings: prometheus_client::metrics::family::Family<
+        FindingLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Calls a `[taint]` gate held for approval or refused.
+    pub taint_gates: prometheus_client::metrics::family::Family<
+        TaintLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Answers that gave their run a label.
+    pub run_labels: prometheus_client::metrics::family::Family<
+        RunLabelLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Labels that could not be stored in (or read from) Redis.
+    pub label_store_errors: prometheus_client::metrics::counter::Counter,
     /// Calls a shared store could not admit, by what they got instead.
     pub store_fallback: prometheus_client::metrics::family::Family<
         FallbackLabels,
@@ -159,6 +203,10 @@ impl Metrics {
     /// Creates and registers the metrics.
     pub fn register(registry: &mut Registry) -> Arc<Metrics> {
         let m = Metrics {
+            screen_findings: Default::default(),
+            taint_gates: Default::default(),
+            run_labels: Default::default(),
+            label_store_errors: Default::default(),
             store_fallback: Default::default(),
             policy: Default::default(),
             calls: Default::default(),
@@ -223,6 +271,26 @@ impl Metrics {
             "tool_calls",
             "tools/call messages by upstream, tool and stop reason",
             m.calls.clone(),
+        );
+        registry.register(
+            "screen_findings",
+            "What content screening found in upstream answers, by upstream, kind and action (flag, redact, block)",
+            m.screen_findings.clone(),
+        );
+        registry.register(
+            "taint_gates",
+            "Calls a [taint] gate held for approval or refused, by rule (trifecta, after_untrusted) and gate",
+            m.taint_gates.clone(),
+        );
+        registry.register(
+            "run_labels",
+            "Answers that gave their run a label (untrusted, private)",
+            m.run_labels.clone(),
+        );
+        registry.register(
+            "label_store_errors",
+            "Run labels that could not be stored in or read from Redis (reads fail closed)",
+            m.label_store_errors.clone(),
         );
         registry.register(
             "budget_runs",
@@ -316,6 +384,31 @@ impl Metrics {
         if status.is_some() {
             series.latency.observe(latency.as_secs_f64());
         }
+    }
+
+    /// Counts one screening finding.
+    pub fn finding(&self, upstream: &str, kind: &'static str, action: &'static str) {
+        self.screen_findings
+            .get_or_create(&FindingLabels {
+                upstream: upstream.to_owned(),
+                kind,
+                action,
+            })
+            .inc();
+    }
+
+    /// Counts a call a `[taint]` gate held or refused.
+    pub fn taint_gate(&self, rule: &'static str, gate: &'static str) {
+        self.taint_gates
+            .get_or_create(&TaintLabels { rule, gate })
+            .inc();
+    }
+
+    /// Counts an answer that gave its run `label`.
+    pub fn run_label(&self, label: &'static str) {
+        self.run_labels
+            .get_or_create(&RunLabelLabels { label })
+            .inc();
     }
 
     /// Counts one `tools/call` outcome.

@@ -59,7 +59,10 @@ CREATE TABLE IF NOT EXISTS {database}.{table}
     bytes_out           UInt64,
     instance            LowCardinality(String),
     trace_id            String,
-    row_version         UInt8 DEFAULT 1
+    row_version         UInt8 DEFAULT 1,
+    screen_kinds        Array(String),
+    screen_action       LowCardinality(String),
+    run_labels          Array(String)
 )
 ENGINE = ReplacingMergeTree(row_version)
 PARTITION BY toYYYYMMDD(time)
@@ -72,6 +75,13 @@ SETTINGS index_granularity = 8192;
 -- Such a table keeps working, but only one created with
 -- ReplacingMergeTree(row_version) collapses an intent into its completion
 -- under FINAL; recreate it to get that.
+
+-- Tables created before content screening lack screen_kinds, screen_action
+-- and run_labels: the firewall adds them at start, the same way. Flagged
+-- content of a day:
+--   SELECT time, run_id, upstream, method, tool, screen_kinds, screen_action
+--   FROM {database}.{table} FINAL
+--   WHERE screen_action != '' AND time >= today() ORDER BY time
 
 -- Per day, over final rows (a call's intent row is not counted; its completion
 -- is): calls, denials, errors, distinct runs, latency quantiles, by tenant,

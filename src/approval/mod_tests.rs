@@ -68,6 +68,7 @@ pub(crate) fn new_approval(key: CallKey) -> NewApproval {
         token_exp: T0 / 1000 + 900,
         preview_tool: None,
         self_approval: false,
+        why: None,
     }
 }
 

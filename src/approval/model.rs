@@ -158,6 +158,9 @@ pub struct NewApproval {
     pub preview_tool: Option<String>,
     /// Whether the requester may approve it themselves.
     pub self_approval: bool,
+    /// Why it needs approval beyond its risk's gate (a `[taint]` gate:
+    /// the content the run took in, and where from).
+    pub why: Option<String>,
 }
 
 /// A person's decision.
@@ -195,6 +198,10 @@ pub struct Approval {
     pub preview_tool: Option<String>,
     /// Whether the requester may decide it.
     pub self_approval: bool,
+    /// Why it needs approval beyond its risk's gate, if a `[taint]` gate
+    /// asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
     /// When it was requested, ms since the epoch.
     pub created_ms: u64,
     /// Its deadline, ms since the epoch (never past `token_exp`).

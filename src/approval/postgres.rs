@@ -89,11 +89,14 @@ CREATE TRIGGER mcp_firewall_approvals_notify
     r#"
 ALTER TABLE mcp_firewall_approvals ADD COLUMN rounds integer NOT NULL DEFAULT 0;
 "#,
+    r#"
+ALTER TABLE mcp_firewall_approvals ADD COLUMN why text;
+"#,
 ];
 
 const COLS: &str = "id, tenant, run_id, subject, upstream, tool, args_sha256, agent, risk, \
     arguments, token_exp, preview_tool, self_approval, created_ms, expires_ms, status, \
-    decided_approved, decided_by, decided_ms, reason, consumed_ms, rounds";
+    decided_approved, decided_by, decided_ms, reason, consumed_ms, rounds, why";
 
 const KEY_MATCH: &str = "tenant = $1 AND run_id = $2 AND subject = $3 AND upstream = $4 \
     AND tool = $5 AND args_sha256 = $6";
@@ -348,8 +351,8 @@ impl PgStore {
                             &format!(
                                 "INSERT INTO mcp_firewall_approvals (id, tenant, run_id, subject, \
                                  upstream, tool, args_sha256, agent, risk, arguments, token_exp, \
-                                 preview_tool, self_approval, created_ms, expires_ms, status) \
-                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 'pending') \
+                                 preview_tool, self_approval, created_ms, expires_ms, status, why) \
+                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 'pending', $16) \
                                  ON CONFLICT (tenant, run_id, subject, upstream, tool, args_sha256) \
                                  WHERE status IN ('pending', 'approved') DO NOTHING RETURNING {COLS}"
                             ),
@@ -369,6 +372,7 @@ impl PgStore {
                                 &new.self_approval,
                                 &now_i,
                                 &to_i64(expires),
+                                &new.why,
                             ],
                         )
                         .await?;
@@ -1125,5 +1129,6 @@ fn approval(row: &Row) -> Result<Approval, Pg> {
         decision,
         consumed_ms: row.try_get::<_, Option<i64>>("consumed_ms")?.map(to_u64),
         rounds: u32::try_from(row.try_get::<_, i32>("rounds")?).unwrap_or(0),
+        why: row.try_get("why")?,
     })
 }

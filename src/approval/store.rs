@@ -529,6 +529,7 @@ impl Store {
             token_exp: new.token_exp,
             preview_tool: new.preview_tool,
             self_approval: new.self_approval,
+            why: new.why,
             created_ms: now,
             expires_ms: now.saturating_add(expiry_ms).min(token_exp_ms),
             status: Status::Pending,

@@ -144,6 +144,15 @@ pub fn drop_partition_sql(database: &str, table: &str, partition: u32) -> String
     format!("ALTER TABLE {database}.{table} DROP PARTITION {partition}")
 }
 
+/// Columns added after the first release, with their types: a table
+/// created before them gets them at start.
+const ADDED_COLUMNS: [(&str, &str); 4] = [
+    ("row_version", "UInt8 DEFAULT 1"),
+    ("screen_kinds", "Array(String)"),
+    ("screen_action", "LowCardinality(String)"),
+    ("run_labels", "Array(String)"),
+];
+
 /// Creates what is missing of the schema (idempotent).
 pub(crate) async fn ensure_schema(
     client: &clickhouse::Client,
@@ -165,22 +174,25 @@ pub(crate) async fn ensure_schema(
         }
         q.execute().await?;
     }
-    // A table from before intent rows: add the version column (18.16 has
-    // no ADD COLUMN IF NOT EXISTS, so look first).
-    let present = client
-        .query_raw(&format!(
-            "SELECT count() FROM system.columns WHERE database = '{database}' AND table = '{table}' AND name = 'row_version'"
-        ))
-        .fetch_bytes("TabSeparated")?
-        .collect()
-        .await?;
-    if String::from_utf8_lossy(&present).trim() == "0" {
-        client
+    // Columns later releases added to the table (18.16 has no ADD COLUMN
+    // IF NOT EXISTS, so look first).
+    for (column, ty) in ADDED_COLUMNS {
+        let present = client
             .query_raw(&format!(
-                "ALTER TABLE {database}.{table} ADD COLUMN row_version UInt8 DEFAULT 1"
+                "SELECT count() FROM system.columns WHERE database = '{database}' AND table = '{table}' AND name = '{column}'"
             ))
-            .execute()
+            .fetch_bytes("TabSeparated")?
+            .collect()
             .await?;
+        if String::from_utf8_lossy(&present).trim() == "0" {
+            let mut q = client.query_raw(&format!(
+                "ALTER TABLE {database}.{table} ADD COLUMN {column} {ty}"
+            ));
+            if needs_opt_in {
+                q = q.with_setting(LOW_CARDINALITY_SETTING, "1");
+            }
+            q.execute().await?;
+        }
     }
     Ok(())
 }

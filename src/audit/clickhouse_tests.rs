@@ -89,7 +89,9 @@ fn schema_statements_substitute_names_and_skip_comments_and_set() {
 fn insert_names_every_column_in_order() {
     let sql = insert_sql("db", "t");
     assert!(sql.starts_with("INSERT INTO db.t (event_id, time, time_ms, tenant,"));
-    assert!(sql.ends_with("instance, trace_id, row_version) FORMAT RowBinary"));
+    assert!(sql.ends_with(
+        "instance, trace_id, row_version, screen_kinds, screen_action, run_labels) FORMAT RowBinary"
+    ));
 }
 
 #[test]

@@ -118,6 +118,12 @@ pub struct AuditRow {
     /// or a message the firewall answered itself). The table keeps the
     /// highest version of each `event_id`.
     pub row_version: u8,
+    /// What content screening found in the message (kinds, never the text).
+    pub screen_kinds: Vec<&'static str>,
+    /// What screening did with it: `flag`, `redact`, `block` (empty: nothing found).
+    pub screen_action: &'static str,
+    /// The run's labels at decision time (`private`, `untrusted`).
+    pub run_labels: crate::policy::Labels,
 }
 
 impl AuditRow {
@@ -162,6 +168,9 @@ impl AuditRow {
             bytes_out: 0,
             trace_id: String::new(),
             row_version: 1,
+            screen_kinds: Vec::new(),
+            screen_action: "",
+            run_labels: crate::policy::Labels::NONE,
         }
     }
 }
@@ -207,7 +216,18 @@ pub const COLUMNS: &[&str] = &[
     "instance",
     "trace_id",
     "row_version",
+    "screen_kinds",
+    "screen_action",
+    "run_labels",
 ];
+
+/// How many of [`COLUMNS`] rows spooled by releases before content
+/// screening have: the shipper completes them with empty values.
+pub const LEGACY_COLUMNS: usize = 31;
+
+/// What completes a row of [`LEGACY_COLUMNS`] (`screen_kinds = []`,
+/// `screen_action = ''`, `run_labels = []`).
+pub const LEGACY_TAIL: [u8; 3] = [0, 0, 0];
 
 /// Offset of `time_ms` in an encoded row (after the 16-byte UUID and 4-byte DateTime).
 const TIME_MS_OFFSET: usize = 20;
@@ -270,6 +290,17 @@ pub(crate) fn encode_row(
     put_str(out, instance);
     put_str(out, &row.trace_id);
     out.push(row.row_version);
+    put_strs(out, row.screen_kinds.iter().copied());
+    put_str(out, row.screen_action);
+    put_strs(out, row.run_labels.names().into_iter());
+}
+
+/// `Array(String)` in RowBinary: LEB128 count, then each string.
+fn put_strs<'a>(out: &mut Vec<u8>, items: impl ExactSizeIterator<Item = &'a str>) {
+    put_len(out, items.len() as u64);
+    for s in items {
+        put_str(out, s);
+    }
 }
 
 /// The `time_ms` of an encoded row, read without decoding the rest.
@@ -288,14 +319,15 @@ enum Width {
     U32,
     U64,
     Str,
+    Strs,
 }
 
 /// The type of each of [`COLUMNS`], in order (what [`encode_row`] writes).
-const WIDTHS: [Width; 31] = {
+const WIDTHS: [Width; 34] = {
     use Width::*;
     [
         Uuid, U32, U64, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str,
-        Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8,
+        Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8, Strs, Str, Strs,
     ]
 };
 const _: () = assert!(WIDTHS.len() == COLUMNS.len());
@@ -307,10 +339,11 @@ const _: () = assert!(WIDTHS.len() == COLUMNS.len());
 pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
     use serde_json::Value;
     let mut out = serde_json::Map::new();
-    let mut at = 0usize;
+    let at = std::cell::Cell::new(0usize);
     let mut take = |n: usize| -> Option<&[u8]> {
-        let b = payload.get(at..at.checked_add(n)?)?;
-        at += n;
+        let from = at.get();
+        let b = payload.get(from..from.checked_add(n)?)?;
+        at.set(from + n);
         Some(b)
     };
     let le = |b: &[u8]| {
@@ -318,7 +351,14 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
             .rev()
             .fold(0u64, |acc, x| (acc << 8) | u64::from(*x))
     };
-    for (name, width) in COLUMNS.iter().zip(WIDTHS) {
+    for (i, (name, width)) in COLUMNS.iter().zip(WIDTHS).enumerate() {
+        // A row spooled before the screening columns existed ends here.
+        if i == LEGACY_COLUMNS && at.get() == payload.len() {
+            out.insert("screen_kinds".to_owned(), Value::Array(Vec::new()));
+            out.insert("screen_action".to_owned(), Value::String(String::new()));
+            out.insert("run_labels".to_owned(), Value::Array(Vec::new()));
+            break;
+        }
         let value = match width {
             Width::Uuid => {
                 let b = take(16)?;
@@ -329,29 +369,45 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
             Width::U16 => Value::from(le(take(2)?)),
             Width::U32 => Value::from(le(take(4)?)),
             Width::U64 => Value::from(le(take(8)?)),
-            Width::Str => {
-                let mut len = 0u64;
-                let mut shift = 0u32;
-                loop {
-                    let byte = *take(1)?.first()?;
-                    len |= u64::from(byte & 0x7f) << shift;
-                    if byte & 0x80 == 0 {
-                        break;
-                    }
-                    shift += 7;
-                    if shift > 63 {
-                        return None;
-                    }
+            Width::Str => Value::String(read_str(&mut take)?),
+            Width::Strs => {
+                let n = read_len(&mut take)?;
+                let mut items = Vec::new();
+                for _ in 0..n {
+                    items.push(Value::String(read_str(&mut take)?));
                 }
-                let b = take(usize::try_from(len).ok()?)?;
-                Value::String(String::from_utf8_lossy(b).into_owned())
+                Value::Array(items)
             }
         };
         if *name != "time" {
             out.insert((*name).to_owned(), value);
         }
     }
-    (at == payload.len()).then_some(out)
+    (at.get() == payload.len()).then_some(out)
+}
+
+/// A LEB128 length.
+fn read_len<'p>(take: &mut impl FnMut(usize) -> Option<&'p [u8]>) -> Option<u64> {
+    let mut len = 0u64;
+    let mut shift = 0u32;
+    loop {
+        let byte = *take(1)?.first()?;
+        len |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(len);
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+}
+
+/// A `String` column's value.
+fn read_str<'p>(take: &mut impl FnMut(usize) -> Option<&'p [u8]>) -> Option<String> {
+    let len = read_len(take)?;
+    let b = take(usize::try_from(len).ok()?)?;
+    Some(String::from_utf8_lossy(b).into_owned())
 }
 
 /// ClickHouse stores a UUID as two little-endian u64 halves, high half first.
@@ -367,7 +423,12 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// `String` in RowBinary: LEB128 length, then the bytes.
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    let mut len = b.len() as u64;
+    put_len(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// A LEB128 length.
+fn put_len(out: &mut Vec<u8>, mut len: u64) {
     loop {
         let byte = (len & 0x7f) as u8;
         len >>= 7;
@@ -377,7 +438,6 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
         }
         out.push(byte | 0x80);
     }
-    out.extend_from_slice(b);
 }
 
 #[cfg(test)]

@@ -61,6 +61,9 @@ fn full_row() -> AuditRow {
     r.bytes_in = 13;
     r.bytes_out = 14;
     r.trace_id = "trace".into();
+    r.screen_kinds = vec!["card_number", "instruction_cue"];
+    r.screen_action = "redact";
+    r.run_labels = crate::policy::Labels::UNTRUSTED;
     r
 }
 
@@ -106,6 +109,12 @@ fn encoded_row_decodes_to_every_field_in_column_order() {
     assert_eq!(rd.string(), "inst");
     assert_eq!(rd.string(), "trace");
     assert_eq!(rd.take(1), [1], "row_version");
+    assert_eq!(rd.take(1), [2], "two kinds");
+    assert_eq!(rd.string(), "card_number");
+    assert_eq!(rd.string(), "instruction_cue");
+    assert_eq!(rd.string(), "redact");
+    assert_eq!(rd.take(1), [1], "one label");
+    assert_eq!(rd.string(), "untrusted");
     assert_eq!(rd.pos, out.len(), "no trailing bytes");
 }
 
@@ -185,7 +194,20 @@ fn decode_row_reads_back_what_encode_row_wrote() {
     assert_eq!(d["instance"], "fw-1");
     assert_eq!(d["trace_id"], "trace");
     assert_eq!(d["row_version"], row.row_version);
+    assert_eq!(
+        d["screen_kinds"],
+        serde_json::json!(["card_number", "instruction_cue"])
+    );
+    assert_eq!(d["screen_action"], "redact");
+    assert_eq!(d["run_labels"], serde_json::json!(["untrusted"]));
     assert_eq!(d.len(), COLUMNS.len() - 1, "every column but `time`");
+    // A row spooled by a release before screening decodes with empty
+    // screening columns.
+    let legacy = &out[..out.len() - (1 + 12 + 16 + 7 + 1 + 10)];
+    let l = decode_row(legacy).expect("a legacy row");
+    assert_eq!(l["screen_kinds"], serde_json::json!([]));
+    assert_eq!(l["screen_action"], "");
+    assert_eq!(l["trace_id"], "trace");
     assert!(decode_row(&out[..out.len() - 1]).is_none(), "a torn row");
     let mut longer = out.clone();
     longer.push(0);

@@ -59,6 +59,7 @@ use crate::outcome::StopReason;
 use crate::policy::Risk;
 use crate::state::{Fallback, OnUnavailable};
 
+pub mod labels;
 pub mod shared;
 
 type Keyed<K, C> = RateLimiter<K, DashMapStateStore<K>, C, NoOpMiddleware<<C as Clock>::Instant>>;
@@ -562,12 +563,14 @@ pub struct Budgets {
     local: Local,
     shared: Option<Arc<shared::RedisBudgets>>,
     on_unavailable: OnUnavailable,
+    labels: labels::RunLabels,
 }
 
 impl Budgets {
     /// Budgets in this process only.
     pub fn new(cfg: LimitsConfig) -> Self {
         Budgets {
+            labels: run_labels(&cfg, None),
             local: Local::new(cfg),
             shared: None,
             on_unavailable: OnUnavailable::default(),
@@ -580,11 +583,18 @@ impl Budgets {
         shared: shared::RedisBudgets,
         on_unavailable: OnUnavailable,
     ) -> Self {
+        let shared = Arc::new(shared);
         Budgets {
-            shared: Some(Arc::new(shared)),
+            labels: run_labels(&cfg, Some(shared.clone())),
+            shared: Some(shared),
             local: Local::new(cfg),
             on_unavailable,
         }
+    }
+
+    /// The runs' labels, in the same store.
+    pub fn labels(&self) -> &labels::RunLabels {
+        &self.labels
     }
 
     /// The configuration.
@@ -692,6 +702,7 @@ impl Budgets {
     /// See [`Local::sweep`].
     pub fn sweep(&self) {
         self.local.sweep();
+        self.labels.sweep();
     }
 
     /// Runs tracked in this process.
@@ -703,6 +714,15 @@ impl Budgets {
     pub fn evicted(&self) -> u64 {
         self.local.evicted()
     }
+}
+
+/// The labels' store: the budgets' lifetime and bound.
+fn run_labels(cfg: &LimitsConfig, shared: Option<Arc<shared::RedisBudgets>>) -> labels::RunLabels {
+    labels::RunLabels::new(
+        Duration::from_secs(cfg.run_state_ttl_s),
+        cfg.max_tracked_runs,
+        shared,
+    )
 }
 
 /// A keyed limiter allowing `per_s` per second (bursts of `per_s`); none for 0.

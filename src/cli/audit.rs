@@ -2,7 +2,9 @@
 //! schema. `tail` follows new rows (from ClickHouse, or from a local spool
 //! when no ClickHouse is at hand), `run RUN_ID` is a run's timeline (every
 //! call, decision, stop reason and approval), `denials --since 1h` groups
-//! refusals by role and reason, `stats --days 7` reads the daily aggregate.
+//! refusals by role and reason, `flagged --since 1h` lists the answers
+//! content screening found something in (kinds and action, never the
+//! text) with the run's labels, `stats --days 7` reads the daily aggregate.
 //! Tables for people, `--json` for scripts.
 //!
 //! Invariants: the SQL each command runs is [`query`]'s, and the README's
@@ -74,6 +76,13 @@ pub enum AuditCommand {
         #[arg(long, default_value = "1h")]
         since: String,
     },
+    /// Answers content screening found something in: what (kinds, never
+    /// the text), what it did (flag, redact, block), the run's labels.
+    Flagged {
+        /// How far back (`30m`, `1h`, `7d`).
+        #[arg(long, default_value = "1h")]
+        since: String,
+    },
     /// Calls, denials, errors, runs and latency per day and tool, from the
     /// daily aggregate.
     Stats {
@@ -92,6 +101,8 @@ pub enum Question {
     Run,
     /// Refusals since (`?` = `time_ms`).
     Denials,
+    /// Screened content since (`?` = `time_ms`).
+    Flagged,
     /// The daily aggregate (`?` = days back).
     Stats,
 }
@@ -112,6 +123,10 @@ pub fn query(q: Question, database: &str, table: &str) -> String {
             "SELECT agent_role, decision, stop_reason, reason, uniqExact(event_id) AS n \
              FROM {t} WHERE time_ms >= ? AND decision IN ('deny', 'hidden', 'invalid') \
              GROUP BY agent_role, decision, stop_reason, reason ORDER BY n DESC"
+        ),
+        Question::Flagged => format!(
+            "SELECT time_ms, run_id, upstream, method, tool, screen_kinds, screen_action, run_labels \
+             FROM {t} FINAL WHERE time_ms >= ? AND screen_action != '' ORDER BY time_ms"
         ),
         Question::Stats => format!(
             "SELECT day, tool, uniqExactMerge(calls) AS calls, uniqExactIfMerge(denials) AS denials, \
@@ -138,7 +153,7 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
     match (&args.command, &source) {
         (AuditCommand::Tail { lines, once }, _) => tail(&source, *lines, *once, args.json, out).await,
         (_, Source::Spool(_)) => anyhow::bail!(
-            "a spool holds rows not yet in ClickHouse; `run`, `denials` and `stats` ask ClickHouse (--clickhouse or --config)"
+            "a spool holds rows not yet in ClickHouse; `run`, `denials`, `flagged` and `stats` ask ClickHouse (--clickhouse or --config)"
         ),
         (AuditCommand::Run { run_id }, Source::ClickHouse { client, database, table }) => {
             let rows = fetch(client.query(&query(Question::Run, database, table)).bind(run_id.as_str())).await?;
@@ -154,6 +169,13 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
             let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
             let rows = fetch(client.query(&query(Question::Denials, database, table)).bind(from)).await?;
             print_rows(&rows, &["n", "agent_role", "decision", "stop_reason", "reason"], args.json, out)
+        }
+        (AuditCommand::Flagged { since }, Source::ClickHouse { client, database, table }) => {
+            let back = parse_since(since)
+                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
+            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
+            let rows = fetch(client.query(&query(Question::Flagged, database, table)).bind(from)).await?;
+            print_rows(&rows, &["time_ms", "run_id", "upstream", "method", "tool", "screen_kinds", "screen_action", "run_labels"], args.json, out)
         }
         (AuditCommand::Stats { days }, Source::ClickHouse { client, database, table }) => {
             let rows = fetch(client.query(&query(Question::Stats, database, table)).bind(*days)).await?;
@@ -491,6 +513,7 @@ mod tests {
             (Question::Tail, "{from_ms}"),
             (Question::Run, "'RUN_ID'"),
             (Question::Denials, "{since_ms}"),
+            (Question::Flagged, "{since_ms}"),
             (Question::Stats, "{days}"),
         ] {
             let sql = query(q, "mcp_firewall", "audit_events").replace('?', value);

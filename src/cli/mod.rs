@@ -248,6 +248,9 @@ pub struct ExplainArgs<'a> {
     pub tool: &'a str,
     /// Arguments JSON.
     pub arguments: Option<&'a str>,
+    /// The run's labels, what-if (`private,untrusted`); without it they
+    /// are read from the shared store when there is one.
+    pub labels: Option<&'a str>,
 }
 
 /// `mcp-firewall explain`: the decision for one call and the rules that
@@ -312,11 +315,83 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
     for t in trace {
         let _ = writeln!(out, "  - {t}");
     }
+    explain_labels(cfg, &policy, up, &claims, &decision, args, &mut out).await?;
     let _ = writeln!(
         out,
         "  (arguments are also checked against the tool's inputSchema, and budgets apply, at call time)"
     );
     Ok(out)
+}
+
+/// The run's labels and the `[taint]` gate they put on the call.
+async fn explain_labels(
+    cfg: &Config,
+    policy: &Policy,
+    up: &crate::config::Upstream,
+    claims: &auth::Claims,
+    decision: &policy::Decision,
+    args: ExplainArgs<'_>,
+    out: &mut String,
+) -> anyhow::Result<()> {
+    use crate::policy::{Decision, Labels};
+    let traits = policy.traits(up.facts(), args.tool);
+    let _ = writeln!(
+        out,
+        "tool: gives the run {:?}, egress {}",
+        traits.labels.names(),
+        traits.egress
+    );
+    let held = match args.labels {
+        Some(list) => {
+            let mut labels = Labels::NONE;
+            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                labels = labels.union(Labels::named(name).with_context(|| {
+                    format!("--labels: unknown label {name:?} (private, untrusted)")
+                })?);
+            }
+            crate::budget::labels::Held {
+                labels,
+                ..Default::default()
+            }
+        }
+        None if cfg.state.backend == crate::state::Backend::Redis => {
+            let redis = crate::state::Redis::connect(&cfg.state)?;
+            let budgets = crate::budget::Budgets::shared(
+                cfg.limits.clone(),
+                crate::budget::shared::RedisBudgets::new(redis, &cfg.limits),
+                Default::default(),
+            );
+            budgets
+                .labels()
+                .held(&claims.tenant_id, &claims.run_id)
+                .await
+                .map_err(|e| anyhow::anyhow!("the run's labels could not be read: {e}"))?
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "run labels: kept in the serving process ([state] backend = \"memory\"); give --labels private,untrusted to ask what if"
+            );
+            return Ok(());
+        }
+    };
+    let _ = writeln!(out, "run labels: {}", held.describe());
+    let risk = match decision {
+        Decision::Allow { risk } | Decision::Approve { risk } | Decision::Deny { risk, .. } => {
+            *risk
+        }
+        Decision::Unknown(_) => return Ok(()),
+    };
+    let taint = policy.taint();
+    match taint.gate(risk, traits.egress, held.labels) {
+        None => {
+            let _ = writeln!(out, "taint gate: none applies");
+        }
+        Some((gate, rule)) => {
+            let _ = writeln!(out, "taint gate: {} = {gate} applies", rule.as_str());
+        }
+    }
+    Ok(())
 }
 
 fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {

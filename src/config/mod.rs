@@ -192,6 +192,28 @@ pub struct RawPolicy {
     pub reload_interval_ms: u64,
 }
 
+/// Whether an upstream's content is trusted (`[[upstream]] trust`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trust {
+    /// Content the organization vouches for.
+    #[default]
+    Trusted,
+    /// Content from outside: web pages, tickets, mail.
+    Untrusted,
+}
+
+/// Whether an upstream serves private data (`[[upstream]] data`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataClass {
+    /// Nothing private.
+    #[default]
+    Public,
+    /// Customer records, internal documents.
+    Private,
+}
+
 /// `[[upstream]]`: one MCP server behind the firewall.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -240,6 +262,18 @@ pub struct RawUpstream {
     /// names no risk. Default false: annotations are untrusted.
     #[serde(default)]
     pub trust_annotations: bool,
+    /// `trusted` (default) or `untrusted`: every result of an untrusted
+    /// upstream gives the run the `untrusted` label.
+    #[serde(default)]
+    pub trust: Trust,
+    /// `public` (default) or `private`: every result of a private
+    /// upstream gives the run the `private` label.
+    #[serde(default)]
+    pub data: DataClass,
+    /// Every tool of this upstream can carry data out (as `[[tools]]
+    /// egress = true` says of one tool).
+    #[serde(default)]
+    pub egress: bool,
     /// Headers set from the verified token on every request to this
     /// upstream (header name = claim: `sub`, `tenant_id`, `agent`, `run_id`,
     /// `mode`, `jti`, `iss`, or `projects` for the run's effective projects,

@@ -146,6 +146,12 @@ pub struct Upstream {
     pub extra_methods: Vec<ExtraMethod>,
     /// Tool-definition pinning.
     pub pinning: crate::pins::Mode,
+    /// Its content is untrusted (`trust = "untrusted"`).
+    pub untrusted: bool,
+    /// It serves private data (`data = "private"`).
+    pub private: bool,
+    /// Every one of its tools can carry data out.
+    pub egress: bool,
 }
 
 impl Upstream {
@@ -156,6 +162,9 @@ impl Upstream {
             projects: &self.projects,
             categories: &self.categories,
             trust_annotations: self.trust_annotations,
+            untrusted: self.untrusted,
+            private: self.private,
+            egress: self.egress,
         }
     }
 }
@@ -763,6 +772,9 @@ impl Validator<'_> {
             projects: sorted(u.projects),
             categories: sorted(u.categories),
             trust_annotations: u.trust_annotations,
+            untrusted: u.trust == super::Trust::Untrusted,
+            private: u.data == super::DataClass::Private,
+            egress: u.egress,
         })
     }
 

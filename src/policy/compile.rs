@@ -9,13 +9,14 @@ use cel::Program;
 use globset::{Glob, GlobBuilder, GlobMatcher, GlobSetBuilder};
 use toml::Spanned;
 
+use super::content::{ScreenRule, Screening};
 use super::file::{
-    GateName, RawAgent, RawCondition, RawGates, RawMatch, RawNameMatch, RawNamedAccess,
-    RawPolicyFile, RiskName,
+    GateName, LabelName, RawAgent, RawCondition, RawGates, RawMatch, RawNameMatch, RawNamedAccess,
+    RawPolicyFile, RawScreen, RawTaint, RiskName,
 };
 use super::{
-    Agent, Condition, Gate, Gates, Matcher, NameSet, NamedAccess, NamedRule, Policy, Risk,
-    ServerRequestRules, ServerRequests, ServiceAccount, ToolRule,
+    Agent, Condition, Gate, Gates, Labels, Matcher, NameSet, NamedAccess, NamedRule, Policy, Risk,
+    ServerRequestRules, ServerRequests, ServiceAccount, Taint, ToolRule,
 };
 
 /// A policy error: file, line and what is wrong.
@@ -96,12 +97,21 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
         service_accounts: HashMap::new(),
         conditions: Vec::new(),
         server_requests: ServerRequests::default(),
+        screening: Screening::new(crate::screen::content::Actions::DEFAULT, &[], Vec::new())
+            .map_err(|message| PolicyError::Invalid {
+                file: PathBuf::new(),
+                line: 0,
+                message,
+            })?,
+        taint: Taint::DEFAULT,
         files: sources.iter().map(|(p, _)| p.clone()).collect(),
         content_hash: content_hash(sources),
         memo: Default::default(),
         generation: super::next_generation(),
     };
     let mut gates_from: Option<PathBuf> = None;
+    let mut screen_from: Option<PathBuf> = None;
+    let mut taint_from: Option<PathBuf> = None;
     let mut raw_agents: Vec<(PathBuf, String, RawAgent)> = Vec::new();
     for (file, text) in sources {
         let raw: RawPolicyFile = toml::from_str(text).map_err(|e| PolicyError::Parse {
@@ -141,6 +151,13 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
                     .preview_arguments
                     .map(|t| serde_json::to_value(t).unwrap_or(serde_json::Value::Null)),
                 price: rule.price,
+                labels: rule.labels.iter().fold(Labels::NONE, |l, n| {
+                    l.union(match n {
+                        LabelName::Untrusted => Labels::UNTRUSTED,
+                        LabelName::Private => Labels::PRIVATE,
+                    })
+                }),
+                egress: rule.egress,
             });
         }
         for a in raw.agents {
@@ -172,6 +189,26 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
         for c in raw.conditions {
             policy.conditions.push(cx.condition(c)?);
         }
+        if let Some(screen) = raw.screen {
+            if let Some(prev) = &screen_from {
+                return Err(cx.err(
+                    0..0,
+                    format!("[screen] is already set in {}", prev.display()),
+                ));
+            }
+            screen_from = Some(file.clone());
+            policy.screening = cx.screening(screen)?;
+        }
+        if let Some(taint) = raw.taint {
+            if let Some(prev) = &taint_from {
+                return Err(cx.err(
+                    0..0,
+                    format!("[taint] is already set in {}", prev.display()),
+                ));
+            }
+            taint_from = Some(file.clone());
+            policy.taint = taint_gates(&taint);
+        }
         if let Some(sr) = raw.server_requests {
             policy.server_requests = server_requests(sr, file)?;
         }
@@ -202,6 +239,16 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
     Ok(policy)
 }
 
+/// `[taint]`, defaults filled in.
+fn taint_gates(t: &RawTaint) -> Taint {
+    Taint {
+        after_untrusted: t
+            .after_untrusted
+            .map_or(Taint::DEFAULT.after_untrusted, Gate::from),
+        trifecta: t.trifecta.map_or(Taint::DEFAULT.trifecta, Gate::from),
+    }
+}
+
 struct Cx<'a> {
     file: &'a Path,
     text: &'a str,
@@ -227,6 +274,59 @@ impl Cx<'_> {
             },
             message: message.into(),
         }
+    }
+
+    /// `[screen]` and its rules.
+    fn screening(&self, raw: RawScreen) -> Result<Screening, PolicyError> {
+        use crate::screen::content::Actions;
+        for h in &raw.link_hosts {
+            let name = h.strip_prefix("*.").unwrap_or(h);
+            let ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+                && !name.starts_with('.')
+                && !name.ends_with('.');
+            if !ok {
+                return Err(self.err(
+                    0..0,
+                    format!(
+                        "[screen] link_hosts: {h:?} is not a host name (or *.name for its subdomains)"
+                    ),
+                ));
+            }
+        }
+        let mut rules = Vec::with_capacity(raw.rule.len());
+        for r in raw.rule {
+            let names = match &r.names {
+                Some(n) if n.is_empty() => {
+                    return Err(self.err(
+                        r.upstream.span(),
+                        "[[screen.rule]] `match` needs at least one name (or leave it out)",
+                    ))
+                }
+                Some(n) => Some(self.name_set(n)?),
+                None => None,
+            };
+            rules.push(ScreenRule {
+                upstream: self.glob(&r.upstream)?,
+                names,
+                secrets: r.secrets,
+                pii: r.pii,
+                injection: r.injection,
+            });
+        }
+        let base = Actions {
+            secrets: raw.secrets.unwrap_or(Actions::DEFAULT.secrets),
+            pii: raw.pii.unwrap_or(Actions::DEFAULT.pii),
+            injection: raw.injection.unwrap_or(Actions::DEFAULT.injection),
+        };
+        let hosts: Vec<String> = raw
+            .link_hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        Screening::new(base, &hosts, rules).map_err(|m| self.err(0..0, m))
     }
 
     fn glob(&self, s: &Spanned<String>) -> Result<GlobMatcher, PolicyError> {

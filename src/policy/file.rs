@@ -28,6 +28,71 @@ pub struct RawPolicyFile {
     pub conditions: Vec<RawCondition>,
     /// Server-to-client requests an upstream may send (sampling, elicitation, roots).
     pub server_requests: Option<RawServerRequests>,
+    /// Content screening of what upstreams send (at most one file may set it).
+    pub screen: Option<RawScreen>,
+    /// Gates on the run's labels (at most one file may set it).
+    pub taint: Option<RawTaint>,
+}
+
+/// `[screen]`: what screening does per family, and where answers may link.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawScreen {
+    /// Credentials and keys (default `redact`).
+    pub secrets: Option<crate::screen::content::Action>,
+    /// Card numbers, IBANs, e-mail addresses, phone numbers (default `flag`).
+    pub pii: Option<crate::screen::content::Action>,
+    /// Hidden characters, terminal escapes, foreign images and links,
+    /// instruction cues (default `flag`).
+    pub injection: Option<crate::screen::content::Action>,
+    /// Hosts answers may show images from and link to: a name, or
+    /// `*.name` for its subdomains.
+    #[serde(default)]
+    pub link_hosts: Vec<String>,
+    /// Narrower settings for an upstream's content or some of its tools.
+    #[serde(default)]
+    pub rule: Vec<RawScreenRule>,
+}
+
+/// `[[screen.rule]]`: settings for an upstream (name or glob), and, with
+/// `match`, only for the results of those tools.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScreenRule {
+    /// Upstream name or glob; default every upstream.
+    #[serde(default = "star")]
+    pub upstream: Spanned<String>,
+    /// Tool names or globs; default all of the upstream's content.
+    #[serde(rename = "match")]
+    pub names: Option<Vec<Spanned<String>>>,
+    /// Overrides `[screen] secrets`.
+    pub secrets: Option<crate::screen::content::Action>,
+    /// Overrides `[screen] pii`.
+    pub pii: Option<crate::screen::content::Action>,
+    /// Overrides `[screen] injection`.
+    pub injection: Option<crate::screen::content::Action>,
+}
+
+/// `[taint]`: what a run's labels do to its calls.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawTaint {
+    /// Write and destructive calls of a run that took in untrusted
+    /// content (default `approve`).
+    pub after_untrusted: Option<GateName>,
+    /// An `egress` call of a run holding both `private` and `untrusted`
+    /// (default `deny`).
+    pub trifecta: Option<GateName>,
+}
+
+/// A label a tool's results give the run.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LabelName {
+    /// Content from outside (web pages, tickets, mail).
+    Untrusted,
+    /// Private data (customer records, internal documents).
+    Private,
 }
 
 /// Gates per risk; missing entries keep the default (read allow, write and
@@ -87,6 +152,12 @@ pub struct RawToolRule {
     pub preview_arguments: Option<toml::Table>,
     /// Price of one call, in the budget's unit (default 0).
     pub price: Option<f64>,
+    /// Labels its results give the run (`untrusted`, `private`).
+    #[serde(default)]
+    pub labels: Vec<LabelName>,
+    /// It can carry data out (mail, a fetch of a URL argument, a chat post).
+    #[serde(default)]
+    pub egress: bool,
 }
 
 /// `[[agents]]`: a role an agent runs as.

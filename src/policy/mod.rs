@@ -33,11 +33,13 @@ use globset::{GlobMatcher, GlobSet};
 use serde_json::Value;
 
 pub mod compile;
+pub mod content;
 pub mod file;
 pub mod reload;
 pub mod uri;
 
 pub use compile::{compile, load_dir, PolicyError};
+pub use content::{Labels, Screening, Taint, TaintRule, Traits};
 
 /// How much harm a tool can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
@@ -224,6 +226,12 @@ pub struct UpstreamFacts<'a> {
     pub categories: &'a [String],
     /// Whether its annotations count as risk hints.
     pub trust_annotations: bool,
+    /// Its content is untrusted (`trust = "untrusted"`).
+    pub untrusted: bool,
+    /// Its content is private data (`data = "private"`).
+    pub private: bool,
+    /// Every one of its tools can carry data out (`egress = true`).
+    pub egress: bool,
 }
 
 /// One `tools/call` to decide.
@@ -251,6 +259,8 @@ pub struct Policy {
     service_accounts: HashMap<String, ServiceAccount>,
     conditions: Vec<Condition>,
     server_requests: ServerRequests,
+    screening: Screening,
+    taint: Taint,
     files: Vec<PathBuf>,
     /// See [`Policy::content_hash`].
     content_hash: String,
@@ -331,6 +341,8 @@ struct ToolRule {
     preview: Option<String>,
     preview_arguments: Option<Value>,
     price: Option<f64>,
+    labels: Labels,
+    egress: bool,
 }
 
 struct ServiceAccount {
@@ -586,6 +598,35 @@ impl Policy {
                 .and_then(|r| Some((r.preview.as_deref()?, r.preview_arguments.as_ref()))),
             _ => None,
         }
+    }
+
+    /// What the tool's results give the run and whether it can carry data
+    /// out: its `[[tools]]` rule's `labels` and `egress`, and its
+    /// upstream's `trust`, `data` and `egress`.
+    pub fn traits(&self, up: UpstreamFacts<'_>, tool: &str) -> Traits {
+        let rule = match self.risk(up, tool, None).1 {
+            RiskSource::Policy(i) => self.tool_rules.get(i),
+            _ => None,
+        };
+        Traits {
+            labels: content::upstream_labels(up).union(rule.map_or(Labels::NONE, |r| r.labels)),
+            egress: up.egress || rule.is_some_and(|r| r.egress),
+        }
+    }
+
+    /// The labels content from `up` that is no tool's result gives the run.
+    pub fn content_labels(&self, up: UpstreamFacts<'_>) -> Labels {
+        content::upstream_labels(up)
+    }
+
+    /// Content screening's settings.
+    pub fn screening(&self) -> &Screening {
+        &self.screening
+    }
+
+    /// `[taint]`.
+    pub fn taint(&self) -> Taint {
+        self.taint
     }
 
     /// The price of one call of the tool (0 unless the policy sets one).

@@ -1,6 +1,11 @@
 //! The admission step: the I/O a `tools/call` needs once the policy let it
 //! through, before it may run. In order:
 //!
+//! 0. the run's labels (`[taint]`), for a call they can gate: read from the
+//!    budget store (memory, or Redis when shared; a store that cannot be
+//!    asked counts as holding every label); `trifecta` / `after_untrusted`
+//!    may refuse the call or put an `approve` gate on it whose approval
+//!    says why;
 //! 1. its `approve` gate, when it has one: an approval granted for exactly
 //!    this call is consumed (once, across replicas), otherwise one is filed
 //!    and the call is held or answered "approval required";
@@ -18,7 +23,9 @@
 use std::sync::Arc;
 
 use super::decide::Granted;
-use super::decide::{Admission, Forwarding, Outcome, RunContext, Verdict};
+use super::decide::{Admission, Forwarding, Outcome, RunContext, TaintCheck, Verdict};
+use crate::budget::labels::Held;
+use crate::policy::{Gate, Labels, Risk, TaintRule};
 
 impl Admission {
     /// What the call becomes: forwarded with its reservation, held for a
@@ -27,10 +34,31 @@ impl Admission {
         let Admission {
             tool,
             risk,
-            gate,
+            mut gate,
             mut granted,
             rewrite,
+            taint,
         } = self;
+        let mut why = None;
+        if let Some(check) = taint {
+            match Box::pin(taint_gate(run, &tool, risk, &check)).await {
+                None => {}
+                Some((Gate::Deny, rule, reason)) => {
+                    tracing::info!(tool, rule = rule.as_str(), reason = %reason, "refused by the run's labels");
+                    return Verdict::Answer(Outcome::Denied {
+                        risk,
+                        reason,
+                        rule: rule.as_str().to_owned(),
+                    });
+                }
+                Some((_, rule, reason)) => {
+                    if gate.is_none() {
+                        gate = check.arguments;
+                    }
+                    why = Some(format!("{reason} ({})", rule.as_str()));
+                }
+            }
+        }
         // The approvals store is asked only for gated calls and retries:
         // those awaits are boxed so that every call's future does not carry
         // their few KB.
@@ -42,7 +70,7 @@ impl Admission {
             }
         }
         if let Some((arguments, hash)) = gate {
-            match Box::pin(run.gate(&tool, &arguments, hash, risk)).await {
+            match Box::pin(run.gate(&tool, &arguments, hash, risk, why)).await {
                 Ok(Ok(g)) => {
                     tracing::info!(tool, approval = %g.approval, "running an approved call");
                     granted = Some(Arc::new(g));
@@ -53,6 +81,60 @@ impl Admission {
         }
         admit_budget(run, &tool, risk, granted, rewrite).await
     }
+}
+
+/// The gate the run's labels put on a call of `tool` (`None`: none), with
+/// its rule and the sentence that says why.
+async fn taint_gate(
+    run: &RunContext,
+    tool: &str,
+    risk: Risk,
+    check: &TaintCheck,
+) -> Option<(Gate, TaintRule, String)> {
+    let held = match run
+        .budgets
+        .labels()
+        .held(&run.claims.tenant_id, &run.claims.run_id)
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            // Fail closed: a run whose labels cannot be read holds them all.
+            run.metrics.label_store_errors.inc();
+            tracing::warn!(error = %e, "the run's labels could not be read; deciding as if it held every label");
+            let unknown: std::sync::Arc<str> =
+                std::sync::Arc::from(format!("the label store could not be asked: {e}"));
+            Held {
+                labels: Labels::PRIVATE.union(Labels::UNTRUSTED),
+                untrusted_from: Some(unknown.clone()),
+                private_from: Some(unknown),
+            }
+        }
+    };
+    let (gate, rule) = run.policy.taint().gate(risk, check.egress, held.labels)?;
+    let from = |l: Labels| held.source(l).unwrap_or("an earlier answer").to_owned();
+    let reason = match rule {
+        TaintRule::Trifecta => format!(
+            "this run has read private data (from {}) and taken in untrusted content (from {}), and {tool} can send data out",
+            from(Labels::PRIVATE),
+            from(Labels::UNTRUSTED)
+        ),
+        TaintRule::AfterUntrusted => format!(
+            "this run has taken in untrusted content (from {}), and {tool} is a {risk} call",
+            from(Labels::UNTRUSTED)
+        ),
+    };
+    run.metrics.taint_gate(
+        match rule {
+            TaintRule::Trifecta => "trifecta",
+            TaintRule::AfterUntrusted => "after_untrusted",
+        },
+        match gate {
+            Gate::Deny => "deny",
+            _ => "approve",
+        },
+    );
+    Some((gate, rule, reason))
 }
 
 /// Reserves the budget of a call that is allowed to run.

@@ -259,6 +259,29 @@ pub fn skipped(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
     tool_error(id, &refusal.describe(), structured)
 }
 
+/// An answer screening withheld (`block`): a tool result marked `isError`
+/// for a tool's, a JSON-RPC error for any other, naming the kinds found,
+/// never the content.
+pub fn withheld(id: Option<&Id>, tool: Option<&str>, kinds: &[&str]) -> Bytes {
+    let text = format!(
+        "The firewall withheld this answer: it contained {} ([screen] blocks it).",
+        kinds.join(", ")
+    );
+    let data = json!({
+        "withheld": true,
+        "found": kinds,
+        "stop_reason": StopReason::Denied.as_str(),
+    });
+    match (id, tool) {
+        (Some(id), Some(tool)) => {
+            let mut data = data;
+            data["tool"] = json!(tool);
+            tool_error(id, &text, data)
+        }
+        _ => error(id, codes::DENIED, &text, Some(&data)),
+    }
+}
+
 fn tool_error(id: &Id, text: &str, structured: Value) -> Bytes {
     let body = json!({
         "jsonrpc": "2.0",

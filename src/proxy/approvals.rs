@@ -61,6 +61,7 @@ impl RunContext {
         arguments: &Value,
         args_sha256: [u8; 32],
         risk: Risk,
+        why: Option<String>,
     ) -> Result<Result<Granted, Gated>, String> {
         let Some(approvals) = &self.approvals else {
             return Err("approvals are not configured on this firewall".to_owned());
@@ -84,6 +85,7 @@ impl RunContext {
                 .map(|(t, _)| t.to_owned()),
             self_approval: role.is_some_and(|a| a.self_approval)
                 || approvals.config().self_approval_default,
+            why,
         };
         match approvals.request(new).await {
             Ok(approval) => Ok(Err(Gated {

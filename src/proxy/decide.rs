@@ -142,6 +142,18 @@ pub struct Admission {
     pub granted: Option<Arc<Granted>>,
     /// The message to send instead of its bytes.
     pub rewrite: Option<String>,
+    /// The run's labels can gate it (`[taint]`): asked in admission.
+    pub taint: Option<TaintCheck>,
+}
+
+/// A call whose gate the run's labels may change ([`crate::policy::Taint`]).
+#[derive(Debug)]
+pub struct TaintCheck {
+    /// It can carry data out.
+    pub egress: bool,
+    /// Its arguments and their hash, for an approval a label may ask for
+    /// (`None` when the call already has a gate or an approval).
+    pub arguments: Option<(Value, [u8; 32])>,
 }
 
 /// A message that goes upstream.
@@ -887,13 +899,25 @@ impl RunContext {
                 Err(why) => return Outcome::BadRequestState(why).into(),
             }
         }
+        let gated = matches!(decision, Decision::Approve { .. }) && granted.is_none();
+        // The run's labels may gate it (read in admission: they live in
+        // the budget store).
+        let traits = self.policy.traits(self.upstream.config.facts(), tool);
+        let taint = self
+            .policy
+            .taint()
+            .applies(risk, traits.egress)
+            .then(|| TaintCheck {
+                egress: traits.egress,
+                arguments: (!gated && granted.is_none()).then(|| (arguments.clone(), hash)),
+            });
         Ruling::Admit(Box::new(Admission {
             tool: tool.to_owned(),
             risk,
-            gate: (matches!(decision, Decision::Approve { .. }) && granted.is_none())
-                .then_some((arguments, hash)),
+            gate: gated.then_some((arguments, hash)),
             granted,
             rewrite,
+            taint,
         }))
     }
 

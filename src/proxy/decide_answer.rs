@@ -18,6 +18,7 @@
 //! | a server-to-client request the policy refuses, or any on 2026-07-28 | [`Verdict::RefuseServerRequest`]: the client never sees it |
 //! | `notifications/tools/list_changed` | [`Verdict::ListChanged`]: relayed, the catalog re-listed |
 //! | `notifications/progress` | [`Verdict::Progress`]: relayed, a held call's progress kept increasing |
+//! | content for the client's model (a tool, prompt or resource result, an error answering one, a server request's params) where screening found something, or that gives the run labels | [`Verdict::Content`]: relayed flagged, redacted or withheld ([`screen`]); the run takes its labels |
 //! | a task status notification, a server request of a task (`related-task`), `notifications/subscriptions/acknowledged` | [`Verdict::SealTasks`]: relayed with the run's own task ids sealed; a status of another run's task is [`Verdict::ForeignTask`] (dropped), a request of one refused, foreign ids left out of an acknowledgement |
 //! | an answer too large to hold ([`streamed`]), asking for refused input, or input-required under an approval | cut off, not completed |
 //! | anything else | relayed |
@@ -33,7 +34,8 @@ use crate::config::Upstream;
 use crate::mcp::jsonrpc::{Kind, Message};
 use crate::mcp::methods::{Class, ListKind, TaskMethod};
 use crate::mcp::scan::Facts;
-use crate::policy::{Access, Authority, Gate, Policy, Risk};
+use crate::policy::{Access, Authority, Gate, Labels, Policy, Risk};
+use crate::screen::content::{self, Action, Actions, Report};
 use crate::session::Principal;
 
 use super::failure::UpstreamFailure;
@@ -71,6 +73,8 @@ impl Scope<'_> {
 pub struct Answering<'a> {
     /// What its answer needs.
     pub class: &'a Class,
+    /// The tool, for a `tools/call`.
+    pub tool: Option<&'a str>,
     /// It runs under a person's approval.
     pub approved: bool,
 }
@@ -105,6 +109,36 @@ pub enum Verdict {
     SealTasks(TaskIds),
     /// A notification about a task that is not the run's: dropped.
     ForeignTask,
+    /// Content for the client's model that screening found something in,
+    /// or that gives the run labels.
+    Content(Box<Content>),
+}
+
+/// Content for the client's model, screened.
+#[derive(Debug, PartialEq)]
+pub struct Content {
+    /// What screening found.
+    pub report: Report,
+    /// The actions it was screened with.
+    pub actions: Actions,
+    /// Which part of the message it is.
+    pub part: Part,
+    /// The part with what is to be redacted redacted (JSON text), when
+    /// the report's action is `redact`.
+    pub redacted: Option<String>,
+    /// The labels it gives the run.
+    pub labels: Labels,
+}
+
+/// Where screened content is in a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// `result`.
+    Result,
+    /// `params` (a server-to-client request).
+    Params,
+    /// The whole message (an error answer).
+    Message,
 }
 
 /// Where the task ids of a message are.
@@ -156,19 +190,34 @@ pub fn decide(
             let Some(answering) = answering else {
                 return Ok(Verdict::Unsolicited);
             };
+            let carries_content = matches!(
+                answering.class,
+                Class::ToolCall | Class::Prompt | Class::Resource
+            );
             if m.is_error {
-                return Ok(Verdict::Relay);
+                // An error's message reaches the model too: screened, but
+                // it brings no labels of its source.
+                if !carries_content {
+                    return Ok(Verdict::Relay);
+                }
+                return screened(s, answering.tool, raw, Part::Message, Labels::NONE);
             }
             let result = result_text(m, raw);
             match *answering.class {
                 Class::List(kind) => Ok(Verdict::Filter(kind)),
                 Class::ToolCall => match input_required(s, result, answering.approved)? {
-                    Verdict::Relay => Ok(result
-                        .and_then(created_task)
-                        .map_or(Verdict::Relay, Verdict::TaskCreated)),
+                    Verdict::Relay => match result.and_then(created_task) {
+                        Some(task) => Ok(Verdict::TaskCreated(task)),
+                        None => screened_result(s, answering.tool, result),
+                    },
                     other => Ok(other),
                 },
-                Class::Prompt | Class::Resource => input_required(s, result, answering.approved),
+                Class::Prompt | Class::Resource => {
+                    match input_required(s, result, answering.approved)? {
+                        Verdict::Relay => screened_result(s, None, result),
+                        other => Ok(other),
+                    }
+                }
                 Class::Task(method) => task_answer(s, method, result),
                 _ => Ok(Verdict::Relay),
             }
@@ -178,13 +227,38 @@ pub fn decide(
             if let Err(why) = server_request(s, m.method.as_deref().unwrap_or(""), params) {
                 return Ok(Verdict::RefuseServerRequest(why));
             }
-            Ok(match related_task(params) {
+            let verdict = match related_task(params) {
                 None => Verdict::Relay,
                 Some(id) if s.owns_task(&id) => Verdict::SealTasks(TaskIds::Related),
-                Some(id) => Verdict::RefuseServerRequest(format!(
-                    "it names task {id:?}, which is not this run's"
-                )),
-            })
+                Some(id) => {
+                    return Ok(Verdict::RefuseServerRequest(format!(
+                        "it names task {id:?}, which is not this run's"
+                    )))
+                }
+            };
+            // What the upstream asks the client's model or user is its
+            // content: screened like a result.
+            let Some(params) = params else {
+                return Ok(verdict);
+            };
+            match screened(
+                s,
+                None,
+                params,
+                Part::Params,
+                s.policy.content_labels(s.upstream.facts()),
+            )? {
+                Verdict::Content(c) if c.report.action == Action::Block => {
+                    Ok(Verdict::RefuseServerRequest(format!(
+                        "it carried {}, which [screen] blocks",
+                        c.report.names_for(c.actions, Action::Block).join(", ")
+                    )))
+                }
+                // A request naming the run's task keeps its verdict (its
+                // id is sealed); its content is flagged only.
+                Verdict::Content(c) if verdict == Verdict::Relay => Ok(Verdict::Content(c)),
+                _ => Ok(verdict),
+            }
         }
         Kind::Notification => {
             let params = m.params.as_deref().map(RawValue::get);
@@ -207,6 +281,88 @@ pub fn decide(
             })
         }
     }
+}
+
+/// A result for the client's model (of `tool`, when it is a tool's),
+/// screened; the labels it gives the run are its tool's and upstream's.
+fn screened_result(
+    s: Scope<'_>,
+    tool: Option<&str>,
+    result: Option<&str>,
+) -> Result<Verdict, UpstreamFailure> {
+    let Some(result) = result else {
+        return Ok(Verdict::Relay);
+    };
+    let labels = match tool {
+        Some(tool) => s.policy.traits(s.upstream.facts(), tool).labels,
+        None => s.policy.content_labels(s.upstream.facts()),
+    };
+    // An empty result (`{}`: a subscription acknowledged) carries nothing.
+    let labels = if result.len() <= 2 {
+        Labels::NONE
+    } else {
+        labels
+    };
+    screened(s, tool, result, Part::Result, labels)
+}
+
+/// Screens `text` (the JSON of `part`) with the actions for the upstream
+/// (and `tool`): [`Verdict::Content`] when screening found something or
+/// the content gives the run labels (`labels`, and `untrusted` for any
+/// content aimed at the model), else [`Verdict::Relay`].
+///
+/// # Errors
+/// Text that is not JSON (the strict reader accepted it: never).
+pub fn screened(
+    s: Scope<'_>,
+    tool: Option<&str>,
+    text: &str,
+    part: Part,
+    labels: Labels,
+) -> Result<Verdict, UpstreamFailure> {
+    Ok(screen(s, tool, text, part, labels)?
+        .map_or(Verdict::Relay, |c| Verdict::Content(Box::new(c))))
+}
+
+/// [`screened`], as the [`Content`] (`None`: nothing found, no labels).
+///
+/// # Errors
+/// Text that is not JSON.
+pub fn screen(
+    s: Scope<'_>,
+    tool: Option<&str>,
+    text: &str,
+    part: Part,
+    labels: Labels,
+) -> Result<Option<Content>, UpstreamFailure> {
+    let screening = s.policy.screening();
+    let actions = screening.actions(&s.upstream.name, tool);
+    let found = content::screen_json(screening.scanner(), actions, text)
+        .map_err(|e| UpstreamFailure::Invalid(format!("unreadable content: {e}")))?;
+    let labels = if found.report.injection() {
+        labels.union(Labels::UNTRUSTED)
+    } else {
+        labels
+    };
+    if found.report.is_empty() && labels.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Content {
+        report: found.report,
+        actions,
+        part,
+        redacted: found.redacted,
+        labels,
+    }))
+}
+
+/// What screening finds in a listed tool's definition (its description,
+/// schema, annotations): reported; with `block` for a kind found, the tool
+/// is hidden from the run.
+pub fn listed_tool_screen(s: Scope<'_>, tool: &str, definition: &Value) -> Report {
+    let screening = s.policy.screening();
+    let actions = screening.actions(&s.upstream.name, Some(tool));
+    content::screen_value(screening.scanner(), actions, definition)
 }
 
 /// The policy's word on a request the upstream sends the client, by the
@@ -587,7 +743,15 @@ projects = ["sre"]
     }
 
     fn verdict(stateless: bool, text: &str, class: &Class, approved: bool) -> Verdict {
-        decided(stateless, text, Some(Answering { class, approved }))
+        decided(
+            stateless,
+            text,
+            Some(Answering {
+                class,
+                tool: None,
+                approved,
+            }),
+        )
     }
 
     /// The decision on `text`'s first message, answering as `answering`.

@@ -87,6 +87,9 @@ impl Recorder {
             None => trace_id(headers),
         };
         base.bytes_in = bytes_in as u64;
+        // What this process knows the run holds (no I/O: labels are only
+        // ever added, so this is a lower bound; gates ask the store).
+        base.run_labels = cx.budgets.labels().known(&c.tenant_id, &c.run_id);
         Recorder {
             auditor,
             base,
@@ -154,6 +157,17 @@ impl Recorder {
         row.stop_reason = StopReason::Denied.as_str().into();
         row.reason = format!("server-to-client request refused: {reason}");
         row.is_error = true;
+        row.latency_us = self.started.elapsed().as_micros() as u64;
+        row
+    }
+
+    /// The row of a server-to-client request the policy let through whose
+    /// content screening found something in.
+    pub fn relayed_server_request(&self, m: &Message) -> AuditRow {
+        let mut row = self.row(m);
+        row.decision = DecisionKind::Allow.as_str().into();
+        row.stop_reason = StopReason::Done.as_str().into();
+        row.reason = "server-to-client request relayed".to_owned();
         row.latency_us = self.started.elapsed().as_micros() as u64;
         row
     }

@@ -73,13 +73,17 @@ use super::answer;
 use super::body::{Collected, UpstreamBody, UpstreamIncoming};
 use super::decide::Granted;
 use super::decide::RunContext;
-use super::decide_answer::{self, result_text, Answering, NewTask, TaskIds, Verdict};
+use super::decide_answer::{
+    self, result_text, Answering, Content, NewTask, Part, TaskIds, Verdict,
+};
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
 use super::record::{write_rows, AnswerParts, Recorder};
 use super::tasks;
 use super::upstream::{response_headers, Forward};
 use crate::http_util::{full, Body, BoxError};
+use crate::policy::Labels;
+use crate::screen::content::Action;
 use crate::session::EventContext;
 
 /// Most bytes of an upstream 4xx body relayed to the client.
@@ -156,6 +160,8 @@ pub struct Exchange {
     bytes_out: usize,
     /// The last `tools/list` answer inspected reused a remembered view.
     list_view_reused: bool,
+    /// What screening found in the definitions of the tools listed.
+    listed_found: std::sync::Mutex<crate::screen::content::Report>,
     /// Settlements in a shared budget store not yet confirmed: awaited
     /// (briefly) before the answers they belong to leave, so the caller's
     /// next call is admitted against them.
@@ -268,6 +274,7 @@ impl Exchange {
             bytes_out: 0,
             settling: Vec::new(),
             list_view_reused: false,
+            listed_found: Default::default(),
         }
     }
 
@@ -435,6 +442,23 @@ impl Exchange {
         self.due.iter().any(|d| matches!(d.class, Class::List(_)))
     }
 
+    /// Whether some answer due is content screening may redact or
+    /// withhold (a tool, prompt or resource result).
+    fn screens(&self) -> bool {
+        let cx = &self.run;
+        let screening = cx.policy.screening();
+        self.due.iter().any(|d| {
+            matches!(d.class, Class::ToolCall | Class::Prompt | Class::Resource)
+                && d.id.is_some()
+                && {
+                    let a = screening.actions(&cx.upstream.config.name, d.tool.as_deref());
+                    a.secrets >= Action::Redact
+                        || a.pii >= Action::Redact
+                        || a.injection >= Action::Redact
+                }
+        })
+    }
+
     fn requests_due(&self) -> bool {
         self.due.iter().any(|d| d.id.is_some())
     }
@@ -565,7 +589,9 @@ impl Exchange {
                 Ok(json_with(status, headers, out))
             }
             Collected::Partial(prefix) => {
-                if self.filters() {
+                // A list is filtered whole; content that screening may have
+                // to change is screened whole: neither passes as a stream.
+                if self.filters() || self.screens() {
                     return Err(self.fail(UpstreamFailure::TooLarge(limit)).await);
                 }
                 Ok(self.large(status, headers, prefix, body))
@@ -814,9 +840,13 @@ impl Exchange {
         let run = self.run.clone();
         let answering = pos.map(|p| Answering {
             class: &self.due[p].class,
+            tool: self.due[p].tool.as_deref(),
             approved: self.due[p].granted.is_some(),
         });
         let verdict = decide_answer::decide(run.answer_scope(), m, raw, answering)?;
+        // What screening found, for the completion row.
+        let mut screened: Option<Box<Content>> = None;
+        let lists_tools = verdict == Verdict::Filter(ListKind::Tools);
         // Where a filtered list's view is in what is relayed.
         let mut view_at = None;
         let upstream = &run.upstream.config.name;
@@ -855,7 +885,11 @@ impl Exchange {
                 None => Pass::Same,
             },
             Verdict::Task(method) => match pos {
-                Some(p) => self.task_answer(p, method, raw)?,
+                Some(p) => {
+                    let (pass, found) = self.task_answer(p, method, raw)?;
+                    screened = found;
+                    pass
+                }
                 None => Pass::Same,
             },
             Verdict::RefuseServerRequest(why) => {
@@ -888,7 +922,34 @@ impl Exchange {
                 tracing::debug!(upstream = %upstream, "dropped a notification about another run's task");
                 return Ok(Pass::Dropped);
             }
+            Verdict::Content(c) => {
+                let pass = self.screened(m, raw, pos, &c)?;
+                if pos.is_none() && self.recorder.enabled() {
+                    // A server-to-client request: its own row.
+                    let mut row = self.recorder.relayed_server_request(m);
+                    stamp(&mut row, &c);
+                    rows.push(row);
+                }
+                screened = Some(c);
+                pass
+            }
         };
+        if lists_tools {
+            let found = self
+                .listed_found
+                .lock()
+                .map(|mut f| std::mem::take(&mut *f))
+                .unwrap_or_default();
+            if !found.is_empty() {
+                screened = Some(Box::new(Content {
+                    report: found,
+                    actions: run.policy.screening().actions(upstream, None),
+                    part: Part::Result,
+                    redacted: None,
+                    labels: Labels::NONE,
+                }));
+            }
+        }
         if let Some(pos) = pos {
             let (relayed, parts) = match &pass {
                 Pass::Replaced(t) => (
@@ -914,9 +975,105 @@ impl Exchange {
                     }),
                 ),
             };
-            rows.extend(self.answered(pos, relayed, parts));
+            let row = self.answered(pos, relayed, parts);
+            rows.extend(row.map(|mut row| {
+                if let Some(c) = &screened {
+                    stamp(&mut row, c);
+                }
+                row
+            }));
         }
         Ok(pass)
+    }
+
+    /// Carries out screening's verdict on content for the client's model
+    /// ([`decide_answer::screen`]): counted, the run's labels taken (in
+    /// its store before the answer leaves), and the content relayed as it
+    /// is (flagged), redacted, or withheld.
+    fn screened(
+        &mut self,
+        m: &Message,
+        raw: &str,
+        pos: Option<usize>,
+        c: &Content,
+    ) -> Result<Pass, UpstreamFailure> {
+        let tool = pos.and_then(|p| self.due[p].tool.clone());
+        let method = pos
+            .map(|p| self.due[p].method.clone())
+            .or_else(|| m.method.clone())
+            .unwrap_or_default();
+        self.note_content(c, &method, tool.as_deref());
+        match (c.report.action, c.part) {
+            (Action::Block, _) => {
+                let kinds = c.report.names_for(c.actions, Action::Block);
+                let body = answer::withheld(m.id.as_ref(), tool.as_deref(), &kinds);
+                Ok(Pass::Replaced(String::from_utf8_lossy(&body).into_owned()))
+            }
+            (Action::Redact, part) => {
+                let Some(redacted) = &c.redacted else {
+                    return Ok(Pass::Same);
+                };
+                let out = match part {
+                    Part::Result => set_member(raw, "result", redacted),
+                    Part::Params => set_member(raw, "params", redacted),
+                    Part::Message => Some(redacted.clone()),
+                };
+                out.map(Pass::Replaced).ok_or_else(|| {
+                    UpstreamFailure::Invalid("content that could not be redacted".to_owned())
+                })
+            }
+            _ => Ok(Pass::Same),
+        }
+    }
+
+    /// Screened content's effects beside the message: counted, logged,
+    /// the run's labels taken.
+    fn note_content(&mut self, c: &Content, method: &str, tool: Option<&str>) {
+        let cx = self.run.clone();
+        let upstream = &cx.upstream.config.name;
+        for k in &c.report.kinds {
+            cx.metrics
+                .finding(upstream, k.name(), c.actions.for_kind(*k).as_str());
+        }
+        if !c.report.is_empty() {
+            tracing::info!(
+                upstream = %upstream,
+                method = %method,
+                tool = tool.unwrap_or(""),
+                found = ?c.report.names(),
+                action = %c.report.action,
+                "screening found content"
+            );
+        }
+        self.take_labels(c.labels, method, tool);
+    }
+
+    /// The run took in content with `labels`: stored (in Redis too, when
+    /// shared) before the answer leaves.
+    fn take_labels(&mut self, labels: Labels, method: &str, tool: Option<&str>) {
+        if labels.is_empty() {
+            return;
+        }
+        let cx = &self.run;
+        let source = match tool {
+            Some(tool) => format!("{}: {method} {tool}", cx.upstream.config.name),
+            None => format!("{}: {method}", cx.upstream.config.name),
+        };
+        for name in labels.names() {
+            cx.metrics.run_label(name);
+        }
+        let metrics = cx.metrics.clone();
+        let failed: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            metrics.label_store_errors.inc();
+        });
+        let stored = cx.budgets.labels().take(
+            &cx.claims.tenant_id,
+            &cx.claims.run_id,
+            labels,
+            &source,
+            failed,
+        );
+        self.settling.extend(stored);
     }
 
     /// The answer to a `tools/call` that created a task: the client gets the
@@ -967,12 +1124,13 @@ impl Exchange {
         pos: usize,
         method: TaskMethod,
         raw: &str,
-    ) -> Result<Pass, UpstreamFailure> {
+    ) -> Result<(Pass, Option<Box<Content>>), UpstreamFailure> {
         let cx = self.run.clone();
         let who = cx.principal();
         let owner = tasks::owner(&who);
         let upstream = cx.upstream.config.name.clone();
         let task = self.due[pos].task.clone();
+        let mut content_at = None;
         let tool = task.as_ref().map_or("", |t| t.tool.as_str()).to_owned();
         let mut v: Value = serde_json::from_str(raw)
             .map_err(|e| UpstreamFailure::Invalid(format!("unreadable task answer: {e}")))?;
@@ -1011,6 +1169,7 @@ impl Exchange {
                 if let Some(result) = v.get("result") {
                     let cost = tasks::reported_cost(result, &cx.budgets.config().cost_meta_key);
                     cx.tasks.outcome(&cx.budgets, &upstream, &upstream_id, cost);
+                    content_at = Some("/result");
                 }
             }
             TaskMethod::Get | TaskMethod::Cancel | TaskMethod::Update => {
@@ -1022,6 +1181,7 @@ impl Exchange {
                     Some("completed" | "failed" | "cancelled")
                 );
                 if terminal {
+                    content_at = Some("/result/result");
                     if let Some(t) = &task {
                         let cost = v.pointer("/result/result").and_then(|r| {
                             tasks::reported_cost(r, &cx.budgets.config().cost_meta_key)
@@ -1032,7 +1192,58 @@ impl Exchange {
                 }
             }
         }
-        Ok(Pass::Replaced(v.to_string()))
+        // A task's outcome is its call's result: screened like one.
+        let found = match content_at.and_then(|at| v.pointer(at)) {
+            Some(part) => {
+                let labels = if tool.is_empty() {
+                    Labels::NONE
+                } else {
+                    cx.policy.traits(cx.upstream.config.facts(), &tool).labels
+                };
+                let tool = (!tool.is_empty()).then_some(tool.as_str());
+                decide_answer::screen(
+                    cx.answer_scope(),
+                    tool,
+                    &part.to_string(),
+                    Part::Result,
+                    labels,
+                )?
+            }
+            None => None,
+        };
+        let Some(c) = found else {
+            return Ok((Pass::Replaced(v.to_string()), None));
+        };
+        let method = self.due[pos].method.clone();
+        let tool = (!tool.is_empty()).then_some(tool);
+        self.note_content(&c, &method, tool.as_deref());
+        match c.report.action {
+            Action::Block => {
+                let kinds = c.report.names_for(c.actions, Action::Block);
+                let id = self.due[pos].id.clone();
+                let body = answer::withheld(id.as_ref(), tool.as_deref(), &kinds);
+                return Ok((
+                    Pass::Replaced(String::from_utf8_lossy(&body).into_owned()),
+                    Some(Box::new(c)),
+                ));
+            }
+            Action::Redact => {
+                let redacted = c
+                    .redacted
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str::<Value>(r).ok());
+                match (redacted, content_at.and_then(|at| v.pointer_mut(at))) {
+                    (Some(r), Some(slot)) => *slot = r,
+                    _ => {
+                        return Err(UpstreamFailure::Invalid(
+                            "a task result that could not be redacted".to_owned(),
+                        ))
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok((Pass::Replaced(v.to_string()), Some(Box::new(c))))
     }
 
     /// A message naming the run's own tasks, relayed with their ids sealed
@@ -1207,13 +1418,36 @@ impl Exchange {
             )
             .is_ok();
         let valid_headers = entry.param_headers().violation().is_none();
-        let shown = decide_answer::tool_visible(
+        let mut shown = decide_answer::tool_visible(
             cx.answer_scope(),
             t.name,
             entry.hints,
             pinned,
             valid_headers,
         );
+        // What the model would read in the definition (poisoning cues):
+        // reported, and the tool hidden where `block` applies.
+        if shown.is_some() {
+            let found =
+                decide_answer::listed_tool_screen(cx.answer_scope(), t.name, &entry.definition);
+            if !found.is_empty() {
+                let hidden = found.action == Action::Block;
+                let action = if hidden { Action::Block } else { Action::Flag };
+                for k in &found.kinds {
+                    cx.metrics.finding(&up.name, k.name(), action.as_str());
+                }
+                tracing::warn!(upstream = %up.name, tool = t.name, found = ?found.names(), hidden, "screening found content in a listed tool's definition");
+                if hidden {
+                    shown = None;
+                }
+                if let Ok(mut listed) = self.listed_found.lock() {
+                    listed.merge(&crate::screen::content::Report {
+                        kinds: found.kinds,
+                        action,
+                    });
+                }
+            }
+        }
         (shown, entry.stamp())
     }
 
@@ -1406,6 +1640,7 @@ impl Exchange {
                     .and_then(|id| self.due.iter().position(|d| d.id.as_ref() == Some(id)));
             let answering = pos.map(|p| Answering {
                 class: &self.due[p].class,
+                tool: self.due[p].tool.as_deref(),
                 approved: self.due[p].granted.is_some(),
             });
             decide_answer::streamed(self.run.answer_scope(), f, answering)?;
@@ -1734,6 +1969,15 @@ impl LargeRelay {
 }
 
 /// `json` (an object) with member `key` set to the raw JSON `value`.
+/// Puts what screening found and the labels it brought on a row.
+fn stamp(row: &mut AuditRow, c: &Content) {
+    row.screen_kinds = c.report.names();
+    if !c.report.is_empty() {
+        row.screen_action = c.report.action.as_str();
+    }
+    row.run_labels = row.run_labels.union(c.labels);
+}
+
 fn set_member(json: &str, key: &str, value: &str) -> Option<String> {
     let map: std::collections::BTreeMap<&str, &RawValue> = serde_json::from_str(json).ok()?;
     let mut out = String::with_capacity(json.len() + value.len() + key.len() + 4);

@@ -17,6 +17,7 @@
 //! and tool, and the run's labels, are the answer path's decisions; this
 //! module only finds.
 
+pub mod content;
 pub mod rules;
 
 use std::ops::Range;

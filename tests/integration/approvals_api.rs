@@ -127,6 +127,7 @@ fn gated(tenant: &str, sub: &str, tool: &str, args: Value) -> NewApproval {
         token_exp: now_s() + 600,
         preview_tool: None,
         self_approval: false,
+        why: None,
     }
 }
 

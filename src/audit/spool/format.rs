@@ -12,7 +12,13 @@ use super::SpoolError;
 pub(super) const MAGIC: &[u8; 8] = b"MCPFWAUD";
 
 /// Segment format written by this build; bump when the row layout changes.
-pub(super) const FORMAT_VERSION: u32 = 1;
+/// 2: rows end with the screening and label columns.
+pub(super) const FORMAT_VERSION: u32 = 2;
+
+/// The format of releases before content screening: its rows lack the
+/// last columns, which the reader completes
+/// ([`crate::audit::record::LEGACY_TAIL`]).
+pub(super) const LEGACY_VERSION: u32 = 1;
 
 /// Size of the segment header.
 pub(crate) const SEGMENT_HEADER_LEN: u64 = 16;
@@ -77,9 +83,16 @@ pub(crate) fn valid_prefix(data: &[u8]) -> usize {
 }
 
 pub(super) fn header_ok(data: &[u8]) -> bool {
-    data.len() >= SEGMENT_HEADER_LEN as usize
-        && &data[..8] == MAGIC
-        && data[8..12] == FORMAT_VERSION.to_le_bytes()
+    header_version(data).is_some()
+}
+
+/// The format version of a segment header this build reads.
+pub(super) fn header_version(data: &[u8]) -> Option<u32> {
+    if data.len() < SEGMENT_HEADER_LEN as usize || &data[..8] != MAGIC {
+        return None;
+    }
+    let v = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+    (v == FORMAT_VERSION || v == LEGACY_VERSION).then_some(v)
 }
 
 /// A record found in a buffer: payload range and where the next record starts.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::format::{
-    header_ok, list_segments, next_record, record_is_bad, segment_path, MAX_RECORD_LEN,
+    header_version, list_segments, next_record, record_is_bad, segment_path, MAX_RECORD_LEN,
     RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
 };
 use super::recovery::save_rejected;
@@ -69,6 +69,9 @@ pub(crate) struct SpoolReader {
     buf_offset: u64,
     /// Consumed prefix of `buf`.
     consumed: usize,
+    /// The segment being read was written by a release before content
+    /// screening: its rows are completed as they are read.
+    legacy: bool,
 }
 
 impl SpoolReader {
@@ -80,6 +83,7 @@ impl SpoolReader {
             buf: Vec::with_capacity(READ_CHUNK),
             buf_offset: pos.offset,
             consumed: 0,
+            legacy: false,
         }
     }
 
@@ -137,6 +141,11 @@ impl SpoolReader {
                             batch.opened = Some(Instant::now());
                         }
                         batch.body.extend_from_slice(payload);
+                        if self.legacy {
+                            batch
+                                .body
+                                .extend_from_slice(&crate::audit::record::LEGACY_TAIL);
+                        }
                         batch.rows += 1;
                         local = span.end;
                         batch.end = Some(Position {
@@ -188,8 +197,12 @@ impl SpoolReader {
         match File::open(&path) {
             Ok(f) => {
                 let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
-                let header_ok = f.read_exact_at(&mut header, 0).is_ok() && header_ok(&header);
-                if !header_ok {
+                let version = f
+                    .read_exact_at(&mut header, 0)
+                    .ok()
+                    .and_then(|()| header_version(&header));
+                self.legacy = version == Some(super::format::LEGACY_VERSION);
+                if version.is_none() {
                     tracing::error!(segment = %path.display(), "audit spool: segment header unreadable; skipping segment");
                     self.file = Some(f);
                     self.buf.clear();

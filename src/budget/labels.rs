@@ -1,0 +1,305 @@
+//! The labels a run has taken in (`untrusted`, `private`), kept beside its
+//! budget and for as long: in this process, and in Redis when budgets are
+//! shared, so every replica and a restarted one see them.
+//!
+//! Labels are only ever added, so what this process knows is a lower bound
+//! of what the run holds: [`RunLabels::known`] answers from memory without
+//! I/O (the audit row's labels), and [`RunLabels::held`] asks Redis only
+//! for a label this process has not seen (a gate's decision). With each
+//! label the first content that brought it is kept (`web: tools/call
+//! fetch_page`), so an approval card and a refusal can name it.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+use crate::policy::Labels;
+use crate::state::{key_part, Unavailable};
+
+use super::shared::RedisBudgets;
+
+/// What a run holds: its labels, and what brought each in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The labels.
+    pub labels: Labels,
+    /// What brought `untrusted` in.
+    pub untrusted_from: Option<Arc<str>>,
+    /// What brought `private` in.
+    pub private_from: Option<Arc<str>>,
+}
+
+impl Held {
+    /// What brought `label` in.
+    pub fn source(&self, label: Labels) -> Option<&str> {
+        if label == Labels::UNTRUSTED {
+            self.untrusted_from.as_deref()
+        } else if label == Labels::PRIVATE {
+            self.private_from.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// Adds `labels` brought in by `source` (a label held keeps its first
+    /// source).
+    fn add(&mut self, labels: Labels, source: &Arc<str>) {
+        if labels.contains(Labels::UNTRUSTED) && self.untrusted_from.is_none() {
+            self.untrusted_from = Some(source.clone());
+        }
+        if labels.contains(Labels::PRIVATE) && self.private_from.is_none() {
+            self.private_from = Some(source.clone());
+        }
+        self.labels = self.labels.union(labels);
+    }
+
+    /// `private (from crm: tools/call get_customer), untrusted (from …)`.
+    pub fn describe(&self) -> String {
+        if self.labels.is_empty() {
+            return "none".to_owned();
+        }
+        Labels::ALL
+            .iter()
+            .filter(|(l, _)| self.labels.contains(*l))
+            .map(|(l, name)| match self.source(*l) {
+                Some(from) => format!("{name} (from {from})"),
+                None => (*name).to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    held: Held,
+    last_ms: u64,
+}
+
+/// The runs' labels.
+pub struct RunLabels {
+    local: DashMap<u64, Entry>,
+    hasher: std::collections::hash_map::RandomState,
+    ttl_ms: u64,
+    max_runs: usize,
+    shared: Option<Arc<RedisBudgets>>,
+}
+
+impl RunLabels {
+    /// Labels kept `ttl` after a run's last label, at most `max_runs` runs
+    /// in memory; in Redis too when `shared`.
+    pub fn new(ttl: Duration, max_runs: usize, shared: Option<Arc<RedisBudgets>>) -> RunLabels {
+        RunLabels {
+            local: DashMap::new(),
+            hasher: Default::default(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1000),
+            max_runs,
+            shared,
+        }
+    }
+
+    fn key(&self, tenant: &str, run: &str) -> u64 {
+        self.hasher.hash_one((tenant, run))
+    }
+
+    /// What this process knows the run holds (no I/O).
+    pub fn known(&self, tenant: &str, run: &str) -> Labels {
+        if self.local.is_empty() {
+            return Labels::NONE;
+        }
+        self.local
+            .get(&self.key(tenant, run))
+            .map_or(Labels::NONE, |e| e.held.labels)
+    }
+
+    /// What the run holds: from memory, and from Redis when budgets are
+    /// shared and this process has not seen every label.
+    ///
+    /// # Errors
+    /// Redis could not be asked (the caller fails closed).
+    pub async fn held(&self, tenant: &str, run: &str) -> Result<Held, Unavailable> {
+        let key = self.key(tenant, run);
+        let mine = self
+            .local
+            .get(&key)
+            .map(|e| e.held.clone())
+            .unwrap_or_default();
+        let Some(shared) = &self.shared else {
+            return Ok(mine);
+        };
+        if mine
+            .labels
+            .contains(Labels::PRIVATE.union(Labels::UNTRUSTED))
+        {
+            return Ok(mine);
+        }
+        let rkey = redis_key(shared, tenant, run);
+        let (untrusted, private): (Option<String>, Option<String>) = shared
+            .redis()
+            .run(|mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(&rkey)
+                    .arg("untrusted")
+                    .arg("private")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let mut held = mine;
+        if let Some(from) = untrusted {
+            held.add(Labels::UNTRUSTED, &Arc::from(from));
+        }
+        if let Some(from) = private {
+            held.add(Labels::PRIVATE, &Arc::from(from));
+        }
+        if !held.labels.is_empty() {
+            self.remember(key, &held);
+        }
+        Ok(held)
+    }
+
+    fn remember(&self, key: u64, held: &Held) {
+        let now = super::unix_ms();
+        let mut e = self.local.entry(key).or_insert_with(|| Entry {
+            held: Held::default(),
+            last_ms: now,
+        });
+        if let Some(from) = &held.untrusted_from {
+            e.held.add(Labels::UNTRUSTED, from);
+        }
+        if let Some(from) = &held.private_from {
+            e.held.add(Labels::PRIVATE, from);
+        }
+        e.held.labels = e.held.labels.union(held.labels);
+        e.last_ms = now;
+    }
+
+    /// The run took in content with `labels`, brought by `source`. In
+    /// memory at once; in Redis on a task whose handle lets the answer
+    /// wait for it (a failure is logged and counted by the caller's
+    /// `failed` hook).
+    #[must_use = "an answer should wait for its labels to be stored"]
+    pub fn take(
+        &self,
+        tenant: &str,
+        run: &str,
+        labels: Labels,
+        source: &str,
+        failed: Arc<dyn Fn() + Send + Sync>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        if labels.is_empty() {
+            return None;
+        }
+        let key = self.key(tenant, run);
+        let before = self.local.get(&key).map(|e| e.held.labels);
+        let source: Arc<str> = Arc::from(source);
+        let mut held = Held::default();
+        held.add(labels, &source);
+        self.remember(key, &held);
+        if self.local.len() > self.max_runs.saturating_add(self.max_runs / 64 + 1) {
+            self.sweep_to(self.max_runs);
+        }
+        let shared = self.shared.clone()?;
+        // Already stored by this process: Redis has it (or is being told).
+        if before.is_some_and(|b| b.contains(labels)) {
+            return None;
+        }
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let rkey = redis_key(&shared, tenant, run);
+        let ttl = self.ttl_ms;
+        Some(rt.spawn(async move {
+            let r = shared
+                .redis()
+                .run(|mut c| {
+                    let mut p = redis::pipe();
+                    for (l, name) in Labels::ALL {
+                        if labels.contains(l) {
+                            p.hset_nx(&rkey, name, &*source).ignore();
+                        }
+                    }
+                    p.pexpire(&rkey, i64::try_from(ttl).unwrap_or(i64::MAX))
+                        .ignore();
+                    async move { p.query_async::<()>(&mut c).await }
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "a run's labels could not be stored in Redis; this replica keeps them");
+                failed();
+            }
+        }))
+    }
+
+    /// Drops runs whose last label is older than the lifetime.
+    pub fn sweep(&self) {
+        let now = super::unix_ms();
+        let ttl = self.ttl_ms;
+        self.local
+            .retain(|_, e| e.last_ms.saturating_add(ttl) > now);
+        self.sweep_to(self.max_runs);
+    }
+
+    /// Keeps at most `cap` runs, dropping the oldest (their labels stay in
+    /// Redis when shared).
+    fn sweep_to(&self, cap: usize) {
+        let excess = self.local.len().saturating_sub(cap);
+        if excess == 0 {
+            return;
+        }
+        let mut by_age: Vec<(u64, u64)> =
+            self.local.iter().map(|e| (e.last_ms, *e.key())).collect();
+        let excess = excess.min(by_age.len());
+        if excess < by_age.len() {
+            by_age.select_nth_unstable(excess);
+        }
+        for (_, k) in &by_age[..excess] {
+            self.local.remove(k);
+        }
+    }
+}
+
+fn redis_key(shared: &RedisBudgets, tenant: &str, run: &str) -> String {
+    format!(
+        "{}:{{{}}}:labels:{}",
+        shared.redis().prefix(),
+        key_part(tenant),
+        key_part(run)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn labels_accumulate_and_keep_their_first_source() {
+        let l = RunLabels::new(Duration::from_secs(60), 100, None);
+        let noop: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+        assert!(l.known("t", "r").is_empty());
+        assert!(l
+            .take("t", "r", Labels::PRIVATE, "crm: get", noop.clone())
+            .is_none());
+        let _ = l.take("t", "r", Labels::UNTRUSTED, "web: fetch", noop.clone());
+        let _ = l.take("t", "r", Labels::PRIVATE, "crm: later", noop);
+        let held = l.held("t", "r").await.unwrap();
+        assert_eq!(held.labels, Labels::PRIVATE.union(Labels::UNTRUSTED));
+        assert_eq!(held.source(Labels::PRIVATE), Some("crm: get"));
+        assert_eq!(
+            held.describe(),
+            "private (from crm: get), untrusted (from web: fetch)"
+        );
+        assert!(l.known("t", "other").is_empty());
+        assert!(l.known("u", "r").is_empty());
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let l = RunLabels::new(Duration::from_secs(60), 10, None);
+        let noop: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+        for i in 0..100 {
+            let _ = l.take("t", &format!("r{i}"), Labels::UNTRUSTED, "x", noop.clone());
+        }
+        assert!(l.local.len() <= 12, "{}", l.local.len());
+    }
+}
