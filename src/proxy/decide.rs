@@ -823,6 +823,17 @@ impl RunContext {
         ) {
             return Outcome::PinRefused(refusal).into();
         }
+        // A definition screening withholds from the list (`block`) is not
+        // callable either (asked only where a rule blocks).
+        let screening = self.policy.screening();
+        let actions = screening.actions(&self.upstream.config.name, Some(tool));
+        if actions.blocks_any()
+            && crate::screen::content::screen_value(screening.scanner(), actions, &entry.definition)
+                .action
+                == crate::screen::content::Action::Block
+        {
+            return unknown(None);
+        }
         let arguments: Value = match &call.arguments {
             Some(raw) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
             None => Value::Object(Default::default()),

@@ -86,6 +86,11 @@ impl Actions {
         }
     }
 
+    /// Whether some family's finding withholds content.
+    pub fn blocks_any(self) -> bool {
+        self.secrets == Action::Block || self.pii == Action::Block || self.injection == Action::Block
+    }
+
     /// Whether nothing is looked for.
     pub fn all_off(self) -> bool {
         self.secrets == Action::Off && self.pii == Action::Off && self.injection == Action::Off

@@ -35,7 +35,7 @@ async fn start_with(
 }
 
 /// A 2026-07-28 request of `method` naming `name`, with its headers.
-fn modern(method: &str, name: &str, id: u64, params: Value) -> (Vec<(String, String)>, String) {
+pub(crate) fn modern(method: &str, name: &str, id: u64, params: Value) -> (Vec<(String, String)>, String) {
     let mut params = params;
     params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": V2026});
     let headers = vec![
