@@ -60,7 +60,7 @@ pub struct CallLabels {
 /// Labels of the shared-store fallback counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct FallbackLabels {
-    /// `budgets`.
+    /// `budgets`, or `labels` (a run's labels read for a `[taint]` gate).
     pub store: &'static str,
     /// The call's risk.
     pub risk: &'static str,

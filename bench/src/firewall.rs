@@ -99,7 +99,16 @@ pub struct Spec {
     /// Budgets and rate limits in Redis; `None` keeps them in the process
     /// (`[state]` absent: `backend = "memory"`).
     pub state: Option<SharedState>,
+    /// Content screening as the product ships it; `false` turns every
+    /// family `off` (the `firewall-unscreened` target).
+    pub screening: bool,
 }
+
+/// The policy file that turns content screening off.
+pub const SCREEN_OFF: (&str, &str) = (
+    "95-screen-off.toml",
+    "[screen]\nsecrets = \"off\"\npii = \"off\"\ninjection = \"off\"\n",
+);
 
 /// The paths and addresses a config refers to.
 #[derive(Debug, Clone)]
@@ -168,6 +177,9 @@ impl Firewall {
         let policy_dir = own.join("policies");
         mkdir(&policy_dir)?;
         write_policies(&policy_dir)?;
+        if !spec.screening {
+            write(policy_dir.join(SCREEN_OFF.0), SCREEN_OFF.1)?;
+        }
         let key_file = own.join("idp-es256.pub.pem");
         write(key_file.clone(), public_key_pem)?;
         let mut last = None;

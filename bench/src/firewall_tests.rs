@@ -40,6 +40,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
         log_level: "warn".into(),
         upstream_http2: false,
         state: None,
+        screening: true,
     }
 }
 
@@ -209,4 +210,30 @@ fn scenario_calls_get_the_decisions_the_scenarios_expect() {
         ),
         Decision::Approve { risk: Risk::Write }
     );
+}
+
+#[test]
+fn the_unscreened_target_turns_every_family_off_and_the_canned_result_is_clean() {
+    use mcp_firewall::screen::content::{screen_json, Action, Actions};
+    let dir = tempfile::tempdir().unwrap();
+    write_policies(dir.path()).unwrap();
+    let shipped = policy::load_dir(dir.path()).unwrap();
+    assert_eq!(
+        shipped.screening().actions("bench", Some("x")),
+        Actions::DEFAULT
+    );
+    std::fs::write(dir.path().join(SCREEN_OFF.0), SCREEN_OFF.1).unwrap();
+    let off = policy::load_dir(dir.path()).unwrap();
+    assert!(off.screening().actions("bench", Some("x")).all_off());
+    // The 4 KB result of the screening cell is screened whole and found
+    // clean: the cell measures screening, not redaction.
+    let catalog = Catalog::new(100, 4096).unwrap();
+    let s = screen_json(
+        shipped.screening().scanner(),
+        Actions::DEFAULT,
+        &catalog.call_result,
+    )
+    .unwrap();
+    assert!(s.report.is_empty(), "{:?}", s.report);
+    assert_eq!(s.report.action, Action::Off);
 }

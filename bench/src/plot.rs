@@ -35,6 +35,7 @@ fn color(target: &str) -> RGBColor {
         "firewall-noaudit" => RGBColor(255, 127, 14),
         "firewall-redis" => RGBColor(140, 86, 75),
         "firewall-h2up" => RGBColor(227, 119, 194),
+        "firewall-unscreened" => RGBColor(188, 189, 34),
         _ => RGBColor(100, 100, 100),
     }
 }

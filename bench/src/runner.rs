@@ -155,6 +155,11 @@ pub enum TargetKind {
     /// the canned upstream; not a default target (the full profile's
     /// streams cell adds it: `streams/h1/1000+firewall-h2up`).
     FirewallH2Up,
+    /// The firewall with audit on and content screening off (`[screen]`
+    /// every family `off`): the cost of screening is the firewall
+    /// column's against this one; not a default target (`call/h1/16+firewall-unscreened`
+    /// with `--result-bytes 4096`).
+    FirewallUnscreened,
 }
 
 /// One cell of the plan.
@@ -261,6 +266,7 @@ struct FwKey {
     tls: bool,
     redis: bool,
     h2up: bool,
+    unscreened: bool,
 }
 
 /// A running firewall instance and what the report says of it.
@@ -334,7 +340,7 @@ enum Upstream {
 
 impl TargetKind {
     /// Every target, in report order.
-    pub const ALL: [TargetKind; 7] = [
+    pub const ALL: [TargetKind; 8] = [
         TargetKind::Direct,
         TargetKind::Nginx,
         TargetKind::Hyper,
@@ -342,6 +348,7 @@ impl TargetKind {
         TargetKind::FirewallNoAudit,
         TargetKind::FirewallRedis,
         TargetKind::FirewallH2Up,
+        TargetKind::FirewallUnscreened,
     ];
 
     /// What `--targets` defaults to: every target but `firewall-redis` and
@@ -365,6 +372,7 @@ impl TargetKind {
             TargetKind::FirewallNoAudit => "firewall-noaudit",
             TargetKind::FirewallRedis => "firewall-redis",
             TargetKind::FirewallH2Up => "firewall-h2up",
+            TargetKind::FirewallUnscreened => "firewall-unscreened",
         }
     }
 
@@ -382,6 +390,7 @@ impl TargetKind {
                 | TargetKind::FirewallNoAudit
                 | TargetKind::FirewallRedis
                 | TargetKind::FirewallH2Up
+                | TargetKind::FirewallUnscreened
         )
     }
 
@@ -389,7 +398,10 @@ impl TargetKind {
     pub fn is_audited(self) -> bool {
         matches!(
             self,
-            TargetKind::Firewall | TargetKind::FirewallRedis | TargetKind::FirewallH2Up
+            TargetKind::Firewall
+                | TargetKind::FirewallRedis
+                | TargetKind::FirewallH2Up
+                | TargetKind::FirewallUnscreened
         )
     }
 
@@ -400,6 +412,7 @@ impl TargetKind {
             tls,
             redis: self == TargetKind::FirewallRedis,
             h2up: self == TargetKind::FirewallH2Up,
+            unscreened: self == TargetKind::FirewallUnscreened,
         })
     }
 }
@@ -809,6 +822,7 @@ impl World {
             log_level: self.opts.log_level.clone(),
             upstream_http2: self.opts.firewall_upstream_http2 || key.h2up,
             state,
+            screening: !key.unscreened,
         };
         let placement = self.placement(self.opts.pin_proxy.as_deref());
         let fw = Firewall::start(
@@ -1074,7 +1088,8 @@ impl World {
             TargetKind::Firewall
             | TargetKind::FirewallNoAudit
             | TargetKind::FirewallRedis
-            | TargetKind::FirewallH2Up => {
+            | TargetKind::FirewallH2Up
+            | TargetKind::FirewallUnscreened => {
                 if target == TargetKind::FirewallRedis {
                     let Some(r) = self.redis()? else {
                         return Ok(None);
@@ -1549,6 +1564,7 @@ impl World {
             tls: false,
             redis: false,
             h2up: false,
+            unscreened: false,
         };
         let counters = |w: &World| {
             w.firewalls
@@ -1987,10 +2003,11 @@ fn rss_of(pids: &[u32]) -> Option<f64> {
 /// The directory and log name of a firewall instance.
 fn instance_name(key: FwKey) -> String {
     format!(
-        "firewall{}{}{}{}",
+        "firewall{}{}{}{}{}",
         if key.audit { "-audit" } else { "-noaudit" },
         if key.redis { "-redis" } else { "" },
         if key.h2up { "-h2up" } else { "" },
+        if key.unscreened { "-unscreened" } else { "" },
         if key.tls { "-tls" } else { "" }
     )
 }
@@ -2180,9 +2197,14 @@ mod tests {
                 audit: true,
                 tls: false,
                 redis: false,
-                h2up: false
+                h2up: false,
+                unscreened: false,
             })
         );
+        let unscreened = TargetKind::FirewallUnscreened.firewall_key(false).unwrap();
+        assert!(unscreened.audit && unscreened.unscreened);
+        assert_eq!(instance_name(unscreened), "firewall-audit-unscreened");
+        assert!(!TargetKind::DEFAULT.contains(&TargetKind::FirewallUnscreened));
         assert_eq!(TargetKind::Hyper.firewall_key(false), None);
         assert!(TargetKind::FirewallRedis.is_audited());
         assert!(!TargetKind::FirewallNoAudit.is_audited());

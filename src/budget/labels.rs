@@ -114,6 +114,14 @@ impl RunLabels {
             .map_or(Labels::NONE, |e| e.held.labels)
     }
 
+    /// What this process knows the run holds, with the sources (no I/O).
+    pub fn known_held(&self, tenant: &str, run: &str) -> Held {
+        self.local
+            .get(&self.key(tenant, run))
+            .map(|e| e.held.clone())
+            .unwrap_or_default()
+    }
+
     /// What the run holds: from memory, and from Redis when budgets are
     /// shared and this process has not seen every label.
     ///

@@ -592,6 +592,12 @@ impl Budgets {
         }
     }
 
+    /// Whether calls of `risk` go on (on this replica's memory) while the
+    /// shared store cannot be asked (`[state] on_store_unavailable`).
+    pub fn open_when_unavailable(&self, risk: Risk) -> bool {
+        self.on_unavailable.for_risk(risk) == Fallback::Open
+    }
+
     /// The runs' labels, in the same store.
     pub fn labels(&self) -> &labels::RunLabels {
         &self.labels

@@ -3,7 +3,8 @@
 //!
 //! 0. the run's labels (`[taint]`), for a call they can gate: read from the
 //!    budget store (memory, or Redis when shared; a store that cannot be
-//!    asked counts as holding every label); `trifecta` / `after_untrusted`
+//!    asked refuses the call or decides on this replica's labels, per
+//!    `on_store_unavailable`); `trifecta` / `after_untrusted`
 //!    may refuse the call or put an `approve` gate on it whose approval
 //!    says why;
 //! 1. its `approve` gate, when it has one: an approval granted for exactly
@@ -24,7 +25,6 @@ use std::sync::Arc;
 
 use super::decide::Granted;
 use super::decide::{Admission, Forwarding, Outcome, RunContext, TaintCheck, Verdict};
-use crate::budget::labels::Held;
 use crate::policy::{Gate, Labels, Risk, TaintRule};
 
 impl Admission {
@@ -42,8 +42,9 @@ impl Admission {
         let mut why = None;
         if let Some(check) = taint {
             match Box::pin(taint_gate(run, &tool, risk, &check)).await {
-                None => {}
-                Some((Gate::Deny, rule, reason)) => {
+                Err(refusal) => return Verdict::Answer(Outcome::Skipped { risk, refusal }),
+                Ok(None) => {}
+                Ok(Some((Gate::Deny, rule, reason))) => {
                     tracing::info!(tool, rule = rule.as_str(), reason = %reason, "refused by the run's labels");
                     return Verdict::Answer(Outcome::Denied {
                         risk,
@@ -51,7 +52,7 @@ impl Admission {
                         rule: rule.as_str().to_owned(),
                     });
                 }
-                Some((_, rule, reason)) => {
+                Ok(Some((_, rule, reason))) => {
                     if gate.is_none() {
                         gate = check.arguments;
                     }
@@ -90,7 +91,7 @@ async fn taint_gate(
     tool: &str,
     risk: Risk,
     check: &TaintCheck,
-) -> Option<(Gate, TaintRule, String)> {
+) -> Result<Option<(Gate, TaintRule, String)>, crate::budget::Refusal> {
     let held = match run
         .budgets
         .labels()
@@ -98,20 +99,30 @@ async fn taint_gate(
         .await
     {
         Ok(h) => h,
-        Err(e) => {
-            // Fail closed: a run whose labels cannot be read holds them all.
+        // The operator keeps calls of this risk going while the store is
+        // away (`on_store_unavailable`): on what this replica knows.
+        Err(e) if run.budgets.open_when_unavailable(risk) => {
             run.metrics.label_store_errors.inc();
-            tracing::warn!(error = %e, "the run's labels could not be read; deciding as if it held every label");
-            let unknown: std::sync::Arc<str> =
-                std::sync::Arc::from(format!("the label store could not be asked: {e}"));
-            Held {
-                labels: Labels::PRIVATE.union(Labels::UNTRUSTED),
-                untrusted_from: Some(unknown.clone()),
-                private_from: Some(unknown),
-            }
+            run.metrics.store_fallback("labels", risk, "open");
+            tracing::debug!(error = %e, "the run's labels could not be read; deciding on this replica's");
+            run.budgets
+                .labels()
+                .known_held(&run.claims.tenant_id, &run.claims.run_id)
+        }
+        Err(e) => {
+            // Fail closed: the call cannot be decided, as its budget
+            // could not be either (-31006).
+            run.metrics.label_store_errors.inc();
+            run.metrics.store_fallback("labels", risk, "closed");
+            tracing::warn!(error = %e, "the run's labels could not be read; the call is refused");
+            return Err(crate::budget::Refusal::Unavailable {
+                why: format!("the run's labels could not be read: {e}"),
+            });
         }
     };
-    let (gate, rule) = run.policy.taint().gate(risk, check.egress, held.labels)?;
+    let Some((gate, rule)) = run.policy.taint().gate(risk, check.egress, held.labels) else {
+        return Ok(None);
+    };
     let from = |l: Labels| held.source(l).unwrap_or("an earlier answer").to_owned();
     let reason = match rule {
         TaintRule::Trifecta => format!(
@@ -134,7 +145,7 @@ async fn taint_gate(
             _ => "approve",
         },
     );
-    Some((gate, rule, reason))
+    Ok(Some((gate, rule, reason)))
 }
 
 /// Reserves the budget of a call that is allowed to run.

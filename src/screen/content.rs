@@ -88,7 +88,9 @@ impl Actions {
 
     /// Whether some family's finding withholds content.
     pub fn blocks_any(self) -> bool {
-        self.secrets == Action::Block || self.pii == Action::Block || self.injection == Action::Block
+        self.secrets == Action::Block
+            || self.pii == Action::Block
+            || self.injection == Action::Block
     }
 
     /// Whether nothing is looked for.

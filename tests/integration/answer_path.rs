@@ -35,7 +35,12 @@ async fn start_with(
 }
 
 /// A 2026-07-28 request of `method` naming `name`, with its headers.
-pub(crate) fn modern(method: &str, name: &str, id: u64, params: Value) -> (Vec<(String, String)>, String) {
+pub(crate) fn modern(
+    method: &str,
+    name: &str,
+    id: u64,
+    params: Value,
+) -> (Vec<(String, String)>, String) {
     let mut params = params;
     params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": V2026});
     let headers = vec![
@@ -438,7 +443,7 @@ async fn a_trusted_proxys_client_entry_with_a_port_is_the_client() {
 
 /// An upstream whose `tools/call` answer (an SSE stream) first asks the
 /// client for `requests`, then answers.
-async fn asking(requests: Vec<Value>) -> raw::RawUpstream {
+pub(crate) async fn asking(requests: Vec<Value>) -> raw::RawUpstream {
     let requests = std::sync::Arc::new(requests);
     raw::upstream(move |seen| {
         let requests = requests.clone();

@@ -621,7 +621,7 @@ async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() 
     let payload = [1u8, 2, 3, 4, 5];
     let mut seg = Vec::new();
     seg.extend_from_slice(b"MCPFWAUD");
-    seg.extend_from_slice(&1u32.to_le_bytes());
+    seg.extend_from_slice(&2u32.to_le_bytes());
     seg.extend_from_slice(&[0u8; 4]);
     seg.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     seg.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
@@ -968,4 +968,82 @@ async fn rows_ship_while_the_recording_runtime_is_blocked() {
         50
     );
     handle.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A segment as a release before content screening wrote it: format 1,
+/// rows without the last three columns.
+fn as_legacy_segment(segment: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&segment[..8]);
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&segment[12..16]);
+    let mut at = 16;
+    while at + 8 <= segment.len() {
+        let len = u32::from_le_bytes(segment[at..at + 4].try_into().unwrap()) as usize;
+        let Some(payload) = segment.get(at + 8..at + 8 + len) else {
+            break;
+        };
+        // Empty screening columns: `[]`, `''`, `[]`.
+        assert_eq!(&payload[len - 3..], [0, 0, 0]);
+        let old = &payload[..len - 3];
+        out.extend_from_slice(&(old.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(old).to_le_bytes());
+        out.extend_from_slice(old);
+        at += 8 + len;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    // Rows spooled while ClickHouse is away...
+    let (auditor, handle, _reg) = start(&test_config(&spool, &dead_url(), &db)).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let r = row(i, "run-upgrade");
+        ids.push(r.event_id.to_string());
+        auditor.record(r).await.unwrap();
+    }
+    handle.shutdown(Duration::from_millis(200)).await;
+    drop(auditor);
+    // ... by the release before: its segment format, its table.
+    for entry in std::fs::read_dir(&spool).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            let legacy = as_legacy_segment(&std::fs::read(&path).unwrap());
+            std::fs::write(&path, legacy).unwrap();
+        }
+    }
+    let schema: String = include_str!("../../config/clickhouse/schema.sql")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let create = schema
+        .split(';')
+        .find(|s| s.contains("CREATE TABLE IF NOT EXISTS {table}") || s.contains("CREATE TABLE IF NOT EXISTS {database}.{table}\n"))
+        .unwrap()
+        .replace("{database}", &db)
+        .replace("{table}", "audit_events")
+        .replace(",\n    screen_kinds        Array(String),\n    screen_action       LowCardinality(String),\n    run_labels          Array(String)", "");
+    assert!(!create.contains("screen_kinds"), "{create}");
+    ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}"));
+    ch.query(&create);
+    // The new release: the table gets the columns, the old rows arrive
+    // with empty ones.
+    let (auditor, handle, _reg) = start(&test_config(&spool, &ch.http_url, &db)).await;
+    let mut new = row(99, "run-upgrade");
+    new.screen_kinds = vec!["card_number"];
+    new.screen_action = "flag";
+    auditor.record(new).await.unwrap();
+    handle.shutdown(Duration::from_secs(30)).await;
+    drop(auditor);
+    let got = ch.query(&format!(
+        "SELECT count(), countIf(screen_action = '' AND empty(screen_kinds)), countIf(screen_action = 'flag' AND has(screen_kinds, 'card_number')) FROM {db}.audit_events FINAL WHERE run_id = 'run-upgrade'"
+    ));
+    assert_eq!(got.trim(), "21\t20\t1", "{}", ch.log_tail());
 }

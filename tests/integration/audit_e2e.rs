@@ -173,8 +173,10 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
         let out = ch
             .try_query(&q)
             .unwrap_or_else(|e| panic!("README query fails: {e}\n{q}"));
-        // No tool definition drifted in this test.
-        if !q.contains("method = 'pins'") {
+        // No tool definition drifted in this test, and no answer held
+        // anything screening finds (the flagged query runs in
+        // `screening::a_secret_is_redacted_the_rest_arrives_and_both_are_on_record`).
+        if !q.contains("method = 'pins'") && !q.contains("screen_action != ''") {
             assert!(!out.trim().is_empty(), "README query found nothing:\n{q}");
         }
     }

@@ -607,17 +607,35 @@ async fn a_large_answer_is_inspected_as_it_streams() {
         }
     })
     .await;
+    let call = |arg: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"get_incident","arguments":{{"incident_id":"{arg}"}}}}}}"#
+        )
+    };
+    // Screening as shipped redacts secrets: an answer it cannot hold whole
+    // cannot be screened, so it does not pass as a stream either.
     let text = common::TestConfig::new()
         .upstream("incidents", &up.url())
         .upstream_set("incidents", "max_response_bytes", 65536)
         .text();
     let fw = common::firewall(&text).await;
     common::post(&url(&fw), &common::token(), &[], LIST).await;
-    let call = |arg: &str| {
-        format!(
-            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"get_incident","arguments":{{"incident_id":"{arg}"}}}}}}"#
-        )
-    };
+    let a = common::post(&url(&fw), &common::token(), &[], &call("INC-1")).await;
+    assert_eq!(a.code(), -31004, "{}", a.text);
+    assert!(!a.text.contains("xxxxxxxx"), "nothing of it passed");
+    fw.stop().await;
+    // Where screening only flags, it streams (unscreened).
+    let dir = common::policy_dir(&[(
+        "90-flag.toml",
+        "[screen]\nsecrets = \"flag\"\npii = \"flag\"\ninjection = \"flag\"\n",
+    )]);
+    let text = common::TestConfig::new()
+        .policies(dir.path())
+        .upstream("incidents", &up.url())
+        .upstream_set("incidents", "max_response_bytes", 65536)
+        .text();
+    let fw = common::firewall(&text).await;
+    common::post(&url(&fw), &common::token(), &[], LIST).await;
     // Passed on whole, though larger than the firewall holds.
     let a = common::post(&url(&fw), &common::token(), &[], &call("INC-1")).await;
     assert_eq!(a.status, 200);

@@ -230,11 +230,11 @@ async fn check_says_whether_the_shared_stores_answer_and_migrate_creates_the_sch
 
     let (ok, out) = run(firewall().args(["migrate", "--config"]).arg(&config));
     assert!(ok, "{out}");
-    assert!(out.contains("approvals schema at version 2"), "{out}");
+    assert!(out.contains("approvals schema at version 3"), "{out}");
     let (ok, out) = run(firewall().args(["migrate", "--config"]).arg(&config));
     assert!(ok, "migrating twice changes nothing: {out}");
     let (ok, out) = run(firewall().args(["check", "--config"]).arg(&config));
-    assert!(ok && out.contains("(schema version 2)"), "{out}");
+    assert!(ok && out.contains("(schema version 3)"), "{out}");
 
     // Nothing listens on port 1: both unreachable, exit status non-zero,
     // and no password is printed.

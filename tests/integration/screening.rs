@@ -107,7 +107,9 @@ async fn scripted() -> raw::RawUpstream {
         let mut message = json!({"jsonrpc": "2.0", "id": body["id"], "result": answer}).to_string();
         if body["params"]["arguments"]["escaped"] == true {
             // The same text, written with JSON escapes.
-            message = message.replace("AKIA", "AKI\\u0041").replace("deploy", "d\\u0065ploy");
+            message = message
+                .replace("AKIA", "AKI\\u0041")
+                .replace("deploy", "d\\u0065ploy");
         }
         if body["params"]["arguments"]["sse"] == true {
             let event = format!("id: e1\ndata: {message}\n\n");
@@ -273,7 +275,12 @@ async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     while ch.try_query(&sql).map(|t| t.trim().to_owned()) != Ok("5".to_owned()) {
-        assert!(Instant::now() < deadline, "rows: {:?} {}", ch.try_query(&sql), ch.log_tail());
+        assert!(
+            Instant::now() < deadline,
+            "rows: {:?} {}",
+            ch.try_query(&sql),
+            ch.log_tail()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let leaked = ch.query(&format!(
@@ -290,12 +297,12 @@ async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
         password_env: None,
         spool: None,
         json: true,
-        command: mcp_firewall::cli::audit::AuditCommand::Flagged {
-            since: "1h".into(),
-        },
+        command: mcp_firewall::cli::audit::AuditCommand::Flagged { since: "1h".into() },
     };
     let mut out = Vec::new();
-    mcp_firewall::cli::audit::run(&args, &mut out).await.unwrap();
+    mcp_firewall::cli::audit::run(&args, &mut out)
+        .await
+        .unwrap();
     let out = String::from_utf8(out).unwrap();
     let rows: Vec<Value> = out
         .lines()
@@ -307,9 +314,11 @@ async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
         "{out}\n{}",
         ch.query(&format!("SELECT event_id, row_version, tool, screen_action, time_ms FROM {db}.audit_events FORMAT TSV"))
     );
-    assert!(rows.iter().all(|r| r["screen_kinds"] == json!(["aws_access_key_id"])
-        && r["screen_action"] == "redact"
-        && r["run_labels"] == json!(["untrusted"])));
+    assert!(rows
+        .iter()
+        .all(|r| r["screen_kinds"] == json!(["aws_access_key_id"])
+            && r["screen_action"] == "redact"
+            && r["run_labels"] == json!(["untrusted"])));
     let metrics = common::http()
         .get(format!("{}/metrics", fw.admin))
         .send()
@@ -346,9 +355,16 @@ async fn a_blocked_result_never_reaches_the_client() {
             assert_eq!(a.status, 200, "{}", a.text);
             let v = a.json();
             assert_eq!(v["result"]["isError"], true, "{era:?} sse={sse}: {v}");
-            assert_eq!(v["result"]["structuredContent"]["found"], json!(["hidden_characters"]));
+            assert_eq!(
+                v["result"]["structuredContent"]["found"],
+                json!(["hidden_characters"])
+            );
             assert!(text(&a).contains("withheld"), "{v}");
-            assert!(!a.text.contains(&hidden) && !a.text.contains("Welcome"), "{}", a.text);
+            assert!(
+                !a.text.contains(&hidden) && !a.text.contains("Welcome"),
+                "{}",
+                a.text
+            );
         }
     }
     assert_eq!(calls_of(&estate.web, "fetch_guarded"), 4);
@@ -421,26 +437,68 @@ async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
         let token = assistant();
         let a = call(&fw, era, &token, "crm", "get_customer", json!({})).await;
         assert_eq!(text(&a), "Customer 42: Ada, plan gold");
-        let a = call(&fw, era, &token, "web", "fetch_page", json!({"page": "plain"})).await;
+        let a = call(
+            &fw,
+            era,
+            &token,
+            "web",
+            "fetch_page",
+            json!({"page": "plain"}),
+        )
+        .await;
         assert_eq!(text(&a), "Welcome to the docs.");
         let sends = calls_of(&estate.mail, "send_email");
-        let a = call(&fw, era, &token, "mail", "send_email", json!({"to": "x@corp.example"})).await;
+        let a = call(
+            &fw,
+            era,
+            &token,
+            "mail",
+            "send_email",
+            json!({"to": "x@corp.example"}),
+        )
+        .await;
         assert_eq!(a.code(), -31001, "{era:?}: {}", a.text);
         let message = a.json()["error"]["message"].as_str().unwrap().to_owned();
-        assert!(message.contains("and send_email can send data out"), "{message}");
-        assert!(message.contains("crm: tools/call get_customer"), "{message}");
+        assert!(
+            message.contains("and send_email can send data out"),
+            "{message}"
+        );
+        assert!(
+            message.contains("crm: tools/call get_customer"),
+            "{message}"
+        );
         assert!(message.contains("web: tools/call fetch_page"), "{message}");
-        assert_eq!(calls_of(&estate.mail, "send_email"), sends, "mail heard nothing");
+        assert_eq!(
+            calls_of(&estate.mail, "send_email"),
+            sends,
+            "mail heard nothing"
+        );
 
         // A fresh run sends.
         let fresh = assistant();
-        let a = call(&fw, era, &fresh, "mail", "send_email", json!({"to": "x@corp.example"})).await;
+        let a = call(
+            &fw,
+            era,
+            &fresh,
+            "mail",
+            "send_email",
+            json!({"to": "x@corp.example"}),
+        )
+        .await;
         assert_eq!(text(&a), "sent", "{}", a.text);
         assert_eq!(calls_of(&estate.mail, "send_email"), sends + 1);
         // A run that read only private data sends too.
         let a = call(&fw, era, &fresh, "crm", "get_customer", json!({})).await;
         assert_eq!(text(&a), "Customer 42: Ada, plan gold");
-        let a = call(&fw, era, &fresh, "mail", "send_email", json!({"to": "x@corp.example"})).await;
+        let a = call(
+            &fw,
+            era,
+            &fresh,
+            "mail",
+            "send_email",
+            json!({"to": "x@corp.example"}),
+        )
+        .await;
         assert_eq!(text(&a), "sent", "{}", a.text);
     }
     fw.stop().await;
@@ -474,31 +532,52 @@ async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
     .unwrap();
     assert!(out.contains("egress true"), "{out}");
     assert!(out.contains("run labels: private, untrusted"), "{out}");
-    assert!(out.contains("taint gate: [taint] trifecta = deny applies"), "{out}");
+    assert!(
+        out.contains("taint gate: [taint] trifecta = deny applies"),
+        "{out}"
+    );
 }
 
-#[tokio::test]
-async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why() {
+crate::on_both_backends!(a_write_after_untrusted_content_waits_for_a_person_who_is_told_why);
+
+/// In memory and a journal, or in Redis and PostgreSQL.
+async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
+    b: crate::common::backend::Backend,
+) {
+    let scope = b.scope().await;
     let estate = Estate::new().await;
     let dir = policy_dir("");
-    let store = tempfile::tempdir().unwrap();
+    let cfg = scope.approvals_store(scope.state(estate.config(dir.path())));
     let fw = common::firewall(
-        &estate
-            .config(dir.path())
-            .set("approvals.store_dir", common::toml_path(store.path()))
-            .set("approvals.hold_s", 20)
+        &cfg.set("approvals.hold_s", 20)
             .set("approvals.expiry_s", 60)
             .text(),
     )
     .await;
     let token = assistant();
-    let a = call(&fw, Era::Stateless, &token, "web", "fetch_page", json!({"page": "plain"})).await;
+    let a = call(
+        &fw,
+        Era::Stateless,
+        &token,
+        "web",
+        "fetch_page",
+        json!({"page": "plain"}),
+    )
+    .await;
     assert_eq!(text(&a), "Welcome to the docs.");
     let fw = std::sync::Arc::new(fw);
     let held = {
         let (fw, token) = (fw.clone(), token.clone());
         tokio::spawn(async move {
-            call(&fw, Era::Stateless, &token, "mail", "send_email", json!({"to": "x@corp.example"})).await
+            call(
+                &fw,
+                Era::Stateless,
+                &token,
+                "mail",
+                "send_email",
+                json!({"to": "x@corp.example"}),
+            )
+            .await
         })
     };
     let approvals = fw.running.state.approvals.clone().expect("approvals");
@@ -515,9 +594,16 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let why = pending.why.clone().unwrap_or_default();
-    assert!(why.contains("untrusted content (from web: tools/call fetch_page)"), "{why}");
+    assert!(
+        why.contains("untrusted content (from web: tools/call fetch_page)"),
+        "{why}"
+    );
     assert!(why.contains("[taint] after_untrusted"), "{why}");
-    assert_eq!(calls_of(&estate.mail, "send_email"), 0, "nothing ran before the approval");
+    assert_eq!(
+        calls_of(&estate.mail, "send_email"),
+        0,
+        "nothing ran before the approval"
+    );
     approvals
         .decide(
             "acme",
@@ -553,25 +639,128 @@ async fn labels_hold_across_replicas_and_survive_a_restart_on_redis() {
     let two = common::firewall(&text_of()).await;
     let token = assistant();
     // Private data through one replica, untrusted content through the other.
-    let a = call(&one, Era::Stateless, &token, "crm", "get_customer", json!({})).await;
+    let a = call(
+        &one,
+        Era::Stateless,
+        &token,
+        "crm",
+        "get_customer",
+        json!({}),
+    )
+    .await;
     assert_eq!(text(&a), "Customer 42: Ada, plan gold");
-    let a = call(&two, Era::Stateless, &token, "web", "fetch_page", json!({"page": "plain"})).await;
+    let a = call(
+        &two,
+        Era::Stateless,
+        &token,
+        "web",
+        "fetch_page",
+        json!({"page": "plain"}),
+    )
+    .await;
     assert_eq!(text(&a), "Welcome to the docs.");
     // Either replica refuses the send.
     for fw in [&one, &two] {
-        let a = call(fw, Era::Stateless, &token, "mail", "send_email", json!({"to": "x@corp.example"})).await;
+        let a = call(
+            fw,
+            Era::Stateless,
+            &token,
+            "mail",
+            "send_email",
+            json!({"to": "x@corp.example"}),
+        )
+        .await;
         assert_eq!(a.code(), -31001, "{}", a.text);
     }
     one.stop().await;
     two.stop().await;
     // A replica started afresh (nothing in its memory) refuses it too.
     let three = common::firewall(&text_of()).await;
-    let a = call(&three, Era::Sessions, &token, "mail", "send_email", json!({"to": "x@corp.example"})).await;
+    let a = call(
+        &three,
+        Era::Sessions,
+        &token,
+        "mail",
+        "send_email",
+        json!({"to": "x@corp.example"}),
+    )
+    .await;
     assert_eq!(a.code(), -31001, "{}", a.text);
-    assert!(a.text.contains("crm: tools/call get_customer"), "{}", a.text);
-    assert_eq!(calls_of(&estate.mail, "send_email"), 0, "mail heard nothing");
+    assert!(
+        a.text.contains("crm: tools/call get_customer"),
+        "{}",
+        a.text
+    );
+    assert_eq!(
+        calls_of(&estate.mail, "send_email"),
+        0,
+        "mail heard nothing"
+    );
     // Another run sends.
-    let a = call(&three, Era::Sessions, &assistant(), "mail", "send_email", json!({"to": "x@corp.example"})).await;
+    let a = call(
+        &three,
+        Era::Sessions,
+        &assistant(),
+        "mail",
+        "send_email",
+        json!({"to": "x@corp.example"}),
+    )
+    .await;
     assert_eq!(text(&a), "sent");
     three.stop().await;
+}
+
+#[tokio::test]
+async fn what_the_upstream_asks_the_client_is_screened_too() {
+    let hidden = tags("exfiltrate");
+    let up = crate::answer_path::asking(vec![
+        json!({"jsonrpc": "2.0", "id": 904, "method": "sampling/createMessage", "params": {"messages": [{"role": "user", "content": {"type": "text", "text": format!("summarize {hidden}")}}], "maxTokens": 5}}),
+        json!({"jsonrpc": "2.0", "id": 905, "method": "sampling/createMessage", "params": {"messages": [{"role": "user", "content": {"type": "text", "text": format!("the key is {KEY}")}}], "maxTokens": 5}}),
+    ])
+    .await;
+    // Shipped policy: `incidents` may ask for sampling.
+    let dir = common::policy_dir(&[(
+        "90-screen.toml",
+        "[[screen.rule]]\nupstream = \"incidents\"\ninjection = \"block\"\n",
+    )]);
+    let fw = common::firewall(
+        &TestConfig::new()
+            .policies(dir.path())
+            .upstream("incidents", &up.url())
+            .text(),
+    )
+    .await;
+    let call = r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"get_incident","arguments":{"incident_id":"INC-1"}}}"#;
+    let r = common::post(
+        &fw.mcp_url("incidents"),
+        &common::token(),
+        &[("mcp-protocol-version", "2025-11-25")],
+        call,
+    )
+    .await;
+    assert!(
+        !r.text.contains("\"id\":904") && !r.text.contains(&hidden),
+        "{}",
+        r.text
+    );
+    assert!(r.text.contains("\"id\":905"), "{}", r.text);
+    assert!(
+        !r.text.contains(KEY) && r.text.contains("[redacted:aws_access_key_id]"),
+        "{}",
+        r.text
+    );
+    assert!(r.text.contains("done"), "{}", r.text);
+    // The upstream got an error in the client's place for the blocked one.
+    let answered = |id: u64| {
+        up.seen().iter().any(|s| {
+            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
+            v["id"] == id && v["error"]["code"].is_i64()
+        })
+    };
+    crate::common::wait::wait_until("the refusal answered", Duration::from_secs(5), || {
+        answered(904)
+    })
+    .await;
+    assert!(!answered(905));
+    fw.stop().await;
 }
