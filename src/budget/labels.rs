@@ -251,19 +251,7 @@ impl RunLabels {
     /// Keeps at most `cap` runs, dropping the oldest (their labels stay in
     /// Redis when shared).
     fn sweep_to(&self, cap: usize) {
-        let excess = self.local.len().saturating_sub(cap);
-        if excess == 0 {
-            return;
-        }
-        let mut by_age: Vec<(u64, u64)> =
-            self.local.iter().map(|e| (e.last_ms, *e.key())).collect();
-        let excess = excess.min(by_age.len());
-        if excess < by_age.len() {
-            by_age.select_nth_unstable(excess);
-        }
-        for (_, k) in &by_age[..excess] {
-            self.local.remove(k);
-        }
+        super::evict_oldest(&self.local, cap, |e| e.last_ms);
     }
 }
 

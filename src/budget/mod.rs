@@ -510,21 +510,9 @@ impl<C: Clock + Clone> Local<C> {
 
     /// Evicts the longest idle runs until at most `cap` remain.
     fn evict_idlest(&self, cap: usize) {
-        let excess = self.runs.len().saturating_sub(cap);
-        if excess == 0 {
-            return;
-        }
-        let mut by_age: Vec<(u64, RunKey)> =
-            self.runs.iter().map(|e| (e.last_ms, *e.key())).collect();
-        let excess = excess.min(by_age.len());
-        if excess < by_age.len() {
-            by_age.select_nth_unstable(excess);
-        }
-        for (_, key) in &by_age[..excess] {
-            self.runs.remove(key);
-        }
+        let evicted = evict_oldest(&self.runs, cap, |s| s.last_ms);
         self.evicted
-            .fetch_add(excess as u64, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(evicted as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Runs evicted so far to stay under `max_tracked_runs`.
@@ -720,6 +708,28 @@ impl Budgets {
     pub fn evicted(&self) -> u64 {
         self.local.evicted()
     }
+}
+
+/// Removes the entries of `map` past `cap` whose `last_ms` is oldest (the
+/// longest idle); how many it removed.
+pub(crate) fn evict_oldest<V>(
+    map: &DashMap<u64, V>,
+    cap: usize,
+    last_ms: impl Fn(&V) -> u64,
+) -> usize {
+    let excess = map.len().saturating_sub(cap);
+    if excess == 0 {
+        return 0;
+    }
+    let mut by_age: Vec<(u64, u64)> = map.iter().map(|e| (last_ms(e.value()), *e.key())).collect();
+    let excess = excess.min(by_age.len());
+    if excess < by_age.len() {
+        by_age.select_nth_unstable(excess);
+    }
+    for (_, key) in &by_age[..excess] {
+        map.remove(key);
+    }
+    excess
 }
 
 /// The labels' store: the budgets' lifetime and bound.

@@ -119,13 +119,10 @@ pub struct Finding {
 pub struct Scanner {
     /// The secret rules' prefixes, then the PEM and JWT openings.
     prefixes: AhoCorasick,
-    /// The instruction cues, ASCII case folded.
-    cues: AhoCorasick,
-    /// The names of `password=`-style assignments ([`ASSIGNED`]), ASCII
-    /// case folded.
-    assignments: AhoCorasick,
-    /// Where a rendered image or link starts its URL ([`LINK_MARKERS`]).
-    link_markers: AhoCorasick,
+    /// Searchers of the words every instruction cue holds ([`CUE_ANCHORS`]).
+    anchors: Vec<memchr::memmem::Finder<'static>>,
+    /// Each cue (lower case), the anchor it holds and where.
+    cue_places: Vec<(usize, &'static str, usize)>,
     /// Where answers may link and load images from (`screen.link_hosts`):
     /// a name, or `*.name` for its subdomains.
     link_hosts: Vec<String>,
@@ -154,21 +151,35 @@ pub const CUES: &[&str] = &[
     "print your system prompt",
 ];
 
-/// Names whose assigned value is a secret (the password rule).
+/// Names whose assigned value is a secret (the password rule), longest
+/// first (`client_secret` before `secret`).
 const ASSIGNED: &[&str] = &[
-    "password",
-    "passwd",
-    "pwd",
-    "secret",
-    "api_key",
-    "apikey",
-    "access_token",
     "client_secret",
+    "access_token",
+    "password",
+    "api_key",
+    "passwd",
+    "secret",
+    "apikey",
+    "pwd",
 ];
 
-/// A markdown image's or link's `](`, then the HTML attributes that load or
-/// link a URL.
-const LINK_MARKERS: &[&str] = &["](", "src=", "href=", "SRC=", "HREF="];
+/// Words one of which every cue holds: the text is searched for these
+/// (fast, in a lower-cased copy), the cues around them are then compared.
+const CUE_ANCHORS: [&str; 3] = ["instructions", "the user", "system prompt"];
+
+/// The HTML attributes that load or link a URL (a markdown image's or
+/// link's `](` is the other place a URL is rendered).
+const URL_ATTRIBUTES: [&str; 2] = ["src", "href"];
+
+thread_local! {
+    /// The lower-cased copy of the text being scanned (kept between scans
+    /// of a serving thread, so no text allocates one).
+    static LOWER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Most bytes [`LOWER`] keeps allocated between scans.
+const LOWER_KEEP: usize = 256 * 1024;
 
 /// Prefixes after the rules': a PEM block's opening and a JWT's header.
 const PEM_BEGIN: &str = "-----BEGIN ";
@@ -187,17 +198,24 @@ impl Scanner {
         let prefixes = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
             .build(patterns)?;
-        let folded = |words: &[&str]| {
-            AhoCorasick::builder()
-                .match_kind(MatchKind::LeftmostLongest)
-                .ascii_case_insensitive(true)
-                .build(words)
-        };
+        let mut cue_places = Vec::with_capacity(CUES.len());
+        for cue in CUES {
+            let place = CUE_ANCHORS
+                .iter()
+                .enumerate()
+                .find_map(|(a, anchor)| cue.find(anchor).map(|at| (a, *cue, at)));
+            // Every cue holds an anchor (a test checks it); one that did
+            // not would never be found, so it is not kept.
+            cue_places.extend(place);
+        }
+        let anchors = CUE_ANCHORS
+            .iter()
+            .map(|a| memchr::memmem::Finder::new(a.as_bytes()))
+            .collect();
         Ok(Scanner {
             prefixes,
-            cues: folded(CUES)?,
-            assignments: folded(ASSIGNED)?,
-            link_markers: AhoCorasick::new(LINK_MARKERS)?,
+            anchors,
+            cue_places,
             link_hosts: link_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
         })
     }
@@ -206,109 +224,120 @@ impl Scanner {
     pub fn scan(&self, text: &str) -> Vec<Finding> {
         let mut found = Vec::new();
         self.secrets(text, &mut found);
-        cards(text, &mut found);
-        ibans(text, &mut found);
-        hidden(text, &mut found);
-        escapes(text, &mut found);
-        self.passwords(text, &mut found);
+        numbers(text, &mut found);
+        // Every character that hides text is outside ASCII.
+        if !text.is_ascii() {
+            hidden(text, &mut found);
+        }
+        if text.as_bytes().contains(&0x1b) || text.as_bytes().contains(&0xc2) {
+            escapes(text, &mut found);
+        }
         emails(text, &mut found);
         phones(text, &mut found);
-        self.links(text, &mut found);
-        self.instruction_cues(text, &mut found);
+        self.words(text, &mut found);
         settle(found)
     }
 
-    fn instruction_cues(&self, text: &str, found: &mut Vec<Finding>) {
-        let bytes = text.as_bytes();
-        for m in self.cues.find_iter(text) {
-            let ends_word = bytes.get(m.end()).is_none_or(|b| !is_word_byte(*b));
-            if starts_word(bytes, m.start()) && ends_word {
-                found.push(Finding {
-                    kind: Kind::InstructionCue,
-                    range: m.range(),
-                });
-            }
-        }
-    }
-
-    /// Markdown images and links (`![a](url)`, `[a](url)`) and HTML `src=`
-    /// and `href=` attributes whose URL names a host outside `link_hosts`.
-    /// Relative URLs and bare URLs in prose are not findings: a client
-    /// renders (and fetches) only the former kinds.
-    fn links(&self, text: &str, found: &mut Vec<Finding>) {
+    /// Instruction cues, `password=`-style assignments and images and
+    /// links: cues around their anchors; assignments, attributes and
+    /// markdown links at the `=`, `:` and `]` they need.
+    fn words(&self, text: &str, found: &mut Vec<Finding>) {
+        self.cues(text, found);
         let bytes = text.as_bytes();
         // Markers inside a URL already read are not new links.
         let mut read_to = 0;
-        for m in self.link_markers.find_iter(text) {
-            if m.start() < read_to {
-                continue;
-            }
-            let at = if m.pattern().as_usize() == 0 {
-                m.end()
-            } else if m.start() > 0 && bytes[m.start() - 1].is_ascii_whitespace() {
-                m.end() + usize::from(matches!(bytes.get(m.end()), Some(b'"' | b'\'')))
-            } else {
-                continue;
+        for at in memchr::memchr3_iter(b'=', b':', b']', bytes) {
+            let link = match bytes[at] {
+                b']' if bytes.get(at + 1) == Some(&b'(') => Some((true, at, at + 2)),
+                b'=' => attribute(bytes, at).map(|start| (false, start, at + 1)),
+                _ => None,
             };
-            let len = bytes.get(at..).map_or(0, |r| {
-                r.iter()
-                    .take_while(|b| !b" \t\n\r)\"'>".contains(b))
-                    .count()
-            });
-            let url = text.get(at..at + len).unwrap_or("");
-            if let Some(host) = url_host(url) {
-                if !self.link_allowed(&host) {
-                    found.push(Finding {
-                        kind: Kind::ForeignLink,
-                        range: at..at + len,
-                    });
+            match link {
+                Some((markdown, start, end)) => {
+                    if start >= read_to {
+                        if let Some(to) = self.link(text, markdown, start, end, found) {
+                            read_to = to;
+                        }
+                    }
                 }
+                None if bytes[at] != b']' => assignment(text, at, found),
+                None => {}
             }
-            read_to = at + len;
         }
     }
 
-    /// `password=`-style assignments (a name of [`ASSIGNED`], any case,
-    /// alone or ending an identifier after `_`, `-` or `.`, then `=` or
-    /// `:`, quotes allowed) whose value is at least 12 characters with
-    /// at least 3.5 bits of entropy per character and not a placeholder.
-    fn passwords(&self, text: &str, found: &mut Vec<Finding>) {
+    /// The instruction cues ([`CUES`]), without regard to ASCII case, as
+    /// whole words.
+    fn cues(&self, text: &str, found: &mut Vec<Finding>) {
         let bytes = text.as_bytes();
-        for m in self.assignments.find_iter(text) {
-            let at = m.start();
-            // `DB_PASSWORD` names one too; `mypassword` is another word.
-            if at > 0 && bytes.get(at - 1).is_some_and(u8::is_ascii_alphanumeric) {
-                continue;
+        LOWER.with(|lower| {
+            let Ok(mut lower) = lower.try_borrow_mut() else {
+                return;
+            };
+            lower.clear();
+            lower.extend_from_slice(bytes);
+            lower.make_ascii_lowercase();
+            for (a, finder) in self.anchors.iter().enumerate() {
+                for pos in finder.find_iter(&lower) {
+                    for (_, cue, off) in self.cue_places.iter().filter(|p| p.0 == a) {
+                        let Some(start) = pos.checked_sub(*off) else {
+                            continue;
+                        };
+                        let end = start + cue.len();
+                        let whole = lower.get(start..end) == Some(cue.as_bytes())
+                            && starts_word(bytes, start)
+                            && bytes.get(end).is_none_or(|b| !is_word_byte(*b));
+                        if whole {
+                            found.push(Finding {
+                                kind: Kind::InstructionCue,
+                                range: start..end,
+                            });
+                        }
+                    }
+                }
             }
-            let mut j = m.end();
-            while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
-                j += 1;
+            if lower.capacity() > LOWER_KEEP {
+                *lower = Vec::new();
             }
-            if !matches!(bytes.get(j), Some(b'=' | b':')) {
-                continue;
-            }
-            j += 1;
-            while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
-                j += 1;
-            }
-            let len = bytes.get(j..).map_or(0, |r| {
-                r.iter()
-                    .enumerate()
-                    .take_while(|(k, b)| {
-                        b.is_ascii_graphic()
-                            && !b"\"',;".contains(b)
-                            && !(**b == b'&' && next_param(&r[k + 1..]))
-                    })
-                    .count()
-            });
-            let value = text.get(j..j + len).unwrap_or("");
-            if value.len() >= 12 && !placeholder(value) && entropy(value) >= 3.5 {
+        });
+    }
+
+    /// A markdown image or link (`![a](url)`, `[a](url)`: `markdown`, the
+    /// marker `](` at `start..end`) or an HTML `src=` or `href=` attribute
+    /// whose URL names a host outside `link_hosts`; where the URL it read
+    /// ends. Relative URLs and bare URLs in prose are not findings: a
+    /// client renders (and fetches) only the former kinds.
+    fn link(
+        &self,
+        text: &str,
+        markdown: bool,
+        start: usize,
+        end: usize,
+        found: &mut Vec<Finding>,
+    ) -> Option<usize> {
+        let bytes = text.as_bytes();
+        let at = if markdown {
+            end
+        } else if start > 0 && bytes[start - 1].is_ascii_whitespace() {
+            end + usize::from(matches!(bytes.get(end), Some(b'"' | b'\'')))
+        } else {
+            return None;
+        };
+        let len = bytes.get(at..).map_or(0, |r| {
+            r.iter()
+                .take_while(|b| !b" \t\n\r)\"'>".contains(b))
+                .count()
+        });
+        let url = text.get(at..at + len).unwrap_or("");
+        if let Some(host) = url_host(url) {
+            if !self.link_allowed(&host) {
                 found.push(Finding {
-                    kind: Kind::Password,
-                    range: j..j + len,
+                    kind: Kind::ForeignLink,
+                    range: at..at + len,
                 });
             }
         }
+        Some(at + len)
     }
 
     fn link_allowed(&self, host: &str) -> bool {
@@ -343,6 +372,79 @@ impl Scanner {
                 });
             }
         }
+    }
+}
+
+/// Where `src` or `href` (any case) ends right before the `=` at `eq`:
+/// the attribute's start.
+fn attribute(bytes: &[u8], eq: usize) -> Option<usize> {
+    URL_ATTRIBUTES.iter().find_map(|name| {
+        let start = eq.checked_sub(name.len())?;
+        bytes
+            .get(start..eq)?
+            .eq_ignore_ascii_case(name.as_bytes())
+            .then_some(start)
+    })
+}
+
+/// A `password=`-style assignment whose `=` or `:` is at `sep`: the name
+/// ([`ASSIGNED`], longest first) before it, quotes and spaces between.
+fn assignment(text: &str, sep: usize, found: &mut Vec<Finding>) {
+    let bytes = text.as_bytes();
+    let mut name_end = sep;
+    while name_end > 0 && matches!(bytes[name_end - 1], b'"' | b'\'' | b' ') {
+        name_end -= 1;
+    }
+    let named = ASSIGNED.iter().find_map(|name| {
+        let start = name_end.checked_sub(name.len())?;
+        bytes
+            .get(start..name_end)?
+            .eq_ignore_ascii_case(name.as_bytes())
+            .then_some(start)
+    });
+    if let Some(start) = named {
+        password(text, start, name_end, found);
+    }
+}
+
+/// A `password=`-style assignment whose name ([`ASSIGNED`], any case,
+/// alone or ending an identifier after `_`, `-` or `.`) is at
+/// `at..name_end`, then `=` or `:`, quotes allowed, and whose value is at
+/// least 12 characters with at least 3.5 bits of entropy per character
+/// and not a placeholder.
+fn password(text: &str, at: usize, name_end: usize, found: &mut Vec<Finding>) {
+    let bytes = text.as_bytes();
+    // `DB_PASSWORD` names one too; `mypassword` is another word.
+    if at > 0 && bytes.get(at - 1).is_some_and(u8::is_ascii_alphanumeric) {
+        return;
+    }
+    let mut j = name_end;
+    while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
+        j += 1;
+    }
+    if !matches!(bytes.get(j), Some(b'=' | b':')) {
+        return;
+    }
+    j += 1;
+    while matches!(bytes.get(j), Some(b'"' | b'\'' | b' ')) {
+        j += 1;
+    }
+    let len = bytes.get(j..).map_or(0, |r| {
+        r.iter()
+            .enumerate()
+            .take_while(|(k, b)| {
+                b.is_ascii_graphic()
+                    && !b"\"',;".contains(b)
+                    && !(**b == b'&' && next_param(&r[k + 1..]))
+            })
+            .count()
+    });
+    let value = text.get(j..j + len).unwrap_or("");
+    if value.len() >= 12 && !placeholder(value) && entropy(value) >= 3.5 {
+        found.push(Finding {
+            kind: Kind::Password,
+            range: j..j + len,
+        });
     }
 }
 
@@ -514,29 +616,52 @@ fn is_b64url(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
 }
 
-/// Payment card numbers: 13 to 19 digits, alone or in groups split by
-/// single spaces or dashes, starting with a card network's digit (2–6),
-/// passing the Luhn check, not all one digit.
-fn cards(text: &str, found: &mut Vec<Finding>) {
+/// Card numbers and IBANs, in one pass over where digit runs start (both
+/// are there: a card number starts with one, an IBAN's check digits
+/// follow its two-letter country code).
+fn numbers(text: &str, found: &mut Vec<Finding>) {
     let bytes = text.as_bytes();
     let mut i = 0;
-    while i < bytes.len() {
-        if !bytes[i].is_ascii_digit() || (i > 0 && is_word_byte(bytes[i - 1])) {
-            i += 1;
-            continue;
+    let mut cards_to = 0;
+    let mut ibans_to = 0;
+    while let Some(d) = bytes
+        .get(i..)
+        .and_then(|rest| rest.iter().position(u8::is_ascii_digit))
+    {
+        let d = i + d;
+        if d >= 2 && d >= ibans_to + 2 {
+            if let Some(end) = iban_at(bytes, d - 2, found) {
+                ibans_to = end;
+            }
         }
-        let start = i;
-        let mut digits = [0u8; 20];
-        let (n, end) = digit_run(bytes, i, b" -", &mut digits);
-        let ends_word = bytes.get(end).is_none_or(|b| !is_word_byte(*b));
-        if (13..=19).contains(&n) && ends_word && card_like(&digits[..n.min(digits.len())]) {
-            found.push(Finding {
-                kind: Kind::Card,
-                range: start..end,
-            });
+        if d >= cards_to && (d == 0 || !is_word_byte(bytes[d - 1])) {
+            cards_to = card_at(bytes, d, found);
         }
-        i = end.max(i + 1);
+        // The rest of this run of digits starts nothing new.
+        i = d
+            + 1
+            + bytes[d + 1..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
     }
+}
+
+/// A payment card number at `start`: 13 to 19 digits, alone or in groups
+/// split by single spaces or dashes, starting with a card network's digit
+/// (2–6), passing the Luhn check, not all one digit. Where the digits
+/// read end.
+fn card_at(bytes: &[u8], start: usize, found: &mut Vec<Finding>) -> usize {
+    let mut digits = [0u8; 20];
+    let (n, end) = digit_run(bytes, start, b" -", &mut digits);
+    let ends_word = bytes.get(end).is_none_or(|b| !is_word_byte(*b));
+    if (13..=19).contains(&n) && ends_word && card_like(&digits[..n.min(digits.len())]) {
+        found.push(Finding {
+            kind: Kind::Card,
+            range: start..end,
+        });
+    }
+    end
 }
 
 /// Digits from `from`, alone or in groups split by single bytes of
@@ -595,57 +720,47 @@ pub fn luhn(digits: &[u8]) -> bool {
     sum % 10 == 0
 }
 
-/// IBANs: a country code, two check digits and 11 to 30 letters and
-/// digits, written solid or in groups of four split by single spaces;
-/// valid when the mod-97 check gives 1.
-fn ibans(text: &str, found: &mut Vec<Finding>) {
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while i + 4 <= bytes.len() {
-        let head = &bytes[i..i + 4];
-        let shaped = head[0].is_ascii_uppercase()
-            && head[1].is_ascii_uppercase()
-            && head[2].is_ascii_digit()
-            && head[3].is_ascii_digit();
-        let len = std::str::from_utf8(&head[..2])
-            .ok()
-            .and_then(|c| IBAN_LENGTHS.iter().find(|(country, _)| *country == c))
-            .map(|(_, len)| *len);
-        let (Some(len), true) = (len, shaped && starts_word(bytes, i)) else {
-            i += 1;
-            continue;
-        };
-        // The country's length of letters and digits, solid or in groups
-        // split by single spaces; what follows must not continue it.
-        let mut chars: Vec<u8> = Vec::with_capacity(len);
-        let mut j = i;
-        while j < bytes.len() && chars.len() < len {
-            let b = bytes[j];
-            if b.is_ascii_uppercase() || b.is_ascii_digit() {
-                chars.push(b);
-                j += 1;
-            } else if b == b' '
-                && !chars.is_empty()
-                && bytes
-                    .get(j + 1)
-                    .is_some_and(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
-            {
-                j += 1;
-            } else {
-                break;
-            }
-        }
-        let ends_word = bytes.get(j).is_none_or(|b| !is_word_byte(*b));
-        if chars.len() == len && ends_word && iban_valid(&chars) {
-            found.push(Finding {
-                kind: Kind::Iban,
-                range: i..j,
-            });
-            i = j;
+/// An IBAN at `i`: a country code, two check digits and the country's
+/// length of letters and digits, written solid or in groups of four split
+/// by single spaces; valid when the mod-97 check gives 1. Where it ends.
+fn iban_at(bytes: &[u8], i: usize, found: &mut Vec<Finding>) -> Option<usize> {
+    let head = bytes.get(i..i + 4)?;
+    let shaped = head[0].is_ascii_uppercase()
+        && head[1].is_ascii_uppercase()
+        && head[2].is_ascii_digit()
+        && head[3].is_ascii_digit();
+    if !shaped || !starts_word(bytes, i) {
+        return None;
+    }
+    let len = iban_length(head[0], head[1])?;
+    // What follows must not continue it.
+    let mut chars: Vec<u8> = Vec::with_capacity(len);
+    let mut j = i;
+    while j < bytes.len() && chars.len() < len {
+        let b = bytes[j];
+        if b.is_ascii_uppercase() || b.is_ascii_digit() {
+            chars.push(b);
+            j += 1;
+        } else if b == b' '
+            && !chars.is_empty()
+            && bytes
+                .get(j + 1)
+                .is_some_and(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        {
+            j += 1;
         } else {
-            i += 1;
+            break;
         }
     }
+    let ends_word = bytes.get(j).is_none_or(|b| !is_word_byte(*b));
+    if chars.len() == len && ends_word && iban_valid(&chars) {
+        found.push(Finding {
+            kind: Kind::Iban,
+            range: i..j,
+        });
+        return Some(j);
+    }
+    None
 }
 
 /// The countries that issue IBANs and their IBAN lengths (the ISO 13616
@@ -731,14 +846,22 @@ const IBAN_LENGTHS: &[(&str, usize)] = &[
     ("XK", 20),
 ];
 
+/// The IBAN length of the country `a``b`, if it issues IBANs.
+fn iban_length(a: u8, b: u8) -> Option<usize> {
+    IBAN_LENGTHS
+        .iter()
+        .find(|(country, _)| country.as_bytes() == [a, b])
+        .map(|(_, len)| *len)
+}
+
 /// ISO 13616's check: the country's length, then the first four
 /// characters moved to the end, letters
 /// as 10–35, the number mod 97 is 1.
 pub fn iban_valid(chars: &[u8]) -> bool {
-    let country = chars.get(..2).and_then(|c| std::str::from_utf8(c).ok());
-    let fits = IBAN_LENGTHS
-        .iter()
-        .any(|(c, len)| Some(*c) == country && *len == chars.len());
+    let fits = match chars {
+        [a, b, ..] => iban_length(*a, *b) == Some(chars.len()),
+        _ => false,
+    };
     if !fits {
         return false;
     }

@@ -443,6 +443,15 @@ async fn a_trusted_proxys_client_entry_with_a_port_is_the_client() {
 
 /// An upstream whose `tools/call` answer (an SSE stream) first asks the
 /// client for `requests`, then answers.
+/// Whether `up` received an error answer to its request `id` (a server
+/// request refused in the client's place).
+pub(crate) fn refused_to(up: &raw::RawUpstream, id: u64) -> bool {
+    up.seen().iter().any(|s| {
+        let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
+        v["id"] == id && v["error"]["code"].is_i64()
+    })
+}
+
 pub(crate) async fn asking(requests: Vec<Value>) -> raw::RawUpstream {
     let requests = std::sync::Arc::new(requests);
     raw::upstream(move |seen| {
@@ -494,12 +503,7 @@ async fn server_requests_are_refused_unless_the_policy_allows_them() {
     }
     assert!(r.text.contains("done"), "{}", r.text);
     // The upstream got an error in the client's place for each refused one.
-    let answered = |id: u64| {
-        up.seen().iter().any(|s| {
-            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
-            v["id"] == id && v["error"]["code"].is_i64()
-        })
-    };
+    let answered = |id: u64| refused_to(&up, id);
     crate::common::wait::wait_until("refusals answered", Duration::from_secs(5), || {
         answered(901) && answered(902) && answered(905)
     })

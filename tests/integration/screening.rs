@@ -199,6 +199,18 @@ fn text(a: &common::Answer) -> String {
         .to_owned()
 }
 
+/// The firewall's Prometheus text.
+async fn metrics(fw: &Firewall) -> String {
+    common::http()
+        .get(format!("{}/metrics", fw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 fn assistant() -> String {
     common::sign(&common::claims("assistant", &["sre"]))
 }
@@ -319,14 +331,7 @@ async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
         .all(|r| r["screen_kinds"] == json!(["aws_access_key_id"])
             && r["screen_action"] == "redact"
             && r["run_labels"] == json!(["untrusted"])));
-    let metrics = common::http()
-        .get(format!("{}/metrics", fw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&fw).await;
     assert!(
         metrics.contains(r#"mcp_firewall_screen_findings_total{upstream="web",kind="aws_access_key_id",action="redact"} 5"#),
         "{metrics}"
@@ -400,14 +405,7 @@ async fn a_poisoned_tool_description_is_reported_or_hidden() {
     let fw = common::firewall(&estate.config(dir.path()).text()).await;
     let a = common::post(&fw.mcp_url("mail"), &assistant(), &[], list).await;
     assert!(names(&a).contains(&"summarize".to_owned()), "{}", a.text);
-    let metrics = common::http()
-        .get(format!("{}/metrics", fw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&fw).await;
     assert!(
         metrics.contains(r#"kind="instruction_cue",action="flag""#),
         "{metrics}"
@@ -751,12 +749,7 @@ async fn what_the_upstream_asks_the_client_is_screened_too() {
     );
     assert!(r.text.contains("done"), "{}", r.text);
     // The upstream got an error in the client's place for the blocked one.
-    let answered = |id: u64| {
-        up.seen().iter().any(|s| {
-            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
-            v["id"] == id && v["error"]["code"].is_i64()
-        })
-    };
+    let answered = |id: u64| crate::answer_path::refused_to(&up, id);
     crate::common::wait::wait_until("the refusal answered", Duration::from_secs(5), || {
         answered(904)
     })
