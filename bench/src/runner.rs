@@ -2181,11 +2181,11 @@ mod tests {
             .into_iter()
             .filter_map(|t| t.firewall_key(false))
             .collect();
-        assert_eq!(keys.len(), 4);
+        assert_eq!(keys.len(), 5);
         let mut distinct = keys.clone();
         distinct.sort();
         distinct.dedup();
-        assert_eq!(distinct.len(), 4);
+        assert_eq!(distinct.len(), 5);
         let h2up = TargetKind::FirewallH2Up.firewall_key(false).unwrap();
         assert!(h2up.audit && h2up.h2up && !h2up.redis);
         assert_eq!(instance_name(h2up), "firewall-audit-h2up");

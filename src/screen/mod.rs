@@ -253,13 +253,12 @@ impl Scanner {
                 _ => None,
             };
             match link {
-                Some((markdown, start, end)) => {
-                    if start >= read_to {
-                        if let Some(to) = self.link(text, markdown, start, end, found) {
-                            read_to = to;
-                        }
+                Some((markdown, start, end)) if start >= read_to => {
+                    if let Some(to) = self.link(text, markdown, start, end, found) {
+                        read_to = to;
                     }
                 }
+                Some(_) => {}
                 None if bytes[at] != b']' => assignment(text, at, found),
                 None => {}
             }
