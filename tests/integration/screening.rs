@@ -757,3 +757,66 @@ async fn what_the_upstream_asks_the_client_is_screened_too() {
     assert!(!answered(905));
     fw.stop().await;
 }
+
+#[tokio::test]
+async fn labels_that_cannot_be_read_refuse_a_gated_call() {
+    let redis = Redis::start().await;
+    let estate = Estate::new().await;
+    let dir = policy_dir("");
+    let fw = common::firewall(
+        &estate
+            .config(dir.path())
+            .set("state.backend", "redis")
+            .set("state.redis_url", redis.url.as_str())
+            .set("state.timeout_ms", 100)
+            .text(),
+    )
+    .await;
+    let token = assistant();
+    let a = call(
+        &fw,
+        Era::Stateless,
+        &token,
+        "crm",
+        "get_customer",
+        json!({}),
+    )
+    .await;
+    assert_eq!(text(&a), "Customer 42: Ada, plan gold");
+    redis.stop().await;
+    // Reads go on (`on_store_unavailable` read = "open"; labels are not
+    // asked for a read without egress).
+    let a = call(
+        &fw,
+        Era::Stateless,
+        &assistant(),
+        "web",
+        "fetch_page",
+        json!({"page": "plain"}),
+    )
+    .await;
+    assert_eq!(text(&a), "Welcome to the docs.", "{}", a.text);
+    // An egress write of a run this replica knows only part of cannot be
+    // decided without its labels: refused as its budget would be (write =
+    // "closed"), and mail hears nothing.
+    let a = call(
+        &fw,
+        Era::Stateless,
+        &token,
+        "mail",
+        "send_email",
+        json!({"to": "x@corp.example"}),
+    )
+    .await;
+    assert_eq!(a.code(), -31006, "{}", a.text);
+    assert!(a.text.contains("labels could not be read"), "{}", a.text);
+    assert_eq!(calls_of(&estate.mail, "send_email"), 0);
+    let m = metrics(&fw).await;
+    assert!(
+        m.contains(
+            r#"mcp_firewall_store_fallback_total{store="labels",risk="write",fallback="closed"} 1"#
+        ),
+        "{m}"
+    );
+    fw.stop().await;
+}
