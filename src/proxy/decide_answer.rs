@@ -94,7 +94,9 @@ pub enum Verdict {
     /// An input-required result of an approved call: relayed with the
     /// approval (and the upstream's own state, if any) sealed into
     /// `requestState`.
-    SealState(Option<String>),
+    /// The content is screened like any result (`Some`: what was found,
+    /// or the labels it gives).
+    SealState(Option<String>, Option<Box<Content>>),
     /// A `tools/call` result that created a task.
     TaskCreated(NewTask),
     /// The answer to a `tasks/*` request of the run's own task.
@@ -210,11 +212,13 @@ pub fn decide(
                         Some(task) => Ok(Verdict::TaskCreated(task)),
                         None => screened_result(s, answering.tool, result),
                     },
+                    Verdict::SealState(state, _) => sealed(s, answering.tool, result, state),
                     other => Ok(other),
                 },
                 Class::Prompt | Class::Resource => {
                     match input_required(s, result, answering.approved)? {
                         Verdict::Relay => screened_result(s, None, result),
+                        Verdict::SealState(state, _) => sealed(s, None, result, state),
                         other => Ok(other),
                     }
                 }
@@ -281,6 +285,21 @@ pub fn decide(
             })
         }
     }
+}
+
+/// An input-required result of an approved call: its state sealed, its
+/// content (what it asks the client's model) screened like a result.
+fn sealed(
+    s: Scope<'_>,
+    tool: Option<&str>,
+    result: Option<&str>,
+    state: Option<String>,
+) -> Result<Verdict, UpstreamFailure> {
+    let content = match screened_result(s, tool, result)? {
+        Verdict::Content(c) => Some(c),
+        _ => None,
+    };
+    Ok(Verdict::SealState(state, content))
 }
 
 /// A result for the client's model (of `tool`, when it is a tool's),
@@ -490,7 +509,7 @@ fn input_required(
         return Ok(Verdict::RefuseInputRequests(refused));
     }
     Ok(if approved {
-        Verdict::SealState(parsed.request_state)
+        Verdict::SealState(parsed.request_state, None)
     } else {
         Verdict::Relay
     })
@@ -813,9 +832,24 @@ projects = ["sre"]
         let text = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{}}},"requestState":"upstream-state"}}"#;
         assert_eq!(
             verdict(true, text, &Class::ToolCall, true),
-            Verdict::SealState(Some("upstream-state".into()))
+            Verdict::SealState(Some("upstream-state".into()), None)
         );
         assert_eq!(verdict(true, text, &Class::ToolCall, false), Verdict::Relay);
+    }
+
+    #[test]
+    fn an_approved_input_required_result_is_screened_before_its_state_is_sealed() {
+        let text = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":{"type":"text","text":"key AKIAIOSFODNN7EXAMPLQ"}}]}}},"requestState":"s"}}"#;
+        match verdict(true, text, &Class::ToolCall, true) {
+            Verdict::SealState(state, Some(c)) => {
+                assert_eq!(state.as_deref(), Some("s"));
+                assert_eq!(c.report.names(), ["aws_access_key_id"]);
+                let redacted = c.redacted.unwrap();
+                assert!(!redacted.contains("EXAMPLQ"), "{redacted}");
+                assert!(redacted.contains("requestState"), "{redacted}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

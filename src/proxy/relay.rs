@@ -876,9 +876,26 @@ impl Exchange {
                 let body = answer::refused_input_request(m.id.as_ref(), &methods);
                 Pass::Replaced(String::from_utf8_lossy(&body).into_owned())
             }
-            Verdict::SealState(state) => {
+            Verdict::SealState(state, content) => {
                 let granted = pos.and_then(|p| self.due[p].granted.clone());
-                self.seal_request_state(m, raw, granted.as_deref(), state)?
+                let pass = match &content {
+                    // Withheld: nothing of it (nor a state to retry with)
+                    // reaches the client.
+                    Some(c) if c.report.action == Action::Block => self.screened(m, raw, pos, c)?,
+                    Some(c) => {
+                        let tool = pos.and_then(|p| self.due[p].tool.clone());
+                        let method = pos.map(|p| self.due[p].method.clone()).unwrap_or_default();
+                        self.note_content(c, &method, tool.as_deref());
+                        let redacted = c
+                            .redacted
+                            .as_deref()
+                            .filter(|_| c.report.action == Action::Redact);
+                        self.seal_request_state(m, raw, granted.as_deref(), state, redacted)?
+                    }
+                    None => self.seal_request_state(m, raw, granted.as_deref(), state, None)?,
+                };
+                screened = content;
+                pass
             }
             Verdict::TaskCreated(task) => match pos {
                 Some(p) => self.task_created(p, raw, task)?,
@@ -1495,9 +1512,20 @@ impl Exchange {
         raw: &str,
         granted: Option<&Granted>,
         state: Option<String>,
+        redacted: Option<&str>,
     ) -> Result<Pass, UpstreamFailure> {
-        let (Some(granted), Some(result)) = (granted, result_text(m, raw)) else {
-            return Ok(Pass::Same);
+        let result = redacted.or_else(|| result_text(m, raw));
+        let (Some(granted), Some(result)) = (granted, result) else {
+            // Nothing to seal (never for a call that ran under an
+            // approval): what is to be redacted still is.
+            return match redacted {
+                None => Ok(Pass::Same),
+                Some(r) => set_member(raw, "result", r)
+                    .map(Pass::Replaced)
+                    .ok_or_else(|| {
+                        UpstreamFailure::Invalid("content that could not be redacted".to_owned())
+                    }),
+            };
         };
         let sealed = self.run.seal_granted(granted, state);
         let new_result = set_member(result, "requestState", &Value::String(sealed).to_string())
