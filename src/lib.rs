@@ -30,3 +30,4 @@ pub mod session;
 pub mod state;
 pub mod telemetry;
 pub mod trace;
+pub mod virtual_server;
