@@ -199,6 +199,12 @@ fn text(a: &common::Answer) -> String {
         .to_owned()
 }
 
+/// Reads customer 42 from `crm` (private data) in `token`'s run.
+async fn read_customer(fw: &Firewall, era: Era, token: &str) {
+    let a = call(fw, era, token, "crm", "get_customer", json!({})).await;
+    assert_eq!(text(&a), "Customer 42: Ada, plan gold", "{}", a.text);
+}
+
 /// The firewall's Prometheus text.
 async fn metrics(fw: &Firewall) -> String {
     common::http()
@@ -433,8 +439,7 @@ async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
     let fw = common::firewall(&estate.config(dir.path()).text()).await;
     for era in [Era::Sessions, Era::Stateless] {
         let token = assistant();
-        let a = call(&fw, era, &token, "crm", "get_customer", json!({})).await;
-        assert_eq!(text(&a), "Customer 42: Ada, plan gold");
+        read_customer(&fw, era, &token).await;
         let a = call(
             &fw,
             era,
@@ -486,8 +491,7 @@ async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
         assert_eq!(text(&a), "sent", "{}", a.text);
         assert_eq!(calls_of(&estate.mail, "send_email"), sends + 1);
         // A run that read only private data sends too.
-        let a = call(&fw, era, &fresh, "crm", "get_customer", json!({})).await;
-        assert_eq!(text(&a), "Customer 42: Ada, plan gold");
+        read_customer(&fw, era, &fresh).await;
         let a = call(
             &fw,
             era,
@@ -637,16 +641,7 @@ async fn labels_hold_across_replicas_and_survive_a_restart_on_redis() {
     let two = common::firewall(&text_of()).await;
     let token = assistant();
     // Private data through one replica, untrusted content through the other.
-    let a = call(
-        &one,
-        Era::Stateless,
-        &token,
-        "crm",
-        "get_customer",
-        json!({}),
-    )
-    .await;
-    assert_eq!(text(&a), "Customer 42: Ada, plan gold");
+    read_customer(&one, Era::Stateless, &token).await;
     let a = call(
         &two,
         Era::Stateless,
@@ -773,16 +768,7 @@ async fn labels_that_cannot_be_read_refuse_a_gated_call() {
     )
     .await;
     let token = assistant();
-    let a = call(
-        &fw,
-        Era::Stateless,
-        &token,
-        "crm",
-        "get_customer",
-        json!({}),
-    )
-    .await;
-    assert_eq!(text(&a), "Customer 42: Ada, plan gold");
+    read_customer(&fw, Era::Stateless, &token).await;
     redis.stop().await;
     // Reads go on (`on_store_unavailable` read = "open"; labels are not
     // asked for a read without egress).
