@@ -184,25 +184,34 @@ impl RunLabels {
         e.last_ms = now;
     }
 
-    /// The run took in content with `labels`, brought by `source`. In
-    /// memory at once; in Redis on a task whose handle lets the answer
-    /// wait for it (a failure is logged and counted by the caller's
-    /// `failed` hook).
+    /// The run took in content with `labels`, brought by `source` (what
+    /// is asked for only when a label is new to this process). In memory
+    /// at once; in Redis on a task whose handle lets the answer wait for
+    /// it (a failure is logged and counted in
+    /// `mcp_firewall_label_store_errors_total`).
     #[must_use = "an answer should wait for its labels to be stored"]
     pub fn take(
         &self,
         tenant: &str,
         run: &str,
         labels: Labels,
-        source: &str,
-        failed: Arc<dyn Fn() + Send + Sync>,
+        source: impl FnOnce() -> String,
+        metrics: &Arc<crate::telemetry::Metrics>,
     ) -> Option<tokio::task::JoinHandle<()>> {
         if labels.is_empty() {
             return None;
         }
         let key = self.key(tenant, run);
-        let before = self.local.get(&key).map(|e| e.held.labels);
-        let source: Arc<str> = Arc::from(source);
+        // The common case, a run taking in what it already holds: no
+        // source built, nothing stored again (Redis has it, or is being
+        // told).
+        if let Some(mut e) = self.local.get_mut(&key) {
+            if e.held.labels.contains(labels) {
+                e.last_ms = super::unix_ms();
+                return None;
+            }
+        }
+        let source: Arc<str> = Arc::from(source());
         let mut held = Held::default();
         held.add(labels, &source);
         self.remember(key, &held);
@@ -210,13 +219,10 @@ impl RunLabels {
             self.sweep_to(self.max_runs);
         }
         let shared = self.shared.clone()?;
-        // Already stored by this process: Redis has it (or is being told).
-        if before.is_some_and(|b| b.contains(labels)) {
-            return None;
-        }
         let rt = tokio::runtime::Handle::try_current().ok()?;
         let rkey = redis_key(&shared, tenant, run);
         let ttl = self.ttl_ms;
+        let metrics = metrics.clone();
         Some(rt.spawn(async move {
             let r = shared
                 .redis()
@@ -234,7 +240,7 @@ impl RunLabels {
                 .await;
             if let Err(e) = r {
                 tracing::warn!(error = %e, "a run's labels could not be stored in Redis; this replica keeps them");
-                failed();
+                metrics.label_store_errors.inc();
             }
         }))
     }
@@ -268,16 +274,26 @@ fn redis_key(shared: &RedisBudgets, tenant: &str, run: &str) -> String {
 mod tests {
     use super::*;
 
+    fn metrics() -> Arc<crate::telemetry::Metrics> {
+        crate::telemetry::Metrics::register(&mut Default::default())
+    }
+
     #[tokio::test]
     async fn labels_accumulate_and_keep_their_first_source() {
         let l = RunLabels::new(Duration::from_secs(60), 100, None);
-        let noop: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+        let m = metrics();
         assert!(l.known("t", "r").is_empty());
         assert!(l
-            .take("t", "r", Labels::PRIVATE, "crm: get", noop.clone())
+            .take("t", "r", Labels::PRIVATE, || "crm: get".into(), &m)
             .is_none());
-        let _ = l.take("t", "r", Labels::UNTRUSTED, "web: fetch", noop.clone());
-        let _ = l.take("t", "r", Labels::PRIVATE, "crm: later", noop);
+        let _ = l.take("t", "r", Labels::UNTRUSTED, || "web: fetch".into(), &m);
+        let _ = l.take(
+            "t",
+            "r",
+            Labels::PRIVATE,
+            || unreachable!("a label held asks for no source"),
+            &m,
+        );
         let held = l.held("t", "r").await.unwrap();
         assert_eq!(held.labels, Labels::PRIVATE.union(Labels::UNTRUSTED));
         assert_eq!(held.source(Labels::PRIVATE), Some("crm: get"));
@@ -292,9 +308,9 @@ mod tests {
     #[test]
     fn memory_stays_bounded() {
         let l = RunLabels::new(Duration::from_secs(60), 10, None);
-        let noop: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+        let m = metrics();
         for i in 0..100 {
-            let _ = l.take("t", &format!("r{i}"), Labels::UNTRUSTED, "x", noop.clone());
+            let _ = l.take("t", &format!("r{i}"), Labels::UNTRUSTED, || "x".into(), &m);
         }
         assert!(l.local.len() <= 12, "{}", l.local.len());
     }

@@ -1072,23 +1072,19 @@ impl Exchange {
             return;
         }
         let cx = &self.run;
-        let source = match tool {
-            Some(tool) => format!("{}: {method} {tool}", cx.upstream.config.name),
-            None => format!("{}: {method}", cx.upstream.config.name),
-        };
         for name in labels.names() {
             cx.metrics.run_label(name);
         }
-        let metrics = cx.metrics.clone();
-        let failed: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-            metrics.label_store_errors.inc();
-        });
+        let upstream = &cx.upstream.config.name;
         let stored = cx.budgets.labels().take(
             &cx.claims.tenant_id,
             &cx.claims.run_id,
             labels,
-            &source,
-            failed,
+            || match tool {
+                Some(tool) => format!("{upstream}: {method} {tool}"),
+                None => format!("{upstream}: {method}"),
+            },
+            &cx.metrics,
         );
         self.settling.extend(stored);
     }

@@ -12,7 +12,7 @@ use crate::common::{self, raw, Firewall, TestConfig};
 const V2026: &str = "2026-07-28";
 
 /// A firewall in front of `up` as `incidents`, with extra policy files.
-async fn start(up: &raw::RawUpstream, policy: &[(&str, &str)]) -> Firewall {
+pub(crate) async fn start(up: &raw::RawUpstream, policy: &[(&str, &str)]) -> Firewall {
     start_with(up, policy, |c| c).await
 }
 

@@ -611,14 +611,7 @@ async fn redis_dies_under_load_reads_continue_writes_refused_then_recovery() {
             .filter(|(o, _)| o != "ok" && o != "-31006")
             .collect::<Vec<_>>()
     );
-    let metrics = common::http()
-        .get(format!("{}/metrics", fw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = fw.metrics().await;
     assert!(
         metrics
             .lines()

@@ -205,18 +205,6 @@ async fn read_customer(fw: &Firewall, era: Era, token: &str) {
     assert_eq!(text(&a), "Customer 42: Ada, plan gold", "{}", a.text);
 }
 
-/// The firewall's Prometheus text.
-async fn metrics(fw: &Firewall) -> String {
-    common::http()
-        .get(format!("{}/metrics", fw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 fn assistant() -> String {
     common::sign(&common::claims("assistant", &["sre"]))
 }
@@ -337,7 +325,7 @@ async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
         .all(|r| r["screen_kinds"] == json!(["aws_access_key_id"])
             && r["screen_action"] == "redact"
             && r["run_labels"] == json!(["untrusted"])));
-    let metrics = metrics(&fw).await;
+    let metrics = fw.metrics().await;
     assert!(
         metrics.contains(r#"mcp_firewall_screen_findings_total{upstream="web",kind="aws_access_key_id",action="redact"} 5"#),
         "{metrics}"
@@ -411,7 +399,7 @@ async fn a_poisoned_tool_description_is_reported_or_hidden() {
     let fw = common::firewall(&estate.config(dir.path()).text()).await;
     let a = common::post(&fw.mcp_url("mail"), &assistant(), &[], list).await;
     assert!(names(&a).contains(&"summarize".to_owned()), "{}", a.text);
-    let metrics = metrics(&fw).await;
+    let metrics = fw.metrics().await;
     assert!(
         metrics.contains(r#"kind="instruction_cue",action="flag""#),
         "{metrics}"
@@ -712,15 +700,12 @@ async fn what_the_upstream_asks_the_client_is_screened_too() {
     ])
     .await;
     // Shipped policy: `incidents` may ask for sampling.
-    let dir = common::policy_dir(&[(
-        "90-screen.toml",
-        "[[screen.rule]]\nupstream = \"incidents\"\ninjection = \"block\"\n",
-    )]);
-    let fw = common::firewall(
-        &TestConfig::new()
-            .policies(dir.path())
-            .upstream("incidents", &up.url())
-            .text(),
+    let fw = crate::answer_path::start(
+        &up,
+        &[(
+            "90-screen.toml",
+            "[[screen.rule]]\nupstream = \"incidents\"\ninjection = \"block\"\n",
+        )],
     )
     .await;
     let call = r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"get_incident","arguments":{"incident_id":"INC-1"}}}"#;
@@ -797,7 +782,7 @@ async fn labels_that_cannot_be_read_refuse_a_gated_call() {
     assert_eq!(a.code(), -31006, "{}", a.text);
     assert!(a.text.contains("labels could not be read"), "{}", a.text);
     assert_eq!(calls_of(&estate.mail, "send_email"), 0);
-    let m = metrics(&fw).await;
+    let m = fw.metrics().await;
     assert!(
         m.contains(
             r#"mcp_firewall_store_fallback_total{store="labels",risk="write",fallback="closed"} 1"#

@@ -85,14 +85,7 @@ async fn readyz(fw: &Firewall) -> (u16, String) {
 }
 
 async fn metric(fw: &Firewall, name: &str) -> f64 {
-    let text = common::http()
-        .get(format!("{}/metrics", fw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = fw.metrics().await;
     text.lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

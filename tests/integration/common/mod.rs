@@ -43,6 +43,18 @@ impl Firewall {
     pub async fn stop(self) {
         self.running.shutdown().await;
     }
+
+    /// The admin listener's Prometheus text.
+    pub async fn metrics(&self) -> String {
+        http()
+            .get(format!("{}/metrics", self.admin))
+            .send()
+            .await
+            .expect("metrics answered")
+            .text()
+            .await
+            .expect("metrics text")
+    }
 }
 
 /// The HS256 development secret of test configs.
