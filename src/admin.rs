@@ -58,6 +58,8 @@ pub struct Admin {
     pub degraded: Family<ReasonLabel, Gauge>,
     /// Host names requests may name (IP addresses always pass).
     pub allowed_hosts: Vec<String>,
+    /// The virtual servers, for the members that are down.
+    pub virtuals: Vec<Arc<crate::proxy::vserver::Virtual>>,
 }
 
 /// The admin listener's `Host` check: the listed names, or any IP address.
@@ -78,9 +80,27 @@ pub struct ReasonLabel {
 pub const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
 
 /// Every way `/readyz` can be degraded.
-pub const DEGRADED: [&str; 2] = ["budget_store_unavailable", "approvals_store_unavailable"];
+pub const DEGRADED: [&str; 3] = [
+    "budget_store_unavailable",
+    "approvals_store_unavailable",
+    "virtual_server_member_down",
+];
 
 impl Admin {
+    /// `<virtual server>/<member>` of every member that did not answer when
+    /// last asked.
+    pub fn members_down(&self) -> Vec<String> {
+        self.virtuals
+            .iter()
+            .flat_map(|v| {
+                v.index
+                    .down()
+                    .into_iter()
+                    .map(move |m| format!("{}/{m}", v.config.name))
+            })
+            .collect()
+    }
+
     /// The reasons the firewall is not ready now (empty: ready); also sets
     /// the `not_ready` gauges.
     pub fn not_ready(&self) -> Vec<&'static str> {
@@ -114,6 +134,9 @@ impl Admin {
             .is_some_and(|(a, _)| a.unavailable())
         {
             out.push("approvals_store_unavailable");
+        }
+        if !self.members_down().is_empty() {
+            out.push("virtual_server_member_down");
         }
         for r in DEGRADED {
             self.degraded
@@ -162,9 +185,15 @@ pub async fn handle(
             if reasons.is_empty() && degraded.is_empty() {
                 text(StatusCode::OK, "ready\n")
             } else if reasons.is_empty() {
+                let down = admin.members_down();
+                let members = if down.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (members down: {})", down.join(", "))
+                };
                 text(
                     StatusCode::OK,
-                    format!("ready, degraded: {}\n", degraded.join(", ")),
+                    format!("ready, degraded: {}{members}\n", degraded.join(", ")),
                 )
             } else {
                 text(

@@ -141,6 +141,9 @@ pub async fn start_with(
             Duration::from_secs(config.state.catalog_ttl_s),
         )),
     ];
+    if !state.virtuals.is_empty() {
+        background.push(tokio::spawn(watch_virtual_servers(state.clone())));
+    }
     let acceptor = match &config.server.tls {
         Some(tls_cfg) => {
             let resolver = tls::ReloadingCert::load(tls_cfg)?;
@@ -191,6 +194,7 @@ pub async fn start_with(
         budget_store,
         degraded,
         allowed_hosts: config.admin_allowed_hosts.clone(),
+        virtuals: state.virtuals.values().cloned().collect(),
     });
     // The gauges follow the state even when nobody probes /readyz.
     background.push(tokio::spawn(watch_readiness(admin.clone())));
@@ -421,5 +425,17 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Lists every virtual server's members at start and every 30 s: names left
+/// out are logged and counted as soon as they are, and `/readyz` knows which
+/// members are down without waiting for a client.
+async fn watch_virtual_servers(state: Arc<State>) {
+    loop {
+        for vs in state.virtuals.values() {
+            vs.warm(&state).await;
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
     }
 }

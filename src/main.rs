@@ -220,6 +220,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             print!("{report}");
             let (report, pins_ok) = cli::check_pins(&cfg, live).await;
             print!("{report}");
+            print!("{}", cli::check_virtual_servers(&cfg).await);
             if !reachable {
                 anyhow::bail!("a configured store cannot be reached");
             }

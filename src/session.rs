@@ -324,6 +324,40 @@ impl Sessions {
         Ok(payload)
     }
 
+    /// What a virtual server hands its client (its session id, list
+    /// cursors, and the ids of its members' requests, tasks and progress
+    /// tokens), sealed for `who` (`who.upstream` is the virtual server)
+    /// under `kind`: a value of one kind never opens as another.
+    pub fn seal_virtual(&self, kind: VirtualKind, who: &Principal<'_>, payload: &[u8]) -> String {
+        let (kid, key) = self.current();
+        let tag = virtual_tag(key, kind, who, payload);
+        format!(
+            "{}.{kid}.{}.{}",
+            kind.prefix(),
+            URL_SAFE_NO_PAD.encode(payload),
+            URL_SAFE_NO_PAD.encode(tag)
+        )
+    }
+
+    /// The payload of a value [`Sessions::seal_virtual`] sealed for `who`
+    /// under `kind`.
+    pub fn open_virtual(
+        &self,
+        kind: VirtualKind,
+        who: &Principal<'_>,
+        sealed: &[u8],
+    ) -> Result<Vec<u8>, SealError> {
+        let (key, body, tag) = self.split(sealed, kind.prefix().as_bytes())?;
+        let payload = URL_SAFE_NO_PAD
+            .decode(body)
+            .map_err(|_| SealError::Malformed)?;
+        let expected = virtual_tag(key, kind, who, &payload);
+        if !same(&expected, &tag) {
+            return Err(SealError::Mismatch);
+        }
+        Ok(payload)
+    }
+
     fn current(&self) -> (&str, &hmac::Key) {
         // `new` always leaves at least one key.
         let (id, key) = &self.keys[0];
@@ -436,6 +470,56 @@ fn task_tag(key: &hmac::Key, who: &Principal<'_>, payload: &[u8]) -> [u8; TAG_BY
         &mut ctx,
         &[
             b"mcp-firewall task v1",
+            who.issuer.as_bytes(),
+            who.tenant.as_bytes(),
+            who.subject.as_bytes(),
+            who.upstream.as_bytes(),
+            who.run.as_bytes(),
+            payload,
+        ],
+    );
+    truncate(ctx.sign())
+}
+
+/// What a virtual server seals ([`Sessions::seal_virtual`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VirtualKind {
+    /// Its `Mcp-Session-Id`.
+    Session,
+    /// A merged list's cursor.
+    Cursor,
+    /// A member's request to the client, its id as the client sees it.
+    Request,
+    /// A member's task id.
+    Task,
+    /// A progress token as the member sees it.
+    Progress,
+}
+
+impl VirtualKind {
+    fn prefix(self) -> &'static str {
+        match self {
+            VirtualKind::Session => "vs1",
+            VirtualKind::Cursor => "vc1",
+            VirtualKind::Request => "vr1",
+            VirtualKind::Task => "vt1",
+            VirtualKind::Progress => "vp1",
+        }
+    }
+}
+
+fn virtual_tag(
+    key: &hmac::Key,
+    kind: VirtualKind,
+    who: &Principal<'_>,
+    payload: &[u8],
+) -> [u8; TAG_BYTES] {
+    let mut ctx = hmac::Context::with_key(key);
+    frame(
+        &mut ctx,
+        &[
+            b"mcp-firewall virtual v1",
+            kind.prefix().as_bytes(),
             who.issuer.as_bytes(),
             who.tenant.as_bytes(),
             who.subject.as_bytes(),

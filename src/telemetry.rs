@@ -119,8 +119,41 @@ pub struct RunLabelLabels {
     pub label: &'static str,
 }
 
+/// Labels of a virtual server's member.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct MemberLabels {
+    /// The virtual server.
+    pub virtual_server: String,
+    /// The member upstream.
+    pub upstream: String,
+}
+
+/// Labels of a virtual server's name space.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct DroppedLabels {
+    /// The virtual server.
+    pub virtual_server: String,
+    /// tool, prompt, resource template, resource.
+    pub kind: &'static str,
+}
+
 /// Request-path metrics.
 pub struct Metrics {
+    /// Members that answered a merged request later than its deadline.
+    pub virtual_late: prometheus_client::metrics::family::Family<
+        MemberLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Whether each member of a virtual server answered when last asked.
+    pub virtual_member_up: prometheus_client::metrics::family::Family<
+        MemberLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
+    /// Names a virtual server leaves out (collisions), by kind.
+    pub virtual_dropped: prometheus_client::metrics::family::Family<
+        DroppedLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
     /// What screening found in answers, by kind and action.
     pub screen_findings: prometheus_client::metrics::family::Family<
         FindingLabels,
@@ -203,6 +236,9 @@ impl Metrics {
     /// Creates and registers the metrics.
     pub fn register(registry: &mut Registry) -> Arc<Metrics> {
         let m = Metrics {
+            virtual_late: Default::default(),
+            virtual_member_up: Default::default(),
+            virtual_dropped: Default::default(),
             screen_findings: Default::default(),
             taint_gates: Default::default(),
             run_labels: Default::default(),
@@ -291,6 +327,21 @@ impl Metrics {
             "label_store_errors",
             "Run labels that could not be stored in or read from Redis (reads fail closed)",
             m.label_store_errors.clone(),
+        );
+        registry.register(
+            "virtual_server_late_members",
+            "Members of a virtual server that answered a merged request (a list, initialize) later than list_timeout_ms",
+            m.virtual_late.clone(),
+        );
+        registry.register(
+            "virtual_server_member_up",
+            "1 when a virtual server's member answered when last asked, 0 when it is down",
+            m.virtual_member_up.clone(),
+        );
+        registry.register(
+            "virtual_server_names_dropped",
+            "Names a virtual server leaves out by its collision rule, by kind (tool, prompt, resource template, resource)",
+            m.virtual_dropped.clone(),
         );
         registry.register(
             "budget_runs",
@@ -402,6 +453,36 @@ impl Metrics {
         self.taint_gates
             .get_or_create(&TaintLabels { rule, gate })
             .inc();
+    }
+
+    /// Counts a member that missed a merged request's deadline.
+    pub fn virtual_late(&self, virtual_server: &str, upstream: &str) {
+        self.virtual_late
+            .get_or_create(&MemberLabels {
+                virtual_server: virtual_server.to_owned(),
+                upstream: upstream.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sets whether a virtual server's member is up.
+    pub fn virtual_member(&self, virtual_server: &str, upstream: &str, up: bool) {
+        self.virtual_member_up
+            .get_or_create(&MemberLabels {
+                virtual_server: virtual_server.to_owned(),
+                upstream: upstream.to_owned(),
+            })
+            .set(i64::from(up));
+    }
+
+    /// Sets how many names of `kind` a virtual server leaves out.
+    pub fn virtual_dropped(&self, virtual_server: &str, kind: &'static str, n: usize) {
+        self.virtual_dropped
+            .get_or_create(&DroppedLabels {
+                virtual_server: virtual_server.to_owned(),
+                kind,
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts an answer that gave its run `label`.

@@ -1,7 +1,8 @@
-//! The names a virtual server exposes (issue 34, first part: not yet
-//! served): several member upstreams behind one endpoint, each member's
-//! tools (or prompts, or resource templates) under one name space, and the
-//! member every exposed name reaches.
+//! A virtual server's section of the config (`[[virtual_server]]`) and the
+//! names it exposes: several member upstreams behind one endpoint, each
+//! member's tools (or prompts, or resource templates, or resource URIs)
+//! under one name space, and the member every exposed name reaches. It is
+//! served by [`crate::proxy::vserver`].
 //!
 //! Invariants:
 //! - Names are resolved over the members' **full** lists, before any
@@ -12,10 +13,131 @@
 //! - Every name left out is reported with why ([`Dropped`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// `[[virtual_server]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVirtualServer {
+    /// Served at `/mcp/<name>`.
+    pub name: String,
+    /// The member upstreams, in priority order.
+    pub upstreams: Vec<String>,
+    /// `prefix`, `priority` or `reject` (default).
+    #[serde(default)]
+    pub collisions: Collisions,
+    /// Between the member's name and its own name, in `prefix` mode.
+    #[serde(default = "default_separator")]
+    pub separator: String,
+    /// How long a merged list waits for each member. Default 2,000 ms.
+    #[serde(default = "default_list_timeout_ms")]
+    pub list_timeout_ms: u64,
+}
+
+fn default_separator() -> String {
+    "__".to_owned()
+}
+
+fn default_list_timeout_ms() -> u64 {
+    2_000
+}
+
+/// A validated `[[virtual_server]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualServer {
+    /// Its route name.
+    pub name: String,
+    /// Its members' upstream names, in priority order (each a configured
+    /// upstream, none twice).
+    pub members: Vec<String>,
+    /// The collision rule.
+    pub collisions: Collisions,
+    /// The prefix separator.
+    pub separator: String,
+    /// The per-member deadline of merged lists.
+    pub list_timeout: Duration,
+}
+
+/// Most members of one virtual server.
+pub const MAX_MEMBERS: usize = 32;
+
+impl RawVirtualServer {
+    /// Validates against the configured upstream names; the error names the
+    /// key (`virtual_server[0].upstreams`) and why.
+    pub fn validate(self, i: usize, upstreams: &[&str]) -> Result<VirtualServer, (String, String)> {
+        let key = |k: &str| format!("virtual_server[{i}].{k}");
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !name_ok {
+            return Err((
+                key("name"),
+                format!("{:?} must be 1-64 characters of [A-Za-z0-9_-]", self.name),
+            ));
+        }
+        if upstreams.contains(&self.name.as_str()) {
+            return Err((
+                key("name"),
+                format!("{:?} is already an upstream's name", self.name),
+            ));
+        }
+        if self.upstreams.is_empty() || self.upstreams.len() > MAX_MEMBERS {
+            return Err((
+                key("upstreams"),
+                format!("needs 1 to {MAX_MEMBERS} member upstreams"),
+            ));
+        }
+        for (j, m) in self.upstreams.iter().enumerate() {
+            if !upstreams.contains(&m.as_str()) {
+                return Err((
+                    format!("{}[{j}]", key("upstreams")),
+                    format!("{m:?} is not a configured [[upstream]]"),
+                ));
+            }
+            if self.upstreams[..j].contains(m) {
+                return Err((
+                    format!("{}[{j}]", key("upstreams")),
+                    format!("{m:?} is a member twice"),
+                ));
+            }
+        }
+        let sep_ok = !self.separator.is_empty()
+            && self.separator.len() <= 8
+            && self
+                .separator
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:/".contains(&b));
+        if !sep_ok {
+            return Err((
+                key("separator"),
+                format!(
+                    "{:?} must be 1-8 characters of [A-Za-z0-9_-.:/]",
+                    self.separator
+                ),
+            ));
+        }
+        if !(1..=60_000).contains(&self.list_timeout_ms) {
+            return Err((key("list_timeout_ms"), "must be 1 to 60000".to_owned()));
+        }
+        Ok(VirtualServer {
+            name: self.name,
+            members: self.upstreams,
+            collisions: self.collisions,
+            separator: self.separator,
+            list_timeout: Duration::from_millis(self.list_timeout_ms),
+        })
+    }
+}
 
 /// What happens when two members expose the same name
 /// (`[[virtual_server]] collisions`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Collisions {
     /// Every name is exposed as `<upstream><separator><name>`.
     Prefix,
@@ -23,7 +145,19 @@ pub enum Collisions {
     Priority,
     /// Names are kept; a name two members expose is exposed by none
     /// (ambiguous). The default.
+    #[default]
     Reject,
+}
+
+impl Collisions {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Collisions::Prefix => "prefix",
+            Collisions::Priority => "priority",
+            Collisions::Reject => "reject",
+        }
+    }
 }
 
 /// One member's full list, in the virtual server's member order.
@@ -59,6 +193,8 @@ pub struct Dropped {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Names {
     exposed: BTreeMap<String, Route>,
+    /// (member, own name) → exposed name.
+    by_member: HashMap<(usize, String), String>,
     dropped: Vec<Dropped>,
 }
 
@@ -138,6 +274,11 @@ impl Names {
         }
         out.dropped
             .sort_by(|a, b| (a.member, &a.name).cmp(&(b.member, &b.name)));
+        out.by_member = out
+            .exposed
+            .iter()
+            .map(|(e, r)| ((r.member, r.name.clone()), e.clone()))
+            .collect();
         out
     }
 
@@ -148,10 +289,9 @@ impl Names {
 
     /// The name `member` exposes for its own `name`, if it does.
     pub fn exposed_as(&self, member: usize, name: &str) -> Option<&str> {
-        self.exposed
-            .iter()
-            .find(|(_, r)| r.member == member && r.name == name)
-            .map(|(e, _)| e.as_str())
+        self.by_member
+            .get(&(member, name.to_owned()))
+            .map(String::as_str)
     }
 
     /// Every exposed name and where it goes, in name order.

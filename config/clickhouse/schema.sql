@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS {database}.{table}
     row_version         UInt8 DEFAULT 1,
     screen_kinds        Array(String),
     screen_action       LowCardinality(String),
-    run_labels          Array(String)
+    run_labels          Array(String),
+    virtual_server      LowCardinality(String)
 )
 ENGINE = ReplacingMergeTree(row_version)
 PARTITION BY toYYYYMMDD(time)

@@ -146,11 +146,12 @@ pub fn drop_partition_sql(database: &str, table: &str, partition: u32) -> String
 
 /// Columns added after the first release, with their types: a table
 /// created before them gets them at start.
-const ADDED_COLUMNS: [(&str, &str); 4] = [
+const ADDED_COLUMNS: [(&str, &str); 5] = [
     ("row_version", "UInt8 DEFAULT 1"),
     ("screen_kinds", "Array(String)"),
     ("screen_action", "LowCardinality(String)"),
     ("run_labels", "Array(String)"),
+    ("virtual_server", "LowCardinality(String)"),
 ];
 
 /// Creates what is missing of the schema (idempotent).

@@ -90,7 +90,7 @@ fn insert_names_every_column_in_order() {
     let sql = insert_sql("db", "t");
     assert!(sql.starts_with("INSERT INTO db.t (event_id, time, time_ms, tenant,"));
     assert!(sql.ends_with(
-        "instance, trace_id, row_version, screen_kinds, screen_action, run_labels) FORMAT RowBinary"
+        "instance, trace_id, row_version, screen_kinds, screen_action, run_labels, virtual_server) FORMAT RowBinary"
     ));
 }
 

@@ -124,6 +124,9 @@ pub struct AuditRow {
     pub screen_action: &'static str,
     /// The run's labels at decision time (`private`, `untrusted`).
     pub run_labels: crate::policy::Labels,
+    /// The virtual server the message came through (`upstream` is then
+    /// its member); empty for a plain upstream.
+    pub virtual_server: String,
 }
 
 impl AuditRow {
@@ -171,6 +174,7 @@ impl AuditRow {
             screen_kinds: Vec::new(),
             screen_action: "",
             run_labels: crate::policy::Labels::NONE,
+            virtual_server: String::new(),
         }
     }
 }
@@ -219,6 +223,7 @@ pub const COLUMNS: &[&str] = &[
     "screen_kinds",
     "screen_action",
     "run_labels",
+    "virtual_server",
 ];
 
 /// How many of [`COLUMNS`] rows spooled by releases before content
@@ -226,8 +231,15 @@ pub const COLUMNS: &[&str] = &[
 pub const LEGACY_COLUMNS: usize = 31;
 
 /// What completes a row of [`LEGACY_COLUMNS`] (`screen_kinds = []`,
-/// `screen_action = ''`, `run_labels = []`).
-pub const LEGACY_TAIL: [u8; 3] = [0, 0, 0];
+/// `screen_action = ''`, `run_labels = []`, `virtual_server = ''`).
+pub const LEGACY_TAIL: [u8; 4] = [0, 0, 0, 0];
+
+/// How many of [`COLUMNS`] rows spooled by releases before virtual servers
+/// have.
+pub const SCREENING_COLUMNS: usize = 34;
+
+/// What completes a row of [`SCREENING_COLUMNS`] (`virtual_server = ''`).
+pub const SCREENING_TAIL: [u8; 1] = [0];
 
 /// Offset of `time_ms` in an encoded row (after the 16-byte UUID and 4-byte DateTime).
 const TIME_MS_OFFSET: usize = 20;
@@ -293,6 +305,7 @@ pub(crate) fn encode_row(
     put_strs(out, row.screen_kinds.iter().copied());
     put_str(out, row.screen_action);
     put_strs(out, row.run_labels.names().into_iter());
+    put_str(out, &row.virtual_server);
 }
 
 /// `Array(String)` in RowBinary: LEB128 count, then each string.
@@ -323,11 +336,11 @@ enum Width {
 }
 
 /// The type of each of [`COLUMNS`], in order (what [`encode_row`] writes).
-const WIDTHS: [Width; 34] = {
+const WIDTHS: [Width; 35] = {
     use Width::*;
     [
         Uuid, U32, U64, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str,
-        Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8, Strs, Str, Strs,
+        Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8, Strs, Str, Strs, Str,
     ]
 };
 const _: () = assert!(WIDTHS.len() == COLUMNS.len());
@@ -357,6 +370,12 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
             out.insert("screen_kinds".to_owned(), Value::Array(Vec::new()));
             out.insert("screen_action".to_owned(), Value::String(String::new()));
             out.insert("run_labels".to_owned(), Value::Array(Vec::new()));
+            out.insert("virtual_server".to_owned(), Value::String(String::new()));
+            break;
+        }
+        // One spooled before virtual servers.
+        if i == SCREENING_COLUMNS && at.get() == payload.len() {
+            out.insert("virtual_server".to_owned(), Value::String(String::new()));
             break;
         }
         let value = match width {

@@ -64,6 +64,7 @@ fn full_row() -> AuditRow {
     r.screen_kinds = vec!["card_number", "instruction_cue"];
     r.screen_action = "redact";
     r.run_labels = crate::policy::Labels::UNTRUSTED;
+    r.virtual_server = "ops".into();
     r
 }
 
@@ -115,6 +116,7 @@ fn encoded_row_decodes_to_every_field_in_column_order() {
     assert_eq!(rd.string(), "redact");
     assert_eq!(rd.take(1), [1], "one label");
     assert_eq!(rd.string(), "untrusted");
+    assert_eq!(rd.string(), "ops", "virtual_server");
     assert_eq!(rd.pos, out.len(), "no trailing bytes");
 }
 
@@ -200,10 +202,16 @@ fn decode_row_reads_back_what_encode_row_wrote() {
     );
     assert_eq!(d["screen_action"], "redact");
     assert_eq!(d["run_labels"], serde_json::json!(["untrusted"]));
+    assert_eq!(d["virtual_server"], "ops");
     assert_eq!(d.len(), COLUMNS.len() - 1, "every column but `time`");
+    // A row spooled by a release before virtual servers.
+    let screening = &out[..out.len() - 4];
+    let s = decode_row(screening).expect("a format-2 row");
+    assert_eq!(s["virtual_server"], "");
+    assert_eq!(s["run_labels"], serde_json::json!(["untrusted"]));
     // A row spooled by a release before screening decodes with empty
     // screening columns.
-    let legacy = &out[..out.len() - (1 + 12 + 16 + 7 + 1 + 10)];
+    let legacy = &out[..out.len() - (1 + 12 + 16 + 7 + 1 + 10 + 4)];
     let l = decode_row(legacy).expect("a legacy row");
     assert_eq!(l["screen_kinds"], serde_json::json!([]));
     assert_eq!(l["screen_action"], "");

@@ -143,6 +143,137 @@ pub async fn check_pins(cfg: &Config, live: bool) -> (String, bool) {
     (out, ok)
 }
 
+/// The virtual servers part of `mcp-firewall check`: each one's members
+/// listed live (within its `list_timeout_ms`) and the names resolved over
+/// their full lists: what each exposed name reaches, what is left out and
+/// why, which members could not be listed.
+pub async fn check_virtual_servers(cfg: &Config) -> String {
+    use crate::proxy::vserver::index::{Index, Space};
+    let mut out = String::new();
+    let auditor = crate::audit::Auditor::disabled();
+    let metrics =
+        crate::telemetry::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    for vs in &cfg.virtual_servers {
+        let _ = writeln!(
+            out,
+            "virtual server {} (/mcp/{}): collisions = {}, members: {}",
+            vs.name,
+            vs.name,
+            vs.collisions.as_str(),
+            vs.members.join(", ")
+        );
+        let mut clients = Vec::new();
+        for m in &vs.members {
+            match self::pins::upstream_client(cfg, m) {
+                Ok(c) => clients.push(std::sync::Arc::new(c)),
+                Err(e) => {
+                    let _ = writeln!(out, "  member {m}: {e:#}");
+                }
+            }
+        }
+        if clients.len() != vs.members.len() {
+            continue;
+        }
+        let index = Index::new(vs.clone(), metrics.clone());
+        let resolved = index
+            .refresh(&clients, &auditor, None, true, vs.list_timeout)
+            .await;
+        for (i, m) in vs.members.iter().enumerate() {
+            if !resolved.listed.get(i).copied().unwrap_or(false) {
+                let _ = writeln!(
+                    out,
+                    "  member {m}: NOT LISTED (down, or slower than list_timeout_ms): its names are left out"
+                );
+            }
+        }
+        for space in Space::ALL {
+            for (exposed, route) in resolved.names(space).exposed() {
+                let member = vs.members.get(route.member).map_or("", String::as_str);
+                if exposed == route.name {
+                    let _ = writeln!(out, "  {} {exposed} -> {member}", space.as_str());
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "  {} {exposed} -> {member} {}",
+                        space.as_str(),
+                        route.name
+                    );
+                }
+            }
+        }
+        for (space, d) in resolved.dropped() {
+            let member = vs.members.get(d.member).map_or("", String::as_str);
+            let _ = writeln!(
+                out,
+                "  left out: {} {} of {member}: {}",
+                space.as_str(),
+                d.name,
+                d.why
+            );
+        }
+    }
+    out
+}
+
+/// Where a virtual server's tool name goes (written to `out`): the member
+/// and its own name, or `None` when the name reaches nothing.
+async fn virtual_route(
+    cfg: &Config,
+    vs: &std::sync::Arc<crate::virtual_server::VirtualServer>,
+    tool: &str,
+    out: &mut String,
+) -> anyhow::Result<Option<(String, String)>> {
+    use crate::proxy::vserver::index::{Index, Space};
+    let mut clients = Vec::new();
+    for m in &vs.members {
+        clients.push(std::sync::Arc::new(self::pins::upstream_client(cfg, m)?));
+    }
+    let auditor = crate::audit::Auditor::disabled();
+    let metrics =
+        crate::telemetry::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let index = Index::new(vs.clone(), metrics);
+    let resolved = index
+        .refresh(&clients, &auditor, None, true, vs.list_timeout)
+        .await;
+    let names = resolved.names(Space::Tools);
+    if let Some(r) = names.route(tool) {
+        let member = vs.members.get(r.member).cloned().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "virtual server {}: tool {tool:?} reaches member {member} as {:?} (collisions = {})",
+            vs.name,
+            r.name,
+            vs.collisions.as_str()
+        );
+        return Ok(Some((member, r.name.clone())));
+    }
+    let left_out = names.dropped().iter().find(|d| {
+        let spelled = match vs.collisions {
+            crate::virtual_server::Collisions::Prefix => format!(
+                "{}{}{}",
+                vs.members.get(d.member).map_or("", String::as_str),
+                vs.separator,
+                d.name
+            ),
+            _ => d.name.clone(),
+        };
+        spelled == tool
+    });
+    let _ = match left_out {
+        Some(d) => writeln!(
+            out,
+            "decision: virtual server {}: tool {tool:?} is left out ({}); refused for every caller",
+            vs.name, d.why
+        ),
+        None => writeln!(
+            out,
+            "decision: virtual server {}: no member lists a tool {tool:?} (Unknown tool)",
+            vs.name
+        ),
+    };
+    Ok(None)
+}
+
 /// `mcp-firewall migrate`: creates or upgrades the approvals schema.
 pub async fn migrate(cfg: &Config) -> anyhow::Result<String> {
     let a = cfg
@@ -269,6 +400,21 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
         (None, Some(path)) => claims_from_file(path)?,
         _ => bail!("give exactly one of --token or --claims"),
     };
+    let mut out = String::new();
+    // A virtual server's name: the member it reaches, as that member's
+    // own tool (names resolved over the members' live lists).
+    let (upstream, tool) = match cfg.virtual_servers.iter().find(|v| v.name == args.upstream) {
+        Some(vs) => match virtual_route(cfg, vs, args.tool, &mut out).await? {
+            Some(r) => r,
+            None => return Ok(out),
+        },
+        None => (args.upstream.to_owned(), args.tool.to_owned()),
+    };
+    let args = ExplainArgs {
+        upstream: &upstream,
+        tool: &tool,
+        ..args
+    };
     let up = cfg
         .upstreams
         .iter()
@@ -280,7 +426,6 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
     };
     let service_issuer = cfg.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
     let identity: Identity<'_> = crate::proxy::decide::identity(&claims, service_issuer);
-    let mut out = String::new();
     let authority = match policy.authority(&identity) {
         Ok(a) => a,
         Err(e) => {

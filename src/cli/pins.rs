@@ -169,7 +169,7 @@ pub async fn record(cfg: &Config, upstream: &str, by: &str) -> anyhow::Result<St
     ))
 }
 
-fn upstream_client(
+pub(crate) fn upstream_client(
     cfg: &Config,
     upstream: &str,
 ) -> anyhow::Result<crate::proxy::upstream::UpstreamClient> {

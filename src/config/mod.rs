@@ -65,6 +65,9 @@ pub struct RawConfig {
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<RawUpstream>,
+    /// Several upstreams behind one endpoint, `/mcp/<name>`.
+    #[serde(default, rename = "virtual_server")]
+    pub virtual_servers: Vec<crate::virtual_server::RawVirtualServer>,
 }
 
 /// `[server]`: the listener agents connect to.

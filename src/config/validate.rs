@@ -34,6 +34,8 @@ pub struct Config {
     pub log_level: String,
     /// Upstreams in file order.
     pub upstreams: Vec<Arc<Upstream>>,
+    /// Virtual servers in file order (members validated).
+    pub virtual_servers: Vec<Arc<crate::virtual_server::VirtualServer>>,
     /// Tool-token verification settings (paths resolved).
     pub auth: crate::auth::AuthConfig,
     /// Authorization servers for the protected-resource metadata.
@@ -545,6 +547,20 @@ impl Validator<'_> {
             }
             upstreams.push(Arc::new(up));
         }
+        let upstream_names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+        let mut virtual_servers = Vec::with_capacity(raw.virtual_servers.len());
+        for (i, v) in raw.virtual_servers.into_iter().enumerate() {
+            let v = v
+                .validate(i, &upstream_names)
+                .map_err(|(key, why)| self.invalid(key, why))?;
+            if !names.insert(v.name.clone()) {
+                return Err(self.invalid(
+                    format!("virtual_server[{i}].name"),
+                    format!("duplicate virtual server name {:?}", v.name),
+                ));
+            }
+            virtual_servers.push(Arc::new(v));
+        }
 
         Ok(Config {
             source: self.file.to_owned(),
@@ -557,6 +573,7 @@ impl Validator<'_> {
             log_format: raw.log.format,
             log_level: raw.log.level,
             upstreams,
+            virtual_servers,
             auth,
             authorization_servers,
             limits: raw.limits,

@@ -13,6 +13,11 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use super::failure::{Cause, UpstreamFailure};
 use super::h2pool::StreamSlot;
 
+/// A client's request body: from the wire, or a message a virtual server
+/// ([`super::vserver`]) passes to one of its members, which then takes the
+/// same path as any client's.
+pub type ClientBody = http_body_util::Either<Incoming, http_body_util::Full<Bytes>>;
+
 /// An upstream response body. Over HTTP/2 it holds its stream's slot on the
 /// connection until dropped, so the pool counts the stream for as long as
 /// the answer is being relayed.

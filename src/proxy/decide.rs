@@ -77,6 +77,9 @@ pub struct RunContext {
     pub tasks: Arc<super::tasks::Tasks>,
     /// This request's trace, when traces are on.
     pub trace: Option<Arc<crate::trace::RequestTrace>>,
+    /// The virtual server this message came through, if any (on record
+    /// beside the member upstream).
+    pub via: Option<Arc<str>>,
 }
 
 /// What a decision knows besides the message and the run: the caller's

@@ -55,7 +55,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 
 use crate::approval::Approvals;
 use crate::audit::{Auditor, Redactor};
@@ -88,9 +87,11 @@ pub mod stack;
 pub mod stage;
 pub mod tasks;
 pub mod upstream;
+pub mod vserver;
 
 use crate::http_util::Body;
 use crate::session::Sessions;
+use body::ClientBody;
 use decide::RunContext;
 use error::ProxyError;
 use holds::Holds;
@@ -145,6 +146,8 @@ pub struct State {
     /// How many rows of refused messages each principal may leave per
     /// second (a flood of hostile bodies cannot fill the spool).
     pub refused_rows: governor::DefaultKeyedRateLimiter<String>,
+    /// The virtual servers, by route name, and their sessions.
+    pub virtuals: HashMap<String, Arc<vserver::Virtual>>,
 }
 
 /// Rows of messages refused before a decision, per principal: 10 a second,
@@ -203,6 +206,14 @@ impl State {
             tracing::info!("sessions are sealed with a key of this process: configure [sessions] keys for several replicas");
         }
         let refills = Arc::new(refill::Refills::new(auditor.clone()));
+        let virtuals = config
+            .virtual_servers
+            .iter()
+            .map(|v| {
+                let vs = vserver::Virtual::new(v.clone(), metrics.clone());
+                (v.name.clone(), Arc::new(vs))
+            })
+            .collect();
         Ok(State {
             holds: Arc::new(Holds::new(approvals.clone())),
             config,
@@ -224,6 +235,7 @@ impl State {
             refused_rows: governor::RateLimiter::keyed(refused_rows_quota()),
             tasks: Arc::new(tasks::Tasks::default()),
             opening: Arc::new(opening::Opening::default()),
+            virtuals,
         })
     }
 }
@@ -256,7 +268,7 @@ fn redactor(config: &Config) -> Result<Redactor, crate::audit::RedactError> {
 }
 
 /// Serves one request on the MCP listener.
-pub async fn handle(state: Arc<State>, conn: ConnInfo, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(state: Arc<State>, conn: ConnInfo, req: Request<ClientBody>) -> Response<Body> {
     match serve(&state, conn, req).await {
         Ok(r) => r,
         Err(e) => {
@@ -269,7 +281,7 @@ pub async fn handle(state: Arc<State>, conn: ConnInfo, req: Request<Incoming>) -
 async fn serve(
     state: &State,
     conn: ConnInfo,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<Body>, ProxyError> {
     // Step 1: route.
     let path = req.uri().path();
@@ -287,9 +299,28 @@ async fn serve(
     // Step 3: authenticate.
     let claims = authenticate(state, req.headers(), &name).await?;
 
+    // A virtual server: each message goes to the member that owns its name,
+    // on that member's own path from step 4 on ([`vserver`]).
+    if let Some(vs) = state.virtuals.get(&name) {
+        return Box::pin(vserver::serve(state, conn, claims, vs.clone(), req)).await;
+    }
+    serve_upstream(state, conn, claims, &name, None, req).await
+}
+
+/// Steps 4 on, for one upstream: a client's request, or a virtual server's
+/// message to one of its members (`via`: the virtual server, on record).
+pub(crate) async fn serve_upstream(
+    state: &State,
+    conn: ConnInfo,
+    claims: Arc<Claims>,
+    name: &str,
+    via: Option<Arc<str>>,
+    req: Request<ClientBody>,
+) -> Result<Response<Body>, ProxyError> {
     // Step 4: authority. Every way of not having it looks like a 404.
-    let mut run = authorize(state, claims, &name)?;
+    let mut run = authorize(state, claims, name)?;
     run.version = header_version(req.headers());
+    run.via = via;
 
     // Step 5: the session, the caller's own or none.
     let session = open_session(&run, req.headers())?;
@@ -321,7 +352,7 @@ async fn post(
     conn: ConnInfo,
     mut run: RunContext,
     session: Option<Vec<u8>>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<Body>, ProxyError> {
     // Step 6: read and parse once; everything after decides on this model.
     // A refusal here is on record too (rate-limited per principal).
@@ -512,7 +543,7 @@ async fn get(
     conn: ConnInfo,
     run: Arc<RunContext>,
     session: Option<Vec<u8>>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<Body>, ProxyError> {
     // From now until the upstream answers this GET's headers, the
     // session's POSTs wait ([`opening`]).
@@ -561,7 +592,7 @@ async fn delete(
     conn: ConnInfo,
     run: Arc<RunContext>,
     session: Option<Vec<u8>>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<Body>, ProxyError> {
     if session.is_none() {
         return Err(ProxyError::SessionRequired);
@@ -752,6 +783,7 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
         refills: state.refills.clone(),
         tasks: state.tasks.clone(),
         trace: None,
+        via: None,
     })
 }
 

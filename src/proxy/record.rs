@@ -90,6 +90,9 @@ impl Recorder {
         // What this process knows the run holds (no I/O: labels are only
         // ever added, so this is a lower bound; gates ask the store).
         base.run_labels = cx.budgets.labels().known(&c.tenant_id, &c.run_id);
+        if let Some(v) = &cx.via {
+            base.virtual_server = v.to_string();
+        }
         Recorder {
             auditor,
             base,

@@ -245,8 +245,12 @@ pub fn mcp(
             // allocated and copied per request: rare paths inside it (catalog
             // refill, HTTP/2 pool) are boxed where they are awaited (12 KB
             // instead of 44 KB, measured on the release build).
-            let handled =
-                AssertUnwindSafe(Box::pin(proxy::handle(state, conn, req))).catch_unwind();
+            let handled = AssertUnwindSafe(Box::pin(proxy::handle(
+                state,
+                conn,
+                req.map(http_body_util::Either::Left),
+            )))
+            .catch_unwind();
             Ok::<_, Infallible>(handled.await.unwrap_or_else(|_panic| {
                 tracing::error!("request handler panicked");
                 let mut r = Response::new(full(

@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde_json::Value;
 
 use crate::http_util::accepts;
@@ -89,7 +88,7 @@ impl Parsed {
     pub async fn read(
         state: &State,
         run: &mut RunContext,
-        req: Request<Incoming>,
+        req: Request<super::body::ClientBody>,
     ) -> Result<Parsed, ProxyError> {
         let (head, body) = req.into_parts();
         check_content_type(&head.headers)?;
@@ -206,7 +205,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ProxyError> {
 
 /// Reads the body, refusing it as soon as it is known to exceed `limit`.
 async fn read_bounded(
-    body: Incoming,
+    body: super::body::ClientBody,
     headers: &HeaderMap,
     limit: usize,
 ) -> Result<Bytes, ProxyError> {

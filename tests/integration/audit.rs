@@ -983,9 +983,9 @@ fn as_legacy_segment(segment: &[u8]) -> Vec<u8> {
         let Some(payload) = segment.get(at + 8..at + 8 + len) else {
             break;
         };
-        // Empty screening columns: `[]`, `''`, `[]`.
-        assert_eq!(&payload[len - 3..], [0, 0, 0]);
-        let old = &payload[..len - 3];
+        // Empty screening and virtual server columns: `[]`, `''`, `[]`, `''`.
+        assert_eq!(&payload[len - 4..], [0, 0, 0, 0]);
+        let old = &payload[..len - 4];
         out.extend_from_slice(&(old.len() as u32).to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(old).to_le_bytes());
         out.extend_from_slice(old);
@@ -1029,7 +1029,7 @@ async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
         .unwrap()
         .replace("{database}", &db)
         .replace("{table}", "audit_events")
-        .replace(",\n    screen_kinds        Array(String),\n    screen_action       LowCardinality(String),\n    run_labels          Array(String)", "");
+        .replace(",\n    screen_kinds        Array(String),\n    screen_action       LowCardinality(String),\n    run_labels          Array(String),\n    virtual_server      LowCardinality(String)", "");
     assert!(!create.contains("screen_kinds"), "{create}");
     ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}"));
     ch.query(&create);

@@ -33,3 +33,4 @@ mod tokens;
 mod traces;
 mod upstream_failures;
 mod upstream_h2;
+mod virtual_servers;

@@ -71,7 +71,9 @@ pub(crate) struct SpoolReader {
     consumed: usize,
     /// The segment being read was written by a release before content
     /// screening: its rows are completed as they are read.
-    legacy: bool,
+    /// What completes each row of the segment being read (empty for this
+    /// build's format).
+    tail: &'static [u8],
 }
 
 impl SpoolReader {
@@ -83,7 +85,7 @@ impl SpoolReader {
             buf: Vec::with_capacity(READ_CHUNK),
             buf_offset: pos.offset,
             consumed: 0,
-            legacy: false,
+            tail: &[],
         }
     }
 
@@ -141,11 +143,7 @@ impl SpoolReader {
                             batch.opened = Some(Instant::now());
                         }
                         batch.body.extend_from_slice(payload);
-                        if self.legacy {
-                            batch
-                                .body
-                                .extend_from_slice(&crate::audit::record::LEGACY_TAIL);
-                        }
+                        batch.body.extend_from_slice(self.tail);
                         batch.rows += 1;
                         local = span.end;
                         batch.end = Some(Position {
@@ -201,7 +199,11 @@ impl SpoolReader {
                     .read_exact_at(&mut header, 0)
                     .ok()
                     .and_then(|()| header_version(&header));
-                self.legacy = version == Some(super::format::LEGACY_VERSION);
+                self.tail = match version {
+                    Some(super::format::LEGACY_VERSION) => &crate::audit::record::LEGACY_TAIL,
+                    Some(super::format::SCREENING_VERSION) => &crate::audit::record::SCREENING_TAIL,
+                    _ => &[],
+                };
                 if version.is_none() {
                     tracing::error!(segment = %path.display(), "audit spool: segment header unreadable; skipping segment");
                     self.file = Some(f);

@@ -80,6 +80,37 @@ impl TestConfig {
         self
     }
 
+    /// Adds `[[virtual_server]]` `name` over `members` with `collisions`.
+    pub fn virtual_server(mut self, name: &str, members: &[&str], collisions: &str) -> TestConfig {
+        let vs = table([
+            ("name", name.into()),
+            (
+                "upstreams",
+                Value::Array(members.iter().map(|m| (*m).into()).collect()),
+            ),
+            ("collisions", collisions.into()),
+        ]);
+        match self
+            .doc
+            .entry("virtual_server")
+            .or_insert_with(|| Value::Array(Vec::new()))
+        {
+            Value::Array(a) => a.push(Value::Table(vs)),
+            other => panic!("`virtual_server` is not an array: {other:?}"),
+        }
+        self
+    }
+
+    /// Sets `key` of the virtual server `name` (the last one added).
+    pub fn virtual_server_set(mut self, key: &str, value: impl Into<Value>) -> TestConfig {
+        if let Some(Value::Array(a)) = self.doc.get_mut("virtual_server") {
+            if let Some(Value::Table(t)) = a.last_mut() {
+                t.insert(key.to_owned(), value.into());
+            }
+        }
+        self
+    }
+
     /// Sets `key` (dotted, `limits.per_run_tool_per_s`), creating the tables
     /// on its way.
     pub fn set(mut self, key: &str, value: impl Into<Value>) -> TestConfig {

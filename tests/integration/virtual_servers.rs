@@ -1,0 +1,749 @@
+//! Virtual servers (issue 34) against three recording upstreams, two of
+//! which (alpha, beta) list the same tool (`search`), prompt (`brief`) and
+//! resource URI (`file:///shared.txt`): per collision mode, what is listed,
+//! what each name reaches and that the other member received nothing; that
+//! a policy hiding one twin from a principal does not send its name to the
+//! other; that a member's request to the client is answered to that member
+//! only; `list_changed` on the merged stream; both eras; rows naming the
+//! virtual server, the member and the member's own tool; a slow member left
+//! out of a list page within the deadline and a down member on `/readyz`.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::common::clickhouse::ClickHouse;
+use crate::common::{self, raw, Firewall, TestConfig};
+
+const POLICY: &str = r#"
+[[agents]]
+name = "vs-all"
+description = "Every read tool of the virtual server's members"
+projects = ["sre"]
+risks = ["read"]
+allow = [{}]
+
+[[agents]]
+name = "vs-narrow"
+description = "Every read tool but alpha's search"
+projects = ["sre"]
+risks = ["read"]
+allow = [{}]
+deny = [{ upstream = "alpha", tools = ["search"] }]
+
+[[tools]]
+upstream = "alpha"
+match = ["search", "alpha_only"]
+risk = "read"
+
+[[tools]]
+upstream = "beta"
+match = ["search", "beta_only", "ask"]
+risk = "read"
+
+[[tools]]
+upstream = "gamma"
+match = ["gamma_only"]
+risk = "read"
+
+[server_requests]
+sampling = false
+elicitation = false
+roots = false
+
+[server_requests.upstreams.beta]
+sampling = true
+"#;
+
+/// What member `name` lists.
+fn tools_of(name: &str) -> Vec<&'static str> {
+    match name {
+        "alpha" => vec!["search", "alpha_only"],
+        "beta" => vec!["search", "beta_only", "ask"],
+        _ => vec!["gamma_only"],
+    }
+}
+
+fn prompts_of(name: &str) -> Vec<&'static str> {
+    match name {
+        "alpha" | "beta" => vec!["brief"],
+        _ => vec![],
+    }
+}
+
+fn uris_of(name: &str) -> Vec<&'static str> {
+    match name {
+        "alpha" => vec!["file:///shared.txt", "file:///alpha.txt"],
+        "beta" => vec!["file:///shared.txt"],
+        _ => vec![],
+    }
+}
+
+/// A recording member: answers as an MCP server named `name` would (a
+/// session per `initialize`, its lists, `<name>:<what>` for a call, a
+/// prompt or a read); `ask` answers with a sampling request and then its
+/// result on one stream; the GET stream carries `tools/list_changed`;
+/// `tools/list` waits `slow` first.
+async fn member(name: &'static str, slow: Duration) -> raw::RawUpstream {
+    raw::upstream(move |seen| async move {
+        match seen.method.as_str() {
+            "GET" => {
+                return raw::sse(
+                    vec![Bytes::from_static(
+                        b"id: g1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n",
+                    )],
+                    Duration::from_millis(1),
+                    false,
+                )
+            }
+            "DELETE" => return raw::full(200, "text/plain", ""),
+            _ => {}
+        }
+        let body: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+        let method = body["method"].as_str().unwrap_or("").to_owned();
+        if body.get("id").is_none() || method.is_empty() {
+            return raw::full(202, "text/plain", "");
+        }
+        let p = &body["params"];
+        let item = |n: &&str| json!({"name": n, "description": format!("{name}'s {n}"), "inputSchema": {"type": "object"}});
+        let result = match method.as_str() {
+            "initialize" => json!({
+                "protocolVersion": p["protocolVersion"].as_str().unwrap_or("2025-11-25"),
+                "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "resources": {}},
+                "serverInfo": {"name": name, "version": "1"},
+            }),
+            "tools/list" => {
+                tokio::time::sleep(slow).await;
+                json!({"tools": tools_of(name).iter().map(item).collect::<Vec<_>>()})
+            }
+            "prompts/list" => json!({"prompts": prompts_of(name).iter().map(|n| json!({"name": n})).collect::<Vec<_>>()}),
+            "resources/list" => json!({"resources": uris_of(name).iter().map(|u| json!({"uri": u, "name": u})).collect::<Vec<_>>()}),
+            "resources/templates/list" => json!({"resourceTemplates": []}),
+            "tools/call" if p["name"] == "ask" => {
+                let ask = json!({"jsonrpc": "2.0", "id": 91, "method": "sampling/createMessage",
+                    "params": {"messages": [{"role": "user", "content": {"type": "text", "text": "summarize"}}], "maxTokens": 10}});
+                let done = json!({"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": format!("{name}:ask")}]}});
+                return raw::sse(
+                    vec![
+                        Bytes::from(format!("id: a1\ndata: {ask}\n\n")),
+                        Bytes::from(format!("id: a2\ndata: {done}\n\n")),
+                    ],
+                    Duration::from_millis(1),
+                    false,
+                );
+            }
+            "tools/call" => json!({"content": [{"type": "text", "text": format!("{name}:{}", p["name"].as_str().unwrap_or(""))}]}),
+            "prompts/get" => json!({"messages": [{"role": "user", "content": {"type": "text", "text": format!("{name}:{}", p["name"].as_str().unwrap_or(""))}}]}),
+            "resources/read" => json!({"contents": [{"uri": p["uri"], "text": format!("{name}:{}", p["uri"].as_str().unwrap_or(""))}]}),
+            _ => json!({}),
+        };
+        let mut r = raw::full(
+            200,
+            "application/json",
+            json!({"jsonrpc": "2.0", "id": body["id"], "result": result}).to_string(),
+        );
+        if method == "initialize" {
+            r.headers_mut()
+                .insert("mcp-session-id", format!("{name}-session").parse().unwrap());
+        }
+        r
+    })
+    .await
+}
+
+struct Estate {
+    alpha: raw::RawUpstream,
+    beta: raw::RawUpstream,
+    gamma: raw::RawUpstream,
+    policy: tempfile::TempDir,
+}
+
+impl Estate {
+    async fn new(gamma_slow: Duration) -> Estate {
+        Estate {
+            alpha: member("alpha", Duration::ZERO).await,
+            beta: member("beta", Duration::ZERO).await,
+            gamma: member("gamma", gamma_slow).await,
+            policy: common::policy_dir(&[("90-virtual.toml", POLICY)]),
+        }
+    }
+
+    fn config(&self, collisions: &str) -> TestConfig {
+        TestConfig::new()
+            .policies(self.policy.path())
+            .upstream("alpha", &self.alpha.url())
+            .upstream("beta", &self.beta.url())
+            .upstream("gamma", &self.gamma.url())
+            .virtual_server("ops", &["alpha", "beta", "gamma"], collisions)
+    }
+
+    fn members(&self) -> [(&'static str, &raw::RawUpstream); 3] {
+        [
+            ("alpha", &self.alpha),
+            ("beta", &self.beta),
+            ("gamma", &self.gamma),
+        ]
+    }
+}
+
+fn token(role: &str) -> String {
+    common::sign(&common::claims(role, &["sre"]))
+}
+
+/// A client session on the virtual server: `initialize`, `initialized`.
+async fn open(fw: &Firewall, token: &str) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"sampling": {}},
+        "clientInfo": {"name": "test", "version": "1"}}});
+    let a = common::post(&fw.mcp_url("ops"), token, &[], &init.to_string()).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let v = a.json();
+    assert_eq!(v["result"]["serverInfo"]["name"], "ops", "{v}");
+    assert!(v["result"]["capabilities"]["tools"].is_object(), "{v}");
+    let sid = a.headers["mcp-session-id"].to_str().unwrap().to_owned();
+    assert!(sid.starts_with("vs1."), "a sealed id: {sid}");
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let a = rpc(fw, token, &sid, &note).await;
+    assert_eq!(a.status, 202, "{}", a.text);
+    sid
+}
+
+async fn rpc(fw: &Firewall, token: &str, sid: &str, body: &Value) -> common::Answer {
+    common::post(
+        &fw.mcp_url("ops"),
+        token,
+        &[
+            ("mcp-session-id", sid),
+            ("mcp-protocol-version", "2025-11-25"),
+        ],
+        &body.to_string(),
+    )
+    .await
+}
+
+async fn request(fw: &Firewall, token: &str, sid: &str, method: &str, params: Value) -> Value {
+    let a = rpc(
+        fw,
+        token,
+        sid,
+        &json!({"jsonrpc": "2.0", "id": 5, "method": method, "params": params}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{method}: {}", a.text);
+    a.json()
+}
+
+/// Every page of a list: the names (or URIs) of its items.
+async fn listed(
+    fw: &Firewall,
+    token: &str,
+    sid: &str,
+    method: &str,
+    key: &str,
+) -> BTreeSet<String> {
+    let field = if key == "resources" { "uri" } else { "name" };
+    let mut out = BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..5 {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let v = request(fw, token, sid, method, params).await;
+        for item in v["result"][key].as_array().unwrap_or_else(|| panic!("{v}")) {
+            let name = item[field].as_str().unwrap().to_owned();
+            assert!(out.insert(name), "listed once: {v}");
+        }
+        cursor = v["result"]["nextCursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    out
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// How many `method` requests naming `name` (tool, prompt, URI) a member got.
+fn got(up: &raw::RawUpstream, method: &str, name: &str) -> usize {
+    up.seen()
+        .iter()
+        .filter(|s| {
+            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
+            v["method"] == method && (v["params"]["name"] == name || v["params"]["uri"] == name)
+        })
+        .count()
+}
+
+/// `(text, error message)` of an answer.
+fn outcome(v: &Value) -> (String, String) {
+    let r = &v["result"];
+    let text = r["content"][0]["text"]
+        .as_str()
+        .or(r["messages"][0]["content"]["text"].as_str())
+        .or(r["contents"][0]["text"].as_str())
+        .unwrap_or("")
+        .to_owned();
+    (
+        text,
+        v["error"]["message"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+async fn call(fw: &Firewall, token: &str, sid: &str, method: &str, name: &str) -> (String, String) {
+    let params = match method {
+        "resources/read" => json!({"uri": name}),
+        "tools/call" => json!({"name": name, "arguments": {}}),
+        _ => json!({"name": name}),
+    };
+    outcome(&request(fw, token, sid, method, params).await)
+}
+
+#[tokio::test]
+async fn each_collision_mode_lists_and_routes_and_never_redirects_a_name() {
+    for mode in ["prefix", "priority", "reject"] {
+        let estate = Estate::new(Duration::ZERO).await;
+        let fw = common::firewall(&estate.config(mode).text()).await;
+        let all = token("vs-all");
+        let sid = open(&fw, &all).await;
+        let tools = listed(&fw, &all, &sid, "tools/list", "tools").await;
+        let prompts = listed(&fw, &all, &sid, "prompts/list", "prompts").await;
+        let uris = listed(&fw, &all, &sid, "resources/list", "resources").await;
+        let (want_tools, want_prompts, want_uris) = match mode {
+            "prefix" => (
+                set(&[
+                    "alpha__search",
+                    "alpha__alpha_only",
+                    "beta__search",
+                    "beta__beta_only",
+                    "beta__ask",
+                    "gamma__gamma_only",
+                ]),
+                set(&["alpha__brief", "beta__brief"]),
+                // A URI cannot be prefixed: two members' URI is ambiguous.
+                set(&["file:///alpha.txt"]),
+            ),
+            "priority" => (
+                set(&["search", "alpha_only", "beta_only", "ask", "gamma_only"]),
+                set(&["brief"]),
+                set(&["file:///shared.txt", "file:///alpha.txt"]),
+            ),
+            _ => (
+                set(&["alpha_only", "beta_only", "ask", "gamma_only"]),
+                set(&[]),
+                set(&["file:///alpha.txt"]),
+            ),
+        };
+        assert_eq!(tools, want_tools, "{mode}");
+        assert_eq!(prompts, want_prompts, "{mode}");
+        assert_eq!(uris, want_uris, "{mode}");
+
+        // What each name reaches; the twin's member hears nothing.
+        let twin = match mode {
+            "prefix" => "beta__search",
+            _ => "search",
+        };
+        let (text, error) = call(&fw, &all, &sid, "tools/call", twin).await;
+        let (prompt_text, prompt_error) = call(
+            &fw,
+            &all,
+            &sid,
+            "prompts/get",
+            if mode == "prefix" {
+                "beta__brief"
+            } else {
+                "brief"
+            },
+        )
+        .await;
+        let (read_text, read_error) =
+            call(&fw, &all, &sid, "resources/read", "file:///shared.txt").await;
+        match mode {
+            "prefix" => {
+                assert_eq!(text, "beta:search", "{error}");
+                assert_eq!(got(&estate.alpha, "tools/call", "search"), 0);
+                assert_eq!(prompt_text, "beta:brief", "{prompt_error}");
+                assert_eq!(got(&estate.alpha, "prompts/get", "brief"), 0);
+                assert!(read_error.contains("ambiguous"), "{read_error}");
+                // The bare name is nobody's.
+                let (t, e) = call(&fw, &all, &sid, "tools/call", "search").await;
+                assert!(t.is_empty() && e.contains("Unknown tool"), "{e}");
+            }
+            "priority" => {
+                assert_eq!(text, "alpha:search", "{error}");
+                assert_eq!(got(&estate.beta, "tools/call", "search"), 0);
+                assert_eq!(prompt_text, "alpha:brief", "{prompt_error}");
+                assert_eq!(got(&estate.beta, "prompts/get", "brief"), 0);
+                assert_eq!(read_text, "alpha:file:///shared.txt", "{read_error}");
+                assert_eq!(got(&estate.beta, "resources/read", "file:///shared.txt"), 0);
+            }
+            _ => {
+                assert!(text.is_empty() && error.contains("ambiguous"), "{error}");
+                assert!(prompt_error.contains("ambiguous"), "{prompt_error}");
+                assert!(read_error.contains("ambiguous"), "{read_error}");
+                for (_, up) in estate.members() {
+                    assert_eq!(got(up, "tools/call", "search"), 0);
+                    assert_eq!(got(up, "prompts/get", "brief"), 0);
+                    assert_eq!(got(up, "resources/read", "file:///shared.txt"), 0);
+                }
+            }
+        }
+        let (t, e) = call(&fw, &all, &sid, "resources/read", "file:///alpha.txt").await;
+        assert_eq!(t, "alpha:file:///alpha.txt", "{mode}: {e}");
+
+        // A principal the policy hides alpha's search from.
+        let narrow = token("vs-narrow");
+        let nsid = open(&fw, &narrow).await;
+        let ntools = listed(&fw, &narrow, &nsid, "tools/list", "tools").await;
+        let before = (
+            got(&estate.alpha, "tools/call", "search"),
+            got(&estate.beta, "tools/call", "search"),
+        );
+        match mode {
+            "prefix" => {
+                let mut want = want_tools.clone();
+                want.remove("alpha__search");
+                assert_eq!(ntools, want);
+                let (t, e) = call(&fw, &narrow, &nsid, "tools/call", "alpha__search").await;
+                assert!(t.is_empty() && e.contains("Unknown tool"), "{e}");
+            }
+            "priority" => {
+                // `search` is alpha's whoever asks: hidden, and refused,
+                // never sent to beta's visible twin.
+                let mut want = want_tools.clone();
+                want.remove("search");
+                assert_eq!(ntools, want);
+                let (t, e) = call(&fw, &narrow, &nsid, "tools/call", "search").await;
+                assert!(t.is_empty() && e.contains("Unknown tool"), "{e}");
+            }
+            _ => {
+                assert_eq!(ntools, want_tools);
+                let (_, e) = call(&fw, &narrow, &nsid, "tools/call", "search").await;
+                assert!(e.contains("ambiguous"), "{e}");
+            }
+        }
+        assert_eq!(
+            (
+                got(&estate.alpha, "tools/call", "search"),
+                got(&estate.beta, "tools/call", "search"),
+            ),
+            before,
+            "{mode}: nobody received the hidden twin's call"
+        );
+        // The dropped names are counted.
+        let metrics = fw.metrics().await;
+        let dropped_tools = match mode {
+            "reject" => 2,
+            "priority" => 1,
+            _ => 0,
+        };
+        assert!(
+            metrics.contains(&format!(
+                r#"mcp_firewall_virtual_server_names_dropped{{virtual_server="ops",kind="tool"}} {dropped_tools}"#
+            )),
+            "{mode}: {metrics}"
+        );
+        fw.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_members_request_is_answered_to_that_member_and_list_changed_reaches_the_client() {
+    let estate = Estate::new(Duration::ZERO).await;
+    let fw = common::firewall(&estate.config("prefix").text()).await;
+    let all = token("vs-all");
+    let sid = open(&fw, &all).await;
+    let a = rpc(
+        &fw,
+        &all,
+        &sid,
+        &json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "beta__ask", "arguments": {}, "_meta": {"progressToken": "p-8"}}}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let events: Vec<Value> = a
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let ask = events
+        .iter()
+        .find(|e| e["method"] == "sampling/createMessage")
+        .unwrap_or_else(|| panic!("{}", a.text));
+    let id = ask["id"].as_str().unwrap().to_owned();
+    assert!(
+        id.starts_with("vr1."),
+        "a sealed id, not the member's 91: {id}"
+    );
+    assert_eq!(
+        events.last().unwrap()["result"]["content"][0]["text"],
+        "beta:ask"
+    );
+    // The member's progress token is the client's own again.
+    let beta_call = estate
+        .beta
+        .seen()
+        .into_iter()
+        .find(|s| s.rpc_method() == "tools/call")
+        .unwrap();
+    let sent: Value = serde_json::from_slice(&beta_call.body).unwrap();
+    assert_eq!(sent["params"]["name"], "ask");
+    assert_ne!(
+        sent["params"]["_meta"]["progressToken"], "p-8",
+        "sealed per member"
+    );
+
+    let answers = |up: &raw::RawUpstream| {
+        up.seen()
+            .iter()
+            .filter(|s| {
+                let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
+                v.get("result").is_some() && v.get("method").is_none()
+            })
+            .count()
+    };
+    // Forged, the member's own and another principal's answers reach nobody.
+    let other = common::other_token();
+    let osid = {
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "o", "version": "1"}}});
+        let a = common::post(&fw.mcp_url("ops"), &other, &[], &init.to_string()).await;
+        a.headers["mcp-session-id"].to_str().unwrap().to_owned()
+    };
+    let reply = |id: Value| json!({"jsonrpc": "2.0", "id": id, "result": {"role": "assistant", "content": {"type": "text", "text": "done"}, "model": "m"}});
+    for (who, s, id) in [
+        (&all, &sid, json!(91)),
+        (
+            &all,
+            &sid,
+            json!("vr1.local.eyJ4Ijo.AAAAAAAAAAAAAAAAAAAAAA"),
+        ),
+        (&other, &osid, json!(id)),
+    ] {
+        let a = rpc(&fw, who, s, &reply(id.clone())).await;
+        assert_eq!(a.status, 400, "{id}: {}", a.text);
+        assert!(a.text.contains("answers no request"), "{}", a.text);
+    }
+    for (_, up) in estate.members() {
+        assert_eq!(answers(up), 0, "no member received a forged answer");
+    }
+    // The real answer: to beta only, with beta's own id.
+    let a = rpc(&fw, &all, &sid, &reply(json!(id))).await;
+    assert_eq!(a.status, 202, "{}", a.text);
+    assert_eq!(answers(&estate.beta), 1);
+    assert_eq!(answers(&estate.alpha) + answers(&estate.gamma), 0);
+    let answered = estate
+        .beta
+        .seen()
+        .into_iter()
+        .rev()
+        .find(|s| serde_json::from_slice::<Value>(&s.body).is_ok_and(|v| v.get("result").is_some()))
+        .unwrap();
+    let v: Value = serde_json::from_slice(&answered.body).unwrap();
+    assert_eq!(v["id"], 91);
+    assert_eq!(answered.headers["mcp-session-id"], "beta-session");
+
+    // The GET stream: every member's, merged; list_changed passes.
+    let a = common::send(
+        reqwest::Method::GET,
+        &fw.mcp_url("ops"),
+        Some(&all),
+        &[
+            ("mcp-session-id", &sid),
+            ("mcp-protocol-version", "2025-11-25"),
+            ("accept", "text/event-stream"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(
+        a.text.matches("notifications/tools/list_changed").count(),
+        3,
+        "{}",
+        a.text
+    );
+    for (_, up) in estate.members() {
+        assert_eq!(up.count("GET", ""), 1, "each member's stream opened once");
+    }
+    // Another principal cannot use the session.
+    let a = rpc(
+        &fw,
+        &other,
+        &sid,
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await;
+    assert_eq!(a.status, 404, "{}", a.text);
+    // DELETE ends every member's session.
+    let a = common::send(
+        reqwest::Method::DELETE,
+        &fw.mcp_url("ops"),
+        Some(&all),
+        &[
+            ("mcp-session-id", &sid),
+            ("mcp-protocol-version", "2025-11-25"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    for (_, up) in estate.members() {
+        assert_eq!(up.count("DELETE", ""), 1);
+    }
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn the_stateless_era_routes_by_the_exposed_name_and_rows_name_the_member() {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let estate = Estate::new(Duration::ZERO).await;
+    let fw = common::firewall(
+        &estate
+            .config("prefix")
+            .audit("fw-vs", &ch.http_url, &db, spool.path())
+            .text(),
+    )
+    .await;
+    let all = token("vs-all");
+    let (headers, body) = crate::answer_path::modern(
+        "tools/call",
+        "beta__search",
+        3,
+        json!({"name": "beta__search", "arguments": {}}),
+    );
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(outcome(&a.json()).0, "beta:search", "{}", a.text);
+    let seen = estate
+        .beta
+        .seen()
+        .into_iter()
+        .find(|s| s.rpc_method() == "tools/call")
+        .unwrap();
+    assert_eq!(seen.headers["mcp-name"], "search", "the member's own name");
+    assert!(seen.headers.get("mcp-session-id").is_none());
+    assert_eq!(got(&estate.alpha, "tools/call", "search"), 0);
+    // A body naming one tool and a header naming another: refused.
+    let mut forged = headers.clone();
+    forged[2].1 = "alpha__search".to_owned();
+    let h: Vec<(&str, &str)> = forged
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+    assert_eq!(a.status, 400, "{}", a.text);
+    assert_eq!(got(&estate.alpha, "tools/call", "search"), 0);
+    assert_eq!(got(&estate.beta, "tools/call", "search"), 1);
+    // The merged list in the stateless era.
+    let (headers, body) = crate::answer_path::modern("tools/list", "", 4, json!({}));
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| k != "mcp-name")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(
+        a.json()["result"]["tools"].as_array().map(Vec::len),
+        Some(6),
+        "{}",
+        a.text
+    );
+
+    let sql = format!(
+        "SELECT count() FROM {db}.audit_events FINAL WHERE virtual_server = 'ops' AND upstream = 'beta' AND tool = 'search' AND method = 'tools/call'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ch.try_query(&sql).map(|t| t.trim().to_owned()) != Ok("1".to_owned()) {
+        assert!(Instant::now() < deadline, "rows: {:?}", ch.try_query(&sql));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_member_is_left_out_of_the_page_and_a_down_member_is_on_readyz() {
+    let estate = Estate::new(Duration::from_secs(5)).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = format!("http://{}/mcp", closed.local_addr().unwrap());
+    drop(closed);
+    let fw = common::firewall(
+        &TestConfig::new()
+            .policies(estate.policy.path())
+            .upstream("alpha", &estate.alpha.url())
+            .upstream("beta", &estate.beta.url())
+            .upstream("gamma", &estate.gamma.url())
+            .upstream("delta", &down)
+            .virtual_server("ops", &["alpha", "beta", "gamma", "delta"], "prefix")
+            .virtual_server_set("list_timeout_ms", 500)
+            .text(),
+    )
+    .await;
+    let all = token("vs-all");
+    let sid = open(&fw, &all).await;
+    let started = Instant::now();
+    let v = request(&fw, &all, &sid, "tools/list", json!({})).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "the list waited {took:?}");
+    let names: BTreeSet<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains("alpha__search") && names.contains("beta__ask"),
+        "{v}"
+    );
+    assert!(!names.iter().any(|n| n.starts_with("gamma__")), "{v}");
+    // The late member is asked again on the next page.
+    let cursor = v["result"]["nextCursor"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_owned();
+    let before = estate.gamma.count("POST", "tools/list");
+    let v = request(&fw, &all, &sid, "tools/list", json!({"cursor": cursor})).await;
+    assert!(v["result"]["tools"].is_array(), "{v}");
+    assert!(estate.gamma.count("POST", "tools/list") > before);
+    // Another principal's cursor is not one.
+    let other = token("vs-narrow");
+    let osid = open(&fw, &other).await;
+    let v = request(&fw, &other, &osid, "tools/list", json!({"cursor": cursor})).await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    // The down member: the session works without it, /readyz names it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = reqwest::get(format!("{}/readyz", fw.admin)).await.unwrap();
+        let text = r.text().await.unwrap();
+        if text.contains("virtual_server_member_down") && text.contains("ops/delta") {
+            assert!(!text.contains("ops/alpha"), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = fw.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"mcp_firewall_virtual_server_member_up{virtual_server="ops",upstream="delta"} 0"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"mcp_firewall_virtual_server_late_members_total{virtual_server="ops",upstream="gamma"}"#),
+        "{metrics}"
+    );
+    fw.stop().await;
+}
