@@ -94,19 +94,8 @@ impl Parsed {
         check_content_type(&head.headers)?;
         let limit = run.upstream.config.max_request_bytes;
         let bytes = read_bounded(body, &head.headers, limit).await?;
-        let env = jsonrpc::parse(&bytes, &state.limits).map_err(|e| {
-            // A method the revision does not define is unknown there, before
-            // anything its params might have been.
-            let version = super::header_version(&head.headers);
-            match e.method() {
-                Some(m) if methods::lookup(m, version).is_none() => ProxyError::UnknownMethod {
-                    id: e.id().cloned(),
-                    method: m.to_owned(),
-                    stateless: version.is_stateless(),
-                },
-                _ => ProxyError::Parse(e),
-            }
-        })?;
+        let env =
+            jsonrpc::parse(&bytes, &state.limits).map_err(|e| parse_error(e, &head.headers))?;
         run.version = ProtocolVersion::of_request(&head.headers, &env);
         check_envelope(&env, run)?;
         match env.messages.as_slice() {
@@ -135,6 +124,20 @@ impl Parsed {
     /// The body as text (validated UTF-8 by the parser).
     fn text(&self) -> &str {
         std::str::from_utf8(&self.bytes).unwrap_or("")
+    }
+}
+
+/// A body the strict reader refused: a method the revision does not define
+/// is unknown there, before anything its params might have been.
+pub(super) fn parse_error(e: jsonrpc::ParseError, headers: &HeaderMap) -> ProxyError {
+    let version = super::header_version(headers);
+    match e.method() {
+        Some(m) if methods::lookup(m, version).is_none() => ProxyError::UnknownMethod {
+            id: e.id().cloned(),
+            method: m.to_owned(),
+            stateless: version.is_stateless(),
+        },
+        _ => ProxyError::Parse(e),
     }
 }
 

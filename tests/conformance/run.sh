@@ -53,12 +53,14 @@ ALL_SETS=(
   "a12-2025|$CONF_ALPHA|--requirements 2025-11-25|python"
   "a12-2026|$CONF_ALPHA|--requirements 2026-07-28|python"
   "v016-everything|$CONF_STABLE|--suite all|everything"
+  "a12-2025-virtual|$CONF_ALPHA|--requirements 2025-11-25|virtual"
+  "a12-2026-virtual|$CONF_ALPHA|--requirements 2026-07-28|virtual"
 )
 # v016-everything is not in the default yet: through the firewall it loses a
 # server request to a race until the firewall orders a session's GET stream
 # before its POSTs (README.md, "everything-server.mjs"); add it here with
 # that fix.
-SETS=${CONFORMANCE_SETS:-v016 v016-everything a12-2025 a12-2026}
+SETS=${CONFORMANCE_SETS:-v016 v016-everything a12-2025 a12-2026 a12-2025-virtual a12-2026-virtual}
 SCENARIOS=${CONFORMANCE_SCENARIOS:-}
 
 # The servers the chosen sets need.
@@ -68,7 +70,7 @@ for entry in "${ALL_SETS[@]}"; do
   IFS='|' read -r name _ _ kind <<<"$entry"
   case " $SETS " in *" $name "*) ;; *) continue ;; esac
   case $kind in
-    python) NEED_PYTHON=1 ;;
+    python | virtual) NEED_PYTHON=1 ;;
     everything) NEED_EVERYTHING=1 ;;
   esac
 done
@@ -281,6 +283,16 @@ url = "http://127.0.0.1:${u#*|}/mcp"
 projects = ["conformance"]
 EOF
 done
+if [ $NEED_PYTHON = 1 ]; then
+  # server.py again, as the only member of a virtual server: the same
+  # verdicts as direct are expected.
+  cat >>"$WORK/firewall.toml" <<EOF
+
+[[virtual_server]]
+name = "conformance-vs"
+upstreams = ["conformance"]
+EOF
+fi
 "$FW_BIN" check --config "$WORK/firewall.toml" >"$LOGS/firewall-check.log" 2>&1 || {
   cat "$LOGS/firewall-check.log" >&2
   exit 1
@@ -311,7 +323,7 @@ wait_port shim "$SHIM_PID" "$SHIM_PORT"
 # anything else).
 direct_url() { # KIND
   case $1 in
-    python) echo "http://localhost:$SUT_PORT/mcp" ;;
+    python | virtual) echo "http://localhost:$SUT_PORT/mcp" ;;
     everything) echo "http://localhost:$EV_PORT/mcp" ;;
   esac
 }
@@ -319,6 +331,7 @@ through_url() { # KIND
   case $1 in
     python) echo "http://localhost:$SHIM_PORT/mcp/conformance" ;;
     everything) echo "http://localhost:$SHIM_PORT/mcp/everything" ;;
+    virtual) echo "http://localhost:$SHIM_PORT/mcp/conformance-vs" ;;
   esac
 }
 

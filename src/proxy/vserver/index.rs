@@ -156,7 +156,13 @@ struct Slot {
     fetched: tokio::sync::Mutex<Option<Instant>>,
     /// It announced `list_changed` since.
     stale: AtomicBool,
+    /// Names its lists for clients showed that its lists for the firewall
+    /// did not (a server may list by the client's capabilities).
+    learned: Mutex<Lists>,
 }
+
+/// Most names learned per member and kind.
+const MAX_LEARNED: usize = 10_000;
 
 impl Slot {
     fn lists(&self) -> Option<Arc<Lists>> {
@@ -164,6 +170,24 @@ impl Slot {
             Ok(l) => l.clone(),
             Err(p) => p.into_inner().clone(),
         }
+    }
+
+    /// Its lists with what was learned (`None`: never listed, nothing learned).
+    fn with_learned(&self) -> Option<Arc<Lists>> {
+        let lists = self.lists();
+        let learned = match self.learned.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        if learned == Lists::default() {
+            return lists;
+        }
+        let mut out = lists.as_deref().cloned().unwrap_or_default();
+        out.tools.extend(learned.tools);
+        out.prompts.extend(learned.prompts);
+        out.templates.extend(learned.templates);
+        out.uris.extend(learned.uris);
+        Some(Arc::new(out))
     }
 
     fn set_lists(&self, lists: Lists) -> bool {
@@ -206,6 +230,7 @@ impl Index {
                     lists: Mutex::new(None),
                     fetched: tokio::sync::Mutex::new(None),
                     stale: AtomicBool::new(true),
+                    learned: Mutex::new(Lists::default()),
                 })
                 .collect(),
             resolved: Mutex::new(Arc::new(Resolved {
@@ -223,6 +248,33 @@ impl Index {
             Ok(r) => r.clone(),
             Err(p) => p.into_inner().clone(),
         }
+    }
+
+    /// Adds names a member listed to a client that its own lists lack;
+    /// returns the names resolved again.
+    pub fn learn(&self, member: usize, space: Space, names: &[String]) -> Arc<Resolved> {
+        if let Some(slot) = self.slots.get(member) {
+            let mut l = match slot.learned.lock() {
+                Ok(l) => l,
+                Err(p) => p.into_inner(),
+            };
+            let list = match space {
+                Space::Tools => &mut l.tools,
+                Space::Prompts => &mut l.prompts,
+                Space::Uris => &mut l.uris,
+                // Templates are learned with their URI template only from
+                // the member's own lists.
+                Space::Templates => return self.resolved(),
+            };
+            for n in names {
+                if list.len() < MAX_LEARNED && !list.contains(n) {
+                    list.push(n.clone());
+                }
+            }
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        self.resolve();
+        self.resolved()
     }
 
     /// Marks a member's lists out of date (it announced `list_changed`).
@@ -326,7 +378,7 @@ impl Index {
     /// newly leaves out.
     fn resolve(&self) {
         let generation = self.generation.load(Ordering::Acquire);
-        let lists: Vec<Option<Arc<Lists>>> = self.slots.iter().map(Slot::lists).collect();
+        let lists: Vec<Option<Arc<Lists>>> = self.slots.iter().map(Slot::with_learned).collect();
         let mut next = resolve(&self.config, &lists);
         next.generation = generation;
         let before = self.resolved();

@@ -73,12 +73,15 @@ pub struct Virtual {
     /// The members' full lists and the names resolved over them.
     pub index: Index,
     sessions: DashMap<[u8; 16], Arc<VSession>>,
+    /// Sessions the client ended here (DELETE): 404 from then on.
+    ended: DashMap<[u8; 16], ()>,
     via: Arc<str>,
 }
 
 /// One client session: the client's `initialize` params and each member's
 /// (sealed) session id, once opened.
 struct VSession {
+    key: [u8; 16],
     init: Value,
     members: Vec<tokio::sync::Mutex<Option<HeaderValue>>>,
     /// Requests in flight, by the client's id: where a cancellation goes.
@@ -93,6 +96,7 @@ impl Virtual {
             index: Index::new(config.clone(), metrics),
             via: Arc::from(config.name.as_str()),
             sessions: DashMap::new(),
+            ended: DashMap::new(),
             config,
         }
     }
@@ -193,6 +197,9 @@ fn open_session(
     if let Some(s) = vs.sessions.get(key) {
         return Ok(Some(s.clone()));
     }
+    if vs.ended.contains_key(key) {
+        return Err(ProxyError::SessionNotFound);
+    }
     let init: Value = serde_json::from_slice(init).unwrap_or(Value::Null);
     if !init.is_object() {
         // Ended here (DELETE), or too large to travel in the id.
@@ -214,6 +221,7 @@ fn insert_session(vs: &Virtual, key: [u8; 16], init: Value) -> Arc<VSession> {
     }
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let s = Arc::new(VSession {
+        key,
         init,
         members: (0..vs.config.members.len())
             .map(|_| tokio::sync::Mutex::new(None))
@@ -273,7 +281,8 @@ impl Cx<'_> {
         };
         // The same strict reader as every request path; the member's path
         // reads the rewritten message again.
-        let env = jsonrpc::parse(&bytes, &self.state.limits)?;
+        let env = jsonrpc::parse(&bytes, &self.state.limits)
+            .map_err(|e| super::stage::parse_error(e, &head.headers))?;
         let [msg] = env.messages.as_slice() else {
             return Err(ProxyError::InvalidRequest {
                 message: "a virtual server takes one JSON-RPC message per request (no batches)"
@@ -306,6 +315,20 @@ impl Cx<'_> {
             Kind::Request => {
                 let id = msg.id.clone();
                 let method = msg.method.clone().unwrap_or_default();
+                // A method this revision does not have is the member's to
+                // refuse (or serve, as an extra method) when it is the only
+                // one; several members cannot all be asked.
+                if crate::mcp::methods::lookup(&method, version).is_none() {
+                    if self.vs.config.members.len() == 1 {
+                        rewrite::inward_progress(&mut v, 0, &self.seal);
+                        return self.forward(&headers, 0, id, v).await;
+                    }
+                    return Err(ProxyError::UnknownMethod {
+                        id,
+                        method,
+                        stateless: version.is_stateless(),
+                    });
+                }
                 match method.as_str() {
                     "initialize" => self.initialize(&headers, id.as_ref(), v).await,
                     "server/discover" => self.discover(&headers, id.as_ref(), v).await,
@@ -329,7 +352,18 @@ impl Cx<'_> {
                         let target = match self.target(&method, &mut v, version).await {
                             Ok(t) => t,
                             Err(message) => {
-                                return Ok(rpc_error(id.as_ref(), -32602, &message));
+                                // A resource nobody (or more than one member)
+                                // lists: named in `data.uri`, as servers do.
+                                let data = v.pointer("/params/uri").map(|u| json!({"uri": u}));
+                                return Ok(json_response(
+                                    StatusCode::OK,
+                                    super::answer::error(
+                                        id.as_ref(),
+                                        -32602,
+                                        &message,
+                                        data.as_ref(),
+                                    ),
+                                ));
                             }
                         };
                         self.forward(&headers, target, id, v).await
@@ -438,6 +472,11 @@ impl Cx<'_> {
                 resolved = self.refresh(true).await;
             }
         }
+        // One member has no twin to be confused with: its path decides
+        // (as the plain upstream's would: refill, or Unknown tool).
+        if self.vs.config.members.len() == 1 {
+            return Ok((0, name.to_owned()));
+        }
         Err(None)
     }
 
@@ -459,6 +498,9 @@ impl Cx<'_> {
     }
 
     async fn uri_owner(&self, uri: &str) -> Result<usize, String> {
+        if self.vs.config.members.len() == 1 {
+            return Ok(0);
+        }
         let resolved = self.vs.index.resolved();
         match resolved.uri_owner(uri) {
             Ok(m) => Ok(m),
@@ -809,7 +851,10 @@ impl Cx<'_> {
         Ok(r)
     }
 
-    /// The merged answer of `initialize` / `server/discover`.
+    /// The merged answer of `initialize` / `server/discover`: the first
+    /// member's result (its other fields kept) with every member's
+    /// capabilities; with several members, the virtual server's own name,
+    /// and each member's instructions under its name.
     fn merged(&self, results: &[Value], requested: &str) -> Value {
         let mut caps = serde_json::Map::new();
         let mut version: Option<String> = None;
@@ -822,25 +867,59 @@ impl Cx<'_> {
                 version = v.map(str::to_owned);
             }
         }
-        // A member down now may come back with tools: the client is told
-        // when the list changes.
-        for k in ["tools", "prompts", "resources"] {
-            if let Some(Value::Object(o)) = caps.get_mut(k) {
-                o.insert("listChanged".to_owned(), Value::Bool(true));
+        let mut out = results.first().cloned().unwrap_or_else(|| json!({}));
+        let several = self.vs.config.members.len() > 1;
+        if several {
+            // A member down now may come back with tools: the client is
+            // told when the lists change.
+            for k in ["tools", "prompts", "resources"] {
+                if let Some(Value::Object(o)) = caps.get_mut(k) {
+                    o.insert("listChanged".to_owned(), Value::Bool(true));
+                }
+            }
+            if !caps.contains_key("tools") {
+                caps.insert("tools".to_owned(), json!({"listChanged": true}));
             }
         }
-        if !caps.contains_key("tools") {
-            caps.insert("tools".to_owned(), json!({"listChanged": true}));
+        let Some(o) = out.as_object_mut() else {
+            return out;
+        };
+        o.insert("capabilities".to_owned(), Value::Object(caps));
+        if o.contains_key("protocolVersion") || !requested.is_empty() {
+            if let Some(v) =
+                version.or_else(|| (!requested.is_empty()).then(|| requested.to_owned()))
+            {
+                o.insert("protocolVersion".to_owned(), Value::String(v));
+            }
         }
-        json!({
-            "protocolVersion": version.unwrap_or_else(|| requested.to_owned()),
-            "capabilities": caps,
-            "serverInfo": {
-                "name": self.vs.config.name,
-                "title": format!("{} (virtual server: {})", self.vs.config.name, self.vs.config.members.join(", ")),
-                "version": env!("CARGO_PKG_VERSION"),
-            },
-        })
+        if several || results.is_empty() {
+            o.insert(
+                "serverInfo".to_owned(),
+                json!({
+                    "name": self.vs.config.name,
+                    "title": format!("{} (virtual server: {})", self.vs.config.name, self.vs.config.members.join(", ")),
+                    "version": env!("CARGO_PKG_VERSION"),
+                }),
+            );
+            let instructions: Vec<String> = results
+                .iter()
+                .zip(&self.vs.config.members)
+                .filter_map(|(r, m)| {
+                    r.get("instructions")
+                        .and_then(Value::as_str)
+                        .map(|i| format!("{m}: {i}"))
+                })
+                .collect();
+            if instructions.is_empty() {
+                o.remove("instructions");
+            } else {
+                o.insert(
+                    "instructions".to_owned(),
+                    Value::String(instructions.join("\n\n")),
+                );
+            }
+        }
+        out
     }
 
     /// `server/discover` (2026-07-28): every member's, merged.
@@ -852,27 +931,23 @@ impl Cx<'_> {
     ) -> Result<Response<Body>, ProxyError> {
         let answers = self.fan_out(headers, &v, None, |_, v| v.clone()).await;
         let results: Vec<Value> = answers
-            .into_iter()
-            .filter_map(|(_, a)| a.and_then(|a| a.get("result").cloned()))
+            .iter()
+            .filter_map(|(_, a)| a.result().cloned())
             .collect();
+        if results.is_empty() {
+            return Ok(no_result(id, answers));
+        }
         let requested = headers
             .get(crate::mcp::headers::PROTOCOL_VERSION)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let mut merged = self.merged(&results, requested);
         if let Some(o) = merged.as_object_mut() {
-            o.remove("protocolVersion");
-            let versions: Vec<Value> = results
-                .iter()
-                .filter_map(|r| r.get("supportedVersions").cloned())
-                .next()
-                .and_then(|v| v.as_array().cloned())
-                .unwrap_or_default();
-            if !versions.is_empty() {
-                o.insert("supportedVersions".to_owned(), Value::Array(versions));
+            if !results.iter().any(|r| r.get("protocolVersion").is_some()) {
+                o.remove("protocolVersion");
             }
         }
-        Ok(rpc_result(id, merged))
+        Ok(answer(id, merged, streamed(&answers)))
     }
 
     /// A request every member reached gets (`logging/setLevel`); answered
@@ -884,25 +959,22 @@ impl Cx<'_> {
         v: Value,
     ) -> Result<Response<Body>, ProxyError> {
         let answers = self.fan_out(headers, &v, None, |_, v| v.clone()).await;
-        let result = answers
-            .iter()
-            .find_map(|(_, a)| a.as_ref().and_then(|a| a.get("result").cloned()));
+        let result = answers.iter().find_map(|(_, a)| a.result().cloned());
         Ok(match result {
-            Some(r) => rpc_result(id, r),
-            None => rpc_error(id, -32603, "no member of the virtual server answered"),
+            Some(r) => answer(id, r, streamed(&answers)),
+            None => no_result(id, answers),
         })
     }
 
     /// One request per member reached (of `only`, when given), in
-    /// parallel, each within the deadline (a late member answers `None`):
-    /// the final JSON-RPC message.
+    /// parallel, each within the deadline: what each answered.
     async fn fan_out(
         &self,
         headers: &HeaderMap,
         v: &Value,
         only: Option<&[usize]>,
         per_member: impl Fn(usize, &Value) -> Value,
-    ) -> Vec<(usize, Option<Value>)> {
+    ) -> Vec<(usize, Fanned)> {
         let members: Vec<usize> = (0..self.vs.config.members.len())
             .filter(|m| self.reach.get(*m).copied().unwrap_or(false))
             .filter(|m| only.is_none_or(|o| o.contains(m)))
@@ -912,11 +984,18 @@ impl Cx<'_> {
             async move {
                 let ask = async {
                     match self.call(headers, m, Method::POST, Some(body), None).await {
-                        Ok(Answer::Json(_, v)) => v,
+                        Ok(Answer::Json(_, Some(v))) => Fanned::Message(v, false),
+                        Ok(Answer::Json(status, None)) => Fanned::Http(status_only(status)),
                         Ok(Answer::Stream(b)) => {
-                            final_message(b, self.state.config.server.max_sse_event_bytes).await
+                            match final_message(b, self.state.config.server.max_sse_event_bytes)
+                                .await
+                            {
+                                Some(v) => Fanned::Message(v, true),
+                                None => Fanned::Late,
+                            }
                         }
-                        _ => None,
+                        Ok(Answer::Other(r)) => Fanned::Http(r),
+                        Err(e) => Fanned::Http(e.into_response()),
                     }
                 };
                 match tokio::time::timeout(self.deadline(), ask).await {
@@ -926,7 +1005,7 @@ impl Cx<'_> {
                         self.state
                             .metrics
                             .virtual_late(&self.vs.config.name, self.member_name(m));
-                        (m, None)
+                        (m, Fanned::Late)
                     }
                 }
             }
@@ -979,12 +1058,21 @@ impl Cx<'_> {
             self.refresh(false),
         )
         .await;
+        if !answers.iter().any(|(_, a)| a.result().is_some())
+            && answers.iter().all(|(_, a)| !matches!(a, Fanned::Late))
+        {
+            // Nobody listed anything: the members' own refusal (or HTTP
+            // error) is the answer.
+            return Ok(no_result(id, answers));
+        }
         // An item the names do not know yet: its member is listed again
-        // (bounded per interval), then the names are asked once more.
+        // (bounded per interval); what the member shows a client but not
+        // the firewall's own listing (servers may list by the client's
+        // capabilities) is learned from this list, for every caller.
         let unknown: Vec<usize> = answers
             .iter()
             .filter_map(|(m, a)| {
-                let items = a.as_ref()?.pointer(&format!("/result/{key}"))?.as_array()?;
+                let items = a.result()?.get(key)?.as_array()?;
                 items
                     .iter()
                     .any(|i| {
@@ -1007,23 +1095,49 @@ impl Cx<'_> {
                     self.deadline(),
                 )
                 .await;
+            if let Some(space) = Self::space(key) {
+                for (m, a) in &answers {
+                    let Some(items) = a
+                        .result()
+                        .and_then(|r| r.get(key))
+                        .and_then(Value::as_array)
+                    else {
+                        continue;
+                    };
+                    let names: Vec<String> = items
+                        .iter()
+                        .filter_map(|i| self.item_name(key, i))
+                        .filter(|n| !self.known(&resolved, key, *m, n))
+                        .collect();
+                    if !names.is_empty() {
+                        resolved = self.vs.index.learn(*m, space, &names);
+                    }
+                }
+            }
         }
         let mut items = Vec::new();
         let mut next: Vec<Place> = Vec::new();
-        for (m, answer) in answers {
+        let mut base: Option<serde_json::Map<String, Value>> = None;
+        let mut ttl: Option<u64> = None;
+        let mut private = false;
+        let stream = streamed(&answers);
+        for (m, fanned) in answers {
             let late = places.iter().find(|p| p.m == m).map_or(0, |p| p.late);
-            let Some(answer) = answer else {
-                if late < LATE_RETRIES {
-                    next.push(Place {
-                        m,
-                        cursor: by_member.get(&m).cloned().flatten(),
-                        late: late + 1,
-                    });
+            let result = match &fanned {
+                Fanned::Late => {
+                    if late < LATE_RETRIES {
+                        next.push(Place {
+                            m,
+                            cursor: by_member.get(&m).cloned().flatten(),
+                            late: late + 1,
+                        });
+                    }
+                    continue;
                 }
-                continue;
-            };
-            let Some(result) = answer.get("result") else {
-                continue;
+                a => match a.result().and_then(Value::as_object) {
+                    Some(r) => r,
+                    None => continue,
+                },
             };
             for item in result
                 .get(key)
@@ -1042,12 +1156,32 @@ impl Cx<'_> {
                     late: 0,
                 });
             }
+            if let Some(t) = result.get("ttlMs").and_then(Value::as_u64) {
+                ttl = Some(ttl.map_or(t, |x| x.min(t)));
+            }
+            private |= result.get("cacheScope").and_then(Value::as_str) == Some("private");
+            if base.is_none() {
+                base = Some(result.clone());
+            }
         }
-        let mut result = json!({ key: items });
+        // The first member's result keeps its other fields (`resultType`,
+        // `_meta`); the shortest cache time and the narrowest scope win.
+        let mut result = base.unwrap_or_default();
+        result.insert(key.to_owned(), Value::Array(items));
+        result.remove("nextCursor");
+        if let Some(t) = ttl {
+            result.insert("ttlMs".to_owned(), json!(t));
+        }
+        if private {
+            result.insert("cacheScope".to_owned(), json!("private"));
+        }
         if !next.is_empty() {
-            result["nextCursor"] = Value::String(self.seal_cursor(method, &next));
+            result.insert(
+                "nextCursor".to_owned(),
+                Value::String(self.seal_cursor(method, &next)),
+            );
         }
-        Ok(rpc_result(id, result))
+        Ok(answer(id, Value::Object(result), stream))
     }
 
     /// The name an item is known by in the member's lists.
@@ -1267,11 +1401,82 @@ impl Cx<'_> {
         for m in self.opened_members().await {
             let _ = self.call(&headers, m, Method::DELETE, None, None).await;
         }
-        self.vs.sessions.retain(|_, v| !Arc::ptr_eq(v, s));
+        self.vs.sessions.remove(&s.key);
+        if self.vs.ended.len() >= MAX_SESSIONS {
+            self.vs.ended.clear();
+        }
+        self.vs.ended.insert(s.key, ());
         let mut r = Response::new(crate::http_util::empty());
         *r.status_mut() = StatusCode::OK;
         Ok(r)
     }
+}
+
+/// What one member answered to a request every member gets.
+enum Fanned {
+    /// A JSON-RPC message (a result or an error), and whether it came
+    /// as an event stream.
+    Message(Value, bool),
+    /// An HTTP answer without one (the member path refused the request).
+    Http(Response<Body>),
+    /// Nothing within the deadline.
+    Late,
+}
+
+/// Whether any member answered with an event stream: the merged answer
+/// is one too (a client sees the shape its server would have used).
+fn streamed(answers: &[(usize, Fanned)]) -> bool {
+    answers
+        .iter()
+        .any(|(_, a)| matches!(a, Fanned::Message(_, true)))
+}
+
+/// A result as JSON, or as a one-event stream.
+fn answer(id: Option<&Id>, result: Value, stream: bool) -> Response<Body> {
+    if !stream {
+        return rpc_result(id, result);
+    }
+    let v = json!({"jsonrpc": "2.0", "id": id, "result": result});
+    let mut out = BytesMut::new();
+    sse::encode_message(None, v.to_string().as_bytes(), &mut out);
+    sse_response(crate::http_util::full(out.freeze()))
+}
+
+impl Fanned {
+    fn result(&self) -> Option<&Value> {
+        match self {
+            Fanned::Message(v, _) => v.get("result"),
+            _ => None,
+        }
+    }
+}
+
+/// The answer when no member gave a result: the first member's JSON-RPC
+/// error, else its HTTP refusal, else that nobody answered in time.
+fn no_result(id: Option<&Id>, answers: Vec<(usize, Fanned)>) -> Response<Body> {
+    let mut http = None;
+    for (_, a) in answers {
+        match a {
+            Fanned::Message(v, _) if v.get("error").is_some() => {
+                return json_response(StatusCode::OK, Bytes::from(v.to_string()))
+            }
+            Fanned::Http(r) if http.is_none() => http = Some(r),
+            _ => {}
+        }
+    }
+    http.unwrap_or_else(|| {
+        rpc_error(
+            id,
+            super::answer::codes::UPSTREAM_ERROR,
+            "no member of the virtual server answered within list_timeout_ms",
+        )
+    })
+}
+
+fn status_only(status: StatusCode) -> Response<Body> {
+    let mut r = Response::new(crate::http_util::empty());
+    *r.status_mut() = status;
+    r
 }
 
 /// Where a merged list stands for one member.
