@@ -484,7 +484,15 @@ async fn fetch(up: &UpstreamClient, auditor: &Auditor) -> Result<Lists, FetchErr
     ] {
         let pages = match own_client::list_pages(up, by, method).await {
             Ok(p) => p,
-            Err(own_client::OwnCallError::Refused(_)) if method != "tools/list" => continue,
+            // A server without prompts or resources may refuse those lists
+            // any way it likes (an error, a 404): it offers none.
+            Err(own_client::OwnCallError::Audit(e)) => {
+                return Err(FetchError {
+                    method,
+                    source: own_client::OwnCallError::Audit(e),
+                })
+            }
+            Err(_) if method != "tools/list" => continue,
             Err(source) => return Err(FetchError { method, source }),
         };
         for page in pages {
