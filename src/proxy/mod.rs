@@ -487,6 +487,32 @@ async fn record_refused(
     session: Option<&[u8]>,
     e: &ProxyError,
 ) {
+    record_refusal(
+        state,
+        run,
+        conn,
+        session,
+        e.method(),
+        e.id(),
+        e.to_string(),
+        |_| {},
+    )
+    .await;
+}
+
+/// [`record_refused`] for any refusal: its method, id and reason, and what
+/// `edit` changes of the row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn record_refusal(
+    state: &State,
+    run: &RunContext,
+    conn: ConnInfo,
+    session: Option<&[u8]>,
+    method: Option<&str>,
+    id: Option<&jsonrpc::Id>,
+    reason: String,
+    edit: impl FnOnce(&mut crate::audit::AuditRow),
+) {
     if !state.auditor.is_enabled() {
         return;
     }
@@ -510,7 +536,8 @@ async fn record_refused(
         0,
         session_name,
     );
-    let row = recorder.refused_message(e.method(), e.id(), e.to_string());
+    let mut row = recorder.refused_message(method, id, reason);
+    edit(&mut row);
     recorder.write(vec![row]).await;
 }
 

@@ -662,13 +662,39 @@ async fn the_stateless_era_routes_by_the_exposed_name_and_rows_name_the_member()
         a.text
     );
 
-    let sql = format!(
-        "SELECT count() FROM {db}.audit_events FINAL WHERE virtual_server = 'ops' AND upstream = 'beta' AND tool = 'search' AND method = 'tools/call'"
+    // A name no member exposes is refused by the virtual server itself,
+    // and that is on record too (no member upstream).
+    let (headers, body) = crate::answer_path::modern(
+        "tools/call",
+        "search",
+        6,
+        json!({"name": "search", "arguments": {}}),
     );
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Unknown tool"),
+        "{}",
+        a.text
+    );
+
     let deadline = Instant::now() + Duration::from_secs(20);
-    while ch.try_query(&sql).map(|t| t.trim().to_owned()) != Ok("1".to_owned()) {
-        assert!(Instant::now() < deadline, "rows: {:?}", ch.try_query(&sql));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    for (sql, want) in [
+        (format!("SELECT count() FROM {db}.audit_events FINAL WHERE virtual_server = 'ops' AND upstream = 'beta' AND tool = 'search' AND method = 'tools/call'"), "1"),
+        (format!("SELECT count() FROM {db}.audit_events FINAL WHERE virtual_server = 'ops' AND upstream = '' AND tool = 'search' AND method = 'tools/call' AND decision = 'invalid' AND position(reason, 'Unknown tool') > 0"), "1"),
+        // The member's rows of a plain upstream carry no virtual server.
+        (format!("SELECT countIf(virtual_server = '') FROM {db}.audit_events FINAL WHERE method = 'tools/call' AND tool = 'search'"), "0"),
+    ] {
+        while ch.try_query(&sql).map(|t| t.trim().to_owned()) != Ok(want.to_owned()) {
+            assert!(Instant::now() < deadline, "{sql}: {:?}", ch.try_query(&sql));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     fw.stop().await;
 }
@@ -746,4 +772,100 @@ async fn a_slow_member_is_left_out_of_the_page_and_a_down_member_is_on_readyz() 
         "{metrics}"
     );
     fw.stop().await;
+}
+
+#[tokio::test]
+async fn check_and_explain_show_where_each_name_goes_and_what_is_left_out() {
+    let estate = Estate::new(Duration::ZERO).await;
+    for (mode, want, gone) in [
+        (
+            "reject",
+            vec!["tool alpha_only -> alpha", "tool beta_only -> beta"],
+            vec![
+                "left out: tool search of alpha: \"search\" is ambiguous: alpha, beta expose it",
+                "left out: prompt brief of beta: \"brief\" is ambiguous: alpha, beta expose it",
+                "left out: resource file:///shared.txt of alpha",
+            ],
+        ),
+        (
+            "priority",
+            vec!["tool search -> alpha", "prompt brief -> alpha"],
+            vec![
+                "left out: tool search of beta: \"search\" is alpha's, listed earlier in upstreams",
+            ],
+        ),
+        (
+            "prefix",
+            vec![
+                "tool alpha__search -> alpha search",
+                "tool beta__search -> beta search",
+            ],
+            vec!["left out: resource file:///shared.txt of beta"],
+        ),
+    ] {
+        let cfg = mcp_firewall::config::load_str(
+            &estate.config(mode).text(),
+            std::path::Path::new("t.toml"),
+            std::path::Path::new("."),
+            &|_| None,
+        )
+        .unwrap();
+        let out = mcp_firewall::cli::check_virtual_servers(&cfg).await;
+        assert!(
+            out.contains(&format!(
+                "virtual server ops (/mcp/ops): collisions = {mode}, members: alpha, beta, gamma"
+            )),
+            "{out}"
+        );
+        for line in want.iter().chain(&gone) {
+            assert!(out.contains(line), "{mode}: {line:?} in\n{out}");
+        }
+        let claims = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            claims.path(),
+            json!({"sub": "alice", "tenant_id": "acme", "agent": "vs-narrow", "run_id": "r", "mode": "caller", "projects": ["sre"]}).to_string(),
+        )
+        .unwrap();
+        let name = if mode == "prefix" {
+            "alpha__search"
+        } else {
+            "search"
+        };
+        let out = mcp_firewall::cli::explain(
+            &cfg,
+            mcp_firewall::cli::ExplainArgs {
+                token: None,
+                claims: Some(claims.path()),
+                upstream: "ops",
+                tool: name,
+                arguments: None,
+                labels: Some(""),
+            },
+        )
+        .await
+        .unwrap();
+        match mode {
+            "reject" => assert!(
+                out.contains("is left out (\"search\" is ambiguous"),
+                "{out}"
+            ),
+            // The name reaches alpha's search, which the policy denies the
+            // narrow role: never beta's.
+            _ => {
+                assert!(
+                    out.contains(&format!("tool {name:?} reaches member alpha as \"search\"")),
+                    "{out}"
+                );
+                assert!(out.contains("decision: Unknown(Denied)"), "{out}");
+                assert!(
+                    out.contains("hidden: a deny rule of the role matches"),
+                    "{out}"
+                );
+            }
+        }
+    }
+    // The firewall's own listings left no client call on any member.
+    for (_, up) in estate.members() {
+        assert_eq!(up.count("POST", "tools/call"), 0);
+    }
 }

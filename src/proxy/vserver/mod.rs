@@ -264,8 +264,61 @@ impl Cx<'_> {
     }
 
     /// POST: one JSON-RPC message, to the member that owns it (or to every
-    /// member, for what the virtual server merges).
+    /// member, for what the virtual server merges). What the virtual server
+    /// refuses itself is on record like any refused message.
     async fn post(&self, req: Request<ClientBody>) -> Result<Response<Body>, ProxyError> {
+        let headers = req.headers().clone();
+        let answered = self.post_message(req).await;
+        if let Err(e) = &answered {
+            self.on_record(&headers, e.method(), e.id(), e.to_string(), None)
+                .await;
+        }
+        answered
+    }
+
+    /// A refusal of the virtual server's own (not of a member's path), on
+    /// record: `virtual_server` set, no member upstream, `tool` the name the
+    /// client used.
+    async fn on_record(
+        &self,
+        headers: &HeaderMap,
+        method: Option<&str>,
+        id: Option<&Id>,
+        reason: String,
+        tool: Option<&str>,
+    ) {
+        if !self.state.auditor.is_enabled() {
+            return;
+        }
+        let Some(m) = self.reach.iter().position(|r| *r) else {
+            return;
+        };
+        let Ok(mut run) = super::authorize(self.state, self.claims.clone(), self.member_name(m))
+        else {
+            return;
+        };
+        run.version = super::header_version(headers);
+        run.via = Some(self.vs.via.clone());
+        let reason = format!("virtual server {}: {reason}", self.vs.config.name);
+        super::record_refusal(
+            self.state,
+            &run,
+            self.conn,
+            None,
+            method,
+            id,
+            reason,
+            |row| {
+                row.upstream = String::new();
+                if let Some(t) = tool {
+                    row.tool = t.to_owned();
+                }
+            },
+        )
+        .await;
+    }
+
+    async fn post_message(&self, req: Request<ClientBody>) -> Result<Response<Body>, ProxyError> {
         let (head, body) = req.into_parts();
         let ct = crate::http_util::content_type(&head.headers).to_owned();
         if !mime_is(&ct, "application/json") {
@@ -352,6 +405,18 @@ impl Cx<'_> {
                         let target = match self.target(&method, &mut v, version).await {
                             Ok(t) => t,
                             Err(message) => {
+                                let name = v
+                                    .pointer("/params/name")
+                                    .or(v.pointer("/params/uri"))
+                                    .and_then(Value::as_str);
+                                self.on_record(
+                                    &headers,
+                                    Some(&method),
+                                    id.as_ref(),
+                                    message.clone(),
+                                    name,
+                                )
+                                .await;
                                 // A resource nobody (or more than one member)
                                 // lists: named in `data.uri`, as servers do.
                                 let data = v.pointer("/params/uri").map(|u| json!({"uri": u}));
