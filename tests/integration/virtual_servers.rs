@@ -33,6 +33,14 @@ risks = ["read"]
 allow = [{}]
 deny = [{ upstream = "alpha", tools = ["search"] }]
 
+[[agents]]
+name = "vs-capped"
+description = "Two steps per run, whichever members they reach"
+projects = ["sre"]
+risks = ["read"]
+allow = [{}]
+max_steps = 2
+
 [[tools]]
 upstream = "alpha"
 match = ["search", "alpha_only"]
@@ -40,7 +48,7 @@ risk = "read"
 
 [[tools]]
 upstream = "beta"
-match = ["search", "beta_only", "ask"]
+match = ["search", "beta_only", "ask", "slow"]
 risk = "read"
 
 [[tools]]
@@ -61,7 +69,7 @@ sampling = true
 fn tools_of(name: &str) -> Vec<&'static str> {
     match name {
         "alpha" => vec!["search", "alpha_only"],
-        "beta" => vec!["search", "beta_only", "ask"],
+        "beta" => vec!["search", "beta_only", "ask", "slow"],
         _ => vec!["gamma_only"],
     }
 }
@@ -131,6 +139,18 @@ async fn member(name: &'static str, slow: Duration) -> raw::RawUpstream {
                         Bytes::from(format!("id: a2\ndata: {done}\n\n")),
                     ],
                     Duration::from_millis(1),
+                    false,
+                );
+            }
+            "tools/call" if p["name"] == "slow" => {
+                // An answer that takes a while (the client cancels it).
+                let done = json!({"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": format!("{name}:slow")}]}});
+                return raw::sse(
+                    vec![
+                        Bytes::from_static(b": working\n\n"),
+                        Bytes::from(format!("id: s1\ndata: {done}\n\n")),
+                    ],
+                    Duration::from_secs(2),
                     false,
                 );
             }
@@ -321,6 +341,7 @@ async fn each_collision_mode_lists_and_routes_and_never_redirects_a_name() {
                     "beta__search",
                     "beta__beta_only",
                     "beta__ask",
+                    "beta__slow",
                     "gamma__gamma_only",
                 ]),
                 set(&["alpha__brief", "beta__brief"]),
@@ -328,12 +349,19 @@ async fn each_collision_mode_lists_and_routes_and_never_redirects_a_name() {
                 set(&["file:///alpha.txt"]),
             ),
             "priority" => (
-                set(&["search", "alpha_only", "beta_only", "ask", "gamma_only"]),
+                set(&[
+                    "search",
+                    "alpha_only",
+                    "beta_only",
+                    "ask",
+                    "slow",
+                    "gamma_only",
+                ]),
                 set(&["brief"]),
                 set(&["file:///shared.txt", "file:///alpha.txt"]),
             ),
             _ => (
-                set(&["alpha_only", "beta_only", "ask", "gamma_only"]),
+                set(&["alpha_only", "beta_only", "ask", "slow", "gamma_only"]),
                 set(&[]),
                 set(&["file:///alpha.txt"]),
             ),
@@ -657,7 +685,7 @@ async fn the_stateless_era_routes_by_the_exposed_name_and_rows_name_the_member()
     assert_eq!(a.status, 200, "{}", a.text);
     assert_eq!(
         a.json()["result"]["tools"].as_array().map(Vec::len),
-        Some(6),
+        Some(7),
         "{}",
         a.text
     );
@@ -868,4 +896,78 @@ async fn check_and_explain_show_where_each_name_goes_and_what_is_left_out() {
     for (_, up) in estate.members() {
         assert_eq!(up.count("POST", "tools/call"), 0);
     }
+}
+
+#[tokio::test]
+async fn a_cancellation_reaches_the_member_its_call_went_to_and_steps_count_across_members() {
+    let estate = Estate::new(Duration::ZERO).await;
+    let fw = common::firewall(&estate.config("prefix").text()).await;
+    let all = token("vs-all");
+    let sid = open(&fw, &all).await;
+    let call = json!({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {"name": "beta__slow", "arguments": {}}});
+    let pending = {
+        let (url, all, sid) = (fw.mcp_url("ops"), all.clone(), sid.clone());
+        tokio::spawn(async move {
+            common::post(
+                &url,
+                &all,
+                &[
+                    ("mcp-session-id", &sid),
+                    ("mcp-protocol-version", "2025-11-25"),
+                ],
+                &call.to_string(),
+            )
+            .await
+        })
+    };
+    // Once beta has the call, the client cancels it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got(&estate.beta, "tools/call", "slow") == 0 {
+        assert!(Instant::now() < deadline, "the call never reached beta");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77, "reason": "changed my mind"}});
+    let a = rpc(&fw, &all, &sid, &cancel).await;
+    assert_eq!(a.status, 202, "{}", a.text);
+    let cancelled = |up: &raw::RawUpstream| {
+        up.seen()
+            .iter()
+            .filter(|s| s.rpc_method() == "notifications/cancelled")
+            .map(|s| serde_json::from_slice::<Value>(&s.body).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let to_beta = cancelled(&estate.beta);
+    assert_eq!(to_beta.len(), 1, "{to_beta:?}");
+    assert_eq!(to_beta[0]["params"]["requestId"], 77);
+    assert!(cancelled(&estate.alpha).is_empty() && cancelled(&estate.gamma).is_empty());
+    let _ = pending.await;
+    // A cancellation of a request that is not in flight goes nowhere.
+    let a = rpc(&fw, &all, &sid, &cancel).await;
+    assert_eq!(a.status, 202);
+    assert_eq!(cancelled(&estate.beta).len(), 1);
+
+    // The run's step cap counts calls on every member.
+    let capped = token("vs-capped");
+    let csid = open(&fw, &capped).await;
+    let mut results = Vec::new();
+    for name in ["alpha__alpha_only", "beta__beta_only", "gamma__gamma_only"] {
+        let v = request(
+            &fw,
+            &capped,
+            &csid,
+            "tools/call",
+            json!({"name": name, "arguments": {}}),
+        )
+        .await;
+        results.push(v);
+    }
+    assert_eq!(outcome(&results[0]).0, "alpha:alpha_only");
+    assert_eq!(outcome(&results[1]).0, "beta:beta_only");
+    assert_eq!(
+        results[2]["result"]["structuredContent"]["skipped"], true,
+        "{}",
+        results[2]
+    );
+    assert_eq!(got(&estate.gamma, "tools/call", "gamma_only"), 0);
+    fw.stop().await;
 }
