@@ -142,6 +142,31 @@ async fn member(name: &'static str, slow: Duration) -> raw::RawUpstream {
                     false,
                 );
             }
+            "server/discover" if name == "gamma" => {
+                // A session-only server.
+                return raw::full(
+                    400,
+                    "application/json",
+                    r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"Bad Request: Server not initialized"}}"#,
+                );
+            }
+            "server/discover" => json!({
+                "supportedVersions": if name == "alpha" { json!(["2026-07-28", "2025-11-25"]) } else { json!(["2026-07-28"]) },
+                "capabilities": {"tools": {"listChanged": name == "beta"}},
+                "_meta": {"io.modelcontextprotocol/serverInfo": {"name": name, "version": "1"}},
+            }),
+            "subscriptions/listen" => {
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": format!("file:///{name}.txt")}});
+                let done = json!({"jsonrpc": "2.0", "id": body["id"], "result": {}});
+                return raw::sse(
+                    vec![
+                        Bytes::from(format!("data: {note}\n\n")),
+                        Bytes::from(format!("data: {done}\n\n")),
+                    ],
+                    Duration::from_millis(1),
+                    false,
+                );
+            }
             "tools/call" if p["name"] == "slow" => {
                 // An answer that takes a while (the client cancels it).
                 let done = json!({"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": format!("{name}:slow")}]}});
@@ -969,5 +994,78 @@ async fn a_cancellation_reaches_the_member_its_call_went_to_and_steps_count_acro
         results[2]
     );
     assert_eq!(got(&estate.gamma, "tools/call", "gamma_only"), 0);
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn discovery_speaks_for_every_member_and_a_subscription_stream_merges_them() {
+    let estate = Estate::new(Duration::ZERO).await;
+    let fw = common::firewall(
+        &estate
+            .config("prefix")
+            .virtual_server("pair", &["alpha", "beta"], "prefix")
+            .text(),
+    )
+    .await;
+    let all = token("vs-all");
+    let post = |vs: &'static str, method: &'static str, id: u64| {
+        let (headers, body) = crate::answer_path::modern(method, "", id, json!({}));
+        let url = fw.mcp_url(vs);
+        let all = all.clone();
+        async move {
+            let h: Vec<(&str, &str)> = headers
+                .iter()
+                .filter(|(k, _)| k != "mcp-name")
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            common::post(&url, &all, &h, &body).await
+        }
+    };
+    // gamma only speaks the session era: the virtual server does not offer
+    // 2026-07-28 on its behalf; the client falls back to initialize.
+    let a = post("ops", "server/discover", 1).await;
+    assert_eq!(a.status, 400, "{}", a.text);
+    assert!(a.text.contains("Server not initialized"), "{}", a.text);
+    // alpha and beta both do: the revisions both support, the virtual
+    // server's identity, every member's capabilities.
+    let a = post("pair", "server/discover", 2).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let r = &a.json()["result"];
+    assert_eq!(r["supportedVersions"], json!(["2026-07-28"]), "{r}");
+    assert_eq!(
+        r["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "pair",
+        "{r}"
+    );
+    assert_eq!(r["capabilities"]["tools"]["listChanged"], true, "{r}");
+    assert!(r.get("serverInfo").is_none(), "{r}");
+
+    let a = post("pair", "subscriptions/listen", 3).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let events: Vec<Value> = a
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let updated: BTreeSet<&str> = events
+        .iter()
+        .filter(|e| e["method"] == "notifications/resources/updated")
+        .map(|e| e["params"]["uri"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        updated,
+        set(&["file:///alpha.txt", "file:///beta.txt"])
+            .iter()
+            .map(String::as_str)
+            .collect()
+    );
+    let answers: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.get("method").is_none())
+        .collect();
+    assert_eq!(answers.len(), 1, "one answer, at the end: {}", a.text);
+    assert_eq!(answers[0]["id"], 3);
+    assert_eq!(events.last().unwrap()["id"], 3);
+    assert_eq!(estate.gamma.count("POST", "subscriptions/listen"), 0);
     fw.stop().await;
 }

@@ -117,6 +117,11 @@ impl Resolved {
     /// the collision rule), else the one member whose resource template it
     /// matches; a URI that two members' templates match is nobody's.
     pub fn uri_owner(&self, uri: &str) -> Result<usize, String> {
+        // Compared normalized (RFC 3986 §6.2.2), as the policy reads them:
+        // another spelling of a listed URI is that URI.
+        let uri = crate::policy::uri::normalize(uri)
+            .map_err(|e| format!("the resource URI {uri:?} is not acceptable: {e}"))?;
+        let uri = uri.as_str();
         if let Some(r) = self.uris.route(uri) {
             return Ok(r.member);
         }
@@ -456,6 +461,12 @@ pub fn resolve(config: &VirtualServer, lists: &[Option<Arc<Lists>>]) -> Resolved
     }
 }
 
+/// A listed URI as names compare it: normalized, or as it is when it
+/// cannot be (no request can name it then but by the same bytes).
+pub fn normal_uri(uri: &str) -> String {
+    crate::policy::uri::normalize(uri).unwrap_or_else(|_| uri.to_owned())
+}
+
 /// Why a member's lists could not be fetched.
 #[derive(Debug, thiserror::Error)]
 #[error("{method}: {source}")]
@@ -509,7 +520,7 @@ async fn fetch(up: &UpstreamClient, auditor: &Auditor) -> Result<Lists, FetchErr
                 match method {
                     "tools/list" => out.tools.extend(text("name")),
                     "prompts/list" => out.prompts.extend(text("name")),
-                    "resources/list" => out.uris.extend(text("uri")),
+                    "resources/list" => out.uris.extend(text("uri").map(|u| normal_uri(&u))),
                     _ => {
                         if let (Some(n), Some(t)) = (text("name"), text("uriTemplate")) {
                             out.templates.push((n, t));
@@ -574,5 +585,19 @@ mod tests {
             .contains("ambiguous"));
         assert!(r.tools.route("t").is_none());
         assert!(r.uri_owner("nothing://x").is_err());
+        // Another spelling of an ambiguous URI is the same URI, not a way
+        // around the rule through a member's template.
+        for spelled in [
+            "file:///./shared",
+            "FILE:///shared",
+            "file:///%73hared",
+            "file:///x/../shared",
+        ] {
+            assert!(
+                r.uri_owner(spelled).unwrap_err().contains("ambiguous"),
+                "{spelled}"
+            );
+        }
+        assert!(r.uri_owner("file:///a\\..\\shared").is_err());
     }
 }

@@ -63,6 +63,9 @@ const MAX_SESSIONS: usize = 50_000;
 /// Largest client `initialize` params carried inside the sealed session id
 /// (so another replica can open the members for it).
 const MAX_INIT_IN_ID: usize = 2_048;
+/// Largest client `initialize` params a virtual server keeps for a session
+/// (members opened later are opened with them).
+const MAX_INIT: usize = 16 * 1024;
 /// How many times a late member is asked again through the cursor.
 const LATE_RETRIES: u32 = 1;
 
@@ -401,6 +404,7 @@ impl Cx<'_> {
                     }
                     "tasks/list" => self.list(&headers, id.as_ref(), &method, "tasks", v).await,
                     "logging/setLevel" => self.broadcast_request(&headers, id.as_ref(), v).await,
+                    "subscriptions/listen" => self.listen(&headers, id.as_ref(), v).await,
                     _ => {
                         let target = match self.target(&method, &mut v, version).await {
                             Ok(t) => t,
@@ -641,7 +645,7 @@ impl Cx<'_> {
                 }
                 json_response(status, Bytes::from(v.to_string()))
             }
-            Answer::Stream(body) => sse_response(self.rewrite_stream(body, m, guard)),
+            Answer::Stream(body) => sse_response(self.rewrite_stream(body, m, guard, true)),
             Answer::Other(r) => r,
         }
     }
@@ -649,7 +653,9 @@ impl Cx<'_> {
     /// A member's event stream, event by event, with its messages rewritten
     /// for the client (ids of events are not carried: the virtual server's
     /// streams are not resumable).
-    fn rewrite_stream(&self, body: Body, m: usize, guard: Option<Inflight>) -> Body {
+    /// Without `answers`, the member's responses are left out (a merged
+    /// stream answers once, itself).
+    fn rewrite_stream(&self, body: Body, m: usize, guard: Option<Inflight>, answers: bool) -> Body {
         let seal = Seal::new(
             self.state.sessions.clone(),
             self.claims.clone(),
@@ -672,6 +678,9 @@ impl Cx<'_> {
                         let Ok(mut v) = serde_json::from_str::<Value>(&ev.data) else {
                             continue;
                         };
+                        if !answers && v.get("method").is_none() {
+                            continue;
+                        }
                         match rewrite::outward(&mut v, m, &seal) {
                             Outward::Drop => continue,
                             Outward::ListChanged => vs.index.stale(m),
@@ -869,6 +878,13 @@ impl Cx<'_> {
         v: Value,
     ) -> Result<Response<Body>, ProxyError> {
         let params = v.get("params").cloned().unwrap_or_else(|| json!({}));
+        if params.to_string().len() > MAX_INIT {
+            return Err(ProxyError::InvalidRequest {
+                message: format!(
+                    "initialize params larger than {MAX_INIT} bytes: a virtual server keeps them for the session's lifetime"
+                ),
+            });
+        }
         let mut key = [0u8; 16];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key).map_err(
             |_| ProxyError::InvalidRequest {
@@ -958,14 +974,7 @@ impl Cx<'_> {
             }
         }
         if several || results.is_empty() {
-            o.insert(
-                "serverInfo".to_owned(),
-                json!({
-                    "name": self.vs.config.name,
-                    "title": format!("{} (virtual server: {})", self.vs.config.name, self.vs.config.members.join(", ")),
-                    "version": env!("CARGO_PKG_VERSION"),
-                }),
-            );
+            o.insert("serverInfo".to_owned(), self.server_info());
             let instructions: Vec<String> = results
                 .iter()
                 .zip(&self.vs.config.members)
@@ -987,6 +996,28 @@ impl Cx<'_> {
         out
     }
 
+    /// With several members, a result's server identity in `_meta`
+    /// (2026-07-28) is the virtual server's, not the first member's.
+    fn restamp(&self, result: &mut Value) {
+        if self.vs.config.members.len() < 2 {
+            return;
+        }
+        if let Some(info) = result
+            .get_mut("_meta")
+            .and_then(|m| m.get_mut("io.modelcontextprotocol/serverInfo"))
+        {
+            *info = self.server_info();
+        }
+    }
+
+    fn server_info(&self) -> Value {
+        json!({
+            "name": self.vs.config.name,
+            "title": format!("{} (virtual server: {})", self.vs.config.name, self.vs.config.members.join(", ")),
+            "version": env!("CARGO_PKG_VERSION"),
+        })
+    }
+
     /// `server/discover` (2026-07-28): every member's, merged.
     async fn discover(
         &self,
@@ -995,6 +1026,21 @@ impl Cx<'_> {
         v: Value,
     ) -> Result<Response<Body>, ProxyError> {
         let answers = self.fan_out(headers, &v, None, |_, v| v.clone()).await;
+        // The virtual server speaks this revision only if every member that
+        // answered does: a member that refuses discovery (a session-only
+        // server) makes the client fall back to `initialize`, where every
+        // member can be opened. A member that is down is left out.
+        let refused = answers.iter().position(|(_, a)| match a {
+            Fanned::Message(v, _) => v.get("error").is_some(),
+            Fanned::Http(r) => r.status().is_client_error(),
+            Fanned::Late => false,
+        });
+        if let Some(i) = refused {
+            let (m, _) = answers[i];
+            tracing::info!(virtual_server = %self.vs.config.name, upstream = %self.member_name(m), "virtual server: a member refused server/discover; the client is refused too (it falls back to initialize)");
+            let refusal: Vec<(usize, Fanned)> = answers.into_iter().skip(i).take(1).collect();
+            return Ok(no_result(id, refusal));
+        }
         let results: Vec<Value> = answers
             .iter()
             .filter_map(|(_, a)| a.result().cloned())
@@ -1011,8 +1057,84 @@ impl Cx<'_> {
             if !results.iter().any(|r| r.get("protocolVersion").is_some()) {
                 o.remove("protocolVersion");
             }
+            // DiscoverResult has no serverInfo of its own: the identity is
+            // in `_meta` (restamped below).
+            if !results.iter().any(|r| r.get("serverInfo").is_some()) {
+                o.remove("serverInfo");
+            }
+            // The revisions every member supports.
+            let lists: Vec<Vec<Value>> = results
+                .iter()
+                .filter_map(|r| r.get("supportedVersions")?.as_array().cloned())
+                .collect();
+            if let Some((first, rest)) = lists.split_first() {
+                let shared: Vec<Value> = first
+                    .iter()
+                    .filter(|v| rest.iter().all(|l| l.contains(v)))
+                    .cloned()
+                    .collect();
+                o.insert("supportedVersions".to_owned(), Value::Array(shared));
+            }
         }
+        self.restamp(&mut merged);
         Ok(answer(id, merged, streamed(&answers)))
+    }
+
+    /// `subscriptions/listen` (2026-07-28): every member's stream, merged,
+    /// each message rewritten; one answer, the virtual server's, when every
+    /// member's stream has ended.
+    async fn listen(
+        &self,
+        headers: &HeaderMap,
+        id: Option<&Id>,
+        v: Value,
+    ) -> Result<Response<Body>, ProxyError> {
+        let members: Vec<usize> = (0..self.vs.config.members.len())
+            .filter(|m| self.reach.get(*m).copied().unwrap_or(false))
+            .collect();
+        let opens = members.into_iter().map(|m| {
+            let body = Bytes::from(v.to_string());
+            async move {
+                let r = tokio::time::timeout(
+                    self.deadline(),
+                    self.call(headers, m, Method::POST, Some(body), None),
+                )
+                .await;
+                match r {
+                    Ok(Ok(Answer::Stream(b))) => Ok(self.rewrite_stream(b, m, None, false)),
+                    Ok(Ok(other)) => Err(Some(self.relay(other, m, None))),
+                    _ => Err(None),
+                }
+            }
+        });
+        let mut streams = Vec::new();
+        let mut refusal = None;
+        for r in futures_util::future::join_all(opens).await {
+            match r {
+                Ok(s) => streams.push(s),
+                Err(Some(resp)) if refusal.is_none() => refusal = Some(resp),
+                Err(_) => {}
+            }
+        }
+        if streams.is_empty() {
+            return Ok(refusal.unwrap_or_else(|| {
+                rpc_error(
+                    id,
+                    super::answer::codes::UPSTREAM_ERROR,
+                    "no member of the virtual server opened a subscription stream",
+                )
+            }));
+        }
+        let done = json!({"jsonrpc": "2.0", "id": id, "result": {}});
+        let mut last = BytesMut::new();
+        sse::encode_message(None, done.to_string().as_bytes(), &mut last);
+        let merged =
+            http_body_util::BodyStream::new(merge(streams)).chain(futures_util::stream::once(
+                std::future::ready(Ok::<_, BoxError>(http_body::Frame::data(last.freeze()))),
+            ));
+        Ok(sse_response(
+            http_body_util::StreamBody::new(merged).boxed_unsync(),
+        ))
     }
 
     /// A request every member reached gets (`logging/setLevel`); answered
@@ -1246,17 +1368,23 @@ impl Cx<'_> {
                 Value::String(self.seal_cursor(method, &next)),
             );
         }
-        Ok(answer(id, Value::Object(result), stream))
+        let mut result = Value::Object(result);
+        self.restamp(&mut result);
+        Ok(answer(id, result, stream))
     }
 
     /// The name an item is known by in the member's lists.
     fn item_name(&self, key: &str, item: &Value) -> Option<String> {
-        let field = match key {
-            "tools" | "prompts" | "resourceTemplates" => "name",
-            "resources" => "uri",
-            _ => return None,
-        };
-        item.get(field).and_then(Value::as_str).map(str::to_owned)
+        match key {
+            "tools" | "prompts" | "resourceTemplates" => {
+                item.get("name").and_then(Value::as_str).map(str::to_owned)
+            }
+            "resources" => item
+                .get("uri")
+                .and_then(Value::as_str)
+                .map(index::normal_uri),
+            _ => None,
+        }
     }
 
     fn space(key: &str) -> Option<Space> {
@@ -1434,7 +1562,7 @@ impl Cx<'_> {
                 )
                 .await;
                 match r {
-                    Ok(Ok(Answer::Stream(b))) => Some(self.rewrite_stream(b, m, None)),
+                    Ok(Ok(Answer::Stream(b))) => Some(self.rewrite_stream(b, m, None, true)),
                     _ => None,
                 }
             }
@@ -1447,14 +1575,7 @@ impl Cx<'_> {
         if streams.is_empty() {
             return Err(ProxyError::MethodNotAllowed(Method::GET));
         }
-        let merged = futures_util::stream::select_all(
-            streams
-                .into_iter()
-                .map(|b| StreamExt::boxed(http_body_util::BodyStream::new(b))),
-        );
-        Ok(sse_response(
-            http_body_util::StreamBody::new(merged).boxed_unsync(),
-        ))
+        Ok(sse_response(merge(streams)))
     }
 
     /// DELETE: every member's session ended, then the client's.
@@ -1664,6 +1785,25 @@ fn id_of(v: &Value) -> Option<Id> {
         Value::Number(n) => n.as_i64().map(Id::Number),
         _ => None,
     }
+}
+
+/// Event streams merged into one, as their events come; a stream that
+/// fails ends alone (the others go on), logged.
+fn merge(streams: Vec<Body>) -> Body {
+    let merged = futures_util::stream::select_all(streams.into_iter().map(|b| {
+        StreamExt::boxed(
+            http_body_util::BodyStream::new(b).scan((), |_, frame| {
+                std::future::ready(match frame {
+                    Ok(f) => Some(Ok::<_, BoxError>(f)),
+                    Err(e) => {
+                        tracing::info!(error = %e, "virtual server: a member's stream ended with an error; the others go on");
+                        None
+                    }
+                })
+            }),
+        )
+    }));
+    http_body_util::StreamBody::new(merged).boxed_unsync()
 }
 
 fn sse_response(body: Body) -> Response<Body> {
