@@ -88,10 +88,13 @@ impl Holds {
         };
         // Withdrawn before it leaves the registry: a hold gone from here has
         // its withdrawal done (journal) or under way (PostgreSQL);
-        // withdrawing twice is harmless.
+        // withdrawing twice is harmless. The withdrawal may end the hold's
+        // wait, and the hold leave the registry, before the line below: the
+        // cancel was matched all the same (it must not be forwarded).
         self.withdraw(&tenant, &approval);
-        let (_, entry) = self.held.remove(key)?;
-        entry.cancel.notify_one();
+        if let Some((_, entry)) = self.held.remove(key) {
+            entry.cancel.notify_one();
+        }
         Some(approval.as_str().to_owned())
     }
 

@@ -621,7 +621,7 @@ async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() 
     let payload = [1u8, 2, 3, 4, 5];
     let mut seg = Vec::new();
     seg.extend_from_slice(b"MCPFWAUD");
-    seg.extend_from_slice(&2u32.to_le_bytes());
+    seg.extend_from_slice(&3u32.to_le_bytes());
     seg.extend_from_slice(&[0u8; 4]);
     seg.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     seg.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());

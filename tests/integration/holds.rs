@@ -348,7 +348,12 @@ async fn cancelling_a_held_call_withdraws_its_approval_and_it_never_runs() {
     assert_eq!(
         up.count("POST", "notifications/cancelled"),
         1,
-        "only the unmatched one"
+        "only the unmatched one: {:?}",
+        up.seen()
+            .iter()
+            .filter(|s| s.rpc_method() == "notifications/cancelled")
+            .map(|s| String::from_utf8_lossy(&s.body).into_owned())
+            .collect::<Vec<_>>()
     );
     fw.stop().await;
 }
