@@ -28,6 +28,7 @@
 //!   server's (and re-lists the member's names).
 
 pub mod index;
+pub mod merge;
 pub mod rewrite;
 
 use std::collections::HashMap;
@@ -238,8 +239,8 @@ fn insert_session(vs: &Virtual, key: [u8; 16], init: Value) -> Arc<VSession> {
 
 /// A member's answer, read.
 enum Answer {
-    /// One JSON-RPC message (or none: 202).
-    Json(StatusCode, Option<Value>),
+    /// One JSON-RPC message, its bytes (or none: 202).
+    Json(StatusCode, Option<Bytes>),
     /// An event stream, still flowing.
     Stream(Body),
     /// Anything else, relayed as it is (an HTTP error of the member path).
@@ -639,7 +640,13 @@ impl Cx<'_> {
                 *r.status_mut() = status;
                 r
             }
-            Answer::Json(status, Some(mut v)) => {
+            Answer::Json(status, Some(bytes)) if !needs_rewrite(&bytes) => {
+                json_response(status, bytes)
+            }
+            Answer::Json(status, Some(bytes)) => {
+                let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+                    return json_response(status, bytes);
+                };
                 if rewrite::outward(&mut v, m, &self.seal) == Outward::ListChanged {
                     self.vs.index.stale(m);
                 }
@@ -822,15 +829,16 @@ impl Cx<'_> {
         .map_err(|e| down(e.to_string()))?;
         let sid = resp.headers().get("mcp-session-id").cloned();
         let status = resp.status();
-        let result = match read_answer(resp).await {
-            Answer::Json(_, Some(v)) => v,
+        let bytes = match read_answer(resp).await {
+            Answer::Json(_, Some(b)) => Some(b),
             Answer::Stream(body) => {
-                final_message(body, self.state.config.server.max_sse_event_bytes)
-                    .await
-                    .unwrap_or(Value::Null)
+                final_message(body, self.state.config.server.max_sse_event_bytes).await
             }
-            _ => Value::Null,
+            _ => None,
         };
+        let result: Value = bytes
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
         let Some(result) = result.get("result").cloned() else {
             return Err(down(format!("initialize answered {status}: {result}")));
         };
@@ -999,13 +1007,17 @@ impl Cx<'_> {
     /// With several members, a result's server identity in `_meta`
     /// (2026-07-28) is the virtual server's, not the first member's.
     fn restamp(&self, result: &mut Value) {
+        if let Some(meta) = result.get_mut("_meta") {
+            self.restamp_meta(meta);
+        }
+    }
+
+    /// [`Cx::restamp`] of a `_meta` object.
+    fn restamp_meta(&self, meta: &mut Value) {
         if self.vs.config.members.len() < 2 {
             return;
         }
-        if let Some(info) = result
-            .get_mut("_meta")
-            .and_then(|m| m.get_mut("io.modelcontextprotocol/serverInfo"))
-        {
+        if let Some(info) = meta.get_mut("io.modelcontextprotocol/serverInfo") {
             *info = self.server_info();
         }
     }
@@ -1031,7 +1043,7 @@ impl Cx<'_> {
         // server) makes the client fall back to `initialize`, where every
         // member can be opened. A member that is down is left out.
         let refused = answers.iter().position(|(_, a)| match a {
-            Fanned::Message(v, _) => v.get("error").is_some(),
+            a @ Fanned::Message(..) => a.is_error(),
             Fanned::Http(r) => r.status().is_client_error(),
             Fanned::Late => false,
         });
@@ -1041,10 +1053,7 @@ impl Cx<'_> {
             let refusal: Vec<(usize, Fanned)> = answers.into_iter().skip(i).take(1).collect();
             return Ok(no_result(id, refusal));
         }
-        let results: Vec<Value> = answers
-            .iter()
-            .filter_map(|(_, a)| a.result().cloned())
-            .collect();
+        let results: Vec<Value> = answers.iter().filter_map(|(_, a)| a.result()).collect();
         if results.is_empty() {
             return Ok(no_result(id, answers));
         }
@@ -1146,7 +1155,7 @@ impl Cx<'_> {
         v: Value,
     ) -> Result<Response<Body>, ProxyError> {
         let answers = self.fan_out(headers, &v, None, |_, v| v.clone()).await;
-        let result = answers.iter().find_map(|(_, a)| a.result().cloned());
+        let result = answers.iter().find_map(|(_, a)| a.result());
         Ok(match result {
             Some(r) => answer(id, r, streamed(&answers)),
             None => no_result(id, answers),
@@ -1245,29 +1254,35 @@ impl Cx<'_> {
             self.refresh(false),
         )
         .await;
-        if !answers.iter().any(|(_, a)| a.result().is_some())
+        if !answers.iter().any(|(_, a)| a.has_result())
             && answers.iter().all(|(_, a)| !matches!(a, Fanned::Late))
         {
             // Nobody listed anything: the members' own refusal (or HTTP
             // error) is the answer.
             return Ok(no_result(id, answers));
         }
+        // Each member's page, its items left as the member wrote them.
+        let pages: Vec<merge::Page<'_>> = answers
+            .iter()
+            .filter_map(|(m, a)| match a {
+                Fanned::Message(b, _) => merge::page(*m, merge::reply(b)?.result?, key),
+                _ => None,
+            })
+            .collect();
         // An item the names do not know yet: its member is listed again
         // (bounded per interval); what the member shows a client but not
         // the firewall's own listing (servers may list by the client's
         // capabilities) is learned from this list, for every caller.
-        let unknown: Vec<usize> = answers
+        let unknown: Vec<usize> = pages
             .iter()
-            .filter_map(|(m, a)| {
-                let items = a.result()?.get(key)?.as_array()?;
-                items
-                    .iter()
-                    .any(|i| {
-                        self.item_name(key, i)
-                            .is_some_and(|n| !self.known(&resolved, key, *m, &n))
-                    })
-                    .then_some(*m)
+            .filter(|p| {
+                p.items.iter().any(|i| {
+                    i.name
+                        .as_deref()
+                        .is_some_and(|n| !self.known(&resolved, key, p.member, n))
+                })
             })
+            .map(|p| p.member)
             .collect();
         if !unknown.is_empty() {
             let clients = self.vs.clients(self.state);
@@ -1283,108 +1298,97 @@ impl Cx<'_> {
                 )
                 .await;
             if let Some(space) = Self::space(key) {
-                for (m, a) in &answers {
-                    let Some(items) = a
-                        .result()
-                        .and_then(|r| r.get(key))
-                        .and_then(Value::as_array)
-                    else {
-                        continue;
-                    };
-                    let names: Vec<String> = items
+                for p in &pages {
+                    let names: Vec<String> = p
+                        .items
                         .iter()
-                        .filter_map(|i| self.item_name(key, i))
-                        .filter(|n| !self.known(&resolved, key, *m, n))
+                        .filter_map(|i| i.name.clone())
+                        .filter(|n| !self.known(&resolved, key, p.member, n))
                         .collect();
                     if !names.is_empty() {
-                        resolved = self.vs.index.learn(*m, space, &names);
+                        resolved = self.vs.index.learn(p.member, space, &names);
                     }
                 }
             }
         }
-        let mut items = Vec::new();
         let mut next: Vec<Place> = Vec::new();
-        let mut base: Option<serde_json::Map<String, Value>> = None;
+        for (m, a) in &answers {
+            let late = places.iter().find(|p| p.m == *m).map_or(0, |p| p.late);
+            if matches!(a, Fanned::Late) && late < LATE_RETRIES {
+                next.push(Place {
+                    m: *m,
+                    cursor: by_member.get(m).cloned().flatten(),
+                    late: late + 1,
+                });
+            }
+        }
+        let mut items: Vec<std::borrow::Cow<'_, str>> = Vec::new();
         let mut ttl: Option<u64> = None;
         let mut private = false;
-        let stream = streamed(&answers);
-        for (m, fanned) in answers {
-            let late = places.iter().find(|p| p.m == m).map_or(0, |p| p.late);
-            let result = match &fanned {
-                Fanned::Late => {
-                    if late < LATE_RETRIES {
-                        next.push(Place {
-                            m,
-                            cursor: by_member.get(&m).cloned().flatten(),
-                            late: late + 1,
-                        });
-                    }
-                    continue;
-                }
-                a => match a.result().and_then(Value::as_object) {
-                    Some(r) => r,
-                    None => continue,
-                },
-            };
-            for item in result
-                .get(key)
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(item) = self.exposed_item(&resolved, key, m, item) {
+        for p in &pages {
+            for item in &p.items {
+                if let Some(item) = self.exposed_item(&resolved, key, p.member, item) {
                     items.push(item);
                 }
             }
-            if let Some(c) = result.get("nextCursor").and_then(Value::as_str) {
+            let field = |k: &str| -> Option<Value> {
+                p.fields
+                    .get(k)
+                    .and_then(|r| serde_json::from_str(r.get()).ok())
+            };
+            if let Some(Value::String(c)) = field("nextCursor") {
                 next.push(Place {
-                    m,
-                    cursor: Some(c.to_owned()),
+                    m: p.member,
+                    cursor: Some(c),
                     late: 0,
                 });
             }
-            if let Some(t) = result.get("ttlMs").and_then(Value::as_u64) {
+            if let Some(t) = field("ttlMs").and_then(|t| t.as_u64()) {
                 ttl = Some(ttl.map_or(t, |x| x.min(t)));
             }
-            private |= result.get("cacheScope").and_then(Value::as_str) == Some("private");
-            if base.is_none() {
-                base = Some(result.clone());
-            }
+            private |= field("cacheScope").and_then(|c| c.as_str().map(str::to_owned))
+                == Some("private".to_owned());
         }
         // The first member's result keeps its other fields (`resultType`,
         // `_meta`); the shortest cache time and the narrowest scope win.
-        let mut result = base.unwrap_or_default();
-        result.insert(key.to_owned(), Value::Array(items));
-        result.remove("nextCursor");
+        let mut fields: Vec<(String, String)> = pages
+            .first()
+            .map(|p| {
+                p.fields
+                    .iter()
+                    .filter(|(k, _)| {
+                        !matches!(k.as_str(), "nextCursor" | "ttlMs" | "cacheScope") && *k != key
+                    })
+                    .map(|(k, v)| (k.clone(), v.get().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some((_, meta)) = fields.iter_mut().find(|(k, _)| k == "_meta") {
+            if let Ok(mut m) = serde_json::from_str::<Value>(meta) {
+                self.restamp_meta(&mut m);
+                *meta = m.to_string();
+            }
+        }
         if let Some(t) = ttl {
-            result.insert("ttlMs".to_owned(), json!(t));
+            fields.push(("ttlMs".to_owned(), t.to_string()));
         }
         if private {
-            result.insert("cacheScope".to_owned(), json!("private"));
+            fields.push(("cacheScope".to_owned(), r#""private""#.to_owned()));
+        } else if let Some(c) = pages.first().and_then(|p| p.fields.get("cacheScope")) {
+            fields.push(("cacheScope".to_owned(), c.get().to_owned()));
         }
+        fields.push((
+            key.to_owned(),
+            merge::array(items.iter().map(|i| i.as_ref())),
+        ));
         if !next.is_empty() {
-            result.insert(
+            fields.push((
                 "nextCursor".to_owned(),
-                Value::String(self.seal_cursor(method, &next)),
-            );
+                Value::String(self.seal_cursor(method, &next)).to_string(),
+            ));
         }
-        let mut result = Value::Object(result);
-        self.restamp(&mut result);
-        Ok(answer(id, result, stream))
-    }
-
-    /// The name an item is known by in the member's lists.
-    fn item_name(&self, key: &str, item: &Value) -> Option<String> {
-        match key {
-            "tools" | "prompts" | "resourceTemplates" => {
-                item.get("name").and_then(Value::as_str).map(str::to_owned)
-            }
-            "resources" => item
-                .get("uri")
-                .and_then(Value::as_str)
-                .map(index::normal_uri),
-            _ => None,
-        }
+        let result = merge::object(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        Ok(raw_answer(id, &result, streamed(&answers)))
     }
 
     fn space(key: &str) -> Option<Space> {
@@ -1409,32 +1413,50 @@ impl Cx<'_> {
                 .any(|d| d.member == m && d.name == name)
     }
 
-    /// An item of member `m`'s list as the virtual server lists it, or
+    /// An item of member `m`'s list as the virtual server lists it (the
+    /// member's bytes, or the item renamed, or its task id sealed), or
     /// `None` when the virtual server does not expose it.
-    fn exposed_item(
+    fn exposed_item<'a>(
         &self,
         r: &index::Resolved,
         key: &str,
         m: usize,
-        item: &Value,
-    ) -> Option<Value> {
-        let mut item = item.clone();
+        item: &merge::Item<'a>,
+    ) -> Option<std::borrow::Cow<'a, str>> {
+        use std::borrow::Cow;
         match Self::space(key) {
+            Some(Space::Uris) => {
+                let own = item.name.as_deref()?;
+                r.names(Space::Uris).exposed_as(m, own)?;
+                Some(Cow::Borrowed(item.raw.get()))
+            }
             Some(space) => {
-                let own = self.item_name(key, &item)?;
-                let exposed = r.names(space).exposed_as(m, &own)?.to_owned();
-                if space != Space::Uris {
-                    item["name"] = Value::String(exposed);
+                let own = item.name.as_deref()?;
+                let exposed = r.names(space).exposed_as(m, own)?;
+                if exposed == own {
+                    Some(Cow::Borrowed(item.raw.get()))
+                } else {
+                    merge::with_field(item.raw, "name", &Value::String(exposed.to_owned()))
+                        .map(Cow::Owned)
                 }
             }
             None => {
-                // tasks/list
-                if let Some(id) = item.get_mut("taskId") {
-                    *id = self.seal.wrap(VirtualKind::Task, m, id);
+                // tasks/list: each task id sealed for its member.
+                #[derive(serde::Deserialize)]
+                struct Task {
+                    #[serde(rename = "taskId")]
+                    task_id: Option<Value>,
+                }
+                let t: Task = serde_json::from_str(item.raw.get()).ok()?;
+                match t.task_id {
+                    Some(tid) => {
+                        let sealed = self.seal.wrap(VirtualKind::Task, m, &tid);
+                        merge::with_field(item.raw, "taskId", &sealed).map(Cow::Owned)
+                    }
+                    None => Some(Cow::Borrowed(item.raw.get())),
                 }
             }
         }
-        Some(item)
     }
 
     fn seal_cursor(&self, method: &str, places: &[Place]) -> String {
@@ -1600,9 +1622,9 @@ impl Cx<'_> {
 
 /// What one member answered to a request every member gets.
 enum Fanned {
-    /// A JSON-RPC message (a result or an error), and whether it came
-    /// as an event stream.
-    Message(Value, bool),
+    /// A JSON-RPC message (a result or an error), its bytes, and whether
+    /// it came as an event stream.
+    Message(Bytes, bool),
     /// An HTTP answer without one (the member path refused the request).
     Http(Response<Body>),
     /// Nothing within the deadline.
@@ -1617,23 +1639,42 @@ fn streamed(answers: &[(usize, Fanned)]) -> bool {
         .any(|(_, a)| matches!(a, Fanned::Message(_, true)))
 }
 
-/// A result as JSON, or as a one-event stream.
-fn answer(id: Option<&Id>, result: Value, stream: bool) -> Response<Body> {
+/// A result (JSON text) as JSON, or as a one-event stream.
+fn raw_answer(id: Option<&Id>, result: &str, stream: bool) -> Response<Body> {
+    let message = merge::response(id, result);
     if !stream {
-        return rpc_result(id, result);
+        return json_response(StatusCode::OK, Bytes::from(message));
     }
-    let v = json!({"jsonrpc": "2.0", "id": id, "result": result});
     let mut out = BytesMut::new();
-    sse::encode_message(None, v.to_string().as_bytes(), &mut out);
+    sse::encode_message(None, message.as_bytes(), &mut out);
     sse_response(crate::http_util::full(out.freeze()))
 }
 
+/// A result as JSON, or as a one-event stream.
+fn answer(id: Option<&Id>, result: Value, stream: bool) -> Response<Body> {
+    raw_answer(id, &result.to_string(), stream)
+}
+
 impl Fanned {
-    fn result(&self) -> Option<&Value> {
+    /// The answer's parts, unread.
+    fn reply(&self) -> Option<merge::Reply<'_>> {
         match self {
-            Fanned::Message(v, _) => v.get("result"),
+            Fanned::Message(b, _) => merge::reply(b),
             _ => None,
         }
+    }
+
+    fn has_result(&self) -> bool {
+        self.reply().is_some_and(|r| r.result.is_some())
+    }
+
+    fn is_error(&self) -> bool {
+        self.reply().is_some_and(|r| r.error.is_some())
+    }
+
+    /// The result, read (for the small answers merged as values).
+    fn result(&self) -> Option<Value> {
+        serde_json::from_str(self.reply()?.result?.get()).ok()
     }
 }
 
@@ -1643,8 +1684,8 @@ fn no_result(id: Option<&Id>, answers: Vec<(usize, Fanned)>) -> Response<Body> {
     let mut http = None;
     for (_, a) in answers {
         match a {
-            Fanned::Message(v, _) if v.get("error").is_some() => {
-                return json_response(StatusCode::OK, Bytes::from(v.to_string()))
+            Fanned::Message(b, _) if merge::reply(&b).is_some_and(|r| r.error.is_some()) => {
+                return json_response(StatusCode::OK, b)
             }
             Fanned::Http(r) if http.is_none() => http = Some(r),
             _ => {}
@@ -1740,11 +1781,10 @@ async fn read_answer(resp: Response<Body>) -> Answer {
     }
     if status.is_success() && mime_is(&ct, "application/json") {
         let (parts, body) = resp.into_parts();
+        // The member's path wrote it: read only where it is rewritten.
+        drop(parts);
         return match body.collect().await {
-            Ok(b) => match serde_json::from_slice::<Value>(&b.to_bytes()) {
-                Ok(v) => Answer::Json(status, Some(v)),
-                Err(_) => Answer::Other(Response::from_parts(parts, crate::http_util::empty())),
-            },
+            Ok(b) => Answer::Json(status, Some(b.to_bytes())),
             Err(_) => {
                 Answer::Other(ProxyError::BodyRead("member answer".to_owned()).into_response())
             }
@@ -1755,16 +1795,16 @@ async fn read_answer(resp: Response<Body>) -> Answer {
 
 /// The JSON-RPC response at the end of a member's answer stream (server
 /// requests on it are not relayed: used for merged answers only).
-async fn final_message(mut body: Body, max: usize) -> Option<Value> {
+async fn final_message(mut body: Body, max: usize) -> Option<Bytes> {
     let mut dec = sse::Decoder::new(max);
     loop {
         while let Some(ev) = dec.next_event() {
-            let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
-                continue;
-            };
-            if v.get("method").is_none() && (v.get("result").is_some() || v.get("error").is_some())
-            {
-                return Some(v);
+            let data = Bytes::from(ev.data);
+            let answer =
+                merge::reply(&data).is_some_and(|r| r.result.is_some() || r.error.is_some());
+            // A request or notification has a method; an answer has none.
+            if answer && !has_method(&data) {
+                return Some(data);
             }
         }
         match body.frame().await {
@@ -1776,6 +1816,24 @@ async fn final_message(mut body: Body, max: usize) -> Option<Value> {
             _ => return None,
         }
     }
+}
+
+/// Whether a message has a `method` (a request or notification).
+fn has_method(bytes: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct M<'a> {
+        #[serde(borrow, default)]
+        method: Option<&'a serde_json::value::RawValue>,
+    }
+    serde_json::from_slice::<M>(bytes).is_ok_and(|m| m.method.is_some())
+}
+
+/// Whether a member's answer holds anything [`rewrite::outward`] changes in
+/// an answer (task ids), or escapes that could spell it.
+fn needs_rewrite(bytes: &[u8]) -> bool {
+    memchr::memmem::find(bytes, b"taskId").is_some()
+        || memchr::memmem::find(bytes, b"related-task").is_some()
+        || memchr::memmem::find(bytes, b"\\u").is_some()
 }
 
 /// A JSON-RPC id as the strict reader would take it.
@@ -1818,8 +1876,7 @@ fn sse_response(body: Body) -> Response<Body> {
 }
 
 fn rpc_result(id: Option<&Id>, result: Value) -> Response<Body> {
-    let v = json!({"jsonrpc": "2.0", "id": id, "result": result});
-    json_response(StatusCode::OK, Bytes::from(v.to_string()))
+    raw_answer(id, &result.to_string(), false)
 }
 
 fn rpc_error(id: Option<&Id>, code: i32, message: &str) -> Response<Body> {
