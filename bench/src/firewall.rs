@@ -9,7 +9,12 @@
 //! - the bench policies are compiled into this binary (`bench/policies/`) and
 //!   written next to the config, so the harness runs from any directory;
 //! - the four upstream routes (`bench`, `bench-sse`, `bench-hold`,
-//!   `bench-fresh`) point at the canned upstream's paths of the same names.
+//!   `bench-fresh`) point at the canned upstream's paths of the same names;
+//! - with [`Spec::virtual_servers`], three more upstreams (`bench-b` and
+//!   `bench-c` at the canned upstream's `/mcp/bench`, `bench-slow` at a slow
+//!   upstream) and the virtual servers `vs1`, `vs3` and `vs-slow` over them
+//!   ([`VIRTUAL_SERVERS`]); the bench policies name `bench*`, so every
+//!   member shows a reader the same tools as `bench`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -36,6 +41,60 @@ pub const REDIS_KEY_PREFIX: &str = "bench";
 
 /// Upstream route names (`/mcp/<name>`) the config defines.
 pub const ROUTES: [&str; 4] = ["bench", "bench-sse", "bench-hold", "bench-fresh"];
+
+/// Upstreams added for the virtual servers: two more names for the canned
+/// upstream's `/mcp/bench` (same tools, same policy).
+pub const TWIN_ROUTES: [&str; 2] = ["bench-b", "bench-c"];
+
+/// The upstream at the slow upstream's address (its `tools/list` answers
+/// after seconds).
+pub const SLOW_ROUTE: &str = "bench-slow";
+
+/// `list_timeout_ms` of every bench virtual server: each member's deadline
+/// in a merged list.
+pub const VS_LIST_TIMEOUT_MS: u64 = 2_000;
+
+/// The separator of prefixed names (`bench__get_service`).
+pub const VS_SEPARATOR: &str = "__";
+
+/// A virtual server of the generated config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtualDef {
+    /// Its name: served at `/mcp/<name>`.
+    pub name: &'static str,
+    /// Its member upstreams, in priority order.
+    pub members: &'static [&'static str],
+}
+
+/// One member (the `list` scenario through a virtual server, against the
+/// plain route).
+pub const VS_ONE: VirtualDef = VirtualDef {
+    name: "vs1",
+    members: &["bench"],
+};
+
+/// Three members, each the canned upstream (three times the tools).
+pub const VS_THREE: VirtualDef = VirtualDef {
+    name: "vs3",
+    members: &["bench", "bench-b", "bench-c"],
+};
+
+/// The canned upstream and the slow one: a merged list must not wait for
+/// the slow one past the deadline.
+pub const VS_SLOW: VirtualDef = VirtualDef {
+    name: "vs-slow",
+    members: &["bench", SLOW_ROUTE],
+};
+
+/// Every virtual server of the generated config (`collisions = "prefix"`).
+pub const VIRTUAL_SERVERS: [VirtualDef; 3] = [VS_ONE, VS_THREE, VS_SLOW];
+
+/// The virtual servers and the upstreams they need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Virtuals {
+    /// The slow upstream (`bench-slow`), plain HTTP.
+    pub slow_upstream: SocketAddr,
+}
 
 /// How long the firewall gets to become ready.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -102,6 +161,9 @@ pub struct Spec {
     /// Content screening as the product ships it; `false` turns every
     /// family `off` (the `firewall-unscreened` target).
     pub screening: bool,
+    /// The virtual servers ([`VIRTUAL_SERVERS`]) and their extra upstreams;
+    /// `None` configures neither.
+    pub virtual_servers: Option<Virtuals>,
 }
 
 /// The policy file that turns content screening off.
@@ -304,13 +366,27 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
     s.push_str(
         "[limits]\nper_ip_per_s = 100000000\nper_tenant_per_s = 100000000\nper_run_per_s = 100000000\nper_run_tool_per_s = 100000000\ndefault_max_steps = 1000000000\n\n",
     );
-    for route in ROUTES {
+    let upstream = |s: &mut String, name: &str, url: String| {
         s.push_str(&format!(
-            "[[upstream]]\nname = \"{route}\"\nurl = \"http://{}/mcp/{route}\"\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\nhttp2 = {}\n\n",
-            l.upstream,
+            "[[upstream]]\nname = \"{name}\"\nurl = \"{url}\"\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\nhttp2 = {}\n\n",
             tokens::PROJECT,
             spec.upstream_http2
         ));
+    };
+    for route in ROUTES {
+        upstream(&mut s, route, format!("http://{}/mcp/{route}", l.upstream));
+    }
+    if let Some(v) = &spec.virtual_servers {
+        // Twins of `bench`: the same path of the canned upstream.
+        for route in TWIN_ROUTES {
+            upstream(&mut s, route, format!("http://{}/mcp/bench", l.upstream));
+        }
+        let slow = v.slow_upstream;
+        upstream(
+            &mut s,
+            SLOW_ROUTE,
+            format!("http://{slow}/mcp/{SLOW_ROUTE}"),
+        );
     }
     match &spec.audit {
         Some(a) => s.push_str(&format!(
@@ -329,6 +405,27 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
         s.push_str(&format!(
             "\n[state]\nbackend = \"redis\"\nredis_url = \"{}\"\nkey_prefix = \"{}\"\non_store_unavailable = {{ read = \"closed\", write = \"closed\", destructive = \"closed\" }}\n",
             st.redis_url, st.key_prefix
+        ));
+    }
+    if spec.virtual_servers.is_some() {
+        s.push_str(&virtual_servers_text());
+    }
+    s
+}
+
+/// The `[[virtual_server]]` tables of [`VIRTUAL_SERVERS`].
+fn virtual_servers_text() -> String {
+    let mut s = String::new();
+    for v in VIRTUAL_SERVERS {
+        let members = v
+            .members
+            .iter()
+            .map(|m| format!("\"{m}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        s.push_str(&format!(
+            "\n[[virtual_server]]\nname = \"{}\"\nupstreams = [{members}]\ncollisions = \"prefix\"\nseparator = \"{VS_SEPARATOR}\"\nlist_timeout_ms = {VS_LIST_TIMEOUT_MS}\n",
+            v.name
         ));
     }
     s

@@ -41,6 +41,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
         upstream_http2: false,
         state: None,
         screening: true,
+        virtual_servers: None,
     }
 }
 
@@ -111,6 +112,82 @@ fn tls_config_names_the_certificate() {
         &spec(false, Some((m.cert_file.clone(), m.key_file.clone()))),
     );
     assert!(cfg.server.tls.is_some());
+}
+
+#[test]
+fn virtual_servers_load_with_their_members_and_deadline() {
+    use mcp_firewall::virtual_server::Collisions;
+    let dir = tempfile::tempdir().unwrap();
+    let mut vs = spec(false, None);
+    vs.virtual_servers = Some(Virtuals {
+        slow_upstream: "127.0.0.1:18082".parse().unwrap(),
+    });
+    let cfg = load(dir.path(), &vs);
+    let names: Vec<&str> = cfg.upstreams.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "bench",
+            "bench-sse",
+            "bench-hold",
+            "bench-fresh",
+            "bench-b",
+            "bench-c",
+            "bench-slow"
+        ]
+    );
+    let url = |name: &str| {
+        cfg.upstreams
+            .iter()
+            .find(|u| u.name == name)
+            .unwrap()
+            .url
+            .to_string()
+    };
+    // The twins are the canned upstream's `/mcp/bench`; the slow one is
+    // the slow upstream's.
+    assert_eq!(url("bench-b"), url("bench"));
+    assert_eq!(url("bench-c"), "http://127.0.0.1:18081/mcp/bench");
+    assert_eq!(url("bench-slow"), "http://127.0.0.1:18082/mcp/bench-slow");
+    assert_eq!(cfg.virtual_servers.len(), VIRTUAL_SERVERS.len());
+    for (got, want) in cfg.virtual_servers.iter().zip(VIRTUAL_SERVERS) {
+        assert_eq!(got.name, want.name);
+        assert_eq!(got.members, want.members);
+        assert_eq!(got.collisions, Collisions::Prefix);
+        assert_eq!(got.separator, VS_SEPARATOR);
+        assert_eq!(got.list_timeout, Duration::from_millis(VS_LIST_TIMEOUT_MS));
+    }
+    assert_eq!(
+        cfg.virtual_servers[1].members,
+        ["bench", "bench-b", "bench-c"]
+    );
+    assert_eq!(cfg.virtual_servers[2].members, ["bench", "bench-slow"]);
+    // Only added: the plain config is the same without them.
+    let plain = config_text(&spec(false, None), &layout(dir.path()));
+    let with = config_text(&vs, &layout(dir.path()));
+    assert!(with.starts_with(plain.split("[audit]").next().unwrap()));
+    assert!(with.ends_with(&virtual_servers_text()));
+    // Every member shows a reader the tools `bench` shows (the policies name
+    // `bench*`), so vs3 lists three times as many.
+    let policy = policy::load_dir(&dir.path().join("policies")).unwrap();
+    let projects = vec![tokens::PROJECT.to_owned()];
+    let reader = policy
+        .authority(&id(tokens::ROLE_READER, &projects))
+        .unwrap();
+    let cat = Catalog::new(100, 310).unwrap();
+    for up in &cfg.upstreams {
+        let visible = cat
+            .tools
+            .iter()
+            .filter(|t| {
+                matches!(
+                    policy.access(&reader, up.facts(), &t.name, None),
+                    Access::Visible { .. }
+                )
+            })
+            .count();
+        assert_eq!(visible, cat.reads(), "{}", up.name);
+    }
 }
 
 fn id<'a>(agent: &'a str, projects: &'a [String]) -> Identity<'a> {

@@ -13,6 +13,10 @@
 //! `mcp-bench load` ([`operator`]) points the same kind of load at any MCP
 //! deployment an operator names.
 //!
+//! `mcp-bench virtual` ([`vserver`]) measures `tools/list` through the
+//! firewall's virtual servers (one member against three) and checks that a
+//! merged list keeps its deadline when a member is slow.
+//!
 //! Invariant: every process the harness starts is stopped by PID when the
 //! run ends, and killed by a watchdog if the harness itself dies.
 #![forbid(unsafe_code)]
@@ -38,3 +42,4 @@ pub mod scenario;
 pub mod tls;
 pub mod tokens;
 pub mod upstream;
+pub mod vserver;

@@ -71,6 +71,10 @@ pub struct Endpoint {
     pub proto: Proto,
     /// TLS client config (with the right ALPN), or plaintext.
     pub tls: Option<Arc<ClientConfig>>,
+    /// Every request goes to this path instead of its route's (a virtual
+    /// server's `/mcp/vs3` instead of `/mcp/bench`); `None` keeps the
+    /// route's path.
+    pub path: Option<Arc<str>>,
 }
 
 /// One load run.
@@ -363,11 +367,12 @@ pub async fn run(spec: LoadSpec, mut tick: impl FnMut(Phase)) -> Result<LoadRepo
         ep.addr
     );
     let uri = |route: Route| -> Uri {
+        let path = ep.path.as_deref().unwrap_or(route.path());
         let text = match ep.proto {
             // HTTP/1.1: origin form plus a Host header.
-            Proto::H1 => route.path().to_owned(),
+            Proto::H1 => path.to_owned(),
             // HTTP/2: absolute form, hyper derives :scheme and :authority.
-            Proto::H2 => format!("{scheme_authority}{}", route.path()),
+            Proto::H2 => format!("{scheme_authority}{path}"),
         };
         text.parse().unwrap_or_else(|_| Uri::from_static("/"))
     };

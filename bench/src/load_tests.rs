@@ -68,6 +68,7 @@ fn plain(addr: SocketAddr, proto: Proto) -> Endpoint {
         addr,
         proto,
         tls: None,
+        path: None,
     }
 }
 
@@ -112,6 +113,7 @@ async fn h2c_and_tls_h2_and_sse_lists_work() {
         addr: tls_addr.unwrap(),
         proto: Proto::H2,
         tls: Some(m.client(&[b"h2"]).unwrap()),
+        path: None,
     };
     let r = run(spec(ep, Scenario::CallSse, &catalog), |_| {})
         .await
@@ -121,6 +123,7 @@ async fn h2c_and_tls_h2_and_sse_lists_work() {
         addr: tls_addr.unwrap(),
         proto: Proto::H1,
         tls: Some(m.client(&[b"http/1.1"]).unwrap()),
+        path: None,
     };
     let r = run(spec(ep, Scenario::Batch, &catalog), |_| {})
         .await
@@ -182,5 +185,30 @@ async fn a_closed_port_is_a_connect_error() {
     match run(spec(ep, Scenario::Call, &catalog), |_| {}).await {
         Err(LoadError::Connect { .. }) => {}
         other => panic!("expected a connect error, got {:?}", other.map(|r| r.ok)),
+    }
+}
+
+#[tokio::test]
+async fn a_path_override_sends_every_request_there() {
+    let (addr, _, catalog) = start(None).await;
+    for proto in [Proto::H1, Proto::H2] {
+        // The canned upstream knows no `/mcp/vs3`: every answer is a 404.
+        let mut ep = plain(addr, proto);
+        ep.path = Some(Arc::from("/mcp/vs3"));
+        let r = run(spec(ep, Scenario::List, &catalog), |_| {})
+            .await
+            .unwrap();
+        assert_eq!(r.ok, 0);
+        assert!(r.failed > 5);
+        assert_eq!(
+            r.errors.keys().collect::<Vec<_>>(),
+            ["list: got http 404, expected tools 100"]
+        );
+        let mut ep = plain(addr, proto);
+        ep.path = None;
+        let mut s = spec(ep, Scenario::List, &catalog);
+        s.requests = Some(3);
+        let r = run(s, |_| {}).await.unwrap();
+        assert_eq!(r.ok, 3, "{:?}", r.errors);
     }
 }

@@ -65,6 +65,11 @@ enum Command {
         #[arg(long)]
         batch_bytes: Option<usize>,
     },
+    /// `tools/list` through virtual servers: the plain route, one member
+    /// (`vs1`) and three (`vs3`) in interleaved rounds on one firewall, and
+    /// a merged list with a member answering after 5 s (`vs-slow`): it
+    /// must return within the deadline. Exits non-zero when that check fails.
+    Virtual(VirtualArgs),
     /// Re-render report.md and report.svg (and judge the targets of issue
     /// 20 again) from a report.json.
     Render {
@@ -198,6 +203,39 @@ struct RunArgs {
 }
 
 #[derive(Args)]
+struct VirtualArgs {
+    /// The mcp-firewall binary (default: next to this binary).
+    #[arg(long)]
+    firewall_bin: Option<PathBuf>,
+    /// Rounds per column (plain route, vs1, vs3).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Measured seconds per round.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Warm-up seconds per round.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Closed-loop workers (HTTP/1.1 connections).
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Distinct reader tokens (runs) to cycle.
+    #[arg(long, default_value_t = 10_000)]
+    tokens: usize,
+    /// The firewall's `log.level`.
+    #[arg(long, default_value = "info")]
+    firewall_log_level: String,
+    /// Directory for the results (default: bench/results); the reports go
+    /// into `virtual-<time>/` under it.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Also write virtual-list.md and virtual-list.json into the results
+    /// directory (the files of record).
+    #[arg(long)]
+    publish: bool,
+}
+
+#[derive(Args)]
 struct UpstreamArgs {
     /// Plain HTTP listener (HTTP/1.1 and h2c).
     #[arg(long, default_value = "127.0.0.1:8090")]
@@ -248,6 +286,7 @@ fn main() -> ExitCode {
         }),
         Command::Render { json, publish } => render(&json, publish),
         Command::Load(args) => load(&args),
+        Command::Virtual(args) => virtual_servers(&args),
     };
     match result {
         Ok(code) => code,
@@ -583,6 +622,74 @@ fn load(args: &mcp_bench::operator::LoadArgs) -> anyhow::Result<ExitCode> {
             );
         }
         Ok(ExitCode::from(2))
+    }
+}
+
+/// `mcp-bench virtual`: prints the Markdown report; exit 1 when the
+/// fan-out test failed.
+fn virtual_servers(args: &VirtualArgs) -> anyhow::Result<ExitCode> {
+    use mcp_bench::vserver;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin_loadgen = (cpus >= 2).then(|| vec![0]);
+    let firewall_bin = match &args.firewall_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .context("locating mcp-bench")?
+            .with_file_name("mcp-firewall"),
+    };
+    let opts = vserver::Options {
+        firewall_bin,
+        rounds: args.rounds.max(1),
+        warmup: Duration::from_secs_f64(args.warmup.max(0.0)),
+        duration: Duration::from_secs_f64(args.duration.max(0.1)),
+        concurrency: args.concurrency.max(1),
+        tokens: args.tokens.max(1),
+        calls_per_run: 20,
+        tools: 100,
+        timeout: Duration::from_secs(15),
+        slow_delay: vserver::SLOW_DELAY,
+        log_level: args.firewall_log_level.clone(),
+        pin_loadgen: pin_loadgen.clone(),
+        cpus,
+    };
+    procs::raise_nofile(opts.concurrency as u64 * 2 + 1024);
+    // The load generator is this thread, pinned like `run`'s.
+    if let Some(cpus) = &pin_loadgen {
+        procs::pin_current_thread(cpus);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the runtime")?;
+    let report = runtime.block_on(vserver::run(&opts))?;
+    let md = vserver::markdown(&report);
+    print!("{md}");
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
+    let dir = out.join(format!("virtual-{}", report.meta.started_unix));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let json = serde_json::to_string_pretty(&report)?;
+    let mut files = vec![
+        (dir.join("report.json"), &json),
+        (dir.join("report.md"), &md),
+    ];
+    if args.publish {
+        files.push((out.join("virtual-list.json"), &json));
+        files.push((out.join("virtual-list.md"), &md));
+    }
+    for (path, text) in files {
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    eprintln!("mcp-bench: reports in {}", dir.display());
+    if report.fan_out.passed {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for f in report.fan_out.failures() {
+            eprintln!("mcp-bench: fan-out check failed: {f}");
+        }
+        Ok(ExitCode::FAILURE)
     }
 }
 

@@ -823,6 +823,7 @@ impl World {
             upstream_http2: self.opts.firewall_upstream_http2 || key.h2up,
             state,
             screening: !key.unscreened,
+            virtual_servers: None,
         };
         let placement = self.placement(self.opts.pin_proxy.as_deref());
         let fw = Firewall::start(
@@ -837,6 +838,7 @@ impl World {
             addr: fw.addr,
             proto: Proto::H1,
             tls: key.tls.then(|| self.client_h1.clone()),
+            path: None,
         };
         let mut inst = Instance {
             fw,
@@ -1058,6 +1060,7 @@ impl World {
             addr,
             proto: cell.proto,
             tls: client.clone(),
+            path: None,
         };
         Ok(match target {
             TargetKind::Direct => {
