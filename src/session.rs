@@ -275,26 +275,12 @@ impl Sessions {
     /// firewall wants back on the retry: `payload` (its own bytes) bound to
     /// `who`. Clients must echo it unchanged; anything else fails to open.
     pub fn seal_state(&self, who: &Principal<'_>, payload: &[u8]) -> String {
-        let (kid, key) = self.current();
-        let tag = state_tag(key, who, payload);
-        format!(
-            "{STATE_PREFIX}{kid}.{}.{}",
-            URL_SAFE_NO_PAD.encode(payload),
-            URL_SAFE_NO_PAD.encode(tag)
-        )
+        self.seal_payload("r1", payload, |key| state_tag(key, who, payload))
     }
 
     /// The payload of a sealed `requestState`, if it was sealed for `who`.
     pub fn open_state(&self, who: &Principal<'_>, sealed: &[u8]) -> Result<Vec<u8>, SealError> {
-        let (key, body, tag) = self.split(sealed, b"r1")?;
-        let payload = URL_SAFE_NO_PAD
-            .decode(body)
-            .map_err(|_| SealError::Malformed)?;
-        let expected = state_tag(key, who, &payload);
-        if !same(&expected, &tag) {
-            return Err(SealError::Mismatch);
-        }
-        Ok(payload)
+        self.open_payload(sealed, "r1", |key, payload| state_tag(key, who, payload))
     }
 
     /// The sealed form of an upstream task id (and what the firewall needs
@@ -302,26 +288,12 @@ impl Sessions {
     /// `tasks/*` reach only the tasks of the principal and run that created
     /// them.
     pub fn seal_task(&self, who: &Principal<'_>, payload: &[u8]) -> String {
-        let (kid, key) = self.current();
-        let tag = task_tag(key, who, payload);
-        format!(
-            "{TASK_PREFIX}{kid}.{}.{}",
-            URL_SAFE_NO_PAD.encode(payload),
-            URL_SAFE_NO_PAD.encode(tag)
-        )
+        self.seal_payload("t1", payload, |key| task_tag(key, who, payload))
     }
 
     /// The payload of a sealed task id, if it was sealed for `who`.
     pub fn open_task(&self, who: &Principal<'_>, sealed: &[u8]) -> Result<Vec<u8>, SealError> {
-        let (key, body, tag) = self.split(sealed, b"t1")?;
-        let payload = URL_SAFE_NO_PAD
-            .decode(body)
-            .map_err(|_| SealError::Malformed)?;
-        let expected = task_tag(key, who, &payload);
-        if !same(&expected, &tag) {
-            return Err(SealError::Mismatch);
-        }
-        Ok(payload)
+        self.open_payload(sealed, "t1", |key, payload| task_tag(key, who, payload))
     }
 
     /// What a virtual server hands its client (its session id, list
@@ -329,14 +301,9 @@ impl Sessions {
     /// tokens), sealed for `who` (`who.upstream` is the virtual server)
     /// under `kind`: a value of one kind never opens as another.
     pub fn seal_virtual(&self, kind: VirtualKind, who: &Principal<'_>, payload: &[u8]) -> String {
-        let (kid, key) = self.current();
-        let tag = virtual_tag(key, kind, who, payload);
-        format!(
-            "{}.{kid}.{}.{}",
-            kind.prefix(),
-            URL_SAFE_NO_PAD.encode(payload),
-            URL_SAFE_NO_PAD.encode(tag)
-        )
+        self.seal_payload(kind.prefix(), payload, |key| {
+            virtual_tag(key, kind, who, payload)
+        })
     }
 
     /// The payload of a value [`Sessions::seal_virtual`] sealed for `who`
@@ -347,12 +314,39 @@ impl Sessions {
         who: &Principal<'_>,
         sealed: &[u8],
     ) -> Result<Vec<u8>, SealError> {
-        let (key, body, tag) = self.split(sealed, kind.prefix().as_bytes())?;
+        self.open_payload(sealed, kind.prefix(), |key, payload| {
+            virtual_tag(key, kind, who, payload)
+        })
+    }
+
+    /// `<prefix>.<kid>.<payload>.<tag>` with the current key.
+    fn seal_payload(
+        &self,
+        prefix: &str,
+        payload: &[u8],
+        tag: impl FnOnce(&hmac::Key) -> [u8; TAG_BYTES],
+    ) -> String {
+        let (kid, key) = self.current();
+        format!(
+            "{prefix}.{kid}.{}.{}",
+            URL_SAFE_NO_PAD.encode(payload),
+            URL_SAFE_NO_PAD.encode(tag(key))
+        )
+    }
+
+    /// The payload of a value [`Sessions::seal_payload`] sealed under
+    /// `prefix`, if `tag` gives the tag it carries.
+    fn open_payload(
+        &self,
+        sealed: &[u8],
+        prefix: &str,
+        tag: impl FnOnce(&hmac::Key, &[u8]) -> [u8; TAG_BYTES],
+    ) -> Result<Vec<u8>, SealError> {
+        let (key, body, carried) = self.split(sealed, prefix.as_bytes())?;
         let payload = URL_SAFE_NO_PAD
             .decode(body)
             .map_err(|_| SealError::Malformed)?;
-        let expected = virtual_tag(key, kind, who, &payload);
-        if !same(&expected, &tag) {
+        if !same(&tag(key, &payload), &carried) {
             return Err(SealError::Mismatch);
         }
         Ok(payload)
@@ -407,21 +401,31 @@ fn frame(ctx: &mut hmac::Context, fields: &[&[u8]]) {
     }
 }
 
-fn session_tag(key: &hmac::Key, who: &Principal<'_>, upstream_id: &[u8]) -> [u8; TAG_BYTES] {
+/// The tag of `domain` fields, then `who`'s, then `tail`: length-prefixed
+/// ([`frame`]), so no two field lists give the same bytes.
+fn principal_tag(
+    key: &hmac::Key,
+    domain: &[&[u8]],
+    who: &Principal<'_>,
+    tail: &[&[u8]],
+) -> [u8; TAG_BYTES] {
+    let mut fields: Vec<&[u8]> = Vec::with_capacity(domain.len() + 5 + tail.len());
+    fields.extend_from_slice(domain);
+    fields.extend_from_slice(&[
+        who.issuer.as_bytes(),
+        who.tenant.as_bytes(),
+        who.subject.as_bytes(),
+        who.upstream.as_bytes(),
+        who.run.as_bytes(),
+    ]);
+    fields.extend_from_slice(tail);
     let mut ctx = hmac::Context::with_key(key);
-    frame(
-        &mut ctx,
-        &[
-            b"mcp-firewall session v1",
-            who.issuer.as_bytes(),
-            who.tenant.as_bytes(),
-            who.subject.as_bytes(),
-            who.upstream.as_bytes(),
-            who.run.as_bytes(),
-            upstream_id,
-        ],
-    );
+    frame(&mut ctx, &fields);
     truncate(ctx.sign())
+}
+
+fn session_tag(key: &hmac::Key, who: &Principal<'_>, upstream_id: &[u8]) -> [u8; TAG_BYTES] {
+    principal_tag(key, &[b"mcp-firewall session v1"], who, &[upstream_id])
 }
 
 fn event_tag(
@@ -430,55 +434,20 @@ fn event_tag(
     session: Option<&[u8]>,
     payload: &[u8],
 ) -> [u8; TAG_BYTES] {
-    let mut ctx = hmac::Context::with_key(key);
-    frame(
-        &mut ctx,
-        &[
-            b"mcp-firewall event v1",
-            who.issuer.as_bytes(),
-            who.tenant.as_bytes(),
-            who.subject.as_bytes(),
-            who.upstream.as_bytes(),
-            who.run.as_bytes(),
-            session.unwrap_or(b""),
-            payload,
-        ],
-    );
-    truncate(ctx.sign())
+    principal_tag(
+        key,
+        &[b"mcp-firewall event v1"],
+        who,
+        &[session.unwrap_or(b""), payload],
+    )
 }
 
 fn state_tag(key: &hmac::Key, who: &Principal<'_>, payload: &[u8]) -> [u8; TAG_BYTES] {
-    let mut ctx = hmac::Context::with_key(key);
-    frame(
-        &mut ctx,
-        &[
-            b"mcp-firewall request state v1",
-            who.issuer.as_bytes(),
-            who.tenant.as_bytes(),
-            who.subject.as_bytes(),
-            who.upstream.as_bytes(),
-            who.run.as_bytes(),
-            payload,
-        ],
-    );
-    truncate(ctx.sign())
+    principal_tag(key, &[b"mcp-firewall request state v1"], who, &[payload])
 }
 
 fn task_tag(key: &hmac::Key, who: &Principal<'_>, payload: &[u8]) -> [u8; TAG_BYTES] {
-    let mut ctx = hmac::Context::with_key(key);
-    frame(
-        &mut ctx,
-        &[
-            b"mcp-firewall task v1",
-            who.issuer.as_bytes(),
-            who.tenant.as_bytes(),
-            who.subject.as_bytes(),
-            who.upstream.as_bytes(),
-            who.run.as_bytes(),
-            payload,
-        ],
-    );
-    truncate(ctx.sign())
+    principal_tag(key, &[b"mcp-firewall task v1"], who, &[payload])
 }
 
 /// What a virtual server seals ([`Sessions::seal_virtual`]).
@@ -514,21 +483,12 @@ fn virtual_tag(
     who: &Principal<'_>,
     payload: &[u8],
 ) -> [u8; TAG_BYTES] {
-    let mut ctx = hmac::Context::with_key(key);
-    frame(
-        &mut ctx,
-        &[
-            b"mcp-firewall virtual v1",
-            kind.prefix().as_bytes(),
-            who.issuer.as_bytes(),
-            who.tenant.as_bytes(),
-            who.subject.as_bytes(),
-            who.upstream.as_bytes(),
-            who.run.as_bytes(),
-            payload,
-        ],
-    );
-    truncate(ctx.sign())
+    principal_tag(
+        key,
+        &[b"mcp-firewall virtual v1", kind.prefix().as_bytes()],
+        who,
+        &[payload],
+    )
 }
 
 /// Compares two tags in time independent of where they differ.

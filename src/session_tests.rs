@@ -292,3 +292,55 @@ fn every_sealed_kind_refuses_forged_altered_foreign_and_cross_kind_values() {
         }
     }
 }
+
+/// The tags are what earlier releases sealed with (a replica of another
+/// release, or a value sealed before a restart, still opens): each an
+/// HMAC-SHA256 of length-prefixed fields, truncated, written out here
+/// without the module's helpers.
+#[test]
+fn tags_keep_their_bytes_across_releases() {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"k");
+    let who = Principal {
+        issuer: "i",
+        tenant: "t",
+        subject: "s",
+        upstream: "u",
+        run: "r",
+    };
+    let by_hand = |fields: &[&[u8]]| {
+        let mut ctx = ring::hmac::Context::with_key(&key);
+        for f in fields {
+            ctx.update(&(f.len() as u32).to_be_bytes());
+            ctx.update(f);
+        }
+        let tag = ctx.sign();
+        tag.as_ref()[..TAG_BYTES].to_vec()
+    };
+    let who_fields: [&[u8]; 5] = [b"i", b"t", b"s", b"u", b"r"];
+    let with = |domain: &[&[u8]], tail: &[&[u8]]| {
+        let mut v: Vec<&[u8]> = domain.to_vec();
+        v.extend_from_slice(&who_fields);
+        v.extend_from_slice(tail);
+        by_hand(&v)
+    };
+    assert_eq!(
+        session_tag(&key, &who, b"x").to_vec(),
+        with(&[b"mcp-firewall session v1"], &[b"x"])
+    );
+    assert_eq!(
+        event_tag(&key, &who, Some(b"s1"), b"p").to_vec(),
+        with(&[b"mcp-firewall event v1"], &[b"s1", b"p"])
+    );
+    assert_eq!(
+        state_tag(&key, &who, b"p").to_vec(),
+        with(&[b"mcp-firewall request state v1"], &[b"p"])
+    );
+    assert_eq!(
+        task_tag(&key, &who, b"p").to_vec(),
+        with(&[b"mcp-firewall task v1"], &[b"p"])
+    );
+    assert_eq!(
+        virtual_tag(&key, VirtualKind::Cursor, &who, b"p").to_vec(),
+        with(&[b"mcp-firewall virtual v1", b"vc1"], &[b"p"])
+    );
+}

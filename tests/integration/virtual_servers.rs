@@ -348,6 +348,34 @@ async fn call(fw: &Firewall, token: &str, sid: &str, method: &str, name: &str) -
     outcome(&request(fw, token, sid, method, params).await)
 }
 
+#[allow(clippy::too_many_arguments)]
+/// A 2026-07-28 request to `/mcp/<vs>`: `Mcp-Name` is `name` (none when
+/// empty), `headers` replaced where `with` says.
+async fn modern_post(
+    fw: &Firewall,
+    vs: &str,
+    token: &str,
+    method: &str,
+    name: &str,
+    id: u64,
+    params: Value,
+    with: &[(&str, &str)],
+) -> common::Answer {
+    let (headers, body) = crate::answer_path::modern(method, name, id, params);
+    let mut h: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, _)| !(k == "mcp-name" && name.is_empty()))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    for (k, v) in with {
+        match h.iter_mut().find(|(hk, _)| hk == k) {
+            Some(slot) => slot.1 = v,
+            None => h.push((k, v)),
+        }
+    }
+    common::post(&fw.mcp_url(vs), token, &h, &body).await
+}
+
 #[tokio::test]
 async fn each_collision_mode_lists_and_routes_and_never_redirects_a_name() {
     for mode in ["prefix", "priority", "reject"] {
@@ -666,17 +694,18 @@ async fn the_stateless_era_routes_by_the_exposed_name_and_rows_name_the_member()
     )
     .await;
     let all = token("vs-all");
-    let (headers, body) = crate::answer_path::modern(
+    let call = json!({"name": "beta__search", "arguments": {}});
+    let a = modern_post(
+        &fw,
+        "ops",
+        &all,
         "tools/call",
         "beta__search",
         3,
-        json!({"name": "beta__search", "arguments": {}}),
-    );
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+        call.clone(),
+        &[],
+    )
+    .await;
     assert_eq!(a.status, 200, "{}", a.text);
     assert_eq!(outcome(&a.json()).0, "beta:search", "{}", a.text);
     let seen = estate
@@ -689,24 +718,23 @@ async fn the_stateless_era_routes_by_the_exposed_name_and_rows_name_the_member()
     assert!(seen.headers.get("mcp-session-id").is_none());
     assert_eq!(got(&estate.alpha, "tools/call", "search"), 0);
     // A body naming one tool and a header naming another: refused.
-    let mut forged = headers.clone();
-    forged[2].1 = "alpha__search".to_owned();
-    let h: Vec<(&str, &str)> = forged
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+    let forged = [("mcp-name", "alpha__search")];
+    let a = modern_post(
+        &fw,
+        "ops",
+        &all,
+        "tools/call",
+        "beta__search",
+        3,
+        call,
+        &forged,
+    )
+    .await;
     assert_eq!(a.status, 400, "{}", a.text);
     assert_eq!(got(&estate.alpha, "tools/call", "search"), 0);
     assert_eq!(got(&estate.beta, "tools/call", "search"), 1);
     // The merged list in the stateless era.
-    let (headers, body) = crate::answer_path::modern("tools/list", "", 4, json!({}));
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .filter(|(k, _)| k != "mcp-name")
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+    let a = modern_post(&fw, "ops", &all, "tools/list", "", 4, json!({}), &[]).await;
     assert_eq!(a.status, 200, "{}", a.text);
     assert_eq!(
         a.json()["result"]["tools"].as_array().map(Vec::len),
@@ -717,17 +745,8 @@ async fn the_stateless_era_routes_by_the_exposed_name_and_rows_name_the_member()
 
     // A name no member exposes is refused by the virtual server itself,
     // and that is on record too (no member upstream).
-    let (headers, body) = crate::answer_path::modern(
-        "tools/call",
-        "search",
-        6,
-        json!({"name": "search", "arguments": {}}),
-    );
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let a = common::post(&fw.mcp_url("ops"), &all, &h, &body).await;
+    let call = json!({"name": "search", "arguments": {}});
+    let a = modern_post(&fw, "ops", &all, "tools/call", "search", 6, call, &[]).await;
     assert!(
         a.json()["error"]["message"]
             .as_str()
@@ -1009,17 +1028,7 @@ async fn discovery_speaks_for_every_member_and_a_subscription_stream_merges_them
     .await;
     let all = token("vs-all");
     let post = |vs: &'static str, method: &'static str, id: u64| {
-        let (headers, body) = crate::answer_path::modern(method, "", id, json!({}));
-        let url = fw.mcp_url(vs);
-        let all = all.clone();
-        async move {
-            let h: Vec<(&str, &str)> = headers
-                .iter()
-                .filter(|(k, _)| k != "mcp-name")
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            common::post(&url, &all, &h, &body).await
-        }
+        modern_post(&fw, vs, &all, method, "", id, json!({}), &[])
     };
     // gamma only speaks the session era: the virtual server does not offer
     // 2026-07-28 on its behalf; the client falls back to initialize.

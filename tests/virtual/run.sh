@@ -50,83 +50,11 @@ fail() { echo "virtual: FAILED: $*" >&2; exit 1; }
 
 [ -x "$FW_BIN" ] || fail "no firewall binary at $FW_BIN"
 
-# --- processes we start: each in its own process group, all ended on exit ----
-PGIDS=()
-cleanup() {
-  local p
-  for p in "${PGIDS[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    local alive=0
-    for p in "${PGIDS[@]}"; do kill -0 -- "-$p" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 0.2
-  done
-  for p in "${PGIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-start() { # NAME CMD... ; stdout+stderr to $LOGS/NAME.log
-  local name=$1
-  shift
-  setsid "$@" >"$LOGS/$name.log" 2>&1 &
-  PGIDS+=("$!")
-  LAST_PID=$!
-}
-
-wait_port() { # NAME PID PORT
-  local i
-  for i in $(seq 1 150); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$3") 2>/dev/null; then return 0; fi
-    if ! kill -0 "$2" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
-  echo "virtual: $1 did not start listening on port $3; its log:" >&2
-  tail -n 40 "$LOGS/$1.log" >&2 || true
-  exit 1
-}
-
-# --- Node 22, server-everything and the Python SDK, cached --------------------
-npm_install() { # DIR SPEC (one or more name@version, space-separated)
-  local dir=$1 spec=$2
-  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$spec" ]; then return 0; fi
-  echo "== installing $spec"
-  rm -rf "$dir"
-  mkdir -p "$dir"
-  printf '{"name":"virtual-cache","private":true}\n' >"$dir/package.json"
-  # shellcheck disable=SC2086  # spec is a word list
-  if ! (cd "$dir" && npm install --no-audit --no-fund --loglevel=error --save-exact $spec) \
-    >"$LOGS/npm-$(basename "$dir").log" 2>&1; then
-    cat "$LOGS/npm-$(basename "$dir").log" >&2
-    exit 1
-  fi
-  echo "$spec" >"$dir/.installed"
-}
-
-node_major() { "$1" -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0; }
-
-if ! command -v npm >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing nodejs and npm (Debian)"
-    apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
-  else
-    fail "needs npm"
-  fi
-fi
-if command -v node >/dev/null 2>&1 && [ "$(node_major node)" -ge 22 ]; then
-  NODE=$(command -v node)
-else
-  case $(uname -m) in
-    x86_64) NODE_ARCH=x64 ;;
-    aarch64 | arm64) NODE_ARCH=arm64 ;;
-    *) fail "no Node 22 package for $(uname -m)" ;;
-  esac
-  npm_install "$CACHE/node22" "node-linux-$NODE_ARCH@$NODE22_VERSION"
-  NODE=$CACHE/node22/node_modules/node-linux-$NODE_ARCH/bin/node
-fi
-[ "$(node_major "$NODE")" -ge 22 ] || fail "$NODE is not Node >= 22"
-export PATH="$(dirname "$NODE"):$PATH"
+# --- processes, ports, Node 22 and the Python venv (tests/lib/peers.sh) ------
+PEERS_WHO=virtual
+# shellcheck source=../lib/peers.sh
+. "$HERE/../lib/peers.sh"
+use_node22
 
 EVDIR=$CACHE/everything-${EVERYTHING//[^A-Za-z0-9.]/-}
 npm_install "$EVDIR" "$EVERYTHING"
@@ -135,25 +63,11 @@ EV_MAIN=$EVDIR/node_modules/@modelcontextprotocol/server-everything/dist/index.j
 
 # The same venv as tests/conformance/run.sh (same pin, same directory).
 PYDIR=$CACHE/py-${SDK_PYPI//[^A-Za-z0-9.]/-}
-if [ ! -f "$PYDIR/.installed" ]; then
-  echo "== installing $SDK_PYPI"
-  rm -rf "$PYDIR"
-  python3 -m venv "$PYDIR" >"$LOGS/venv.log" 2>&1 || { cat "$LOGS/venv.log" >&2; exit 1; }
-  "$PYDIR/bin/python" -m pip install -q --disable-pip-version-check "$SDK_PYPI" \
-    >"$LOGS/pip.log" 2>&1 || { cat "$LOGS/pip.log" >&2; exit 1; }
-  echo "$SDK_PYPI" >"$PYDIR/.installed"
-fi
+python_venv "$PYDIR" "$SDK_PYPI"
 PY=$PYDIR/bin/python
 
 # --- ports ------------------------------------------------------------------
-read -r EV_PORT PY_PORT FW_PORT ADMIN_PORT < <("$NODE" -e '
-  const net = require("net"); const socks = [];
-  (async () => {
-    for (let i = 0; i < 4; i++) socks.push(await new Promise((ok) => {
-      const s = net.createServer(); s.listen(0, "127.0.0.1", () => ok(s)); }));
-    console.log(socks.map((s) => s.address().port).join(" "));
-    socks.forEach((s) => s.close());
-  })();')
+read -r EV_PORT PY_PORT FW_PORT ADMIN_PORT < <(free_ports 4)
 
 # --- the members ----------------------------------------------------------------
 # server-everything's streamable HTTP transport: POST/GET/DELETE /mcp on $PORT

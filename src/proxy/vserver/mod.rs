@@ -742,23 +742,16 @@ impl Cx<'_> {
                 },
                 None => None,
             };
-            let req = member_request(
-                self.member_name(m),
-                headers,
-                method.clone(),
-                session.as_ref(),
-                body.clone(),
-                mcp_name,
-            );
-            let r = super::serve_upstream(
-                self.state,
-                self.conn,
-                self.claims.clone(),
-                self.member_name(m),
-                Some(self.vs.via.clone()),
-                req,
-            )
-            .await;
+            let r = self
+                .send(
+                    m,
+                    headers,
+                    method.clone(),
+                    session.as_ref(),
+                    body.clone(),
+                    mcp_name,
+                )
+                .await;
             let lost = matches!(&r, Err(ProxyError::SessionNotFound))
                 || matches!(&r, Ok(resp) if resp.status() == StatusCode::NOT_FOUND && session.is_some());
             if lost && attempt == 0 {
@@ -776,6 +769,30 @@ impl Cx<'_> {
             };
         }
         Ok(Answer::Other(ProxyError::SessionNotFound.into_response()))
+    }
+
+    /// One request to member `m`'s own path (steps 4 on), as the client's
+    /// but for the member's session and `Mcp-Name`.
+    async fn send(
+        &self,
+        m: usize,
+        headers: &HeaderMap,
+        method: Method,
+        session: Option<&HeaderValue>,
+        body: Option<Bytes>,
+        mcp_name: Option<&str>,
+    ) -> Result<Response<Body>, ProxyError> {
+        let member = self.member_name(m);
+        let req = member_request(member, headers, method, session, body, mcp_name);
+        super::serve_upstream(
+            self.state,
+            self.conn,
+            self.claims.clone(),
+            member,
+            Some(self.vs.via.clone()),
+            req,
+        )
+        .await
     }
 
     /// The member's session on this client session, opened now if needed
@@ -800,14 +817,6 @@ impl Cx<'_> {
         h.remove("mcp-protocol-version");
         h.remove("mcp-method");
         h.remove("mcp-name");
-        let req = member_request(
-            self.member_name(m),
-            &h,
-            Method::POST,
-            None,
-            Some(Bytes::from(init.to_string())),
-            None,
-        );
         let down = |why: String| {
             tracing::warn!(virtual_server = %self.vs.config.name, upstream = %self.member_name(m), error = %why, "virtual server: cannot open a session with a member");
             self.vs.index.set_up(m, false);
@@ -817,16 +826,11 @@ impl Cx<'_> {
                 ids: Vec::new(),
             }
         };
-        let resp = super::serve_upstream(
-            self.state,
-            self.conn,
-            self.claims.clone(),
-            self.member_name(m),
-            Some(self.vs.via.clone()),
-            req,
-        )
-        .await
-        .map_err(|e| down(e.to_string()))?;
+        let init = Some(Bytes::from(init.to_string()));
+        let resp = self
+            .send(m, &h, Method::POST, None, init, None)
+            .await
+            .map_err(|e| down(e.to_string()))?;
         let sid = resp.headers().get("mcp-session-id").cloned();
         let status = resp.status();
         let bytes = match read_answer(resp).await {
@@ -855,23 +859,8 @@ impl Cx<'_> {
             h.insert("mcp-protocol-version", v);
         }
         let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        let req = member_request(
-            self.member_name(m),
-            &h,
-            Method::POST,
-            Some(&sid),
-            Some(Bytes::from(note.to_string())),
-            None,
-        );
-        let _ = super::serve_upstream(
-            self.state,
-            self.conn,
-            self.claims.clone(),
-            self.member_name(m),
-            Some(self.vs.via.clone()),
-            req,
-        )
-        .await;
+        let note = Some(Bytes::from(note.to_string()));
+        let _ = self.send(m, &h, Method::POST, Some(&sid), note, None).await;
         self.vs.index.set_up(m, true);
         *slot = Some(sid.clone());
         Ok((sid, Some(result)))
