@@ -24,6 +24,7 @@ pub mod outcome;
 pub mod pins;
 pub mod policy;
 pub mod proxy;
+pub mod sandbox;
 pub mod screen;
 pub mod server;
 pub mod session;

@@ -21,6 +21,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Confine this process as the JSON sandbox spec says, then execute
+    /// COMMAND (how the firewall starts a stdio server); with `--probe`,
+    /// print which layers applied instead. Exits 126 when a required layer
+    /// is unavailable, 127 when COMMAND cannot be executed.
+    SandboxExec {
+        /// The sandbox spec (`[upstream.sandbox]` as JSON).
+        #[arg(long)]
+        spec: String,
+        /// Apply the layers, print the report as JSON, and exit.
+        #[arg(long)]
+        probe: bool,
+        /// The server's command and its arguments.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Serve with a config file.
     Serve {
         /// The TOML config file.
@@ -159,6 +174,16 @@ enum TokenCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread exists: namespaces and user changes need a
+    // single-threaded process, and every later thread inherits the rest.
+    if let Command::SandboxExec {
+        spec,
+        probe,
+        command,
+    } = &cli.command
+    {
+        return sandbox_exec(spec, *probe, command);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -178,8 +203,60 @@ fn main() -> ExitCode {
     }
 }
 
+/// `mcp-firewall sandbox-exec`.
+fn sandbox_exec(spec: &str, probe: bool, command: &[String]) -> ExitCode {
+    use mcp_firewall::sandbox;
+    let spec: sandbox::Spec = match serde_json::from_str(spec) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("mcp-firewall sandbox-exec: invalid --spec: {e}");
+            return ExitCode::from(126);
+        }
+    };
+    let program = command.first().map(String::as_str).unwrap_or("");
+    if program.is_empty() && !probe {
+        eprintln!("mcp-firewall sandbox-exec: no command after --");
+        return ExitCode::from(126);
+    }
+    let resolved = which(program);
+    let report = match sandbox::confine(&spec, &resolved) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mcp-firewall sandbox-exec: {e}");
+            return ExitCode::from(126);
+        }
+    };
+    for (layer, why) in &report.missing {
+        eprintln!("mcp-firewall sandbox-exec: running without {layer:?}: {why}");
+    }
+    if probe {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    use std::os::unix::process::CommandExt;
+    let e = std::process::Command::new(&resolved)
+        .args(command.iter().skip(1))
+        .exec();
+    eprintln!("mcp-firewall sandbox-exec: cannot execute {program}: {e}");
+    ExitCode::from(127)
+}
+
+/// `program` as found on `PATH` (as given when it names a path).
+fn which(program: &str) -> PathBuf {
+    if program.contains('/') {
+        return PathBuf::from(program);
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(program))
+}
+
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
+        Command::SandboxExec { .. } => Ok(()),
         Command::Serve { config } => {
             let cfg = config::load(&config)?;
             telemetry::init_logging(cfg.log_format, &cfg.log_level);

@@ -25,6 +25,7 @@ mod modern_clickhouse;
 mod pins;
 mod reload;
 mod replicas;
+mod sandbox;
 mod screening;
 mod spool_faults;
 mod through_firewall;

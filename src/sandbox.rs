@@ -1,0 +1,373 @@
+//! Confinement of a server process the firewall starts (issue 35, first
+//! part): what it may read and write (Landlock), which system calls it may
+//! make (a seccomp filter refusing what an MCP server never needs), that it
+//! can gain no privileges (`no_new_privs`, and no root: a firewall running
+//! as root runs the server as `nobody`), what it may use (rlimits: address
+//! space, CPU time, processes) and where it may connect (`network = "none"`:
+//! a network namespace of its own and no TCP connect or bind; an allow-list:
+//! TCP connect only to the listed ports).
+//!
+//! The process confines **itself**, then executes the server
+//! (`mcp-firewall sandbox-exec --spec JSON -- COMMAND...`): every layer is
+//! applied by ordinary system calls in the launcher before `exec`, so no
+//! code runs between `fork` and `exec` (no `unsafe` hook), and what the
+//! server inherits is exactly what the launcher ended with.
+//!
+//! Each layer is reported (applied, or missing and why). With `required`
+//! (the default) a missing layer refuses to start the server, naming it;
+//! without, the server runs with what could be applied.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The confinement of one server (`[upstream.sandbox]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// Paths it may read (besides the runtime: `/usr`, `/lib`, `/etc`…).
+    #[serde(default)]
+    pub read: Vec<PathBuf>,
+    /// Paths it may write (and read).
+    #[serde(default)]
+    pub write: Vec<PathBuf>,
+    /// Where it may connect.
+    #[serde(default)]
+    pub network: Network,
+    /// Address space, MiB.
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    /// CPU time, seconds.
+    #[serde(default)]
+    pub cpu_s: Option<u64>,
+    /// Processes (and threads) of its user.
+    #[serde(default)]
+    pub processes: Option<u64>,
+    /// Refuse to start when a layer cannot be applied.
+    #[serde(default = "yes")]
+    pub required: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Where a confined server may connect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(untagged)]
+pub enum Network {
+    /// Nowhere (`"none"`).
+    #[default]
+    #[serde(with = "none")]
+    None,
+    /// TCP to these `host:port` pairs only (ports enforced by Landlock).
+    Allow(Vec<String>),
+}
+
+mod none {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("none")
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "none" {
+            Ok(())
+        } else {
+            Err(serde::de::Error::custom(
+                "network is \"none\" or a list of \"host:port\"",
+            ))
+        }
+    }
+}
+
+/// One layer of confinement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// A network namespace of its own (`network = "none"`).
+    NetNamespace,
+    /// rlimits (address space, CPU, processes).
+    Rlimits,
+    /// Not root (`nobody` when the firewall is root).
+    Unprivileged,
+    /// `no_new_privs`.
+    NoNewPrivs,
+    /// Landlock: the filesystem.
+    LandlockFs,
+    /// Landlock: TCP connect and bind.
+    LandlockNet,
+    /// The seccomp filter.
+    Seccomp,
+}
+
+/// What confinement was applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// Applied, in order.
+    pub applied: Vec<Layer>,
+    /// Missing, with why.
+    pub missing: Vec<(Layer, String)>,
+}
+
+/// Why a server was not started.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A required layer could not be applied.
+    #[error("sandbox layer {layer:?} is unavailable ({why}) and the sandbox is required; set `required = false` to run without it")]
+    Missing {
+        /// Which.
+        layer: Layer,
+        /// Why.
+        why: String,
+    },
+    /// The spec is unusable.
+    #[error("sandbox: {0}")]
+    Invalid(String),
+}
+
+/// The `nobody` user and group a root firewall runs servers as.
+const NOBODY: u32 = 65534;
+
+/// What a server needs to run at all: the system's programs, libraries,
+/// configuration, and the devices every runtime opens.
+const RUNTIME_READ: [&str; 8] = [
+    "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys",
+];
+const RUNTIME_WRITE: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
+
+/// Confines the calling process as `spec` says; `command` is the program
+/// it will execute (its install directory is readable). Every layer is
+/// attempted; a missing one is an error when `spec.required`.
+pub fn confine(spec: &Spec, command: &Path) -> Result<Report, SandboxError> {
+    let mut report = Report::default();
+    let layer = |report: &mut Report, l: Layer, r: Result<(), String>| match r {
+        Ok(()) => {
+            report.applied.push(l);
+            Ok(())
+        }
+        Err(why) if spec.required => Err(SandboxError::Missing { layer: l, why }),
+        Err(why) => {
+            report.missing.push((l, why));
+            Ok(())
+        }
+    };
+    if spec.network == Network::None {
+        layer(&mut report, Layer::NetNamespace, net_namespace())?;
+    }
+    layer(&mut report, Layer::Rlimits, rlimits(spec))?;
+    layer(&mut report, Layer::Unprivileged, unprivileged())?;
+    layer(
+        &mut report,
+        Layer::NoNewPrivs,
+        nix::sys::prctl::set_no_new_privs().map_err(|e| e.to_string()),
+    )?;
+    let (fs, net) = landlock(spec, command);
+    layer(&mut report, Layer::LandlockFs, fs)?;
+    layer(&mut report, Layer::LandlockNet, net)?;
+    layer(&mut report, Layer::Seccomp, seccomp())?;
+    Ok(report)
+}
+
+fn net_namespace() -> Result<(), String> {
+    use nix::sched::{unshare, CloneFlags};
+    match unshare(CloneFlags::CLONE_NEWNET) {
+        Ok(()) => Ok(()),
+        // Without CAP_SYS_ADMIN: a user namespace of its own first.
+        Err(_) => unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("unshare(CLONE_NEWNET): {e} (no user namespaces?)")),
+    }
+}
+
+fn rlimits(spec: &Spec) -> Result<(), String> {
+    use nix::sys::resource::{setrlimit, Resource};
+    let set = |r: Resource, v: Option<u64>, what: &str| -> Result<(), String> {
+        match v {
+            Some(v) => setrlimit(r, v, v).map_err(|e| format!("{what}: {e}")),
+            None => Ok(()),
+        }
+    };
+    set(
+        Resource::RLIMIT_AS,
+        spec.memory_mb.map(|m| m.saturating_mul(1 << 20)),
+        "memory_mb",
+    )?;
+    set(Resource::RLIMIT_CPU, spec.cpu_s, "cpu_s")?;
+    set(Resource::RLIMIT_NPROC, spec.processes, "processes")?;
+    // No core files of a server's memory.
+    setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| format!("core: {e}"))
+}
+
+/// Root runs the server as `nobody` (root ignores the process limit and
+/// file permissions).
+fn unprivileged() -> Result<(), String> {
+    use nix::unistd::{getuid, setgid, setgroups, setuid, Gid, Uid};
+    if !getuid().is_root() {
+        return Ok(());
+    }
+    setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+    setgid(Gid::from_raw(NOBODY)).map_err(|e| format!("setgid: {e}"))?;
+    setuid(Uid::from_raw(NOBODY)).map_err(|e| format!("setuid: {e}"))
+}
+
+/// Landlock rules: the filesystem (`read`, `write`, the runtime, the
+/// command's own directory), and TCP connect/bind (none, or the listed
+/// ports). Results per layer.
+fn landlock(spec: &Spec, command: &Path) -> (Result<(), String>, Result<(), String>) {
+    use landlock::{
+        path_beneath_rules, Access, AccessFs, AccessNet, NetPort, Ruleset, RulesetAttr,
+        RulesetCreatedAttr, RulesetStatus, ABI,
+    };
+    let abi = ABI::V5;
+    let mut read: Vec<PathBuf> = RUNTIME_READ.iter().map(PathBuf::from).collect();
+    read.extend(spec.read.iter().cloned());
+    if let Some(dir) = command
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
+        read.push(dir);
+    }
+    let mut write: Vec<PathBuf> = RUNTIME_WRITE.iter().map(PathBuf::from).collect();
+    write.extend(spec.write.iter().cloned());
+    let ports: Vec<u16> = match &spec.network {
+        Network::None => Vec::new(),
+        Network::Allow(pairs) => pairs
+            .iter()
+            .filter_map(|p| p.rsplit_once(':').and_then(|(_, port)| port.parse().ok()))
+            .collect(),
+    };
+    let built = (|| -> Result<RulesetStatus, landlock::RulesetError> {
+        let existing =
+            |v: &[PathBuf]| -> Vec<PathBuf> { v.iter().filter(|p| p.exists()).cloned().collect() };
+        let mut ruleset = Ruleset::default()
+            .handle_access(AccessFs::from_all(abi))?
+            .handle_access(AccessNet::from_all(abi))?
+            .create()?
+            .add_rules(path_beneath_rules(
+                existing(&read),
+                AccessFs::from_read(abi),
+            ))?
+            .add_rules(path_beneath_rules(
+                existing(&write),
+                AccessFs::from_all(abi),
+            ))?;
+        for port in &ports {
+            ruleset = ruleset.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+        }
+        Ok(ruleset.restrict_self()?.ruleset)
+    })();
+    match built {
+        Ok(RulesetStatus::FullyEnforced) => (Ok(()), Ok(())),
+        Ok(RulesetStatus::PartiallyEnforced) => (
+            Ok(()),
+            Err("the kernel's Landlock has no network rules (ABI < 4)".to_owned()),
+        ),
+        Ok(RulesetStatus::NotEnforced) => (
+            Err("Landlock is not enabled in this kernel".to_owned()),
+            Err("Landlock is not enabled in this kernel".to_owned()),
+        ),
+        Err(e) => (Err(e.to_string()), Err(e.to_string())),
+    }
+}
+
+/// The system calls an MCP server never needs, refused with `EPERM`:
+/// debugging other processes, mounting, kernel modules and keyrings,
+/// loading BPF, rebooting, namespaces and raw or packet sockets.
+fn seccomp() -> Result<(), String> {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+    use std::collections::BTreeMap;
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => TargetArch::x86_64,
+        "aarch64" => TargetArch::aarch64,
+        other => return Err(format!("no seccomp filter for {other}")),
+    };
+    let refused: &[i64] = &[
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_kexec_load,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_reboot,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_setns,
+        libc::SYS_unshare,
+        libc::SYS_userfaultfd,
+    ];
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        refused.iter().map(|s| (*s, Vec::new())).collect();
+    // socket(AF_PACKET, …) and socket(…, SOCK_RAW, …).
+    let raw = |arg: u8, value: u64| -> Result<SeccompRule, String> {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
+            .and_then(|c| SeccompRule::new(vec![c]))
+            .map_err(|e| e.to_string())
+    };
+    let masked = |arg: u8, mask: u64, value: u64| -> Result<SeccompRule, String> {
+        SeccompCondition::new(
+            arg,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(mask),
+            value,
+        )
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .map_err(|e| e.to_string())
+    };
+    rules.insert(
+        libc::SYS_socket,
+        vec![
+            raw(0, libc::AF_PACKET as u64)?,
+            masked(1, 0xf, libc::SOCK_RAW as u64)?,
+        ],
+    );
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| e.to_string())?;
+    let program: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| e.to_string())?;
+    seccompiler::apply_filter(&program).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spec_reads_as_the_config_writes_it() {
+        let s: Spec = serde_json::from_str(
+            r#"{"read":["/srv/docs"],"network":"none","memory_mb":512,"processes":64}"#,
+        )
+        .unwrap();
+        assert_eq!(s.network, Network::None);
+        assert!(s.required, "required by default");
+        let s: Spec = serde_json::from_str(r#"{"network":["api.example.com:443"]}"#).unwrap();
+        assert_eq!(
+            s.network,
+            Network::Allow(vec!["api.example.com:443".into()])
+        );
+        assert!(serde_json::from_str::<Spec>(r#"{"network":"all"}"#).is_err());
+        assert!(serde_json::from_str::<Spec>(r#"{"nework":"none"}"#).is_err());
+        let back: Spec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+    }
+}
