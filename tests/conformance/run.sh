@@ -132,73 +132,9 @@ if [ $NEED_EVERYTHING = 1 ]; then
 fi
 
 # --- the firewall -------------------------------------------------------------
-mkdir -p "$WORK/policies"
-cat >"$WORK/policies/conformance.toml" <<'EOF'
-# Everything allowed: the conformance run measures the proxy, not the policy.
-[gates]
-read = "allow"
-write = "allow"
-destructive = "allow"
-
-[server_requests]
-sampling = true
-elicitation = true
-roots = true
-
-[[tools]]
-upstream = "conformance"
-match = ["*"]
-risk = "read"
-
-[[tools]]
-upstream = "everything"
-match = ["*"]
-risk = "read"
-
-[[agents]]
-name = "conformance"
-projects = ["conformance"]
-risks = ["read", "write", "destructive"]
-allow = [{}]
-max_steps = 100000
-EOF
-cat >"$WORK/firewall.toml" <<EOF
-[server]
-listen = "127.0.0.1:$FW_PORT"
-plaintext = true
-
-[admin]
-listen = "127.0.0.1:$ADMIN_PORT"
-
-[auth]
-mcp_audience = "mcp-firewall"
-admin_audience = "mcp-firewall-admin"
-issuers = ["https://conformance.test"]
-
-[[auth.keys]]
-alg = "HS256"
-secret = "conformance-secret-that-is-long-enough!!"
-
-[policy]
-dir = "$WORK/policies"
-
-# The suite sends bursts of calls under one run; rate limits and step caps
-# are policy, not protocol, so they are out of the way here.
-[limits]
-per_ip_per_s = 100000
-per_tenant_per_s = 100000
-per_run_per_s = 100000
-per_run_tool_per_s = 100000
-default_max_steps = 100000
-EOF
+firewall_config "$WORK" "$FW_PORT" "$ADMIN_PORT" conformance conformance everything
 for u in $UPSTREAMS; do
-  cat >>"$WORK/firewall.toml" <<EOF
-
-[[upstream]]
-name = "${u%|*}"
-url = "http://127.0.0.1:${u#*|}/mcp"
-projects = ["conformance"]
-EOF
+  upstream_config "$WORK" "${u%|*}" "${u#*|}" conformance
 done
 if [ $NEED_PYTHON = 1 ]; then
   # server.py again, as the only member of a virtual server: the same

@@ -107,3 +107,55 @@ free_ports() { # N: N free TCP ports on 127.0.0.1, space-separated (needs NODE)
     socks.forEach((s) => s.close());
   })();' "$1"
 }
+
+# The firewall these scripts run: everything allowed (they check the proxy,
+# not the policy), one role, rate limits and step caps out of the way.
+firewall_config() { # WORK FW_PORT ADMIN_PORT NAME UPSTREAM... ; writes WORK/firewall.toml, WORK/policies/NAME.toml
+  local work=$1 fw_port=$2 admin_port=$3 name=$4 u
+  shift 4
+  mkdir -p "$work/policies"
+  {
+    printf '# Everything allowed: this run checks the proxy, not the policy.\n'
+    printf '[gates]\nread = "allow"\nwrite = "allow"\ndestructive = "allow"\n\n'
+    printf '[server_requests]\nsampling = true\nelicitation = true\nroots = true\n'
+    for u in "$@"; do
+      printf '\n[[tools]]\nupstream = "%s"\nmatch = ["*"]\nrisk = "read"\n' "$u"
+    done
+    printf '\n[[agents]]\nname = "%s"\nprojects = ["%s"]\n' "$name" "$name"
+    printf 'risks = ["read", "write", "destructive"]\nallow = [{}]\nmax_steps = 100000\n'
+  } >"$work/policies/$name.toml"
+  cat >"$work/firewall.toml" <<CONF
+[server]
+listen = "127.0.0.1:$fw_port"
+plaintext = true
+
+[admin]
+listen = "127.0.0.1:$admin_port"
+
+[auth]
+mcp_audience = "mcp-firewall"
+admin_audience = "mcp-firewall-admin"
+issuers = ["https://$name.test"]
+
+[[auth.keys]]
+alg = "HS256"
+secret = "$name-secret-that-is-long-enough!!"
+
+[policy]
+dir = "$work/policies"
+
+# Bursts of calls under one run: rate limits and step caps are policy, not
+# protocol, so they are out of the way here.
+[limits]
+per_ip_per_s = 100000
+per_tenant_per_s = 100000
+per_run_per_s = 100000
+per_run_tool_per_s = 100000
+default_max_steps = 100000
+CONF
+}
+
+upstream_config() { # WORK NAME PORT PROJECT ; appends an [[upstream]] at http://127.0.0.1:PORT/mcp
+  printf '\n[[upstream]]\nname = "%s"\nurl = "http://127.0.0.1:%s/mcp"\nprojects = ["%s"]\n' \
+    "$2" "$3" "$4" >>"$1/firewall.toml"
+}

@@ -80,65 +80,10 @@ wait_port everything "$EV_PID" "$EV_PORT"
 wait_port member "$PY_PID" "$PY_PORT"
 
 # --- the firewall -------------------------------------------------------------
-mkdir -p "$WORK/policies"
-cat >"$WORK/policies/virtual.toml" <<'EOF'
-# Everything allowed: this run checks the virtual server's plumbing, not policy.
-[gates]
-read = "allow"
-write = "allow"
-destructive = "allow"
-
-[server_requests]
-sampling = true
-elicitation = true
-roots = true
-
-[[tools]]
-upstream = "everything"
-match = ["*"]
-risk = "read"
-
-[[tools]]
-upstream = "py"
-match = ["*"]
-risk = "read"
-
-[[agents]]
-name = "virtual-e2e"
-projects = ["virtual"]
-risks = ["read", "write", "destructive"]
-allow = [{}]
-max_steps = 100000
-EOF
-cat >"$WORK/firewall.toml" <<EOF
-[server]
-listen = "127.0.0.1:$FW_PORT"
-plaintext = true
-
-[admin]
-listen = "127.0.0.1:$ADMIN_PORT"
-
-[auth]
-mcp_audience = "mcp-firewall"
-admin_audience = "mcp-firewall-admin"
-issuers = ["https://virtual.test"]
-
-[[auth.keys]]
-alg = "HS256"
-secret = "virtual-e2e-secret-that-is-long-enough!!"
-
-[policy]
-dir = "$WORK/policies"
-
-[[upstream]]
-name = "everything"
-url = "http://127.0.0.1:$EV_PORT/mcp"
-projects = ["virtual"]
-
-[[upstream]]
-name = "py"
-url = "http://127.0.0.1:$PY_PORT/mcp"
-projects = ["virtual"]
+firewall_config "$WORK" "$FW_PORT" "$ADMIN_PORT" virtual everything py
+upstream_config "$WORK" everything "$EV_PORT" virtual
+upstream_config "$WORK" py "$PY_PORT" virtual
+cat >>"$WORK/firewall.toml" <<EOF
 
 [[virtual_server]]
 name = "mix"
@@ -150,7 +95,7 @@ EOF
   fail "mcp-firewall check refused the config ($WORK/firewall.toml)"
 }
 
-TOKEN=$("$FW_BIN" token mint --config "$WORK/firewall.toml" --agent virtual-e2e \
+TOKEN=$("$FW_BIN" token mint --config "$WORK/firewall.toml" --agent virtual \
   --projects virtual --sub virtual-e2e --tenant virtual --run "virtual-$(date +%s)-$$" --lifetime-s 900)
 
 start firewall env NO_COLOR=1 "$FW_BIN" serve --config "$WORK/firewall.toml"
