@@ -60,6 +60,27 @@ pub struct VirtualServer {
     pub list_timeout: Duration,
 }
 
+impl VirtualServer {
+    /// How member `member`'s own `name` is spelled on this virtual server,
+    /// for the kinds of names its mode prefixes (tools, prompts, resource
+    /// templates).
+    pub fn spelling(&self, member: usize, name: &str) -> String {
+        match self.collisions {
+            Collisions::Prefix => prefixed(
+                self.members.get(member).map_or("", String::as_str),
+                &self.separator,
+                name,
+            ),
+            Collisions::Priority | Collisions::Reject => name.to_owned(),
+        }
+    }
+}
+
+/// `<upstream><separator><name>`.
+fn prefixed(upstream: &str, separator: &str, name: &str) -> String {
+    format!("{upstream}{separator}{name}")
+}
+
 /// Most members of one virtual server.
 pub const MAX_MEMBERS: usize = 32;
 
@@ -213,7 +234,7 @@ impl Names {
                     continue;
                 }
                 let exposed = match mode {
-                    Collisions::Prefix => format!("{}{separator}{name}", m.upstream),
+                    Collisions::Prefix => prefixed(m.upstream, separator, name),
                     Collisions::Priority | Collisions::Reject => name.clone(),
                 };
                 claims.entry(exposed).or_default().push((i, name.as_str()));

@@ -712,8 +712,8 @@ impl Budgets {
 
 /// Removes the entries of `map` past `cap` whose `last_ms` is oldest (the
 /// longest idle); how many it removed.
-pub(crate) fn evict_oldest<V>(
-    map: &DashMap<u64, V>,
+pub(crate) fn evict_oldest<K: Eq + Hash + Clone, V>(
+    map: &DashMap<K, V>,
     cap: usize,
     last_ms: impl Fn(&V) -> u64,
 ) -> usize {
@@ -721,10 +721,13 @@ pub(crate) fn evict_oldest<V>(
     if excess == 0 {
         return 0;
     }
-    let mut by_age: Vec<(u64, u64)> = map.iter().map(|e| (last_ms(e.value()), *e.key())).collect();
+    let mut by_age: Vec<(u64, K)> = map
+        .iter()
+        .map(|e| (last_ms(e.value()), e.key().clone()))
+        .collect();
     let excess = excess.min(by_age.len());
     if excess < by_age.len() {
-        by_age.select_nth_unstable(excess);
+        by_age.select_nth_unstable_by_key(excess, |(age, _)| *age);
     }
     for (_, key) in &by_age[..excess] {
         map.remove(key);

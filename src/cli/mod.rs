@@ -148,11 +148,8 @@ pub async fn check_pins(cfg: &Config, live: bool) -> (String, bool) {
 /// their full lists: what each exposed name reaches, what is left out and
 /// why, which members could not be listed.
 pub async fn check_virtual_servers(cfg: &Config) -> String {
-    use crate::proxy::vserver::index::{Index, Space};
+    use crate::proxy::vserver::index::Space;
     let mut out = String::new();
-    let auditor = crate::audit::Auditor::disabled();
-    let metrics =
-        crate::telemetry::Metrics::register(&mut prometheus_client::registry::Registry::default());
     for vs in &cfg.virtual_servers {
         let _ = writeln!(
             out,
@@ -162,22 +159,13 @@ pub async fn check_virtual_servers(cfg: &Config) -> String {
             vs.collisions.as_str(),
             vs.members.join(", ")
         );
-        let mut clients = Vec::new();
-        for m in &vs.members {
-            match self::pins::upstream_client(cfg, m) {
-                Ok(c) => clients.push(std::sync::Arc::new(c)),
-                Err(e) => {
-                    let _ = writeln!(out, "  member {m}: {e:#}");
-                }
+        let resolved = match live_names(cfg, vs).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = writeln!(out, "  {e:#}");
+                continue;
             }
-        }
-        if clients.len() != vs.members.len() {
-            continue;
-        }
-        let index = Index::new(vs.clone(), metrics.clone());
-        let resolved = index
-            .refresh(&clients, &auditor, None, true, vs.list_timeout)
-            .await;
+        };
         for (i, m) in vs.members.iter().enumerate() {
             if !resolved.listed.get(i).copied().unwrap_or(false) {
                 let _ = writeln!(
@@ -215,6 +203,27 @@ pub async fn check_virtual_servers(cfg: &Config) -> String {
     out
 }
 
+/// A virtual server's names as its members list them now (the operator's
+/// command: no audit pipeline runs here), each member within
+/// `list_timeout_ms`.
+async fn live_names(
+    cfg: &Config,
+    vs: &std::sync::Arc<crate::virtual_server::VirtualServer>,
+) -> anyhow::Result<std::sync::Arc<crate::proxy::vserver::index::Resolved>> {
+    let mut clients = Vec::new();
+    for m in &vs.members {
+        let client = self::pins::upstream_client(cfg, m).with_context(|| format!("member {m}"))?;
+        clients.push(std::sync::Arc::new(client));
+    }
+    let metrics =
+        crate::telemetry::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let index = crate::proxy::vserver::index::Index::new(vs.clone(), metrics);
+    let auditor = crate::audit::Auditor::disabled();
+    Ok(index
+        .refresh(&clients, &auditor, None, true, vs.list_timeout)
+        .await)
+}
+
 /// Where a virtual server's tool name goes (written to `out`): the member
 /// and its own name, or `None` when the name reaches nothing.
 async fn virtual_route(
@@ -223,18 +232,8 @@ async fn virtual_route(
     tool: &str,
     out: &mut String,
 ) -> anyhow::Result<Option<(String, String)>> {
-    use crate::proxy::vserver::index::{Index, Space};
-    let mut clients = Vec::new();
-    for m in &vs.members {
-        clients.push(std::sync::Arc::new(self::pins::upstream_client(cfg, m)?));
-    }
-    let auditor = crate::audit::Auditor::disabled();
-    let metrics =
-        crate::telemetry::Metrics::register(&mut prometheus_client::registry::Registry::default());
-    let index = Index::new(vs.clone(), metrics);
-    let resolved = index
-        .refresh(&clients, &auditor, None, true, vs.list_timeout)
-        .await;
+    use crate::proxy::vserver::index::Space;
+    let resolved = live_names(cfg, vs).await?;
     let names = resolved.names(Space::Tools);
     if let Some(r) = names.route(tool) {
         let member = vs.members.get(r.member).cloned().unwrap_or_default();
@@ -247,18 +246,10 @@ async fn virtual_route(
         );
         return Ok(Some((member, r.name.clone())));
     }
-    let left_out = names.dropped().iter().find(|d| {
-        let spelled = match vs.collisions {
-            crate::virtual_server::Collisions::Prefix => format!(
-                "{}{}{}",
-                vs.members.get(d.member).map_or("", String::as_str),
-                vs.separator,
-                d.name
-            ),
-            _ => d.name.clone(),
-        };
-        spelled == tool
-    });
+    let left_out = names
+        .dropped()
+        .iter()
+        .find(|d| vs.spelling(d.member, &d.name) == tool);
     let _ = match left_out {
         Some(d) => writeln!(
             out,

@@ -210,7 +210,7 @@ impl State {
             .virtual_servers
             .iter()
             .map(|v| {
-                let vs = vserver::Virtual::new(v.clone(), metrics.clone());
+                let vs = vserver::Virtual::new(v.clone(), &upstreams, metrics.clone());
                 (v.name.clone(), Arc::new(vs))
             })
             .collect();
@@ -774,18 +774,46 @@ async fn authenticate(
         .map_err(|e| unauthorized(Some(e)))
 }
 
-/// The run's authority over the named upstream, or 404.
-fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContext, ProxyError> {
+/// The policy in force, the run's authority under it (role ∩ projects ∩
+/// ceiling) and whether the token is a service account's; `None` (logged)
+/// when the run has none.
+fn authority(
+    state: &State,
+    claims: &Claims,
+) -> Option<(Arc<crate::policy::Policy>, crate::policy::Authority, bool)> {
     let policy = state.policy.load_full();
     let service_issuer = state.config.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
-    let identity = decide::identity(&claims, service_issuer);
-    let authority = match policy.authority(&identity) {
-        Ok(a) => a,
+    let identity = decide::identity(claims, service_issuer);
+    match policy.authority(&identity) {
+        Ok(a) => Some((policy, a, service_issuer)),
         Err(why) => {
             tracing::info!(run = %claims.run_id, agent = %claims.agent, reason = %why, "run has no authority");
-            return Err(ProxyError::UnknownUpstream(name.to_owned()));
+            None
         }
+    }
+}
+
+/// Which of `names` (upstreams) the run may reach: [`authorize`]'s answer
+/// for each, the authority worked out once.
+fn reaches(state: &State, claims: &Claims, names: &[String]) -> Vec<bool> {
+    let Some((policy, authority, _)) = authority(state, claims) else {
+        return vec![false; names.len()];
     };
+    names
+        .iter()
+        .map(|n| {
+            state
+                .upstreams
+                .get(n)
+                .is_some_and(|u| policy.reaches(&authority, u.config.facts()))
+        })
+        .collect()
+}
+
+/// The run's authority over the named upstream, or 404.
+fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContext, ProxyError> {
+    let (policy, authority, service_issuer) =
+        authority(state, &claims).ok_or_else(|| ProxyError::UnknownUpstream(name.to_owned()))?;
     let upstream = state
         .upstreams
         .get(name)

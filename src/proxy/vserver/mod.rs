@@ -76,6 +76,9 @@ pub struct Virtual {
     pub config: Arc<VirtualServer>,
     /// The members' full lists and the names resolved over them.
     pub index: Index,
+    /// The members' upstream clients, in member order (what the firewall
+    /// lists them with).
+    clients: Vec<Arc<super::upstream::UpstreamClient>>,
     sessions: DashMap<[u8; 16], Arc<VSession>>,
     /// Sessions the client ended here (DELETE): 404 from then on.
     ended: DashMap<[u8; 16], ()>,
@@ -94,9 +97,20 @@ struct VSession {
 }
 
 impl Virtual {
-    /// A virtual server with no sessions and nothing listed yet.
-    pub fn new(config: Arc<VirtualServer>, metrics: Arc<crate::telemetry::Metrics>) -> Virtual {
+    /// A virtual server with no sessions and nothing listed yet, over the
+    /// configured upstreams' clients.
+    pub fn new(
+        config: Arc<VirtualServer>,
+        upstreams: &HashMap<String, Arc<super::upstream::UpstreamClient>>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> Virtual {
         Virtual {
+            // Config validation proved every member is a configured upstream.
+            clients: config
+                .members
+                .iter()
+                .filter_map(|m| upstreams.get(m).cloned())
+                .collect(),
             index: Index::new(config.clone(), metrics),
             via: Arc::from(config.name.as_str()),
             sessions: DashMap::new(),
@@ -105,22 +119,12 @@ impl Virtual {
         }
     }
 
-    /// The member upstream clients, in member order.
-    fn clients(&self, state: &State) -> Vec<Arc<super::upstream::UpstreamClient>> {
-        self.config
-            .members
-            .iter()
-            .filter_map(|m| state.upstreams.get(m).cloned())
-            .collect()
-    }
-
     /// Lists every member now (at start, and for `/readyz`), within the
     /// deadline; logs every name left out.
     pub async fn warm(&self, state: &State) {
-        let clients = self.clients(state);
         self.index
             .refresh(
-                &clients,
+                &self.clients,
                 &state.auditor,
                 None,
                 true,
@@ -140,12 +144,7 @@ pub(super) async fn serve(
 ) -> Result<Response<Body>, ProxyError> {
     // Authority: the members this run may reach. None looks like an
     // unknown path, as for a plain upstream.
-    let reach: Vec<bool> = vs
-        .config
-        .members
-        .iter()
-        .map(|m| super::authorize(state, claims.clone(), m).is_ok())
-        .collect();
+    let reach = super::reaches(state, &claims, &vs.config.members);
     if !reach.iter().any(|r| *r) {
         return Err(ProxyError::UnknownUpstream(vs.config.name.clone()));
     }
@@ -213,15 +212,10 @@ fn open_session(
 }
 
 fn insert_session(vs: &Virtual, key: [u8; 16], init: Value) -> Arc<VSession> {
-    if vs.sessions.len() >= MAX_SESSIONS {
-        let oldest = vs
-            .sessions
-            .iter()
-            .min_by_key(|e| e.value().seq)
-            .map(|e| *e.key());
-        if let Some(k) = oldest {
-            vs.sessions.remove(&k);
-        }
+    // Past the cap by a margin, the oldest sessions go down to the cap: one
+    // pass over the map per margin's worth of new sessions.
+    if vs.sessions.len() >= MAX_SESSIONS + MAX_SESSIONS / 64 {
+        crate::budget::evict_oldest(&vs.sessions, MAX_SESSIONS, |s| s.seq);
     }
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let s = Arc::new(VSession {
@@ -389,7 +383,7 @@ impl Cx<'_> {
                 match method.as_str() {
                     "initialize" => self.initialize(&headers, id.as_ref(), v).await,
                     "server/discover" => self.discover(&headers, id.as_ref(), v).await,
-                    "ping" => Ok(rpc_result(id.as_ref(), json!({}))),
+                    "ping" => Ok(answer(id.as_ref(), json!({}), false)),
                     "tools/list" => self.list(&headers, id.as_ref(), &method, "tools", v).await,
                     "prompts/list" => {
                         self.list(&headers, id.as_ref(), &method, "prompts", v)
@@ -425,14 +419,12 @@ impl Cx<'_> {
                                 // A resource nobody (or more than one member)
                                 // lists: named in `data.uri`, as servers do.
                                 let data = v.pointer("/params/uri").map(|u| json!({"uri": u}));
-                                return Ok(json_response(
+                                return Ok(super::error::rpc(
                                     StatusCode::OK,
-                                    super::answer::error(
-                                        id.as_ref(),
-                                        -32602,
-                                        &message,
-                                        data.as_ref(),
-                                    ),
+                                    id.as_ref(),
+                                    -32602,
+                                    &message,
+                                    data.as_ref(),
                                 ));
                             }
                         };
@@ -552,18 +544,11 @@ impl Cx<'_> {
 
     /// How a member's own name would be spelled on this virtual server.
     fn exposed_spelling(&self, space: Space, member: usize, own: &str) -> String {
-        match (self.vs.config.collisions, space) {
-            (
-                crate::virtual_server::Collisions::Prefix,
-                Space::Tools | Space::Prompts | Space::Templates,
-            ) => {
-                format!(
-                    "{}{}{own}",
-                    self.member_name(member),
-                    self.vs.config.separator
-                )
+        match space {
+            Space::Uris => own.to_owned(),
+            Space::Tools | Space::Prompts | Space::Templates => {
+                self.vs.config.spelling(member, own)
             }
-            _ => own.to_owned(),
         }
     }
 
@@ -579,10 +564,15 @@ impl Cx<'_> {
     }
 
     async fn refresh(&self, force: bool) -> Arc<index::Resolved> {
-        let clients = self.vs.clients(self.state);
         self.vs
             .index
-            .refresh(&clients, &self.state.auditor, None, force, self.deadline())
+            .refresh(
+                &self.vs.clients,
+                &self.state.auditor,
+                None,
+                force,
+                self.deadline(),
+            )
             .await
     }
 
@@ -922,7 +912,7 @@ impl Cx<'_> {
             &results.into_iter().flatten().collect::<Vec<_>>(),
             requested,
         );
-        let mut r = rpc_result(id, result);
+        let mut r = answer(id, result, false);
         if let Ok(v) = HeaderValue::from_str(&sealed) {
             r.headers_mut().insert("mcp-session-id", v);
         }
@@ -1274,12 +1264,11 @@ impl Cx<'_> {
             .map(|p| p.member)
             .collect();
         if !unknown.is_empty() {
-            let clients = self.vs.clients(self.state);
             resolved = self
                 .vs
                 .index
                 .refresh(
-                    &clients,
+                    &self.vs.clients,
                     &self.state.auditor,
                     Some(&unknown),
                     true,
@@ -1864,13 +1853,7 @@ fn sse_response(body: Body) -> Response<Body> {
     r
 }
 
-fn rpc_result(id: Option<&Id>, result: Value) -> Response<Body> {
-    raw_answer(id, &result.to_string(), false)
-}
-
+/// A JSON-RPC error, HTTP 200 (what MCP clients read as the answer).
 fn rpc_error(id: Option<&Id>, code: i32, message: &str) -> Response<Body> {
-    json_response(
-        StatusCode::OK,
-        super::answer::error(id, code, message, None),
-    )
+    super::error::rpc(StatusCode::OK, id, code, message, None)
 }
