@@ -60,6 +60,8 @@ pub struct Admin {
     pub allowed_hosts: Vec<String>,
     /// The virtual servers, for the members that are down.
     pub virtuals: Vec<Arc<crate::proxy::vserver::Virtual>>,
+    /// The bridges of the stdio upstreams.
+    pub stdio: Vec<Arc<crate::stdio::Bridge>>,
 }
 
 /// The admin listener's `Host` check: the listed names, or any IP address.
@@ -80,10 +82,11 @@ pub struct ReasonLabel {
 pub const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
 
 /// Every way `/readyz` can be degraded.
-pub const DEGRADED: [&str; 3] = [
+pub const DEGRADED: [&str; 4] = [
     "budget_store_unavailable",
     "approvals_store_unavailable",
     "virtual_server_member_down",
+    "stdio_sandbox_unavailable",
 ];
 
 impl Admin {
@@ -137,6 +140,9 @@ impl Admin {
         }
         if !self.members_down().is_empty() {
             out.push("virtual_server_member_down");
+        }
+        if self.stdio.iter().any(|b| b.unavailable().is_some()) {
+            out.push("stdio_sandbox_unavailable");
         }
         for r in DEGRADED {
             self.degraded

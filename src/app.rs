@@ -127,6 +127,10 @@ pub async fn start_with(
         tracing::info!(endpoint = %otlp.endpoint, "traces: exporting spans over OTLP/HTTP");
     }
     let state = Arc::new(state);
+    for b in stdio_bridges(&state) {
+        // Reported at start; a required layer missing refuses its starts.
+        let _ = b.check_sandbox().await;
+    }
     crate::proxy::approvals::wire_pins(&state, &pins);
 
     if let Some(approvals) = &state.approvals {
@@ -195,6 +199,7 @@ pub async fn start_with(
         degraded,
         allowed_hosts: config.admin_allowed_hosts.clone(),
         virtuals: state.virtuals.values().cloned().collect(),
+        stdio: stdio_bridges(&state),
     });
     // The gauges follow the state even when nobody probes /readyz.
     background.push(tokio::spawn(watch_readiness(admin.clone())));
@@ -298,6 +303,13 @@ impl Running {
             let _ = mcp.await;
         }
         end_streams.abort();
+        // The stdio servers get the close sequence, all at once.
+        futures_util::future::join_all(
+            stdio_bridges(&self.state)
+                .into_iter()
+                .map(|b| async move { b.shutdown().await }),
+        )
+        .await;
         for b in self.background {
             b.abort();
         }
@@ -322,6 +334,15 @@ impl Running {
         tracing::info!("shutdown requested; draining");
         self.shutdown().await;
     }
+}
+
+/// The bridges of the stdio upstreams.
+fn stdio_bridges(state: &State) -> Vec<Arc<crate::stdio::Bridge>> {
+    state
+        .upstreams
+        .values()
+        .filter_map(|u| u.bridge.clone())
+        .collect()
 }
 
 async fn start_approvals(

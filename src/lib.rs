@@ -29,6 +29,7 @@ pub mod screen;
 pub mod server;
 pub mod session;
 pub mod state;
+pub mod stdio;
 pub mod telemetry;
 pub mod trace;
 pub mod virtual_server;

@@ -32,6 +32,10 @@ enum Command {
         /// Apply the layers, print the report as JSON, and exit.
         #[arg(long)]
         probe: bool,
+        /// With a network allow-list: the firewall's egress proxy port, the
+        /// only port the server may connect to.
+        #[arg(long)]
+        egress_port: Option<u16>,
         /// The server's command and its arguments.
         #[arg(last = true)]
         command: Vec<String>,
@@ -179,10 +183,11 @@ fn main() -> ExitCode {
     if let Command::SandboxExec {
         spec,
         probe,
+        egress_port,
         command,
     } = &cli.command
     {
-        return sandbox_exec(spec, *probe, command);
+        return sandbox_exec(spec, *probe, *egress_port, command);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -204,7 +209,7 @@ fn main() -> ExitCode {
 }
 
 /// `mcp-firewall sandbox-exec`.
-fn sandbox_exec(spec: &str, probe: bool, command: &[String]) -> ExitCode {
+fn sandbox_exec(spec: &str, probe: bool, egress: Option<u16>, command: &[String]) -> ExitCode {
     use mcp_firewall::sandbox;
     let spec: sandbox::Spec = match serde_json::from_str(spec) {
         Ok(s) => s,
@@ -218,8 +223,8 @@ fn sandbox_exec(spec: &str, probe: bool, command: &[String]) -> ExitCode {
         eprintln!("mcp-firewall sandbox-exec: no command after --");
         return ExitCode::from(126);
     }
-    let resolved = which(program);
-    let report = match sandbox::confine(&spec, &resolved) {
+    let resolved = mcp_firewall::stdio::which(program).unwrap_or_else(|| PathBuf::from(program));
+    let report = match sandbox::confine(&spec, &resolved, egress) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mcp-firewall sandbox-exec: {e}");
@@ -239,19 +244,6 @@ fn sandbox_exec(spec: &str, probe: bool, command: &[String]) -> ExitCode {
         .exec();
     eprintln!("mcp-firewall sandbox-exec: cannot execute {program}: {e}");
     ExitCode::from(127)
-}
-
-/// `program` as found on `PATH` (as given when it names a path).
-fn which(program: &str) -> PathBuf {
-    if program.contains('/') {
-        return PathBuf::from(program);
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from(program))
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
@@ -298,6 +290,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let (report, pins_ok) = cli::check_pins(&cfg, live).await;
             print!("{report}");
             print!("{}", cli::check_virtual_servers(&cfg).await);
+            let (report, sandboxes_ok) = cli::check_sandboxes(&cfg);
+            print!("{report}");
+            if !sandboxes_ok {
+                anyhow::bail!(
+                    "a stdio upstream's required sandbox cannot be applied on this machine"
+                );
+            }
             if !reachable {
                 anyhow::bail!("a configured store cannot be reached");
             }

@@ -2,8 +2,8 @@
 //! part): what it may read and write (Landlock), which system calls it may
 //! make (a seccomp filter refusing what an MCP server never needs), that it
 //! can gain no privileges (`no_new_privs`, and no root: a firewall running
-//! as root runs the server as `nobody`), what it may use (rlimits: address
-//! space, CPU time, processes) and where it may connect (`network = "none"`:
+//! as root runs the server as `nobody`), what it may use (rlimits: memory
+//! (`RLIMIT_DATA`), CPU time, processes) and where it may connect (`network = "none"`:
 //! a network namespace of its own and no TCP connect or bind; an allow-list:
 //! TCP connect only to the listed ports).
 //!
@@ -34,7 +34,7 @@ pub struct Spec {
     /// Where it may connect.
     #[serde(default)]
     pub network: Network,
-    /// Address space, MiB.
+    /// Memory (heap and private writable mappings: `RLIMIT_DATA`), MiB.
     #[serde(default)]
     pub memory_mb: Option<u64>,
     /// CPU time, seconds.
@@ -50,6 +50,21 @@ pub struct Spec {
 
 fn yes() -> bool {
     true
+}
+
+impl Default for Spec {
+    /// No network, nothing beyond the runtime, no limits, required.
+    fn default() -> Spec {
+        Spec {
+            read: Vec::new(),
+            write: Vec::new(),
+            network: Network::None,
+            memory_mb: None,
+            cpu_s: None,
+            processes: None,
+            required: true,
+        }
+    }
 }
 
 /// Where a confined server may connect.
@@ -89,7 +104,7 @@ mod none {
 pub enum Layer {
     /// A network namespace of its own (`network = "none"`).
     NetNamespace,
-    /// rlimits (address space, CPU, processes).
+    /// rlimits (memory, CPU, processes).
     Rlimits,
     /// Not root (`nobody` when the firewall is root).
     Unprivileged,
@@ -101,6 +116,9 @@ pub enum Layer {
     LandlockNet,
     /// The seccomp filter.
     Seccomp,
+    /// Landlock scopes: no signals to, and no abstract UNIX sockets of,
+    /// processes outside its own sandbox (best effort: Linux 6.12+).
+    LandlockScope,
 }
 
 /// What confinement was applied.
@@ -139,9 +157,11 @@ const RUNTIME_READ: [&str; 8] = [
 const RUNTIME_WRITE: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
 
 /// Confines the calling process as `spec` says; `command` is the program
-/// it will execute (its install directory is readable). Every layer is
-/// attempted; a missing one is an error when `spec.required`.
-pub fn confine(spec: &Spec, command: &Path) -> Result<Report, SandboxError> {
+/// it will execute (its install directory is readable); with `egress`, an
+/// allow-list is enforced through the firewall's egress proxy on that
+/// port (the only port it may connect to). Every layer is attempted; a
+/// missing one is an error when `spec.required` (scopes are best effort).
+pub fn confine(spec: &Spec, command: &Path, egress: Option<u16>) -> Result<Report, SandboxError> {
     let mut report = Report::default();
     let layer = |report: &mut Report, l: Layer, r: Result<(), String>| match r {
         Ok(()) => {
@@ -164,9 +184,13 @@ pub fn confine(spec: &Spec, command: &Path) -> Result<Report, SandboxError> {
         Layer::NoNewPrivs,
         nix::sys::prctl::set_no_new_privs().map_err(|e| e.to_string()),
     )?;
-    let (fs, net) = landlock(spec, command);
+    let (fs, net) = landlock(spec, command, egress);
     layer(&mut report, Layer::LandlockFs, fs)?;
     layer(&mut report, Layer::LandlockNet, net)?;
+    match landlock_scope() {
+        Ok(()) => report.applied.push(Layer::LandlockScope),
+        Err(why) => report.missing.push((Layer::LandlockScope, why)),
+    }
     layer(&mut report, Layer::Seccomp, seccomp())?;
     Ok(report)
 }
@@ -189,8 +213,10 @@ fn rlimits(spec: &Spec) -> Result<(), String> {
             None => Ok(()),
         }
     };
+    // The data limit (heap and private writable mappings), not the address
+    // space: runtimes such as V8 reserve gigabytes they never use.
     set(
-        Resource::RLIMIT_AS,
+        Resource::RLIMIT_DATA,
         spec.memory_mb.map(|m| m.saturating_mul(1 << 20)),
         "memory_mb",
     )?;
@@ -215,7 +241,11 @@ fn unprivileged() -> Result<(), String> {
 /// Landlock rules: the filesystem (`read`, `write`, the runtime, the
 /// command's own directory), and TCP connect/bind (none, or the listed
 /// ports). Results per layer.
-fn landlock(spec: &Spec, command: &Path) -> (Result<(), String>, Result<(), String>) {
+fn landlock(
+    spec: &Spec,
+    command: &Path,
+    egress: Option<u16>,
+) -> (Result<(), String>, Result<(), String>) {
     use landlock::{
         path_beneath_rules, Access, AccessFs, AccessNet, NetPort, Ruleset, RulesetAttr,
         RulesetCreatedAttr, RulesetStatus, ABI,
@@ -232,9 +262,10 @@ fn landlock(spec: &Spec, command: &Path) -> (Result<(), String>, Result<(), Stri
     }
     let mut write: Vec<PathBuf> = RUNTIME_WRITE.iter().map(PathBuf::from).collect();
     write.extend(spec.write.iter().cloned());
-    let ports: Vec<u16> = match &spec.network {
-        Network::None => Vec::new(),
-        Network::Allow(pairs) => pairs
+    let ports: Vec<u16> = match (&spec.network, egress) {
+        (Network::None, _) => Vec::new(),
+        (Network::Allow(_), Some(port)) => vec![port],
+        (Network::Allow(pairs), None) => pairs
             .iter()
             .filter_map(|p| p.rsplit_once(':').and_then(|(_, port)| port.parse().ok()))
             .collect(),
@@ -273,9 +304,26 @@ fn landlock(spec: &Spec, command: &Path) -> (Result<(), String>, Result<(), Stri
     }
 }
 
+/// A second Landlock layer: signals and abstract UNIX sockets stay inside
+/// the server's own sandbox (another principal's server, running as the
+/// same user, cannot be signalled).
+fn landlock_scope() -> Result<(), String> {
+    use landlock::{Ruleset, RulesetAttr, RulesetStatus, Scope};
+    let status = Ruleset::default()
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)
+        .and_then(|r| r.create())
+        .and_then(|r| r.restrict_self())
+        .map_err(|e| e.to_string())?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(()),
+        _ => Err("the kernel's Landlock has no scopes (ABI < 6, Linux < 6.12)".to_owned()),
+    }
+}
+
 /// The system calls an MCP server never needs, refused with `EPERM`:
 /// debugging other processes, mounting, kernel modules and keyrings,
-/// loading BPF, rebooting, namespaces and raw or packet sockets.
+/// loading BPF, rebooting, namespaces, raw or packet sockets, and leaving
+/// its process group.
 fn seccomp() -> Result<(), String> {
     use seccompiler::{
         BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -309,6 +357,9 @@ fn seccomp() -> Result<(), String> {
         libc::SYS_setns,
         libc::SYS_unshare,
         libc::SYS_userfaultfd,
+        // Leaving its process group would outlive the close sequence.
+        libc::SYS_setsid,
+        libc::SYS_setpgid,
     ];
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         refused.iter().map(|s| (*s, Vec::new())).collect();

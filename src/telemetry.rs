@@ -137,8 +137,50 @@ pub struct DroppedLabels {
     pub kind: &'static str,
 }
 
+/// Labels of a stdio upstream's counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct StdioLabels {
+    /// The upstream.
+    pub upstream: String,
+}
+
+/// Labels of a stdio server's exits.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ExitLabels {
+    /// The upstream.
+    pub upstream: String,
+    /// `crashed` or `stopped` (idle, session ended, shutdown).
+    pub reason: &'static str,
+}
+
+/// Labels of a sandbox layer a stdio server runs without.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct LayerLabels {
+    /// The upstream.
+    pub upstream: String,
+    /// The layer (`net_namespace`, `landlock_fs`, …).
+    pub layer: String,
+}
+
+type Fam<L, M> = prometheus_client::metrics::family::Family<L, M>;
+type Counter = prometheus_client::metrics::counter::Counter;
+type Gauge = prometheus_client::metrics::gauge::Gauge;
+
 /// Request-path metrics.
 pub struct Metrics {
+    /// Stdio server processes running, per upstream.
+    pub stdio_instances: Fam<StdioLabels, Gauge>,
+    /// Stdio server processes started.
+    pub stdio_starts: Fam<StdioLabels, Counter>,
+    /// Time to start a stdio server process (spawn and sandbox).
+    pub stdio_start_seconds: Fam<StdioLabels, prometheus_client::metrics::histogram::Histogram>,
+    /// Stdio server processes that ended, by reason.
+    pub stdio_exits: Fam<ExitLabels, Counter>,
+    /// Connections a stdio server's egress proxy refused.
+    pub stdio_egress_refused: Fam<StdioLabels, Counter>,
+    /// 1 for each sandbox layer a stdio upstream runs without
+    /// (`required = false`).
+    pub sandbox_layer_missing: Fam<LayerLabels, Gauge>,
     /// Members that answered a merged request later than its deadline.
     pub virtual_late: prometheus_client::metrics::family::Family<
         MemberLabels,
@@ -236,6 +278,12 @@ impl Metrics {
     /// Creates and registers the metrics.
     pub fn register(registry: &mut Registry) -> Arc<Metrics> {
         let m = Metrics {
+            stdio_instances: Default::default(),
+            stdio_starts: Default::default(),
+            stdio_start_seconds: Fam::new_with_constructor(latency_histogram),
+            stdio_exits: Default::default(),
+            stdio_egress_refused: Default::default(),
+            sandbox_layer_missing: Default::default(),
             virtual_late: Default::default(),
             virtual_member_up: Default::default(),
             virtual_dropped: Default::default(),
@@ -348,6 +396,36 @@ impl Metrics {
             "Runs whose step and cost budgets are tracked in memory",
             m.budget_runs.clone(),
         );
+        registry.register(
+            "stdio_instances",
+            "Stdio server processes running, per upstream",
+            m.stdio_instances.clone(),
+        );
+        registry.register(
+            "stdio_starts",
+            "Stdio server processes started (first use, new session, restart after a crash)",
+            m.stdio_starts.clone(),
+        );
+        registry.register(
+            "stdio_start_seconds",
+            "Time to start a stdio server process, sandbox included",
+            m.stdio_start_seconds.clone(),
+        );
+        registry.register(
+            "stdio_exits",
+            "Stdio server processes that ended, by reason (crashed, stopped)",
+            m.stdio_exits.clone(),
+        );
+        registry.register(
+            "stdio_egress_refused",
+            "Connections a stdio server's egress proxy refused (not in its network allow-list)",
+            m.stdio_egress_refused.clone(),
+        );
+        registry.register(
+            "sandbox_layer_missing",
+            "1 for each sandbox layer a stdio upstream runs without (required = false)",
+            m.sandbox_layer_missing.clone(),
+        );
         Arc::new(m)
     }
 
@@ -453,6 +531,55 @@ impl Metrics {
         self.taint_gates
             .get_or_create(&TaintLabels { rule, gate })
             .inc();
+    }
+
+    /// Sets how many processes a stdio upstream runs.
+    pub fn stdio_instances(&self, upstream: &str, n: usize) {
+        self.stdio_instances
+            .get_or_create(&StdioLabels {
+                upstream: upstream.to_owned(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a stdio server started, and how long it took.
+    pub fn stdio_started(&self, upstream: &str, took: std::time::Duration) {
+        let l = StdioLabels {
+            upstream: upstream.to_owned(),
+        };
+        self.stdio_starts.get_or_create(&l).inc();
+        self.stdio_start_seconds
+            .get_or_create(&l)
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a stdio server that ended.
+    pub fn stdio_exit(&self, upstream: &str, reason: &'static str) {
+        self.stdio_exits
+            .get_or_create(&ExitLabels {
+                upstream: upstream.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Counts a connection the egress proxy refused.
+    pub fn stdio_egress_refused(&self, upstream: &str) {
+        self.stdio_egress_refused
+            .get_or_create(&StdioLabels {
+                upstream: upstream.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sets whether a stdio upstream runs without a sandbox layer.
+    pub fn sandbox_layer_missing(&self, upstream: &str, layer: &str, missing: bool) {
+        self.sandbox_layer_missing
+            .get_or_create(&LayerLabels {
+                upstream: upstream.to_owned(),
+                layer: layer.to_owned(),
+            })
+            .set(i64::from(missing));
     }
 
     /// Counts a member that missed a merged request's deadline.

@@ -143,6 +143,34 @@ pub async fn check_pins(cfg: &Config, live: bool) -> (String, bool) {
     (out, ok)
 }
 
+/// The sandbox layers each stdio upstream gets on this machine; `false`
+/// when a required layer is unavailable.
+pub fn check_sandboxes(cfg: &Config) -> (String, bool) {
+    let mut out = String::new();
+    let mut ok = true;
+    for u in &cfg.upstreams {
+        let Some(launch) = &u.stdio else { continue };
+        match crate::stdio::probe(launch) {
+            Ok(report) => {
+                let applied: Vec<String> = report
+                    .applied
+                    .iter()
+                    .map(|l| crate::stdio::layer_name(*l))
+                    .collect();
+                let _ = writeln!(out, "sandbox {}: {}", u.name, applied.join(", "));
+                for (l, why) in &report.missing {
+                    let _ = writeln!(out, "  without {}: {why}", crate::stdio::layer_name(*l));
+                }
+            }
+            Err(why) => {
+                ok = false;
+                let _ = writeln!(out, "sandbox {}: error: {why}", u.name);
+            }
+        }
+    }
+    (out, ok)
+}
+
 /// The virtual servers part of `mcp-firewall check`: each one's members
 /// listed live (within its `list_timeout_ms`) and the names resolved over
 /// their full lists: what each exposed name reaches, what is left out and
@@ -319,10 +347,24 @@ pub fn check(cfg: &Config) -> anyhow::Result<String> {
     );
     let _ = writeln!(out, "  policies: {}", policy.files().len());
     for u in &cfg.upstreams {
+        let Some(launch) = &u.stdio else {
+            let _ = writeln!(
+                out,
+                "  upstream {} -> {} projects {:?} categories {:?}",
+                u.name, u.url, u.projects, u.categories
+            );
+            continue;
+        };
         let _ = writeln!(
             out,
-            "  upstream {} -> {} projects {:?} categories {:?}",
-            u.name, u.url, u.projects, u.categories
+            "  upstream {} -> stdio: {} ({:?}, max_instances {}, idle_timeout_s {}) projects {:?} categories {:?}",
+            u.name,
+            launch.command.join(" "),
+            launch.instances,
+            launch.max_instances,
+            launch.idle_timeout.as_secs(),
+            u.projects,
+            u.categories
         );
     }
     for agent in policy.agents() {

@@ -178,7 +178,11 @@ pub(crate) fn upstream_client(
         .iter()
         .find(|u| u.name == upstream)
         .ok_or_else(|| anyhow::anyhow!("no upstream {upstream:?} in the config"))?;
-    Ok(crate::proxy::upstream::UpstreamClient::new(up.clone())?)
+    let metrics = crate::telemetry::Metrics::register(&mut Default::default());
+    Ok(crate::proxy::upstream::UpstreamClient::new(
+        up.clone(),
+        metrics,
+    )?)
 }
 
 /// Every tool of the live upstream (all pages), by name.

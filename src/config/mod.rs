@@ -217,14 +217,52 @@ pub enum DataClass {
     Private,
 }
 
+/// How the firewall reaches an upstream.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamTransport {
+    /// Streamable HTTP at `url`.
+    #[default]
+    Http,
+    /// A command the firewall starts, over stdio.
+    Stdio,
+}
+
 /// `[[upstream]]`: one MCP server behind the firewall.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     /// Route name: the server is reached at `/mcp/<name>`. `[A-Za-z0-9_-]`, 1–64.
     pub name: String,
-    /// The upstream's MCP endpoint, `http://` or `https://`.
+    /// The upstream's MCP endpoint, `http://` or `https://` (not with
+    /// `transport = "stdio"`).
+    #[serde(default)]
     pub url: String,
+    /// `http` (default: streamable HTTP at `url`) or `stdio` (the firewall
+    /// starts `command` in a sandbox and speaks to it over stdio).
+    #[serde(default)]
+    pub transport: UpstreamTransport,
+    /// Stdio: the command (program and arguments), the program on `PATH`
+    /// or a path.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Stdio: the whole environment it gets, besides `PATH` and a private
+    /// `HOME`/`TMPDIR`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Stdio: names passed through from the firewall's own environment.
+    #[serde(default)]
+    pub env_from: Vec<String>,
+    /// Stdio: `per_session` (default: a process per client session) or
+    /// `shared` (one process for everyone).
+    pub instances: Option<crate::stdio::Instances>,
+    /// Stdio: most processes at once. Default 32.
+    pub max_instances: Option<usize>,
+    /// Stdio: a process unused this long is stopped. Default 300.
+    pub idle_timeout_s: Option<u64>,
+    /// Stdio: its confinement (`[upstream.sandbox]`; defaults: no network,
+    /// nothing beyond the runtime readable, required).
+    pub sandbox: Option<crate::sandbox::Spec>,
     /// PEM file of extra CA certificates trusted for this `https` upstream
     /// (in addition to the public web roots).
     pub ca_file: Option<PathBuf>,

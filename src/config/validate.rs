@@ -154,6 +154,9 @@ pub struct Upstream {
     pub private: bool,
     /// Every one of its tools can carry data out.
     pub egress: bool,
+    /// A stdio upstream: what the firewall starts (`url` is then a
+    /// placeholder nobody connects to).
+    pub stdio: Option<crate::stdio::Launch>,
 }
 
 impl Upstream {
@@ -628,7 +631,7 @@ impl Validator<'_> {
     fn upstream(
         &self,
         i: usize,
-        u: RawUpstream,
+        mut u: RawUpstream,
         server: &ServerConfig,
         token_header: &HeaderName,
     ) -> Result<Upstream, ConfigError> {
@@ -644,6 +647,7 @@ impl Validator<'_> {
                 format!("{:?} must be 1-64 characters of [A-Za-z0-9_-]", u.name),
             ));
         }
+        let stdio = self.stdio(&key, &mut u)?;
         let url: Uri = u
             .url
             .parse()
@@ -792,7 +796,137 @@ impl Validator<'_> {
             untrusted: u.trust == super::Trust::Untrusted,
             private: u.data == super::DataClass::Private,
             egress: u.egress,
+            stdio,
         })
+    }
+
+    /// The stdio part of an upstream: checked (the program found, the
+    /// sandbox's paths present, the allow-list parsed) or refused naming
+    /// the key; with `transport = "stdio"`, `url` becomes a placeholder.
+    fn stdio(
+        &self,
+        key: &dyn Fn(&str) -> String,
+        u: &mut RawUpstream,
+    ) -> Result<Option<crate::stdio::Launch>, ConfigError> {
+        use super::UpstreamTransport;
+        let stdio_keys = [
+            ("command", !u.command.is_empty()),
+            ("env", !u.env.is_empty()),
+            ("env_from", !u.env_from.is_empty()),
+            ("instances", u.instances.is_some()),
+            ("max_instances", u.max_instances.is_some()),
+            ("idle_timeout_s", u.idle_timeout_s.is_some()),
+            ("sandbox", u.sandbox.is_some()),
+        ];
+        if u.transport == UpstreamTransport::Http {
+            if let Some((k, _)) = stdio_keys.iter().find(|(_, set)| *set) {
+                return Err(self.invalid(key(k), "only with transport = \"stdio\""));
+            }
+            return Ok(None);
+        }
+        if !u.url.is_empty() {
+            return Err(self.invalid(
+                key("url"),
+                "not used with transport = \"stdio\" (the firewall starts `command`)",
+            ));
+        }
+        if u.http2 || u.ca_file.is_some() {
+            let k = if u.http2 { "http2" } else { "ca_file" };
+            return Err(self.invalid(key(k), "not used with transport = \"stdio\""));
+        }
+        u.url = format!("http://{}.stdio.invalid/", u.name);
+        let program = u.command.first().cloned().unwrap_or_default();
+        if program.is_empty() {
+            return Err(self.invalid(key("command"), "must name the program to start"));
+        }
+        let Some(resolved) = crate::stdio::which(&program) else {
+            return Err(self.invalid(
+                key("command"),
+                format!("{program:?} is not an executable file nor on PATH"),
+            ));
+        };
+        let mut command = u.command.clone();
+        command[0] = resolved.display().to_string();
+        let reserved = ["PATH", "HOME", "TMPDIR"];
+        let mut env = Vec::with_capacity(u.env.len());
+        for (k, v) in &u.env {
+            let ok = !k.is_empty()
+                && !k.contains(['=', '\0'])
+                && !v.contains('\0')
+                && !reserved.contains(&k.as_str());
+            if !ok {
+                return Err(self.invalid(
+                    key(&format!("env.{k}")),
+                    "a variable name without `=`, not PATH, HOME or TMPDIR (set by the firewall)",
+                ));
+            }
+            env.push((k.clone(), v.clone()));
+        }
+        for (j, name) in u.env_from.iter().enumerate() {
+            if name.is_empty() || name.contains(['=', '\0']) || reserved.contains(&name.as_str()) {
+                return Err(self.invalid(
+                    key(&format!("env_from[{j}]")),
+                    "a variable name without `=`, not PATH, HOME or TMPDIR",
+                ));
+            }
+            if (self.env)(name).is_none() {
+                return Err(self.invalid(
+                    key(&format!("env_from[{j}]")),
+                    format!("{name} is not set in the firewall's environment"),
+                ));
+            }
+        }
+        let mut sandbox = u.sandbox.take().unwrap_or_default();
+        for (list, name) in [(&mut sandbox.read, "read"), (&mut sandbox.write, "write")] {
+            for (j, p) in list.iter_mut().enumerate() {
+                let full = self.path(p);
+                if !full.exists() {
+                    return Err(self.invalid(
+                        key(&format!("sandbox.{name}[{j}]")),
+                        format!("{} does not exist", full.display()),
+                    ));
+                }
+                *p = full;
+            }
+        }
+        if let crate::sandbox::Network::Allow(pairs) = &sandbox.network {
+            for (j, p) in pairs.iter().enumerate() {
+                if crate::stdio::egress::parse_pair(p).is_none() {
+                    return Err(self.invalid(
+                        key(&format!("sandbox.network[{j}]")),
+                        format!(
+                            "{p:?} is not host:port (a host name or IP address, a port 1-65535)"
+                        ),
+                    ));
+                }
+            }
+        }
+        for (k, v) in [
+            ("sandbox.memory_mb", sandbox.memory_mb),
+            ("sandbox.cpu_s", sandbox.cpu_s),
+            ("sandbox.processes", sandbox.processes),
+        ] {
+            if v == Some(0) {
+                return Err(self.invalid(key(k), "must be greater than 0"));
+            }
+        }
+        let max_instances = u.max_instances.unwrap_or(32);
+        if !(1..=4096).contains(&max_instances) {
+            return Err(self.invalid(key("max_instances"), "must be 1-4096"));
+        }
+        let idle = u.idle_timeout_s.unwrap_or(300);
+        if idle == 0 {
+            return Err(self.invalid(key("idle_timeout_s"), "must be greater than 0"));
+        }
+        Ok(Some(crate::stdio::Launch {
+            command,
+            env,
+            env_from: u.env_from.clone(),
+            instances: u.instances.unwrap_or_default(),
+            max_instances,
+            idle_timeout: Duration::from_secs(idle),
+            sandbox,
+        }))
     }
 
     fn extra_method(&self, key: &str, m: RawExtraMethod) -> Result<ExtraMethod, ConfigError> {

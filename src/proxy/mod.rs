@@ -186,7 +186,7 @@ impl State {
     ) -> Result<State, StateError> {
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
-            let client = UpstreamClient::new(u.clone())?;
+            let client = UpstreamClient::new(u.clone(), metrics.clone())?;
             upstreams.insert(u.name.clone(), Arc::new(client));
         }
         let limits = jsonrpc::Limits {
@@ -936,28 +936,51 @@ fn identity_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
 
 fn claim_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
     let c = &cx.claims;
-    cx.upstream
-        .config
-        .identity_headers
-        .iter()
-        .filter_map(|(name, claim)| {
-            let value = match claim {
-                IdentityClaim::Subject => c.sub.to_string(),
-                IdentityClaim::Tenant => c.tenant_id.to_string(),
-                IdentityClaim::Agent => c.agent.to_string(),
-                IdentityClaim::Run => c.run_id.clone(),
-                IdentityClaim::Mode => c.mode.name().to_owned(),
-                IdentityClaim::TokenId => c.jti.clone(),
-                IdentityClaim::Issuer => c.iss.to_string(),
-                IdentityClaim::Projects => cx.authority.projects.join(","),
-            };
-            // Claims are verified to hold no control characters; a value a
-            // header cannot carry is left out rather than mangled.
-            HeaderValue::from_str(&value)
-                .ok()
-                .map(|v| (name.clone(), v))
-        })
-        .collect()
+    // A stdio upstream's process, without a session, is the principal's
+    // and run's own.
+    let instance = cx.upstream.config.stdio.as_ref().and_then(|_| {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for part in [
+            &*c.iss,
+            &*c.tenant_id,
+            &*c.sub,
+            &*c.agent,
+            c.run_id.as_str(),
+        ] {
+            h.update(part.len().to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        HeaderValue::from_str(&hex::encode(h.finalize())).ok()
+    });
+    let mut out: Vec<(HeaderName, HeaderValue)> = instance
+        .map(|v| (HeaderName::from_static(crate::stdio::INSTANCE_HEADER), v))
+        .into_iter()
+        .collect();
+    out.extend(
+        cx.upstream
+            .config
+            .identity_headers
+            .iter()
+            .filter_map(|(name, claim)| {
+                let value = match claim {
+                    IdentityClaim::Subject => c.sub.to_string(),
+                    IdentityClaim::Tenant => c.tenant_id.to_string(),
+                    IdentityClaim::Agent => c.agent.to_string(),
+                    IdentityClaim::Run => c.run_id.clone(),
+                    IdentityClaim::Mode => c.mode.name().to_owned(),
+                    IdentityClaim::TokenId => c.jti.clone(),
+                    IdentityClaim::Issuer => c.iss.to_string(),
+                    IdentityClaim::Projects => cx.authority.projects.join(","),
+                };
+                // Claims are verified to hold no control characters; a value a
+                // header cannot carry is left out rather than mangled.
+                HeaderValue::from_str(&value)
+                    .ok()
+                    .map(|v| (name.clone(), v))
+            }),
+    );
+    out
 }
 
 /// RFC 9728 protected-resource metadata, at the root and per MCP endpoint.

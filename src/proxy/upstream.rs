@@ -50,6 +50,8 @@ pub struct UpstreamClient {
     /// connection it goes on ([`crate::server::shards`]).
     transports: Box<[OnceLock<Transport>]>,
     make: Box<dyn Fn() -> Transport + Send + Sync>,
+    /// A stdio upstream's bridge (its processes).
+    pub bridge: Option<Arc<crate::stdio::Bridge>>,
 }
 
 /// How requests reach the upstream.
@@ -60,6 +62,8 @@ enum Transport {
     Http1(Client<HttpsConnector<HttpConnector>, Full<Bytes>>),
     /// HTTP/2 over as many connections as the streams in flight need.
     Http2(Arc<H2Pool>),
+    /// A stdio upstream: in-memory connections to its bridge.
+    Stdio(Client<crate::stdio::connector::Local, Full<Bytes>>),
 }
 
 /// Why an upstream client could not be built.
@@ -137,8 +141,36 @@ const FORWARDED: [&str; 8] = [
 // === impl UpstreamClient ===
 
 impl UpstreamClient {
-    /// Builds the client; reads the CA file if configured.
-    pub fn new(config: Arc<Upstream>) -> Result<Self, ClientError> {
+    /// Builds the client; reads the CA file if configured; a stdio
+    /// upstream gets its bridge (its processes start on first use).
+    pub fn new(
+        config: Arc<Upstream>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> Result<Self, ClientError> {
+        if let Some(launch) = &config.stdio {
+            let bridge = crate::stdio::Bridge::new(
+                &config.name,
+                launch.clone(),
+                config.max_response_bytes,
+                metrics,
+            );
+            let connector = crate::stdio::connector::Local::new(bridge.clone());
+            let mut client = Client::builder(TokioExecutor::new());
+            client
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .pool_max_idle_per_host(1024);
+            let client = client.build(connector);
+            return Ok(UpstreamClient {
+                transports: (0..=crate::server::shards::MAX_SHARDS)
+                    .map(|_| OnceLock::new())
+                    .collect(),
+                make: Box::new(move || Transport::Stdio(client.clone())),
+                config,
+                bridge: Some(bridge),
+            });
+        }
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(path) = &config.ca_file {
@@ -213,6 +245,7 @@ impl UpstreamClient {
                 .collect(),
             make: transport,
             config,
+            bridge: None,
         })
     }
 
@@ -237,11 +270,16 @@ impl UpstreamClient {
             .build(fwd)
             .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
             .map(|request| match self.transport() {
-                Transport::Http1(client) => Either::Left(
-                    client
-                        .request(request)
-                        .map(|r| r.map(|r| r.map(UpstreamIncoming::http1)).map_err(classify)),
-                ),
+                Transport::Http1(client) => {
+                    Either::Left(Either::Left(client.request(request).map(|r| {
+                        r.map(|r| r.map(UpstreamIncoming::http1)).map_err(classify)
+                    })))
+                }
+                Transport::Stdio(client) => {
+                    Either::Left(Either::Right(client.request(request).map(|r| {
+                        r.map(|r| r.map(UpstreamIncoming::http1)).map_err(classify)
+                    })))
+                }
                 Transport::Http2(pool) => {
                     let pool = Arc::clone(pool);
                     // Boxed: the pool's send (which may open a connection)

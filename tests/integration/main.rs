@@ -28,6 +28,7 @@ mod replicas;
 mod sandbox;
 mod screening;
 mod spool_faults;
+mod stdio;
 mod through_firewall;
 mod tls;
 mod tokens;

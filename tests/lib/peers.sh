@@ -86,12 +86,12 @@ use_node22() { # sets NODE and puts it first on PATH (npm from Debian when missi
   export PATH="$(dirname "$NODE"):$PATH"
 }
 
-python_venv() { # DIR SPEC: a venv with SPEC (pip) installed, once
-  local dir=$1 spec=$2
+python_venv() { # DIR SPEC [PYTHON]: a venv of PYTHON (default python3) with SPEC (pip) installed, once
+  local dir=$1 spec=$2 python=${3:-python3}
   if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$spec" ]; then return 0; fi
   echo "== installing $spec"
   rm -rf "$dir"
-  python3 -m venv "$dir" >"$LOGS/venv.log" 2>&1 || { cat "$LOGS/venv.log" >&2; exit 1; }
+  "$python" -m venv "$dir" >"$LOGS/venv.log" 2>&1 || { cat "$LOGS/venv.log" >&2; exit 1; }
   "$dir/bin/python" -m pip install -q --disable-pip-version-check "$spec" \
     >"$LOGS/pip.log" 2>&1 || { cat "$LOGS/pip.log" >&2; exit 1; }
   echo "$spec" >"$dir/.installed"

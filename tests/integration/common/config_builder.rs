@@ -80,6 +80,24 @@ impl TestConfig {
         self
     }
 
+    /// Adds stdio upstream `name` started as `command`: project `sre`,
+    /// request and idle 10 s.
+    pub fn stdio_upstream(mut self, name: &str, command: &[&str]) -> TestConfig {
+        let up = table([
+            ("name", name.into()),
+            ("transport", "stdio".into()),
+            (
+                "command",
+                Value::Array(command.iter().map(|c| (*c).into()).collect()),
+            ),
+            ("projects", Value::Array(vec!["sre".into()])),
+            ("request_timeout_ms", 10000.into()),
+            ("idle_timeout_ms", 10000.into()),
+        ]);
+        self.upstreams().push(Value::Table(up));
+        self
+    }
+
     /// Adds `[[virtual_server]]` `name` over `members` with `collisions`.
     pub fn virtual_server(mut self, name: &str, members: &[&str], collisions: &str) -> TestConfig {
         let vs = table([

@@ -1,0 +1,606 @@
+//! Stdio upstreams (`transport = "stdio"`): MCP servers the firewall starts
+//! itself, each confined by [`crate::sandbox`], spoken to over their stdin
+//! and stdout, and served to the request path as if they were streamable
+//! HTTP servers.
+//!
+//! The request path does not know the difference: an upstream client's
+//! transport for a stdio upstream ([`connector::Local`]) opens in-memory
+//! connections to this upstream's [`Bridge`], which speaks streamable HTTP
+//! on one side and newline-delimited JSON-RPC on the other. Everything the
+//! firewall decides (authority, gates, approvals, budgets, pins, screening,
+//! audit) happens before a message reaches the bridge and after its answer
+//! leaves it, exactly as for an HTTP upstream; no port is opened for it.
+//!
+//! Which process a message reaches ([`Instances`]): with `per_session`
+//! (the default), every client session (`initialize`) gets a process of
+//! its own, and a 2026-07-28 request (no session) the process of its
+//! principal and run; with `shared`, one process serves everyone. The
+//! bridge renumbers the requests it writes to a process, so two sessions'
+//! ids never meet, and routes what the process writes back by those
+//! numbers (answers), progress tokens (progress) or the open streams
+//! (everything else). Lifecycle (spawned on first use, reaped when idle, a
+//! crash answering the calls in flight and restarting with backoff, the
+//! close sequence) is in [`instance`] and [`process`]; the egress proxy of
+//! an allow-list in [`egress`].
+
+pub mod connector;
+pub mod egress;
+pub mod instance;
+pub mod process;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::http_util::{self, Body};
+use crate::sandbox::Spec;
+use crate::telemetry::Metrics;
+
+use instance::{Instance, Item};
+
+/// The header the request path sets on every request to a stdio upstream:
+/// a digest of the verified principal and run, which picks the process of
+/// a request without a session (2026-07-28). Clients cannot send it: the
+/// upstream client forwards only MCP's own headers.
+pub const INSTANCE_HEADER: &str = "x-mcp-firewall-instance";
+
+/// How many processes serve a stdio upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Instances {
+    /// One process per client session (and per principal and run without
+    /// sessions): a server's memory never carries one principal's data to
+    /// another.
+    #[default]
+    PerSession,
+    /// One process for every session (the config says so explicitly).
+    Shared,
+}
+
+/// A validated stdio upstream: what to start and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// The command; its program resolved to an absolute path.
+    pub command: Vec<String>,
+    /// The environment it gets (besides `PATH`, `HOME`, `TMPDIR`).
+    pub env: Vec<(String, String)>,
+    /// Names passed through from the firewall's own environment.
+    pub env_from: Vec<String>,
+    /// Processes per session or one shared.
+    pub instances: Instances,
+    /// Most processes at once.
+    pub max_instances: usize,
+    /// A process unused this long is stopped.
+    pub idle_timeout: Duration,
+    /// Its confinement.
+    pub sandbox: Spec,
+}
+
+/// `program` as found on `PATH` (or as given when it names a path): an
+/// executable file, or `None`.
+pub fn which(program: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.is_empty() {
+        return None;
+    }
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return executable(&p).then_some(p);
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
+}
+
+/// Every layer, in the order they are applied.
+const ALL_LAYERS: [crate::sandbox::Layer; 8] = [
+    crate::sandbox::Layer::NetNamespace,
+    crate::sandbox::Layer::Rlimits,
+    crate::sandbox::Layer::Unprivileged,
+    crate::sandbox::Layer::NoNewPrivs,
+    crate::sandbox::Layer::LandlockFs,
+    crate::sandbox::Layer::LandlockNet,
+    crate::sandbox::Layer::LandlockScope,
+    crate::sandbox::Layer::Seccomp,
+];
+
+/// A layer's name as the config and metrics spell it.
+pub fn layer_name(l: crate::sandbox::Layer) -> String {
+    serde_json::to_value(l)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Applies the sandbox of `launch` to a child that exits at once, and
+/// reads what it could apply; `Err` names the missing layer of a required
+/// sandbox.
+pub fn probe(launch: &Launch) -> Result<crate::sandbox::Report, String> {
+    let spec = serde_json::to_string(&launch.sandbox).map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(process::launcher());
+    cmd.arg("sandbox-exec")
+        .arg("--spec")
+        .arg(spec)
+        .arg("--probe");
+    if matches!(launch.sandbox.network, crate::sandbox::Network::Allow(_)) {
+        // Any port: the probe connects nowhere.
+        cmd.arg("--egress-port").arg("9");
+    }
+    cmd.arg("--").args(launch.command.first());
+    let out = cmd
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", process::launcher().display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let line = err.lines().last().unwrap_or("").trim();
+        let line = line
+            .strip_prefix("mcp-firewall sandbox-exec: ")
+            .unwrap_or(line);
+        return Err(if line.is_empty() {
+            format!("the sandbox probe failed ({})", out.status)
+        } else {
+            line.to_owned()
+        });
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("unreadable sandbox report: {e}"))
+}
+
+/// What every instance of one upstream shares.
+pub struct Shared {
+    /// The upstream's name.
+    pub name: String,
+    /// What to start.
+    pub launch: Launch,
+    /// Largest line a process may write (the upstream's response cap).
+    pub max_line: usize,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The egress proxy of an allow-list, started with the first process.
+    egress: tokio::sync::OnceCell<Option<egress::Egress>>,
+    /// Where private homes go.
+    homes: PathBuf,
+    /// Why no process may start (a required sandbox layer is unavailable).
+    refused: Mutex<Option<String>>,
+}
+
+impl Shared {
+    /// The egress proxy's port (an allow-list only), started on first use.
+    pub async fn egress_port(&self) -> Result<Option<u16>, String> {
+        let allow = match &self.launch.sandbox.network {
+            crate::sandbox::Network::None => return Ok(None),
+            crate::sandbox::Network::Allow(a) => a.clone(),
+        };
+        let proxy = self
+            .egress
+            .get_or_try_init(|| async {
+                egress::Egress::start(&self.name, &allow, self.metrics.clone())
+                    .await
+                    .map(Some)
+                    .map_err(|e| format!("cannot start the egress proxy: {e}"))
+            })
+            .await?;
+        Ok(proxy.as_ref().map(egress::Egress::port))
+    }
+}
+
+/// Which process a message goes to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    /// A client session's own.
+    Session(u64),
+    /// A principal and run's (no session).
+    Principal(String),
+    /// The one shared process.
+    Shared,
+}
+
+/// One client session of the bridge.
+struct Session {
+    /// Its number (what the instance knows it by).
+    number: u64,
+    /// The process it speaks to.
+    instance: Arc<Instance>,
+}
+
+/// The streamable HTTP side of one stdio upstream.
+pub struct Bridge {
+    shared: Arc<Shared>,
+    instances: Mutex<HashMap<Key, Arc<Instance>>>,
+    sessions: Mutex<HashMap<String, Session>>,
+    next: AtomicU64,
+}
+
+impl Bridge {
+    /// The bridge of upstream `name`; starts its reaper.
+    pub fn new(name: &str, launch: Launch, max_line: usize, metrics: Arc<Metrics>) -> Arc<Bridge> {
+        let homes = std::env::temp_dir().join(format!(
+            "mcp-firewall-stdio-{}-{}",
+            std::process::id(),
+            name
+        ));
+        let idle = launch.idle_timeout;
+        let bridge = Arc::new(Bridge {
+            shared: Arc::new(Shared {
+                name: name.to_owned(),
+                launch,
+                max_line,
+                metrics,
+                egress: tokio::sync::OnceCell::new(),
+                homes,
+                refused: Mutex::new(None),
+            }),
+            instances: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&bridge);
+            let every = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    let Some(b) = weak.upgrade() else { return };
+                    b.reap().await;
+                }
+            });
+        }
+        bridge
+    }
+
+    /// The upstream's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Probes the sandbox (in a child, as a server would be confined),
+    /// reports the layers in the log and metrics, and refuses every start
+    /// when a required layer is unavailable.
+    pub async fn check_sandbox(&self) -> Result<crate::sandbox::Report, String> {
+        let launch = self.shared.launch.clone();
+        let probed = tokio::task::spawn_blocking(move || probe(&launch))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        let name = &self.shared.name;
+        match &probed {
+            Ok(report) => {
+                let applied: Vec<String> = report.applied.iter().map(|l| layer_name(*l)).collect();
+                for (layer, why) in &report.missing {
+                    tracing::warn!(upstream = %name, layer = %layer_name(*layer), reason = %why, "stdio server runs without a sandbox layer");
+                }
+                for l in ALL_LAYERS {
+                    let missing = report.missing.iter().any(|(m, _)| *m == l);
+                    self.shared
+                        .metrics
+                        .sandbox_layer_missing(name, &layer_name(l), missing);
+                }
+                tracing::info!(upstream = %name, applied = %applied.join(", "), "stdio upstream: sandbox layers");
+                *self.shared.refused.lock() = None;
+            }
+            Err(why) => {
+                tracing::error!(upstream = %name, reason = %why, "stdio upstream: the sandbox cannot be applied; its server is not started");
+                *self.shared.refused.lock() = Some(why.clone());
+            }
+        }
+        probed
+    }
+
+    /// Why its servers are not started, if they are not.
+    pub fn unavailable(&self) -> Option<String> {
+        self.shared.refused.lock().clone()
+    }
+
+    /// Live processes.
+    pub fn processes(&self) -> Vec<(u64, Option<u32>)> {
+        self.instances
+            .lock()
+            .values()
+            .map(|i| (i.number, i.pid()))
+            .collect()
+    }
+
+    /// Stops every process (the close sequence, in parallel).
+    pub async fn shutdown(&self) {
+        let all: Vec<Arc<Instance>> = self.instances.lock().drain().map(|(_, i)| i).collect();
+        self.sessions.lock().clear();
+        futures_util::future::join_all(all.iter().map(|i| i.close("shutdown"))).await;
+        self.gauge();
+    }
+
+    /// Stops the processes unused for `idle_timeout`.
+    async fn reap(&self) {
+        let idle = self.shared.launch.idle_timeout;
+        let done: Vec<(Key, Arc<Instance>)> = {
+            let mut map = self.instances.lock();
+            let keys: Vec<Key> = map
+                .iter()
+                .filter(|(_, i)| i.idle_for() >= idle)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| map.remove(&k).map(|i| (k, i)))
+                .collect()
+        };
+        if done.is_empty() {
+            return;
+        }
+        {
+            let ended: Vec<u64> = done.iter().map(|(_, i)| i.number).collect();
+            self.sessions
+                .lock()
+                .retain(|_, s| !ended.contains(&s.instance.number));
+        }
+        for (_, i) in &done {
+            i.close("idle").await;
+        }
+        self.gauge();
+    }
+
+    fn gauge(&self) {
+        let n = self.instances.lock().len();
+        self.shared.metrics.stdio_instances(&self.shared.name, n);
+    }
+
+    /// The instance for `key`, created (not yet started) when new; `Err`
+    /// says why not.
+    fn instance(&self, key: Key) -> Result<Arc<Instance>, String> {
+        let mut map = self.instances.lock();
+        if let Some(i) = map.get(&key) {
+            return Ok(i.clone());
+        }
+        if map.len() >= self.shared.launch.max_instances {
+            tracing::warn!(upstream = %self.shared.name, max = self.shared.launch.max_instances, "stdio upstream at max_instances: a new session is refused");
+            return Err(format!(
+                "stdio upstream {:?} runs max_instances = {} processes; try again when one ends",
+                self.shared.name, self.shared.launch.max_instances
+            ));
+        }
+        let number = self.next.fetch_add(1, Ordering::Relaxed);
+        let i = Instance::new(self.shared.clone(), number, self.shared.homes.clone());
+        map.insert(key, i.clone());
+        let n = map.len();
+        drop(map);
+        self.shared.metrics.stdio_instances(&self.shared.name, n);
+        Ok(i)
+    }
+
+    /// Serves one streamable HTTP request of the request path.
+    pub async fn serve(self: Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let sid = parts
+            .headers
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        match parts.method {
+            Method::POST => {
+                let body = match body.collect().await {
+                    Ok(b) => b.to_bytes(),
+                    Err(e) => return plain(StatusCode::BAD_REQUEST, &e.to_string()),
+                };
+                self.post(&parts.headers, sid, body).await
+            }
+            Method::GET => match sid.and_then(|s| self.session(&s)) {
+                Some((number, i)) => sse(i.listen(number)),
+                None => plain(StatusCode::METHOD_NOT_ALLOWED, "no session to listen to"),
+            },
+            Method::DELETE => match sid {
+                Some(s) => self.end(&s).await,
+                None => plain(StatusCode::BAD_REQUEST, "no session to end"),
+            },
+            _ => plain(StatusCode::METHOD_NOT_ALLOWED, "POST, GET or DELETE"),
+        }
+    }
+
+    fn session(&self, sid: &str) -> Option<(u64, Arc<Instance>)> {
+        self.sessions
+            .lock()
+            .get(sid)
+            .map(|s| (s.number, s.instance.clone()))
+    }
+
+    async fn end(&self, sid: &str) -> Response<Body> {
+        let Some(s) = self.sessions.lock().remove(sid) else {
+            return plain(StatusCode::NOT_FOUND, "no such session");
+        };
+        if self.shared.launch.instances == Instances::PerSession {
+            self.instances
+                .lock()
+                .retain(|_, i| i.number != s.instance.number);
+            self.gauge();
+            s.instance.close("session ended").await;
+        } else {
+            s.instance.forget(s.number);
+        }
+        Response::new(http_util::empty())
+    }
+
+    async fn post(&self, headers: &HeaderMap, sid: Option<String>, body: Bytes) -> Response<Body> {
+        let msg: Value = match serde_json::from_slice(&body) {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) => return plain(StatusCode::BAD_REQUEST, "one JSON-RPC message per POST"),
+            Err(e) => return plain(StatusCode::BAD_REQUEST, &format!("not JSON: {e}")),
+        };
+        let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
+        let is_request = method.is_some() && msg.get("id").is_some();
+        let (number, instance, new_sid) = match sid {
+            Some(s) => match self.session(&s) {
+                Some((n, i)) => (n, i, None),
+                None => return plain(StatusCode::NOT_FOUND, "session not found"),
+            },
+            None if is_request && method.as_deref() == Some("initialize") => {
+                let number = self.next.fetch_add(1, Ordering::Relaxed);
+                let key = match self.shared.launch.instances {
+                    Instances::PerSession => Key::Session(number),
+                    Instances::Shared => Key::Shared,
+                };
+                match self.instance(key) {
+                    Ok(i) => (number, i, Some(new_session_id())),
+                    Err(why) => return refuse(&msg, &why),
+                }
+            }
+            None => {
+                let key = match self.shared.launch.instances {
+                    Instances::Shared => Key::Shared,
+                    Instances::PerSession => Key::Principal(
+                        headers
+                            .get(INSTANCE_HEADER)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned(),
+                    ),
+                };
+                match self.instance(key) {
+                    Ok(i) => (0, i, None),
+                    Err(why) => return refuse(&msg, &why),
+                }
+            }
+        };
+        if !is_request {
+            return match instance.notify(number, msg).await {
+                Ok(()) => {
+                    let mut r = Response::new(http_util::empty());
+                    *r.status_mut() = StatusCode::ACCEPTED;
+                    r
+                }
+                Err(e) => plain(StatusCode::BAD_GATEWAY, &e),
+            };
+        }
+        let mut rx = instance.call(number, msg).await;
+        let first = rx.recv().await;
+        // An initialize opens a session only when it has a result.
+        let initialized = match &first {
+            Some(Item::Final(b)) => {
+                serde_json::from_slice::<Value>(b).is_ok_and(|v| v.get("result").is_some())
+            }
+            // Messages before the answer: a stream, taken as a session.
+            Some(Item::Event(_)) => true,
+            None => false,
+        };
+        let mut resp = match first {
+            Some(Item::Final(b)) => {
+                let mut r = Response::new(http_util::full(b));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                r
+            }
+            Some(Item::Event(b)) if http_util::accepts(headers, "text/event-stream") => {
+                sse_from(Some(b), rx)
+            }
+            Some(Item::Event(_)) => {
+                // The client takes JSON only: what comes before the answer
+                // is dropped, the answer is the body.
+                loop {
+                    match rx.recv().await {
+                        Some(Item::Final(b)) => break Response::new(http_util::full(b)),
+                        Some(Item::Event(_)) => continue,
+                        None => {
+                            break plain(StatusCode::BAD_GATEWAY, "the stdio server did not answer")
+                        }
+                    }
+                }
+            }
+            None => plain(StatusCode::BAD_GATEWAY, "the stdio server did not answer"),
+        };
+        if let Some(s) = new_sid {
+            if initialized {
+                if let Ok(v) = http::HeaderValue::from_str(&s) {
+                    resp.headers_mut().insert("mcp-session-id", v);
+                }
+                self.sessions.lock().insert(s, Session { number, instance });
+            } else if self.shared.launch.instances == Instances::PerSession {
+                // No session: its process goes at once.
+                self.instances
+                    .lock()
+                    .retain(|_, i| i.number != instance.number);
+                self.gauge();
+                instance.close("initialize failed").await;
+            }
+        }
+        resp
+    }
+}
+
+/// A request refused by the bridge itself: a JSON-RPC error the client
+/// reads (503 for a message that takes no answer).
+fn refuse(msg: &Value, why: &str) -> Response<Body> {
+    match msg.get("id").filter(|_| msg.get("method").is_some()) {
+        Some(id) => {
+            let mut r = Response::new(http_util::full(instance::error_answer(id, why)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        None => plain(StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+fn new_session_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    hex::encode(bytes)
+}
+
+fn plain(status: StatusCode, text: &str) -> Response<Body> {
+    let mut r = Response::new(http_util::full(Bytes::from(text.to_owned())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// An SSE response of a stream of messages.
+fn sse(rx: tokio::sync::mpsc::Receiver<Item>) -> Response<Body> {
+    sse_from(None, rx)
+}
+
+fn sse_from(first: Option<Bytes>, rx: tokio::sync::mpsc::Receiver<Item>) -> Response<Body> {
+    use futures_util::StreamExt;
+    let head = futures_util::stream::iter(first.map(Item::Event));
+    let rest = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let frames = head.chain(rest).map(|item| {
+        let b = match item {
+            Item::Final(b) | Item::Event(b) => b,
+        };
+        let mut out = Vec::with_capacity(b.len() + 8);
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&b);
+        out.extend_from_slice(b"\n\n");
+        Ok::<_, http_util::BoxError>(hyper::body::Frame::data(Bytes::from(out)))
+    });
+    let body = http_body_util::StreamBody::new(frames).boxed_unsync();
+    let mut r = Response::new(body);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    r
+}

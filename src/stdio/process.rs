@@ -1,0 +1,379 @@
+//! One confined server process: started through `mcp-firewall
+//! sandbox-exec` in a process group of its own, with only the environment
+//! the config gives it and a private home; its stdin written a line per
+//! message, its stdout read a line per message (a line that is not JSON,
+//! or longer than the upstream's response cap, ends the process), its
+//! stderr logged, bounded and rate-limited. Stopping it is the MCP close
+//! sequence (stdin closed, then `SIGTERM`, then `SIGKILL`) sent to the
+//! whole group, so no child of the server outlives it.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, watch};
+
+use super::Shared;
+
+/// What a process writes, as the instance reads it.
+#[derive(Debug)]
+pub enum Out {
+    /// One JSON-RPC message (or batch).
+    Message(Value),
+    /// It ended, and why.
+    Ended(String),
+}
+
+/// A running server process.
+pub struct Process {
+    /// Its pid (and process group).
+    pub pid: u32,
+    stdin: Mutex<Option<mpsc::Sender<Bytes>>>,
+    exited: watch::Receiver<bool>,
+}
+
+/// Longest a stderr line is logged.
+const STDERR_LINE: usize = 1024;
+/// Stderr lines logged per 10 s per process; the rest are counted.
+const STDERR_PER_10S: u32 = 50;
+/// Time the process gets after stdin closes, then after `SIGTERM`.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// The `mcp-firewall` binary that runs `sandbox-exec`: this one, or the one
+/// beside it (tests run in another binary of the same build).
+pub fn launcher() -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("mcp-firewall"));
+    if me.file_name().is_some_and(|n| n == "mcp-firewall") {
+        return me;
+    }
+    let mut dir = me.parent().map(Path::to_path_buf);
+    while let Some(d) = dir {
+        let candidate = d.join("mcp-firewall");
+        if candidate.is_file() {
+            return candidate;
+        }
+        dir = d.parent().map(Path::to_path_buf);
+        if dir.as_ref().is_some_and(|d| d.join("Cargo.toml").exists()) {
+            break;
+        }
+    }
+    PathBuf::from("mcp-firewall")
+}
+
+impl Process {
+    /// Starts the server of `shared` with its private home under `home`.
+    pub fn spawn(
+        shared: &Shared,
+        home: &Path,
+        egress: Option<u16>,
+    ) -> std::io::Result<(Process, mpsc::Receiver<Out>)> {
+        private_home(home)?;
+        let launch = &shared.launch;
+        let mut spec = launch.sandbox.clone();
+        spec.write.push(home.to_path_buf());
+        spec.read.extend(runtime_of(&launch.command));
+        let spec = serde_json::to_string(&spec).map_err(std::io::Error::other)?;
+        let mut cmd = tokio::process::Command::new(launcher());
+        cmd.arg("sandbox-exec").arg("--spec").arg(spec);
+        if let Some(port) = egress {
+            cmd.arg("--egress-port").arg(port.to_string());
+        }
+        cmd.arg("--").args(&launch.command);
+        cmd.env_clear();
+        cmd.env(
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+        );
+        cmd.env("HOME", home).env("TMPDIR", home);
+        for (k, v) in &launch.env {
+            cmd.env(k, v);
+        }
+        for name in &launch.env_from {
+            if let Some(v) = std::env::var_os(name) {
+                cmd.env(name, v);
+            }
+        }
+        if let Some(port) = egress {
+            let proxy = format!("http://127.0.0.1:{port}");
+            for k in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+                cmd.env(k, &proxy);
+            }
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn()?;
+        let pid = child.id().unwrap_or(0);
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(std::io::Error::other("the child's pipes were not opened"));
+        };
+        let name: Arc<str> = Arc::from(shared.name.as_str());
+        let last_stderr = Arc::new(Mutex::new(String::new()));
+        let (to_stdin, mut lines) = mpsc::channel::<Bytes>(256);
+        tokio::spawn(async move {
+            while let Some(line) = lines.recv().await {
+                let ok = stdin.write_all(&line).await.is_ok()
+                    && stdin.write_all(b"\n").await.is_ok()
+                    && stdin.flush().await.is_ok();
+                if !ok {
+                    break;
+                }
+            }
+            // Dropping stdin closes it: the first step of the close sequence.
+        });
+        tokio::spawn(log_stderr(name.clone(), pid, stderr, last_stderr.clone()));
+        let (out_tx, out_rx) = mpsc::channel(256);
+        let (exited_tx, exited) = watch::channel(false);
+        let (status_tx, status_rx) = tokio::sync::oneshot::channel();
+        // The leader's exit ends the group: children that inherited stdout
+        // would otherwise keep it open.
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            signal_group(pid, Signal::SIGKILL);
+            let _ = exited_tx.send(true);
+            let _ = status_tx.send(match status {
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            });
+        });
+        let max_line = shared.max_line;
+        tokio::spawn(async move {
+            let broke = read_stdout(&name, pid, stdout, max_line, &out_tx).await;
+            // Whatever the server started goes with it.
+            signal_group(pid, Signal::SIGKILL);
+            let status = status_rx.await.unwrap_or_else(|_| "ended".to_owned());
+            let last = last_stderr.lock().clone();
+            let mut why = broke.unwrap_or(status);
+            if !last.is_empty() {
+                why = format!("{why}; its last stderr line: {last}");
+            }
+            let _ = out_tx.send(Out::Ended(why)).await;
+        });
+        Ok((
+            Process {
+                pid,
+                stdin: Mutex::new(Some(to_stdin)),
+                exited,
+            },
+            out_rx,
+        ))
+    }
+
+    /// Writes one message (a line).
+    pub async fn write(&self, line: Bytes) -> Result<(), String> {
+        let tx = self.stdin.lock().clone();
+        match tx {
+            Some(tx) => tx
+                .send(line)
+                .await
+                .map_err(|_| "the stdio server's stdin is closed".to_owned()),
+            None => Err("the stdio server is stopping".to_owned()),
+        }
+    }
+
+    /// The close sequence: stdin closed; `SIGTERM` to the group after a
+    /// grace period; `SIGKILL` after another.
+    pub async fn close(&self) {
+        self.stdin.lock().take();
+        let mut exited = self.exited.clone();
+        let wait = |mut rx: watch::Receiver<bool>| async move {
+            tokio::time::timeout(GRACE, rx.wait_for(|e| *e))
+                .await
+                .is_ok()
+        };
+        if wait(exited.clone()).await {
+            return;
+        }
+        signal_group(self.pid, Signal::SIGTERM);
+        if wait(exited.clone()).await {
+            return;
+        }
+        signal_group(self.pid, Signal::SIGKILL);
+        let _ = tokio::time::timeout(GRACE, exited.wait_for(|e| *e)).await;
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if !*self.exited.borrow() {
+            signal_group(self.pid, Signal::SIGKILL);
+        }
+    }
+}
+
+fn signal_group(pid: u32, signal: Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        if pid > 1 {
+            let _ = killpg(Pid::from_raw(pid), signal);
+        }
+    }
+}
+
+/// The process's private home: created for it, owned by `nobody` when the
+/// firewall is root (the server runs as `nobody` then).
+fn private_home(home: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = home.parent() {
+        std::fs::create_dir_all(parent)?;
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
+    }
+    let _ = std::fs::remove_dir_all(home);
+    std::fs::create_dir_all(home)?;
+    std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))?;
+    if nix::unistd::getuid().is_root() {
+        std::os::unix::fs::chown(home, Some(65534), Some(65534))?;
+    }
+    Ok(())
+}
+
+/// What a command needs to read besides the runtime: a script or package
+/// it names (the directory of a file argument, or the `node_modules` it
+/// is in).
+fn runtime_of(command: &[String]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for arg in command {
+        let p = Path::new(arg);
+        if !p.is_absolute() || !p.is_file() {
+            continue;
+        }
+        let mut dir = p.parent().map(Path::to_path_buf);
+        let mut top: Option<PathBuf> = None;
+        while let Some(d) = dir {
+            if d.file_name().is_some_and(|n| n == "node_modules") {
+                top = Some(d.clone());
+            }
+            dir = d.parent().map(Path::to_path_buf);
+        }
+        out.push(top.unwrap_or_else(|| p.parent().map(Path::to_path_buf).unwrap_or_default()));
+    }
+    out
+}
+
+/// Reads stdout a line at a time until it ends; `Some(why)` when the
+/// process broke the transport.
+async fn read_stdout(
+    name: &str,
+    pid: u32,
+    stdout: impl AsyncRead + Unpin,
+    max_line: usize,
+    out: &mpsc::Sender<Out>,
+) -> Option<String> {
+    let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+    let mut line = Vec::with_capacity(4096);
+    loop {
+        line.clear();
+        match read_line(&mut reader, &mut line, max_line).await {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(why) => {
+                tracing::error!(upstream = %name, pid, reason = %why, "stdio server broke the transport: stopping it");
+                return Some(why);
+            }
+        }
+        let text = trim(&line);
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<Value>(text) {
+            Ok(v @ (Value::Object(_) | Value::Array(_))) => {
+                if out.send(Out::Message(v)).await.is_err() {
+                    return None;
+                }
+            }
+            _ => {
+                let shown: String = String::from_utf8_lossy(&text[..text.len().min(80)]).into();
+                let why = format!("it wrote a line to stdout that is not JSON-RPC: {shown:?}");
+                tracing::error!(upstream = %name, pid, line = %shown, "stdio server wrote a line to stdout that is not JSON-RPC: stopping it");
+                return Some(why);
+            }
+        }
+    }
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &b[start..end.max(start)]
+}
+
+/// One line (without its newline) of at most `max` bytes.
+async fn read_line(
+    reader: &mut (impl tokio::io::AsyncBufRead + Unpin),
+    line: &mut Vec<u8>,
+    max: usize,
+) -> Result<usize, String> {
+    let mut total = 0;
+    loop {
+        let buf = reader.fill_buf().await.map_err(|e| e.to_string())?;
+        if buf.is_empty() {
+            return Ok(total);
+        }
+        let (used, done) = match memchr::memchr(b'\n', buf) {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let take = if done { used - 1 } else { used };
+        if line.len() + take > max {
+            return Err(format!("a stdout line longer than {max} bytes"));
+        }
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(used);
+        total += used;
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
+/// Logs stderr: each line cut to 1 KiB, at most 50 lines per 10 s (the
+/// rest counted and reported); keeps the last line for the exit reason.
+async fn log_stderr(
+    name: Arc<str>,
+    pid: u32,
+    stderr: impl AsyncRead + Unpin,
+    last: Arc<Mutex<String>>,
+) {
+    let mut lines = BufReader::new(stderr).split(b'\n');
+    let mut window = Instant::now();
+    let mut logged = 0u32;
+    let mut dropped = 0u64;
+    while let Ok(Some(line)) = lines.next_segment().await {
+        let cut = &line[..line.len().min(STDERR_LINE)];
+        let text = String::from_utf8_lossy(cut).trim_end().to_owned();
+        if text.is_empty() {
+            continue;
+        }
+        if window.elapsed() >= Duration::from_secs(10) {
+            if dropped > 0 {
+                tracing::warn!(upstream = %name, pid, dropped, "stdio server stderr: lines not logged (over 50 per 10 s)");
+            }
+            window = Instant::now();
+            logged = 0;
+            dropped = 0;
+        }
+        if logged < STDERR_PER_10S {
+            logged += 1;
+            tracing::info!(upstream = %name, pid, "stdio server stderr: {text}");
+        } else {
+            dropped += 1;
+        }
+        *last.lock() = text;
+    }
+}

@@ -1,0 +1,639 @@
+//! Stdio upstreams (issue 35) through the firewall: a real stdio server
+//! (`tests/stdio/box_server.py` on Debian's `/usr/bin/python3`) started,
+//! confined and supervised by the firewall, reached by MCP clients over
+//! streamable HTTP. The sandbox table (files outside `read`/`write`,
+//! `ptrace`, a fork bomb, a memory hog, a TCP connection under `network =
+//! "none"` and through the egress proxy of an allow-list); isolation (a
+//! process per session, per principal and run without sessions); the
+//! lifecycle (a crash mid-call answered with an error and a row, then a
+//! restart; stdout that is not JSON-RPC; idle reaping; `max_instances`;
+//! DELETE and shutdown leave no process); configuration errors naming the
+//! key.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::clickhouse::ClickHouse;
+use crate::common::{self, Answer, TestConfig};
+
+const POLICY: &str = r#"
+[[agents]]
+name = "box-all"
+description = "Every tool of the stdio test server"
+projects = ["sre"]
+risks = ["read"]
+allow = [{ upstream = "box" }]
+max_steps = 1000
+
+[[tools]]
+upstream = "box"
+match = ["*"]
+risk = "read"
+"#;
+
+/// A directory every user may enter (the server runs as `nobody` when
+/// the tests run as root), removed afterwards.
+fn open_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix("mcpfw-stdio-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn mode(p: &Path, m: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// The test server and the directories the sandbox is about.
+struct Box {
+    root: tempfile::TempDir,
+}
+
+impl Box {
+    fn new() -> Box {
+        let root = open_dir();
+        let r = root.path();
+        // In a directory of its own: the command's directory is readable.
+        std::fs::create_dir(r.join("server")).unwrap();
+        mode(&r.join("server"), 0o755);
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stdio/box_server.py"),
+            r.join("server/box_server.py"),
+        )
+        .unwrap();
+        mode(&r.join("server/box_server.py"), 0o644);
+        for d in ["docs", "other", "out", "elsewhere"] {
+            std::fs::create_dir(r.join(d)).unwrap();
+            // Open to everyone: only the sandbox stands in the way.
+            mode(&r.join(d), 0o777);
+        }
+        std::fs::write(r.join("docs/readme.txt"), "the docs").unwrap();
+        std::fs::write(r.join("other/secret.txt"), "not for the server").unwrap();
+        mode(&r.join("docs/readme.txt"), 0o644);
+        mode(&r.join("other/secret.txt"), 0o644);
+        Box { root }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.root.path().join(p)
+    }
+
+    fn script(&self) -> String {
+        self.path("server/box_server.py").display().to_string()
+    }
+}
+
+fn config(b: &Box, policies: &Path) -> TestConfig {
+    let sandbox = toml::Table::from_iter([
+        (
+            "read".to_owned(),
+            toml::Value::Array(vec![b.path("docs").display().to_string().into()]),
+        ),
+        (
+            "write".to_owned(),
+            toml::Value::Array(vec![b.path("out").display().to_string().into()]),
+        ),
+        ("memory_mb".to_owned(), 512.into()),
+        ("processes".to_owned(), 24.into()),
+    ]);
+    TestConfig::new()
+        .policies(policies)
+        .stdio_upstream("box", &["/usr/bin/python3", &b.script()])
+        .upstream_set(
+            "box",
+            "env",
+            toml::Value::Table(toml::Table::from_iter([(
+                "LOG_LEVEL".to_owned(),
+                "info".into(),
+            )])),
+        )
+        .upstream_set("box", "sandbox", toml::Value::Table(sandbox))
+}
+
+fn token() -> String {
+    common::sign(&common::claims("box-all", &["sre"]))
+}
+
+/// A session of the 2025-11-25 era: initialize, initialized.
+struct Session {
+    url: String,
+    token: String,
+    id: String,
+    next: u64,
+}
+
+impl Session {
+    async fn open(url: &str, token: &str) -> Session {
+        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+        let a = common::post(url, token, &[], init).await;
+        assert_eq!(a.status, 200, "{}", a.text);
+        let id = a
+            .headers
+            .get("mcp-session-id")
+            .unwrap_or_else(|| panic!("a session id: {}", a.text))
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let s = Session {
+            url: url.to_owned(),
+            token: token.to_owned(),
+            id,
+            next: 1,
+        };
+        let n = common::post(
+            url,
+            token,
+            &s.headers(),
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        )
+        .await;
+        assert_eq!(n.status, 202, "{}", n.text);
+        s
+    }
+
+    fn headers(&self) -> Vec<(&str, &str)> {
+        vec![
+            ("mcp-session-id", self.id.as_str()),
+            ("mcp-protocol-version", "2025-11-25"),
+        ]
+    }
+
+    async fn call(&mut self, tool: &str, arguments: Value) -> Answer {
+        self.next += 1;
+        let body = json!({"jsonrpc": "2.0", "id": self.next, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": {"progressToken": format!("p{}", self.next)}}});
+        common::post(&self.url, &self.token, &self.headers(), &body.to_string()).await
+    }
+
+    /// The tool result's text (the test fails on a JSON-RPC error).
+    async fn text(&mut self, tool: &str, arguments: Value) -> String {
+        let a = self.call(tool, arguments).await;
+        let v = a.json();
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{tool}: no result text in {v}"))
+            .to_owned()
+    }
+
+    async fn end(&self) {
+        let a = common::send(
+            reqwest::Method::DELETE,
+            &self.url,
+            Some(&self.token),
+            &self.headers(),
+            None,
+        )
+        .await;
+        assert!(a.status < 300, "DELETE: {} {}", a.status, a.text);
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie is not alive: it has exited and waits to be reaped.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
+}
+
+async fn gone(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// The layers this machine cannot apply (where one is missing, the
+/// firewall must refuse to start the server, naming it).
+fn missing_layers() -> Vec<String> {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+        .args(["sandbox-exec", "--probe", "--spec", r#"{"required":false}"#])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    report["missing"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(|x| x[0].as_str().map(str::to_owned))
+                .filter(|l| l != "landlock_scope")
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A TCP listener that records whether anyone connected.
+fn listener() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let mut c = c;
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = String::new();
+            let _ = c.read_to_string(&mut buf);
+            s.lock().unwrap().push(buf);
+        }
+    });
+    (port, seen)
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_table_through_the_firewall() {
+    let b = Box::new();
+    let policies = common::policy_dir(&[("box.toml", POLICY)]);
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let cfg = config(&b, policies.path()).audit("fw-stdio", &ch.http_url, &db, spool.path());
+    let fw = common::firewall(&cfg.text()).await;
+    let url = fw.mcp_url("box");
+    let missing = missing_layers();
+    if !missing.is_empty() {
+        // A required sandbox that cannot be applied starts nothing, and
+        // says which layer is missing.
+        let a = common::post(
+            &url,
+            &token(),
+            &[],
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        )
+        .await;
+        assert!(a.text.contains("is unavailable"), "{}", a.text);
+        let ready = common::http()
+            .get(format!("{}/readyz", fw.admin))
+            .send()
+            .await
+            .unwrap();
+        assert!(ready
+            .text()
+            .await
+            .unwrap()
+            .contains("stdio_sandbox_unavailable"));
+        eprintln!("sandbox layers missing here: {missing:?}; checked the refusal");
+        fw.stop().await;
+        return;
+    }
+    let mut s = Session::open(&url, &token()).await;
+    let pid: u32 = s.text("pid", json!({})).await.parse().unwrap();
+    assert!(alive(pid));
+
+    // Files: docs readable, other not (though its permissions allow it),
+    // out writable, elsewhere not.
+    let docs = b.path("docs/readme.txt").display().to_string();
+    assert_eq!(s.text("read_file", json!({"path": docs})).await, "the docs");
+    let other = b.path("other/secret.txt").display().to_string();
+    let t = s.text("read_file", json!({"path": other})).await;
+    assert!(t.contains("Permission denied"), "{t}");
+    let out = b.path("out/w.txt").display().to_string();
+    assert_eq!(s.text("write_file", json!({"path": out})).await, "written");
+    let elsewhere = b.path("elsewhere/w.txt").display().to_string();
+    let t = s.text("write_file", json!({"path": elsewhere})).await;
+    assert!(t.contains("Permission denied"), "{t}");
+    assert!(!b.path("elsewhere/w.txt").exists());
+
+    // ptrace, a fork bomb, a memory hog.
+    let t = s.text("ptrace", json!({})).await;
+    assert!(t.contains("errno=1"), "ptrace refused with EPERM: {t}");
+    let t = s.text("fork_bomb", json!({})).await;
+    assert!(t.starts_with("stopped after"), "{t}");
+    let t = s.text("hog", json!({"mb": 2048})).await;
+    assert!(t.contains("MemoryError"), "{t}");
+
+    // No network: a local listener sees nothing.
+    let (port, seen) = listener();
+    let t = s
+        .text("connect", json!({"host": "127.0.0.1", "port": port}))
+        .await;
+    assert!(t.starts_with("error"), "{t}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(seen.lock().unwrap().is_empty(), "the listener saw nothing");
+
+    // Only the environment it was given.
+    let env: Vec<String> = serde_json::from_str(&s.text("env", json!({})).await).unwrap();
+    for k in &env {
+        assert!(
+            ["PATH", "HOME", "TMPDIR", "LOG_LEVEL", "LC_CTYPE"].contains(&k.as_str()),
+            "unexpected variable {k} in {env:?}"
+        );
+    }
+    assert!(env.contains(&"LOG_LEVEL".to_owned()));
+
+    // Progress reaches the call that carries its token.
+    let a = s.call("progress", json!({})).await;
+    assert_eq!(
+        a.text.matches("notifications/progress").count(),
+        2,
+        "{}",
+        a.text
+    );
+
+    // A second session gets a process of its own.
+    let mut s2 = Session::open(&url, &token()).await;
+    let pid2: u32 = s2.text("pid", json!({})).await.parse().unwrap();
+    assert_ne!(pid, pid2, "two sessions, two processes");
+
+    // A crash mid-call: an error answer, then the same session goes on in
+    // a new process.
+    let a = s.call("crash", json!({})).await;
+    let v = a.json();
+    let msg = v["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(msg.contains("exited during the call"), "{msg}");
+    assert!(gone(pid).await);
+    let again: u32 = s.text("pid", json!({})).await.parse().unwrap();
+    assert_ne!(again, pid, "restarted");
+    assert_eq!(s.text("echo", json!({"text": "hi"})).await, "hi");
+
+    // Stdout that is not JSON-RPC ends the process, clearly.
+    let a = s.call("garbage", json!({})).await;
+    let v = a.json();
+    let msg = v["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(msg.contains("not JSON-RPC"), "{msg}");
+
+    let m = fw.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "mcp_firewall_stdio_exits_total{upstream=\"box\",reason=\"crashed\"}"
+        ) >= 2.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "mcp_firewall_stdio_starts_total{upstream=\"box\"}") >= 3.0,
+        "{m}"
+    );
+
+    // The crash is on record: the call's row is an error.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let sql = format!(
+        "SELECT count() FROM {db}.audit_events FINAL WHERE tool = 'crash' AND is_error = 1 AND row_version = 1"
+    );
+    while ch
+        .try_query(&sql)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        < 1
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no error row for the crashed call"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // DELETE ends the session's process; shutdown ends the rest.
+    let last: u32 = s.text("pid", json!({})).await.parse().unwrap();
+    s.end().await;
+    assert!(gone(last).await, "the session's process ended with it");
+    assert!(alive(pid2));
+    fw.stop().await;
+    assert!(gone(pid2).await, "shutdown leaves no process");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_list_reaches_only_the_listed_port_through_the_egress_proxy() {
+    if !missing_layers().is_empty() {
+        return;
+    }
+    let b = Box::new();
+    let policies = common::policy_dir(&[("box.toml", POLICY)]);
+    let (allowed, seen_allowed) = listener();
+    let (other, seen_other) = listener();
+    let cfg = config(&b, policies.path()).upstream_set(
+        "box",
+        "sandbox.network",
+        toml::Value::Array(vec![format!("127.0.0.1:{allowed}").into()]),
+    );
+    let fw = common::firewall(&cfg.text()).await;
+    let mut s = Session::open(&fw.mcp_url("box"), &token()).await;
+    let t = s
+        .text(
+            "connect_via_proxy",
+            json!({"host": "127.0.0.1", "port": allowed}),
+        )
+        .await;
+    assert!(t.contains(" 200 "), "{t}");
+    let t = s
+        .text(
+            "connect_via_proxy",
+            json!({"host": "127.0.0.1", "port": other}),
+        )
+        .await;
+    assert!(t.contains(" 403 "), "{t}");
+    // Around the proxy: refused by Landlock, even to the listed port.
+    let t = s
+        .text("connect", json!({"host": "127.0.0.1", "port": allowed}))
+        .await;
+    assert!(t.starts_with("error"), "{t}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        seen_allowed.lock().unwrap().as_slice(),
+        ["hello through the proxy\n"],
+        "the listed port saw the tunnel only"
+    );
+    assert!(
+        seen_other.lock().unwrap().is_empty(),
+        "the other port saw nothing"
+    );
+    let m = fw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "mcp_firewall_stdio_egress_refused_total{upstream=\"box\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    fw.stop().await;
+}
+
+/// A 2026-07-28 call (no session) of `token`: the process id.
+async fn pid_2026(url: &str, token: &str) -> u32 {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pid","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let a = common::post(
+        url,
+        token,
+        &[
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "pid"),
+        ],
+        body,
+    )
+    .await;
+    let v = a.json();
+    v["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_are_per_principal_and_run_without_sessions_and_reaped_when_idle() {
+    if !missing_layers().is_empty() {
+        return;
+    }
+    let b = Box::new();
+    let policies = common::policy_dir(&[("box.toml", POLICY)]);
+    let cfg = config(&b, policies.path())
+        .upstream_set("box", "idle_timeout_s", 1)
+        .upstream_set("box", "max_instances", 3);
+    let fw = common::firewall(&cfg.text()).await;
+    let url = fw.mcp_url("box");
+    let alice = token();
+    let mut c = common::claims("box-all", &["sre"]);
+    c.sub = "bob".to_owned();
+    let bob = common::sign(&c);
+    let a1 = pid_2026(&url, &alice).await;
+    let a2 = pid_2026(&url, &alice).await;
+    let b1 = pid_2026(&url, &bob).await;
+    assert_eq!(a1, a2, "one principal and run, one process");
+    assert_ne!(a1, b1, "another principal, another process");
+    // max_instances = 3: alice's, bob's and the firewall's own listing
+    // (or carol's); dave's is refused, clearly.
+    let mut c = common::claims("box-all", &["sre"]);
+    c.sub = "carol".to_owned();
+    let _ = common::post(
+        &url,
+        &common::sign(&c),
+        &[
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "pid"),
+        ],
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pid","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+    )
+    .await;
+    let mut c = common::claims("box-all", &["sre"]);
+    c.sub = "dave".to_owned();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pid","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let a = common::post(
+        &url,
+        &common::sign(&c),
+        &[
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "pid"),
+        ],
+        body,
+    )
+    .await;
+    assert!(a.text.contains("max_instances"), "{}", a.text);
+    // Idle for a second: reaped.
+    assert!(gone(a1).await, "idle process reaped");
+    assert!(gone(b1).await, "idle process reaped");
+    let m = fw.metrics().await;
+    assert_eq!(
+        metric(&m, "mcp_firewall_stdio_instances{upstream=\"box\"}"),
+        0.0,
+        "{m}"
+    );
+    fw.stop().await;
+}
+
+#[test]
+fn bad_stdio_configuration_names_the_key() {
+    let b = Box::new();
+    let policies = common::policy_dir(&[("box.toml", POLICY)]);
+    let load = |cfg: TestConfig| {
+        mcp_firewall::config::load_str(&cfg.text(), Path::new("t.toml"), Path::new("."), &|_| None)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let e = load(config(&b, policies.path()).upstream_set(
+        "box",
+        "command",
+        toml::Value::Array(vec!["no-such-program-here".into()]),
+    ));
+    assert!(
+        e.contains("upstream[0].command") && e.contains("not an executable"),
+        "{e}"
+    );
+    let e = load(config(&b, policies.path()).upstream_set(
+        "box",
+        "sandbox.read",
+        toml::Value::Array(vec!["/no/such/dir".into()]),
+    ));
+    assert!(
+        e.contains("upstream[0].sandbox.read[0]") && e.contains("does not exist"),
+        "{e}"
+    );
+    let e = load(config(&b, policies.path()).upstream_set(
+        "box",
+        "sandbox.network",
+        toml::Value::Array(vec!["api.example.com".into()]),
+    ));
+    assert!(
+        e.contains("upstream[0].sandbox.network[0]") && e.contains("host:port"),
+        "{e}"
+    );
+    let e = load(config(&b, policies.path()).upstream_set(
+        "box",
+        "env_from",
+        toml::Value::Array(vec!["MCPFW_SURELY_UNSET_VARIABLE".into()]),
+    ));
+    assert!(e.contains("upstream[0].env_from[0]"), "{e}");
+    let e = load(config(&b, policies.path()).upstream_set("box", "url", "http://x/"));
+    assert!(e.contains("upstream[0].url"), "{e}");
+    // A stdio key on an HTTP upstream.
+    let e = load(
+        TestConfig::new()
+            .upstream("web", "http://127.0.0.1:9/mcp")
+            .upstream_set("web", "max_instances", 3),
+    );
+    assert!(
+        e.contains("upstream[0].max_instances") && e.contains("stdio"),
+        "{e}"
+    );
+    // check reports the layers.
+    let cfg = mcp_firewall::config::load_str(
+        &config(&b, policies.path()).text(),
+        Path::new("t.toml"),
+        Path::new("."),
+        &|_| None,
+    )
+    .unwrap();
+    let out = mcp_firewall::cli::check(&cfg).unwrap();
+    assert!(
+        out.contains("upstream box -> stdio: /usr/bin/python3"),
+        "{out}"
+    );
+    let (report, ok) = mcp_firewall::cli::check_sandboxes(&cfg);
+    if missing_layers().is_empty() {
+        assert!(ok, "{report}");
+        assert!(
+            report.contains("sandbox box: net_namespace, rlimits"),
+            "{report}"
+        );
+        assert!(report.contains("seccomp"), "{report}");
+    } else {
+        assert!(!ok && report.contains("error"), "{report}");
+    }
+}
