@@ -149,10 +149,34 @@ pub enum SandboxError {
 /// The `nobody` user and group a root firewall runs servers as.
 const NOBODY: u32 = 65534;
 
-/// What a server needs to run at all: the system's programs, libraries,
-/// configuration, and the devices every runtime opens.
-const RUNTIME_READ: [&str; 8] = [
-    "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys",
+/// What a server needs to run at all: the system's programs and
+/// libraries, `/proc` and `/sys`, and the devices every runtime opens.
+const RUNTIME_READ: [&str; 7] = ["/usr", "/lib", "/lib64", "/bin", "/sbin", "/proc", "/sys"];
+
+/// The system configuration runtimes read, and nothing else of `/etc`: the
+/// firewall's own config, keys and policies (often under `/etc`) stay out
+/// of reach, even of a server running as the firewall's user.
+const ETC_READ: [&str; 20] = [
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+    "/etc/crypto-policies",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/alternatives",
+    "/etc/mime.types",
+    "/etc/os-release",
+    "/etc/environment",
 ];
 const RUNTIME_WRITE: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
 
@@ -251,7 +275,20 @@ fn landlock(
         RulesetCreatedAttr, RulesetStatus, ABI,
     };
     let abi = ABI::V5;
-    let mut read: Vec<PathBuf> = RUNTIME_READ.iter().map(PathBuf::from).collect();
+    let mut read: Vec<PathBuf> = RUNTIME_READ
+        .iter()
+        .chain(ETC_READ.iter())
+        .map(PathBuf::from)
+        .collect();
+    // Interpreters' own configuration (`/etc/python3.11`, …).
+    if let Ok(entries) = std::fs::read_dir("/etc") {
+        read.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
+                .map(|e| e.path()),
+        );
+    }
     read.extend(spec.read.iter().cloned());
     if let Some(dir) = command
         .canonicalize()

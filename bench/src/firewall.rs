@@ -164,7 +164,17 @@ pub struct Spec {
     /// The virtual servers ([`VIRTUAL_SERVERS`]) and their extra upstreams;
     /// `None` configures neither.
     pub virtual_servers: Option<Virtuals>,
+    /// The canned upstream's stdio command: adds the stdio upstreams
+    /// [`STDIO_ROUTE`] (a process per run) and [`STDIO_SHARED_ROUTE`] (one
+    /// process); `None` adds neither.
+    pub stdio: Option<Vec<String>>,
 }
+
+/// The stdio upstream with a process per principal and run.
+pub const STDIO_ROUTE: &str = "bench-stdio";
+
+/// The stdio upstream with one shared process.
+pub const STDIO_SHARED_ROUTE: &str = "bench-stdio-shared";
 
 /// The policy file that turns content screening off.
 pub const SCREEN_OFF: (&str, &str) = (
@@ -409,6 +419,27 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
     }
     if spec.virtual_servers.is_some() {
         s.push_str(&virtual_servers_text());
+    }
+    if let Some(command) = &spec.stdio {
+        s.push_str(&stdio_text(command));
+    }
+    s
+}
+
+/// The stdio upstreams: the canned upstream's stdio mode, per run and
+/// shared, in the default sandbox (no network, nothing beyond the runtime).
+fn stdio_text(command: &[String]) -> String {
+    let command = command
+        .iter()
+        .map(|c| format!("{c:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut s = String::new();
+    for (name, instances) in [(STDIO_ROUTE, "per_session"), (STDIO_SHARED_ROUTE, "shared")] {
+        s.push_str(&format!(
+            "\n[[upstream]]\nname = \"{name}\"\ntransport = \"stdio\"\ncommand = [{command}]\ninstances = \"{instances}\"\nmax_instances = 1024\nidle_timeout_s = 5\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\n",
+            tokens::PROJECT
+        ));
     }
     s
 }

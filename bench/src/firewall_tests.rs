@@ -42,6 +42,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
         state: None,
         screening: true,
         virtual_servers: None,
+        stdio: None,
     }
 }
 
@@ -71,6 +72,27 @@ fn generated_configs_load_with_and_without_audit() {
         .upstreams
         .iter()
         .all(|u| u.http2 && u.http2_max_streams == 100));
+}
+
+#[test]
+fn the_stdio_upstreams_load_per_run_and_shared() {
+    use mcp_firewall::stdio::Instances;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec(false, None);
+    s.stdio = Some(vec!["/bin/sh".into(), "-c".into(), "exit 0".into()]);
+    let cfg = load(dir.path(), &s);
+    let of = |name: &str| {
+        cfg.upstreams
+            .iter()
+            .find(|u| u.name == name)
+            .and_then(|u| u.stdio.clone())
+            .unwrap_or_else(|| panic!("{name} is a stdio upstream"))
+    };
+    let per_run = of(STDIO_ROUTE);
+    assert_eq!(per_run.instances, Instances::PerSession);
+    assert_eq!(per_run.command, ["/bin/sh", "-c", "exit 0"]);
+    assert_eq!(per_run.sandbox, mcp_firewall::sandbox::Spec::default());
+    assert_eq!(of(STDIO_SHARED_ROUTE).instances, Instances::Shared);
 }
 
 #[test]

@@ -39,6 +39,7 @@ pub mod redis;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod stdio;
 pub mod tls;
 pub mod tokens;
 pub mod upstream;

@@ -70,6 +70,12 @@ enum Command {
     /// a merged list with a member answering after 5 s (`vs-slow`): it
     /// must return within the deadline. Exits non-zero when that check fails.
     Virtual(VirtualArgs),
+    /// What a stdio upstream costs: `tools/call` to the canned upstream over
+    /// streamable HTTP and over stdio (started and sandboxed by the firewall,
+    /// one shared process and a process per run) in interleaved rounds, and
+    /// the first call of fresh runs (a process start). Reports go into
+    /// `stdio-<time>/` (and `stdio.md`/`stdio.json` with --publish).
+    Stdio(VirtualArgs),
     /// Re-render report.md and report.svg (and judge the targets of issue
     /// 20 again) from a report.json.
     Render {
@@ -207,7 +213,7 @@ struct VirtualArgs {
     /// The mcp-firewall binary (default: next to this binary).
     #[arg(long)]
     firewall_bin: Option<PathBuf>,
-    /// Rounds per column (plain route, vs1, vs3).
+    /// Rounds per column.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Measured seconds per round.
@@ -226,11 +232,11 @@ struct VirtualArgs {
     #[arg(long, default_value = "info")]
     firewall_log_level: String,
     /// Directory for the results (default: bench/results); the reports go
-    /// into `virtual-<time>/` under it.
+    /// into `virtual-<time>/` or `stdio-<time>/` under it.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Also write virtual-list.md and virtual-list.json into the results
-    /// directory (the files of record).
+    /// Also write the files of record into the results directory
+    /// (virtual-list.md/.json, or stdio.md/.json).
     #[arg(long)]
     publish: bool,
 }
@@ -261,6 +267,10 @@ struct UpstreamArgs {
     /// Runtime worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Speak MCP over stdin and stdout instead of listening (what a stdio
+    /// upstream of the firewall runs); the same answers as `/mcp/bench`.
+    #[arg(long)]
+    stdio: bool,
 }
 
 fn main() -> ExitCode {
@@ -287,6 +297,7 @@ fn main() -> ExitCode {
         Command::Render { json, publish } => render(&json, publish),
         Command::Load(args) => load(&args),
         Command::Virtual(args) => virtual_servers(&args),
+        Command::Stdio(args) => stdio_upstreams(&args),
     };
     match result {
         Ok(code) => code,
@@ -627,7 +638,9 @@ fn load(args: &mcp_bench::operator::LoadArgs) -> anyhow::Result<ExitCode> {
 
 /// `mcp-bench virtual`: prints the Markdown report; exit 1 when the
 /// fan-out test failed.
-fn virtual_servers(args: &VirtualArgs) -> anyhow::Result<ExitCode> {
+/// The harness options of `virtual` and `stdio`; pins this thread (the
+/// load generator) like `run`'s.
+fn harness_options(args: &VirtualArgs) -> anyhow::Result<mcp_bench::vserver::Options> {
     use mcp_bench::vserver;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pin_loadgen = (cpus >= 2).then(|| vec![0]);
@@ -653,36 +666,62 @@ fn virtual_servers(args: &VirtualArgs) -> anyhow::Result<ExitCode> {
         cpus,
     };
     procs::raise_nofile(opts.concurrency as u64 * 2 + 1024);
-    // The load generator is this thread, pinned like `run`'s.
     if let Some(cpus) = &pin_loadgen {
         procs::pin_current_thread(cpus);
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the runtime")?;
-    let report = runtime.block_on(vserver::run(&opts))?;
-    let md = vserver::markdown(&report);
-    print!("{md}");
+    Ok(opts)
+}
+
+/// Writes a harness report into `<out>/<prefix>-<time>/` (and as the files
+/// of record `<out>/<record>.{json,md}` with --publish).
+fn write_harness_report(
+    args: &VirtualArgs,
+    prefix: &str,
+    record: &str,
+    started_unix: u64,
+    json: &str,
+    md: &str,
+) -> anyhow::Result<()> {
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
-    let dir = out.join(format!("virtual-{}", report.meta.started_unix));
+    let dir = out.join(format!("{prefix}-{started_unix}"));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let json = serde_json::to_string_pretty(&report)?;
-    let mut files = vec![
-        (dir.join("report.json"), &json),
-        (dir.join("report.md"), &md),
-    ];
+    let mut files = vec![(dir.join("report.json"), json), (dir.join("report.md"), md)];
     if args.publish {
-        files.push((out.join("virtual-list.json"), &json));
-        files.push((out.join("virtual-list.md"), &md));
+        files.push((out.join(format!("{record}.json")), json));
+        files.push((out.join(format!("{record}.md")), md));
     }
     for (path, text) in files {
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     eprintln!("mcp-bench: reports in {}", dir.display());
+    Ok(())
+}
+
+fn harness_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the runtime")
+}
+
+fn virtual_servers(args: &VirtualArgs) -> anyhow::Result<ExitCode> {
+    use mcp_bench::vserver;
+    let opts = harness_options(args)?;
+    let report = harness_runtime()?.block_on(vserver::run(&opts))?;
+    let md = vserver::markdown(&report);
+    print!("{md}");
+    let json = serde_json::to_string_pretty(&report)?;
+    write_harness_report(
+        args,
+        "virtual",
+        "virtual-list",
+        report.meta.started_unix,
+        &json,
+        &md,
+    )?;
     if report.fan_out.passed {
         Ok(ExitCode::SUCCESS)
     } else {
@@ -691,6 +730,22 @@ fn virtual_servers(args: &VirtualArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::FAILURE)
     }
+}
+
+fn stdio_upstreams(args: &VirtualArgs) -> anyhow::Result<ExitCode> {
+    use mcp_bench::stdio;
+    let opts = harness_options(args)?;
+    let report = harness_runtime()?.block_on(stdio::run(&opts))?;
+    let md = stdio::markdown(&report);
+    print!("{md}");
+    let json = serde_json::to_string_pretty(&report)?;
+    write_harness_report(args, "stdio", "stdio", report.meta.started_unix, &json, &md)?;
+    let failed = report.start.failed > 0 || report.columns.iter().any(|c| c.median.rps <= 0.0);
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn render(json: &Path, publish: bool) -> anyhow::Result<ExitCode> {
@@ -784,6 +839,10 @@ fn serve_upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {
         &catalog,
         Duration::from_millis(args.hold_ms),
     ));
+    if args.stdio {
+        upstream::serve_stdio(&answers)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let tls = match (&args.tls_listen, &args.tls_cert, &args.tls_key) {
         (Some(addr), Some(cert), Some(key)) => Some((
             *addr,

@@ -824,6 +824,7 @@ impl World {
             state,
             screening: !key.unscreened,
             virtual_servers: None,
+            stdio: None,
         };
         let placement = self.placement(self.opts.pin_proxy.as_deref());
         let fw = Firewall::start(

@@ -318,6 +318,41 @@ fn answer(
     }
 }
 
+/// The canned upstream over stdio (`mcp-bench upstream --stdio`): one
+/// JSON-RPC message per line on stdin, its answer (the same bytes `/mcp/bench`
+/// answers) as one line on stdout; notifications and responses get nothing.
+/// Returns when stdin ends.
+pub fn serve_stdio(answers: &Answers) -> std::io::Result<()> {
+    use std::io::{BufRead, Write};
+    let stdin = std::io::stdin();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut line = Vec::with_capacity(4096);
+    let mut input = stdin.lock();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        let Some(answer) = stdio_answer(answers, &line) else {
+            continue;
+        };
+        out.write_all(&answer)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+    }
+}
+
+/// The answer to one stdio line (`None`: nothing to answer).
+pub fn stdio_answer(answers: &Answers, line: &[u8]) -> Option<Vec<u8>> {
+    let m = serde_json::from_slice::<Message<'_>>(line).ok()?;
+    let (Some(id), Some(method)) = (m.id, m.method.as_deref()) else {
+        return None;
+    };
+    let mut parts = VecDeque::with_capacity(8);
+    answer(answers, Route::Json, id, method, &mut parts);
+    Some(parts.iter().flat_map(|b| b.iter().copied()).collect())
+}
+
 fn parse_error(route: Route) -> Response<Parts> {
     let mut parts = VecDeque::new();
     parts.push_back(Bytes::from_static(

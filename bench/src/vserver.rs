@@ -78,6 +78,9 @@ pub struct ColumnDef {
     pub members: usize,
     /// What it is, for the report.
     pub what: &'static str,
+    /// The scenario it is measured with (`list` here; `call` for the stdio
+    /// columns of [`crate::stdio`]).
+    pub scenario: Scenario,
 }
 
 /// The plain route.
@@ -86,6 +89,7 @@ pub const PLAIN: ColumnDef = ColumnDef {
     path: "/mcp/bench",
     members: 1,
     what: "the plain upstream route",
+    scenario: Scenario::List,
 };
 
 /// One member.
@@ -94,6 +98,7 @@ pub const VS1: ColumnDef = ColumnDef {
     path: "/mcp/vs1",
     members: 1,
     what: "virtual server of one member (bench)",
+    scenario: Scenario::List,
 };
 
 /// Three members.
@@ -102,6 +107,7 @@ pub const VS3: ColumnDef = ColumnDef {
     path: "/mcp/vs3",
     members: 3,
     what: "virtual server of three members (bench, bench-b, bench-c)",
+    scenario: Scenario::List,
 };
 
 /// The columns, in report order.
@@ -594,11 +600,11 @@ pub fn build_of(bin: &str) -> &'static str {
     }
 }
 
-fn x(r: Option<f64>) -> String {
+pub(crate) fn x(r: Option<f64>) -> String {
     r.map_or_else(|| "n/a".to_owned(), |v| format!("x{v:.2}"))
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.digits$}"))
 }
 
@@ -758,7 +764,7 @@ pub fn markdown(r: &Report) -> String {
     s
 }
 
-fn fmt_s(v: f64) -> String {
+pub(crate) fn fmt_s(v: f64) -> String {
     if (v - v.round()).abs() < 1e-9 {
         format!("{v:.0}")
     } else {
@@ -1027,9 +1033,11 @@ pub fn list_body(id: u64, cursor: Option<&str>) -> Bytes {
 /// The `list` workload with the firewall's expectation for `column`: the
 /// reader's visible tools of every member.
 pub fn workload(catalog: &Catalog, column: &ColumnDef) -> Workload {
-    let mut w = Workload::new(Scenario::List, catalog);
-    for t in &mut w.templates {
-        t.firewall = Expect::Tools(expected_tools(catalog, column));
+    let mut w = Workload::new(column.scenario, catalog);
+    if column.scenario == Scenario::List {
+        for t in &mut w.templates {
+            t.firewall = Expect::Tools(expected_tools(catalog, column));
+        }
     }
     w
 }
@@ -1054,14 +1062,20 @@ fn sample(firewall: u32, upstream: u32) -> Sample {
 }
 
 /// Everything started for the run, stopped when dropped (firewall first).
-struct World {
-    firewall: Firewall,
+pub(crate) struct World {
+    pub(crate) firewall: Firewall,
     upstream: Managed,
     slow: SlowUpstream,
-    catalog: Catalog,
-    tokens: Arc<Tokens>,
+    pub(crate) catalog: Catalog,
+    pub(crate) tokens: Arc<Tokens>,
+    /// When it started, the load before, whether `taskset` pins children,
+    /// and how long minting the tokens took.
+    pub(crate) started_unix: u64,
+    pub(crate) load_before: Option<f64>,
+    pub(crate) taskset: bool,
+    pub(crate) token_mint_s: f64,
     // Last: removed once the processes are gone.
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Drop for World {
@@ -1074,112 +1088,8 @@ impl Drop for World {
 /// Starts everything, measures the columns in interleaved rounds, runs the
 /// fan-out test, stops everything.
 pub async fn run(opts: &Options) -> Result<Report, VirtualError> {
-    let started_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let load_before = procs::load_average();
-    let cpus = opts.cpus.max(1);
-    let io = |what| move |source| VirtualError::Io { what, source };
-    let dir = tempfile::Builder::new()
-        .prefix("mcp-bench-virtual-")
-        .tempdir()
-        .map_err(io("creating the run directory"))?;
-    let catalog = Catalog::new(opts.tools, 310)?;
-    let issuer = Issuer::generate()?;
-    let minted = Instant::now();
-    let tokens = Arc::new(issuer.tokens_with_scale(
-        opts.tokens.max(1),
-        0,
-        crate::tokens::MAX_LIFETIME,
-        cpus,
-    )?);
-    let token_mint_s = minted.elapsed().as_secs_f64();
-    // Children get every CPU: they would inherit the pinned load
-    // generator's otherwise.
-    let taskset = procs::have_taskset();
-    let placement = match (&opts.pin_loadgen, taskset) {
-        (Some(_), true) => Placement {
-            cpus: Some(format!("0-{}", cpus.saturating_sub(1))),
-        },
-        _ => Placement::default(),
-    };
-    let upstream = start_upstream(dir.path(), opts.tools, &placement)?;
-    let upstream_addr = upstream.1;
-    let slow =
-        SlowUpstream::start(opts.slow_delay, cpus).map_err(io("starting the slow upstream"))?;
-    let spec = firewall::Spec {
-        name: "firewall-virtual".to_owned(),
-        tls: None,
-        audit: None,
-        log_level: opts.log_level.clone(),
-        upstream_http2: false,
-        state: None,
-        screening: true,
-        virtual_servers: Some(Virtuals {
-            slow_upstream: slow.addr,
-        }),
-    };
-    let fw = Firewall::start(
-        &opts.firewall_bin,
-        dir.path(),
-        spec,
-        upstream_addr,
-        issuer.public_pem(),
-        &placement,
-    )?;
-    let mut world = World {
-        firewall: fw,
-        upstream: upstream.0,
-        slow,
-        catalog,
-        tokens,
-        dir,
-    };
-    let mut columns: Vec<ColumnReport> = COLUMNS
-        .iter()
-        .map(|c| ColumnReport {
-            name: c.name.to_owned(),
-            path: c.path.to_owned(),
-            what: c.what.to_owned(),
-            members: c.members,
-            tools: expected_tools(&world.catalog, c),
-            ..ColumnReport::default()
-        })
-        .collect();
-    for c in &COLUMNS {
-        world.prime(c, opts).await?;
-    }
-    let mut ticket_base = 0u64;
-    let rounds = opts.rounds.max(1);
-    for round in 0..rounds {
-        for k in 0..COLUMNS.len() {
-            // Round r starts with column r mod n: drift hits every column.
-            let i = (round + k) % COLUMNS.len();
-            let (figures, errors, tickets) = world.measure(&COLUMNS[i], opts, ticket_base).await?;
-            ticket_base += tickets;
-            eprintln!(
-                "mcp-bench virtual: round {}/{rounds} {:<8} {:>7.0} rps  p50 {:.2} ms  p99 {:.2} ms{}",
-                round + 1,
-                COLUMNS[i].name,
-                figures.rps,
-                figures.p50_ms,
-                figures.p99_ms,
-                if figures.failed > 0 {
-                    format!("  {} failed", figures.failed)
-                } else {
-                    String::new()
-                }
-            );
-            let col = &mut columns[i];
-            col.rounds.push(figures);
-            for (k, n) in errors {
-                *col.errors.entry(k).or_default() += n;
-            }
-        }
-    }
-    for c in &mut columns {
-        c.median = Figures::median(&c.rounds);
-    }
+    let mut world = World::start(opts, None).await?;
+    let columns = world.rounds(&COLUMNS, opts, "virtual").await?;
     let fan_out = world.fan_out(opts).await;
     eprintln!(
         "mcp-bench virtual: fan-out {SLOW_PATH}: {:.0} ms (limit {} ms): {}",
@@ -1206,15 +1116,15 @@ pub async fn run(opts: &Options) -> Result<Report, VirtualError> {
     }
     let bin = opts.firewall_bin.display().to_string();
     let meta = Meta {
-        started_unix,
-        cpus,
-        load_before,
+        started_unix: world.started_unix,
+        cpus: opts.cpus.max(1),
+        load_before: world.load_before,
         load_after: procs::load_average(),
-        pinning: pinning(opts, taskset),
+        pinning: pinning(opts, world.taskset),
         build: build_of(&bin).to_owned(),
         firewall_bin: bin,
         firewall_log_level: opts.log_level.clone(),
-        rounds,
+        rounds: opts.rounds.max(1),
         warmup_s: opts.warmup.as_secs_f64(),
         duration_s: opts.duration.as_secs_f64(),
         concurrency: opts.concurrency,
@@ -1224,7 +1134,7 @@ pub async fn run(opts: &Options) -> Result<Report, VirtualError> {
         visible_tools: world.catalog.reads(),
         list_timeout_ms: firewall::VS_LIST_TIMEOUT_MS,
         slow_delay_ms: u64::try_from(opts.slow_delay.as_millis()).unwrap_or(u64::MAX),
-        token_mint_s,
+        token_mint_s: world.token_mint_s,
     };
     drop(world);
     Ok(Report {
@@ -1236,7 +1146,7 @@ pub async fn run(opts: &Options) -> Result<Report, VirtualError> {
     })
 }
 
-fn pinning(opts: &Options, taskset: bool) -> String {
+pub(crate) fn pinning(opts: &Options, taskset: bool) -> String {
     match &opts.pin_loadgen {
         None => "load generator unpinned; firewall and upstreams unpinned".to_owned(),
         Some(c) if taskset => format!(
@@ -1274,6 +1184,143 @@ fn start_upstream(
         return Err(VirtualError::Upstream(process.log_tail(20)));
     }
     Ok((process, addr))
+}
+
+impl World {
+    /// Starts the canned upstream, the slow one and the firewall (with the
+    /// stdio upstreams of `stdio`, the canned upstream's stdio command).
+    pub(crate) async fn start(
+        opts: &Options,
+        stdio: Option<Vec<String>>,
+    ) -> Result<World, VirtualError> {
+        let started_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let load_before = procs::load_average();
+        let cpus = opts.cpus.max(1);
+        let io = |what| move |source| VirtualError::Io { what, source };
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-bench-virtual-")
+            .tempdir()
+            .map_err(io("creating the run directory"))?;
+        let catalog = Catalog::new(opts.tools, 310)?;
+        let issuer = Issuer::generate()?;
+        let minted = Instant::now();
+        let tokens = Arc::new(issuer.tokens_with_scale(
+            opts.tokens.max(1),
+            0,
+            crate::tokens::MAX_LIFETIME,
+            cpus,
+        )?);
+        let token_mint_s = minted.elapsed().as_secs_f64();
+        // Children get every CPU: they would inherit the pinned load
+        // generator's otherwise.
+        let taskset = procs::have_taskset();
+        let placement = match (&opts.pin_loadgen, taskset) {
+            (Some(_), true) => Placement {
+                cpus: Some(format!("0-{}", cpus.saturating_sub(1))),
+            },
+            _ => Placement::default(),
+        };
+        let upstream = start_upstream(dir.path(), opts.tools, &placement)?;
+        let upstream_addr = upstream.1;
+        let slow =
+            SlowUpstream::start(opts.slow_delay, cpus).map_err(io("starting the slow upstream"))?;
+        let spec = firewall::Spec {
+            name: "firewall-virtual".to_owned(),
+            tls: None,
+            audit: None,
+            log_level: opts.log_level.clone(),
+            upstream_http2: false,
+            state: None,
+            screening: true,
+            virtual_servers: Some(Virtuals {
+                slow_upstream: slow.addr,
+            }),
+            stdio,
+        };
+        let fw = Firewall::start(
+            &opts.firewall_bin,
+            dir.path(),
+            spec,
+            upstream_addr,
+            issuer.public_pem(),
+            &placement,
+        )?;
+        Ok(World {
+            firewall: fw,
+            upstream: upstream.0,
+            slow,
+            catalog,
+            tokens,
+            started_unix,
+            load_before,
+            taskset,
+            token_mint_s,
+            dir,
+        })
+    }
+
+    /// Primes every column, then measures them in interleaved rounds
+    /// (`command` names the runs in the progress lines).
+    pub(crate) async fn rounds(
+        &mut self,
+        columns_def: &[ColumnDef],
+        opts: &Options,
+        command: &str,
+    ) -> Result<Vec<ColumnReport>, VirtualError> {
+        let mut columns: Vec<ColumnReport> = columns_def
+            .iter()
+            .map(|c| ColumnReport {
+                name: c.name.to_owned(),
+                path: c.path.to_owned(),
+                what: c.what.to_owned(),
+                members: c.members,
+                tools: if c.scenario == Scenario::List {
+                    expected_tools(&self.catalog, c)
+                } else {
+                    0
+                },
+                ..ColumnReport::default()
+            })
+            .collect();
+        for c in columns_def {
+            self.prime(c, opts).await?;
+        }
+        let mut ticket_base = 0u64;
+        let rounds = opts.rounds.max(1);
+        for round in 0..rounds {
+            for k in 0..columns_def.len() {
+                // Round r starts with column r mod n: drift hits every column.
+                let i = (round + k) % columns_def.len();
+                let (figures, errors, tickets) =
+                    self.measure(&columns_def[i], opts, ticket_base).await?;
+                ticket_base += tickets;
+                eprintln!(
+                    "mcp-bench {command}: round {}/{rounds} {:<8} {:>7.0} rps  p50 {:.2} ms  p99 {:.2} ms{}",
+                    round + 1,
+                    columns_def[i].name,
+                    figures.rps,
+                    figures.p50_ms,
+                    figures.p99_ms,
+                    if figures.failed > 0 {
+                        format!("  {} failed", figures.failed)
+                    } else {
+                        String::new()
+                    }
+                );
+                let col = &mut columns[i];
+                col.rounds.push(figures);
+                for (k, n) in errors {
+                    *col.errors.entry(k).or_default() += n;
+                }
+            }
+        }
+        for c in &mut columns {
+            c.median = Figures::median(&c.rounds);
+        }
+        Ok(columns)
+    }
 }
 
 impl World {

@@ -755,6 +755,7 @@ impl Validator<'_> {
                         | "x-forwarded-for"
                         | "x-forwarded-host"
                         | "x-forwarded-proto"
+                        | crate::stdio::INSTANCE_HEADER
                 )
                 || name == *token_header
                 || identity_headers.iter().any(|(n, _)| *n == name)

@@ -155,3 +155,32 @@ async fn tunnel(
     tokio::io::copy_bidirectional(&mut conn, &mut out).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_list_pairs_parse_strictly() {
+        assert_eq!(
+            parse_pair("API.example.com:443"),
+            Some(("api.example.com".into(), 443))
+        );
+        assert_eq!(
+            parse_pair("127.0.0.1:8080"),
+            Some(("127.0.0.1".into(), 8080))
+        );
+        assert_eq!(parse_pair("[::1]:443"), Some(("::1".into(), 443)));
+        for bad in [
+            "api.example.com",
+            "api.example.com:0",
+            "api.example.com:70000",
+            ":443",
+            "a b:1",
+            "x..y:1",
+            "host:port",
+        ] {
+            assert_eq!(parse_pair(bad), None, "{bad}");
+        }
+    }
+}

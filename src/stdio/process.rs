@@ -286,7 +286,7 @@ async fn read_stdout(
             continue;
         }
         match serde_json::from_slice::<Value>(text) {
-            Ok(v @ (Value::Object(_) | Value::Array(_))) => {
+            Ok(v) if is_jsonrpc(&v) => {
                 if out.send(Out::Message(v)).await.is_err() {
                     return None;
                 }
@@ -298,6 +298,16 @@ async fn read_stdout(
                 return Some(why);
             }
         }
+    }
+}
+
+/// A JSON-RPC 2.0 message (an object with `"jsonrpc": "2.0"`), or a
+/// non-empty batch of them.
+fn is_jsonrpc(v: &Value) -> bool {
+    let one = |m: &Value| m.get("jsonrpc").and_then(Value::as_str) == Some("2.0");
+    match v {
+        Value::Array(batch) => !batch.is_empty() && batch.iter().all(one),
+        m => one(m),
     }
 }
 
@@ -342,6 +352,50 @@ async fn read_line(
     }
 }
 
+/// How many stderr lines are logged: [`STDERR_PER_10S`] per 10 s window,
+/// the rest counted and reported when the next window opens.
+struct StderrBudget {
+    window: Instant,
+    logged: u32,
+    dropped: u64,
+}
+
+/// What to do with one stderr line.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Log it (after reporting how many the last window dropped, if any).
+    Log { dropped_before: u64 },
+    /// Count it.
+    Drop,
+}
+
+impl StderrBudget {
+    fn new(now: Instant) -> StderrBudget {
+        StderrBudget {
+            window: now,
+            logged: 0,
+            dropped: 0,
+        }
+    }
+
+    fn admit(&mut self, now: Instant) -> Verdict {
+        let mut dropped_before = 0;
+        if now.duration_since(self.window) >= Duration::from_secs(10) {
+            dropped_before = self.dropped;
+            self.window = now;
+            self.logged = 0;
+            self.dropped = 0;
+        }
+        if self.logged < STDERR_PER_10S {
+            self.logged += 1;
+            Verdict::Log { dropped_before }
+        } else {
+            self.dropped += 1;
+            Verdict::Drop
+        }
+    }
+}
+
 /// Logs stderr: each line cut to 1 KiB, at most 50 lines per 10 s (the
 /// rest counted and reported); keeps the last line for the exit reason.
 async fn log_stderr(
@@ -351,29 +405,95 @@ async fn log_stderr(
     last: Arc<Mutex<String>>,
 ) {
     let mut lines = BufReader::new(stderr).split(b'\n');
-    let mut window = Instant::now();
-    let mut logged = 0u32;
-    let mut dropped = 0u64;
+    let mut budget = StderrBudget::new(Instant::now());
     while let Ok(Some(line)) = lines.next_segment().await {
         let cut = &line[..line.len().min(STDERR_LINE)];
         let text = String::from_utf8_lossy(cut).trim_end().to_owned();
         if text.is_empty() {
             continue;
         }
-        if window.elapsed() >= Duration::from_secs(10) {
-            if dropped > 0 {
-                tracing::warn!(upstream = %name, pid, dropped, "stdio server stderr: lines not logged (over 50 per 10 s)");
+        if let Verdict::Log { dropped_before } = budget.admit(Instant::now()) {
+            if dropped_before > 0 {
+                tracing::warn!(upstream = %name, pid, dropped = dropped_before, "stdio server stderr: lines not logged (over 50 per 10 s)");
             }
-            window = Instant::now();
-            logged = 0;
-            dropped = 0;
-        }
-        if logged < STDERR_PER_10S {
-            logged += 1;
             tracing::info!(upstream = %name, pid, "stdio server stderr: {text}");
-        } else {
-            dropped += 1;
         }
         *last.lock() = text;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_bounded_and_only_json_rpc_passes() {
+        let input: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n  \n[{\"jsonrpc\":\"2.0\",\"method\":\"n\"}]\n{\"id\":2}\n";
+        let (tx, mut rx) = mpsc::channel(8);
+        let why = read_stdout("t", 1, input, 1024, &tx).await;
+        assert!(matches!(
+            rx.recv().await,
+            Some(Out::Message(Value::Object(_)))
+        ));
+        assert!(matches!(
+            rx.recv().await,
+            Some(Out::Message(Value::Array(_)))
+        ));
+        assert!(
+            why.is_some_and(|w| w.contains("not JSON-RPC")),
+            "an object without jsonrpc ends it"
+        );
+        let long = [b'x'; 64];
+        let (tx, _rx) = mpsc::channel(8);
+        let why = read_stdout("t", 1, &long[..], 16, &tx).await;
+        assert!(why.is_some_and(|w| w.contains("longer than 16")));
+        let (tx, _rx) = mpsc::channel(8);
+        assert!(read_stdout("t", 1, &b"plain text\n"[..], 1024, &tx)
+            .await
+            .is_some());
+        assert_eq!(
+            read_stdout("t", 1, &b""[..], 1024, &tx).await,
+            None,
+            "EOF is not an error"
+        );
+    }
+
+    #[test]
+    fn stderr_is_rate_limited_and_the_dropped_are_reported() {
+        let t0 = Instant::now();
+        let mut b = StderrBudget::new(t0);
+        for _ in 0..STDERR_PER_10S {
+            assert_eq!(b.admit(t0), Verdict::Log { dropped_before: 0 });
+        }
+        for _ in 0..7 {
+            assert_eq!(b.admit(t0 + Duration::from_secs(9)), Verdict::Drop);
+        }
+        assert_eq!(
+            b.admit(t0 + Duration::from_secs(10)),
+            Verdict::Log { dropped_before: 7 }
+        );
+        assert_eq!(
+            b.admit(t0 + Duration::from_secs(11)),
+            Verdict::Log { dropped_before: 0 }
+        );
+    }
+
+    #[test]
+    fn a_command_reads_its_own_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let pkg = dir.path().join("node_modules/@x/server/dist");
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::write(pkg.join("index.js"), "").unwrap();
+        std::fs::write(dir.path().join("tool.py"), "").unwrap();
+        let cmd = vec![
+            "/usr/bin/node".to_owned(),
+            pkg.join("index.js").display().to_string(),
+            dir.path().join("tool.py").display().to_string(),
+            "relative.txt".to_owned(),
+        ];
+        let got = runtime_of(&cmd);
+        assert!(got.contains(&dir.path().join("node_modules")), "{got:?}");
+        assert!(got.contains(&dir.path().to_path_buf()), "{got:?}");
+        assert!(got.contains(&PathBuf::from("/usr/bin")), "{got:?}");
     }
 }

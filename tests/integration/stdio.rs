@@ -312,6 +312,25 @@ async fn the_sandbox_table_through_the_firewall() {
     assert!(t.contains("Permission denied"), "{t}");
     assert!(!b.path("elsewhere/w.txt").exists());
 
+    // System configuration beyond what runtimes read is out of reach (the
+    // firewall's own config and keys often live under /etc).
+    if Path::new("/etc/hostname").exists() {
+        let t = s.text("read_file", json!({"path": "/etc/hostname"})).await;
+        assert!(t.contains("Permission denied"), "{t}");
+    }
+
+    // The firewall's environment (its secrets) is out of reach through
+    // /proc: Landlock refuses ptrace-level access to a process outside the
+    // sandbox.
+    let ppid = s.text("ppid", json!({})).await;
+    let t = s
+        .text(
+            "read_file",
+            json!({"path": format!("/proc/{ppid}/environ")}),
+        )
+        .await;
+    assert!(t.starts_with("error"), "{t}");
+
     // ptrace, a fork bomb, a memory hog.
     let t = s.text("ptrace", json!({})).await;
     assert!(t.contains("errno=1"), "ptrace refused with EPERM: {t}");
@@ -557,6 +576,37 @@ async fn processes_are_per_principal_and_run_without_sessions_and_reaped_when_id
     fw.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_process_serves_every_session_only_when_configured() {
+    if !missing_layers().is_empty() {
+        return;
+    }
+    let b = Box::new();
+    let policies = common::policy_dir(&[("box.toml", POLICY)]);
+    let cfg = config(&b, policies.path()).upstream_set("box", "instances", "shared");
+    let fw = common::firewall(&cfg.text()).await;
+    let url = fw.mcp_url("box");
+    let mut s1 = Session::open(&url, &token()).await;
+    let mut c = common::claims("box-all", &["sre"]);
+    c.sub = "bob".to_owned();
+    let mut s2 = Session::open(&url, &common::sign(&c)).await;
+    let p1: u32 = s1.text("pid", json!({})).await.parse().unwrap();
+    let p2: u32 = s2.text("pid", json!({})).await.parse().unwrap();
+    assert_eq!(p1, p2, "one process for every session");
+    // Ids of two sessions never meet: both send id 2, each gets its own.
+    let (a, b2) = tokio::join!(
+        s1.text("echo", json!({"text": "one"})),
+        s2.text("echo", json!({"text": "two"}))
+    );
+    assert_eq!((a.as_str(), b2.as_str()), ("one", "two"));
+    // Ending one session leaves the process to the other.
+    s1.end().await;
+    assert_eq!(s2.text("echo", json!({"text": "still"})).await, "still");
+    assert!(alive(p1));
+    fw.stop().await;
+    assert!(gone(p1).await);
+}
+
 #[test]
 fn bad_stdio_configuration_names_the_key() {
     let b = Box::new();
@@ -600,6 +650,12 @@ fn bad_stdio_configuration_names_the_key() {
         toml::Value::Array(vec!["MCPFW_SURELY_UNSET_VARIABLE".into()]),
     ));
     assert!(e.contains("upstream[0].env_from[0]"), "{e}");
+    let e = load(config(&b, policies.path()).upstream_set(
+        "box",
+        "forward_headers",
+        toml::Value::Array(vec!["X-Mcp-Firewall-Instance".into()]),
+    ));
+    assert!(e.contains("upstream[0].forward_headers[0]"), "a client may not pick the process: {e}");
     let e = load(config(&b, policies.path()).upstream_set("box", "url", "http://x/"));
     assert!(e.contains("upstream[0].url"), "{e}");
     // A stdio key on an HTTP upstream.

@@ -14,7 +14,7 @@ import sys
 import time
 
 TOOLS = [
-    "pid", "echo", "read_file", "write_file", "connect", "connect_via_proxy",
+    "pid", "ppid", "echo", "read_file", "write_file", "connect", "connect_via_proxy",
     "fork_bomb", "hog", "ptrace", "crash", "garbage", "progress", "env",
 ]
 
@@ -31,6 +31,8 @@ def text(s, error=False):
 def call(name, args, meta):
     if name == "pid":
         return text(str(os.getpid()))
+    if name == "ppid":
+        return text(str(os.getppid()))
     if name == "echo":
         return text(args.get("text", ""))
     if name == "env":
