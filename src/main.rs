@@ -32,13 +32,22 @@ enum Command {
         /// Apply the layers, print the report as JSON, and exit.
         #[arg(long)]
         probe: bool,
-        /// With a network allow-list: the firewall's egress proxy port, the
-        /// only port the server may connect to.
+        /// With a network allow-list: the firewall's egress proxy (a UNIX
+        /// socket), the server's only way out of its network namespace.
         #[arg(long)]
-        egress_port: Option<u16>,
+        egress_socket: Option<PathBuf>,
         /// The server's command and its arguments.
         #[arg(last = true)]
         command: Vec<String>,
+    },
+    /// Inside a sandbox's network namespace: join connections on the
+    /// listener given as stdin to the firewall's egress proxy (started by
+    /// `sandbox-exec`; not for direct use).
+    #[command(hide = true)]
+    EgressForward {
+        /// The egress proxy's UNIX socket.
+        #[arg(long)]
+        to: PathBuf,
     },
     /// Serve with a config file.
     Serve {
@@ -183,11 +192,20 @@ fn main() -> ExitCode {
     if let Command::SandboxExec {
         spec,
         probe,
-        egress_port,
+        egress_socket,
         command,
     } = &cli.command
     {
-        return sandbox_exec(spec, *probe, *egress_port, command);
+        return sandbox_exec(spec, *probe, egress_socket.as_deref(), command);
+    }
+    if let Command::EgressForward { to } = &cli.command {
+        return match mcp_firewall::sandbox::forward(to) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("mcp-firewall {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -209,7 +227,12 @@ fn main() -> ExitCode {
 }
 
 /// `mcp-firewall sandbox-exec`.
-fn sandbox_exec(spec: &str, probe: bool, egress: Option<u16>, command: &[String]) -> ExitCode {
+fn sandbox_exec(
+    spec: &str,
+    probe: bool,
+    egress: Option<&std::path::Path>,
+    command: &[String],
+) -> ExitCode {
     use mcp_firewall::sandbox;
     let spec: sandbox::Spec = match serde_json::from_str(spec) {
         Ok(s) => s,
@@ -224,7 +247,12 @@ fn sandbox_exec(spec: &str, probe: bool, egress: Option<u16>, command: &[String]
         return ExitCode::from(126);
     }
     let resolved = mcp_firewall::stdio::which(program).unwrap_or_else(|| PathBuf::from(program));
-    let report = match sandbox::confine(&spec, &resolved, egress) {
+    let start = |socket: &std::path::Path| sandbox::start_forwarder(socket, probe);
+    let start_here = egress.map(|socket| move || start(socket));
+    let start_ref: Option<&dyn Fn() -> Result<(), String>> = start_here
+        .as_ref()
+        .map(|f| f as &dyn Fn() -> Result<(), String>);
+    let report = match sandbox::confine(&spec, &resolved, start_ref) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mcp-firewall sandbox-exec: {e}");
@@ -248,7 +276,7 @@ fn sandbox_exec(spec: &str, probe: bool, egress: Option<u16>, command: &[String]
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::SandboxExec { .. } => Ok(()),
+        Command::SandboxExec { .. } | Command::EgressForward { .. } => Ok(()),
         Command::Serve { config } => {
             let cfg = config::load(&config)?;
             telemetry::init_logging(cfg.log_format, &cfg.log_level);

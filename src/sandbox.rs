@@ -4,8 +4,10 @@
 //! can gain no privileges (`no_new_privs`, and no root: a firewall running
 //! as root runs the server as `nobody`), what it may use (rlimits: memory
 //! (`RLIMIT_DATA`), CPU time, processes) and where it may connect (`network = "none"`:
-//! a network namespace of its own and no TCP connect or bind; an allow-list:
-//! TCP connect only to the listed ports).
+//! a network namespace of its own and no TCP connect or bind; an allow-list
+//! served by the firewall: a network namespace of its own whose only way out
+//! is a forwarder to the firewall's egress proxy; an allow-list alone: TCP
+//! connect only to the listed ports).
 //!
 //! The process confines **itself**, then executes the server
 //! (`mcp-firewall sandbox-exec --spec JSON -- COMMAND...`): every layer is
@@ -180,12 +182,25 @@ const ETC_READ: [&str; 20] = [
 ];
 const RUNTIME_WRITE: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
 
+/// The port of the egress forwarder inside a sandbox's own network
+/// namespace (`127.0.0.1:3128`, named to the server as `HTTPS_PROXY`).
+pub const EGRESS_PORT: u16 = 3128;
+
 /// Confines the calling process as `spec` says; `command` is the program
-/// it will execute (its install directory is readable); with `egress`, an
-/// allow-list is enforced through the firewall's egress proxy on that
-/// port (the only port it may connect to). Every layer is attempted; a
-/// missing one is an error when `spec.required` (scopes are best effort).
-pub fn confine(spec: &Spec, command: &Path, egress: Option<u16>) -> Result<Report, SandboxError> {
+/// it will execute (its install directory is readable).
+///
+/// With `egress` (an allow-list served by the firewall's egress proxy),
+/// the process gets a network namespace of its own too, with only its
+/// loopback up, and `egress` is called in it (before any other layer:
+/// it starts the forwarder on [`EGRESS_PORT`] to the firewall's proxy);
+/// TCP connect is then allowed to that port only, so the proxy is the only
+/// way out. Every layer is attempted; a missing one is an error when
+/// `spec.required` (scopes are best effort).
+pub fn confine(
+    spec: &Spec,
+    command: &Path,
+    egress: Option<&dyn Fn() -> Result<(), String>>,
+) -> Result<Report, SandboxError> {
     let mut report = Report::default();
     let layer = |report: &mut Report, l: Layer, r: Result<(), String>| match r {
         Ok(()) => {
@@ -198,8 +213,16 @@ pub fn confine(spec: &Spec, command: &Path, egress: Option<u16>) -> Result<Repor
             Ok(())
         }
     };
-    if spec.network == Network::None {
-        layer(&mut report, Layer::NetNamespace, net_namespace())?;
+    match (&spec.network, egress) {
+        (Network::None, _) => layer(&mut report, Layer::NetNamespace, net_namespace())?,
+        (Network::Allow(_), Some(start_forwarder)) => layer(
+            &mut report,
+            Layer::NetNamespace,
+            net_namespace()
+                .and_then(|()| loopback_up())
+                .and_then(|()| start_forwarder()),
+        )?,
+        (Network::Allow(_), None) => {}
     }
     layer(&mut report, Layer::Rlimits, rlimits(spec))?;
     layer(&mut report, Layer::Unprivileged, unprivileged())?;
@@ -208,7 +231,7 @@ pub fn confine(spec: &Spec, command: &Path, egress: Option<u16>) -> Result<Repor
         Layer::NoNewPrivs,
         nix::sys::prctl::set_no_new_privs().map_err(|e| e.to_string()),
     )?;
-    let (fs, net) = landlock(spec, command, egress);
+    let (fs, net) = landlock(spec, command, egress.is_some());
     layer(&mut report, Layer::LandlockFs, fs)?;
     layer(&mut report, Layer::LandlockNet, net)?;
     match landlock_scope() {
@@ -226,6 +249,116 @@ fn net_namespace() -> Result<(), String> {
         // Without CAP_SYS_ADMIN: a user namespace of its own first.
         Err(_) => unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
             .map_err(|e| format!("unshare(CLONE_NEWNET): {e} (no user namespaces?)")),
+    }
+}
+
+/// Starts the egress forwarder of a sandbox in its own network namespace:
+/// binds `127.0.0.1:`[`EGRESS_PORT`] there and starts `mcp-firewall
+/// egress-forward --to SOCKET` with that listener as its stdin, in the
+/// server's process group (it ends with the server). With `probe`, only
+/// binds (nothing is left running).
+pub fn start_forwarder(socket: &Path, probe: bool) -> Result<(), String> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", EGRESS_PORT))
+        .map_err(|e| format!("egress forwarder: binding 127.0.0.1:{EGRESS_PORT}: {e}"))?;
+    if probe {
+        return Ok(());
+    }
+    let me = std::env::current_exe().map_err(|e| format!("egress forwarder: {e}"))?;
+    std::process::Command::new(me)
+        .arg("egress-forward")
+        .arg("--to")
+        .arg(socket)
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            listener,
+        )))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("egress forwarder: {e}"))?;
+    Ok(())
+}
+
+/// `mcp-firewall egress-forward`: accepts on the listener it was given as
+/// stdin (inside a sandbox's network namespace) and joins each connection
+/// to the firewall's egress proxy at `socket`, until its parent (the
+/// server) ends.
+pub fn forward(socket: &Path) -> Result<(), String> {
+    use std::os::fd::AsFd;
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| format!("egress forwarder: {e}"))?;
+    if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+        return Err("egress forwarder: the server is gone".to_owned());
+    }
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("egress forwarder: {e}"))?;
+    let listener = std::net::TcpListener::from(fd);
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let socket = socket.to_path_buf();
+        std::thread::spawn(move || {
+            let Ok(up) = std::os::unix::net::UnixStream::connect(&socket) else {
+                return;
+            };
+            let (Ok(mut c_in), Ok(mut u_out)) = (conn.try_clone(), up.try_clone()) else {
+                return;
+            };
+            let there = std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_in, &mut u_out);
+                let _ = u_out.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut u_in, mut c_out) = (up, conn);
+            let _ = std::io::copy(&mut u_in, &mut c_out);
+            let _ = c_out.shutdown(std::net::Shutdown::Write);
+            let _ = there.join();
+        });
+    }
+    Ok(())
+}
+
+/// Brings up the loopback interface of a new network namespace (a
+/// netlink `RTM_NEWLINK` setting `IFF_UP` on interface 1, `lo`).
+fn loopback_up() -> Result<(), String> {
+    use nix::sys::socket::{
+        bind, recv, send, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
+        SockType,
+    };
+    use std::os::fd::AsRawFd;
+    let err = |what: &str, e: nix::Error| format!("bringing up lo: {what}: {e}");
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkRoute,
+    )
+    .map_err(|e| err("socket", e))?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(|e| err("bind", e))?;
+    const RTM_NEWLINK: u16 = 16;
+    const NLM_F_REQUEST_ACK: u16 = 0x1 | 0x4;
+    const IFF_UP: u32 = 0x1;
+    let mut msg = Vec::with_capacity(32);
+    msg.extend_from_slice(&32u32.to_ne_bytes()); // nlmsg_len
+    msg.extend_from_slice(&RTM_NEWLINK.to_ne_bytes());
+    msg.extend_from_slice(&NLM_F_REQUEST_ACK.to_ne_bytes());
+    msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
+    msg.extend_from_slice(&[0u8, 0u8]); // ifi_family AF_UNSPEC, pad
+    msg.extend_from_slice(&0u16.to_ne_bytes()); // ifi_type
+    msg.extend_from_slice(&1i32.to_ne_bytes()); // ifi_index: lo
+    msg.extend_from_slice(&IFF_UP.to_ne_bytes()); // ifi_flags
+    msg.extend_from_slice(&IFF_UP.to_ne_bytes()); // ifi_change
+    send(fd.as_raw_fd(), &msg, MsgFlags::empty()).map_err(|e| err("send", e))?;
+    let mut ack = [0u8; 256];
+    let n = recv(fd.as_raw_fd(), &mut ack, MsgFlags::empty()).map_err(|e| err("recv", e))?;
+    // NLMSG_ERROR (2) carries the result: 0 is success.
+    let kind = ack.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    let code = ack
+        .get(16..20)
+        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+    match (n >= 20, kind, code) {
+        (true, Some(2), Some(0)) => Ok(()),
+        (true, Some(2), Some(c)) => Err(format!("bringing up lo: {}", nix::Error::from_raw(-c))),
+        _ => Err("bringing up lo: no acknowledgement from the kernel".to_owned()),
     }
 }
 
@@ -265,11 +398,7 @@ fn unprivileged() -> Result<(), String> {
 /// Landlock rules: the filesystem (`read`, `write`, the runtime, the
 /// command's own directory), and TCP connect/bind (none, or the listed
 /// ports). Results per layer.
-fn landlock(
-    spec: &Spec,
-    command: &Path,
-    egress: Option<u16>,
-) -> (Result<(), String>, Result<(), String>) {
+fn landlock(spec: &Spec, command: &Path, egress: bool) -> (Result<(), String>, Result<(), String>) {
     use landlock::{
         path_beneath_rules, Access, AccessFs, AccessNet, NetPort, Ruleset, RulesetAttr,
         RulesetCreatedAttr, RulesetStatus, ABI,
@@ -301,8 +430,8 @@ fn landlock(
     write.extend(spec.write.iter().cloned());
     let ports: Vec<u16> = match (&spec.network, egress) {
         (Network::None, _) => Vec::new(),
-        (Network::Allow(_), Some(port)) => vec![port],
-        (Network::Allow(pairs), None) => pairs
+        (Network::Allow(_), true) => vec![EGRESS_PORT],
+        (Network::Allow(pairs), false) => pairs
             .iter()
             .filter_map(|p| p.rsplit_once(':').and_then(|(_, port)| port.parse().ok()))
             .collect(),

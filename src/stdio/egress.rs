@@ -1,21 +1,23 @@
 //! The egress proxy of a stdio upstream with a `network` allow-list: an
-//! HTTP `CONNECT` proxy on a loopback port of the firewall, the one port
-//! the confined server may connect to (Landlock), named to it as
-//! `HTTPS_PROXY`/`HTTP_PROXY`. It admits a tunnel only to a listed
-//! `host:port` (host compared case-insensitively, as written in the
-//! config); everything else is refused with 403, logged and counted.
+//! HTTP `CONNECT` proxy on a UNIX socket of the firewall. A confined server
+//! lives in a network namespace of its own whose only way out is the
+//! forwarder [`crate::sandbox::start_forwarder`] put on its loopback
+//! (`127.0.0.1:3128`, named to it as `HTTPS_PROXY`/`HTTP_PROXY`), joined to
+//! this socket. It admits a tunnel only to a listed `host:port` (host
+//! compared case-insensitively, as written in the config); everything else
+//! is refused with 403 (405 for anything but `CONNECT`), logged and
+//! counted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener};
 
 use crate::telemetry::Metrics;
 
 /// A running egress proxy (stopped when dropped).
 pub struct Egress {
-    port: u16,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -50,18 +52,22 @@ pub fn parse_pair(pair: &str) -> Option<(String, u16)> {
 }
 
 impl Egress {
-    /// Starts the proxy of `upstream` admitting `allow`.
-    pub async fn start(
+    /// Starts the proxy of `upstream` admitting `allow`, on `socket`.
+    pub fn start(
         upstream: &str,
         allow: &[String],
+        socket: &std::path::Path,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Egress> {
         let allow: Arc<Vec<(String, u16)>> =
             Arc::new(allow.iter().filter_map(|p| parse_pair(p)).collect());
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-        let port = listener.local_addr()?.port();
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket)?;
         let name: Arc<str> = Arc::from(upstream);
-        tracing::info!(upstream, port, "stdio egress proxy listening");
+        tracing::info!(upstream, socket = %socket.display(), "stdio egress proxy listening");
         let task = tokio::spawn(async move {
             loop {
                 let Ok((conn, _)) = listener.accept().await else {
@@ -77,17 +83,12 @@ impl Egress {
                 });
             }
         });
-        Ok(Egress { port, task })
-    }
-
-    /// Its port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
+        Ok(Egress { task })
     }
 }
 
 async fn tunnel(
-    mut conn: TcpStream,
+    mut conn: impl AsyncRead + AsyncWrite + Unpin,
     allow: &[(String, u16)],
     name: &str,
     metrics: &Metrics,

@@ -164,7 +164,7 @@ impl Instance {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let egress = self.shared.egress_port().await?;
+        let egress = self.shared.egress_socket().await?;
         let started = Instant::now();
         let (process, out) = Process::spawn(&self.shared, &self.home, egress)
             .map_err(|e| format!("cannot start the stdio server: {e}"))?;

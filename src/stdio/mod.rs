@@ -138,8 +138,8 @@ pub fn probe(launch: &Launch) -> Result<crate::sandbox::Report, String> {
         .arg(spec)
         .arg("--probe");
     if matches!(launch.sandbox.network, crate::sandbox::Network::Allow(_)) {
-        // Any port: the probe connects nowhere.
-        cmd.arg("--egress-port").arg("9");
+        // The probe binds the forwarder's port and starts nothing.
+        cmd.arg("--egress-socket").arg("/nonexistent/egress.sock");
     }
     cmd.arg("--").args(launch.command.first());
     let out = cmd
@@ -181,22 +181,23 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The egress proxy's port (an allow-list only), started on first use.
-    pub async fn egress_port(&self) -> Result<Option<u16>, String> {
+    /// The egress proxy's socket (an allow-list only), started on first
+    /// use.
+    pub async fn egress_socket(&self) -> Result<Option<PathBuf>, String> {
         let allow = match &self.launch.sandbox.network {
             crate::sandbox::Network::None => return Ok(None),
             crate::sandbox::Network::Allow(a) => a.clone(),
         };
+        let socket = self.homes.join("egress.sock");
         let proxy = self
             .egress
             .get_or_try_init(|| async {
-                egress::Egress::start(&self.name, &allow, self.metrics.clone())
-                    .await
+                egress::Egress::start(&self.name, &allow, &socket, self.metrics.clone())
                     .map(Some)
                     .map_err(|e| format!("cannot start the egress proxy: {e}"))
             })
             .await?;
-        Ok(proxy.as_ref().map(egress::Egress::port))
+        Ok(proxy.as_ref().map(|_| socket))
     }
 }
 
@@ -236,6 +237,7 @@ impl Bridge {
             name
         ));
         let idle = launch.idle_timeout;
+        process::become_subreaper();
         let bridge = Arc::new(Bridge {
             shared: Arc::new(Shared {
                 name: name.to_owned(),

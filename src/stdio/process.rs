@@ -72,7 +72,7 @@ impl Process {
     pub fn spawn(
         shared: &Shared,
         home: &Path,
-        egress: Option<u16>,
+        egress: Option<PathBuf>,
     ) -> std::io::Result<(Process, mpsc::Receiver<Out>)> {
         private_home(home)?;
         let launch = &shared.launch;
@@ -82,8 +82,8 @@ impl Process {
         let spec = serde_json::to_string(&spec).map_err(std::io::Error::other)?;
         let mut cmd = tokio::process::Command::new(launcher());
         cmd.arg("sandbox-exec").arg("--spec").arg(spec);
-        if let Some(port) = egress {
-            cmd.arg("--egress-port").arg(port.to_string());
+        if let Some(socket) = &egress {
+            cmd.arg("--egress-socket").arg(socket);
         }
         cmd.arg("--").args(&launch.command);
         cmd.env_clear();
@@ -100,8 +100,8 @@ impl Process {
                 cmd.env(name, v);
             }
         }
-        if let Some(port) = egress {
-            let proxy = format!("http://127.0.0.1:{port}");
+        if egress.is_some() {
+            let proxy = format!("http://127.0.0.1:{}", crate::sandbox::EGRESS_PORT);
             for k in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
                 cmd.env(k, &proxy);
             }
@@ -141,6 +141,7 @@ impl Process {
         tokio::spawn(async move {
             let status = child.wait().await;
             signal_group(pid, Signal::SIGKILL);
+            reap_group(pid).await;
             let _ = exited_tx.send(true);
             let _ = status_tx.send(match status {
                 Ok(s) => s.to_string(),
@@ -210,6 +211,68 @@ impl Drop for Process {
             signal_group(self.pid, Signal::SIGKILL);
         }
     }
+}
+
+/// Makes this process the reaper of its descendants' orphans: what a
+/// server started is reparented here, not to init (which in a container is
+/// often this process anyway), and [`reap_group`] collects it.
+pub fn become_subreaper() {
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!(error = %e, "cannot become the reaper of the stdio servers' orphans; init reaps them");
+    }
+}
+
+/// Waits (bounded) for every member of the killed group `pgid` to end, and
+/// reaps those reparented to this process (the group's own leader is
+/// tokio's to reap). A server may not leave its group (`setsid` and
+/// `setpgid` are refused), so the group is everything it started.
+async fn reap_group(pgid: u32) {
+    let me = std::process::id();
+    for _ in 0..100 {
+        let members = group_members(pgid);
+        let mut alive = false;
+        for (pid, state, ppid) in members {
+            if state == 'Z' && ppid == me {
+                if let Ok(p) = i32::try_from(pid) {
+                    let _ = nix::sys::wait::waitpid(
+                        Pid::from_raw(p),
+                        Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                    );
+                }
+            } else if state != 'Z' && state != 'X' {
+                alive = true;
+            }
+        }
+        if !alive {
+            return;
+        }
+        signal_group(pgid, Signal::SIGKILL);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::warn!(
+        pgid,
+        "stdio server's process group still has members after SIGKILL"
+    );
+}
+
+/// `(pid, state, ppid)` of every process in group `pgid` (from `/proc`).
+fn group_members(pgid: u32) -> Vec<(u32, char, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command's closing parenthesis: state, ppid, pgrp.
+            let rest = stat.get(stat.rfind(')')? + 1..)?;
+            let mut f = rest.split_whitespace();
+            let state = f.next()?.chars().next()?;
+            let ppid = f.next()?.parse().ok()?;
+            let group: u32 = f.next()?.parse().ok()?;
+            (group == pgid).then_some((pid, state, ppid))
+        })
+        .collect()
 }
 
 fn signal_group(pid: u32, signal: Signal) {

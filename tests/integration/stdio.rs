@@ -213,6 +213,24 @@ async fn gone(pid: u32) -> bool {
     false
 }
 
+/// Processes of group `pgid`, zombies included.
+fn group_of(pgid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = st.get(st.rfind(')')? + 1..)?.to_owned();
+                    rest.split_whitespace().nth(2)?.parse::<u32>().ok()
+                })
+                == Some(pgid)
+        })
+        .collect()
+}
+
 /// The layers this machine cannot apply (where one is missing, the
 /// firewall must refuse to start the server, naming it).
 fn missing_layers() -> Vec<String> {
@@ -381,6 +399,17 @@ async fn the_sandbox_table_through_the_firewall() {
         .unwrap_or_else(|| panic!("{v}"));
     assert!(msg.contains("exited during the call"), "{msg}");
     assert!(gone(pid).await);
+    // What it started (the fork bomb's children) went with it, reaped: no
+    // zombie of its group is left (they would count against `processes`).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !group_of(pid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left of the group: {:?}",
+            group_of(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let again: u32 = s.text("pid", json!({})).await.parse().unwrap();
     assert_ne!(again, pid, "restarted");
     assert_eq!(s.text("echo", json!({"text": "hi"})).await, "hi");
@@ -425,10 +454,22 @@ async fn the_sandbox_table_through_the_firewall() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // DELETE ends the session's process; shutdown ends the rest.
+    // DELETE ends the session's process and what it started, even when it
+    // ignores its closed stdin and SIGTERM (the close sequence ends in
+    // SIGKILL to the whole group); shutdown ends the rest.
     let last: u32 = s.text("pid", json!({})).await.parse().unwrap();
+    let child: u32 = s.text("spawn_child", json!({})).await.parse().unwrap();
+    assert!(alive(child));
+    assert_eq!(s.text("stubborn", json!({})).await, "stubborn");
+    let asked = Instant::now();
     s.end().await;
     assert!(gone(last).await, "the session's process ended with it");
+    assert!(gone(child).await, "and so did its child");
+    assert!(
+        asked.elapsed() >= Duration::from_secs(4),
+        "stdin closed, 2 s, SIGTERM (ignored), 2 s, SIGKILL: {:?}",
+        asked.elapsed()
+    );
     assert!(alive(pid2));
     fw.stop().await;
     assert!(gone(pid2).await, "shutdown leaves no process");
@@ -464,9 +505,19 @@ async fn an_allow_list_reaches_only_the_listed_port_through_the_egress_proxy() {
         )
         .await;
     assert!(t.contains(" 403 "), "{t}");
-    // Around the proxy: refused by Landlock, even to the listed port.
+    // Around the proxy: nothing, not the listed port directly, not another
+    // host on the forwarder's port (the server has a network namespace of
+    // its own: its loopback and the forwarder, no route out).
     let t = s
         .text("connect", json!({"host": "127.0.0.1", "port": allowed}))
+        .await;
+    assert!(t.starts_with("error"), "{t}");
+    let t = s
+        .text("connect", json!({"host": "192.0.2.1", "port": 3128}))
+        .await;
+    assert!(t.starts_with("error"), "{t}");
+    let t = s
+        .text("connect", json!({"host": "127.0.0.1", "port": 3129}))
         .await;
     assert!(t.starts_with("error"), "{t}");
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -655,7 +706,10 @@ fn bad_stdio_configuration_names_the_key() {
         "forward_headers",
         toml::Value::Array(vec!["X-Mcp-Firewall-Instance".into()]),
     ));
-    assert!(e.contains("upstream[0].forward_headers[0]"), "a client may not pick the process: {e}");
+    assert!(
+        e.contains("upstream[0].forward_headers[0]"),
+        "a client may not pick the process: {e}"
+    );
     let e = load(config(&b, policies.path()).upstream_set("box", "url", "http://x/"));
     assert!(e.contains("upstream[0].url"), "{e}");
     // A stdio key on an HTTP upstream.

@@ -9,6 +9,7 @@ so the tests can assert the sandbox stopped it. Run by the firewall under
 import ctypes
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -16,7 +17,10 @@ import time
 TOOLS = [
     "pid", "ppid", "echo", "read_file", "write_file", "connect", "connect_via_proxy",
     "fork_bomb", "hog", "ptrace", "crash", "garbage", "progress", "env",
+    "spawn_child", "stubborn",
 ]
+
+STUBBORN = False
 
 
 def send(msg):
@@ -96,6 +100,18 @@ def call(name, args, meta):
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.ptrace(16, os.getppid(), 0, 0)  # PTRACE_ATTACH
         return text(f"ptrace rc={rc} errno={ctypes.get_errno()}", rc != 0)
+    if name == "spawn_child":
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        return text(str(pid))
+    if name == "stubborn":
+        # Ignores SIGTERM, and outlives its stdin: only SIGKILL ends it.
+        global STUBBORN
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        STUBBORN = True
+        return text("stubborn")
     if name == "crash":
         os._exit(3)
     if name == "garbage":
@@ -142,6 +158,8 @@ def main():
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "method not found"}})
             continue
         send({"jsonrpc": "2.0", "id": mid, "result": result})
+    while STUBBORN:
+        time.sleep(1)
 
 
 if __name__ == "__main__":
