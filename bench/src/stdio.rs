@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::procs;
 use crate::scenario::Scenario;
 use crate::vserver::{
-    self, fmt_s, opt, post, ratio_of, x, ColumnDef, ColumnReport, Meta, Options, RatioReport,
+    self, fmt_s, opt, post, ratio_of, ColumnDef, ColumnReport, Meta, Options, RatioReport,
     VirtualError, World,
 };
 
@@ -302,32 +302,14 @@ pub fn markdown(r: &Report) -> String {
         m.calls_per_run,
         m.tokens
     );
-    let _ = writeln!(s, "| setting | value |\n|---|---|");
-    let _ = writeln!(s, "| CPUs | {} |", m.cpus);
-    let _ = writeln!(
-        s,
-        "| load average (1 min) before / after | {} / {} |",
-        opt(m.load_before, 2),
-        opt(m.load_after, 2)
-    );
-    let _ = writeln!(s, "| pinning | {} |", m.pinning);
-    let _ = writeln!(
-        s,
-        "| firewall | {} ({}), log level {}, audit off |",
-        m.firewall_bin, m.build, m.firewall_log_level
-    );
+    vserver::settings(&mut s, m);
     let _ = writeln!(
         s,
         "\n## `tools/call`\n\n| column | path | what | rps | p50 ms | p99 ms | firewall CPU s / 10k | failed | rps per round |\n|---|---|---|---|---|---|---|---|---|"
     );
     for c in &r.columns {
         let f = &c.median;
-        let rounds = c
-            .rounds
-            .iter()
-            .map(|f| format!("{:.0}", f.rps))
-            .collect::<Vec<_>>()
-            .join(" / ");
+        let rounds = vserver::per_round(c);
         let _ = writeln!(
             s,
             "| {} | `{}` | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} |",
@@ -342,25 +324,7 @@ pub fn markdown(r: &Report) -> String {
             rounds
         );
     }
-    let _ = writeln!(s, "\nRatios (medians of this run):\n");
-    for q in &r.ratios {
-        let _ = writeln!(
-            s,
-            "- **{} / {}**: throughput {}, p50 {}, p99 {}, firewall CPU per call {}",
-            q.numerator,
-            q.denominator,
-            x(q.rps),
-            x(q.p50),
-            x(q.p99),
-            x(q.cpu)
-        );
-    }
-    for c in r.columns.iter().filter(|c| !c.errors.is_empty()) {
-        let _ = writeln!(s, "\nFailures of {}:\n", c.name);
-        for (k, n) in &c.errors {
-            let _ = writeln!(s, "- {k}: {n}");
-        }
-    }
+    vserver::ratios_and_failures(&mut s, &r.ratios, &r.columns, "call");
     let st = &r.start;
     let _ = writeln!(
         s,

@@ -623,20 +623,7 @@ pub fn markdown(r: &Report) -> String {
         fmt_s(m.warmup_s),
         m.concurrency
     );
-    let _ = writeln!(s, "| setting | value |\n|---|---|");
-    let _ = writeln!(s, "| CPUs | {} |", m.cpus);
-    let _ = writeln!(
-        s,
-        "| load average (1 min) before / after | {} / {} |",
-        opt(m.load_before, 2),
-        opt(m.load_after, 2)
-    );
-    let _ = writeln!(s, "| pinning | {} |", m.pinning);
-    let _ = writeln!(
-        s,
-        "| firewall | {} ({}), log level {}, audit off |",
-        m.firewall_bin, m.build, m.firewall_log_level
-    );
+    settings(&mut s, m);
     let _ = writeln!(
         s,
         "| upstreams | canned upstream (own process) for `bench`, `bench-b`, `bench-c`; slow upstream (`bench-slow`, in the harness) answering `tools/list` after {} ms |",
@@ -658,12 +645,7 @@ pub fn markdown(r: &Report) -> String {
     );
     for c in &r.columns {
         let f = &c.median;
-        let rounds = c
-            .rounds
-            .iter()
-            .map(|f| format!("{:.0}", f.rps))
-            .collect::<Vec<_>>()
-            .join(" / ");
+        let rounds = per_round(c);
         let _ = writeln!(
             s,
             "| {} | `{}` | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} |",
@@ -681,25 +663,7 @@ pub fn markdown(r: &Report) -> String {
             rounds
         );
     }
-    let _ = writeln!(s, "\nRatios (medians of this run):\n");
-    for q in &r.ratios {
-        let _ = writeln!(
-            s,
-            "- **{} / {}**: throughput {}, p50 {}, p99 {}, firewall CPU per list {}",
-            q.numerator,
-            q.denominator,
-            x(q.rps),
-            x(q.p50),
-            x(q.p99),
-            x(q.cpu)
-        );
-    }
-    for c in r.columns.iter().filter(|c| !c.errors.is_empty()) {
-        let _ = writeln!(s, "\nFailures of {}:\n", c.name);
-        for (k, n) in &c.errors {
-            let _ = writeln!(s, "- {k}: {n}");
-        }
-    }
+    ratios_and_failures(&mut s, &r.ratios, &r.columns, "list");
     let f = &r.fan_out;
     let _ = writeln!(
         s,
@@ -762,6 +726,61 @@ pub fn markdown(r: &Report) -> String {
         }
     }
     s
+}
+
+/// The settings table's first rows: CPUs, load, pinning, the firewall.
+pub(crate) fn settings(s: &mut String, m: &Meta) {
+    let _ = writeln!(s, "| setting | value |\n|---|---|");
+    let _ = writeln!(s, "| CPUs | {} |", m.cpus);
+    let _ = writeln!(
+        s,
+        "| load average (1 min) before / after | {} / {} |",
+        opt(m.load_before, 2),
+        opt(m.load_after, 2)
+    );
+    let _ = writeln!(s, "| pinning | {} |", m.pinning);
+    let _ = writeln!(
+        s,
+        "| firewall | {} ({}), log level {}, audit off |",
+        m.firewall_bin, m.build, m.firewall_log_level
+    );
+}
+
+/// A column's throughput in each round, `a / b / c`.
+pub(crate) fn per_round(c: &ColumnReport) -> String {
+    c.rounds
+        .iter()
+        .map(|f| format!("{:.0}", f.rps))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// The ratios (CPU per `unit`) and each column's failures.
+pub(crate) fn ratios_and_failures(
+    s: &mut String,
+    ratios: &[RatioReport],
+    columns: &[ColumnReport],
+    unit: &str,
+) {
+    let _ = writeln!(s, "\nRatios (medians of this run):\n");
+    for q in ratios {
+        let _ = writeln!(
+            s,
+            "- **{} / {}**: throughput {}, p50 {}, p99 {}, firewall CPU per {unit} {}",
+            q.numerator,
+            q.denominator,
+            x(q.rps),
+            x(q.p50),
+            x(q.p99),
+            x(q.cpu)
+        );
+    }
+    for c in columns.iter().filter(|c| !c.errors.is_empty()) {
+        let _ = writeln!(s, "\nFailures of {}:\n", c.name);
+        for (k, n) in &c.errors {
+            let _ = writeln!(s, "- {k}: {n}");
+        }
+    }
 }
 
 pub(crate) fn fmt_s(v: f64) -> String {

@@ -154,22 +154,12 @@ impl UpstreamClient {
                 config.max_response_bytes,
                 metrics,
             );
-            let connector = crate::stdio::connector::Local::new(bridge.clone());
-            let mut client = Client::builder(TokioExecutor::new());
-            client
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .pool_max_idle_per_host(1024);
-            let client = client.build(connector);
-            return Ok(UpstreamClient {
-                transports: (0..=crate::server::shards::MAX_SHARDS)
-                    .map(|_| OnceLock::new())
-                    .collect(),
-                make: Box::new(move || Transport::Stdio(client.clone())),
+            let client = http1_client(crate::stdio::connector::Local::new(bridge.clone()));
+            return Ok(UpstreamClient::with(
                 config,
-                bridge: Some(bridge),
-            });
+                Box::new(move || Transport::Stdio(client.clone())),
+                Some(bridge),
+            ));
         }
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -229,24 +219,24 @@ impl UpstreamClient {
             })
         } else {
             let connector = builder.enable_http1().wrap_connector(http);
-            Box::new(move || {
-                let mut client = Client::builder(TokioExecutor::new());
-                client
-                    .pool_timer(TokioTimer::new())
-                    .timer(TokioTimer::new())
-                    .pool_idle_timeout(Duration::from_secs(60))
-                    .pool_max_idle_per_host(1024);
-                Transport::Http1(client.build(connector.clone()))
-            })
+            Box::new(move || Transport::Http1(http1_client(connector.clone())))
         };
-        Ok(UpstreamClient {
+        Ok(UpstreamClient::with(config, transport, None))
+    }
+
+    fn with(
+        config: Arc<Upstream>,
+        make: Box<dyn Fn() -> Transport + Send + Sync>,
+        bridge: Option<Arc<crate::stdio::Bridge>>,
+    ) -> UpstreamClient {
+        UpstreamClient {
             transports: (0..=crate::server::shards::MAX_SHARDS)
                 .map(|_| OnceLock::new())
                 .collect(),
-            make: transport,
+            make,
             config,
-            bridge: None,
-        })
+            bridge,
+        }
     }
 
     /// The transport of the thread this runs on.
@@ -365,6 +355,20 @@ impl UpstreamClient {
         parts.path_and_query = Some(pq.parse()?);
         Ok(Uri::from_parts(parts)?)
     }
+}
+
+/// A pooled HTTP/1.1 keep-alive client over `connector`.
+fn http1_client<C>(connector: C) -> Client<C, Full<Bytes>>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone,
+{
+    let mut client = Client::builder(TokioExecutor::new());
+    client
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(1024);
+    client.build(connector)
 }
 
 /// Turns a client error into a failure the agent can act on.

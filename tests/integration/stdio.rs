@@ -542,10 +542,10 @@ async fn an_allow_list_reaches_only_the_listed_port_through_the_egress_proxy() {
     fw.stop().await;
 }
 
-/// A 2026-07-28 call (no session) of `token`: the process id.
-async fn pid_2026(url: &str, token: &str) -> u32 {
+/// A 2026-07-28 call of `pid` (no session) with `token`.
+async fn call_2026(url: &str, token: &str) -> Answer {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pid","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
-    let a = common::post(
+    common::post(
         url,
         token,
         &[
@@ -555,8 +555,12 @@ async fn pid_2026(url: &str, token: &str) -> u32 {
         ],
         body,
     )
-    .await;
-    let v = a.json();
+    .await
+}
+
+/// A 2026-07-28 call (no session) of `token`: the process id.
+async fn pid_2026(url: &str, token: &str) -> u32 {
+    let v = call_2026(url, token).await.json();
     v["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_else(|| panic!("{v}"))
@@ -587,33 +591,13 @@ async fn processes_are_per_principal_and_run_without_sessions_and_reaped_when_id
     assert_ne!(a1, b1, "another principal, another process");
     // max_instances = 3: alice's, bob's and the firewall's own listing
     // (or carol's); dave's is refused, clearly.
-    let mut c = common::claims("box-all", &["sre"]);
-    c.sub = "carol".to_owned();
-    let _ = common::post(
-        &url,
-        &common::sign(&c),
-        &[
-            ("mcp-protocol-version", "2026-07-28"),
-            ("mcp-method", "tools/call"),
-            ("mcp-name", "pid"),
-        ],
-        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pid","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
-    )
-    .await;
-    let mut c = common::claims("box-all", &["sre"]);
-    c.sub = "dave".to_owned();
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pid","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
-    let a = common::post(
-        &url,
-        &common::sign(&c),
-        &[
-            ("mcp-protocol-version", "2026-07-28"),
-            ("mcp-method", "tools/call"),
-            ("mcp-name", "pid"),
-        ],
-        body,
-    )
-    .await;
+    let who = |sub: &str| {
+        let mut c = common::claims("box-all", &["sre"]);
+        c.sub = sub.to_owned();
+        common::sign(&c)
+    };
+    let _ = call_2026(&url, &who("carol")).await;
+    let a = call_2026(&url, &who("dave")).await;
     assert!(a.text.contains("max_instances"), "{}", a.text);
     // Idle for a second: reaped.
     assert!(gone(a1).await, "idle process reaped");
@@ -668,48 +652,44 @@ fn bad_stdio_configuration_names_the_key() {
             .map(|e| e.to_string())
             .unwrap_or_default()
     };
-    let e = load(config(&b, policies.path()).upstream_set(
-        "box",
-        "command",
-        toml::Value::Array(vec!["no-such-program-here".into()]),
-    ));
-    assert!(
-        e.contains("upstream[0].command") && e.contains("not an executable"),
-        "{e}"
-    );
-    let e = load(config(&b, policies.path()).upstream_set(
-        "box",
-        "sandbox.read",
-        toml::Value::Array(vec!["/no/such/dir".into()]),
-    ));
-    assert!(
-        e.contains("upstream[0].sandbox.read[0]") && e.contains("does not exist"),
-        "{e}"
-    );
-    let e = load(config(&b, policies.path()).upstream_set(
-        "box",
-        "sandbox.network",
-        toml::Value::Array(vec!["api.example.com".into()]),
-    ));
-    assert!(
-        e.contains("upstream[0].sandbox.network[0]") && e.contains("host:port"),
-        "{e}"
-    );
-    let e = load(config(&b, policies.path()).upstream_set(
-        "box",
-        "env_from",
-        toml::Value::Array(vec!["MCPFW_SURELY_UNSET_VARIABLE".into()]),
-    ));
-    assert!(e.contains("upstream[0].env_from[0]"), "{e}");
-    let e = load(config(&b, policies.path()).upstream_set(
-        "box",
-        "forward_headers",
-        toml::Value::Array(vec!["X-Mcp-Firewall-Instance".into()]),
-    ));
-    assert!(
-        e.contains("upstream[0].forward_headers[0]"),
-        "a client may not pick the process: {e}"
-    );
+    // Each bad value, the key the error must name, and a word of why.
+    let list = |v: &str| toml::Value::Array(vec![v.into()]);
+    for (key, value, named, why) in [
+        (
+            "command",
+            list("no-such-program-here"),
+            "upstream[0].command",
+            "not an executable",
+        ),
+        (
+            "sandbox.read",
+            list("/no/such/dir"),
+            "upstream[0].sandbox.read[0]",
+            "does not exist",
+        ),
+        (
+            "sandbox.network",
+            list("api.example.com"),
+            "upstream[0].sandbox.network[0]",
+            "host:port",
+        ),
+        (
+            "env_from",
+            list("MCPFW_SURELY_UNSET_VARIABLE"),
+            "upstream[0].env_from[0]",
+            "not set",
+        ),
+        // A client may not pick the process.
+        (
+            "forward_headers",
+            list("X-Mcp-Firewall-Instance"),
+            "upstream[0].forward_headers[0]",
+            "managed by the firewall",
+        ),
+    ] {
+        let e = load(config(&b, policies.path()).upstream_set("box", key, value));
+        assert!(e.contains(named) && e.contains(why), "{key}: {e}");
+    }
     let e = load(config(&b, policies.path()).upstream_set("box", "url", "http://x/"));
     assert!(e.contains("upstream[0].url"), "{e}");
     // A stdio key on an HTTP upstream.
