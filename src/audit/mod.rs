@@ -61,6 +61,7 @@
 //! of both tables hourly; `TTL` is not used since 18.16 lacks it.
 #![deny(missing_docs)]
 
+pub mod chain;
 mod clickhouse;
 mod config;
 #[cfg(feature = "fault-injection")]

@@ -90,6 +90,62 @@ pub enum AuditCommand {
         #[arg(long, default_value_t = 7)]
         days: u32,
     },
+    /// Writes a new Ed25519 key for signing audit checkpoints (PKCS#8 PEM,
+    /// mode 0600; an existing file is never overwritten).
+    Keygen {
+        /// The key file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Prints the public key of a checkpoint signing key, to publish
+    /// (`ed25519:<base64>`).
+    Pubkey {
+        /// The signing key file.
+        #[arg(long)]
+        key: PathBuf,
+    },
+}
+
+/// `audit keygen` and `audit pubkey`: no audit store involved.
+fn keys(command: &AuditCommand, out: &mut (dyn std::io::Write + Send)) -> anyhow::Result<()> {
+    use crate::audit::chain::Signer;
+    use anyhow::Context as _;
+    match command {
+        AuditCommand::Keygen { out: path } => {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt;
+            let pem = Signer::generate_pem()?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .with_context(|| {
+                    format!(
+                        "writing {} (an existing key is never overwritten)",
+                        path.display()
+                    )
+                })?;
+            f.write_all(pem.as_bytes())?;
+            f.sync_all()?;
+            let signer = Signer::from_pem(&pem)?;
+            writeln!(
+                out,
+                "wrote {}; its public key, to publish:\n{}",
+                path.display(),
+                signer.public_key_text()
+            )?;
+            Ok(())
+        }
+        AuditCommand::Pubkey { key } => {
+            let pem = std::fs::read_to_string(key)
+                .with_context(|| format!("reading {}", key.display()))?;
+            let signer = Signer::from_pem(&pem).with_context(|| key.display().to_string())?;
+            writeln!(out, "{}", signer.public_key_text())?;
+            Ok(())
+        }
+        other => anyhow::bail!("{other:?} is not a key command"),
+    }
 }
 
 /// Which question, for [`query`].
@@ -149,6 +205,12 @@ enum Source {
 
 /// Runs one `audit` command, writing to `out` (stdout in the binary).
 pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyhow::Result<()> {
+    if matches!(
+        args.command,
+        AuditCommand::Keygen { .. } | AuditCommand::Pubkey { .. }
+    ) {
+        return keys(&args.command, out);
+    }
     let source = source(args)?;
     match (&args.command, &source) {
         (AuditCommand::Tail { lines, once }, _) => tail(&source, *lines, *once, args.json, out).await,
@@ -181,6 +243,7 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
             let rows = fetch(client.query(&query(Question::Stats, database, table)).bind(*days)).await?;
             print_rows(&rows, &["day", "tool", "calls", "denials", "errors", "runs", "p95_us"], args.json, out)
         }
+        (AuditCommand::Keygen { .. } | AuditCommand::Pubkey { .. }, _) => keys(&args.command, out),
     }
 }
 

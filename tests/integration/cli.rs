@@ -256,3 +256,38 @@ async fn check_says_whether_the_shared_stores_answer_and_migrate_creates_the_sch
         "passwords stay out of the output: {out}"
     );
 }
+
+#[test]
+fn audit_keygen_writes_a_private_key_once_and_pubkey_prints_its_public_half() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("audit-signing.pem");
+    let (ok, out) = run(firewall().args(["audit", "keygen", "--out"]).arg(&key));
+    assert!(ok, "{out}");
+    let published = out
+        .lines()
+        .find(|l| l.starts_with("ed25519:"))
+        .unwrap_or_else(|| panic!("no public key in {out}"))
+        .to_owned();
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "only the firewall's user reads the key");
+    assert!(std::fs::read_to_string(&key)
+        .unwrap()
+        .starts_with("-----BEGIN PRIVATE KEY-----"));
+    // Never overwritten.
+    let before = std::fs::read(&key).unwrap();
+    let (ok, out) = run(firewall().args(["audit", "keygen", "--out"]).arg(&key));
+    assert!(!ok && out.contains("never overwritten"), "{out}");
+    assert_eq!(std::fs::read(&key).unwrap(), before);
+    let (ok, out) = run(firewall().args(["audit", "pubkey", "--key"]).arg(&key));
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), published);
+    // Not a key: a clear error naming the file.
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "hello").unwrap();
+    let (ok, out) = run(firewall().args(["audit", "pubkey", "--key"]).arg(&junk));
+    assert!(
+        !ok && out.contains("junk.pem") && out.contains("PRIVATE KEY"),
+        "{out}"
+    );
+}
