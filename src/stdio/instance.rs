@@ -457,7 +457,15 @@ impl Instance {
             s.process = None;
             let closing = s.closing;
             if !closing {
-                s.crashes = s.crashes.saturating_add(1);
+                // Crashes in a row: a minute of health forgets the earlier.
+                let recent = s
+                    .last_crash
+                    .is_some_and(|at| at.elapsed() < Duration::from_secs(60));
+                s.crashes = if recent {
+                    s.crashes.saturating_add(1)
+                } else {
+                    1
+                };
                 s.last_crash = Some(Instant::now());
             }
             (
@@ -477,8 +485,12 @@ impl Instance {
             self.shared.name
         );
         for (_, p) in pending {
-            let _ =
-                p.tx.try_send(Item::Final(error_answer(&p.client_id, &text)));
+            let answer = Item::Final(error_answer(&p.client_id, &text));
+            // After whatever the stream still holds: never lost to a full
+            // channel.
+            tokio::spawn(async move {
+                let _ = p.tx.send(answer).await;
+            });
         }
     }
 }

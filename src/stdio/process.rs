@@ -300,27 +300,33 @@ fn private_home(home: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// What a command needs to read besides the runtime: a script or package
-/// it names (the directory of a file argument, or the `node_modules` it
-/// is in).
+/// What a command needs to read besides the runtime: its program's and
+/// its script's package (the first absolute file argument: `node
+/// /opt/x/index.js`, `python3 /opt/y/server.py`), as the `node_modules` it
+/// is in, or its directory. Later file arguments are the server's data,
+/// given to it by the operator: the sandbox's `read` decides those.
 fn runtime_of(command: &[String]) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for arg in command {
-        let p = Path::new(arg);
-        if !p.is_absolute() || !p.is_file() {
-            continue;
-        }
-        let mut dir = p.parent().map(Path::to_path_buf);
-        let mut top: Option<PathBuf> = None;
-        while let Some(d) = dir {
-            if d.file_name().is_some_and(|n| n == "node_modules") {
-                top = Some(d.clone());
-            }
-            dir = d.parent().map(Path::to_path_buf);
-        }
-        out.push(top.unwrap_or_else(|| p.parent().map(Path::to_path_buf).unwrap_or_default()));
-    }
-    out
+    let program = command.first().map(Path::new);
+    let script = command
+        .iter()
+        .skip(1)
+        .map(Path::new)
+        .find(|p| p.is_absolute() && p.is_file());
+    program
+        .into_iter()
+        .chain(script)
+        .filter(|p| p.is_absolute() && p.is_file())
+        .map(|p| {
+            let package = p
+                .ancestors()
+                .filter(|d| d.file_name().is_some_and(|n| n == "node_modules"))
+                .last();
+            package
+                .or_else(|| p.parent())
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// Reads stdout a line at a time until it ends; `Some(why)` when the
@@ -549,14 +555,16 @@ mod tests {
         std::fs::write(pkg.join("index.js"), "").unwrap();
         std::fs::write(dir.path().join("tool.py"), "").unwrap();
         let cmd = vec![
-            "/usr/bin/node".to_owned(),
+            "/usr/bin/env".to_owned(),
+            "relative.txt".to_owned(),
             pkg.join("index.js").display().to_string(),
             dir.path().join("tool.py").display().to_string(),
-            "relative.txt".to_owned(),
         ];
         let got = runtime_of(&cmd);
         assert!(got.contains(&dir.path().join("node_modules")), "{got:?}");
-        assert!(got.contains(&dir.path().to_path_buf()), "{got:?}");
         assert!(got.contains(&PathBuf::from("/usr/bin")), "{got:?}");
+        // A later file argument is data: its directory is not opened.
+        assert!(!got.contains(&dir.path().to_path_buf()), "{got:?}");
+        assert_eq!(got.len(), 2, "{got:?}");
     }
 }
