@@ -19,6 +19,7 @@ fn claims(exp: u64, audience: Audience) -> Arc<Claims> {
         run_exp: None,
         audience,
         kid: None,
+        delegation: Vec::new().into(),
     })
 }
 

@@ -329,10 +329,18 @@ impl fmt::Display for Inspection {
         writeln!(f, "claims (unverified): {}", json(&self.claims))?;
         for (name, verdict) in [("mcp", &self.mcp), ("admin", &self.admin)] {
             match verdict {
-                Ok(c) => writeln!(
+                Ok(c) if c.delegation.is_empty() => writeln!(
                     f,
                     "{name}: valid (sub {}, run {}, expires {})",
                     c.sub, c.run_id, c.exp
+                )?,
+                Ok(c) => writeln!(
+                    f,
+                    "{name}: valid (sub {}, acted for by {}, run {}, expires {})",
+                    c.sub,
+                    c.delegation.join(" <- "),
+                    c.run_id,
+                    c.exp
                 )?,
                 Err(e) => writeln!(f, "{name}: refused: {e}")?,
             }

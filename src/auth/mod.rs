@@ -149,6 +149,9 @@ pub struct Claims {
     pub audience: Audience,
     /// The `kid` of the key that verified it, if the token named one.
     pub kid: Option<String>,
+    /// Who acts for the principal (RFC 8693 `act`): each actor's `sub`, the
+    /// current actor first; empty when the token delegates nothing.
+    pub delegation: Arc<[String]>,
 }
 
 impl Claims {

@@ -345,6 +345,7 @@ impl Verifier {
             Some(value) => scope_list(value)?,
             None => Vec::new(),
         };
+        let delegation = actors(raw.act)?;
 
         if mode == Mode::ServiceAccount
             && inner.service_account_issuer.as_deref() != Some(iss.as_str())
@@ -382,6 +383,7 @@ impl Verifier {
             run_exp,
             audience,
             kid: header.kid,
+            delegation: delegation.into(),
         })
     }
 }
@@ -421,6 +423,46 @@ struct RawClaims<'a> {
     scope: Option<&'a RawValue>,
     #[serde(borrow, default)]
     run_exp: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    act: Option<&'a RawValue>,
+}
+
+/// Most actors an `act` chain names.
+const MAX_ACTORS: usize = 8;
+
+/// An `act` claim (RFC 8693 §4.1): the current actor, and nested in it
+/// the actors before it.
+#[derive(Deserialize)]
+struct RawActor<'a> {
+    #[serde(borrow, default)]
+    sub: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    act: Option<&'a RawValue>,
+}
+
+/// The delegation chain of an `act` claim: each actor's `sub`, the current
+/// actor first; at most [`MAX_ACTORS`], each a valid claim string.
+fn actors(value: Option<&RawValue>) -> Result<Vec<String>, TokenError> {
+    let mut out = Vec::new();
+    let mut next = value;
+    while let Some(raw) = next {
+        if out.len() == MAX_ACTORS {
+            return Err(TokenError::InvalidClaim {
+                claim: "act",
+                problem: ClaimProblem::TooLong { max: MAX_ACTORS },
+            });
+        }
+        let actor: RawActor<'_> = serde_json::from_str(raw.get())
+            .map_err(|_| wrong_type("act", "an object with a sub"))?;
+        let sub: String = actor
+            .sub
+            .and_then(|v| serde_json::from_str(v.get()).ok())
+            .ok_or_else(|| wrong_type("act", "an object with a string sub"))?;
+        text(&sub, "act")?;
+        out.push(sub);
+        next = actor.act;
+    }
+    Ok(out)
 }
 
 fn required<'a>(

@@ -1068,3 +1068,51 @@ async fn jwk_component_keys_verify_for_every_asymmetric_algorithm() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_act_chain_is_read_current_actor_first_and_bounded() {
+    let s = setup().await;
+    let c = claims(NOW);
+    assert!(s
+        .mcp(&s.ec_token(&c))
+        .await
+        .expect("valid")
+        .delegation
+        .is_empty());
+    let mut c = claims(NOW);
+    c["act"] = serde_json::json!({"sub": "agent:planner", "act": {"sub": "user:olga", "iss": "https://idp"}});
+    let got = s.mcp(&s.ec_token(&c)).await.expect("valid");
+    assert_eq!(&*got.delegation, ["agent:planner", "user:olga"]);
+    // Not an actor: refused, naming the claim.
+    for bad in [
+        serde_json::json!("agent:planner"),
+        serde_json::json!({"iss": "https://idp"}),
+        serde_json::json!({"sub": ""}),
+        serde_json::json!({"sub": "a\u{7}b"}),
+        serde_json::json!({"sub": "a", "act": {"sub": 7}}),
+    ] {
+        let mut c = claims(NOW);
+        c["act"] = bad.clone();
+        assert!(
+            matches!(
+                s.mcp(&s.ec_token(&c)).await,
+                Err(TokenError::InvalidClaim { claim: "act", .. })
+            ),
+            "{bad}"
+        );
+    }
+    // Nine nested actors: past the bound.
+    let mut act = serde_json::json!({"sub": "a8"});
+    for i in (0..8).rev() {
+        act = serde_json::json!({"sub": format!("a{i}"), "act": act});
+    }
+    let mut c = claims(NOW);
+    c["act"] = act;
+    assert!(matches!(
+        s.mcp(&s.ec_token(&c)).await,
+        Err(TokenError::InvalidClaim {
+            claim: "act",
+            problem: crate::auth::token::ClaimProblem::TooLong { max: 8 }
+        })
+    ));
+}

@@ -572,6 +572,14 @@ async fn explain_labels(
     Ok(())
 }
 
+/// The `sub`s of an `act` chain in claims JSON, the current actor first.
+fn actors(claims: &Value) -> Vec<String> {
+    std::iter::successors(claims.get("act"), |a| a.get("act"))
+        .take(8)
+        .filter_map(|a| a.get("sub").and_then(Value::as_str).map(str::to_owned))
+        .collect()
+}
+
 fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
     let v: Value = serde_json::from_slice(&std::fs::read(path)?)?;
     let s = |k: &str| {
@@ -604,6 +612,7 @@ fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
         run_exp: None,
         audience: Audience::Mcp,
         kid: None,
+        delegation: actors(&v).into(),
     })
 }
 

@@ -256,6 +256,7 @@ mod tests {
             run_exp: None,
             audience: crate::auth::Audience::Mcp,
             kid: None,
+            delegation: Vec::new().into(),
         };
         Seal::new(sessions, Arc::new(claims), Arc::from("ops"))
     }
