@@ -247,12 +247,8 @@ fn sandbox_exec(
         return ExitCode::from(126);
     }
     let resolved = mcp_firewall::stdio::which(program).unwrap_or_else(|| PathBuf::from(program));
-    let start = |socket: &std::path::Path| sandbox::start_forwarder(socket, probe);
-    let start_here = egress.map(|socket| move || start(socket));
-    let start_ref: Option<&dyn Fn() -> Result<(), String>> = start_here
-        .as_ref()
-        .map(|f| f as &dyn Fn() -> Result<(), String>);
-    let report = match sandbox::confine(&spec, &resolved, start_ref) {
+    let egress = egress.map(|socket| sandbox::Egress { socket, probe });
+    let report = match sandbox::confine(&spec, &resolved, egress) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mcp-firewall sandbox-exec: {e}");

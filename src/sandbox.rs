@@ -182,6 +182,15 @@ const ETC_READ: [&str; 20] = [
 ];
 const RUNTIME_WRITE: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
 
+/// The firewall's egress proxy of an allow-list, as `sandbox-exec` gets it.
+#[derive(Debug, Clone, Copy)]
+pub struct Egress<'a> {
+    /// The proxy's UNIX socket.
+    pub socket: &'a Path,
+    /// Only bind the forwarder's port (a probe leaves nothing running).
+    pub probe: bool,
+}
+
 /// The port of the egress forwarder inside a sandbox's own network
 /// namespace (`127.0.0.1:3128`, named to the server as `HTTPS_PROXY`).
 pub const EGRESS_PORT: u16 = 3128;
@@ -191,15 +200,14 @@ pub const EGRESS_PORT: u16 = 3128;
 ///
 /// With `egress` (an allow-list served by the firewall's egress proxy),
 /// the process gets a network namespace of its own too, with only its
-/// loopback up, and `egress` is called in it (before any other layer:
-/// it starts the forwarder on [`EGRESS_PORT`] to the firewall's proxy);
-/// TCP connect is then allowed to that port only, so the proxy is the only
-/// way out. Every layer is attempted; a missing one is an error when
-/// `spec.required` (scopes are best effort).
+/// loopback up, and the forwarder on [`EGRESS_PORT`] to the proxy started
+/// in it (before any other layer); TCP connect is then allowed to that port
+/// only, so the proxy is the only way out. Every layer is attempted; a
+/// missing one is an error when `spec.required` (scopes are best effort).
 pub fn confine(
     spec: &Spec,
     command: &Path,
-    egress: Option<&dyn Fn() -> Result<(), String>>,
+    egress: Option<Egress<'_>>,
 ) -> Result<Report, SandboxError> {
     let mut report = Report::default();
     let layer = |report: &mut Report, l: Layer, r: Result<(), String>| match r {
@@ -215,12 +223,12 @@ pub fn confine(
     };
     match (&spec.network, egress) {
         (Network::None, _) => layer(&mut report, Layer::NetNamespace, net_namespace())?,
-        (Network::Allow(_), Some(start_forwarder)) => layer(
+        (Network::Allow(_), Some(e)) => layer(
             &mut report,
             Layer::NetNamespace,
             net_namespace()
                 .and_then(|()| loopback_up())
-                .and_then(|()| start_forwarder()),
+                .and_then(|()| start_forwarder(e.socket, e.probe)),
         )?,
         (Network::Allow(_), None) => {}
     }
@@ -257,7 +265,7 @@ fn net_namespace() -> Result<(), String> {
 /// egress-forward --to SOCKET` with that listener as its stdin, in the
 /// server's process group (it ends with the server). With `probe`, only
 /// binds (nothing is left running).
-pub fn start_forwarder(socket: &Path, probe: bool) -> Result<(), String> {
+fn start_forwarder(socket: &Path, probe: bool) -> Result<(), String> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", EGRESS_PORT))
         .map_err(|e| format!("egress forwarder: binding 127.0.0.1:{EGRESS_PORT}: {e}"))?;
     if probe {

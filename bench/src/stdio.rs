@@ -248,42 +248,33 @@ async fn start_latency(world: &World, opts: &Options) -> StartLatency {
         ..StartLatency::default()
     };
     let (mut first, mut second, mut http) = (Vec::new(), Vec::new(), Vec::new());
-    let ok = |a: &Result<vserver::Answer, String>| match a {
-        Ok(a) => {
-            a.status == 200 && vserver::message(&a.body).is_some_and(|m| m.get("result").is_some())
-        }
-        Err(_) => false,
-    };
     for i in 0..n {
-        let token = tokens.get(tokens.len() - 1 - i);
-        for (path, into) in [(PER_RUN.path, &mut first), (PER_RUN.path, &mut second)] {
+        let stdio_run = tokens.get(tokens.len() - 1 - i);
+        let http_run = tokens.get(tokens.len() - 1 - n - i);
+        for (path, token, into) in [
+            (PER_RUN.path, stdio_run, &mut first),
+            (PER_RUN.path, stdio_run, &mut second),
+            (HTTP.path, http_run, &mut http),
+        ] {
             let a = post(world.firewall.addr, path, token, body.clone(), opts.timeout).await;
-            if ok(&a) {
-                if let Ok(a) = &a {
-                    into.push(a.elapsed.as_secs_f64() * 1000.0);
-                }
-            } else {
-                out.failed += 1;
+            match answered_ms(&a) {
+                Some(ms) => into.push(ms),
+                None => out.failed += 1,
             }
-        }
-        let token = tokens.get(tokens.len() - 1 - n - i);
-        let a = post(
-            world.firewall.addr,
-            HTTP.path,
-            token,
-            body.clone(),
-            opts.timeout,
-        )
-        .await;
-        match &a {
-            Ok(a) if ok(&Ok(a.clone())) => http.push(a.elapsed.as_secs_f64() * 1000.0),
-            _ => out.failed += 1,
         }
     }
     out.first_stdio_ms = Spread::of(&first);
     out.second_stdio_ms = Spread::of(&second);
     out.first_http_ms = Spread::of(&http);
     out
+}
+
+/// How long a call took, when it answered 200 with a result.
+fn answered_ms(a: &Result<vserver::Answer, String>) -> Option<f64> {
+    let a = a.as_ref().ok()?;
+    let result =
+        a.status == 200 && vserver::message(&a.body).is_some_and(|m| m.get("result").is_some());
+    result.then_some(a.elapsed.as_secs_f64() * 1000.0)
 }
 
 /// The report as Markdown.

@@ -108,11 +108,6 @@ impl Instance {
         })
     }
 
-    /// The process id, while running.
-    pub fn pid(&self) -> Option<u32> {
-        self.state.lock().process.as_ref().map(|p| p.pid)
-    }
-
     /// How long nothing has used it (zero while calls or streams are open).
     pub fn idle_for(&self) -> Duration {
         let mut s = self.state.lock();

@@ -173,7 +173,7 @@ pub struct Shared {
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The egress proxy of an allow-list, started with the first process.
-    egress: tokio::sync::OnceCell<Option<egress::Egress>>,
+    egress: tokio::sync::OnceCell<egress::Egress>,
     /// Where private homes go.
     homes: PathBuf,
     /// Why no process may start (a required sandbox layer is unavailable).
@@ -189,15 +189,13 @@ impl Shared {
             crate::sandbox::Network::Allow(a) => a.clone(),
         };
         let socket = self.homes.join("egress.sock");
-        let proxy = self
-            .egress
+        self.egress
             .get_or_try_init(|| async {
                 egress::Egress::start(&self.name, &allow, &socket, self.metrics.clone())
-                    .map(Some)
                     .map_err(|e| format!("cannot start the egress proxy: {e}"))
             })
             .await?;
-        Ok(proxy.as_ref().map(|_| socket))
+        Ok(Some(socket))
     }
 }
 
@@ -307,15 +305,6 @@ impl Bridge {
     /// Why its servers are not started, if they are not.
     pub fn unavailable(&self) -> Option<String> {
         self.shared.refused.lock().clone()
-    }
-
-    /// Live processes.
-    pub fn processes(&self) -> Vec<(u64, Option<u32>)> {
-        self.instances
-            .lock()
-            .values()
-            .map(|i| (i.number, i.pid()))
-            .collect()
     }
 
     /// Stops every process (the close sequence, in parallel).

@@ -26,6 +26,7 @@ description = "Every tool of the stdio test server"
 projects = ["sre"]
 risks = ["read"]
 allow = [{ upstream = "box" }]
+deny = [{ upstream = "box", tools = ["forbidden"] }]
 max_steps = 1000
 
 [[tools]]
@@ -473,6 +474,54 @@ async fn the_sandbox_table_through_the_firewall() {
     assert!(alive(pid2));
     fw.stop().await;
     assert!(gone(pid2).await, "shutdown leaves no process");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_never_reaches_the_process_and_both_are_on_record() {
+    if !missing_layers().is_empty() {
+        return;
+    }
+    let b = Box::new();
+    let policies = common::policy_dir(&[("box.toml", POLICY)]);
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let cfg =
+        config(&b, policies.path()).audit("fw-stdio-refused", &ch.http_url, &db, spool.path());
+    let fw = common::firewall(&cfg.text()).await;
+    let mut s = Session::open(&fw.mcp_url("box"), &token()).await;
+    assert_eq!(s.text("echo", json!({"text": "ran"})).await, "ran");
+    let refused = s.call("forbidden", json!({})).await;
+    assert!(
+        !refused.text.contains("\"ran\""),
+        "the denied tool must not run: {}",
+        refused.text
+    );
+    let got: Vec<String> = serde_json::from_str(&s.text("received", json!({})).await).unwrap();
+    assert_eq!(
+        got,
+        ["echo", "received"],
+        "the process never saw the denied call"
+    );
+    // Both on record: the call that ran and the one refused.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let sql = format!(
+        "SELECT count() FROM {db}.audit_events FINAL WHERE upstream = 'box' AND row_version = 1 AND ((tool = 'echo' AND decision = 'allow') OR (tool = 'forbidden' AND decision != 'allow'))"
+    );
+    while ch
+        .try_query(&sql)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "rows of the allowed and the refused call"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fw.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

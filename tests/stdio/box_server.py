@@ -17,8 +17,10 @@ import time
 TOOLS = [
     "pid", "ppid", "echo", "read_file", "write_file", "connect", "connect_via_proxy",
     "fork_bomb", "hog", "ptrace", "crash", "garbage", "progress", "env",
-    "spawn_child", "stubborn",
+    "spawn_child", "stubborn", "forbidden", "received",
 ]
+
+RECEIVED = []  # every tools/call name this process was sent, in order
 
 STUBBORN = False
 
@@ -35,6 +37,10 @@ def text(s, error=False):
 def call(name, args, meta):
     if name == "pid":
         return text(str(os.getpid()))
+    if name == "received":
+        return text(json.dumps(RECEIVED))
+    if name == "forbidden":
+        return text("ran")
     if name == "ppid":
         return text(str(os.getppid()))
     if name == "echo":
@@ -150,6 +156,7 @@ def main():
         elif method == "tools/list":
             result = {"tools": [{"name": t, "inputSchema": {"type": "object"}} for t in TOOLS]}
         elif method == "tools/call":
+            RECEIVED.append(params.get("name"))
             result = call(params.get("name"), params.get("arguments") or {}, params.get("_meta") or {})
             if result is None:
                 send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "unknown tool"}})
