@@ -134,3 +134,45 @@ AS SELECT
 FROM {database}.{table}
 WHERE row_version = 1
 GROUP BY day, tenant, upstream, tool, decision, agent_role, stop_reason;
+
+-- The hash chain (see README, "Proving the audit trail"): one entry per row
+-- the firewall shipped, per writer (replica) numbered seq = 1, 2, 3...,
+-- row_hash = SHA-256 over the row's RowBinary bytes, its writer, seq and
+-- prev_hash. A plain MergeTree: entries are never collapsed, so merging the
+-- audit table (an intent into its completion) never looks like a deletion,
+-- and a second entry under a used seq stays visible. Read it with
+-- `mcp-firewall audit verify`.
+CREATE TABLE IF NOT EXISTS {database}.{table}_chain
+(
+    writer_id   String,
+    seq         UInt64,
+    event_id    UUID,
+    row_version UInt8,
+    time_ms     UInt64,
+    prev_hash   FixedString(32),
+    row_hash    FixedString(32),
+    chained     DateTime('UTC')
+)
+ENGINE = MergeTree()
+PARTITION BY toYYYYMMDD(chained)
+ORDER BY (writer_id, seq)
+SETTINGS index_granularity = 8192;
+
+-- Signed checkpoints: every audit.checkpoint_every rows or seconds a writer
+-- signs (writer_id, seq, row_hash, time_ms) with Ed25519; public_key says
+-- which key (publish it: `mcp-firewall audit pubkey`). Kept forever (tiny);
+-- a copy is appended to the writer's local checkpoint file.
+CREATE TABLE IF NOT EXISTS {database}.{table}_checkpoints
+(
+    writer_id  String,
+    seq        UInt64,
+    row_hash   FixedString(32),
+    time_ms    UInt64,
+    signature  FixedString(64),
+    public_key String,
+    time       DateTime('UTC')
+)
+ENGINE = MergeTree()
+PARTITION BY toYYYYMM(time)
+ORDER BY (writer_id, seq)
+SETTINGS index_granularity = 8192;

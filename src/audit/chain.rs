@@ -24,6 +24,8 @@ use std::fmt::Write as _;
 use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
 use sha2::{Digest, Sha256};
 
+use super::record::{leb128, put_str};
+
 /// A SHA-256 digest.
 pub type Hash = [u8; 32];
 
@@ -219,85 +221,321 @@ impl Signer {
     }
 }
 
-/// What verifying one writer's chain found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WriterReport {
-    /// Rows whose hash and link held.
-    pub verified: u64,
-    /// Missing `seq` ranges (inclusive): deleted rows.
-    pub gaps: Vec<(u64, u64)>,
-    /// Rows whose content no longer gives their hash (altered), by `seq`.
-    pub altered: Vec<u64>,
-    /// Rows whose `prev_hash` is not the hash of the row before, by `seq`.
-    pub broken_links: Vec<u64>,
-    /// Copies of a row already seen, identical (at-least-once delivery).
-    pub duplicates: u64,
-    /// Copies of a `seq` already seen that differ from it (forged), by `seq`.
-    pub conflicts: Vec<u64>,
-    /// The last `seq` and hash seen.
-    pub head: (u64, Hash),
+/// Columns of the chain table (`<table>_chain`, a plain `MergeTree`: an
+/// entry is never collapsed, so a merge of the audit table cannot look like
+/// a deletion and a second entry under a used `seq` stays visible), in
+/// [`encode_entry`]'s `RowBinary` order.
+pub const CHAIN_COLUMNS: &[&str] = &[
+    "writer_id",
+    "seq",
+    "event_id",
+    "row_version",
+    "time_ms",
+    "prev_hash",
+    "row_hash",
+    "chained",
+];
+
+/// Appends the chain entry of `row` (its `RowBinary` bytes, whose first 16
+/// bytes are its `event_id` and bytes 20..28 its `time_ms`) linked as
+/// `link`, chained at `chained_s` (Unix seconds).
+pub fn encode_entry(
+    writer_id: &str,
+    link: &Link,
+    row: &[u8],
+    row_version: u8,
+    chained_s: u32,
+    out: &mut Vec<u8>,
+) {
+    put_str(out, writer_id);
+    out.extend_from_slice(&link.seq.to_le_bytes());
+    out.extend_from_slice(row.get(..16).unwrap_or(&[0; 16]));
+    out.push(row_version);
+    out.extend_from_slice(row.get(20..28).unwrap_or(&[0; 8]));
+    out.extend_from_slice(&link.prev_hash);
+    out.extend_from_slice(&link.row_hash);
+    out.extend_from_slice(&chained_s.to_le_bytes());
 }
 
-impl WriterReport {
-    /// Nothing wrong.
-    pub fn holds(&self) -> bool {
-        self.gaps.is_empty()
-            && self.altered.is_empty()
-            && self.broken_links.is_empty()
-            && self.conflicts.is_empty()
+/// A chain entry read back (`SELECT` [`CHAIN_COLUMNS`] `FORMAT RowBinary`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The writer.
+    pub writer_id: String,
+    /// The row's link.
+    pub link: Link,
+    /// The row's `event_id`, as ClickHouse stores a UUID (two little-endian
+    /// halves, high first: the row's first 16 bytes).
+    pub event_id: [u8; 16],
+    /// The row's `row_version` (0: an intent, 1: final).
+    pub row_version: u8,
+    /// The row's `time_ms`.
+    pub time_ms: u64,
+    /// When it was chained, Unix seconds.
+    pub chained_s: u32,
+}
+
+impl Entry {
+    /// The entry `data` starts with and its length; `None` when `data` does
+    /// not start with a whole one.
+    pub fn decode(data: &[u8]) -> Option<(Entry, usize)> {
+        let (len, mut at) = leb128(data, 0)?;
+        let end = at.checked_add(usize::try_from(len).ok()?)?;
+        let writer_id = String::from_utf8(data.get(at..end)?.to_vec()).ok()?;
+        at = end;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let b = data.get(at..at + n)?;
+            at += n;
+            Some(b)
+        };
+        let seq = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        let event_id: [u8; 16] = take(16)?.try_into().ok()?;
+        let row_version = *take(1)?.first()?;
+        let time_ms = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        let prev_hash: Hash = take(32)?.try_into().ok()?;
+        let row_hash: Hash = take(32)?.try_into().ok()?;
+        let chained_s = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        Some((
+            Entry {
+                writer_id,
+                link: Link {
+                    seq,
+                    prev_hash,
+                    row_hash,
+                },
+                event_id,
+                row_version,
+                time_ms,
+                chained_s,
+            },
+            at,
+        ))
     }
 }
 
-/// Verifies one writer's rows in `seq` order, one at a time.
-#[derive(Debug)]
-pub struct Verifier {
+/// Columns of the checkpoint table (`<table>_checkpoints`), in
+/// [`SignedCheckpoint::encode`]'s order.
+pub const CHECKPOINT_COLUMNS: &[&str] = &[
+    "writer_id",
+    "seq",
+    "row_hash",
+    "time_ms",
+    "signature",
+    "public_key",
+    "time",
+];
+
+/// A checkpoint with its signature and the key that made it: a row of the
+/// checkpoint table and a line of the local checkpoint file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedCheckpoint {
+    /// What is vouched for.
+    pub checkpoint: Checkpoint,
+    /// Ed25519 signature over [`Checkpoint::message`].
+    pub signature: [u8; 64],
+    /// The signer's public key as published (`ed25519:<base64>`).
+    pub public_key: String,
+}
+
+/// A checkpoint file line.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckpointLine {
     writer_id: String,
-    report: WriterReport,
+    seq: u64,
+    row_hash: String,
+    time_ms: u64,
+    signature: String,
+    public_key: String,
 }
 
-impl Verifier {
-    /// Verifies `writer_id`'s chain from its first row.
-    pub fn new(writer_id: &str) -> Verifier {
-        Verifier {
+impl SignedCheckpoint {
+    /// Signs the chain's head at `time_ms`.
+    pub fn sign(signer: &Signer, writer_id: &str, seq: u64, row_hash: Hash, time_ms: u64) -> Self {
+        let checkpoint = Checkpoint {
             writer_id: writer_id.to_owned(),
-            report: WriterReport::default(),
+            seq,
+            row_hash,
+            time_ms,
+        };
+        let signature = signer.sign(&checkpoint);
+        SignedCheckpoint {
+            checkpoint,
+            signature,
+            public_key: signer.public_key_text(),
         }
     }
 
-    /// The next row (rows must come in ascending `seq`, duplicates next to
-    /// each other): its stored link and its canonical encoding.
-    pub fn push(&mut self, stored: &Link, row: &[u8]) {
-        let r = &mut self.report;
-        let (last_seq, last_hash) = r.head;
-        let computed = row_hash(&self.writer_id, stored.seq, &stored.prev_hash, row);
-        if stored.seq <= last_seq {
-            // Delivered twice (identical), or another row under a used
-            // number (forged).
-            if stored.seq == last_seq && stored.row_hash == last_hash && computed == last_hash {
-                r.duplicates += 1;
+    /// Appends its checkpoint-table row (`RowBinary`).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let c = &self.checkpoint;
+        put_str(out, &c.writer_id);
+        out.extend_from_slice(&c.seq.to_le_bytes());
+        out.extend_from_slice(&c.row_hash);
+        out.extend_from_slice(&c.time_ms.to_le_bytes());
+        out.extend_from_slice(&self.signature);
+        put_str(out, &self.public_key);
+        let secs = u32::try_from(c.time_ms / 1000).unwrap_or(u32::MAX);
+        out.extend_from_slice(&secs.to_le_bytes());
+    }
+
+    /// The checkpoint-table row `data` starts with, and its length.
+    pub fn decode(data: &[u8]) -> Option<(SignedCheckpoint, usize)> {
+        let (writer_id, mut at) = get_str(data, 0)?;
+        let seq = u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?);
+        at += 8;
+        let row_hash: Hash = data.get(at..at + 32)?.try_into().ok()?;
+        at += 32;
+        let time_ms = u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?);
+        at += 8;
+        let signature: [u8; 64] = data.get(at..at + 64)?.try_into().ok()?;
+        at += 64;
+        let (public_key, next) = get_str(data, at)?;
+        at = next + 4;
+        data.get(..at)?;
+        Some((
+            SignedCheckpoint {
+                checkpoint: Checkpoint {
+                    writer_id,
+                    seq,
+                    row_hash,
+                    time_ms,
+                },
+                signature,
+                public_key,
+            },
+            at,
+        ))
+    }
+
+    /// Its line in the local checkpoint file (JSON, no newline).
+    pub fn to_line(&self) -> String {
+        let c = &self.checkpoint;
+        let line = CheckpointLine {
+            writer_id: c.writer_id.clone(),
+            seq: c.seq,
+            row_hash: hex::encode(c.row_hash),
+            time_ms: c.time_ms,
+            signature: hex::encode(self.signature),
+            public_key: self.public_key.clone(),
+        };
+        serde_json::to_string(&line).unwrap_or_default()
+    }
+
+    /// A line of a checkpoint file.
+    pub fn from_line(line: &str) -> Option<SignedCheckpoint> {
+        let l: CheckpointLine = serde_json::from_str(line).ok()?;
+        Some(SignedCheckpoint {
+            checkpoint: Checkpoint {
+                writer_id: l.writer_id,
+                seq: l.seq,
+                row_hash: hex::decode(&l.row_hash).ok()?.try_into().ok()?,
+                time_ms: l.time_ms,
+            },
+            signature: hex::decode(&l.signature).ok()?.try_into().ok()?,
+            public_key: l.public_key,
+        })
+    }
+
+    /// Whether one of `keys` (32-byte Ed25519 public keys) signed it.
+    pub fn verify(&self, keys: &[[u8; 32]]) -> bool {
+        keys.iter()
+            .any(|k| self.checkpoint.verify(k, &self.signature))
+    }
+}
+
+/// A published public key (`ed25519:<base64>`, what `audit pubkey` prints).
+pub fn parse_public_key(text: &str) -> Option<[u8; 32]> {
+    use base64::Engine as _;
+    let b64 = text.trim().strip_prefix("ed25519:")?;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .ok()?
+        .try_into()
+        .ok()
+}
+
+/// What a chain entry is, next to the one before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The next `seq`, linked to the one before (or the first, from
+    /// [`GENESIS`] or an anchor).
+    Linked,
+    /// An identical copy of the entry before (at-least-once delivery).
+    Duplicate,
+    /// Another entry under a `seq` already seen (forged).
+    Conflict,
+    /// Entries before this one are missing (deleted): `from..=to`.
+    Gap {
+        /// First missing `seq`.
+        from: u64,
+        /// Last missing `seq`.
+        to: u64,
+    },
+    /// Its `prev_hash` is not the hash of the entry before (altered or
+    /// forged chain).
+    Broken,
+}
+
+/// Checks one writer's chain entries, in ascending `seq`, one at a time:
+/// one `seq` and one hash of state, so any length fits.
+#[derive(Debug, Default)]
+pub struct Links {
+    head: Option<(u64, Hash)>,
+}
+
+impl Links {
+    /// A chain checked from its first row (`seq` 1 after [`GENESIS`]).
+    pub fn from_genesis() -> Links {
+        Links {
+            head: Some((0, GENESIS)),
+        }
+    }
+
+    /// A chain checked from wherever its first entry is (a window of it):
+    /// that entry's own link is taken as given.
+    pub fn anchored() -> Links {
+        Links { head: None }
+    }
+
+    /// The next entry.
+    pub fn push(&mut self, l: &Link) -> Step {
+        let Some((seq, hash)) = self.head else {
+            self.head = Some((l.seq, l.row_hash));
+            return Step::Linked;
+        };
+        if l.seq <= seq {
+            // Entries come sorted: a copy of the last, or another entry
+            // under a used number.
+            return if l.seq == seq && l.row_hash == hash {
+                Step::Duplicate
             } else {
-                r.conflicts.push(stored.seq);
+                Step::Conflict
+            };
+        }
+        self.head = Some((l.seq, l.row_hash));
+        if l.seq > seq + 1 {
+            Step::Gap {
+                from: seq + 1,
+                to: l.seq - 1,
             }
-            return;
+        } else if l.prev_hash != hash {
+            Step::Broken
+        } else {
+            Step::Linked
         }
-        if stored.seq > last_seq + 1 {
-            // Rows deleted: the link across the gap cannot be checked.
-            r.gaps.push((last_seq + 1, stored.seq - 1));
-        } else if stored.prev_hash != last_hash {
-            r.broken_links.push(stored.seq);
-        }
-        if computed != stored.row_hash {
-            r.altered.push(stored.seq);
-        } else if stored.seq == last_seq + 1 && stored.prev_hash == last_hash {
-            r.verified += 1;
-        }
-        r.head = (stored.seq, stored.row_hash);
     }
 
-    /// The findings so far.
-    pub fn report(&self) -> &WriterReport {
-        &self.report
+    /// The last `seq` and hash seen.
+    pub fn head(&self) -> Option<(u64, Hash)> {
+        self.head
     }
+}
+
+/// The `String` at `at` and where it ends.
+fn get_str(data: &[u8], at: usize) -> Option<(String, usize)> {
+    let (len, start) = leb128(data, at)?;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    Some((String::from_utf8(data.get(start..end)?.to_vec()).ok()?, end))
 }
 
 #[cfg(test)]
@@ -313,22 +551,21 @@ mod tests {
         rows.iter().map(|r| (c.link(r), r.clone())).collect()
     }
 
-    fn verify(writer: &str, links: &[(Link, Vec<u8>)]) -> WriterReport {
-        let mut v = Verifier::new(writer);
-        for (l, r) in links {
-            v.push(l, r);
-        }
-        v.report().clone()
+    fn steps(links: &[Link]) -> Vec<Step> {
+        let mut l = Links::from_genesis();
+        links.iter().map(|x| l.push(x)).collect()
     }
 
     #[test]
     fn a_chain_verifies_and_resumes_exactly() {
         let rows = rows(10);
         let whole = chained("fw-a", &rows);
-        let r = verify("fw-a", &whole);
-        assert!(r.holds(), "{r:?}");
-        assert_eq!(r.verified, 10);
+        let links: Vec<Link> = whole.iter().map(|(l, _)| *l).collect();
+        assert!(steps(&links).iter().all(|s| *s == Step::Linked));
         assert_eq!(whole[0].0.prev_hash, GENESIS);
+        for (l, r) in &whole {
+            assert_eq!(row_hash("fw-a", l.seq, &l.prev_hash, r), l.row_hash);
+        }
         // Stopped after 4 rows and resumed from the spool's head.
         let mut first = Chain::new("fw-a");
         for r in &rows[..4] {
@@ -337,47 +574,69 @@ mod tests {
         let (seq, last) = first.head();
         let mut resumed = Chain::resume("fw-a", seq, last);
         let rest: Vec<Link> = rows[4..].iter().map(|r| resumed.link(r)).collect();
-        assert_eq!(rest, whole[4..].iter().map(|(l, _)| *l).collect::<Vec<_>>());
+        assert_eq!(rest, links[4..].to_vec());
         // Another writer's chain of the same rows is another chain.
         assert_ne!(chained("fw-b", &rows)[0].0.row_hash, whole[0].0.row_hash);
     }
 
     #[test]
-    fn deletion_alteration_forgery_and_duplicates_are_told_apart() {
+    fn deletion_forgery_and_duplicates_are_told_apart() {
         let rows = rows(8);
-        let whole = chained("w", &rows);
-        // A deleted row: a gap, and the next row's link is not checked
-        // against a row that is not there.
-        let mut deleted = whole.clone();
+        let links: Vec<Link> = chained("w", &rows).iter().map(|(l, _)| *l).collect();
+        // A deleted entry: a gap, the next link not checked across it.
+        let mut deleted = links.clone();
         deleted.remove(3);
-        let r = verify("w", &deleted);
-        assert_eq!(r.gaps, vec![(4, 4)]);
-        assert!(r.altered.is_empty() && r.broken_links.is_empty());
-        // An altered row: its own hash fails; the chain after it holds.
-        let mut altered = whole.clone();
-        altered[5].1 = b"row 5, arguments changed".to_vec();
-        let r = verify("w", &altered);
-        assert_eq!(r.altered, vec![6]);
-        assert!(r.gaps.is_empty());
-        // A forged row re-hashed to look whole still breaks the next link.
-        let mut forged = whole.clone();
-        let fake = b"a call that never happened".to_vec();
-        forged[2].1 = fake.clone();
-        forged[2].0.row_hash = row_hash("w", 3, &forged[2].0.prev_hash, &fake);
-        let r = verify("w", &forged);
-        assert_eq!(r.broken_links, vec![4]);
-        // Delivered twice: identical copies are fine; a different row under
-        // a used number is a conflict.
-        let mut twice = whole.clone();
-        twice.insert(4, whole[3].clone());
-        let r = verify("w", &twice);
-        assert!(r.holds(), "{r:?}");
-        assert_eq!(r.duplicates, 1);
-        let mut other = whole.clone();
-        let mut copy = whole[3].clone();
-        copy.1 = b"another".to_vec();
+        assert_eq!(steps(&deleted)[3], Step::Gap { from: 4, to: 4 });
+        // A forged entry re-hashed to look whole breaks the next link.
+        let mut forged = links.clone();
+        forged[2].row_hash = row_hash("w", 3, &forged[2].prev_hash, b"never happened");
+        assert_eq!(steps(&forged)[3], Step::Broken);
+        // Delivered twice: a duplicate; another entry under a used number:
+        // a conflict.
+        let mut twice = links.clone();
+        twice.insert(4, links[3]);
+        assert_eq!(steps(&twice)[4], Step::Duplicate);
+        let mut other = links.clone();
+        let mut copy = links[3];
+        copy.row_hash = [9; 32];
         other.insert(4, copy);
-        assert_eq!(verify("w", &other).conflicts, vec![4]);
+        assert_eq!(steps(&other)[4], Step::Conflict);
+        // The first rows deleted: a gap from 1; a window is anchored.
+        assert_eq!(steps(&links[2..])[0], Step::Gap { from: 1, to: 2 });
+        let mut window = Links::anchored();
+        assert_eq!(window.push(&links[2]), Step::Linked);
+        assert_eq!(window.push(&links[3]), Step::Linked);
+    }
+
+    #[test]
+    fn entries_and_checkpoints_round_trip_their_encodings() {
+        let row = {
+            let mut r = vec![7u8; 16];
+            r.extend_from_slice(&1u32.to_le_bytes());
+            r.extend_from_slice(&1_796_500_000_123u64.to_le_bytes());
+            r.extend_from_slice(b"rest");
+            r
+        };
+        let link = Chain::new("fw").link(&row);
+        let mut out = Vec::new();
+        encode_entry("fw", &link, &row, 0, 1_796_500_001, &mut out);
+        let (e, n) = Entry::decode(&out).unwrap();
+        assert_eq!(n, out.len());
+        assert_eq!(e.link, link);
+        assert_eq!((e.event_id, e.row_version, e.time_ms), ([7; 16], 0, 1_796_500_000_123));
+        assert!(Entry::decode(&out[..out.len() - 1]).is_none());
+        let signer = Signer::from_pem(&Signer::generate_pem().unwrap()).unwrap();
+        let cp = SignedCheckpoint::sign(&signer, "fw", 5, [3; 32], 1_796_500_000_000);
+        let mut out = Vec::new();
+        cp.encode(&mut out);
+        let (back, n) = SignedCheckpoint::decode(&out).unwrap();
+        assert_eq!((back, n), (cp.clone(), out.len()));
+        assert_eq!(SignedCheckpoint::from_line(&cp.to_line()), Some(cp.clone()));
+        let key = parse_public_key(&signer.public_key_text()).unwrap();
+        assert!(cp.verify(&[key]));
+        let mut tampered = cp.clone();
+        tampered.checkpoint.seq = 6;
+        assert!(!tampered.verify(&[key]));
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub fn schema_statements(database: &str, table: &str) -> Vec<String> {
 pub fn partitions_sql(database: &str, table: &str) -> String {
     format!(
         "SELECT DISTINCT table, partition FROM system.parts \
-         WHERE database = '{database}' AND table IN ('{table}', '{table}_daily_stats') AND active"
+         WHERE database = '{database}' AND table IN ('{table}', '{table}_daily_stats', '{table}_chain') AND active"
     )
 }
 
@@ -217,6 +217,66 @@ pub(crate) fn insert_sql(database: &str, table: &str) -> String {
     )
 }
 
+/// `INSERT INTO db.table_chain (columns…) FORMAT RowBinary`.
+pub(crate) fn chain_insert_sql(database: &str, table: &str) -> String {
+    format!(
+        "INSERT INTO {database}.{table}_chain ({}) FORMAT RowBinary",
+        super::chain::CHAIN_COLUMNS.join(", ")
+    )
+}
+
+/// `INSERT INTO db.table_checkpoints (columns…) FORMAT RowBinary`.
+pub(crate) fn checkpoint_insert_sql(database: &str, table: &str) -> String {
+    format!(
+        "INSERT INTO {database}.{table}_checkpoints ({}) FORMAT RowBinary",
+        super::chain::CHECKPOINT_COLUMNS.join(", ")
+    )
+}
+
+/// Where `writer_id`'s chain continues when the spool does not say: after
+/// the entry before `first` (the row about to be sent, `(event_id,
+/// row_version)`) if it was sent before, else after the writer's last
+/// entry, else from the start (0 and the zero hash). `writer_id` is a
+/// validated name (`[A-Za-z0-9._:-]`).
+pub(crate) async fn chain_head(
+    client: &clickhouse::Client,
+    database: &str,
+    table: &str,
+    writer_id: &str,
+    first: Option<(uuid::Uuid, u8)>,
+) -> Result<(u64, [u8; 32]), clickhouse::error::Error> {
+    if let Some((event_id, version)) = first {
+        let sql = format!(
+            "SELECT seq, prev_hash FROM {database}.{table}_chain WHERE writer_id = '{writer_id}' \
+             AND event_id = toUUID('{event_id}') AND row_version = {version} ORDER BY seq LIMIT 1"
+        );
+        if let Some((seq, prev)) = seq_and_hash(client, &sql).await? {
+            return Ok((seq.saturating_sub(1), prev));
+        }
+    }
+    let sql = format!(
+        "SELECT seq, row_hash FROM {database}.{table}_chain WHERE writer_id = '{writer_id}' \
+         ORDER BY seq DESC LIMIT 1"
+    );
+    Ok(seq_and_hash(client, &sql).await?.unwrap_or((0, [0; 32])))
+}
+
+/// The one `(UInt64, FixedString(32))` row `sql` selects, if any.
+async fn seq_and_hash(
+    client: &clickhouse::Client,
+    sql: &str,
+) -> Result<Option<(u64, [u8; 32])>, clickhouse::error::Error> {
+    let bytes = client.query_raw(sql).fetch_bytes("RowBinary")?.collect().await?;
+    let (Some(seq), Some(hash)) = (bytes.get(..8), bytes.get(8..40)) else {
+        return Ok(None);
+    };
+    let mut s = [0u8; 8];
+    s.copy_from_slice(seq);
+    let mut h = [0u8; 32];
+    h.copy_from_slice(hash);
+    Ok(Some((u64::from_le_bytes(s), h)))
+}
+
 /// Sends one batch body (concatenated RowBinary rows) as a single `INSERT`.
 /// `body` is shared, so a retry re-sends it without copying.
 pub(crate) async fn insert(
@@ -294,7 +354,7 @@ pub(crate) fn partitions_to_drop(partitions: &[u32], cutoff: u32) -> Vec<u32> {
 }
 
 /// Drops day partitions older than `keep_days` (counting today) from the audit
-/// table and its daily aggregate. Returns how many partitions were dropped.
+/// table, its daily aggregate and its chain (checkpoints are kept). Returns how many partitions were dropped.
 pub(crate) async fn enforce_retention(
     client: &clickhouse::Client,
     database: &str,
@@ -304,6 +364,7 @@ pub(crate) async fn enforce_retention(
 ) -> Result<usize, clickhouse::error::Error> {
     let cutoff = crate::clock::yyyymmdd_from_days(today_days - i64::from(keep_days) + 1);
     let stats = format!("{table}_daily_stats");
+    let chain = format!("{table}_chain");
     let sql = partitions_sql(database, table);
     let text = client
         .query_raw(&sql)
@@ -312,7 +373,7 @@ pub(crate) async fn enforce_retention(
         .await?;
     let text = String::from_utf8_lossy(&text);
     let mut dropped = 0;
-    for name in [table, stats.as_str()] {
+    for name in [table, stats.as_str(), chain.as_str()] {
         let parts: Vec<u32> = text
             .lines()
             .filter_map(|l| l.split_once('\t'))

@@ -70,13 +70,16 @@ fn civil_dates_are_computed_from_epoch_days() {
 #[test]
 fn schema_statements_substitute_names_and_skip_comments_and_set() {
     let stmts = schema_statements("db1", "ev");
-    assert_eq!(stmts.len(), 4, "{stmts:#?}");
+    assert_eq!(stmts.len(), 6, "{stmts:#?}");
     assert_eq!(stmts[0], "CREATE DATABASE IF NOT EXISTS db1");
     assert!(stmts[1].starts_with("CREATE TABLE IF NOT EXISTS db1.ev\n("));
     assert!(stmts[1].contains("ReplacingMergeTree(row_version)"));
     assert!(stmts[2].starts_with("CREATE TABLE IF NOT EXISTS db1.ev_daily_stats"));
     assert!(stmts[3].contains("TO db1.ev_daily_stats"));
     assert!(stmts[3].contains("WHERE row_version = 1"));
+    assert!(stmts[4].starts_with("CREATE TABLE IF NOT EXISTS db1.ev_chain"));
+    assert!(stmts[4].contains("ENGINE = MergeTree()"));
+    assert!(stmts[5].starts_with("CREATE TABLE IF NOT EXISTS db1.ev_checkpoints"));
     for s in &stmts {
         assert!(
             !s.contains('{') && !s.contains("--") && !s.ends_with(';'),

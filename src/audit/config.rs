@@ -49,6 +49,80 @@ pub struct AuditConfig {
     /// disables. Default 300.
     #[serde(default = "default_max_backlog_age_s")]
     pub max_backlog_age_s: u64,
+    /// This replica's name in the audit hash chain (`[A-Za-z0-9._:-]`, at
+    /// most 128 bytes). Default: made at first start and kept in the spool
+    /// (`<spool.dir>/writer_id`), so it survives restarts.
+    #[serde(default)]
+    pub writer_id: Option<String>,
+    /// Ed25519 key (PKCS#8 PEM, `mcp-firewall audit keygen --out FILE`)
+    /// that signs checkpoints of the chain. Without it rows are chained
+    /// but no checkpoint is signed (logged at start).
+    #[serde(default)]
+    pub signing_key_file: Option<PathBuf>,
+    /// A checkpoint is signed after this many rows or seconds, whichever
+    /// comes first: `checkpoint_every = 1000`, or `{ rows = 1000, seconds = 10 }`.
+    #[serde(default)]
+    pub checkpoint_every: CheckpointEvery,
+    /// The local append-only copy of every signed checkpoint (JSON lines).
+    /// Default: `<spool.dir>/checkpoints.jsonl`.
+    #[serde(default)]
+    pub checkpoint_file: Option<PathBuf>,
+}
+
+/// `audit.checkpoint_every`: rows, or rows and seconds.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum CheckpointEvery {
+    /// After this many rows (and at most [`DEFAULT_CHECKPOINT_SECONDS`] apart).
+    Rows(u64),
+    /// After `rows` rows or `seconds` seconds.
+    Both {
+        /// Rows between checkpoints.
+        #[serde(default = "default_checkpoint_rows")]
+        rows: u64,
+        /// Seconds between checkpoints (while rows arrive).
+        #[serde(default = "default_checkpoint_seconds")]
+        seconds: u64,
+    },
+}
+
+/// Default seconds between checkpoints.
+pub const DEFAULT_CHECKPOINT_SECONDS: u64 = 10;
+
+fn default_checkpoint_rows() -> u64 {
+    1000
+}
+
+fn default_checkpoint_seconds() -> u64 {
+    DEFAULT_CHECKPOINT_SECONDS
+}
+
+impl Default for CheckpointEvery {
+    fn default() -> Self {
+        CheckpointEvery::Both {
+            rows: default_checkpoint_rows(),
+            seconds: default_checkpoint_seconds(),
+        }
+    }
+}
+
+impl CheckpointEvery {
+    /// Rows and seconds between checkpoints.
+    pub fn limits(self) -> (u64, u64) {
+        match self {
+            CheckpointEvery::Rows(rows) => (rows, DEFAULT_CHECKPOINT_SECONDS),
+            CheckpointEvery::Both { rows, seconds } => (rows, seconds),
+        }
+    }
+}
+
+/// Whether `id` may name a writer of the hash chain.
+pub(crate) fn is_writer_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 impl Default for AuditConfig {
@@ -63,6 +137,10 @@ impl Default for AuditConfig {
             on_spool_failure: FailModes::default(),
             instance: None,
             max_backlog_age_s: default_max_backlog_age_s(),
+            writer_id: None,
+            signing_key_file: None,
+            checkpoint_every: CheckpointEvery::default(),
+            checkpoint_file: None,
         }
     }
 }
@@ -424,6 +502,17 @@ impl AuditConfig {
         if self.retention_days == Some(0) {
             return Err(AuditError::ZeroLimit {
                 field: "retention_days",
+            });
+        }
+        if let Some(id) = &self.writer_id {
+            if !is_writer_id(id) {
+                return Err(AuditError::InvalidWriterId { value: id.clone() });
+            }
+        }
+        let (rows, seconds) = self.checkpoint_every.limits();
+        if rows == 0 || seconds == 0 {
+            return Err(AuditError::ZeroLimit {
+                field: "checkpoint_every",
             });
         }
         Ok(())

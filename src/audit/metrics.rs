@@ -27,6 +27,8 @@ pub(crate) struct Metrics {
     spool_write_failures: Counter,
     spool_stalls: Counter,
     spool_slow_writes: Counter,
+    checkpoints: Counter,
+    chain_seq: Gauge,
 }
 
 impl Metrics {
@@ -95,6 +97,16 @@ impl Metrics {
             m.spool_slow_writes.clone(),
         );
         r.register(
+            "checkpoints",
+            "Signed checkpoints of the hash chain acknowledged by ClickHouse",
+            m.checkpoints.clone(),
+        );
+        r.register(
+            "chain_seq",
+            "seq of the last row of this writer's hash chain acknowledged by ClickHouse",
+            m.chain_seq.clone(),
+        );
+        r.register(
             "oldest_unsent_age_seconds",
             "Age of the oldest row spooled but not yet acknowledged by ClickHouse",
             m.oldest_unsent_age.clone(),
@@ -111,6 +123,12 @@ impl Metrics {
     }
     pub(crate) fn rows_sent(&self, n: u64) {
         self.rows_sent.inc_by(n);
+    }
+    pub(crate) fn checkpoint_signed(&self) {
+        self.checkpoints.inc();
+    }
+    pub(crate) fn set_chain_seq(&self, seq: u64) {
+        self.chain_seq.set(i64::try_from(seq).unwrap_or(i64::MAX));
     }
     pub(crate) fn send_error(&self) {
         self.send_errors.inc();

@@ -66,6 +66,7 @@ mod clickhouse;
 mod config;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+mod linker;
 mod metrics;
 mod record;
 mod redact;
@@ -95,7 +96,7 @@ pub use self::shipper::ShipperError;
 pub use self::spool::SpoolError;
 // What `mcp-firewall audit` (`crate::cli::audit`) reads with.
 pub(crate) use self::clickhouse::build_client;
-pub(crate) use self::config::is_identifier;
+pub(crate) use self::config::{is_identifier, is_writer_id};
 pub(crate) use self::record::decode_row;
 pub(crate) use self::spool::{list_segments, payloads, segment_path};
 
@@ -175,6 +176,20 @@ pub enum AuditError {
         min_ms: u64,
         /// `batch.retry_max_ms`.
         max_ms: u64,
+    },
+    /// `writer_id` is not a plain name.
+    #[error("invalid audit config: writer_id {value:?} must be 1 to 128 bytes of [A-Za-z0-9._:-]")]
+    InvalidWriterId {
+        /// The configured value.
+        value: String,
+    },
+    /// The checkpoint signing key cannot be used.
+    #[error("audit.signing_key_file {path}: {reason}")]
+    SigningKey {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
     },
     /// The redaction patterns do not compile.
     #[error(transparent)]
@@ -582,6 +597,7 @@ pub async fn start(
         );
     }
 
+    let linker = linker_for(cfg, spool.cursor)?;
     let (phase_tx, phase_rx) = watch::channel(Phase::Running);
     let ch = &cfg.clickhouse;
     let shipper = Shipper::new(
@@ -601,6 +617,7 @@ pub async fn start(
         spool.reader,
         metrics.clone(),
         phase_rx.clone(),
+        linker,
     );
     let ship_thread = ShipThread::start().context("starting the audit shipper thread")?;
     let shipper = ship_thread.runtime.spawn(shipper.run());
@@ -641,6 +658,94 @@ pub async fn start(
         }),
     };
     Ok((auditor, handle))
+}
+
+/// The hash chain's writer for this spool: its id, its signing key, where
+/// its checkpoints are copied, and its head as the spool last knew it.
+fn linker_for(
+    cfg: &AuditConfig,
+    cursor: Option<spool::Position>,
+) -> Result<linker::Linker, AuditError> {
+    let dir = &cfg.spool.dir;
+    let writer_id = match &cfg.writer_id {
+        Some(id) => id.clone(),
+        None => spool_writer_id(dir)?,
+    };
+    let signer = match &cfg.signing_key_file {
+        Some(path) => Some(load_signer(path)?),
+        None => {
+            tracing::warn!(writer_id, "audit: no audit.signing_key_file: rows are chained but no checkpoint is signed, so the chain's tail can be cut unnoticed (`mcp-firewall audit keygen --out FILE`)");
+            None
+        }
+    };
+    let file = cfg
+        .checkpoint_file
+        .clone()
+        .unwrap_or_else(|| dir.join("checkpoints.jsonl"));
+    Ok(linker::Linker::new(
+        writer_id,
+        signer,
+        cfg.checkpoint_every.limits(),
+        file,
+        spool::read_chain_head(dir),
+        cursor,
+    ))
+}
+
+/// Reads an Ed25519 checkpoint key (PKCS#8 PEM); warns when others may
+/// read it.
+pub(crate) fn load_signer(path: &std::path::Path) -> Result<chain::Signer, AuditError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |reason: String| AuditError::SigningKey {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+        tracing::warn!(path = %path.display(), "audit.signing_key_file is readable by group or others: whoever reads it can sign checkpoints");
+    }
+    chain::Signer::from_pem(&text).map_err(|e| err(e.to_string()))
+}
+
+/// The writer id kept in the spool (`writer_id`), made at first start:
+/// the host name and 8 random hex digits.
+fn spool_writer_id(dir: &std::path::Path) -> Result<String, AuditError> {
+    let path = dir.join("writer_id");
+    let spool_err = |e: std::io::Error| AuditError::Spool(SpoolError::dir(&path, e));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let id = text.trim().to_owned();
+            if is_writer_id(&id) {
+                return Ok(id);
+            }
+            return Err(AuditError::InvalidWriterId { value: id });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(spool_err(e)),
+    }
+    let host: String = host_name()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .take(100)
+        .collect();
+    let id = format!(
+        "{}-{:08x}",
+        if host.is_empty() { "fw" } else { host.as_str() },
+        rand::random::<u32>()
+    );
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(spool_err)?;
+        f.write_all(format!("{id}\n").as_bytes()).map_err(spool_err)?;
+        f.sync_all().map_err(spool_err)?;
+    }
+    Ok(id)
 }
 
 /// The kernel's host name, or empty when unreadable.

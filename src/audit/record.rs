@@ -405,6 +405,74 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
     (at.get() == payload.len()).then_some(out)
 }
 
+/// Index of `row_version` in [`COLUMNS`].
+const ROW_VERSION_COLUMN: usize = 30;
+const _: () = assert!(matches!(WIDTHS[ROW_VERSION_COLUMN], Width::U8));
+
+/// The length of the whole row that `data` starts with (every column of
+/// [`COLUMNS`]), or `None` when `data` does not start with one: how the
+/// verifier splits a `SELECT … FORMAT RowBinary` answer into rows and the
+/// shipper finds a row's `row_version`. Reads lengths only, copies nothing.
+pub(crate) fn row_len(data: &[u8]) -> Option<usize> {
+    skip_columns(data, WIDTHS.len())
+}
+
+/// The `row_version` of an encoded (whole) row.
+pub(crate) fn row_version(row: &[u8]) -> Option<u8> {
+    let at = skip_columns(row, ROW_VERSION_COLUMN)?;
+    row.get(at).copied()
+}
+
+/// Where the first `n` columns of an encoded row end.
+fn skip_columns(data: &[u8], n: usize) -> Option<usize> {
+    let mut at = 0usize;
+    for width in WIDTHS.iter().take(n) {
+        at = match width {
+            Width::Uuid => at.checked_add(16)?,
+            Width::U8 => at.checked_add(1)?,
+            Width::U16 => at.checked_add(2)?,
+            Width::U32 => at.checked_add(4)?,
+            Width::U64 => at.checked_add(8)?,
+            Width::Str => skip_str(data, at)?,
+            Width::Strs => {
+                let (count, mut next) = leb128(data, at)?;
+                for _ in 0..count {
+                    next = skip_str(data, next)?;
+                }
+                next
+            }
+        };
+        if at > data.len() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+/// Where the `String` at `at` ends.
+fn skip_str(data: &[u8], at: usize) -> Option<usize> {
+    let (len, start) = leb128(data, at)?;
+    start.checked_add(usize::try_from(len).ok()?)
+}
+
+/// The LEB128 number at `at` and where it ends.
+pub(crate) fn leb128(data: &[u8], mut at: usize) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    let mut shift = 0u32;
+    loop {
+        let byte = *data.get(at)?;
+        at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some((value, at));
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+}
+
 /// A LEB128 length.
 fn read_len<'p>(take: &mut impl FnMut(usize) -> Option<&'p [u8]>) -> Option<u64> {
     let mut len = 0u64;
@@ -436,7 +504,7 @@ fn put_uuid(out: &mut Vec<u8>, id: Uuid) {
     out.extend_from_slice(&lo.to_le_bytes());
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_bytes(out, s.as_bytes());
 }
 

@@ -221,3 +221,22 @@ fn decode_row_reads_back_what_encode_row_wrote() {
     longer.push(0);
     assert!(decode_row(&longer).is_none(), "trailing bytes");
 }
+
+#[test]
+fn rows_are_split_and_their_version_read_without_decoding() {
+    let mut first = full_row();
+    first.row_version = 0;
+    let second = full_row();
+    let mut body = Vec::new();
+    encode_row(&first, br#"{"a":1}"#, b"", "fw-1", &mut body);
+    let one = body.len();
+    encode_row(&second, b"", br#"{"ok":true}"#, "fw-1", &mut body);
+    assert_eq!(row_len(&body), Some(one));
+    assert_eq!(row_version(&body[..one]), Some(0));
+    assert_eq!(row_len(&body[one..]), Some(body.len() - one));
+    assert_eq!(row_version(&body[one..]), Some(1));
+    // Torn rows and garbage lengths are not rows.
+    assert_eq!(row_len(&body[..one - 1]), None);
+    assert_eq!(row_len(&[0xff; 40]), None);
+    assert_eq!(row_len(&[]), None);
+}

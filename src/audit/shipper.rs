@@ -11,6 +11,10 @@
 //!   which the `ReplacingMergeTree` on `event_id` absorbs (see [`super`]).
 //! * Segments are deleted only after the batch holding their last row was
 //!   acknowledged (or rejected and saved).
+//! * Every batch's rows are linked into the writer's hash chain
+//!   ([`super::linker`]) when it is formed; its chain entries are inserted
+//!   before its rows, and the chain's head is kept in the spool with the
+//!   cursor. Checkpoints are signed over acknowledged rows only.
 //! * File reads run on the blocking pool; the task itself never blocks. In-flight
 //!   inserts are futures owned by the task, so aborting it stops them too.
 
@@ -27,7 +31,9 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use thiserror::Error;
 use tokio::sync::watch;
 
+use super::chain::{Hash, SignedCheckpoint};
 use super::clickhouse::{self as ch, Disposition};
+use super::linker::Linker;
 use super::metrics::Metrics;
 use super::spool::{self, Batch, FillOutcome, Position, Shared, SpoolError, SpoolReader};
 
@@ -76,6 +82,9 @@ pub(crate) struct ShipperSettings {
 struct ShipCtx {
     client: clickhouse::Client,
     sql: String,
+    /// The chain table's and the checkpoint table's `INSERT`.
+    chain_sql: String,
+    checkpoint_sql: String,
     settings: ShipperSettings,
     metrics: Metrics,
     shared: Arc<Shared>,
@@ -120,6 +129,8 @@ struct InFlight {
     finished_segments: Vec<u64>,
     /// Oldest row of the batch (for the age gauge).
     first_time_ms: Option<u64>,
+    /// The chain's head after the batch's rows.
+    head: Option<(u64, Hash)>,
 }
 
 /// An insert; yields its batch body back once acknowledged (or rejected).
@@ -189,6 +200,10 @@ pub(crate) struct Shipper {
     buffers: BufferPool,
     /// Background schema creation, until it succeeds.
     schema: Option<SchemaFuture>,
+    /// This writer's hash chain.
+    linker: Linker,
+    /// The checkpoint being inserted, if any.
+    checkpoint: Option<SchemaFuture>,
 }
 
 impl Shipper {
@@ -198,11 +213,14 @@ impl Shipper {
         reader: SpoolReader,
         metrics: Metrics,
         phase: watch::Receiver<Phase>,
+        linker: Linker,
     ) -> Self {
         let buffers = BufferPool::new(settings.max_in_flight);
         Self {
             ctx: Arc::new(ShipCtx {
                 sql: ch::insert_sql(&settings.database, &settings.table),
+                chain_sql: ch::chain_insert_sql(&settings.database, &settings.table),
+                checkpoint_sql: ch::checkpoint_insert_sql(&settings.database, &settings.table),
                 schema_ready: AtomicBool::new(!settings.create_schema),
                 shared: Arc::clone(reader.shared()),
                 client,
@@ -217,6 +235,8 @@ impl Shipper {
             in_flight: VecDeque::new(),
             buffers,
             schema: None,
+            linker,
+            checkpoint: None,
         }
     }
 
@@ -261,6 +281,7 @@ impl Shipper {
                 self.release_finished(&mut batch.finished_segments);
                 if draining && outcome == FillOutcome::CaughtUp {
                     if self.in_flight.is_empty() {
+                        self.last_checkpoint().await;
                         return Ok(());
                     }
                     self.wait(Some(Instant::now() + GAUGE_TICK), &batch).await;
@@ -281,7 +302,75 @@ impl Shipper {
                     continue;
                 }
             }
+            if self.linker.needs_head() {
+                self.learn_head(&batch).await;
+            }
             self.dispatch(&mut batch);
+        }
+    }
+
+    /// Learns where the chain continues from ClickHouse (the spool did not
+    /// say), retrying until it answers: nothing can be shipped meanwhile
+    /// anyway.
+    async fn learn_head(&mut self, batch: &Batch) {
+        let first = batch.row_starts.first().and_then(|&at| {
+            let row = batch.body.get(at..)?;
+            let id = row.get(..16)?;
+            let hi = u64::from_le_bytes(id[..8].try_into().ok()?);
+            let lo = u64::from_le_bytes(id[8..].try_into().ok()?);
+            let len = super::record::row_len(row)?;
+            let version = super::record::row_version(row.get(..len)?)?;
+            Some((uuid::Uuid::from_u64_pair(hi, lo), version))
+        });
+        let mut attempt: u32 = 0;
+        loop {
+            let s = &self.ctx.settings;
+            match ch::chain_head(
+                &self.ctx.client,
+                &s.database,
+                &s.table,
+                self.linker.writer_id(),
+                first,
+            )
+            .await
+            {
+                Ok((seq, hash)) => {
+                    tracing::info!(writer_id = self.linker.writer_id(), seq, "audit chain: continuing after the last row ClickHouse has of this writer");
+                    self.linker.resume(seq, hash);
+                    return;
+                }
+                Err(e) => {
+                    attempt = attempt.saturating_add(1);
+                    let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+                    if attempt == 1 {
+                        tracing::error!(error = %e, "audit chain: the spool does not say where this writer's chain continues and ClickHouse cannot be asked; rows wait in the spool");
+                    }
+                    self.ctx.metrics.send_error();
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Signs and sends a checkpoint if one is due and none is being sent.
+    fn maybe_checkpoint(&mut self, now: bool) {
+        if self.checkpoint.is_some() {
+            return;
+        }
+        if let Some(cp) = self.linker.checkpoint(now) {
+            self.checkpoint = Some(Box::pin(insert_checkpoint(Arc::clone(&self.ctx), cp)));
+        }
+    }
+
+    /// At the end of a drain: the acknowledged tail signed and sent (a
+    /// bounded wait: the handle's deadline aborts it otherwise).
+    async fn last_checkpoint(&mut self) {
+        if let Some(pending) = self.checkpoint.take() {
+            pending.await;
+        }
+        self.maybe_checkpoint(true);
+        if let Some(pending) = self.checkpoint.take() {
+            pending.await;
         }
     }
 
@@ -327,13 +416,17 @@ impl Shipper {
         let next = self.buffers.take(batch.body.len());
         let body = Bytes::from(std::mem::replace(&mut batch.body, next));
         let start = batch.start.unwrap_or(Position { seq: 0, offset: 0 });
+        let mut entries = Vec::with_capacity(batch.rows * 160);
+        let head = self.linker.link(batch, &mut entries);
         self.in_flight.push_back(InFlight {
             end: batch.end,
             finished_segments: std::mem::take(&mut batch.finished_segments),
             first_time_ms: batch.first_time_ms,
+            head,
         });
         self.inserts.push_back(Box::pin(insert_until_done(
             Arc::clone(&self.ctx),
+            Bytes::from(entries),
             body,
             batch.rows as u64,
             start,
@@ -358,6 +451,7 @@ impl Shipper {
         let phase_gone = self.phase_gone;
         let has_inserts = !self.inserts.is_empty();
         let has_schema = self.schema.is_some();
+        let has_checkpoint = self.checkpoint.is_some();
         let woke = tokio::select! {
             Some(body) = self.inserts.next(), if has_inserts => {
                 self.buffers.give(body);
@@ -365,6 +459,10 @@ impl Shipper {
             }
             Some(()) = OptionFuture::from(self.schema.as_mut()), if has_schema => {
                 self.schema = None;
+                Woke::SchemaDone
+            }
+            Some(()) = OptionFuture::from(self.checkpoint.as_mut()), if has_checkpoint => {
+                self.checkpoint = None;
                 Woke::SchemaDone
             }
             () = shared.new_data.notified(), if want_data => Woke::NewData,
@@ -379,6 +477,7 @@ impl Shipper {
         if woke == Woke::InsertDone {
             self.acknowledge();
         }
+        self.maybe_checkpoint(false);
         self.update_age(batch);
         woke
     }
@@ -396,6 +495,14 @@ impl Shipper {
             if let Err(e) = spool::write_cursor(self.ctx.shared.dir(), end) {
                 // Only costs a larger (deduplicated) replay after a restart.
                 tracing::warn!(error = %e, "audit spool: cannot update cursor");
+            }
+            if let Some(head) = done.head {
+                self.ctx.metrics.set_chain_seq(head.0);
+                let head = self.linker.acknowledged(end, head);
+                if let Err(e) = spool::write_chain_head(self.ctx.shared.dir(), &head) {
+                    // The next start asks ClickHouse instead.
+                    tracing::warn!(error = %e, "audit spool: cannot update the chain head");
+                }
             }
         }
     }
@@ -430,10 +537,32 @@ enum Woke {
 
 /// Inserts one batch until ClickHouse acknowledges it or, for bad data, until it
 /// is saved to `rejected/`. Never gives up otherwise. Yields the body back.
-async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Position) -> Bytes {
+async fn insert_until_done(
+    ctx: Arc<ShipCtx>,
+    entries: Bytes,
+    body: Bytes,
+    rows: u64,
+    start: Position,
+) -> Bytes {
     let mut attempt: u32 = 0;
+    // The chain entries go first (once): a row in the table always has its
+    // entry, even when the process dies between the two inserts.
+    let mut entries_done = entries.is_empty();
     loop {
-        let (err, disposition) = match try_insert(&ctx, &body).await {
+        let sent = if entries_done {
+            try_insert(&ctx, &ctx.sql, &body).await
+        } else {
+            match try_insert(&ctx, &ctx.chain_sql, &entries).await {
+                Ok(()) => {
+                    entries_done = true;
+                    try_insert(&ctx, &ctx.sql, &body).await
+                }
+                // Entries are never bad data (the firewall wrote every
+                // byte): whatever ClickHouse says, retry them.
+                Err((e, _)) => Err((e, Disposition::Retry)),
+            }
+        };
+        let (err, disposition) = match sent {
             Ok(()) => {
                 ctx.metrics.rows_sent(rows);
                 let ended = ctx.outage.lock().ok().and_then(|mut o| o.succeeded());
@@ -496,6 +625,31 @@ async fn insert_until_done(ctx: Arc<ShipCtx>, body: Bytes, rows: u64, start: Pos
     }
 }
 
+/// Inserts a signed checkpoint, retrying until ClickHouse acknowledges it
+/// (its copy in the local checkpoint file is already written).
+async fn insert_checkpoint(ctx: Arc<ShipCtx>, cp: SignedCheckpoint) {
+    let mut body = Vec::with_capacity(256);
+    cp.encode(&mut body);
+    let body = Bytes::from(body);
+    let mut attempt: u32 = 0;
+    loop {
+        match try_insert(&ctx, &ctx.checkpoint_sql, &body).await {
+            Ok(()) => {
+                ctx.metrics.checkpoint_signed();
+                return;
+            }
+            Err((e, _)) => {
+                attempt = attempt.saturating_add(1);
+                ctx.metrics.send_error();
+                let s = &ctx.settings;
+                let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+                tracing::warn!(attempt, error = %e, seq = cp.checkpoint.seq, "audit: inserting a checkpoint failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
 /// Creates the schema, retrying with backoff until ClickHouse accepts it.
 async fn ensure_schema_until_done(ctx: Arc<ShipCtx>) {
     let mut attempt: u32 = 0;
@@ -518,6 +672,7 @@ async fn ensure_schema_until_done(ctx: Arc<ShipCtx>) {
 /// is not the batch's failure: only the insert's outcome counts.
 async fn try_insert(
     ctx: &ShipCtx,
+    sql: &str,
     body: &Bytes,
 ) -> Result<(), (clickhouse::error::Error, Disposition)> {
     if !ctx.schema_ready.load(Ordering::Acquire) {
@@ -527,7 +682,7 @@ async fn try_insert(
             Err(e) => tracing::debug!(error = %e, "audit: schema creation before INSERT failed"),
         }
     }
-    ch::insert(&ctx.client, &ctx.sql, body, ctx.settings.insert_timeout)
+    ch::insert(&ctx.client, sql, body, ctx.settings.insert_timeout)
         .await
         .map_err(|e| {
             let d = ch::classify(&e);

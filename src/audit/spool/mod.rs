@@ -10,7 +10,10 @@
 //!   records `[len u32 LE][crc32(payload) u32 LE][payload]`; the payload is one
 //!   `RowBinary` row ([`super::record`]).
 //! * `cursor`: the last position ClickHouse acknowledged (segment, offset, crc),
-//!   replaced atomically by rename after each acknowledged batch.
+//!   rewritten in place after each acknowledged batch.
+//! * `chain`: the hash chain's head at the cursor ([`ChainHead`]).
+//! * `writer_id`: this spool's writer in the hash chain, made at first start
+//!   unless `audit.writer_id` names it.
 //! * `rejected/`: batches ClickHouse refused as bad data (`*.rowbinary`, replayable
 //!   with `clickhouse-client --query "INSERT INTO db.t (cols) FORMAT RowBinary"`)
 //!   and unreadable spool bytes (`*.corrupt`); nothing is silently dropped.
@@ -162,7 +165,7 @@ pub enum SpoolError {
 }
 
 impl SpoolError {
-    fn dir(path: &Path, e: io::Error) -> Self {
+    pub(crate) fn dir(path: &Path, e: io::Error) -> Self {
         Self::Dir {
             path: path.to_owned(),
             source: Arc::new(e),
@@ -741,6 +744,8 @@ pub(crate) struct Spool {
     pub syncer: std::thread::JoinHandle<()>,
     pub reader: SpoolReader,
     pub recovery: Recovery,
+    /// The last acknowledged position (the cursor), if any.
+    pub cursor: Option<Position>,
 }
 
 /// Opens (creating if needed) the spool, recovers what a previous process left,
@@ -886,6 +891,7 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
         syncer,
         reader,
         recovery,
+        cursor,
     })
 }
 

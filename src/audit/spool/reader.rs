@@ -23,6 +23,9 @@ pub(crate) struct Batch {
     pub body: Vec<u8>,
     /// Rows in `body`.
     pub rows: usize,
+    /// Where each row starts in `body` (the shipper links each into the
+    /// writer's hash chain).
+    pub row_starts: Vec<usize>,
     /// `time_ms` of the first row (oldest unsent).
     pub first_time_ms: Option<u64>,
     /// Where the first row starts (names rejected files).
@@ -41,6 +44,7 @@ impl Batch {
     pub fn reset(&mut self) {
         self.body.clear();
         self.rows = 0;
+        self.row_starts.clear();
         self.first_time_ms = None;
         self.start = None;
         self.end = None;
@@ -142,6 +146,7 @@ impl SpoolReader {
                             });
                             batch.opened = Some(Instant::now());
                         }
+                        batch.row_starts.push(batch.body.len());
                         batch.body.extend_from_slice(payload);
                         batch.body.extend_from_slice(self.tail);
                         batch.rows += 1;

@@ -1,7 +1,7 @@
 //! What survives a restart: at start, torn or corrupt segment tails are cut
 //! (the bytes kept in `rejected/`); the cursor file keeps the last position
-//! ClickHouse acknowledged; batches ClickHouse refused as bad data are saved
-//! for replay.
+//! ClickHouse acknowledged, and the chain head file the hash chain's head
+//! there; batches ClickHouse refused as bad data are saved for replay.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -121,5 +121,69 @@ pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
     if f.metadata()?.len() > 20 {
         f.set_len(20)?;
     }
+    Ok(())
+}
+
+/// Length of the chain-head file.
+const HEAD_LEN: usize = 8 + 8 + 8 + 8 + 32 + 4;
+
+/// The hash chain's head at an acknowledged spool position: the last row
+/// shipped before `at` was row `seq` of writer `writer_id` (only a digest of
+/// the id is kept) with hash `hash`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChainHead {
+    /// The cursor position it belongs to.
+    pub at: Position,
+    /// The first 8 bytes of SHA-256(writer_id).
+    pub writer_tag: [u8; 8],
+    /// The last linked row.
+    pub seq: u64,
+    /// Its hash.
+    pub hash: [u8; 32],
+}
+
+/// The chain head file (`chain`), written right after each cursor update:
+/// the shipper continues the chain from it when its position is the
+/// cursor's, and otherwise (a crash between the two writes, a torn write,
+/// a spool of an older release) asks ClickHouse. Same in-place, crc-checked
+/// write as the cursor.
+pub(crate) fn read_chain_head(dir: &Path) -> Option<ChainHead> {
+    let data = fs::read(dir.join("chain")).ok()?;
+    let bytes: [u8; HEAD_LEN] = data.as_slice().try_into().ok()?;
+    let body = &bytes[..HEAD_LEN - 4];
+    let crc = u32::from_le_bytes(bytes[HEAD_LEN - 4..].try_into().ok()?);
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    let u64_at = |i: usize| -> Option<u64> { Some(u64::from_le_bytes(body.get(i..i + 8)?.try_into().ok()?)) };
+    Some(ChainHead {
+        at: Position {
+            seq: u64_at(0)?,
+            offset: u64_at(8)?,
+        },
+        writer_tag: body.get(16..24)?.try_into().ok()?,
+        seq: u64_at(24)?,
+        hash: body.get(32..64)?.try_into().ok()?,
+    })
+}
+
+/// Rewrites the chain head file in place (see [`read_chain_head`]).
+pub(crate) fn write_chain_head(dir: &Path, head: &ChainHead) -> io::Result<()> {
+    let mut bytes = [0u8; HEAD_LEN];
+    bytes[..8].copy_from_slice(&head.at.seq.to_le_bytes());
+    bytes[8..16].copy_from_slice(&head.at.offset.to_le_bytes());
+    bytes[16..24].copy_from_slice(&head.writer_tag);
+    bytes[24..32].copy_from_slice(&head.seq.to_le_bytes());
+    bytes[32..64].copy_from_slice(&head.hash);
+    let crc = crc32fast::hash(&bytes[..HEAD_LEN - 4]);
+    bytes[HEAD_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+    injected(dir)?;
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.join("chain"))?;
+    f.write_all_at(&bytes, 0)?;
     Ok(())
 }
