@@ -36,6 +36,27 @@ pub fn yyyymmdd_from_days(days: i64) -> u32 {
         .unwrap_or(0)
 }
 
+/// An instant a person typed, as milliseconds since the epoch: RFC 3339
+/// (`2026-12-05T10:00:00Z`), a UTC day (`2026-12-05`: its first
+/// millisecond, or with `end_of_day` its last), or milliseconds.
+pub fn parse_instant_ms(text: &str, end_of_day: bool) -> Option<u64> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().ok();
+    }
+    if let Ok(t) = OffsetDateTime::parse(text, &Rfc3339) {
+        return u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok();
+    }
+    let mut parts = text.splitn(3, '-');
+    let year: i32 = parts.next()?.parse().ok()?;
+    let month: u8 = parts.next()?.parse().ok()?;
+    let day: u8 = parts.next()?.parse().ok()?;
+    let date =
+        time::Date::from_calendar_date(year, time::Month::try_from(month).ok()?, day).ok()?;
+    let start = u64::try_from(date.midnight().assume_utc().unix_timestamp()).ok()? * 1000;
+    Some(if end_of_day { start + 86_400_000 - 1 } else { start })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +82,16 @@ mod tests {
     #[test]
     fn now_is_after_this_code_was_written() {
         assert!(now_ms() > 1_764_547_200_000);
+    }
+
+    #[test]
+    fn instants_are_read_as_rfc3339_days_or_milliseconds() {
+        use super::parse_instant_ms;
+        assert_eq!(parse_instant_ms("1796500000000", false), Some(1_796_500_000_000));
+        assert_eq!(parse_instant_ms("1970-01-02", false), Some(86_400_000));
+        assert_eq!(parse_instant_ms("1970-01-02", true), Some(2 * 86_400_000 - 1));
+        assert_eq!(parse_instant_ms("1970-01-01T00:00:01.5Z", false), Some(1_500));
+        assert_eq!(parse_instant_ms("yesterday", false), None);
+        assert_eq!(parse_instant_ms("2026-02-30", false), None);
     }
 }

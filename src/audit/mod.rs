@@ -71,6 +71,7 @@ mod metrics;
 mod record;
 mod redact;
 mod shipper;
+pub mod verify;
 mod spool;
 
 use std::cell::RefCell;

@@ -325,6 +325,16 @@ impl Shipper {
         let mut attempt: u32 = 0;
         loop {
             let s = &self.ctx.settings;
+            if !self.ctx.schema_ready.load(Ordering::Acquire) {
+                // The chain table may not exist yet (the schema task is not
+                // polled while this waits).
+                if ch::ensure_schema(&self.ctx.client, &s.database, &s.table)
+                    .await
+                    .is_ok()
+                {
+                    self.ctx.schema_ready.store(true, Ordering::Release);
+                }
+            }
             match ch::chain_head(
                 &self.ctx.client,
                 &s.database,
@@ -413,11 +423,11 @@ impl Shipper {
 
     /// Starts the `INSERT` of `batch` and empties it for the next one.
     fn dispatch(&mut self, batch: &mut Batch) {
+        let mut entries = Vec::with_capacity(batch.rows * 160);
+        let head = self.linker.link(batch, &mut entries);
         let next = self.buffers.take(batch.body.len());
         let body = Bytes::from(std::mem::replace(&mut batch.body, next));
         let start = batch.start.unwrap_or(Position { seq: 0, offset: 0 });
-        let mut entries = Vec::with_capacity(batch.rows * 160);
-        let head = self.linker.link(batch, &mut entries);
         self.in_flight.push_back(InFlight {
             end: batch.end,
             finished_segments: std::mem::take(&mut batch.finished_segments),

@@ -104,6 +104,36 @@ pub enum AuditCommand {
         #[arg(long)]
         key: PathBuf,
     },
+    /// Proves the audit trail complete and unaltered: every writer's hash
+    /// chain, its signed checkpoints, and every row against its chain
+    /// entry. Names each deleted, altered or forged row; exits 0 only when
+    /// everything checked holds.
+    Verify {
+        /// Chain entries from this instant (RFC 3339, `YYYY-MM-DD` UTC, or
+        /// ms since the epoch); default: each chain's start.
+        #[arg(long)]
+        from: Option<String>,
+        /// Up to this instant (a day means its end); default: each chain's
+        /// end (and signed rows past it are a cut tail).
+        #[arg(long)]
+        to: Option<String>,
+        /// One writer only.
+        #[arg(long)]
+        writer: Option<String>,
+        /// A public key whose checkpoint signatures count (`ed25519:…` as
+        /// `audit pubkey` prints it, or a file holding that); repeatable.
+        /// Default: the config's `audit.signing_key_file`'s.
+        #[arg(long = "public-key")]
+        public_keys: Vec<String>,
+        /// A writer's local checkpoint file, checked besides the table;
+        /// repeatable.
+        #[arg(long = "checkpoints")]
+        checkpoint_files: Vec<PathBuf>,
+        /// Also write every verified row, with its writer, seq and hashes,
+        /// as JSON lines to this file (for a SIEM).
+        #[arg(long)]
+        export: Option<PathBuf>,
+    },
 }
 
 /// `audit keygen` and `audit pubkey`: no audit store involved.
@@ -211,6 +241,9 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
     ) {
         return keys(&args.command, out);
     }
+    if let AuditCommand::Verify { .. } = &args.command {
+        return verify(args, out).await;
+    }
     let source = source(args)?;
     match (&args.command, &source) {
         (AuditCommand::Tail { lines, once }, _) => tail(&source, *lines, *once, args.json, out).await,
@@ -244,7 +277,93 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
             print_rows(&rows, &["day", "tool", "calls", "denials", "errors", "runs", "p95_us"], args.json, out)
         }
         (AuditCommand::Keygen { .. } | AuditCommand::Pubkey { .. }, _) => keys(&args.command, out),
+        (AuditCommand::Verify { .. }, _) => verify(args, out).await,
     }
+}
+
+/// `audit verify`: the report, then `Err` unless the trail holds.
+async fn verify(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyhow::Result<()> {
+    use crate::audit::verify::{self, Options, Target};
+    let AuditCommand::Verify {
+        from,
+        to,
+        writer,
+        public_keys,
+        checkpoint_files,
+        export,
+    } = &args.command
+    else {
+        anyhow::bail!("not a verify command");
+    };
+    let instant = |flag: &str, text: &Option<String>, end: bool| -> anyhow::Result<Option<u64>> {
+        text.as_deref()
+            .map(|t| {
+                crate::clock::parse_instant_ms(t, end).ok_or_else(|| {
+                    anyhow::anyhow!("{flag} {t:?}: RFC 3339, YYYY-MM-DD or ms since the epoch")
+                })
+            })
+            .transpose()
+    };
+    let mut keys = Vec::new();
+    for k in public_keys {
+        let text = if k.starts_with("ed25519:") {
+            k.clone()
+        } else {
+            std::fs::read_to_string(k).map_err(|e| anyhow::anyhow!("--public-key {k}: {e}"))?
+        };
+        keys.push(crate::audit::chain::parse_public_key(&text).ok_or_else(|| {
+            anyhow::anyhow!("--public-key {k}: not `ed25519:<base64 of 32 bytes>`")
+        })?);
+    }
+    let cfg = match &args.config {
+        Some(path) => Some(crate::config::load(path)?),
+        None => None,
+    };
+    if keys.is_empty() {
+        if let Some(path) = cfg
+            .as_ref()
+            .and_then(|c| c.audit.as_ref())
+            .and_then(|a| a.signing_key_file.as_ref())
+        {
+            let signer = crate::audit::load_signer(path)?;
+            keys.extend(crate::audit::chain::parse_public_key(&signer.public_key_text()));
+        }
+    }
+    let opts = Options {
+        from_ms: instant("--from", from, false)?,
+        to_ms: instant("--to", to, true)?,
+        writer: writer.clone(),
+        keys,
+        checkpoint_files: checkpoint_files.clone(),
+        export: export.clone(),
+    };
+    let Source::ClickHouse {
+        client,
+        database,
+        table,
+    } = source(args)?
+    else {
+        anyhow::bail!("verify reads ClickHouse: --clickhouse URL or --config FILE");
+    };
+    let client = client.with_compression(clickhouse::Compression::None);
+    let report = verify::verify(
+        &Target {
+            client: &client,
+            database: &database,
+            table: &table,
+        },
+        &opts,
+    )
+    .await?;
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        write!(out, "{}", verify::render(&report))?;
+    }
+    if !report.holds {
+        anyhow::bail!("the audit trail does not hold: see the findings above");
+    }
+    Ok(())
 }
 
 fn source(args: &AuditArgs) -> anyhow::Result<Source> {

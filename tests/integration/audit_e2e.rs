@@ -383,7 +383,7 @@ fn num(v: &Value) -> u64 {
         .unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -391,7 +391,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn wait_listening(port: u16) {
+pub(crate) async fn wait_listening(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await

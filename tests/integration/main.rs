@@ -7,6 +7,7 @@ mod approvals_api;
 mod approvals_e2e;
 mod architecture;
 mod audit;
+mod audit_chain;
 mod audit_e2e;
 mod auth_keys;
 mod batch;

@@ -1,0 +1,857 @@
+//! `mcp-firewall audit verify`: proves the audit trail in ClickHouse
+//! complete and unaltered, or names the rows that are not.
+//!
+//! Three streams, each read once as `RowBinary`: the signed checkpoints
+//! (`<table>_checkpoints`, and the writers' local checkpoint files if
+//! given), every writer's chain in `seq` order (`<table>_chain`), and the
+//! audit rows in whatever order ClickHouse returns them. The chain is
+//! checked link by link as it streams (a gap is a deleted entry, a broken
+//! link a rewritten one, a second entry under a used `seq` a forged one)
+//! and against the checkpoints (a signed hash the chain no longer has: the
+//! chain was rewritten; a signed `seq` past its end: its tail was cut).
+//! Each row is then hashed with its entry's writer, `seq` and `prev_hash`
+//! and compared with the entry: a row that does not give its hash was
+//! altered; an entry without its row was deleted (unless it is an intent
+//! whose verified completion replaced it when the table merged); a row
+//! without an entry was never chained (forged).
+//!
+//! Invariants: nothing is written; memory is one small record per chain
+//! entry in the range checked (about 120 bytes), never a row; every finding
+//! names the row (writer, `seq`, `event_id`, time).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use super::chain::{row_hash, Entry, Hash, Links, SignedCheckpoint, Step, CHAIN_COLUMNS, CHECKPOINT_COLUMNS};
+use super::record::{payload_time_ms, row_len, row_version, COLUMNS};
+
+/// At most this many findings of one kind are listed (all are counted).
+const LIST_MAX: usize = 1000;
+
+/// A streamed answer that has not given a whole record in this many bytes
+/// is not `RowBinary` of the expected columns.
+const MAX_PENDING: usize = 64 << 20;
+
+/// What to verify.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Chain entries linked at or after this instant (ms); rows of this
+    /// time on that are in no chain. `None`: from each chain's start.
+    pub from_ms: Option<u64>,
+    /// Up to this instant (ms). `None`: to each chain's end, and a signed
+    /// `seq` past the end is a cut tail.
+    pub to_ms: Option<u64>,
+    /// One writer only.
+    pub writer: Option<String>,
+    /// Public keys whose checkpoint signatures count.
+    pub keys: Vec<[u8; 32]>,
+    /// Writers' local checkpoint files, read besides the table.
+    pub checkpoint_files: Vec<PathBuf>,
+    /// Every verified row as a JSON line (writer, `seq`, hashes, columns)
+    /// to this file.
+    pub export: Option<PathBuf>,
+}
+
+/// Findings of one kind: how many, and the first [`LIST_MAX`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed<T> {
+    /// How many.
+    pub count: u64,
+    /// The first of them.
+    pub first: Vec<T>,
+}
+
+impl<T> Default for Listed<T> {
+    fn default() -> Self {
+        Listed {
+            count: 0,
+            first: Vec::new(),
+        }
+    }
+}
+
+impl<T> Listed<T> {
+    fn push(&mut self, item: T) {
+        self.count += 1;
+        if self.first.len() < LIST_MAX {
+            self.first.push(item);
+        }
+    }
+
+    /// None found.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// A row a finding is about.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RowRef {
+    /// Its place in its writer's chain (none for a row in no chain).
+    pub seq: Option<u64>,
+    /// Its `event_id`.
+    pub event_id: String,
+    /// Its `row_version` (0: the intent of a forwarded call, 1: final).
+    pub row_version: u8,
+    /// Its `time_ms`, RFC 3339.
+    pub time: String,
+    /// Its `time_ms`.
+    pub time_ms: u64,
+}
+
+/// Inclusive `seq` range.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct SeqRange {
+    /// First.
+    pub from: u64,
+    /// Last.
+    pub to: u64,
+}
+
+/// A checkpoint that does not hold.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct BadCheckpoint {
+    /// The `seq` it names.
+    pub seq: u64,
+    /// Why it does not hold.
+    pub why: String,
+}
+
+/// The last checkpoint a writer's chain matched.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CheckpointRef {
+    /// Its `seq`.
+    pub seq: u64,
+    /// When it was signed, RFC 3339.
+    pub time: String,
+}
+
+/// What verifying one writer found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WriterReport {
+    /// The writer (a replica).
+    pub writer_id: String,
+    /// Nothing wrong.
+    pub holds: bool,
+    /// First and last `seq` of its chain in the range.
+    pub first_seq: u64,
+    /// Last `seq`.
+    pub last_seq: u64,
+    /// Rows whose content, link and place hold.
+    pub verified: u64,
+    /// Intents merged into their verified completion (the table keeps one
+    /// row per call): not missing.
+    pub superseded: u64,
+    /// Identical second copies of entries (at-least-once delivery).
+    pub duplicates: u64,
+    /// Chain entries missing (deleted): `seq` ranges.
+    pub gaps: Listed<SeqRange>,
+    /// Entries whose row is gone (deleted rows).
+    pub missing: Listed<RowRef>,
+    /// Rows that no longer give their entry's hash (altered).
+    pub altered: Listed<RowRef>,
+    /// Entries whose `prev_hash` is not the hash of the entry before.
+    pub broken_links: Listed<u64>,
+    /// Second entries under a used `seq` that differ from the first.
+    pub conflicts: Listed<u64>,
+    /// Valid checkpoints the chain matched.
+    pub checkpoints: u64,
+    /// The last of them.
+    pub last_checkpoint: Option<CheckpointRef>,
+    /// Checkpoints that do not hold (bad signature, or a hash the chain
+    /// does not have).
+    pub bad_checkpoints: Listed<BadCheckpoint>,
+    /// Signed rows past the chain's end (its tail was cut).
+    pub truncated: Option<SeqRange>,
+    /// Rows after the last checkpoint: unsigned so far (a cut there is not
+    /// provable until the next checkpoint).
+    pub unsigned_tail: u64,
+}
+
+impl WriterReport {
+    fn judge(&mut self) {
+        self.holds = self.gaps.is_empty()
+            && self.missing.is_empty()
+            && self.altered.is_empty()
+            && self.broken_links.is_empty()
+            && self.conflicts.is_empty()
+            && self.bad_checkpoints.is_empty()
+            && self.truncated.is_none();
+    }
+}
+
+/// What `audit verify` found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Everything checked holds.
+    pub holds: bool,
+    /// Per writer.
+    pub writers: Vec<WriterReport>,
+    /// Rows in no chain, of the chains' time (inserted behind the firewall).
+    pub forged: Listed<RowRef>,
+    /// Checkpoints whose signature no given key made.
+    pub unsigned_checkpoints: Listed<BadCheckpoint>,
+    /// Rows older than every chain (written before chaining began, or
+    /// inserted with an old time): not provable, so the trail does not
+    /// hold; verify from when chaining began (`--from`).
+    pub before_chain: u64,
+    /// Audit rows read.
+    pub rows_read: u64,
+    /// Chain entries read.
+    pub entries_read: u64,
+    /// Seconds it took.
+    pub seconds: f64,
+}
+
+/// One chain entry, as kept while rows stream by.
+struct Rec {
+    writer: u32,
+    seq: u64,
+    prev: Hash,
+    hash: Hash,
+    time_ms: u64,
+    /// 0 not seen, 1 verified, 2 altered.
+    state: u8,
+}
+
+/// Where the audit trail is.
+pub struct Target<'a> {
+    /// ClickHouse.
+    pub client: &'a clickhouse::Client,
+    /// Database.
+    pub database: &'a str,
+    /// Audit table (the chain and checkpoints are `<table>_chain`,
+    /// `<table>_checkpoints`).
+    pub table: &'a str,
+}
+
+/// Verifies the trail at `target` as `opts` says.
+pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    if let Some(w) = &opts.writer {
+        anyhow::ensure!(super::is_writer_id(w), "--writer {w:?} is not a writer id");
+    }
+    let mut report = Report::default();
+    let signed = checkpoints(target, opts, &mut report).await?;
+    let mut state = Chains::new(opts, signed);
+    if let Some(path) = &opts.export {
+        let f = std::fs::File::create(path)
+            .with_context(|| format!("creating the export file {}", path.display()))?;
+        state.export = Some(std::io::BufWriter::new(f));
+    }
+    stream(target.client, &chain_sql(target, opts), |data| {
+        let (entry, len) = Entry::decode(data)?;
+        state.entry(entry);
+        Some(len)
+    })
+    .await
+    .context("reading the chain")?;
+    state.finish_chains();
+    report.entries_read = state.entries;
+    let mut rows_read = 0u64;
+    stream(target.client, &rows_sql(target, opts), |data| {
+        let len = row_len(data)?;
+        rows_read += 1;
+        state.row(&data[..len]);
+        Some(len)
+    })
+    .await
+    .context("reading the audit rows")?;
+    report.rows_read = rows_read;
+    if let Some(mut f) = state.export.take() {
+        use std::io::Write as _;
+        f.flush().context("writing the export file")?;
+    }
+    if let Some(e) = state.export_error.take() {
+        return Err(e).context("writing the export file");
+    }
+    state.finish_rows(&mut report);
+    report.holds = report.forged.is_empty()
+        && report.before_chain == 0
+        && report.unsigned_checkpoints.is_empty()
+        && report.writers.iter().all(|w| w.holds);
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Valid checkpoints per writer: `seq` → (hash, time). Invalid ones are
+/// findings.
+type Signed = HashMap<String, BTreeMap<u64, (Hash, u64)>>;
+
+async fn checkpoints(
+    target: &Target<'_>,
+    opts: &Options,
+    report: &mut Report,
+) -> anyhow::Result<Signed> {
+    let mut all = Vec::new();
+    let mut sql = format!(
+        "SELECT {} FROM {}.{}_checkpoints",
+        CHECKPOINT_COLUMNS.join(", "),
+        target.database,
+        target.table
+    );
+    if let Some(w) = &opts.writer {
+        sql.push_str(&format!(" WHERE writer_id = '{w}'"));
+    }
+    stream(target.client, &sql, |data| {
+        let (cp, len) = SignedCheckpoint::decode(data)?;
+        all.push(cp);
+        Some(len)
+    })
+    .await
+    .context("reading the checkpoints")?;
+    for path in &opts.checkpoint_files {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the checkpoint file {}", path.display()))?;
+        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let cp = SignedCheckpoint::from_line(line).with_context(|| {
+                format!("{} line {}: not a checkpoint", path.display(), n + 1)
+            })?;
+            if opts.writer.as_ref().is_none_or(|w| *w == cp.checkpoint.writer_id) {
+                all.push(cp);
+            }
+        }
+    }
+    if !all.is_empty() && opts.keys.is_empty() {
+        anyhow::bail!(
+            "{} checkpoints to check and no public key: pass --public-key (what `mcp-firewall audit pubkey` printed) or a config with audit.signing_key_file",
+            all.len()
+        );
+    }
+    let mut signed: Signed = HashMap::new();
+    for cp in all {
+        let c = &cp.checkpoint;
+        if !cp.verify(&opts.keys) {
+            report.unsigned_checkpoints.push(BadCheckpoint {
+                seq: c.seq,
+                why: format!(
+                    "writer {}: the signature is not one of the given keys' (claims {})",
+                    c.writer_id, cp.public_key
+                ),
+            });
+            continue;
+        }
+        let per = signed.entry(c.writer_id.clone()).or_default();
+        match per.get(&c.seq) {
+            Some((hash, _)) if *hash != c.row_hash => {
+                report.unsigned_checkpoints.push(BadCheckpoint {
+                    seq: c.seq,
+                    why: format!(
+                        "writer {}: two valid checkpoints sign different hashes for one seq (is the key compromised?)",
+                        c.writer_id
+                    ),
+                });
+            }
+            _ => {
+                per.insert(c.seq, (c.row_hash, c.time_ms));
+            }
+        }
+    }
+    Ok(signed)
+}
+
+/// The conditions on chain entries.
+fn chain_filter(opts: &Options) -> Vec<String> {
+    let mut conds = Vec::new();
+    if let Some(w) = &opts.writer {
+        conds.push(format!("writer_id = '{w}'"));
+    }
+    if let Some(from) = opts.from_ms {
+        conds.push(format!("chained >= toDateTime({})", from / 1000));
+    }
+    if let Some(to) = opts.to_ms {
+        conds.push(format!("chained <= toDateTime({})", to / 1000));
+    }
+    conds
+}
+
+fn chain_sql(target: &Target<'_>, opts: &Options) -> String {
+    let conds = chain_filter(opts);
+    format!(
+        "SELECT {} FROM {}.{}_chain{} ORDER BY writer_id, seq",
+        CHAIN_COLUMNS.join(", "),
+        target.database,
+        target.table,
+        where_clause(&conds)
+    )
+}
+
+fn where_clause(conds: &[String]) -> String {
+    if conds.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conds.join(" AND "))
+    }
+}
+
+/// The rows to check: all of them; or those of the chain entries in range
+/// and, in a time range, those in no chain at all.
+fn rows_sql(target: &Target<'_>, opts: &Options) -> String {
+    let t = format!("{}.{}", target.database, target.table);
+    let conds = chain_filter(opts);
+    let mut sql = format!("SELECT {} FROM {t}", COLUMNS.join(", "));
+    if conds.is_empty() {
+        return sql;
+    }
+    sql.push_str(&format!(
+        " WHERE event_id IN (SELECT event_id FROM {t}_chain{})",
+        where_clause(&conds)
+    ));
+    if opts.from_ms.is_some() || opts.to_ms.is_some() {
+        let from = opts.from_ms.unwrap_or(0) / 1000;
+        let to = opts.to_ms.map_or(u64::from(u32::MAX), |t| t / 1000);
+        sql.push_str(&format!(
+            " OR (time >= toDateTime({from}) AND time <= toDateTime({to}) \
+             AND (event_id, row_version) NOT IN (SELECT event_id, row_version FROM {t}_chain))"
+        ));
+    }
+    sql
+}
+
+/// Streams `sql`'s `RowBinary` answer through `each`, which takes the
+/// record the bytes start with and says its length (`None`: not whole yet).
+async fn stream(
+    client: &clickhouse::Client,
+    sql: &str,
+    mut each: impl FnMut(&[u8]) -> Option<usize>,
+) -> anyhow::Result<()> {
+    let mut cursor = client.query_raw(sql).fetch_bytes("RowBinary")?;
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
+    let mut at = 0usize;
+    while let Some(chunk) = cursor.next().await? {
+        if at > 0 && at >= buf.len() / 2 {
+            buf.drain(..at);
+            at = 0;
+        }
+        buf.extend_from_slice(&chunk);
+        while let Some(len) = buf.get(at..).and_then(|rest| {
+            if rest.is_empty() {
+                None
+            } else {
+                each(rest)
+            }
+        }) {
+            at += len.max(1);
+        }
+        anyhow::ensure!(
+            buf.len() - at <= MAX_PENDING,
+            "ClickHouse's answer is not RowBinary of the expected columns (is the schema this release's?)"
+        );
+    }
+    anyhow::ensure!(
+        at == buf.len(),
+        "ClickHouse's answer ends inside a record ({} bytes left): not RowBinary of the expected columns",
+        buf.len() - at
+    );
+    Ok(())
+}
+
+/// The chains as they stream by, then the rows.
+struct Chains {
+    windowed: bool,
+    open_end: bool,
+    signed: Signed,
+    writers: Vec<WriterReport>,
+    ids: HashMap<String, u32>,
+    links: Links,
+    /// The current writer's checkpoints not yet met, and the last met.
+    pending: BTreeMap<u64, (Hash, u64)>,
+    last_met: Option<(u64, u64)>,
+    recs: HashMap<(u128, u8), Rec>,
+    /// Rows no entry in range names: `(event_id, row_version, time_ms)`.
+    unchained: Vec<(u128, u8, u64)>,
+    export: Option<std::io::BufWriter<std::fs::File>>,
+    export_error: Option<std::io::Error>,
+    entries: u64,
+    chain_start_ms: u64,
+    from_ms: u64,
+    to_ms: u64,
+}
+
+fn row_ref(seq: Option<u64>, event_id: u128, row_version: u8, time_ms: u64) -> RowRef {
+    RowRef {
+        seq,
+        event_id: uuid_text(event_id),
+        row_version,
+        time: crate::clock::fmt_ms(time_ms),
+        time_ms,
+    }
+}
+
+/// A UUID as ClickHouse stores it (two little-endian halves, high first),
+/// read as one little-endian u128: its usual text.
+fn uuid_text(key: u128) -> String {
+    let b = key.to_le_bytes();
+    let mut hi = [0u8; 8];
+    let mut lo = [0u8; 8];
+    hi.copy_from_slice(&b[..8]);
+    lo.copy_from_slice(&b[8..]);
+    uuid::Uuid::from_u64_pair(u64::from_le_bytes(hi), u64::from_le_bytes(lo)).to_string()
+}
+
+fn key_of(event_id: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&event_id[..16]);
+    u128::from_le_bytes(b)
+}
+
+impl Chains {
+    fn new(opts: &Options, signed: Signed) -> Chains {
+        Chains {
+            windowed: opts.from_ms.is_some() || opts.to_ms.is_some(),
+            open_end: opts.to_ms.is_none(),
+            signed,
+            writers: Vec::new(),
+            ids: HashMap::new(),
+            links: Links::from_genesis(),
+            pending: BTreeMap::new(),
+            last_met: None,
+            recs: HashMap::new(),
+            unchained: Vec::new(),
+            export: None,
+            export_error: None,
+            entries: 0,
+            chain_start_ms: u64::MAX,
+            from_ms: opts.from_ms.unwrap_or(0),
+            to_ms: opts.to_ms.unwrap_or(u64::MAX),
+        }
+    }
+
+    fn current(&mut self) -> Option<&mut WriterReport> {
+        self.writers.last_mut()
+    }
+
+    /// The next chain entry (sorted by writer, then `seq`).
+    fn entry(&mut self, e: Entry) {
+        self.entries += 1;
+        if self.writers.last().is_none_or(|w| w.writer_id != e.writer_id) {
+            self.finish_writer();
+            let idx = u32::try_from(self.writers.len()).unwrap_or(u32::MAX);
+            self.ids.insert(e.writer_id.clone(), idx);
+            self.pending = self.signed.remove(&e.writer_id).unwrap_or_default();
+            self.last_met = None;
+            self.links = if self.windowed {
+                Links::anchored()
+            } else {
+                Links::from_genesis()
+            };
+            self.writers.push(WriterReport {
+                writer_id: e.writer_id.clone(),
+                first_seq: e.link.seq,
+                ..WriterReport::default()
+            });
+        }
+        let writer = u32::try_from(self.writers.len() - 1).unwrap_or(u32::MAX);
+        let step = self.links.push(&e.link);
+        let seq = e.link.seq;
+        let key = (key_of(&e.event_id), e.row_version);
+        let Some(w) = self.writers.last_mut() else {
+            return;
+        };
+        match step {
+            Step::Duplicate => {
+                w.duplicates += 1;
+                return;
+            }
+            Step::Conflict => {
+                w.conflicts.push(seq);
+                return;
+            }
+            Step::Gap { from, to } => w.gaps.push(SeqRange { from, to }),
+            Step::Broken => w.broken_links.push(seq),
+            Step::Linked => {}
+        }
+        w.last_seq = seq;
+        // The checkpoints at or before this entry.
+        while let Some((&cseq, &(hash, time))) = self.pending.first_key_value() {
+            if cseq > seq {
+                break;
+            }
+            self.pending.pop_first();
+            if cseq < seq {
+                // Its entry was deleted: the gap says so; or it lies
+                // before the window.
+                continue;
+            }
+            if hash == e.link.row_hash {
+                w.checkpoints += 1;
+                self.last_met = Some((cseq, time));
+            } else {
+                w.bad_checkpoints.push(BadCheckpoint {
+                    seq: cseq,
+                    why: "the chain's hash at this seq is not the signed one: the chain was rewritten".into(),
+                });
+            }
+        }
+        self.chain_start_ms = self.chain_start_ms.min(e.time_ms);
+        let rec = Rec {
+            writer,
+            seq,
+            prev: e.link.prev_hash,
+            hash: e.link.row_hash,
+            time_ms: e.time_ms,
+            state: 0,
+        };
+        if let Some(old) = self.recs.insert(key, rec) {
+            // One row chained under two numbers: only a forged entry does that.
+            if let Some(w) = self.current() {
+                w.conflicts.push(old.seq.max(seq));
+            }
+        }
+    }
+
+    /// The current writer's chain ended.
+    fn finish_writer(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let last_met = self.last_met.take();
+        let open_end = self.open_end;
+        let Some(w) = self.current() else {
+            return;
+        };
+        if let Some((&signed_end, _)) = pending.last_key_value() {
+            if open_end {
+                w.truncated = Some(SeqRange {
+                    from: w.last_seq + 1,
+                    to: signed_end,
+                });
+            }
+        }
+        match last_met {
+            Some((seq, time)) => {
+                w.unsigned_tail = w.last_seq - seq;
+                w.last_checkpoint = Some(CheckpointRef {
+                    seq,
+                    time: crate::clock::fmt_ms(time),
+                });
+            }
+            None => w.unsigned_tail = w.last_seq + 1 - w.first_seq,
+        }
+    }
+
+    fn finish_chains(&mut self) {
+        self.finish_writer();
+        if !self.open_end {
+            return;
+        }
+        // Writers whose every entry is gone but whose checkpoints remain.
+        let mut gone: Vec<_> = self.signed.drain().collect();
+        gone.sort_by(|a, b| a.0.cmp(&b.0));
+        for (writer_id, cps) in gone {
+            if let Some((&last, _)) = cps.last_key_value() {
+                let mut w = WriterReport {
+                    writer_id,
+                    truncated: Some(SeqRange { from: 1, to: last }),
+                    ..WriterReport::default()
+                };
+                w.judge();
+                self.writers.push(w);
+            }
+        }
+    }
+
+    /// An audit row.
+    fn row(&mut self, row: &[u8]) {
+        let Some(id) = row.get(..16) else {
+            return;
+        };
+        let key = key_of(id);
+        let version = row_version(row).unwrap_or(u8::MAX);
+        let time_ms = payload_time_ms(row).unwrap_or(0);
+        let Some(rec) = self.recs.get_mut(&(key, version)) else {
+            let chained_otherwise = self.recs.contains_key(&(key, 0)) || self.recs.contains_key(&(key, 1));
+            if self.windowed && (chained_otherwise || time_ms < self.from_ms || time_ms > self.to_ms) {
+                // Another version of a call whose entry lies outside the window.
+                return;
+            }
+            self.unchained.push((key, version, time_ms));
+            return;
+        };
+        let Some(w) = self.writers.get(rec.writer as usize) else {
+            return;
+        };
+        let ok = row_hash(&w.writer_id, rec.seq, &rec.prev, row) == rec.hash;
+        let first = rec.state == 0;
+        rec.state = match (rec.state, ok) {
+            (_, false) => 2,
+            (2, true) => 2,
+            (_, true) => 1,
+        };
+        if ok && first {
+            if let Some(out) = &mut self.export {
+                let line = serde_json::json!({
+                    "writer_id": w.writer_id,
+                    "seq": rec.seq,
+                    "prev_hash": hex::encode(rec.prev),
+                    "row_hash": hex::encode(rec.hash),
+                    "row": super::record::decode_row(row),
+                });
+                use std::io::Write as _;
+                if let Err(e) = writeln!(out, "{line}") {
+                    self.export_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+
+    /// Rows done: entries without rows, rows without entries.
+    fn finish_rows(mut self, report: &mut Report) {
+        // (writer, seq, event_id, version, time) of altered and missing rows.
+        let mut altered = Vec::new();
+        let mut missing = Vec::new();
+        for ((key, version), rec) in &self.recs {
+            let Some(w) = self.writers.get_mut(rec.writer as usize) else {
+                continue;
+            };
+            let found = (rec.writer, rec.seq, *key, *version, rec.time_ms);
+            match rec.state {
+                1 => w.verified += 1,
+                2 => altered.push(found),
+                _ => {
+                    let completed = *version == 0
+                        && self.recs.get(&(*key, 1)).is_some_and(|c| c.state == 1);
+                    if completed {
+                        w.superseded += 1;
+                    } else {
+                        missing.push(found);
+                    }
+                }
+            }
+        }
+        altered.sort_unstable_by_key(|f| (f.0, f.1));
+        missing.sort_unstable_by_key(|f| (f.0, f.1));
+        for (list, found) in [(0, altered), (1, missing)] {
+            for (writer, seq, key, version, time_ms) in found {
+                if let Some(w) = self.writers.get_mut(writer as usize) {
+                    let r = row_ref(Some(seq), key, version, time_ms);
+                    if list == 0 {
+                        w.altered.push(r);
+                    } else {
+                        w.missing.push(r);
+                    }
+                }
+            }
+        }
+        for (key, version, time_ms) in std::mem::take(&mut self.unchained) {
+            if !self.windowed && time_ms < self.chain_start_ms {
+                report.before_chain += 1;
+            } else {
+                report.forged.push(row_ref(None, key, version, time_ms));
+            }
+        }
+        for w in &mut self.writers {
+            w.judge();
+        }
+        report.writers = self.writers;
+    }
+}
+
+/// The report for people.
+pub fn render(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    for w in &r.writers {
+        let _ = writeln!(
+            o,
+            "writer {}: {}  seq {}..{}: {} rows verified, {} intents superseded by their completion, {} duplicate entries",
+            w.writer_id,
+            if w.holds { "holds" } else { "DOES NOT HOLD" },
+            w.first_seq,
+            w.last_seq,
+            w.verified,
+            w.superseded,
+            w.duplicates
+        );
+        match &w.last_checkpoint {
+            Some(c) => {
+                let _ = writeln!(
+                    o,
+                    "  {} signed checkpoints, the last at seq {} ({}); {} rows after it unsigned so far",
+                    w.checkpoints, c.seq, c.time, w.unsigned_tail
+                );
+            }
+            None => {
+                let _ = writeln!(o, "  no signed checkpoint: {} rows unsigned so far", w.unsigned_tail);
+            }
+        }
+        let rows = |o: &mut String, what: &str, l: &Listed<RowRef>| {
+            for x in &l.first {
+                let _ = writeln!(
+                    o,
+                    "  {what:<9} seq {} event {} row_version {} at {}",
+                    x.seq.unwrap_or(0),
+                    x.event_id,
+                    x.row_version,
+                    x.time
+                );
+            }
+            if l.count > l.first.len() as u64 {
+                let _ = writeln!(o, "  … {} {what} rows in all", l.count);
+            }
+        };
+        rows(&mut o, "DELETED", &w.missing);
+        rows(&mut o, "ALTERED", &w.altered);
+        for g in &w.gaps.first {
+            let _ = writeln!(o, "  GAP       seq {}..{}: chain entries deleted", g.from, g.to);
+        }
+        for s in &w.broken_links.first {
+            let _ = writeln!(o, "  BROKEN    seq {s}: prev_hash is not the hash of the entry before");
+        }
+        for s in &w.conflicts.first {
+            let _ = writeln!(o, "  CONFLICT  seq {s}: a second, different entry under this number");
+        }
+        for b in &w.bad_checkpoints.first {
+            let _ = writeln!(o, "  CHECKPOINT seq {}: {}", b.seq, b.why);
+        }
+        if let Some(t) = &w.truncated {
+            let _ = writeln!(
+                o,
+                "  TRUNCATED seq {}..{}: signed by a checkpoint, gone from the chain",
+                t.from, t.to
+            );
+        }
+    }
+    for x in &r.forged.first {
+        let _ = writeln!(
+            o,
+            "FORGED    event {} row_version {} at {}: in no writer's chain",
+            x.event_id, x.row_version, x.time
+        );
+    }
+    if r.forged.count > r.forged.first.len() as u64 {
+        let _ = writeln!(o, "… {} forged rows in all", r.forged.count);
+    }
+    for b in &r.unsigned_checkpoints.first {
+        let _ = writeln!(o, "BAD SIGNATURE checkpoint seq {}: {}", b.seq, b.why);
+    }
+    if r.before_chain > 0 {
+        let _ = writeln!(
+            o,
+            "{} rows are older than every chain (written before chaining began, or inserted with an old time): not provable; verify from when chaining began (--from)",
+            r.before_chain
+        );
+    }
+    let rate = if r.seconds > 0.0 {
+        r.rows_read as f64 / r.seconds
+    } else {
+        0.0
+    };
+    let _ = writeln!(
+        o,
+        "{} rows and {} chain entries read in {:.1} s ({:.0} rows/s)",
+        r.rows_read, r.entries_read, r.seconds, rate
+    );
+    let _ = writeln!(
+        o,
+        "{}",
+        if r.holds {
+            "verdict: the audit trail holds"
+        } else {
+            "verdict: the audit trail DOES NOT HOLD"
+        }
+    );
+    o
+}

@@ -1,0 +1,456 @@
+//! The provable audit trail against a real ClickHouse: a load of calls
+//! through the firewall is chained and signed, `mcp-firewall audit verify`
+//! proves it, and each way of tampering with it behind the firewall's back
+//! (a deleted row, an altered argument, a forged row, a cut tail, a
+//! rewritten chain) makes `verify` fail naming the row. Duplicate delivery,
+//! table merges, a `kill -9` mid-load and a lost chain head still verify;
+//! two writers are verified independently.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mcp_firewall::audit::chain::Signer;
+use serde_json::{json, Value};
+
+use crate::audit_e2e::{free_port, wait_listening};
+use crate::common::clickhouse::ClickHouse;
+use crate::common::{self, TestConfig};
+
+const TABLES: [&str; 3] = ["audit_events", "audit_events_chain", "audit_events_checkpoints"];
+
+/// A signing key file (0600) and its public key text.
+fn key(dir: &Path) -> (PathBuf, String) {
+    let path = dir.join("audit.key");
+    let out = Command::new(bin())
+        .args(["audit", "keygen", "--out", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let signer = Signer::from_pem(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    (path, signer.public_key_text())
+}
+
+fn config(spool: &Path, ch: &ClickHouse, db: &str, url: &str, writer: &str, key: &Path) -> TestConfig {
+    TestConfig::new()
+        .audit(writer, &ch.http_url, db, spool)
+        .set("audit.writer_id", writer)
+        .set("audit.signing_key_file", key.to_str().unwrap())
+        .set("audit.checkpoint_every.rows", 40)
+        .set("audit.checkpoint_every.seconds", 1)
+        .upstream("incidents", url)
+}
+
+/// The firewall binary: `MCP_FIREWALL_BIN` (an installed one), else this
+/// build's.
+fn bin() -> String {
+    std::env::var("MCP_FIREWALL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-firewall").to_owned())
+}
+
+/// `mcp-firewall audit verify --config CFG --json ARGS…`: exit status and
+/// report.
+fn verify(cfg: &Path, args: &[&str]) -> (bool, Value) {
+    let out = Command::new(bin())
+        .args(["audit", "--config", cfg.to_str().unwrap(), "--json", "verify"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "verify printed no report ({e}): {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), report)
+}
+
+/// The same, as people read it.
+fn verify_text(cfg: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin())
+        .args(["audit", "--config", cfg.to_str().unwrap(), "verify"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// `n` calls through the firewall at `url`: pings (forwarded: an intent
+/// and a completion each) and calls of a tool no role has (refused by the
+/// firewall: one final row each).
+async fn load(url: &str, n: u64) {
+    let token = common::token();
+    let http = common::http();
+    for i in 0..n {
+        let body = if i % 4 == 3 {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"not_a_tool","arguments":{{"n":{i}}}}}}}"#
+            )
+        } else {
+            format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"ping"}}"#)
+        };
+        let resp = http
+            .post(url)
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+}
+
+/// Copies the trail into a new database, to tamper with it there.
+fn copy(ch: &ClickHouse, db: &str) -> String {
+    let to = ch.create_database();
+    for t in TABLES {
+        ch.query(&format!("CREATE TABLE {to}.{t} AS {db}.{t}"));
+        ch.query(&format!("INSERT INTO {to}.{t} SELECT * FROM {db}.{t}"));
+    }
+    to
+}
+
+/// Runs a mutation and waits until ClickHouse has applied it.
+fn mutate(ch: &ClickHouse, db: &str, sql: &str) {
+    ch.query(sql);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ch.query_u64(&format!(
+        "SELECT count() FROM system.mutations WHERE database = '{db}' AND is_done = 0"
+    )) > 0
+    {
+        assert!(Instant::now() < deadline, "mutation not applied: {sql}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A config file pointing at `db` (the firewall's, with the database swapped).
+fn config_for(dir: &Path, text: &str, db: &str, name: &str) -> PathBuf {
+    let mut doc: toml::Table = toml::from_str(text).unwrap();
+    doc["audit"]["clickhouse"]
+        .as_table_mut()
+        .unwrap()
+        .insert("database".into(), toml::Value::String(db.into()));
+    let path = dir.join(name);
+    std::fs::write(&path, toml::to_string(&doc).unwrap()).unwrap();
+    path
+}
+
+/// Distinct rows of `db` (an intent and its completion are two).
+fn rows(ch: &ClickHouse, db: &str) -> u64 {
+    ch.query_u64(&format!(
+        "SELECT count() FROM (SELECT DISTINCT event_id, row_version FROM {db}.audit_events)"
+    ))
+}
+
+/// Entries in the chain of `db`.
+fn entries(ch: &ClickHouse, db: &str) -> u64 {
+    ch.query_u64(&format!("SELECT count() FROM {db}.audit_events_chain"))
+}
+
+fn writer<'a>(report: &'a Value, id: &str) -> &'a Value {
+    report["writers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["writer_id"] == id)
+        .unwrap_or_else(|| panic!("no writer {id} in {report:#}"))
+}
+
+/// `(event_id, seq)` of the `k`-th call the firewall refused itself (one
+/// row, no intent).
+fn refusal(ch: &ClickHouse, db: &str, k: u64) -> (String, u64) {
+    let line = ch.query(&format!(
+        "SELECT toString(event_id), seq FROM {db}.audit_events_chain WHERE event_id IN \
+         (SELECT event_id FROM {db}.audit_events WHERE tool = 'not_a_tool') ORDER BY seq LIMIT 1 OFFSET {k}"
+    ));
+    let (id, seq) = line.trim().split_once('\t').unwrap();
+    (id.to_owned(), seq.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chained_load_verifies_and_every_tampering_is_named() {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = key(dir.path());
+    let upstream = crate::common::raw::upstream(|seen| async move {
+        crate::common::raw::result_for(&seen, json!({}))
+    })
+    .await;
+    let spool = dir.path().join("spool");
+    let text = config(&spool, ch, &db, &upstream.url(), "fw-a", &key).text();
+    let fw = common::firewall(&text).await;
+    load(&fw.mcp_url("incidents"), 200).await;
+    // A clean stop drains the spool and signs the tail.
+    fw.stop().await;
+    let cfg = config_for(dir.path(), &text, &db, "fw.toml");
+    let chained = entries(ch, &db);
+    // 150 pings (intent and completion), 50 refusals, the firewall's own
+    // tools/list: every row is chained once.
+    assert!(chained >= 350, "{chained}");
+    assert_eq!(chained, rows(ch, &db), "every row is chained once");
+
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(ok, "{report:#}");
+    let w = writer(&report, "fw-a");
+    assert_eq!(w["verified"], chained);
+    assert_eq!((w["first_seq"].as_u64(), w["last_seq"].as_u64()), (Some(1), Some(chained)));
+    assert!(w["checkpoints"].as_u64().unwrap() >= 2, "{w:#}");
+    assert_eq!(w["unsigned_tail"], 0, "the stop signed the tail: {w:#}");
+    assert_eq!(report["forged"]["count"], 0);
+    // The local checkpoint file holds the same checkpoints.
+    let local = std::fs::read_to_string(spool.join("checkpoints.jsonl")).unwrap();
+    assert!(local.lines().count() as u64 >= w["checkpoints"].as_u64().unwrap());
+    // People get a verdict; the public key can be given instead of the config's key.
+    let (ok, text_report) = verify_text(&cfg, &["--public-key", &public]);
+    assert!(ok && text_report.contains("verdict: the audit trail holds"), "{text_report}");
+
+    // Merging collapses each intent into its completion: not a deletion.
+    ch.query(&format!("OPTIMIZE TABLE {db}.audit_events FINAL"));
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(ok, "{report:#}");
+    let w = writer(&report, "fw-a");
+    let intents = ch.query_u64(&format!("SELECT count() FROM {db}.audit_events_chain WHERE row_version = 0"));
+    assert!(intents >= 150);
+    assert_eq!(w["superseded"], intents, "{w:#}");
+    assert_eq!(w["verified"].as_u64().unwrap() + intents, chained);
+
+    // A deleted row: named by its seq and event id.
+    let copy1 = copy(ch, &db);
+    let (gone, gone_seq) = refusal(ch, &db, 7);
+    mutate(ch, &copy1, &format!("ALTER TABLE {copy1}.audit_events DELETE WHERE event_id = toUUID('{gone}')"));
+    let (ok, report) = verify(&config_for(dir.path(), &text, &copy1, "c1.toml"), &[]);
+    assert!(!ok);
+    let missing = &writer(&report, "fw-a")["missing"];
+    assert_eq!(missing["count"], 1, "{report:#}");
+    assert_eq!(missing["first"][0]["event_id"], gone.as_str());
+    assert_eq!(missing["first"][0]["seq"], gone_seq);
+
+    // One altered argument.
+    let copy2 = copy(ch, &db);
+    let (refused, _) = refusal(ch, &db, 5);
+    let refused = refused.as_str();
+    mutate(ch, &copy2, &format!(
+        "ALTER TABLE {copy2}.audit_events UPDATE arguments = '{{\"n\":99999}}' WHERE event_id = toUUID('{refused}')"
+    ));
+    let (ok, report) = verify(&config_for(dir.path(), &text, &copy2, "c2.toml"), &[]);
+    assert!(!ok);
+    let altered = &writer(&report, "fw-a")["altered"];
+    assert_eq!(altered["count"], 1, "{report:#}");
+    assert_eq!(altered["first"][0]["event_id"], refused);
+    let (_, people) = verify_text(&config_for(dir.path(), &text, &copy2, "c2.toml"), &[]);
+    assert!(people.contains("ALTERED") && people.contains(refused), "{people}");
+
+    // A row that never happened.
+    let copy3 = copy(ch, &db);
+    let forged = "01890000-0000-7000-8000-00000000f0f0";
+    let now_ms = mcp_firewall::clock::now_ms();
+    ch.query(&format!(
+        "INSERT INTO {copy3}.audit_events (event_id, time, time_ms, tenant, method, tool, decision, row_version) \
+         VALUES (toUUID('{forged}'), toDateTime({}), {now_ms}, 'acme', 'tools/call', 'delete_everything', 'allow', 1)",
+        now_ms / 1000
+    ));
+    let (ok, report) = verify(&config_for(dir.path(), &text, &copy3, "c3.toml"), &[]);
+    assert!(!ok);
+    assert_eq!(report["forged"]["count"], 1, "{report:#}");
+    assert_eq!(report["forged"]["first"][0]["event_id"], forged);
+    assert!(writer(&report, "fw-a")["holds"].as_bool().unwrap());
+
+    // The tail cut before the last checkpoint, rows and chain entries
+    // alike, and the checkpoints in ClickHouse deleted too: the local
+    // checkpoint file still proves the cut.
+    let copy4 = copy(ch, &db);
+    let cut_from = chained - 30;
+    mutate(ch, &copy4, &format!("ALTER TABLE {copy4}.audit_events_chain DELETE WHERE seq >= {cut_from}"));
+    mutate(ch, &copy4, &format!("ALTER TABLE {copy4}.audit_events_checkpoints DELETE WHERE 1 = 1"));
+    let ids = ch.query(&format!(
+        "SELECT toString(event_id) FROM {db}.audit_events_chain WHERE seq >= {cut_from}"
+    ));
+    let list: Vec<String> = ids.lines().map(|l| format!("toUUID('{l}')")).collect();
+    mutate(ch, &copy4, &format!(
+        "ALTER TABLE {copy4}.audit_events DELETE WHERE event_id IN ({})",
+        list.join(", ")
+    ));
+    let cfg4 = config_for(dir.path(), &text, &copy4, "c4.toml");
+    let local_file = spool.join("checkpoints.jsonl");
+    let (ok, report) = verify(&cfg4, &["--checkpoints", local_file.to_str().unwrap()]);
+    assert!(!ok);
+    let w = writer(&report, "fw-a");
+    assert_eq!(w["truncated"]["from"], cut_from, "{w:#}");
+    assert_eq!(w["truncated"]["to"], chained);
+    // Without the local file the cut is not provable: the chain that is
+    // left holds, and says how much of it is signed.
+    let (ok, report) = verify(&cfg4, &[]);
+    assert!(ok, "{report:#}");
+
+    // A rewritten chain: an altered row re-hashed into its entry breaks the
+    // link to the next one, and a checkpoint over it no longer matches.
+    let copy5 = copy(ch, &db);
+    let (rewritten, seq) = refusal(ch, &db, 3);
+    mutate(ch, &copy5, &format!(
+        "ALTER TABLE {copy5}.audit_events_chain UPDATE row_hash = prev_hash WHERE seq = {seq}"
+    ));
+    let (ok, report) = verify(&config_for(dir.path(), &text, &copy5, "c5.toml"), &[]);
+    assert!(!ok);
+    let w = writer(&report, "fw-a");
+    assert_eq!(w["broken_links"]["first"][0], seq + 1, "{w:#}");
+    assert_eq!(w["altered"]["first"][0]["event_id"], rewritten.as_str());
+
+    // A checkpoint signed by another key does not count.
+    let (ok, report) = verify(&cfg, &["--public-key", &Signer::from_pem(&Signer::generate_pem().unwrap()).unwrap().public_key_text()]);
+    assert!(!ok);
+    assert!(report["unsigned_checkpoints"]["count"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = key(dir.path());
+    let upstream = crate::common::raw::upstream(|seen| async move {
+        crate::common::raw::result_for(&seen, json!({}))
+    })
+    .await;
+    let spool = dir.path().join("spool");
+    let port = free_port();
+    let admin = free_port();
+    let text = config(&spool, ch, &db, &upstream.url(), "fw-k", &key)
+        .set("server.listen", format!("127.0.0.1:{port}"))
+        .set("admin.listen", format!("127.0.0.1:{admin}"))
+        .text();
+    let cfg = dir.path().join("fw.toml");
+    std::fs::write(&cfg, &text).unwrap();
+    let start = || {
+        Command::new(bin())
+            .args(["serve", "--config", cfg.to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let url = format!("http://127.0.0.1:{port}/mcp/incidents");
+    let mut child = start();
+    wait_listening(port).await;
+    // Killed in the middle of a load.
+    let loader = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let token = common::token();
+            let http = common::http();
+            for i in 0..100_000u64 {
+                let sent = http
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .header("content-type", "application/json")
+                    .body(format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"ping"}}"#))
+                    .send()
+                    .await;
+                if sent.is_err() {
+                    return i;
+                }
+            }
+            100_000
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ch.try_query(&format!("SELECT count() FROM {db}.audit_events_chain")).ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(0) < 300 {
+        assert!(Instant::now() < deadline, "nothing was shipped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let sent = loader.await.unwrap();
+    assert!(sent > 150, "the load ran ({sent})");
+    // Restarted on the same spool: it replays what was not acknowledged,
+    // linked exactly as before.
+    let mut child = start();
+    wait_listening(port).await;
+    load(&url, 20).await;
+    // A clean stop (SIGTERM drains and signs the tail).
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait().unwrap().success());
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(ok, "{report:#}");
+    let w = writer(&report, "fw-k");
+    assert_eq!(w["unsigned_tail"], 0, "{w:#}");
+
+    // The chain head file lost (as after a torn write): the next start asks
+    // ClickHouse where the chain continues.
+    std::fs::remove_file(spool.join("chain")).unwrap();
+    let mut child = start();
+    wait_listening(port).await;
+    load(&url, 20).await;
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait().unwrap().success());
+
+    // Every row and entry delivered twice more.
+    for t in ["audit_events", "audit_events_chain"] {
+        ch.query(&format!("INSERT INTO {db}.{t} SELECT * FROM {db}.{t}"));
+    }
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(ok, "{report:#}");
+    let w = writer(&report, "fw-k");
+    assert!(w["duplicates"].as_u64().unwrap() >= w["last_seq"].as_u64().unwrap(), "{w:#}");
+    assert_eq!(w["verified"], w["last_seq"], "{w:#}");
+    assert_eq!(w["unsigned_tail"], 0, "{w:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_are_verified_independently() {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = key(dir.path());
+    let upstream = crate::common::raw::upstream(|seen| async move {
+        crate::common::raw::result_for(&seen, json!({}))
+    })
+    .await;
+    let text_a = config(&dir.path().join("a"), ch, &db, &upstream.url(), "fw-1", &key).text();
+    let text_b = config(&dir.path().join("b"), ch, &db, &upstream.url(), "fw-2", &key).text();
+    let a = common::firewall(&text_a).await;
+    let b = common::firewall(&text_b).await;
+    let (ua, ub) = (a.mcp_url("incidents"), b.mcp_url("incidents"));
+    tokio::join!(load(&ua, 40), load(&ub, 60));
+    a.stop().await;
+    b.stop().await;
+    let cfg = config_for(dir.path(), &text_a, &db, "fw.toml");
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(ok, "{report:#}");
+    let of = |w: &str| {
+        ch.query_u64(&format!("SELECT count() FROM {db}.audit_events_chain WHERE writer_id = '{w}'"))
+    };
+    let (one, two) = (of("fw-1"), of("fw-2"));
+    assert!(one >= 70 && two >= 105, "{one} {two}");
+    assert_eq!(one + two, rows(ch, &db));
+    assert_eq!(writer(&report, "fw-1")["verified"], one);
+    assert_eq!(writer(&report, "fw-2")["verified"], two);
+    // One writer's row deleted: that writer fails, the other holds.
+    let line = ch.query(&format!(
+        "SELECT toString(event_id) FROM {db}.audit_events_chain WHERE writer_id = 'fw-2' AND row_version = 0 ORDER BY seq LIMIT 1 OFFSET 3"
+    ));
+    mutate(ch, &db, &format!("ALTER TABLE {db}.audit_events DELETE WHERE event_id = toUUID('{}')", line.trim()));
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(!ok);
+    assert!(writer(&report, "fw-1")["holds"].as_bool().unwrap());
+    assert!(!writer(&report, "fw-2")["holds"].as_bool().unwrap());
+    let (ok, report) = verify(&cfg, &["--writer", "fw-1"]);
+    assert!(ok, "{report:#}");
+    assert_eq!(report["writers"].as_array().unwrap().len(), 1);
+    // A day's window: today's chain of both writers.
+    let today = mcp_firewall::clock::fmt_ms(mcp_firewall::clock::now_ms());
+    let day = &today[..10];
+    let (ok, report) = verify(&cfg, &["--from", day, "--to", day, "--writer", "fw-2"]);
+    assert!(!ok);
+    // A ping's intent and completion, both gone.
+    let missing = &writer(&report, "fw-2")["missing"];
+    assert_eq!(missing["count"], 2, "{report:#}");
+    assert_eq!(missing["first"][0]["event_id"], missing["first"][1]["event_id"]);
+}
