@@ -91,7 +91,7 @@ pub use self::clickhouse::{
     drop_partition_sql, partitions_sql, schema_statements, ClickHouseError, SCHEMA_SQL,
 };
 pub use self::config::*;
-pub use self::record::{AuditRow, JsonPayload, Label, COLUMNS};
+pub use self::record::{row_len, row_version, AuditRow, JsonPayload, Label, COLUMNS};
 pub use self::redact::{redact_json, truncate_utf8, RedactError, Redactor, REDACTED};
 pub use self::shipper::ShipperError;
 pub use self::spool::SpoolError;

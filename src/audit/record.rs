@@ -413,12 +413,12 @@ const _: () = assert!(matches!(WIDTHS[ROW_VERSION_COLUMN], Width::U8));
 /// [`COLUMNS`]), or `None` when `data` does not start with one: how the
 /// verifier splits a `SELECT … FORMAT RowBinary` answer into rows and the
 /// shipper finds a row's `row_version`. Reads lengths only, copies nothing.
-pub(crate) fn row_len(data: &[u8]) -> Option<usize> {
+pub fn row_len(data: &[u8]) -> Option<usize> {
     skip_columns(data, WIDTHS.len())
 }
 
 /// The `row_version` of an encoded (whole) row.
-pub(crate) fn row_version(row: &[u8]) -> Option<u8> {
+pub fn row_version(row: &[u8]) -> Option<u8> {
     let at = skip_columns(row, ROW_VERSION_COLUMN)?;
     row.get(at).copied()
 }

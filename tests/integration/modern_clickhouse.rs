@@ -87,6 +87,20 @@ async fn a_fixture_for_a_current_clickhouse() {
         mcp_firewall::audit::COLUMNS.join(", "),
     )
     .unwrap();
+    // The same rows' hash chain, as the shipper links it.
+    let mut chain = mcp_firewall::audit::chain::Chain::new("fw-modern");
+    let mut entries = Vec::new();
+    for p in &payloads {
+        let link = chain.link(p);
+        let version = mcp_firewall::audit::row_version(p).unwrap();
+        mcp_firewall::audit::chain::encode_entry("fw-modern", &link, p, version, 1_796_500_000, &mut entries);
+    }
+    std::fs::write(dir.join("chain.rowbinary"), entries).unwrap();
+    std::fs::write(
+        dir.join("chain_columns.txt"),
+        mcp_firewall::audit::chain::CHAIN_COLUMNS.join(", "),
+    )
+    .unwrap();
     let schema = mcp_firewall::audit::schema_statements(DATABASE, TABLE);
     std::fs::write(dir.join("schema.json"), Value::from(schema).to_string()).unwrap();
 

@@ -64,6 +64,74 @@ calls = s.query(
 print(f"rows: {n} inserted, {calls} calls of run-investigate-1 after FINAL")
 assert int(calls) >= 3, calls
 
+# `audit verify` hashes each row as `SELECT <columns> FORMAT RowBinary`
+# returns it: every row read back is byte for byte a row the firewall wrote.
+def split_rows(data, types):
+    """Splits RowBinary bytes into rows of the given column types."""
+    def leb(pos):
+        value, shift = 0, 0
+        while True:
+            b = data[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value, pos
+            shift += 7
+    fixed = {"UUID": 16, "UInt8": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8, "DateTime('UTC')": 4}
+    rows, pos = [], 0
+    while pos < len(data):
+        start = pos
+        for t in types:
+            if t in fixed:
+                pos += fixed[t]
+            elif t.startswith("FixedString("):
+                pos += int(t[len("FixedString("):-1])
+            elif t in ("String", "LowCardinality(String)"):
+                n, pos = leb(pos)
+                pos += n
+            elif t == "Array(String)":
+                count, pos = leb(pos)
+                for _ in range(count):
+                    n, pos = leb(pos)
+                    pos += n
+            else:
+                raise AssertionError(f"no RowBinary width for {t}")
+        rows.append(data[start:pos])
+    return rows
+
+
+def types_of(table, cols):
+    out = []
+    for c in cols.split(", "):
+        out.append(s.query(
+            f"SELECT type FROM system.columns WHERE database = 'mcp_firewall' AND table = '{table}' AND name = '{c}'",
+            "TSV").bytes().decode().strip().replace("\\'", "'"))
+    return out
+
+
+with open(data, "rb") as f:
+    written = set(split_rows(f.read(), types_of("audit_events", columns)))
+back = s.query(f"SELECT {columns} FROM mcp_firewall.audit_events", "RowBinary").bytes()
+read = split_rows(back, types_of("audit_events", columns))
+assert read and all(r in written for r in read), "a row read back differs from the bytes written"
+print(f"readback: {len(read)} rows byte-identical to what the firewall wrote")
+
+with open(os.path.join(fixture, "chain_columns.txt")) as f:
+    chain_columns = f.read().strip()
+chain_data = os.path.join(fixture, "chain.rowbinary")
+chain_types = types_of("audit_events_chain", chain_columns)
+chain_structure = ", ".join(f"{c} {t}" for c, t in zip(chain_columns.split(", "), chain_types)).replace("'", "\\'")
+s.query(
+    f"INSERT INTO mcp_firewall.audit_events_chain ({chain_columns}) "
+    f"SELECT {chain_columns} FROM file('{chain_data}', 'RowBinary', '{chain_structure}')"
+)
+chain_back = s.query(
+    f"SELECT {chain_columns} FROM mcp_firewall.audit_events_chain ORDER BY writer_id, seq", "RowBinary"
+).bytes()
+with open(chain_data, "rb") as f:
+    assert chain_back == f.read(), "the chain read back differs from the entries written"
+print(f"chain: {len(split_rows(chain_back, chain_types))} entries read back byte for byte")
+
 answers = {}
 for q in queries:
     try:
