@@ -131,6 +131,9 @@ pub struct AuditSink {
     pub url: String,
     /// Database (created by the firewall).
     pub database: String,
+    /// Rows linked into the hash chain and checkpoints signed (with a key
+    /// made in the instance's directory); false: `audit.chain = false`.
+    pub chain: bool,
 }
 
 /// Budgets and rate limits shared in a Redis (`[state] backend = "redis"`).
@@ -197,6 +200,8 @@ pub struct Layout {
     pub policy_dir: PathBuf,
     /// The audit spool directory.
     pub spool_dir: PathBuf,
+    /// The checkpoint signing key (written at start when audit chains).
+    pub signing_key: PathBuf,
 }
 
 /// Audit counters scraped from `/metrics`.
@@ -274,7 +279,17 @@ impl Firewall {
                 key_file: key_file.clone(),
                 policy_dir: policy_dir.clone(),
                 spool_dir: own.join("spool"),
+                signing_key: own.join("audit.key"),
             };
+            if spec.audit.as_ref().is_some_and(|a| a.chain) && !layout.signing_key.exists() {
+                let pem = mcp_firewall::audit::chain::Signer::generate_pem().map_err(|e| {
+                    FirewallError::Write {
+                        path: layout.signing_key.clone(),
+                        source: std::io::Error::other(e.to_string()),
+                    }
+                })?;
+                write(layout.signing_key.clone(), &pem)?;
+            }
             let config = own.join("firewall.toml");
             write(config.clone(), &config_text(&spec, &layout))?;
             let mut cmd = Command::new(bin);
@@ -400,8 +415,13 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
     }
     match &spec.audit {
         Some(a) => s.push_str(&format!(
-            "[audit]\nenabled = true\ninstance = \"mcp-bench-{}\"\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{}\"\n[audit.spool]\ndir = \"{}\"\n",
+            "[audit]\nenabled = true\ninstance = \"mcp-bench-{}\"\n{}[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{}\"\n[audit.spool]\ndir = \"{}\"\n",
             spec.name,
+            if a.chain {
+                format!("signing_key_file = \"{}\"\n", l.signing_key.display())
+            } else {
+                "chain = false\n".to_owned()
+            },
             a.url,
             a.database,
             l.spool_dir.display()

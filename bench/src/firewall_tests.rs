@@ -16,6 +16,7 @@ fn layout(dir: &Path) -> Layout {
         key_file: dir.join("k.pem"),
         policy_dir: dir.join("policies"),
         spool_dir: dir.join("spool"),
+        signing_key: dir.join("audit.key"),
     }
 }
 
@@ -36,6 +37,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
         audit: audit.then(|| AuditSink {
             url: "http://127.0.0.1:1".into(),
             database: "bench_x".into(),
+            chain: true,
         }),
         log_level: "warn".into(),
         upstream_http2: false,

@@ -65,6 +65,17 @@ enum Command {
         #[arg(long)]
         batch_bytes: Option<usize>,
     },
+    /// The audit trail's proof: rows recorded through the product's
+    /// auditor into a throwaway ClickHouse, chained and signed, then
+    /// `audit verify` over all of them, timed (needs `clickhouse-server`).
+    AuditVerify {
+        /// Rows.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: u64,
+        /// Concurrent recording tasks.
+        #[arg(long, default_value_t = 64)]
+        tasks: u64,
+    },
     /// `tools/list` through virtual servers: the plain route, one member
     /// (`vs1`) and three (`vs3`) in interleaved rounds on one firewall, and
     /// a merged list with a member answering after 5 s (`vs-slow`): it
@@ -293,6 +304,12 @@ fn main() -> ExitCode {
             tasks,
             batch_rows,
             batch_bytes,
+        }),
+        Command::AuditVerify { rows, tasks } => audit_verify(mcp_bench::pipeline::Spec {
+            rows,
+            tasks,
+            batch_rows: None,
+            batch_bytes: None,
         }),
         Command::Render { json, publish } => render(&json, publish),
         Command::Load(args) => load(&args),
@@ -805,6 +822,33 @@ fn audit_pipeline(spec: mcp_bench::pipeline::Spec) -> anyhow::Result<ExitCode> {
         f.concurrent_end_to_end_rows_per_s
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn audit_verify(spec: mcp_bench::pipeline::Spec) -> anyhow::Result<ExitCode> {
+    let dir = tempfile::tempdir()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let f = runtime.block_on(mcp_bench::pipeline::verify_run(&spec, dir.path()))?;
+    println!(
+        "audit verify, {} rows recorded by {} tasks, chained and signed:\n  \
+         recorded and shipped     {:>9.0} rows/s\n  \
+         audit verify             {:>9.0} rows/s ({:.1} s, peak RSS {:.0} MB)\n  \
+         verdict                  {}",
+        f.rows,
+        spec.tasks,
+        f.ship_rows_per_s,
+        f.verify_rows_per_s,
+        f.verify_s,
+        f.peak_rss_mb,
+        if f.holds { "holds" } else { "DOES NOT HOLD" }
+    );
+    Ok(if f.holds {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn serve_passthrough(

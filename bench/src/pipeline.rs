@@ -115,6 +115,100 @@ async fn phases(spec: &Spec, dir: &Path, ch: &ClickHouse) -> anyhow::Result<Figu
     })
 }
 
+/// What `mcp-bench audit-verify` measured.
+#[derive(Debug, Clone)]
+pub struct VerifyFigures {
+    /// Rows recorded, chained and shipped (then verified).
+    pub rows: u64,
+    /// Recording until the last row and its chain entry were in ClickHouse.
+    pub ship_rows_per_s: f64,
+    /// `audit verify` over the whole trail.
+    pub verify_rows_per_s: f64,
+    /// Its wall time.
+    pub verify_s: f64,
+    /// Peak resident memory of this process after verifying, MB.
+    pub peak_rss_mb: f64,
+    /// The report's verdict (must hold).
+    pub holds: bool,
+}
+
+/// Records `spec.rows` rows through the product's auditor into a
+/// throwaway ClickHouse (chained, checkpoints signed), then times
+/// `audit verify` over all of them.
+pub async fn verify_run(spec: &Spec, dir: &Path) -> anyhow::Result<VerifyFigures> {
+    let mut ch = ClickHouse::start(&dir.join("clickhouse"), &Placement { cpus: None })?;
+    let result = verify_phases(spec, dir, &ch).await;
+    ch.stop();
+    result
+}
+
+async fn verify_phases(spec: &Spec, dir: &Path, ch: &ClickHouse) -> anyhow::Result<VerifyFigures> {
+    let key = dir.join("audit.key");
+    std::fs::write(&key, audit::chain::Signer::generate_pem()?)?;
+    let db = "verify_bench";
+    let mut c = AuditConfig::default();
+    c.clickhouse.url = ch.url();
+    c.clickhouse.database = db.to_owned();
+    c.spool.dir = dir.join("spool-v");
+    c.spool.max_bytes = 16 << 30;
+    c.batch.max_rows = spec.batch_rows.unwrap_or(50_000);
+    c.batch.max_bytes = spec.batch_bytes.unwrap_or(32 << 20);
+    c.batch.max_age_ms = 200;
+    c.instance = Some("mcp-bench".to_owned());
+    c.signing_key_file = Some(key.clone());
+    let started = Instant::now();
+    let (auditor, handle, _registry) = start(&c).await?;
+    record_all(&auditor, spec).await?;
+    wait_for(ch, db, spec.rows).await?;
+    handle.shutdown(Duration::from_secs(60)).await;
+    let ship_s = started.elapsed().as_secs_f64();
+    let entries = ch.query_u64(&format!("SELECT count() FROM {db}.audit_events_chain"))?;
+    anyhow::ensure!(entries == spec.rows, "{entries} chain entries for {} rows", spec.rows);
+
+    let client = audit::verify::client_for(&c.clickhouse)?;
+    let signer = audit::chain::Signer::from_pem(&std::fs::read_to_string(&key)?)?;
+    let public = audit::chain::parse_public_key(&signer.public_key_text())
+        .ok_or_else(|| anyhow::anyhow!("the public key does not parse"))?;
+    let opts = audit::verify::Options {
+        keys: vec![public],
+        ..audit::verify::Options::default()
+    };
+    let target = audit::verify::Target {
+        client: &client,
+        database: db,
+        table: "audit_events",
+    };
+    let started = Instant::now();
+    let report = audit::verify::verify(&target, &opts).await?;
+    let verify_s = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        report.rows_read == spec.rows,
+        "verify read {} of {} rows",
+        report.rows_read,
+        spec.rows
+    );
+    Ok(VerifyFigures {
+        rows: spec.rows,
+        ship_rows_per_s: spec.rows as f64 / ship_s.max(1e-6),
+        verify_rows_per_s: spec.rows as f64 / verify_s.max(1e-6),
+        verify_s,
+        peak_rss_mb: peak_rss_mb(),
+        holds: report.holds,
+    })
+}
+
+/// This process's peak resident memory (`VmHWM`), MB.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 async fn start(cfg: &AuditConfig) -> anyhow::Result<(Auditor, audit::AuditHandle, Registry)> {
     let mut registry = Registry::default();
     let (a, h) = audit::start(cfg, &mut registry).await?;

@@ -36,6 +36,7 @@ fn color(target: &str) -> RGBColor {
         "firewall-redis" => RGBColor(140, 86, 75),
         "firewall-h2up" => RGBColor(227, 119, 194),
         "firewall-unscreened" => RGBColor(188, 189, 34),
+        "firewall-unchained" => RGBColor(23, 190, 207),
         _ => RGBColor(100, 100, 100),
     }
 }

@@ -160,6 +160,11 @@ pub enum TargetKind {
     /// column's against this one; not a default target (`call/h1/16+firewall-unscreened`
     /// with `--result-bytes 4096`).
     FirewallUnscreened,
+    /// The firewall with audit on and its hash chain off (`audit.chain =
+    /// false`, no checkpoint key): the cost of chaining and signing is the
+    /// firewall column's against this one; not a default target
+    /// (`call/h1/16+firewall-unchained`).
+    FirewallUnchained,
 }
 
 /// One cell of the plan.
@@ -267,6 +272,7 @@ struct FwKey {
     redis: bool,
     h2up: bool,
     unscreened: bool,
+    unchained: bool,
 }
 
 /// A running firewall instance and what the report says of it.
@@ -340,7 +346,7 @@ enum Upstream {
 
 impl TargetKind {
     /// Every target, in report order.
-    pub const ALL: [TargetKind; 8] = [
+    pub const ALL: [TargetKind; 9] = [
         TargetKind::Direct,
         TargetKind::Nginx,
         TargetKind::Hyper,
@@ -349,6 +355,7 @@ impl TargetKind {
         TargetKind::FirewallRedis,
         TargetKind::FirewallH2Up,
         TargetKind::FirewallUnscreened,
+        TargetKind::FirewallUnchained,
     ];
 
     /// What `--targets` defaults to: every target but `firewall-redis` and
@@ -373,6 +380,7 @@ impl TargetKind {
             TargetKind::FirewallRedis => "firewall-redis",
             TargetKind::FirewallH2Up => "firewall-h2up",
             TargetKind::FirewallUnscreened => "firewall-unscreened",
+            TargetKind::FirewallUnchained => "firewall-unchained",
         }
     }
 
@@ -391,6 +399,7 @@ impl TargetKind {
                 | TargetKind::FirewallRedis
                 | TargetKind::FirewallH2Up
                 | TargetKind::FirewallUnscreened
+                | TargetKind::FirewallUnchained
         )
     }
 
@@ -402,6 +411,7 @@ impl TargetKind {
                 | TargetKind::FirewallRedis
                 | TargetKind::FirewallH2Up
                 | TargetKind::FirewallUnscreened
+                | TargetKind::FirewallUnchained
         )
     }
 
@@ -413,6 +423,7 @@ impl TargetKind {
             redis: self == TargetKind::FirewallRedis,
             h2up: self == TargetKind::FirewallH2Up,
             unscreened: self == TargetKind::FirewallUnscreened,
+            unchained: self == TargetKind::FirewallUnchained,
         })
     }
 }
@@ -812,6 +823,7 @@ impl World {
                 .audit_db
                 .clone()
                 .unwrap_or_else(|| "mcp_bench_spool_only".to_owned()),
+            chain: !key.unchained,
         });
         let spec = firewall::Spec {
             name: name.clone(),
@@ -1093,7 +1105,8 @@ impl World {
             | TargetKind::FirewallNoAudit
             | TargetKind::FirewallRedis
             | TargetKind::FirewallH2Up
-            | TargetKind::FirewallUnscreened => {
+            | TargetKind::FirewallUnscreened
+            | TargetKind::FirewallUnchained => {
                 if target == TargetKind::FirewallRedis {
                     let Some(r) = self.redis()? else {
                         return Ok(None);
@@ -1569,6 +1582,7 @@ impl World {
             redis: false,
             h2up: false,
             unscreened: false,
+            unchained: false,
         };
         let counters = |w: &World| {
             w.firewalls
@@ -2007,11 +2021,12 @@ fn rss_of(pids: &[u32]) -> Option<f64> {
 /// The directory and log name of a firewall instance.
 fn instance_name(key: FwKey) -> String {
     format!(
-        "firewall{}{}{}{}{}",
+        "firewall{}{}{}{}{}{}",
         if key.audit { "-audit" } else { "-noaudit" },
         if key.redis { "-redis" } else { "" },
         if key.h2up { "-h2up" } else { "" },
         if key.unscreened { "-unscreened" } else { "" },
+        if key.unchained { "-unchained" } else { "" },
         if key.tls { "-tls" } else { "" }
     )
 }
@@ -2203,6 +2218,7 @@ mod tests {
                 redis: false,
                 h2up: false,
                 unscreened: false,
+            unchained: false,
             })
         );
         let unscreened = TargetKind::FirewallUnscreened.firewall_key(false).unwrap();

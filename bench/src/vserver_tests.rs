@@ -357,6 +357,7 @@ async fn through_an_in_process_firewall_vs3_lists_three_members_and_vs_slow_keep
         key_file,
         policy_dir: policies,
         spool_dir: dir.path().join("spool"),
+        signing_key: dir.path().join("audit.key"),
     };
     let text = firewall::config_text(&spec, &layout);
     let cfg = mcp_firewall::config::load_str(&text, Path::new("bench.toml"), dir.path(), &|_| None)

@@ -49,6 +49,12 @@ pub struct AuditConfig {
     /// disables. Default 300.
     #[serde(default = "default_max_backlog_age_s")]
     pub max_backlog_age_s: u64,
+    /// Link every row into this writer's hash chain (`<table>_chain`) and
+    /// sign checkpoints: what `mcp-firewall audit verify` proves. Default
+    /// true; false ships unchained rows (nothing about them is provable;
+    /// the bench's `firewall-unchained` target measures the chain's cost).
+    #[serde(default = "default_chain")]
+    pub chain: bool,
     /// This replica's name in the audit hash chain (`[A-Za-z0-9._:-]`, at
     /// most 128 bytes). Default: made at first start and kept in the spool
     /// (`<spool.dir>/writer_id`), so it survives restarts.
@@ -84,6 +90,10 @@ pub enum CheckpointEvery {
         #[serde(default = "default_checkpoint_seconds")]
         seconds: u64,
     },
+}
+
+fn default_chain() -> bool {
+    true
 }
 
 /// Default seconds between checkpoints.
@@ -137,6 +147,7 @@ impl Default for AuditConfig {
             on_spool_failure: FailModes::default(),
             instance: None,
             max_backlog_age_s: default_max_backlog_age_s(),
+            chain: default_chain(),
             writer_id: None,
             signing_key_file: None,
             checkpoint_every: CheckpointEvery::default(),

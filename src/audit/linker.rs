@@ -28,6 +28,8 @@ use super::spool::{Batch, ChainHead, Position};
 
 /// The chain of this writer and its checkpoints.
 pub(crate) struct Linker {
+    /// `audit.chain`: false links nothing.
+    enabled: bool,
     writer_id: String,
     writer_tag: [u8; 8],
     /// `None` until the head is known.
@@ -56,6 +58,7 @@ impl Linker {
     /// A linker for `writer_id`, continuing from the spool's `head` when it
     /// belongs to the `cursor` the reader starts at.
     pub(crate) fn new(
+        enabled: bool,
         writer_id: String,
         signer: Option<Signer>,
         (every_rows, every_s): (u64, u64),
@@ -68,6 +71,7 @@ impl Linker {
             .filter(|h| Some(h.at) == cursor && h.writer_tag == writer_tag)
             .map(|h| Chain::resume(&writer_id, h.seq, h.hash));
         Linker {
+            enabled,
             acked: chain.as_ref().map(Chain::head),
             signed_seq: chain.as_ref().map_or(0, |c| c.head().0),
             chain,
@@ -88,7 +92,7 @@ impl Linker {
 
     /// Whether the head must be learnt (from ClickHouse) before linking.
     pub(crate) fn needs_head(&self) -> bool {
-        self.chain.is_none()
+        self.enabled && self.chain.is_none()
     }
 
     /// Continues after row `seq` with hash `hash` (0 and [`GENESIS`]: a new
@@ -103,6 +107,9 @@ impl Linker {
     /// the chain's head after them (`None` when the head is not known:
     /// [`Self::needs_head`] first).
     pub(crate) fn link(&mut self, batch: &Batch, out: &mut Vec<u8>) -> Option<(u64, Hash)> {
+        if !self.enabled {
+            return None;
+        }
         let chain = self.chain.as_mut()?;
         let now_s = u32::try_from(crate::clock::now_ms() / 1000).unwrap_or(u32::MAX);
         let mut starts = batch.row_starts.iter().peekable();

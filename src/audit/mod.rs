@@ -674,6 +674,7 @@ fn linker_for(
     };
     let signer = match &cfg.signing_key_file {
         Some(path) => Some(load_signer(path)?),
+        None if !cfg.chain => None,
         None => {
             tracing::warn!(writer_id, "audit: no audit.signing_key_file: rows are chained but no checkpoint is signed, so the chain's tail can be cut unnoticed (`mcp-firewall audit keygen --out FILE`)");
             None
@@ -683,7 +684,11 @@ fn linker_for(
         .checkpoint_file
         .clone()
         .unwrap_or_else(|| dir.join("checkpoints.jsonl"));
+    if !cfg.chain {
+        tracing::warn!("audit.chain = false: rows are shipped unchained; `mcp-firewall audit verify` can prove nothing about them");
+    }
     Ok(linker::Linker::new(
+        cfg.chain,
         writer_id,
         signer,
         cfg.checkpoint_every.limits(),

@@ -229,6 +229,13 @@ pub struct Target<'a> {
     pub table: &'a str,
 }
 
+/// A client for verifying the ClickHouse `cfg` names: the firewall's
+/// (TLS, password), answers uncompressed (verify reads far more than it
+/// saves on compression).
+pub fn client_for(cfg: &super::ClickHouseConfig) -> anyhow::Result<clickhouse::Client> {
+    Ok(super::build_client(cfg)?.with_compression(clickhouse::Compression::None))
+}
+
 /// Verifies the trail at `target` as `opts` says.
 pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Report> {
     let started = Instant::now();
