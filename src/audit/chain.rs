@@ -163,6 +163,15 @@ pub struct Signer {
     key: Ed25519KeyPair,
 }
 
+impl std::fmt::Debug for Signer {
+    /// The public key only: the private key never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signer")
+            .field("public_key", &self.public_key_text())
+            .finish_non_exhaustive()
+    }
+}
+
 const PEM_BEGIN: &str = "-----BEGIN PRIVATE KEY-----";
 const PEM_END: &str = "-----END PRIVATE KEY-----";
 

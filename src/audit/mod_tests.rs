@@ -192,3 +192,37 @@ fn auditor_and_its_futures_can_cross_threads() {
     send(a.record(AuditRow::new()));
     send(a.record_or_fail(AuditRow::new()));
 }
+
+#[test]
+fn the_chain_settings_parse_and_bad_ones_are_named() {
+    let cfg: AuditConfig = toml::from_str("").unwrap();
+    assert!(cfg.chain);
+    assert_eq!(cfg.checkpoint_every.limits(), (1000, 10));
+    let cfg: AuditConfig = toml::from_str("checkpoint_every = 500").unwrap();
+    assert_eq!(cfg.checkpoint_every.limits(), (500, 10));
+    let cfg: AuditConfig =
+        toml::from_str("checkpoint_every = { rows = 50, seconds = 2 }\nwriter_id = \"fw-1.eu:a\"")
+            .unwrap();
+    assert_eq!(cfg.checkpoint_every.limits(), (50, 2));
+    cfg.validate().unwrap();
+    let bad: AuditConfig = toml::from_str("writer_id = \"fw 1\"").unwrap();
+    let err = bad.validate().unwrap_err().to_string();
+    assert!(err.contains("writer_id \"fw 1\""), "{err}");
+    let zero: AuditConfig = toml::from_str("checkpoint_every = 0").unwrap();
+    assert!(zero.validate().unwrap_err().to_string().contains("checkpoint_every"));
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k.pem");
+    std::fs::write(&key, "not a key").unwrap();
+    let err = load_signer(&key).unwrap_err().to_string();
+    assert!(err.contains("k.pem") && err.contains("PEM"), "{err}");
+}
+
+#[test]
+fn a_spool_keeps_its_writer_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = spool_writer_id(dir.path()).unwrap();
+    assert!(is_writer_id(&first), "{first}");
+    assert_eq!(spool_writer_id(dir.path()).unwrap(), first);
+    std::fs::write(dir.path().join("writer_id"), "no spaces allowed\n").unwrap();
+    assert!(spool_writer_id(dir.path()).is_err());
+}

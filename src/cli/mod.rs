@@ -345,6 +345,9 @@ pub fn check(cfg: &Config) -> anyhow::Result<String> {
             _ => "disabled".to_owned(),
         }
     );
+    if let Some(a) = cfg.audit.as_ref().filter(|a| a.enabled) {
+        let _ = writeln!(out, "  {}", audit_chain_line(a)?);
+    }
     let _ = writeln!(out, "  policies: {}", policy.files().len());
     for u in &cfg.upstreams {
         let Some(launch) = &u.stdio else {
@@ -668,4 +671,25 @@ pub fn mint(cfg: &Config, a: MintArgs) -> anyhow::Result<String> {
 pub async fn inspect(cfg: &Config, token: &str) -> anyhow::Result<String> {
     let verifier = Verifier::new(&cfg.auth).await?;
     Ok(auth::inspect(&verifier, token).await.to_string())
+}
+
+/// `check`'s line on the audit hash chain: the writer, the checkpoint key
+/// (loaded: a key that does not load fails `check`) and how often it signs.
+fn audit_chain_line(a: &crate::audit::AuditConfig) -> anyhow::Result<String> {
+    if !a.chain {
+        return Ok("audit chain: off (audit.chain = false): nothing about the rows is provable".to_owned());
+    }
+    let writer = a
+        .writer_id
+        .clone()
+        .unwrap_or_else(|| format!("kept in {}/writer_id", a.spool.dir.display()));
+    let (rows, seconds) = a.checkpoint_every.limits();
+    let signing = match &a.signing_key_file {
+        Some(path) => format!(
+            "checkpoints signed by {} every {rows} rows or {seconds} s",
+            crate::audit::load_signer(path)?.public_key_text()
+        ),
+        None => "NO checkpoint key (audit.signing_key_file): a cut tail is not provable".to_owned(),
+    };
+    Ok(format!("audit chain: writer {writer}, {signing}"))
 }
