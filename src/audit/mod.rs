@@ -86,7 +86,8 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use self::clickhouse::{
-    drop_partition_sql, partitions_sql, schema_statements, ClickHouseError, SCHEMA_SQL,
+    added_columns_sql, drop_partition_sql, partitions_sql, schema_statements, ClickHouseError,
+    SCHEMA_SQL,
 };
 pub use self::config::*;
 pub use self::record::{AuditRow, JsonPayload, Label, COLUMNS};
