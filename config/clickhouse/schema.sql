@@ -63,7 +63,14 @@ CREATE TABLE IF NOT EXISTS {database}.{table}
     screen_kinds        Array(String),
     screen_action       LowCardinality(String),
     run_labels          Array(String),
-    virtual_server      LowCardinality(String)
+    virtual_server      LowCardinality(String),
+    approval_id         String,
+    approver            String,
+    approved_ms         UInt64,
+    policy_sha256       String,
+    pin_sha256          String,
+    delegation          Array(String),
+    token_jti           String
 )
 ENGINE = ReplacingMergeTree(row_version)
 PARTITION BY toYYYYMMDD(time)
@@ -83,6 +90,17 @@ SETTINGS index_granularity = 8192;
 --   SELECT time, run_id, upstream, method, tool, screen_kinds, screen_action
 --   FROM {database}.{table} FINAL
 --   WHERE screen_action != '' AND time >= today() ORDER BY time
+
+-- Tables created before virtual servers lack virtual_server; tables created
+-- before rows stood on their own lack approval_id, approver, approved_ms
+-- (which approval released a call, who gave it and when), policy_sha256
+-- (the policy set that decided), pin_sha256 (the pinned definition the call
+-- matched), delegation (the token's act chain, current actor first) and
+-- token_jti. The firewall adds them at start, the same way; rows written
+-- before read as empty ('', 0, []). Who approved which call today:
+--   SELECT time, run_id, tool, approval_id, approver, approved_ms, policy_sha256, pin_sha256
+--   FROM {database}.{table} FINAL
+--   WHERE approval_id != '' AND time >= today() ORDER BY time
 
 -- Per day, over final rows (a call's intent row is not counted; its completion
 -- is): calls, denials, errors, distinct runs, latency quantiles, by tenant,

@@ -146,13 +146,36 @@ pub fn drop_partition_sql(database: &str, table: &str, partition: u32) -> String
 
 /// Columns added after the first release, with their types: a table
 /// created before them gets them at start.
-const ADDED_COLUMNS: [(&str, &str); 5] = [
+const ADDED_COLUMNS: [(&str, &str); 12] = [
     ("row_version", "UInt8 DEFAULT 1"),
     ("screen_kinds", "Array(String)"),
     ("screen_action", "LowCardinality(String)"),
     ("run_labels", "Array(String)"),
     ("virtual_server", "LowCardinality(String)"),
+    ("approval_id", "String"),
+    ("approver", "String"),
+    ("approved_ms", "UInt64"),
+    ("policy_sha256", "String"),
+    ("pin_sha256", "String"),
+    ("delegation", "Array(String)"),
+    ("token_jti", "String"),
 ];
+
+/// The migration of a table created by an earlier release: per column
+/// added since the first release, in order, its name and the statement
+/// that adds it (`ALTER TABLE … ADD COLUMN`), run at start for each one the
+/// table lacks (18.16 has no `ADD COLUMN IF NOT EXISTS`).
+pub fn added_columns_sql(database: &str, table: &str) -> Vec<(&'static str, String)> {
+    ADDED_COLUMNS
+        .iter()
+        .map(|(column, ty)| {
+            (
+                *column,
+                format!("ALTER TABLE {database}.{table} ADD COLUMN {column} {ty}"),
+            )
+        })
+        .collect()
+}
 
 /// Creates what is missing of the schema (idempotent).
 pub(crate) async fn ensure_schema(
@@ -177,7 +200,7 @@ pub(crate) async fn ensure_schema(
     }
     // Columns later releases added to the table (18.16 has no ADD COLUMN
     // IF NOT EXISTS, so look first).
-    for (column, ty) in ADDED_COLUMNS {
+    for (column, alter) in added_columns_sql(database, table) {
         let present = client
             .query_raw(&format!(
                 "SELECT count() FROM system.columns WHERE database = '{database}' AND table = '{table}' AND name = '{column}'"
@@ -186,9 +209,7 @@ pub(crate) async fn ensure_schema(
             .collect()
             .await?;
         if String::from_utf8_lossy(&present).trim() == "0" {
-            let mut q = client.query_raw(&format!(
-                "ALTER TABLE {database}.{table} ADD COLUMN {column} {ty}"
-            ));
+            let mut q = client.query_raw(&alter);
             if needs_opt_in {
                 q = q.with_setting(LOW_CARDINALITY_SETTING, "1");
             }

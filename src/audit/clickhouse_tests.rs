@@ -93,8 +93,38 @@ fn insert_names_every_column_in_order() {
     let sql = insert_sql("db", "t");
     assert!(sql.starts_with("INSERT INTO db.t (event_id, time, time_ms, tenant,"));
     assert!(sql.ends_with(
-        "instance, trace_id, row_version, screen_kinds, screen_action, run_labels, virtual_server) FORMAT RowBinary"
+        "instance, trace_id, row_version, screen_kinds, screen_action, run_labels, virtual_server, \
+         approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti) FORMAT RowBinary"
     ));
+}
+
+#[test]
+fn the_migration_adds_every_column_after_the_first_release_with_its_schema_type() {
+    let added = added_columns_sql("db1", "ev");
+    let names: Vec<&str> = added.iter().map(|(c, _)| *c).collect();
+    // The first release's table ended at trace_id; everything after it is
+    // added, in order.
+    let first = COLUMNS.iter().position(|c| *c == "trace_id").unwrap() + 1;
+    assert_eq!(names, COLUMNS[first..]);
+    let create = &schema_statements("db1", "ev")[1];
+    for (column, alter) in &added {
+        let declared = create
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(column))
+            .unwrap_or_else(|| panic!("{column} in the CREATE TABLE"));
+        let ty = declared
+            .split_whitespace()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_eq!(
+            *alter,
+            format!(
+                "ALTER TABLE db1.ev ADD COLUMN {column} {}",
+                ty.trim_end_matches(',')
+            )
+        );
+    }
 }
 
 #[test]

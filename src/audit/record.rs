@@ -127,6 +127,25 @@ pub struct AuditRow {
     /// The virtual server the message came through (`upstream` is then
     /// its member); empty for a plain upstream.
     pub virtual_server: String,
+    /// The approval that released the call, empty when none did.
+    pub approval_id: String,
+    /// Who approved it (the approver's `sub`), empty when nobody did.
+    pub approver: String,
+    /// When they approved it, milliseconds since the Unix epoch; 0 when
+    /// nobody did.
+    pub approved_ms: u64,
+    /// SHA-256 (hex) of the policy set that decided the message
+    /// ([`crate::policy::Policy::content_hash`]); empty on rows no policy
+    /// decided.
+    pub policy_sha256: String,
+    /// SHA-256 (hex) of the pinned definition the call matched
+    /// ([`crate::pins`]); empty when it matched no pin.
+    pub pin_sha256: String,
+    /// Who acts for the principal (the token's RFC 8693 `act` chain), the
+    /// current actor first; empty when the token delegates nothing.
+    pub delegation: std::sync::Arc<[String]>,
+    /// `jti` of the tool token (the same as `token_id`).
+    pub token_jti: String,
 }
 
 impl AuditRow {
@@ -175,6 +194,13 @@ impl AuditRow {
             screen_action: "",
             run_labels: crate::policy::Labels::NONE,
             virtual_server: String::new(),
+            approval_id: String::new(),
+            approver: String::new(),
+            approved_ms: 0,
+            policy_sha256: String::new(),
+            pin_sha256: String::new(),
+            delegation: std::sync::Arc::from(Vec::new()),
+            token_jti: String::new(),
         }
     }
 }
@@ -224,22 +250,40 @@ pub const COLUMNS: &[&str] = &[
     "screen_action",
     "run_labels",
     "virtual_server",
+    "approval_id",
+    "approver",
+    "approved_ms",
+    "policy_sha256",
+    "pin_sha256",
+    "delegation",
+    "token_jti",
 ];
 
 /// How many of [`COLUMNS`] rows spooled by releases before content
 /// screening have: the shipper completes them with empty values.
 pub const LEGACY_COLUMNS: usize = 31;
 
-/// What completes a row of [`LEGACY_COLUMNS`] (`screen_kinds = []`,
-/// `screen_action = ''`, `run_labels = []`, `virtual_server = ''`).
-pub const LEGACY_TAIL: [u8; 4] = [0, 0, 0, 0];
+/// What completes a row of [`LEGACY_COLUMNS`]: `screen_kinds = []`,
+/// `screen_action = ''`, `run_labels = []`, `virtual_server = ''`, then
+/// [`VIRTUAL_TAIL`].
+pub const LEGACY_TAIL: [u8; 4 + VIRTUAL_TAIL.len()] = [0; 4 + VIRTUAL_TAIL.len()];
 
 /// How many of [`COLUMNS`] rows spooled by releases before virtual servers
 /// have.
 pub const SCREENING_COLUMNS: usize = 34;
 
-/// What completes a row of [`SCREENING_COLUMNS`] (`virtual_server = ''`).
-pub const SCREENING_TAIL: [u8; 1] = [0];
+/// What completes a row of [`SCREENING_COLUMNS`]: `virtual_server = ''`,
+/// then [`VIRTUAL_TAIL`].
+pub const SCREENING_TAIL: [u8; 1 + VIRTUAL_TAIL.len()] = [0; 1 + VIRTUAL_TAIL.len()];
+
+/// How many of [`COLUMNS`] rows spooled by releases before the approval,
+/// policy, pin and delegation columns have (they end at `virtual_server`).
+pub const VIRTUAL_COLUMNS: usize = 35;
+
+/// What completes a row of [`VIRTUAL_COLUMNS`]: `approval_id = ''`,
+/// `approver = ''`, `approved_ms = 0` (8 bytes), `policy_sha256 = ''`,
+/// `pin_sha256 = ''`, `delegation = []`, `token_jti = ''`.
+pub const VIRTUAL_TAIL: [u8; 14] = [0; 14];
 
 /// Offset of `time_ms` in an encoded row (after the 16-byte UUID and 4-byte DateTime).
 const TIME_MS_OFFSET: usize = 20;
@@ -306,6 +350,13 @@ pub(crate) fn encode_row(
     put_str(out, row.screen_action);
     put_strs(out, row.run_labels.names().into_iter());
     put_str(out, &row.virtual_server);
+    put_str(out, &row.approval_id);
+    put_str(out, &row.approver);
+    out.extend_from_slice(&row.approved_ms.to_le_bytes());
+    put_str(out, &row.policy_sha256);
+    put_str(out, &row.pin_sha256);
+    put_strs(out, row.delegation.iter().map(String::as_str));
+    put_str(out, &row.token_jti);
 }
 
 /// `Array(String)` in RowBinary: LEB128 count, then each string.
@@ -336,11 +387,12 @@ enum Width {
 }
 
 /// The type of each of [`COLUMNS`], in order (what [`encode_row`] writes).
-const WIDTHS: [Width; 35] = {
+const WIDTHS: [Width; 42] = {
     use Width::*;
     [
         Uuid, U32, U64, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str,
-        Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8, Strs, Str, Strs, Str,
+        Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8, Strs, Str, Strs, Str, Str,
+        Str, U64, Str, Str, Strs, Str,
     ]
 };
 const _: () = assert!(WIDTHS.len() == COLUMNS.len());
@@ -365,17 +417,14 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
             .fold(0u64, |acc, x| (acc << 8) | u64::from(*x))
     };
     for (i, (name, width)) in COLUMNS.iter().zip(WIDTHS).enumerate() {
-        // A row spooled before the screening columns existed ends here.
-        if i == LEGACY_COLUMNS && at.get() == payload.len() {
-            out.insert("screen_kinds".to_owned(), Value::Array(Vec::new()));
-            out.insert("screen_action".to_owned(), Value::String(String::new()));
-            out.insert("run_labels".to_owned(), Value::Array(Vec::new()));
-            out.insert("virtual_server".to_owned(), Value::String(String::new()));
-            break;
-        }
-        // One spooled before virtual servers.
-        if i == SCREENING_COLUMNS && at.get() == payload.len() {
-            out.insert("virtual_server".to_owned(), Value::String(String::new()));
+        // A row spooled by an earlier release ends where its format did:
+        // the columns added since are empty.
+        if at.get() == payload.len()
+            && [LEGACY_COLUMNS, SCREENING_COLUMNS, VIRTUAL_COLUMNS].contains(&i)
+        {
+            for (name, width) in COLUMNS.iter().zip(WIDTHS).skip(i) {
+                out.insert((*name).to_owned(), empty(width));
+            }
             break;
         }
         let value = match width {
@@ -470,6 +519,16 @@ pub(crate) fn leb128(data: &[u8], mut at: usize) -> Option<(u64, usize)> {
         if shift > 63 {
             return None;
         }
+    }
+}
+
+/// A column's empty value (what the tail of an older row stands for).
+fn empty(width: Width) -> serde_json::Value {
+    use serde_json::Value;
+    match width {
+        Width::Uuid | Width::Str => Value::String(String::new()),
+        Width::U8 | Width::U16 | Width::U32 | Width::U64 => Value::from(0u64),
+        Width::Strs => Value::Array(Vec::new()),
     }
 }
 

@@ -65,6 +65,26 @@ fn full_row() -> AuditRow {
     r.screen_action = "redact";
     r.run_labels = crate::policy::Labels::UNTRUSTED;
     r.virtual_server = "ops".into();
+    r.approval_id = "apr-1".into();
+    r.approver = "oncall".into();
+    r.approved_ms = 1_700_000_001_234;
+    r.policy_sha256 = "ab".repeat(32);
+    r.pin_sha256 = "cd".repeat(32);
+    r.delegation = vec!["agent:planner".to_owned(), "user:olga".to_owned()].into();
+    r.token_jti = "jti".into();
+    r
+}
+
+/// `row` without the columns format 4 added, as format 3 wrote it.
+fn format_3(row: &AuditRow) -> AuditRow {
+    let mut r = row.clone();
+    r.approval_id.clear();
+    r.approver.clear();
+    r.approved_ms = 0;
+    r.policy_sha256.clear();
+    r.pin_sha256.clear();
+    r.delegation = std::sync::Arc::from(Vec::new());
+    r.token_jti.clear();
     r
 }
 
@@ -117,7 +137,50 @@ fn encoded_row_decodes_to_every_field_in_column_order() {
     assert_eq!(rd.take(1), [1], "one label");
     assert_eq!(rd.string(), "untrusted");
     assert_eq!(rd.string(), "ops", "virtual_server");
+    assert_eq!(rd.string(), "apr-1", "approval_id");
+    assert_eq!(rd.string(), "oncall", "approver");
+    assert_eq!(rd.u64(), 1_700_000_001_234, "approved_ms");
+    assert_eq!(rd.string(), "ab".repeat(32), "policy_sha256");
+    assert_eq!(rd.string(), "cd".repeat(32), "pin_sha256");
+    assert_eq!(rd.take(1), [2], "two actors");
+    assert_eq!(rd.string(), "agent:planner");
+    assert_eq!(rd.string(), "user:olga");
+    assert_eq!(rd.string(), "jti", "token_jti");
     assert_eq!(rd.pos, out.len(), "no trailing bytes");
+}
+
+#[test]
+fn the_tails_are_the_empty_values_of_the_columns_added_since() {
+    let row = full_row();
+    let mut new = Vec::new();
+    encode_row(&format_3(&row), b"", b"", "", &mut new);
+    // The columns format 4 added, empty, encode as the format-3 tail.
+    assert!(new.ends_with(&VIRTUAL_TAIL));
+    let v3 = &new[..new.len() - VIRTUAL_TAIL.len()];
+    assert_eq!(
+        decode_row(v3).expect("a format-3 row")["virtual_server"],
+        "ops"
+    );
+    assert_eq!(
+        COLUMNS[VIRTUAL_COLUMNS - 1],
+        "virtual_server",
+        "format 3 ends here"
+    );
+    let mut completed = v3.to_vec();
+    completed.extend_from_slice(&VIRTUAL_TAIL);
+    assert_eq!(completed, new);
+    // Older formats: their own tail, then the format-3 one.
+    assert_eq!(SCREENING_TAIL[1..], VIRTUAL_TAIL);
+    assert_eq!(LEGACY_TAIL[4..], VIRTUAL_TAIL);
+    let mut plain = format_3(&row);
+    plain.screen_kinds.clear();
+    plain.screen_action = "";
+    plain.run_labels = crate::policy::Labels::NONE;
+    plain.virtual_server.clear();
+    let mut empty = Vec::new();
+    encode_row(&plain, b"", b"", "", &mut empty);
+    assert!(empty.ends_with(&LEGACY_TAIL));
+    assert!(empty.ends_with(&SCREENING_TAIL));
 }
 
 #[test]
@@ -203,19 +266,51 @@ fn decode_row_reads_back_what_encode_row_wrote() {
     assert_eq!(d["screen_action"], "redact");
     assert_eq!(d["run_labels"], serde_json::json!(["untrusted"]));
     assert_eq!(d["virtual_server"], "ops");
+    assert_eq!(d["approval_id"], "apr-1");
+    assert_eq!(d["approver"], "oncall");
+    assert_eq!(d["approved_ms"], 1_700_000_001_234u64);
+    assert_eq!(d["policy_sha256"], "ab".repeat(32));
+    assert_eq!(d["pin_sha256"], "cd".repeat(32));
+    assert_eq!(
+        d["delegation"],
+        serde_json::json!(["agent:planner", "user:olga"])
+    );
+    assert_eq!(d["token_jti"], "jti");
     assert_eq!(d.len(), COLUMNS.len() - 1, "every column but `time`");
+    // Every older format decodes with empty values in the columns added
+    // since, so every row has every column.
+    let mut old = Vec::new();
+    encode_row(
+        &format_3(&row),
+        br#"{"a":1}"#,
+        br#"{"ok":true}"#,
+        "fw-1",
+        &mut old,
+    );
+    let v3 = &old[..old.len() - VIRTUAL_TAIL.len()];
+    let t = decode_row(v3).expect("a format-3 row");
+    assert_eq!(t["virtual_server"], "ops");
+    assert_eq!(t["approval_id"], "");
+    assert_eq!(t["approved_ms"], 0);
+    assert_eq!(t["delegation"], serde_json::json!([]));
+    assert_eq!(t["token_jti"], "");
+    assert_eq!(t.len(), COLUMNS.len() - 1);
     // A row spooled by a release before virtual servers.
-    let screening = &out[..out.len() - 4];
+    let screening = &v3[..v3.len() - 4];
     let s = decode_row(screening).expect("a format-2 row");
     assert_eq!(s["virtual_server"], "");
     assert_eq!(s["run_labels"], serde_json::json!(["untrusted"]));
+    assert_eq!(s["approver"], "");
+    assert_eq!(s.len(), COLUMNS.len() - 1);
     // A row spooled by a release before screening decodes with empty
     // screening columns.
-    let legacy = &out[..out.len() - (1 + 12 + 16 + 7 + 1 + 10 + 4)];
+    let legacy = &v3[..v3.len() - (1 + 12 + 16 + 7 + 1 + 10 + 4)];
     let l = decode_row(legacy).expect("a legacy row");
     assert_eq!(l["screen_kinds"], serde_json::json!([]));
     assert_eq!(l["screen_action"], "");
     assert_eq!(l["trace_id"], "trace");
+    assert_eq!(l["pin_sha256"], "");
+    assert_eq!(l.len(), COLUMNS.len() - 1);
     assert!(decode_row(&out[..out.len() - 1]).is_none(), "a torn row");
     let mut longer = out.clone();
     longer.push(0);

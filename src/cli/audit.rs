@@ -1,7 +1,9 @@
 //! `mcp-firewall audit`: an auditor's first questions without learning the
 //! schema. `tail` follows new rows (from ClickHouse, or from a local spool
 //! when no ClickHouse is at hand), `run RUN_ID` is a run's timeline (every
-//! call, decision, stop reason and approval), `denials --since 1h` groups
+//! call, decision, stop reason and approval: which one, who gave it and
+//! when, the policy set that decided and the pin the call matched, who
+//! acted for the principal), `denials --since 1h` groups
 //! refusals by role and reason, `flagged --since 1h` lists the answers
 //! content screening found something in (kinds and action, never the
 //! text) with the run's labels, `stats --days 7` reads the daily aggregate.
@@ -198,11 +200,13 @@ pub fn query(q: Question, database: &str, table: &str) -> String {
     let t = format!("{database}.{table}");
     match q {
         Question::Tail => format!(
-            "SELECT toString(event_id) AS event_id, time_ms, tenant, run_id, agent_role, method, tool, decision, stop_reason, latency_us, row_version \
+            "SELECT toString(event_id) AS event_id, time_ms, tenant, run_id, agent_role, method, tool, decision, stop_reason, latency_us, row_version, \
+             approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti \
              FROM {t} WHERE time_ms >= ? ORDER BY time_ms LIMIT 1000"
         ),
         Question::Run => format!(
-            "SELECT time_ms, method, tool, risk, decision, stop_reason, reason, upstream_status, latency_us \
+            "SELECT time_ms, method, tool, risk, decision, stop_reason, reason, upstream_status, latency_us, \
+             approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti \
              FROM {t} FINAL WHERE run_id = ? ORDER BY time_ms"
         ),
         Question::Denials => format!(
@@ -256,7 +260,7 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
                 writeln!(out, "no rows for run {run_id:?}")?;
                 return Ok(());
             }
-            print_rows(&rows, &["time_ms", "method", "tool", "risk", "decision", "stop_reason", "latency_us", "reason"], args.json, out)
+            print_rows(&rows, &["time_ms", "method", "tool", "risk", "decision", "stop_reason", "latency_us", "approver", "approved_ms", "approval_id", "policy_sha256", "pin_sha256", "delegation", "token_jti", "reason"], args.json, out)
         }
         (AuditCommand::Denials { since }, Source::ClickHouse { client, database, table }) => {
             let back = parse_since(since)
@@ -527,7 +531,7 @@ fn print_tail(
     if header {
         writeln!(
             out,
-            "{:<24} {:<22} {:<22} {:<12} {:<24} {:<8} {:<18} {:>9}",
+            "{:<24} {:<22} {:<22} {:<12} {:<24} {:<8} {:<18} {:>9}  approved by",
             "time", "run", "role", "method", "tool", "decision", "stop reason", "µs"
         )?;
     }
@@ -535,7 +539,7 @@ fn print_tail(
         let s = |k: &str| cell(r.get(k));
         writeln!(
             out,
-            "{:<24} {:<22} {:<22} {:<12} {:<24} {:<8} {:<18} {:>9}",
+            "{:<24} {:<22} {:<22} {:<12} {:<24} {:<8} {:<18} {:>9}  {}",
             time_text(r.get("time_ms")),
             s("run_id"),
             s("agent_role"),
@@ -549,6 +553,7 @@ fn print_tail(
                 s("stop_reason")
             },
             s("latency_us"),
+            approved_by(r),
         )?;
     }
     Ok(())
@@ -565,15 +570,7 @@ fn print_rows(
     }
     let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| {
-            columns
-                .iter()
-                .map(|c| match *c {
-                    "time_ms" => time_text(r.get(*c)),
-                    _ => cell(r.get(*c)),
-                })
-                .collect()
-        })
+        .map(|r| columns.iter().map(|c| shown(c, r.get(*c))).collect())
         .collect();
     let widths: Vec<usize> = columns
         .iter()
@@ -605,6 +602,36 @@ fn print_rows(
         writeln!(out, "(no rows)")?;
     }
     Ok(())
+}
+
+/// A column's value as a table shows it: times as dates (an `approved_ms`
+/// of 0 as nothing), hashes by their first 12 hex digits (`--json` has them
+/// whole), the delegation chain as `actor <- actor`, current actor first.
+fn shown(column: &str, v: Option<&Value>) -> String {
+    match column {
+        "time_ms" => time_text(v),
+        "approved_ms" if num(v).unwrap_or(0) == 0 => String::new(),
+        "approved_ms" => time_text(v),
+        c if c.ends_with("_sha256") => cell(v).chars().take(12).collect(),
+        "delegation" => match v {
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|i| cell(Some(i)))
+                .collect::<Vec<_>>()
+                .join(" <- "),
+            other => cell(other),
+        },
+        _ => cell(v),
+    }
+}
+
+/// The tail's `approved by` cell: who, and which approval.
+fn approved_by(r: &Map<String, Value>) -> String {
+    let who = cell(r.get("approver"));
+    if who.is_empty() {
+        return String::new();
+    }
+    format!("{who} ({})", cell(r.get("approval_id")))
 }
 
 fn cell(v: Option<&Value>) -> String {

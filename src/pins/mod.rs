@@ -694,27 +694,29 @@ impl PinStore {
     }
 
     /// Whether a call of `tool` (listed with `sha256`) may run in `mode`;
-    /// no events (the listing raised them).
+    /// no events (the listing raised them). `Ok(Some(pin))`: it matched the
+    /// pin with that hash (the audit row's `pin_sha256`); `Ok(None)`: it
+    /// runs without matching a pin (`off`, or `record`).
     pub fn check(
         &self,
         mode: Mode,
         upstream: &str,
         tool: &str,
         sha256: &[u8; 32],
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<[u8; 32]>, Refusal> {
         self.check_of(mode, upstream, Subject::Tool, tool, Some(sha256))
     }
 
     /// Whether a prompt (or template) may be used in `mode`, judged by the
     /// definition it was last listed with; one never listed here is judged
-    /// by its name alone (pinned: yes).
+    /// by its name alone (pinned: yes). `Ok` as for [`PinStore::check`].
     pub fn check_listed(
         &self,
         mode: Mode,
         upstream: &str,
         subject: Subject,
         name: &str,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<[u8; 32]>, Refusal> {
         let seen = self.seen.get(&key(upstream, subject, name)).map(|e| *e);
         self.check_of(mode, upstream, subject, name, seen.as_ref())
     }
@@ -726,14 +728,20 @@ impl PinStore {
         subject: Subject,
         name: &str,
         sha256: Option<&[u8; 32]>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<[u8; 32]>, Refusal> {
         let pins = self.current();
         if mode == Mode::Off && !pins.upstreams.contains_key(upstream) {
-            return Ok(());
+            return Ok(None);
         }
+        // The pin a pinned verdict matched, from the same pins as the verdict.
+        let pinned = pins
+            .upstreams
+            .get(upstream)
+            .and_then(|u| u.get(subject, name))
+            .map(|(sha, _)| *sha);
         let verdict = match sha256 {
             Some(sha) => pins.verdict_of(upstream, subject, name, sha),
-            None if pins.pin(upstream, subject, name).is_some() => Verdict::Pinned,
+            None if pinned.is_some() => Verdict::Pinned,
             // Any hash that is not a pin's: unpinned or shadowing.
             None => pins.verdict_of(upstream, subject, name, &[0; 32]),
         };
@@ -745,13 +753,13 @@ impl PinStore {
             })
         };
         match (verdict, mode) {
-            (Verdict::Pinned, _) => Ok(()),
+            (Verdict::Pinned, _) => Ok(pinned),
             (Verdict::Shadows(other), _) => Err(Refusal::Shadows(other)),
-            (_, Mode::Off) => Ok(()),
+            (_, Mode::Off) => Ok(None),
             _ if rejected() => Err(Refusal::Rejected),
             (Verdict::Unpinned, Mode::Enforce) => Err(Refusal::Unpinned),
             (Verdict::Mismatch, Mode::Enforce) => Err(Refusal::Mismatch),
-            _ => Ok(()),
+            _ => Ok(None),
         }
     }
 

@@ -62,7 +62,8 @@ fn modes_decide_and_drift_is_proposed_once() {
     assert!(s.proposals().is_empty());
     assert_eq!(
         s.check(Mode::Enforce, "incidents", "get_incident", &sha1),
-        Ok(())
+        Ok(Some(sha1)),
+        "the call matched this pin"
     );
     let text = std::fs::read_to_string(dir.path().join("pins/incidents.toml")).unwrap();
     assert!(text.contains("pinned_by = \"alice\""), "{text}");
@@ -103,6 +104,16 @@ fn modes_decide_and_drift_is_proposed_once() {
         Ok(())
     );
     assert_eq!(s.proposals().len(), 1);
+    // A call of it runs, matching no pin: no pin hash on its row.
+    assert_eq!(
+        s.check(Mode::Record, "incidents", "get_incident", &sha3),
+        Ok(None)
+    );
+    assert_eq!(
+        s.check(Mode::Off, "other", "get_incident", &sha3),
+        Ok(None),
+        "pins off, no pin file"
+    );
 }
 
 #[test]
@@ -175,7 +186,7 @@ fn reload_follows_the_files() {
             "get_incident",
             &canonical::sha256(&v)
         ),
-        Ok(())
+        Ok(Some(canonical::sha256(&v)))
     );
 }
 
@@ -216,10 +227,16 @@ fn prompts_and_templates_are_pinned_apart_from_tools() {
         ),
         Err(Refusal::Unpinned)
     );
-    // Never listed here: judged by its name.
+    // Never listed here: judged by its name (and matched its pin).
+    let pinned = canonical::parse_hex32(
+        &s.current()
+            .pin("incidents", Subject::Prompt, "triage")
+            .unwrap()
+            .sha256,
+    );
     assert_eq!(
         s.check_listed(Mode::Enforce, "incidents", Subject::Prompt, "triage"),
-        Ok(())
+        Ok(pinned)
     );
     assert_eq!(
         s.check_listed(Mode::Enforce, "incidents", Subject::Prompt, "other"),
@@ -257,7 +274,7 @@ fn prompts_and_templates_are_pinned_apart_from_tools() {
         .unwrap();
     assert_eq!(
         s.check_listed(Mode::Enforce, "incidents", Subject::Prompt, "triage"),
-        Ok(())
+        Ok(Some(sha))
     );
     let t_sha = canonical::sha256(&template);
     assert_eq!(

@@ -73,7 +73,7 @@ pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
 }
 
 /// SHA-256 over the files' names (without their directory) and contents,
-/// hex, first 16 bytes: equal on replicas that load the same policy.
+/// hex: equal on replicas that load the same policy.
 fn content_hash(sources: &[(PathBuf, String)]) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
@@ -85,7 +85,7 @@ fn content_hash(sources: &[(PathBuf, String)]) -> String {
         h.update((text.len() as u64).to_be_bytes());
         h.update(text.as_bytes());
     }
-    hex::encode(&h.finalize()[..16])
+    hex::encode(h.finalize())
 }
 
 /// Compiles policy sources given as (file name, text).

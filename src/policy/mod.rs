@@ -425,8 +425,9 @@ impl Policy {
         &self.files
     }
 
-    /// SHA-256 (first 16 bytes, hex) of the policy files' names and
-    /// contents: replicas deciding with the same policy show the same.
+    /// SHA-256 (hex) of the policy files' names and contents: replicas
+    /// deciding with the same policy show the same; every audit row this
+    /// policy decided carries it (`policy_sha256`).
     pub fn content_hash(&self) -> &str {
         &self.content_hash
     }

@@ -38,6 +38,7 @@ impl Admission {
             mut granted,
             rewrite,
             taint,
+            pin,
         } = self;
         let mut why = None;
         if let Some(check) = taint {
@@ -76,11 +77,18 @@ impl Admission {
                     tracing::info!(tool, approval = %g.approval, "running an approved call");
                     granted = Some(Arc::new(g));
                 }
-                Ok(Err(gated)) => return Verdict::Hold(Box::new(gated)),
+                Ok(Err(mut gated)) => {
+                    gated.pin = pin;
+                    return Verdict::Hold(Box::new(gated));
+                }
                 Err(why) => return Verdict::Answer(Outcome::ApprovalUnavailable { risk, why }),
             }
         }
-        admit_budget(run, &tool, risk, granted, rewrite).await
+        let mut verdict = admit_budget(run, &tool, risk, granted, rewrite).await;
+        if let Verdict::Forward(f) = &mut verdict {
+            f.pin = pin;
+        }
+        verdict
     }
 }
 
@@ -167,6 +175,7 @@ pub async fn admit_budget(
                 granted,
                 rewrite,
                 task: None,
+                pin: None,
             })
         }
         Err(refusal) => {

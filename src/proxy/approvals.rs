@@ -47,6 +47,10 @@ struct StatePayload {
     o: Option<String>,
     /// The round this state releases (spent once in the approvals store).
     k: u32,
+    /// When the approval was given, ms since the epoch (absent in states
+    /// sealed by earlier releases: 0).
+    #[serde(default)]
+    t: u64,
 }
 
 // === impl RunContext ===
@@ -92,6 +96,7 @@ impl RunContext {
                 approval,
                 key,
                 risk,
+                pin: None,
             })),
             Err(e) => Err(e.to_string()),
         }
@@ -110,6 +115,7 @@ impl RunContext {
             x: granted.until_ms,
             o: upstream_state,
             k: granted.round.saturating_add(1),
+            t: granted.approved_ms,
         };
         let bytes = serde_json::to_vec(&payload).unwrap_or_default();
         self.sessions.seal_state(&self.principal(), &bytes)
@@ -151,6 +157,7 @@ impl RunContext {
             Granted {
                 approval,
                 by: p.b,
+                approved_ms: p.t,
                 tool: p.n,
                 args_sha256: *args_sha256,
                 until_ms: p.x,
@@ -323,6 +330,11 @@ fn transition_row(t: &Transition) -> AuditRow {
             .unwrap_or_else(|| format!(" (asked by {})", a.key.subject))
     );
     row.stop_reason = StopReason::ApprovalRequired.as_str().into();
+    row.approval_id = a.id.as_str().to_owned();
+    if let Some(d) = a.decision.as_ref().filter(|d| d.approved) {
+        row.approver.clone_from(&d.by);
+        row.approved_ms = d.at_ms;
+    }
     let mut args = (*a.arguments).clone();
     // Already redacted when filed; masking twice is harmless.
     if let Value::Object(_) = args {

@@ -147,6 +147,8 @@ pub struct Admission {
     pub rewrite: Option<String>,
     /// The run's labels can gate it (`[taint]`): asked in admission.
     pub taint: Option<TaintCheck>,
+    /// The pin its definition matched (SHA-256), if it matched one.
+    pub pin: Option<[u8; 32]>,
 }
 
 /// A call whose gate the run's labels may change ([`crate::policy::Taint`]).
@@ -174,6 +176,9 @@ pub struct Forwarding {
     /// The run's own task a `tasks/*` request names (opened from its sealed
     /// id); the upstream gets its own id, in the body and in `Mcp-Name`.
     pub task: Option<super::tasks::TaskRef>,
+    /// The pin the called tool's (or got prompt's) definition matched
+    /// (SHA-256), if it matched one.
+    pub pin: Option<[u8; 32]>,
 }
 
 /// What an approver-facing answer says about a pending approval.
@@ -475,6 +480,8 @@ pub struct Gated {
     pub key: CallKey,
     /// The tool's risk.
     pub risk: Risk,
+    /// The pin the tool's definition matched (SHA-256), if it matched one.
+    pub pin: Option<[u8; 32]>,
 }
 
 /// The approval a call runs under.
@@ -484,6 +491,8 @@ pub struct Granted {
     pub approval: ApprovalId,
     /// Who approved.
     pub by: String,
+    /// When they approved (ms since the epoch; 0 when unknown).
+    pub approved_ms: u64,
     /// The tool.
     pub tool: String,
     /// Its arguments' hash.
@@ -506,6 +515,7 @@ impl Granted {
                 .decision
                 .as_ref()
                 .map_or_else(String::new, |d| d.by.clone()),
+            approved_ms: approval.decision.as_ref().map_or(0, |d| d.at_ms),
             tool: approval.key.tool.clone(),
             args_sha256: approval.key.args_sha256,
             // Retries of a multi-round call may follow within the time a
@@ -520,6 +530,15 @@ impl Granted {
     /// The audit reason of a call running under it.
     pub fn reason(&self) -> String {
         format!("approved by {} (approval {})", self.by, self.approval)
+    }
+
+    /// Puts it on the row of a call running under it: the reason, and
+    /// which approval, who gave it and when.
+    pub fn stamp(&self, row: &mut crate::audit::AuditRow) {
+        row.reason = self.reason();
+        row.approval_id = self.approval.as_str().to_owned();
+        row.approver.clone_from(&self.by);
+        row.approved_ms = self.approved_ms;
     }
 }
 
@@ -583,9 +602,12 @@ impl RunContext {
                 let name = msg.name.as_deref().unwrap_or("");
                 match self.prompt_pinned(name) {
                     Err(r) => Verdict::Answer(Outcome::PromptPinRefused(name.to_owned(), r)),
-                    Ok(()) => self.permit(self.prompt_allowed(name), || {
-                        NotPermitted::Prompt(name.to_owned())
-                    }),
+                    Ok(pin) => pinned(
+                        self.permit(self.prompt_allowed(name), || {
+                            NotPermitted::Prompt(name.to_owned())
+                        }),
+                        pin,
+                    ),
                 }
             }
             Class::Resource => {
@@ -601,9 +623,12 @@ impl RunContext {
             Class::Completion => match completion_ref(msg) {
                 Some(CompletionRef::Prompt(name)) => match self.prompt_pinned(&name) {
                     Err(r) => Verdict::Answer(Outcome::PromptPinRefused(name, r)),
-                    Ok(()) => self.permit(self.prompt_allowed(&name), || {
-                        NotPermitted::Prompt(name.clone())
-                    }),
+                    Ok(pin) => pinned(
+                        self.permit(self.prompt_allowed(&name), || {
+                            NotPermitted::Prompt(name.clone())
+                        }),
+                        pin,
+                    ),
                 },
                 Some(CompletionRef::Resource(uri)) => match self.resource_access(&uri) {
                     Ok(allowed) => self.permit(allowed, || NotPermitted::Resource(uri.clone())),
@@ -621,8 +646,8 @@ impl RunContext {
     }
 
     /// Whether the prompt, as last listed, is pinned (in the upstream's
-    /// mode).
-    fn prompt_pinned(&self, name: &str) -> Result<(), crate::pins::Refusal> {
+    /// mode), and the pin it matched.
+    fn prompt_pinned(&self, name: &str) -> Result<Option<[u8; 32]>, crate::pins::Refusal> {
         let up = &self.upstream.config;
         self.pins
             .check_listed(up.pinning, &up.name, crate::pins::Subject::Prompt, name)
@@ -818,14 +843,15 @@ impl RunContext {
         };
         // A definition nobody reviewed (or a name imitating a reviewed one)
         // does not exist for the run either.
-        if let Err(refusal) = self.pins.check(
+        let pin = match self.pins.check(
             self.upstream.config.pinning,
             &self.upstream.config.name,
             tool,
             &entry.sha256,
         ) {
-            return Outcome::PinRefused(refusal).into();
-        }
+            Ok(pin) => pin,
+            Err(refusal) => return Outcome::PinRefused(refusal).into(),
+        };
         // A definition screening withholds from the list (`block`) is not
         // callable either (asked only where a rule blocks).
         let screening = self.policy.screening();
@@ -932,6 +958,7 @@ impl RunContext {
             granted,
             rewrite,
             taint,
+            pin,
         }))
     }
 
@@ -974,6 +1001,15 @@ fn forward(risk: Option<Risk>) -> Verdict {
         risk,
         ..Forwarding::default()
     })
+}
+
+/// `verdict`, with the pin the message's subject matched when it is
+/// forwarded.
+fn pinned(verdict: Verdict, pin: Option<[u8; 32]>) -> Verdict {
+    match verdict {
+        Verdict::Forward(f) => Verdict::Forward(Forwarding { pin, ..f }),
+        other => other,
+    }
 }
 
 /// What `completion/complete` completes.

@@ -314,7 +314,7 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
             }
         };
         if let Some(row) = held.intent.as_mut() {
-            row.reason = granted.reason();
+            granted.stamp(row);
         }
         if let Some(row) = &held.intent {
             if let Err(e) = held.recorder.write_ahead(row).await {

@@ -70,6 +70,10 @@ impl Recorder {
         base.agent_role = cx.authority.agent.clone();
         base.run_id = c.run_id.clone();
         base.token_id = c.jti.clone();
+        base.token_jti = c.jti.clone();
+        base.delegation = c.delegation.clone();
+        // The snapshot every message of this request is decided with.
+        base.policy_sha256 = cx.policy.content_hash().to_owned();
         base.client_ip = Some(client_ip);
         base.upstream = cx.upstream.config.name.clone();
         base.project = cx
@@ -192,6 +196,8 @@ impl Recorder {
         row.decision = DecisionKind::Invalid.as_str().into();
         row.stop_reason = StopReason::Denied.as_str().into();
         row.reason = format!("refused before a decision: {reason}");
+        // No policy decided it.
+        row.policy_sha256.clear();
         row.is_error = true;
         row.latency_us = self.started.elapsed().as_micros() as u64;
         row

@@ -332,8 +332,12 @@ impl Admitted {
                         mcp_name = Some(t.upstream_id.clone());
                     }
                     let row = recorder.enabled().then(|| {
-                        let reason = f.granted.as_ref().map_or_else(String::new, |g| g.reason());
-                        recorder.intent(m, f.risk, reason)
+                        let mut row = recorder.intent(m, f.risk, String::new());
+                        if let Some(g) = &f.granted {
+                            g.stamp(&mut row);
+                        }
+                        row.pin_sha256 = f.pin.as_ref().map(hex::encode).unwrap_or_default();
+                        row
                     });
                     let part = match f.rewrite {
                         Some(t) => Part::Replaced(t),
@@ -409,13 +413,15 @@ impl Admitted {
                     due.push(*d);
                 }
                 Plan::Hold(gated) => {
-                    rows.push(recorder.answered(
+                    let mut row = recorder.answered(
                         m,
                         &Outcome::ApprovalRequired {
                             risk: gated.risk,
                             approval: None,
                         },
-                    ));
+                    );
+                    row.pin_sha256 = gated.pin.as_ref().map(hex::encode).unwrap_or_default();
+                    rows.push(row);
                     held = Some(held_call(
                         run,
                         &recorder,
@@ -542,9 +548,11 @@ fn held_call(
 ) -> Held {
     let tool = m.call.as_ref().map_or_else(String::new, |c| c.name.clone());
     Held {
-        intent: recorder
-            .enabled()
-            .then(|| recorder.intent(m, Some(gated.risk), String::new())),
+        intent: recorder.enabled().then(|| {
+            let mut row = recorder.intent(m, Some(gated.risk), String::new());
+            row.pin_sha256 = gated.pin.as_ref().map(hex::encode).unwrap_or_default();
+            row
+        }),
         id: m.id.clone().unwrap_or(jsonrpc::Id::Number(0)),
         progress_token: progress_token(m),
         body: Bytes::copy_from_slice(text.get(m.span.clone()).unwrap_or("").as_bytes()),

@@ -3,7 +3,10 @@
 //! upstream (which counts executions): hold then approve, hold then deny,
 //! resume with an identical retry (runs once), changed arguments, expiry,
 //! who may approve, a restart with a pending approval, the console clicked in
-//! headless Chromium, and the audit rows of every transition.
+//! headless Chromium, the audit rows of every transition, and the row of an
+//! approved, pinned call standing on its own (approval, approver, when, the
+//! policy set that decided, the pin it matched, the token's `act` chain and
+//! `jti`) in ClickHouse and in `mcp-firewall audit`.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +31,7 @@ on_both_backends!(
     a_pending_approval_survives_a_restart,
     approver_sees_the_preview_and_clicks_approve_in_a_browser,
     every_transition_is_an_audit_row,
+    an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli,
 );
 
 const ROLLBACK: &str = "rollback_deployment";
@@ -439,6 +443,299 @@ async fn every_transition_is_an_audit_row(b: Backend) {
             "SELECT method, tool, decision, reason FROM {db}.audit_events"
         ))
         .unwrap_or_default()
+    );
+    fw.stop().await;
+}
+
+/// `token` with an RFC 8693 `act` claim added (re-signed with the test key).
+fn with_act(token: &str, act: Value) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let payload = token.split('.').nth(1).unwrap();
+    let mut claims: Value = serde_json::from_slice(&b64.decode(payload).unwrap()).unwrap();
+    claims["act"] = act;
+    mcp_firewall::auth::SigningKey::from_secret(common::SECRET.as_bytes(), None)
+        .unwrap()
+        .sign(&claims)
+        .unwrap()
+}
+
+/// The policy set's hash `mcp_firewall_policy_info{sha256}` shows.
+async fn running_policy(fw: &common::Firewall) -> Option<String> {
+    let metrics = fw.metrics().await;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("mcp_firewall_policy_info{"))?;
+    let start = line.find("sha256=\"")? + 8;
+    Some(line[start..start + line[start..].find('"')?].to_owned())
+}
+
+/// Waits until the running policy set's hash is `want`.
+async fn policy_in_force(fw: &common::Firewall, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let got = running_policy(fw).await;
+        if got.as_deref() == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "policy in force {got:?}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `mcp-firewall audit <command>` against `db` (as `--json` lines or the
+/// table people read).
+async fn audit_cli(
+    ch: &ClickHouse,
+    db: &str,
+    json: bool,
+    command: mcp_firewall::cli::audit::AuditCommand,
+) -> String {
+    let args = mcp_firewall::cli::audit::AuditArgs {
+        config: None,
+        clickhouse: Some(ch.http_url.clone()),
+        database: Some(db.to_owned()),
+        table: None,
+        user: None,
+        password_env: None,
+        spool: None,
+        json,
+        command,
+    };
+    let mut out = Vec::new();
+    mcp_firewall::cli::audit::run(&args, &mut out)
+        .await
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+async fn an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli(b: Backend) {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let scope = b.scope().await;
+    let spool = tempfile::tempdir().unwrap();
+    // The shipped policies and their pins, enforced.
+    let policies = common::policy_dir(&[]);
+    let upstream = upstream(options(true)).await;
+    let fw = start(&upstream, &scope, 30, 600, |c| {
+        c.policies(policies.path())
+            .upstream_set("incidents", "pinning", "enforce")
+            .set("audit.enabled", true)
+            .set("audit.clickhouse.url", ch.http_url.as_str())
+            .set("audit.clickhouse.database", db.as_str())
+            .set("audit.spool.dir", common::toml_path(spool.path()))
+            .set("audit.batch.max_age_ms", 50)
+    })
+    .await;
+    let pins: toml::Table = toml::from_str(
+        &std::fs::read_to_string(policies.path().join("pins/incidents.toml")).unwrap(),
+    )
+    .unwrap();
+    let pin = pins["tools"][ROLLBACK]["sha256"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deciding = mcp_firewall::policy::load_dir(policies.path())
+        .unwrap()
+        .content_hash()
+        .to_owned();
+    assert_eq!(deciding.len(), 64, "a whole SHA-256");
+    policy_in_force(&fw, &deciding).await;
+
+    // An agent acting for a planner acting for Olga, with its own token id.
+    let mut claims = common::claims("sre-lead", &["sre"]);
+    let jti = format!("jti-{}", uuid::Uuid::new_v4().simple());
+    claims.jti = Some(jti.clone());
+    let run_id = claims.run_id.clone();
+    let token = with_act(
+        &common::sign(&claims),
+        json!({"sub": "agent:planner", "act": {"sub": "user:olga", "iss": "https://idp.test"}}),
+    );
+    let c = client(&fw, &token).await;
+    let call = tokio::spawn(async move { call_raw(&c, ROLLBACK, rollback_args()).await });
+    let oncall = admin_token("acme", "oncall");
+    let id = pending(&fw, &oncall).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The policy changes while the call is held: the call was decided by
+    // the set before, and its rows say so.
+    std::fs::write(
+        policies.path().join("99-reviewed.toml"),
+        "# reviewed after the rollback was held\n",
+    )
+    .unwrap();
+    let reloaded = mcp_firewall::policy::load_dir(policies.path())
+        .unwrap()
+        .content_hash()
+        .to_owned();
+    assert_ne!(reloaded, deciding);
+    policy_in_force(&fw, &reloaded).await;
+    let before = mcp_firewall::clock::now_ms();
+    let (status, decided) = decide(&fw, &oncall, &id, "approve", "go").await;
+    assert_eq!(status, 200, "{decided}");
+    let after = mcp_firewall::clock::now_ms();
+    let approved_ms = decided["decision"]["at_ms"].as_u64().unwrap();
+    assert!((before..=after).contains(&approved_ms), "{decided}");
+    call.await.unwrap().expect("runs");
+    assert_eq!(upstream.calls(ROLLBACK), 1);
+
+    // Its final row in ClickHouse.
+    let sql = format!(
+        "SELECT approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti, token_id, \
+         subject, reason, row_version FROM {db}.audit_events FINAL \
+         WHERE run_id = '{run_id}' AND method = 'tools/call' AND tool = '{ROLLBACK}' AND decision = 'allow' FORMAT JSONEachRow"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let row = loop {
+        let got = ch.try_query(&sql).unwrap_or_default();
+        if let Some(row) = got
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|r| r["row_version"] == 1)
+        {
+            break row;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no final row: {got}\n{}",
+            ch.try_query(&format!(
+                "SELECT method, tool, decision, row_version, reason FROM {db}.audit_events"
+            ))
+            .unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let num = |v: &Value| v.as_u64().or_else(|| v.as_str()?.parse().ok());
+    assert_eq!(row["approval_id"], id.as_str(), "{row}");
+    assert_eq!(row["approver"], "oncall");
+    assert_eq!(num(&row["approved_ms"]), Some(approved_ms));
+    assert_eq!(
+        row["policy_sha256"],
+        deciding.as_str(),
+        "the set that decided, not {reloaded}"
+    );
+    assert_eq!(row["pin_sha256"], pin.as_str());
+    assert_eq!(row["delegation"], json!(["agent:planner", "user:olga"]));
+    assert_eq!(row["token_jti"], jti.as_str());
+    assert_eq!(row["token_id"], jti.as_str());
+    assert_eq!(row["subject"], "alice", "the principal stays the subject");
+    // Its intent row (written when it was released) says the same; the
+    // row of its hold, the pin and the policy set.
+    let rows = ch.query(&format!(
+        "SELECT decision, row_version, approval_id, approver, policy_sha256, pin_sha256, delegation \
+         FROM {db}.audit_events WHERE run_id = '{run_id}' AND method = 'tools/call' AND tool = '{ROLLBACK}' \
+         ORDER BY time_ms, row_version FORMAT JSONEachRow"
+    ));
+    let rows: Vec<Value> = rows
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let intent = rows
+        .iter()
+        .find(|r| r["decision"] == "allow" && r["row_version"] == 0)
+        .unwrap_or_else(|| panic!("an intent row in {rows:?}"));
+    assert_eq!(intent["approval_id"], id.as_str());
+    assert_eq!(intent["approver"], "oncall");
+    assert_eq!(intent["pin_sha256"], pin.as_str());
+    let held = rows
+        .iter()
+        .find(|r| r["decision"] == "approve")
+        .unwrap_or_else(|| panic!("the hold's row in {rows:?}"));
+    assert_eq!(held["approval_id"], "", "not approved yet");
+    assert_eq!(held["policy_sha256"], deciding.as_str());
+    assert_eq!(held["pin_sha256"], pin.as_str());
+    assert_eq!(held["delegation"], json!(["agent:planner", "user:olga"]));
+    // The approval's own row names it too.
+    let transition = ch.query(&format!(
+        "SELECT approver, approved_ms FROM {db}.audit_events FINAL \
+         WHERE method = 'approval' AND decision = 'approved' AND approval_id = '{id}' FORMAT TSV"
+    ));
+    assert_eq!(transition.trim(), format!("oncall\t{approved_ms}"));
+    // The README's question "who approved which call" finds it.
+    let who = crate::modern_clickhouse::readme_sql_after("More questions in SQL:")
+        .into_iter()
+        .find(|q| q.contains("approval_id != ''"))
+        .expect("the README asks who approved which call")
+        .replace("mcp_firewall.", &format!("{db}."));
+    let answer = ch.query(&format!("{who} FORMAT JSONEachRow"));
+    assert!(
+        answer.lines().any(|l| l.contains(&id)
+            && l.contains("\"oncall\"")
+            && l.contains(&deciding)
+            && l.contains(&pin)),
+        "{answer}"
+    );
+
+    // `mcp-firewall audit run RUN_ID` shows them: whole with --json...
+    use mcp_firewall::cli::audit::AuditCommand;
+    let run = || AuditCommand::Run {
+        run_id: run_id.clone(),
+    };
+    let out = audit_cli(ch, &db, true, run()).await;
+    let shown: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ran = shown
+        .iter()
+        .find(|r| r["decision"] == "allow" && r["tool"] == ROLLBACK)
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(ran["approval_id"], id.as_str());
+    assert_eq!(ran["approver"], "oncall");
+    assert_eq!(ran["approved_ms"], approved_ms);
+    assert_eq!(ran["policy_sha256"], deciding.as_str());
+    assert_eq!(ran["pin_sha256"], pin.as_str());
+    assert_eq!(ran["delegation"], json!(["agent:planner", "user:olga"]));
+    assert_eq!(ran["token_jti"], jti.as_str());
+    // ... and in the table people read (hashes by their first 12 digits).
+    let table = audit_cli(ch, &db, false, run()).await;
+    let line = table
+        .lines()
+        .find(|l| l.contains(&format!(" {ROLLBACK} ")) && l.contains(" allow "))
+        .unwrap_or_else(|| panic!("{table}"));
+    let when = mcp_firewall::clock::fmt_ms(approved_ms);
+    for want in [
+        "oncall",
+        id.as_str(),
+        when.as_str(),
+        &deciding[..12],
+        &pin[..12],
+        "agent:planner <- user:olga",
+        jti.as_str(),
+    ] {
+        assert!(line.contains(want), "{want} not in\n{table}");
+    }
+    let header = table.lines().next().unwrap();
+    for column in [
+        "approver",
+        "approved_ms",
+        "approval_id",
+        "policy_sha256",
+        "pin_sha256",
+        "delegation",
+        "token_jti",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    // `tail` says who approved each released call.
+    let tail = audit_cli(
+        ch,
+        &db,
+        false,
+        AuditCommand::Tail {
+            lines: 100,
+            once: true,
+        },
+    )
+    .await;
+    assert!(
+        tail.lines()
+            .any(|l| l.contains(ROLLBACK) && l.contains(&format!("oncall ({id})"))),
+        "{tail}"
     );
     fw.stop().await;
 }

@@ -148,16 +148,49 @@ async fn every_field_round_trips_through_clickhouse() {
     r.bytes_in = 345;
     r.bytes_out = 6_789;
     r.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736".into();
+    r.approval_id = "apr_7".into();
+    r.approver = "bob@acme.example".into();
+    r.approved_ms = 1_767_225_599_001;
+    r.policy_sha256 = "0f".repeat(32);
+    r.pin_sha256 = "e1".repeat(32);
+    r.delegation = vec!["agent:planner".to_owned(), "user:olga ü".to_owned()].into();
+    r.token_jti = "jti-77".into();
     let id = r.event_id;
+    let same = r.clone();
     auditor.record(r).await.expect("recorded");
     handle.shutdown(Duration::from_secs(30)).await;
+
+    // The bytes the firewall encodes are the bytes ClickHouse gives back
+    // for them (`SELECT <COLUMNS> … FORMAT RowBinary`): what a hash over a
+    // row's encoding needs.
+    let spool = tempfile::tempdir().unwrap();
+    let (auditor, handle, _reg) = start(&test_config(spool.path(), &dead_url(), &db)).await;
+    auditor.record(same).await.expect("recorded");
+    handle.shutdown(Duration::from_millis(100)).await;
+    drop(auditor);
+    let encoded = mcp_firewall::cli::audit::spool_payloads(spool.path()).unwrap();
+    assert_eq!(encoded.len(), 1);
+    let back = crate::common::http()
+        .post(&ch.http_url)
+        .body(format!(
+            "SELECT {} FROM {db}.audit_events FINAL FORMAT RowBinary",
+            audit::COLUMNS.join(", ")
+        ))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&back[..], &encoded[0][..], "RowBinary round trip");
 
     let out = ch.query(&format!(
         "SELECT toString(event_id) AS event_id, toUInt32(time) AS time, time_ms, \
          tenant, subject, agent_role, run_id, session_id, token_id, client_ip, upstream, \
          project, protocol_version, method, tool, risk, decision, reason, stop_reason, \
          jsonrpc_id, arguments, result_summary, is_error, upstream_status, latency_us, \
-         upstream_latency_us, bytes_in, bytes_out, instance, trace_id \
+         upstream_latency_us, bytes_in, bytes_out, instance, trace_id, \
+         approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti \
          FROM {db}.audit_events FINAL FORMAT JSONEachRow"
     ));
     let rows: Vec<Value> = out
@@ -212,6 +245,13 @@ async fn every_field_round_trips_through_clickhouse() {
     assert_eq!(num(&got["bytes_out"]), 6_789);
     assert_eq!(s("instance"), "fw-test-1");
     assert_eq!(s("trace_id"), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(s("approval_id"), "apr_7");
+    assert_eq!(s("approver"), "bob@acme.example");
+    assert_eq!(num(&got["approved_ms"]), 1_767_225_599_001);
+    assert_eq!(s("policy_sha256"), "0f".repeat(32));
+    assert_eq!(s("pin_sha256"), "e1".repeat(32));
+    assert_eq!(got["delegation"], json!(["agent:planner", "user:olga ü"]));
+    assert_eq!(s("token_jti"), "jti-77");
 
     // Auditors read JSON columns with visitParam* (18.16 has no JSONExtract).
     let visit = ch.query(&format!(
@@ -621,7 +661,8 @@ async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() 
     let payload = [1u8, 2, 3, 4, 5];
     let mut seg = Vec::new();
     seg.extend_from_slice(b"MCPFWAUD");
-    seg.extend_from_slice(&3u32.to_le_bytes());
+    // This release's format: nothing completes the row.
+    seg.extend_from_slice(&4u32.to_le_bytes());
     seg.extend_from_slice(&[0u8; 4]);
     seg.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     seg.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
@@ -970,12 +1011,24 @@ async fn rows_ship_while_the_recording_runtime_is_blocked() {
     handle.shutdown(Duration::from_secs(5)).await;
 }
 
-/// A segment as a release before content screening wrote it: format 1,
-/// rows without the last three columns.
-fn as_legacy_segment(segment: &[u8]) -> Vec<u8> {
+/// Earlier releases: their spool format, the last column of their table,
+/// and how many bytes of this release's row (with empty later columns)
+/// their rows lack.
+const EARLIER_RELEASES: [(u32, &str, usize); 3] = [
+    // Before content screening.
+    (1, "row_version", 4 + 14),
+    // Before virtual servers.
+    (2, "run_labels", 1 + 14),
+    // Before the approval, policy, pin and delegation columns.
+    (3, "virtual_server", 14),
+];
+
+/// A segment as an earlier release wrote it: format `version`, rows
+/// without their last `cut` bytes (the empty columns added since).
+fn as_old_segment(segment: &[u8], version: u32, cut: usize) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&segment[..8]);
-    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&segment[12..16]);
     let mut at = 16;
     while at + 8 <= segment.len() {
@@ -983,9 +1036,9 @@ fn as_legacy_segment(segment: &[u8]) -> Vec<u8> {
         let Some(payload) = segment.get(at + 8..at + 8 + len) else {
             break;
         };
-        // Empty screening and virtual server columns: `[]`, `''`, `[]`, `''`.
-        assert_eq!(&payload[len - 4..], [0, 0, 0, 0]);
-        let old = &payload[..len - 4];
+        // The columns added since are empty: '', [] and 0 are zero bytes.
+        assert!(payload[len - cut..].iter().all(|b| *b == 0));
+        let old = &payload[..len - cut];
         out.extend_from_slice(&(old.len() as u32).to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(old).to_le_bytes());
         out.extend_from_slice(old);
@@ -994,56 +1047,97 @@ fn as_legacy_segment(segment: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Name and type of each column of `db.table`, in order.
+fn columns_of(ch: &ClickHouse, db: &str, table: &str) -> Vec<String> {
+    ch.query(&format!(
+        "SELECT name, type FROM system.columns WHERE database = '{db}' AND table = '{table}' FORMAT TSV"
+    ))
+    .lines()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// An upgrade from each earlier release: the spool it left (its segment
+/// format) ships into the table it created, which the new release migrates
+/// at start (`ALTER TABLE … ADD COLUMN`); the old rows arrive with the
+/// columns added since empty, the new ones with their values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
     let ch = ClickHouse::shared().await;
-    let db = ch.create_database();
-    let dir = tempfile::tempdir().unwrap();
-    let spool = dir.path().join("spool");
-    // Rows spooled while ClickHouse is away...
-    let (auditor, handle, _reg) = start(&test_config(&spool, &dead_url(), &db)).await;
-    let mut ids = Vec::new();
-    for i in 0..20 {
-        let r = row(i, "run-upgrade");
-        ids.push(r.event_id.to_string());
-        auditor.record(r).await.unwrap();
+    // The table as this release creates it, to compare with.
+    let fresh = ch.create_database();
+    for stmt in audit::schema_statements(&fresh, "audit_events") {
+        ch.query(&stmt);
     }
-    handle.shutdown(Duration::from_millis(200)).await;
-    drop(auditor);
-    // ... by the release before: its segment format, its table.
-    for entry in std::fs::read_dir(&spool).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "seg") {
-            let legacy = as_legacy_segment(&std::fs::read(&path).unwrap());
-            std::fs::write(&path, legacy).unwrap();
+    let want_columns = columns_of(ch, &fresh, "audit_events");
+    assert_eq!(want_columns.len(), audit::COLUMNS.len());
+    for (version, last, cut) in EARLIER_RELEASES {
+        let db = ch.create_database();
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("spool");
+        // Rows spooled while ClickHouse is away...
+        let (auditor, handle, _reg) = start(&test_config(&spool, &dead_url(), &db)).await;
+        for i in 0..20 {
+            auditor.record(row(i, "run-upgrade")).await.unwrap();
         }
+        handle.shutdown(Duration::from_millis(200)).await;
+        drop(auditor);
+        // ... by the release before: its segment format, its table.
+        for entry in std::fs::read_dir(&spool).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "seg") {
+                let old = as_old_segment(&std::fs::read(&path).unwrap(), version, cut);
+                std::fs::write(&path, old).unwrap();
+            }
+        }
+        let create = crate::common::clickhouse::audit_table_ending_at(&db, "audit_events", last);
+        assert!(!create.contains("token_jti"), "{create}");
+        ch.query(&create);
+        let before = columns_of(ch, &db, "audit_events");
+        assert!(
+            before.last().unwrap().starts_with(&format!("{last}\t")),
+            "{before:?}"
+        );
+        // The new release: the table gets the columns, the old rows arrive
+        // with empty ones.
+        let (auditor, handle, _reg) = start(&test_config(&spool, &ch.http_url, &db)).await;
+        let mut new = row(99, "run-upgrade");
+        new.screen_kinds = vec!["card_number"];
+        new.screen_action = "flag";
+        new.virtual_server = "ops".into();
+        new.approval_id = "apr_1".into();
+        new.approver = "oncall".into();
+        new.approved_ms = 1_767_225_599_001;
+        new.policy_sha256 = "0f".repeat(32);
+        new.pin_sha256 = "e1".repeat(32);
+        new.delegation = vec!["agent:planner".to_owned()].into();
+        new.token_jti = "jti-99".into();
+        auditor.record(new).await.unwrap();
+        handle.shutdown(Duration::from_secs(30)).await;
+        drop(auditor);
+        assert_eq!(
+            columns_of(ch, &db, "audit_events"),
+            want_columns,
+            "format {version}: migrated to this release's columns and types"
+        );
+        let got = ch.query(&format!(
+            "SELECT count(), \
+             countIf(screen_action = '' AND empty(screen_kinds) AND virtual_server = '' AND approval_id = '' \
+                     AND approver = '' AND approved_ms = 0 AND policy_sha256 = '' AND pin_sha256 = '' \
+                     AND empty(delegation) AND token_jti = ''), \
+             countIf(screen_action = 'flag' AND has(screen_kinds, 'card_number') AND virtual_server = 'ops' \
+                     AND approval_id = 'apr_1' AND approver = 'oncall' AND approved_ms = 1767225599001 \
+                     AND policy_sha256 = '{policy}' AND pin_sha256 = '{pin}' \
+                     AND delegation = ['agent:planner'] AND token_jti = 'jti-99') \
+             FROM {db}.audit_events FINAL WHERE run_id = 'run-upgrade'",
+            policy = "0f".repeat(32),
+            pin = "e1".repeat(32),
+        ));
+        assert_eq!(
+            got.trim(),
+            "21\t20\t1",
+            "format {version}: {}",
+            ch.log_tail()
+        );
     }
-    let schema: String = include_str!("../../config/clickhouse/schema.sql")
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let create = schema
-        .split(';')
-        .find(|s| s.contains("CREATE TABLE IF NOT EXISTS {table}") || s.contains("CREATE TABLE IF NOT EXISTS {database}.{table}\n"))
-        .unwrap()
-        .replace("{database}", &db)
-        .replace("{table}", "audit_events")
-        .replace(",\n    screen_kinds        Array(String),\n    screen_action       LowCardinality(String),\n    run_labels          Array(String),\n    virtual_server      LowCardinality(String)", "");
-    assert!(!create.contains("screen_kinds"), "{create}");
-    ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}"));
-    ch.query(&create);
-    // The new release: the table gets the columns, the old rows arrive
-    // with empty ones.
-    let (auditor, handle, _reg) = start(&test_config(&spool, &ch.http_url, &db)).await;
-    let mut new = row(99, "run-upgrade");
-    new.screen_kinds = vec!["card_number"];
-    new.screen_action = "flag";
-    auditor.record(new).await.unwrap();
-    handle.shutdown(Duration::from_secs(30)).await;
-    drop(auditor);
-    let got = ch.query(&format!(
-        "SELECT count(), countIf(screen_action = '' AND empty(screen_kinds)), countIf(screen_action = 'flag' AND has(screen_kinds, 'card_number')) FROM {db}.audit_events FINAL WHERE run_id = 'run-upgrade'"
-    ));
-    assert_eq!(got.trim(), "21\t20\t1", "{}", ch.log_tail());
 }

@@ -20,16 +20,27 @@ const LIST: &str = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
 /// A firewall with approvals in front of `up`, with the
 /// shipped policies plus `policy` files.
 async fn start(up: &raw::RawUpstream, policy: &[(&str, &str)]) -> (Firewall, tempfile::TempDir) {
+    start_with(up, policy, |c| c).await
+}
+
+/// [`start`], with `extra` applied to the config.
+async fn start_with(
+    up: &raw::RawUpstream,
+    policy: &[(&str, &str)],
+    extra: impl FnOnce(common::TestConfig) -> common::TestConfig,
+) -> (Firewall, tempfile::TempDir) {
     let dir = common::policy_dir(policy);
     let store = tempfile::tempdir().unwrap();
-    let text = common::TestConfig::new()
-        .policies(dir.path())
-        .upstream("incidents", &up.url())
-        .set("approvals.store_dir", common::toml_path(store.path()))
-        .set("approvals.hold_s", 20)
-        .set("approvals.expiry_s", 60)
-        .set("approvals.progress_interval_s", 1)
-        .text();
+    let text = extra(
+        common::TestConfig::new()
+            .policies(dir.path())
+            .upstream("incidents", &up.url())
+            .set("approvals.store_dir", common::toml_path(store.path()))
+            .set("approvals.hold_s", 20)
+            .set("approvals.expiry_s", 60)
+            .set("approvals.progress_interval_s", 1),
+    )
+    .text();
     let fw = common::firewall(&text).await;
     // Keep the policy dir alive with the store.
     std::mem::forget(dir);
@@ -439,7 +450,16 @@ async fn multi_round_bound(args: &str, other: (&str, &str)) {
         )
     })
     .await;
-    let (fw, _store) = start(&up, &[]).await;
+    // Rows stay in the spool (nothing listens at that ClickHouse).
+    let spool = tempfile::tempdir().unwrap();
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let (fw, _store) = start_with(&up, &[], |c| {
+        c.audit("fw-holds", &dead, "mcp_firewall", spool.path())
+    })
+    .await;
     let token = common::token();
     common::post(&url(&fw), &token, &[], LIST).await;
     let call = |id: u64, extra: &str| {
@@ -455,7 +475,7 @@ async fn multi_round_bound(args: &str, other: (&str, &str)) {
     ];
     let stream = held(&fw, &token, &headers, &call(31, ""));
     let a = pending(&fw).await;
-    approve(&fw, &a).await.unwrap();
+    let approved = approve(&fw, &a).await.unwrap();
     let text = stream.await.unwrap();
     let first = events(&text).pop().expect("an answer");
     assert_eq!(first["result"]["resultType"], "input_required", "{text}");
@@ -557,6 +577,22 @@ async fn multi_round_bound(args: &str, other: (&str, &str)) {
         runs,
         "the replay did not run"
     );
+    // Both rounds are on record under the approval: which one, who gave
+    // it and when (the retry's from its sealed state).
+    let at = approved.decision.as_ref().unwrap().at_ms;
+    let rows = mcp_firewall::cli::audit::spool_rows(spool.path(), 0).unwrap();
+    let ran: Vec<_> = rows
+        .iter()
+        .filter(|r| {
+            r["tool"] == "restart_service" && r["decision"] == "allow" && r["row_version"] == 1
+        })
+        .collect();
+    assert_eq!(ran.len(), 2, "{rows:#?}");
+    for r in ran {
+        assert_eq!(r["approval_id"], a.id.as_str(), "{r:?}");
+        assert_eq!(r["approver"], "bob");
+        assert_eq!(r["approved_ms"], at);
+    }
     fw.stop().await;
 }
 

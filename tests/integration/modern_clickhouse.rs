@@ -4,7 +4,12 @@
 //! from a real spool, and every query) into `target/modern-clickhouse/`, and
 //! `tests/modern_clickhouse/run.sh` (run by `.ci/run`) loads it into the
 //! ClickHouse engine `chdb` embeds. With `MCPFW_CHDB_PYTHON` set (a Python
-//! with chdb), this test runs it too.
+//! with chdb), this test runs it too. The fixture also holds a table as the
+//! release before the approval, policy, pin and delegation columns created
+//! it, the firewall's migration of it (its `ALTER TABLE … ADD COLUMN`
+//! statements, run for each column the table lacks, as at start), and a row
+//! with those columns filled: the migrated table must take it and give it
+//! back, byte for byte.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -15,6 +20,8 @@ use crate::common::mcp::*;
 
 pub const DATABASE: &str = "mcp_firewall";
 pub const TABLE: &str = "audit_events";
+/// The database of the table an earlier release created.
+const OLD_DATABASE: &str = "mcp_firewall_v3";
 
 fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/modern-clickhouse")
@@ -164,6 +171,8 @@ async fn a_fixture_for_a_current_clickhouse() {
     )
     .unwrap();
 
+    migration_fixture(&dir).await;
+
     if let Ok(python) = std::env::var("MCPFW_CHDB_PYTHON") {
         let out = std::process::Command::new(python)
             .arg(concat!(
@@ -180,4 +189,75 @@ async fn a_fixture_for_a_current_clickhouse() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The migration part of the fixture: `migration.json` (the old table, the
+/// firewall's `ALTER`s, the values to read back) and
+/// `migration_rows.rowbinary` (one row with them, encoded by the firewall).
+async fn migration_fixture(dir: &std::path::Path) {
+    use mcp_firewall::audit::{self, AuditConfig, AuditRow};
+    let spool = tempfile::tempdir().unwrap();
+    let mut cfg = AuditConfig::default();
+    // Nothing listens there: the row stays in the spool.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    cfg.clickhouse.url = format!("http://127.0.0.1:{port}");
+    cfg.clickhouse.database = OLD_DATABASE.to_owned();
+    cfg.spool.dir = spool.path().to_owned();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (auditor, handle) = audit::start(&cfg, &mut registry).await.unwrap();
+    let mut r = AuditRow::new();
+    r.tenant = "acme".into();
+    r.run_id = "run-migrated".into();
+    r.method = "tools/call".into();
+    r.tool = "rollback_deployment".into();
+    r.decision = "allow".into();
+    r.approval_id = "apr_1".into();
+    r.approver = "oncall".into();
+    r.approved_ms = 1_767_225_599_001;
+    r.policy_sha256 = "0f".repeat(32);
+    r.pin_sha256 = "e1".repeat(32);
+    r.delegation = vec!["agent:planner".to_owned(), "user:olga".to_owned()].into();
+    r.token_id = "jti-9".into();
+    r.token_jti = "jti-9".into();
+    auditor.record(r).await.unwrap();
+    handle.shutdown(Duration::from_millis(100)).await;
+    drop(auditor);
+    let rows = mcp_firewall::cli::audit::spool_payloads(spool.path()).unwrap();
+    assert_eq!(rows.len(), 1);
+    std::fs::write(dir.join("migration_rows.rowbinary"), rows.concat()).unwrap();
+    let migration = json!({
+        "database": OLD_DATABASE,
+        "table": TABLE,
+        "old_schema": [
+            format!("CREATE DATABASE IF NOT EXISTS {OLD_DATABASE}"),
+            crate::common::clickhouse::audit_table_ending_at(OLD_DATABASE, TABLE, "virtual_server"),
+        ],
+        "alter": audit::added_columns_sql(OLD_DATABASE, TABLE)
+            .into_iter()
+            .map(|(column, sql)| json!([column, sql]))
+            .collect::<Vec<_>>(),
+        "run_id": "run-migrated",
+        "expect": {
+            "approval_id": "apr_1",
+            "approver": "oncall",
+            "approved_ms": 1_767_225_599_001u64,
+            "policy_sha256": "0f".repeat(32),
+            "pin_sha256": "e1".repeat(32),
+            "delegation": ["agent:planner", "user:olga"],
+            "token_jti": "jti-9",
+        },
+        "empty": {
+            "approval_id": "",
+            "approver": "",
+            "approved_ms": 0,
+            "policy_sha256": "",
+            "pin_sha256": "",
+            "delegation": [],
+            "token_jti": "",
+        },
+    });
+    std::fs::write(dir.join("migration.json"), migration.to_string()).unwrap();
 }

@@ -1,7 +1,8 @@
 """The audit schema and every query on a current ClickHouse (the engine chdb
 embeds). Reads the fixture tests/integration/modern_clickhouse.rs wrote:
 schema statements, rows encoded by the firewall itself (RowBinary), the
-queries of the audit CLI, the README, the dashboard, and the retention job.
+queries of the audit CLI, the README, the dashboard, and the retention job;
+and a table of an earlier release with the firewall's migration of it.
 Fails on any statement the current engine refuses, and checks the answers.
 
     python run.py target/modern-clickhouse
@@ -156,4 +157,75 @@ for p in parts:
 left = int(s.query("SELECT count() FROM mcp_firewall.audit_events_daily_stats", "TSV").bytes().decode())
 assert left == 0, f"{left} aggregate rows after dropping its partitions"
 print("retention: dropped the aggregate's day partitions")
+
+# A table the release before the approval, policy, pin and delegation
+# columns created, holding a row, migrated as the firewall does at start
+# (ADD COLUMN for each column it lacks), then given a row with those
+# columns filled: it returns them, and the row's bytes, unchanged.
+with open(os.path.join(fixture, "migration.json")) as f:
+    mig = json.load(f)
+db, table = mig["database"], mig["table"]
+for stmt in mig["old_schema"]:
+    s.query(stmt)
+s.query(
+    f"INSERT INTO {db}.{table} (event_id, time, time_ms, run_id, method) "
+    "VALUES (generateUUIDv4(), now(), 1, 'before-migration', 'tools/call')"
+)
+
+
+def present(column):
+    return int(s.query(
+        f"SELECT count() FROM system.columns WHERE database = '{db}' AND table = '{table}' AND name = '{column}'",
+        "TSV",
+    ).bytes().decode())
+
+
+added = 0
+for column, alter in mig["alter"]:
+    if present(column) == 0:
+        s.query(alter)
+        added += 1
+assert added == len(mig["expect"]), f"{added} columns added"
+names = s.query(
+    f"SELECT name FROM system.columns WHERE database = '{db}' AND table = '{table}' ORDER BY position",
+    "TSV",
+).bytes().decode().split()
+assert ", ".join(names) == columns, f"migrated columns {names}"
+types = lambda d: s.query(
+    f"SELECT groupArray(type) FROM (SELECT type FROM system.columns WHERE database = '{d}' AND table = '{table}' ORDER BY position)",
+    "TSV",
+).bytes().decode()
+assert types(db) == types("mcp_firewall"), "migrated types differ from a new table's"
+rows_file = os.path.join(fixture, "migration_rows.rowbinary")
+s.query(
+    f"INSERT INTO {db}.{table} ({columns}) "
+    f"SELECT {columns} FROM file('{rows_file}', 'RowBinary', '{structure}')"
+)
+
+
+def row_of(run_id):
+    out = s.query(
+        f"SELECT {', '.join(mig['expect'])} FROM {db}.{table} FINAL WHERE run_id = '{run_id}'",
+        "JSONEachRow",
+    ).bytes().decode().splitlines()
+    assert len(out) == 1, out
+    return json.loads(out[0])
+
+
+def same(got, want):
+    # UInt64 may come quoted.
+    return got == want or (isinstance(want, int) and str(got) == str(want))
+
+
+for run_id, want in [(mig["run_id"], mig["expect"]), ("before-migration", mig["empty"])]:
+    got = row_of(run_id)
+    bad = {k: (got[k], v) for k, v in want.items() if not same(got[k], v)}
+    assert not bad, f"{run_id}: {bad}"
+with open(rows_file, "rb") as f:
+    sent = f.read()
+back = s.query(
+    f"SELECT {columns} FROM {db}.{table} WHERE run_id = '{mig['run_id']}'", "RowBinary"
+).bytes()
+assert back == sent, "the row's RowBinary bytes do not round-trip"
+print(f"migration: {added} columns added to a table of the release before; values and bytes round-trip")
 print("ok")

@@ -13,7 +13,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import chdb" 2>/dev/n
   "$VENV/bin/pip" install -q "chdb==$CHDB_VERSION"
 fi
 FIXTURE=$REPO/target/modern-clickhouse
-if [ ! -f "$FIXTURE/schema.json" ]; then
+if [ ! -f "$FIXTURE/schema.json" ] || [ ! -f "$FIXTURE/migration.json" ]; then
   (cd "$REPO" && cargo test --test integration modern_clickhouse -- --quiet)
 fi
 "$VENV/bin/python" "$HERE/run.py" "$FIXTURE"

@@ -14,7 +14,13 @@ pub(super) const MAGIC: &[u8; 8] = b"MCPFWAUD";
 /// Segment format written by this build; bump when the row layout changes.
 /// 2: rows end with the screening and label columns.
 /// 3: and then `virtual_server`.
-pub(super) const FORMAT_VERSION: u32 = 3;
+/// 4: and then the approval, policy, pin and delegation columns.
+pub(super) const FORMAT_VERSION: u32 = 4;
+
+/// The format of releases with virtual servers but before the approval,
+/// policy, pin and delegation columns: the reader completes its rows with
+/// [`crate::audit::record::VIRTUAL_TAIL`].
+pub(super) const VIRTUAL_VERSION: u32 = 3;
 
 /// The format of releases with screening but before virtual servers: the
 /// reader completes its rows with [`crate::audit::record::SCREENING_TAIL`].
@@ -97,7 +103,14 @@ pub(super) fn header_version(data: &[u8]) -> Option<u32> {
         return None;
     }
     let v = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
-    (v == FORMAT_VERSION || v == SCREENING_VERSION || v == LEGACY_VERSION).then_some(v)
+    [
+        FORMAT_VERSION,
+        VIRTUAL_VERSION,
+        SCREENING_VERSION,
+        LEGACY_VERSION,
+    ]
+    .contains(&v)
+    .then_some(v)
 }
 
 /// A record found in a buffer: payload range and where the next record starts.

@@ -73,10 +73,9 @@ pub(crate) struct SpoolReader {
     buf_offset: u64,
     /// Consumed prefix of `buf`.
     consumed: usize,
-    /// The segment being read was written by a release before content
-    /// screening: its rows are completed as they are read.
-    /// What completes each row of the segment being read (empty for this
-    /// build's format).
+    /// What completes each row of the segment being read: the empty values
+    /// of the columns added since an earlier release wrote it (empty for
+    /// this build's format).
     tail: &'static [u8],
 }
 
@@ -207,6 +206,7 @@ impl SpoolReader {
                 self.tail = match version {
                     Some(super::format::LEGACY_VERSION) => &crate::audit::record::LEGACY_TAIL,
                     Some(super::format::SCREENING_VERSION) => &crate::audit::record::SCREENING_TAIL,
+                    Some(super::format::VIRTUAL_VERSION) => &crate::audit::record::VIRTUAL_TAIL,
                     _ => &[],
                 };
                 if version.is_none() {

@@ -438,6 +438,58 @@ fn valid_prefix_stops_at_the_first_bad_record() {
     assert_eq!(valid_prefix(&huge), good);
 }
 
+/// A segment of format `version` holding `rows`, as the release that
+/// wrote that format left it.
+fn segment_of(version: u32, rows: &[Vec<u8>]) -> Vec<u8> {
+    let mut seg = Vec::new();
+    seg.extend_from_slice(MAGIC);
+    seg.extend_from_slice(&version.to_le_bytes());
+    seg.extend_from_slice(&[0; 4]);
+    for p in rows {
+        seg.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        seg.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
+        seg.extend_from_slice(p);
+    }
+    seg
+}
+
+#[tokio::test]
+async fn rows_of_older_formats_are_read_completed_with_the_columns_added_since() {
+    use crate::audit::record::{LEGACY_TAIL, SCREENING_TAIL, VIRTUAL_TAIL};
+    let dir = tempfile::tempdir().unwrap();
+    // Left by earlier releases (formats 1, 2, 3) and by this one (4).
+    let formats: [(u32, &[u8]); 4] = [
+        (LEGACY_VERSION, &LEGACY_TAIL),
+        (SCREENING_VERSION, &SCREENING_TAIL),
+        (VIRTUAL_VERSION, &VIRTUAL_TAIL),
+        (FORMAT_VERSION, &[]),
+    ];
+    assert_eq!(FORMAT_VERSION, 4);
+    let mut want = Vec::new();
+    for (seq, (version, tail)) in (1u64..).zip(formats) {
+        let rows: Vec<Vec<u8>> = (0..2).map(|i| payload(seq * 10 + i)).collect();
+        fs::write(segment_path(dir.path(), seq), segment_of(version, &rows)).unwrap();
+        for r in rows {
+            want.extend_from_slice(&r);
+            want.extend_from_slice(tail);
+        }
+    }
+    // A new row goes into a new segment of this build's format.
+    let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
+    assert_eq!(spool.recovery.segments, 4);
+    append(&spool.shared, &payload(50)).await.unwrap();
+    want.extend_from_slice(&payload(50));
+    let mut reader = stop(spool);
+    let batch = read_all(&mut reader);
+    assert_eq!(batch.rows, 9);
+    assert_eq!(
+        batch.body, want,
+        "each old row completed by its format's tail"
+    );
+    let newest = fs::read(segment_path(dir.path(), 5)).unwrap();
+    assert_eq!(header_version(&newest), Some(FORMAT_VERSION));
+}
+
 #[tokio::test]
 async fn segments_before_the_cursor_are_removed_at_open() {
     let dir = tempfile::tempdir().unwrap();

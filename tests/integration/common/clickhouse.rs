@@ -263,6 +263,36 @@ impl Drop for ClickHouse {
 }
 
 /// The server binary and leading arguments.
+/// The audit table's `CREATE TABLE` as a release whose rows ended at
+/// column `last` made it: the shipped schema without the columns added
+/// after it (what the firewall's migration must add back).
+pub fn audit_table_ending_at(database: &str, table: &str, last: &str) -> String {
+    let head = format!("CREATE TABLE IF NOT EXISTS {database}.{table}\n");
+    let create = mcp_firewall::audit::schema_statements(database, table)
+        .into_iter()
+        .find(|s| s.starts_with(&head))
+        .expect("the audit table's CREATE TABLE");
+    let mut out = Vec::new();
+    let mut dropping = false;
+    for line in create.lines() {
+        if line.starts_with(')') {
+            dropping = false;
+        }
+        if dropping {
+            continue;
+        }
+        if line.split_whitespace().next() == Some(last) {
+            out.push(line.trim_end_matches(','));
+            dropping = true;
+            continue;
+        }
+        out.push(line);
+    }
+    let sql = out.join("\n");
+    assert!(sql.contains(last), "no column {last} in {create}");
+    sql
+}
+
 fn server_command() -> (String, Vec<String>) {
     if let Ok(bin) = std::env::var("MCPFW_CLICKHOUSE_BIN") {
         return (bin, Vec::new());
