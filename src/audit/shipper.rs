@@ -356,6 +356,9 @@ impl Shipper {
                         tracing::error!(error = %e, "audit chain: the spool does not say where this writer's chain continues and ClickHouse cannot be asked; rows wait in the spool");
                     }
                     self.ctx.metrics.send_error();
+                    self.ctx.metrics.retry();
+                    // The backlog stays visible (gauge, /readyz) meanwhile.
+                    self.update_age(batch);
                     tokio::time::sleep(delay).await;
                 }
             }

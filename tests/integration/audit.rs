@@ -877,7 +877,7 @@ async fn schema_is_created_at_start_before_any_row() {
     let (_a, handle, _reg) = start(&test_config(spool.path(), &ch.http_url, &db)).await;
     wait_until("schema creation", Duration::from_secs(30), || {
         ch.try_query(&format!("SHOW TABLES FROM {db}"))
-            .is_ok_and(|t| t.lines().count() == 3)
+            .is_ok_and(|t| t.lines().count() == 5)
     })
     .await;
     handle.shutdown(Duration::from_secs(5)).await;
@@ -975,6 +975,8 @@ async fn schema_file_creates_the_same_tables_by_hand() {
         tables.lines().collect::<Vec<_>>(),
         [
             "audit_events",
+            "audit_events_chain",
+            "audit_events_checkpoints",
             "audit_events_daily_stats",
             "audit_events_daily_stats_mv"
         ]
