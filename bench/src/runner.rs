@@ -2200,11 +2200,15 @@ mod tests {
             .into_iter()
             .filter_map(|t| t.firewall_key(false))
             .collect();
-        assert_eq!(keys.len(), 5);
+        assert_eq!(keys.len(), 6);
         let mut distinct = keys.clone();
         distinct.sort();
         distinct.dedup();
-        assert_eq!(distinct.len(), 5);
+        assert_eq!(distinct.len(), 6);
+        let unchained = TargetKind::FirewallUnchained.firewall_key(false).unwrap();
+        assert!(unchained.audit && unchained.unchained && !unchained.unscreened);
+        assert_eq!(instance_name(unchained), "firewall-audit-unchained");
+        assert!(!TargetKind::DEFAULT.contains(&TargetKind::FirewallUnchained));
         let h2up = TargetKind::FirewallH2Up.firewall_key(false).unwrap();
         assert!(h2up.audit && h2up.h2up && !h2up.redis);
         assert_eq!(instance_name(h2up), "firewall-audit-h2up");

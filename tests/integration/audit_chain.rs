@@ -399,7 +399,12 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
     assert!(ok, "{report:#}");
     let w = writer(&report, "fw-k");
     assert!(w["duplicates"].as_u64().unwrap() >= w["last_seq"].as_u64().unwrap(), "{w:#}");
-    assert_eq!(w["verified"], w["last_seq"], "{w:#}");
+    // Merges may have folded intents into their completions meanwhile.
+    assert_eq!(
+        w["verified"].as_u64().unwrap() + w["superseded"].as_u64().unwrap(),
+        w["last_seq"].as_u64().unwrap(),
+        "{w:#}"
+    );
     assert_eq!(w["unsigned_tail"], 0, "{w:#}");
 }
 
