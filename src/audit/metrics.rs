@@ -124,8 +124,8 @@ impl Metrics {
     pub(crate) fn rows_sent(&self, n: u64) {
         self.rows_sent.inc_by(n);
     }
-    pub(crate) fn checkpoint_signed(&self) {
-        self.checkpoints.inc();
+    pub(crate) fn checkpoints_sent(&self, n: u64) {
+        self.checkpoints.inc_by(n);
     }
     pub(crate) fn set_chain_seq(&self, seq: u64) {
         self.chain_seq.set(i64::try_from(seq).unwrap_or(i64::MAX));

@@ -43,6 +43,10 @@ use super::spool::{self, Batch, FillOutcome, Position, Shared, SpoolError, Spool
 /// `max_age_ms` (1 s) anyway; this adds at most 50 ms to when rows ship.
 const MIN_FILL_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Signed checkpoints go to ClickHouse at most this often (all signed
+/// since, in one `INSERT`); each is in the local checkpoint file at once.
+const CHECKPOINT_SEND_EVERY: Duration = Duration::from_secs(5);
+
 /// How often the oldest-unsent gauge is refreshed while idle or backing off.
 const GAUGE_TICK: Duration = Duration::from_secs(1);
 
@@ -202,8 +206,12 @@ pub(crate) struct Shipper {
     schema: Option<SchemaFuture>,
     /// This writer's hash chain.
     linker: Linker,
-    /// The checkpoint being inserted, if any.
+    /// The checkpoints being inserted, if any.
     checkpoint: Option<SchemaFuture>,
+    /// Signed checkpoints (already in the local file) not yet sent, and
+    /// when a batch of them was last sent.
+    signed: Vec<SignedCheckpoint>,
+    last_sent: Instant,
 }
 
 impl Shipper {
@@ -237,6 +245,8 @@ impl Shipper {
             schema: None,
             linker,
             checkpoint: None,
+            signed: Vec::new(),
+            last_sent: Instant::now(),
         }
     }
 
@@ -365,14 +375,21 @@ impl Shipper {
         }
     }
 
-    /// Signs and sends a checkpoint if one is due and none is being sent.
+    /// Signs a checkpoint if one is due (it goes to the local file at once)
+    /// and sends the signed ones to ClickHouse in one `INSERT` at most every
+    /// [`CHECKPOINT_SEND_EVERY`] (`now`: at once): a tiny insert per batch
+    /// would make ClickHouse create and merge a part per batch.
     fn maybe_checkpoint(&mut self, now: bool) {
-        if self.checkpoint.is_some() {
+        if let Some(cp) = self.linker.checkpoint(now) {
+            self.signed.push(cp);
+        }
+        let due = now || self.last_sent.elapsed() >= CHECKPOINT_SEND_EVERY;
+        if self.checkpoint.is_some() || self.signed.is_empty() || !due {
             return;
         }
-        if let Some(cp) = self.linker.checkpoint(now) {
-            self.checkpoint = Some(Box::pin(insert_checkpoint(Arc::clone(&self.ctx), cp)));
-        }
+        let batch = std::mem::take(&mut self.signed);
+        self.last_sent = Instant::now();
+        self.checkpoint = Some(Box::pin(insert_checkpoints(Arc::clone(&self.ctx), batch)));
     }
 
     /// At the end of a drain: the acknowledged tail signed and sent (a
@@ -638,17 +655,20 @@ async fn insert_until_done(
     }
 }
 
-/// Inserts a signed checkpoint, retrying until ClickHouse acknowledges it
-/// (its copy in the local checkpoint file is already written).
-async fn insert_checkpoint(ctx: Arc<ShipCtx>, cp: SignedCheckpoint) {
-    let mut body = Vec::with_capacity(256);
-    cp.encode(&mut body);
+/// Inserts signed checkpoints, retrying until ClickHouse acknowledges them
+/// (their copies in the local checkpoint file are already written).
+async fn insert_checkpoints(ctx: Arc<ShipCtx>, cps: Vec<SignedCheckpoint>) {
+    let mut body = Vec::with_capacity(256 * cps.len());
+    for cp in &cps {
+        cp.encode(&mut body);
+    }
     let body = Bytes::from(body);
+    let last = cps.last().map_or(0, |c| c.checkpoint.seq);
     let mut attempt: u32 = 0;
     loop {
         match try_insert(&ctx, &ctx.checkpoint_sql, &body).await {
             Ok(()) => {
-                ctx.metrics.checkpoint_signed();
+                ctx.metrics.checkpoints_sent(cps.len() as u64);
                 return;
             }
             Err((e, _)) => {
@@ -656,7 +676,7 @@ async fn insert_checkpoint(ctx: Arc<ShipCtx>, cp: SignedCheckpoint) {
                 ctx.metrics.send_error();
                 let s = &ctx.settings;
                 let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
-                tracing::warn!(attempt, error = %e, seq = cp.checkpoint.seq, "audit: inserting a checkpoint failed; retrying");
+                tracing::warn!(attempt, error = %e, seq = last, "audit: inserting checkpoints failed; retrying");
                 tokio::time::sleep(delay).await;
             }
         }

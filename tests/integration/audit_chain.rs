@@ -19,6 +19,36 @@ use crate::common::{self, TestConfig};
 
 const TABLES: [&str; 3] = ["audit_events", "audit_events_chain", "audit_events_checkpoints"];
 
+/// What every test here starts from: the shared ClickHouse, a database of
+/// its own, a directory, a checkpoint key, an upstream answering `{}`.
+struct Setup {
+    ch: &'static ClickHouse,
+    db: String,
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    public: String,
+    upstream: crate::common::raw::RawUpstream,
+}
+
+async fn setup() -> Setup {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = key(dir.path());
+    let upstream = crate::common::raw::upstream(|seen| async move {
+        crate::common::raw::result_for(&seen, json!({}))
+    })
+    .await;
+    Setup {
+        ch,
+        db,
+        dir,
+        key,
+        public,
+        upstream,
+    }
+}
+
 /// A signing key file (0600) and its public key text.
 fn key(dir: &Path) -> (PathBuf, String) {
     let path = dir.join("audit.key");
@@ -175,14 +205,14 @@ fn refusal(ch: &ClickHouse, db: &str, k: u64) -> (String, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chained_load_verifies_and_every_tampering_is_named() {
-    let ch = ClickHouse::shared().await;
-    let db = ch.create_database();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, public) = key(dir.path());
-    let upstream = crate::common::raw::upstream(|seen| async move {
-        crate::common::raw::result_for(&seen, json!({}))
-    })
-    .await;
+    let Setup {
+        ch,
+        db,
+        dir,
+        key,
+        public,
+        upstream,
+    } = setup().await;
     let spool = dir.path().join("spool");
     let text = config(&spool, ch, &db, &upstream.url(), "fw-a", &key).text();
     let fw = common::firewall(&text).await;
@@ -268,7 +298,6 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     let copy4 = copy(ch, &db);
     let cut_from = chained - 30;
     mutate(ch, &copy4, &format!("ALTER TABLE {copy4}.audit_events_chain DELETE WHERE seq >= {cut_from}"));
-    mutate(ch, &copy4, &format!("ALTER TABLE {copy4}.audit_events_checkpoints DELETE WHERE 1 = 1"));
     let ids = ch.query(&format!(
         "SELECT toString(event_id) FROM {db}.audit_events_chain WHERE seq >= {cut_from}"
     ));
@@ -278,6 +307,14 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
         list.join(", ")
     ));
     let cfg4 = config_for(dir.path(), &text, &copy4, "c4.toml");
+    let (ok, report) = verify(&cfg4, &[]);
+    assert!(!ok);
+    let w = writer(&report, "fw-a");
+    assert_eq!(w["truncated"]["from"], cut_from, "{w:#}");
+    assert_eq!(w["truncated"]["to"], chained);
+    let (_, people) = verify_text(&cfg4, &[]);
+    assert!(people.contains(&format!("TRUNCATED seq {cut_from}..{chained}")), "{people}");
+    mutate(ch, &copy4, &format!("ALTER TABLE {copy4}.audit_events_checkpoints DELETE WHERE 1 = 1"));
     let local_file = spool.join("checkpoints.jsonl");
     let (ok, report) = verify(&cfg4, &["--checkpoints", local_file.to_str().unwrap()]);
     assert!(!ok);
@@ -310,14 +347,14 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
-    let ch = ClickHouse::shared().await;
-    let db = ch.create_database();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = key(dir.path());
-    let upstream = crate::common::raw::upstream(|seen| async move {
-        crate::common::raw::result_for(&seen, json!({}))
-    })
-    .await;
+    let Setup {
+        ch,
+        db,
+        dir,
+        key,
+        upstream,
+        ..
+    } = setup().await;
     let spool = dir.path().join("spool");
     let port = free_port();
     let admin = free_port();
@@ -410,14 +447,14 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_writers_are_verified_independently() {
-    let ch = ClickHouse::shared().await;
-    let db = ch.create_database();
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = key(dir.path());
-    let upstream = crate::common::raw::upstream(|seen| async move {
-        crate::common::raw::result_for(&seen, json!({}))
-    })
-    .await;
+    let Setup {
+        ch,
+        db,
+        dir,
+        key,
+        upstream,
+        ..
+    } = setup().await;
     let text_a = config(&dir.path().join("a"), ch, &db, &upstream.url(), "fw-1", &key).text();
     let text_b = config(&dir.path().join("b"), ch, &db, &upstream.url(), "fw-2", &key).text();
     let a = common::firewall(&text_a).await;

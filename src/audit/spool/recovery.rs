@@ -83,19 +83,10 @@ pub(crate) fn save_rejected(
 /// The cursor file: last acknowledged position, with a crc so a torn write is
 /// recognised (and ignored: replaying more is safe, rows are deduplicated).
 pub(crate) fn read_cursor(dir: &Path) -> Option<Position> {
-    let data = fs::read(dir.join("cursor")).ok()?;
-    let bytes: [u8; 20] = data.as_slice().try_into().ok()?;
-    let crc = u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
-    if crc32fast::hash(&bytes[..16]) != crc {
-        return None;
-    }
-    let mut seq = [0u8; 8];
-    let mut offset = [0u8; 8];
-    seq.copy_from_slice(&bytes[..8]);
-    offset.copy_from_slice(&bytes[8..16]);
+    let body = read_checked(dir, "cursor", 16)?;
     Some(Position {
-        seq: u64::from_le_bytes(seq),
-        offset: u64::from_le_bytes(offset),
+        seq: u64_at(&body, 0)?,
+        offset: u64_at(&body, 8)?,
     })
 }
 
@@ -105,27 +96,14 @@ pub(crate) fn read_cursor(dir: &Path) -> Option<Position> {
 /// replays from its oldest segment, rows ClickHouse deduplicates. No fsync,
 /// for the same reason.
 pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
-    let mut bytes = [0u8; 20];
-    bytes[..8].copy_from_slice(&pos.seq.to_le_bytes());
-    bytes[8..16].copy_from_slice(&pos.offset.to_le_bytes());
-    let crc = crc32fast::hash(&bytes[..16]);
-    bytes[16..].copy_from_slice(&crc.to_le_bytes());
-    injected(dir)?;
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(dir.join("cursor"))?;
-    f.write_all_at(&bytes, 0)?;
-    if f.metadata()?.len() > 20 {
-        f.set_len(20)?;
-    }
-    Ok(())
+    let mut body = [0u8; 16];
+    body[..8].copy_from_slice(&pos.seq.to_le_bytes());
+    body[8..].copy_from_slice(&pos.offset.to_le_bytes());
+    write_checked(dir, "cursor", &body)
 }
 
-/// Length of the chain-head file.
-const HEAD_LEN: usize = 8 + 8 + 8 + 8 + 32 + 4;
+/// Length of the chain head file's body.
+const HEAD_LEN: usize = 8 + 8 + 8 + 8 + 32;
 
 /// The hash chain's head at an acknowledged spool position: the last row
 /// shipped before `at` was row `seq` of writer `writer_id` (only a digest of
@@ -148,42 +126,60 @@ pub(crate) struct ChainHead {
 /// a spool of an older release) asks ClickHouse. Same in-place, crc-checked
 /// write as the cursor.
 pub(crate) fn read_chain_head(dir: &Path) -> Option<ChainHead> {
-    let data = fs::read(dir.join("chain")).ok()?;
-    let bytes: [u8; HEAD_LEN] = data.as_slice().try_into().ok()?;
-    let body = &bytes[..HEAD_LEN - 4];
-    let crc = u32::from_le_bytes(bytes[HEAD_LEN - 4..].try_into().ok()?);
-    if crc32fast::hash(body) != crc {
-        return None;
-    }
-    let u64_at = |i: usize| -> Option<u64> { Some(u64::from_le_bytes(body.get(i..i + 8)?.try_into().ok()?)) };
+    let body = read_checked(dir, "chain", HEAD_LEN)?;
     Some(ChainHead {
         at: Position {
-            seq: u64_at(0)?,
-            offset: u64_at(8)?,
+            seq: u64_at(&body, 0)?,
+            offset: u64_at(&body, 8)?,
         },
         writer_tag: body.get(16..24)?.try_into().ok()?,
-        seq: u64_at(24)?,
+        seq: u64_at(&body, 24)?,
         hash: body.get(32..64)?.try_into().ok()?,
     })
 }
 
 /// Rewrites the chain head file in place (see [`read_chain_head`]).
 pub(crate) fn write_chain_head(dir: &Path, head: &ChainHead) -> io::Result<()> {
-    let mut bytes = [0u8; HEAD_LEN];
-    bytes[..8].copy_from_slice(&head.at.seq.to_le_bytes());
-    bytes[8..16].copy_from_slice(&head.at.offset.to_le_bytes());
-    bytes[16..24].copy_from_slice(&head.writer_tag);
-    bytes[24..32].copy_from_slice(&head.seq.to_le_bytes());
-    bytes[32..64].copy_from_slice(&head.hash);
-    let crc = crc32fast::hash(&bytes[..HEAD_LEN - 4]);
-    bytes[HEAD_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+    let mut body = [0u8; HEAD_LEN];
+    body[..8].copy_from_slice(&head.at.seq.to_le_bytes());
+    body[8..16].copy_from_slice(&head.at.offset.to_le_bytes());
+    body[16..24].copy_from_slice(&head.writer_tag);
+    body[24..32].copy_from_slice(&head.seq.to_le_bytes());
+    body[32..64].copy_from_slice(&head.hash);
+    write_checked(dir, "chain", &body)
+}
+
+/// The body of a small state file written by [`write_checked`], if whole:
+/// `len` bytes and their crc32.
+fn read_checked(dir: &Path, name: &str, len: usize) -> Option<Vec<u8>> {
+    let mut data = fs::read(dir.join(name)).ok()?;
+    if data.len() != len + 4 {
+        return None;
+    }
+    let crc = u32::from_le_bytes(data.get(len..)?.try_into().ok()?);
+    data.truncate(len);
+    (crc32fast::hash(&data) == crc).then_some(data)
+}
+
+/// Rewrites a small state file in place: `body`, then its crc32 (LE).
+fn write_checked(dir: &Path, name: &str, body: &[u8]) -> io::Result<()> {
+    let mut bytes = Vec::with_capacity(body.len() + 4);
+    bytes.extend_from_slice(body);
+    bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     injected(dir)?;
     let f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .open(dir.join("chain"))?;
+        .open(dir.join(name))?;
     f.write_all_at(&bytes, 0)?;
+    if f.metadata()?.len() > bytes.len() as u64 {
+        f.set_len(bytes.len() as u64)?;
+    }
     Ok(())
+}
+
+fn u64_at(body: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(body.get(at..at + 8)?.try_into().ok()?))
 }
