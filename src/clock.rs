@@ -54,7 +54,11 @@ pub fn parse_instant_ms(text: &str, end_of_day: bool) -> Option<u64> {
     let date =
         time::Date::from_calendar_date(year, time::Month::try_from(month).ok()?, day).ok()?;
     let start = u64::try_from(date.midnight().assume_utc().unix_timestamp()).ok()? * 1000;
-    Some(if end_of_day { start + 86_400_000 - 1 } else { start })
+    Some(if end_of_day {
+        start + 86_400_000 - 1
+    } else {
+        start
+    })
 }
 
 #[cfg(test)]
@@ -87,10 +91,19 @@ mod tests {
     #[test]
     fn instants_are_read_as_rfc3339_days_or_milliseconds() {
         use super::parse_instant_ms;
-        assert_eq!(parse_instant_ms("1796500000000", false), Some(1_796_500_000_000));
+        assert_eq!(
+            parse_instant_ms("1796500000000", false),
+            Some(1_796_500_000_000)
+        );
         assert_eq!(parse_instant_ms("1970-01-02", false), Some(86_400_000));
-        assert_eq!(parse_instant_ms("1970-01-02", true), Some(2 * 86_400_000 - 1));
-        assert_eq!(parse_instant_ms("1970-01-01T00:00:01.5Z", false), Some(1_500));
+        assert_eq!(
+            parse_instant_ms("1970-01-02", true),
+            Some(2 * 86_400_000 - 1)
+        );
+        assert_eq!(
+            parse_instant_ms("1970-01-01T00:00:01.5Z", false),
+            Some(1_500)
+        );
         assert_eq!(parse_instant_ms("yesterday", false), None);
         assert_eq!(parse_instant_ms("2026-02-30", false), None);
     }

@@ -179,7 +179,11 @@ async fn verify_phases(spec: &Spec, dir: &Path, ch: &ClickHouse) -> anyhow::Resu
     handle.shutdown(Duration::from_secs(60)).await;
     let ship_s = started.elapsed().as_secs_f64();
     let entries = ch.query_u64(&format!("SELECT count() FROM {db}.audit_events_chain"))?;
-    anyhow::ensure!(entries == spec.rows, "{entries} chain entries for {} rows", spec.rows);
+    anyhow::ensure!(
+        entries == spec.rows,
+        "{entries} chain entries for {} rows",
+        spec.rows
+    );
 
     let client = audit::verify::client_for(&c.clickhouse)?;
     let signer = audit::chain::Signer::from_pem(&std::fs::read_to_string(&key)?)?;

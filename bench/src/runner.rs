@@ -2222,7 +2222,7 @@ mod tests {
                 redis: false,
                 h2up: false,
                 unscreened: false,
-            unchained: false,
+                unchained: false,
             })
         );
         let unscreened = TargetKind::FirewallUnscreened.firewall_key(false).unwrap();

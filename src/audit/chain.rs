@@ -632,7 +632,10 @@ mod tests {
         let (e, n) = Entry::decode(&out).unwrap();
         assert_eq!(n, out.len());
         assert_eq!(e.link, link);
-        assert_eq!((e.event_id, e.row_version, e.time_ms), ([7; 16], 0, 1_796_500_000_123));
+        assert_eq!(
+            (e.event_id, e.row_version, e.time_ms),
+            ([7; 16], 0, 1_796_500_000_123)
+        );
         assert!(Entry::decode(&out[..out.len() - 1]).is_none());
         let signer = Signer::from_pem(&Signer::generate_pem().unwrap()).unwrap();
         let cp = SignedCheckpoint::sign(&signer, "fw", 5, [3; 32], 1_796_500_000_000);

@@ -287,7 +287,11 @@ async fn seq_and_hash(
     client: &clickhouse::Client,
     sql: &str,
 ) -> Result<Option<(u64, [u8; 32])>, clickhouse::error::Error> {
-    let bytes = client.query_raw(sql).fetch_bytes("RowBinary")?.collect().await?;
+    let bytes = client
+        .query_raw(sql)
+        .fetch_bytes("RowBinary")?
+        .collect()
+        .await?;
     let (Some(seq), Some(hash)) = (bytes.get(..8), bytes.get(8..40)) else {
         return Ok(None);
     };

@@ -71,8 +71,8 @@ mod metrics;
 mod record;
 mod redact;
 mod shipper;
-pub mod verify;
 mod spool;
+pub mod verify;
 
 use std::cell::RefCell;
 use std::fmt;
@@ -749,7 +749,8 @@ fn spool_writer_id(dir: &std::path::Path) -> Result<String, AuditError> {
             .mode(0o600)
             .open(&path)
             .map_err(spool_err)?;
-        f.write_all(format!("{id}\n").as_bytes()).map_err(spool_err)?;
+        f.write_all(format!("{id}\n").as_bytes())
+            .map_err(spool_err)?;
         f.sync_all().map_err(spool_err)?;
     }
     Ok(id)

@@ -209,7 +209,11 @@ fn the_chain_settings_parse_and_bad_ones_are_named() {
     let err = bad.validate().unwrap_err().to_string();
     assert!(err.contains("writer_id \"fw 1\""), "{err}");
     let zero: AuditConfig = toml::from_str("checkpoint_every = 0").unwrap();
-    assert!(zero.validate().unwrap_err().to_string().contains("checkpoint_every"));
+    assert!(zero
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("checkpoint_every"));
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("k.pem");
     std::fs::write(&key, "not a key").unwrap();

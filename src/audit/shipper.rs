@@ -355,7 +355,11 @@ impl Shipper {
             .await
             {
                 Ok((seq, hash)) => {
-                    tracing::info!(writer_id = self.linker.writer_id(), seq, "audit chain: continuing after the last row ClickHouse has of this writer");
+                    tracing::info!(
+                        writer_id = self.linker.writer_id(),
+                        seq,
+                        "audit chain: continuing after the last row ClickHouse has of this writer"
+                    );
                     self.linker.resume(seq, hash);
                     return;
                 }

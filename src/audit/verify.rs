@@ -26,7 +26,9 @@ use std::time::Instant;
 use anyhow::Context as _;
 use serde::Serialize;
 
-use super::chain::{row_hash, Entry, Hash, Links, SignedCheckpoint, Step, CHAIN_COLUMNS, CHECKPOINT_COLUMNS};
+use super::chain::{
+    row_hash, Entry, Hash, Links, SignedCheckpoint, Step, CHAIN_COLUMNS, CHECKPOINT_COLUMNS,
+};
 use super::record::{payload_time_ms, row_len, row_version, COLUMNS};
 
 /// At most this many findings of one kind are listed (all are counted).
@@ -314,11 +316,18 @@ async fn checkpoints(
     for path in &opts.checkpoint_files {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the checkpoint file {}", path.display()))?;
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let cp = SignedCheckpoint::from_line(line).with_context(|| {
-                format!("{} line {}: not a checkpoint", path.display(), n + 1)
-            })?;
-            if opts.writer.as_ref().is_none_or(|w| *w == cp.checkpoint.writer_id) {
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let cp = SignedCheckpoint::from_line(line)
+                .with_context(|| format!("{} line {}: not a checkpoint", path.display(), n + 1))?;
+            if opts
+                .writer
+                .as_ref()
+                .is_none_or(|w| *w == cp.checkpoint.writer_id)
+            {
                 all.push(cp);
             }
         }
@@ -435,13 +444,10 @@ async fn stream(
             at = 0;
         }
         buf.extend_from_slice(&chunk);
-        while let Some(len) = buf.get(at..).and_then(|rest| {
-            if rest.is_empty() {
-                None
-            } else {
-                each(rest)
-            }
-        }) {
+        while let Some(len) =
+            buf.get(at..)
+                .and_then(|rest| if rest.is_empty() { None } else { each(rest) })
+        {
             at += len.max(1);
         }
         anyhow::ensure!(
@@ -535,7 +541,11 @@ impl Chains {
     /// The next chain entry (sorted by writer, then `seq`).
     fn entry(&mut self, e: Entry) {
         self.entries += 1;
-        if self.writers.last().is_none_or(|w| w.writer_id != e.writer_id) {
+        if self
+            .writers
+            .last()
+            .is_none_or(|w| w.writer_id != e.writer_id)
+        {
             self.finish_writer();
             let idx = u32::try_from(self.writers.len()).unwrap_or(u32::MAX);
             self.ids.insert(e.writer_id.clone(), idx);
@@ -669,8 +679,11 @@ impl Chains {
         let version = row_version(row).unwrap_or(u8::MAX);
         let time_ms = payload_time_ms(row).unwrap_or(0);
         let Some(rec) = self.recs.get_mut(&(key, version)) else {
-            let chained_otherwise = self.recs.contains_key(&(key, 0)) || self.recs.contains_key(&(key, 1));
-            if self.windowed && (chained_otherwise || time_ms < self.from_ms || time_ms > self.to_ms) {
+            let chained_otherwise =
+                self.recs.contains_key(&(key, 0)) || self.recs.contains_key(&(key, 1));
+            if self.windowed
+                && (chained_otherwise || time_ms < self.from_ms || time_ms > self.to_ms)
+            {
                 // Another version of a call whose entry lies outside the window.
                 return;
             }
@@ -718,8 +731,8 @@ impl Chains {
                 1 => w.verified += 1,
                 2 => altered.push(found),
                 _ => {
-                    let completed = *version == 0
-                        && self.recs.get(&(*key, 1)).is_some_and(|c| c.state == 1);
+                    let completed =
+                        *version == 0 && self.recs.get(&(*key, 1)).is_some_and(|c| c.state == 1);
                     if completed {
                         w.superseded += 1;
                     } else {
@@ -781,7 +794,11 @@ pub fn render(r: &Report) -> String {
                 );
             }
             None => {
-                let _ = writeln!(o, "  no signed checkpoint: {} rows unsigned so far", w.unsigned_tail);
+                let _ = writeln!(
+                    o,
+                    "  no signed checkpoint: {} rows unsigned so far",
+                    w.unsigned_tail
+                );
             }
         }
         let rows = |o: &mut String, what: &str, l: &Listed<RowRef>| {
@@ -802,13 +819,23 @@ pub fn render(r: &Report) -> String {
         rows(&mut o, "DELETED", &w.missing);
         rows(&mut o, "ALTERED", &w.altered);
         for g in &w.gaps.first {
-            let _ = writeln!(o, "  GAP       seq {}..{}: chain entries deleted", g.from, g.to);
+            let _ = writeln!(
+                o,
+                "  GAP       seq {}..{}: chain entries deleted",
+                g.from, g.to
+            );
         }
         for s in &w.broken_links.first {
-            let _ = writeln!(o, "  BROKEN    seq {s}: prev_hash is not the hash of the entry before");
+            let _ = writeln!(
+                o,
+                "  BROKEN    seq {s}: prev_hash is not the hash of the entry before"
+            );
         }
         for s in &w.conflicts.first {
-            let _ = writeln!(o, "  CONFLICT  seq {s}: a second, different entry under this number");
+            let _ = writeln!(
+                o,
+                "  CONFLICT  seq {s}: a second, different entry under this number"
+            );
         }
         for b in &w.bad_checkpoints.first {
             let _ = writeln!(o, "  CHECKPOINT seq {}: {}", b.seq, b.why);

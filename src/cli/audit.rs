@@ -330,7 +330,9 @@ async fn verify(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyh
             .and_then(|a| a.signing_key_file.as_ref())
         {
             let signer = crate::audit::load_signer(path)?;
-            keys.extend(crate::audit::chain::parse_public_key(&signer.public_key_text()));
+            keys.extend(crate::audit::chain::parse_public_key(
+                &signer.public_key_text(),
+            ));
         }
     }
     let opts = Options {

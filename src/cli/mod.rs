@@ -677,7 +677,9 @@ pub async fn inspect(cfg: &Config, token: &str) -> anyhow::Result<String> {
 /// (loaded: a key that does not load fails `check`) and how often it signs.
 fn audit_chain_line(a: &crate::audit::AuditConfig) -> anyhow::Result<String> {
     if !a.chain {
-        return Ok("audit chain: off (audit.chain = false): nothing about the rows is provable".to_owned());
+        return Ok(
+            "audit chain: off (audit.chain = false): nothing about the rows is provable".to_owned(),
+        );
     }
     let writer = a
         .writer_id

@@ -17,7 +17,11 @@ use crate::audit_e2e::{free_port, wait_listening};
 use crate::common::clickhouse::ClickHouse;
 use crate::common::{self, TestConfig};
 
-const TABLES: [&str; 3] = ["audit_events", "audit_events_chain", "audit_events_checkpoints"];
+const TABLES: [&str; 3] = [
+    "audit_events",
+    "audit_events_chain",
+    "audit_events_checkpoints",
+];
 
 /// What every test here starts from: the shared ClickHouse, a database of
 /// its own, a directory, a checkpoint key, an upstream answering `{}`.
@@ -61,7 +65,14 @@ fn key(dir: &Path) -> (PathBuf, String) {
     (path, signer.public_key_text())
 }
 
-fn config(spool: &Path, ch: &ClickHouse, db: &str, url: &str, writer: &str, key: &Path) -> TestConfig {
+fn config(
+    spool: &Path,
+    ch: &ClickHouse,
+    db: &str,
+    url: &str,
+    writer: &str,
+    key: &Path,
+) -> TestConfig {
     TestConfig::new()
         .audit(writer, &ch.http_url, db, spool)
         .set("audit.writer_id", writer)
@@ -74,14 +85,21 @@ fn config(spool: &Path, ch: &ClickHouse, db: &str, url: &str, writer: &str, key:
 /// The firewall binary: `MCP_FIREWALL_BIN` (an installed one), else this
 /// build's.
 fn bin() -> String {
-    std::env::var("MCP_FIREWALL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-firewall").to_owned())
+    std::env::var("MCP_FIREWALL_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-firewall").to_owned())
 }
 
 /// `mcp-firewall audit verify --config CFG --json ARGS…`: exit status and
 /// report.
 fn verify(cfg: &Path, args: &[&str]) -> (bool, Value) {
     let out = Command::new(bin())
-        .args(["audit", "--config", cfg.to_str().unwrap(), "--json", "verify"])
+        .args([
+            "audit",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+            "verify",
+        ])
         .args(args)
         .output()
         .unwrap();
@@ -230,7 +248,10 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     assert!(ok, "{report:#}");
     let w = writer(&report, "fw-a");
     assert_eq!(w["verified"], chained);
-    assert_eq!((w["first_seq"].as_u64(), w["last_seq"].as_u64()), (Some(1), Some(chained)));
+    assert_eq!(
+        (w["first_seq"].as_u64(), w["last_seq"].as_u64()),
+        (Some(1), Some(chained))
+    );
     assert!(w["checkpoints"].as_u64().unwrap() >= 2, "{w:#}");
     assert_eq!(w["unsigned_tail"], 0, "the stop signed the tail: {w:#}");
     assert_eq!(report["forged"]["count"], 0);
@@ -239,14 +260,19 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     assert!(local.lines().count() as u64 >= w["checkpoints"].as_u64().unwrap());
     // People get a verdict; the public key can be given instead of the config's key.
     let (ok, text_report) = verify_text(&cfg, &["--public-key", &public]);
-    assert!(ok && text_report.contains("verdict: the audit trail holds"), "{text_report}");
+    assert!(
+        ok && text_report.contains("verdict: the audit trail holds"),
+        "{text_report}"
+    );
 
     // Merging collapses each intent into its completion: not a deletion.
     ch.query(&format!("OPTIMIZE TABLE {db}.audit_events FINAL"));
     let (ok, report) = verify(&cfg, &[]);
     assert!(ok, "{report:#}");
     let w = writer(&report, "fw-a");
-    let intents = ch.query_u64(&format!("SELECT count() FROM {db}.audit_events_chain WHERE row_version = 0"));
+    let intents = ch.query_u64(&format!(
+        "SELECT count() FROM {db}.audit_events_chain WHERE row_version = 0"
+    ));
     assert!(intents >= 150);
     assert_eq!(w["superseded"], intents, "{w:#}");
     assert_eq!(w["verified"].as_u64().unwrap() + intents, chained);
@@ -254,7 +280,11 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     // A deleted row: named by its seq and event id.
     let copy1 = copy(ch, &db);
     let (gone, gone_seq) = refusal(ch, &db, 7);
-    mutate(ch, &copy1, &format!("ALTER TABLE {copy1}.audit_events DELETE WHERE event_id = toUUID('{gone}')"));
+    mutate(
+        ch,
+        &copy1,
+        &format!("ALTER TABLE {copy1}.audit_events DELETE WHERE event_id = toUUID('{gone}')"),
+    );
     let (ok, report) = verify(&config_for(dir.path(), &text, &copy1, "c1.toml"), &[]);
     assert!(!ok);
     let missing = &writer(&report, "fw-a")["missing"];
@@ -275,7 +305,10 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     assert_eq!(altered["count"], 1, "{report:#}");
     assert_eq!(altered["first"][0]["event_id"], refused);
     let (_, people) = verify_text(&config_for(dir.path(), &text, &copy2, "c2.toml"), &[]);
-    assert!(people.contains("ALTERED") && people.contains(refused), "{people}");
+    assert!(
+        people.contains("ALTERED") && people.contains(refused),
+        "{people}"
+    );
 
     // A row that never happened.
     let copy3 = copy(ch, &db);
@@ -297,15 +330,23 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     // checkpoint file still proves the cut.
     let copy4 = copy(ch, &db);
     let cut_from = chained - 30;
-    mutate(ch, &copy4, &format!("ALTER TABLE {copy4}.audit_events_chain DELETE WHERE seq >= {cut_from}"));
+    mutate(
+        ch,
+        &copy4,
+        &format!("ALTER TABLE {copy4}.audit_events_chain DELETE WHERE seq >= {cut_from}"),
+    );
     let ids = ch.query(&format!(
         "SELECT toString(event_id) FROM {db}.audit_events_chain WHERE seq >= {cut_from}"
     ));
     let list: Vec<String> = ids.lines().map(|l| format!("toUUID('{l}')")).collect();
-    mutate(ch, &copy4, &format!(
-        "ALTER TABLE {copy4}.audit_events DELETE WHERE event_id IN ({})",
-        list.join(", ")
-    ));
+    mutate(
+        ch,
+        &copy4,
+        &format!(
+            "ALTER TABLE {copy4}.audit_events DELETE WHERE event_id IN ({})",
+            list.join(", ")
+        ),
+    );
     let cfg4 = config_for(dir.path(), &text, &copy4, "c4.toml");
     let (ok, report) = verify(&cfg4, &[]);
     assert!(!ok);
@@ -313,8 +354,15 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     assert_eq!(w["truncated"]["from"], cut_from, "{w:#}");
     assert_eq!(w["truncated"]["to"], chained);
     let (_, people) = verify_text(&cfg4, &[]);
-    assert!(people.contains(&format!("TRUNCATED seq {cut_from}..{chained}")), "{people}");
-    mutate(ch, &copy4, &format!("ALTER TABLE {copy4}.audit_events_checkpoints DELETE WHERE 1 = 1"));
+    assert!(
+        people.contains(&format!("TRUNCATED seq {cut_from}..{chained}")),
+        "{people}"
+    );
+    mutate(
+        ch,
+        &copy4,
+        &format!("ALTER TABLE {copy4}.audit_events_checkpoints DELETE WHERE 1 = 1"),
+    );
     let local_file = spool.join("checkpoints.jsonl");
     let (ok, report) = verify(&cfg4, &["--checkpoints", local_file.to_str().unwrap()]);
     assert!(!ok);
@@ -330,9 +378,13 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     // link to the next one, and a checkpoint over it no longer matches.
     let copy5 = copy(ch, &db);
     let (rewritten, seq) = refusal(ch, &db, 3);
-    mutate(ch, &copy5, &format!(
-        "ALTER TABLE {copy5}.audit_events_chain UPDATE row_hash = prev_hash WHERE seq = {seq}"
-    ));
+    mutate(
+        ch,
+        &copy5,
+        &format!(
+            "ALTER TABLE {copy5}.audit_events_chain UPDATE row_hash = prev_hash WHERE seq = {seq}"
+        ),
+    );
     let (ok, report) = verify(&config_for(dir.path(), &text, &copy5, "c5.toml"), &[]);
     assert!(!ok);
     let w = writer(&report, "fw-a");
@@ -340,7 +392,15 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     assert_eq!(w["altered"]["first"][0]["event_id"], rewritten.as_str());
 
     // A checkpoint signed by another key does not count.
-    let (ok, report) = verify(&cfg, &["--public-key", &Signer::from_pem(&Signer::generate_pem().unwrap()).unwrap().public_key_text()]);
+    let (ok, report) = verify(
+        &cfg,
+        &[
+            "--public-key",
+            &Signer::from_pem(&Signer::generate_pem().unwrap())
+                .unwrap()
+                .public_key_text(),
+        ],
+    );
     assert!(!ok);
     assert!(report["unsigned_checkpoints"]["count"].as_u64().unwrap() > 0);
 }
@@ -398,7 +458,13 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
-    while ch.try_query(&format!("SELECT count() FROM {db}.audit_events_chain")).ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(0) < 300 {
+    while ch
+        .try_query(&format!("SELECT count() FROM {db}.audit_events_chain"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        < 300
+    {
         assert!(Instant::now() < deadline, "nothing was shipped");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -412,7 +478,10 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
     wait_listening(port).await;
     load(&url, 20).await;
     // A clean stop (SIGTERM drains and signs the tail).
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(child.wait().unwrap().success());
     let (ok, report) = verify(&cfg, &[]);
     assert!(ok, "{report:#}");
@@ -425,7 +494,10 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
     let mut child = start();
     wait_listening(port).await;
     load(&url, 20).await;
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(child.wait().unwrap().success());
 
     // Every row and entry delivered twice more.
@@ -435,7 +507,10 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
     let (ok, report) = verify(&cfg, &[]);
     assert!(ok, "{report:#}");
     let w = writer(&report, "fw-k");
-    assert!(w["duplicates"].as_u64().unwrap() >= w["last_seq"].as_u64().unwrap(), "{w:#}");
+    assert!(
+        w["duplicates"].as_u64().unwrap() >= w["last_seq"].as_u64().unwrap(),
+        "{w:#}"
+    );
     // Merges may have folded intents into their completions meanwhile.
     assert_eq!(
         w["verified"].as_u64().unwrap() + w["superseded"].as_u64().unwrap(),
@@ -455,8 +530,24 @@ async fn two_writers_are_verified_independently() {
         upstream,
         ..
     } = setup().await;
-    let text_a = config(&dir.path().join("a"), ch, &db, &upstream.url(), "fw-1", &key).text();
-    let text_b = config(&dir.path().join("b"), ch, &db, &upstream.url(), "fw-2", &key).text();
+    let text_a = config(
+        &dir.path().join("a"),
+        ch,
+        &db,
+        &upstream.url(),
+        "fw-1",
+        &key,
+    )
+    .text();
+    let text_b = config(
+        &dir.path().join("b"),
+        ch,
+        &db,
+        &upstream.url(),
+        "fw-2",
+        &key,
+    )
+    .text();
     let a = common::firewall(&text_a).await;
     let b = common::firewall(&text_b).await;
     let (ua, ub) = (a.mcp_url("incidents"), b.mcp_url("incidents"));
@@ -467,7 +558,9 @@ async fn two_writers_are_verified_independently() {
     let (ok, report) = verify(&cfg, &[]);
     assert!(ok, "{report:#}");
     let of = |w: &str| {
-        ch.query_u64(&format!("SELECT count() FROM {db}.audit_events_chain WHERE writer_id = '{w}'"))
+        ch.query_u64(&format!(
+            "SELECT count() FROM {db}.audit_events_chain WHERE writer_id = '{w}'"
+        ))
     };
     let (one, two) = (of("fw-1"), of("fw-2"));
     assert!(one >= 70 && two >= 105, "{one} {two}");
@@ -478,7 +571,14 @@ async fn two_writers_are_verified_independently() {
     let line = ch.query(&format!(
         "SELECT toString(event_id) FROM {db}.audit_events_chain WHERE writer_id = 'fw-2' AND row_version = 0 ORDER BY seq LIMIT 1 OFFSET 3"
     ));
-    mutate(ch, &db, &format!("ALTER TABLE {db}.audit_events DELETE WHERE event_id = toUUID('{}')", line.trim()));
+    mutate(
+        ch,
+        &db,
+        &format!(
+            "ALTER TABLE {db}.audit_events DELETE WHERE event_id = toUUID('{}')",
+            line.trim()
+        ),
+    );
     let (ok, report) = verify(&cfg, &[]);
     assert!(!ok);
     assert!(writer(&report, "fw-1")["holds"].as_bool().unwrap());
@@ -494,5 +594,8 @@ async fn two_writers_are_verified_independently() {
     // A ping's intent and completion, both gone.
     let missing = &writer(&report, "fw-2")["missing"];
     assert_eq!(missing["count"], 2, "{report:#}");
-    assert_eq!(missing["first"][0]["event_id"], missing["first"][1]["event_id"]);
+    assert_eq!(
+        missing["first"][0]["event_id"],
+        missing["first"][1]["event_id"]
+    );
 }

@@ -100,7 +100,14 @@ async fn a_fixture_for_a_current_clickhouse() {
     for p in &payloads {
         let link = chain.link(p);
         let version = mcp_firewall::audit::row_version(p).unwrap();
-        mcp_firewall::audit::chain::encode_entry("fw-modern", &link, p, version, 1_796_500_000, &mut entries);
+        mcp_firewall::audit::chain::encode_entry(
+            "fw-modern",
+            &link,
+            p,
+            version,
+            1_796_500_000,
+            &mut entries,
+        );
     }
     std::fs::write(dir.join("chain.rowbinary"), entries).unwrap();
     std::fs::write(

@@ -825,7 +825,10 @@ fn the_chain_head_is_kept_beside_the_cursor_and_a_torn_one_reads_as_none() {
     let dir = tempfile::tempdir().unwrap();
     assert_eq!(read_chain_head(dir.path()), None);
     let head = ChainHead {
-        at: Position { seq: 3, offset: 4096 },
+        at: Position {
+            seq: 3,
+            offset: 4096,
+        },
         writer_tag: [1, 2, 3, 4, 5, 6, 7, 8],
         seq: 77,
         hash: [9; 32],
@@ -833,7 +836,14 @@ fn the_chain_head_is_kept_beside_the_cursor_and_a_torn_one_reads_as_none() {
     write_chain_head(dir.path(), &head).unwrap();
     assert_eq!(read_chain_head(dir.path()), Some(head));
     // The cursor is its own file.
-    write_cursor(dir.path(), Position { seq: 3, offset: 4096 }).unwrap();
+    write_cursor(
+        dir.path(),
+        Position {
+            seq: 3,
+            offset: 4096,
+        },
+    )
+    .unwrap();
     assert_eq!(read_chain_head(dir.path()), Some(head));
     // A torn write (one byte changed) fails its crc.
     let path = dir.path().join("chain");
