@@ -474,15 +474,18 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
     assert!(sent > 150, "the load ran ({sent})");
     // Restarted on the same spool: it replays what was not acknowledged,
     // linked exactly as before.
-    let mut child = start();
-    wait_listening(port).await;
-    load(&url, 20).await;
     // A clean stop (SIGTERM drains and signs the tail).
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    let serve_a_little = || async {
+        let mut child = start();
+        wait_listening(port).await;
+        load(&url, 20).await;
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+    };
+    serve_a_little().await;
     let (ok, report) = verify(&cfg, &[]);
     assert!(ok, "{report:#}");
     let w = writer(&report, "fw-k");
@@ -491,14 +494,7 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
     // The chain head file lost (as after a torn write): the next start asks
     // ClickHouse where the chain continues.
     std::fs::remove_file(spool.join("chain")).unwrap();
-    let mut child = start();
-    wait_listening(port).await;
-    load(&url, 20).await;
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    serve_a_little().await;
 
     // Every row and entry delivered twice more.
     for t in ["audit_events", "audit_events_chain"] {
