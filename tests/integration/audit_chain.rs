@@ -548,6 +548,25 @@ async fn two_writers_are_verified_independently() {
     let b = common::firewall(&text_b).await;
     let (ua, ub) = (a.mcp_url("incidents"), b.mcp_url("incidents"));
     tokio::join!(load(&ua, 40), load(&ub, 60));
+    // The chain's progress is a metric.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = a.metrics().await;
+        let seq = text
+            .lines()
+            .find_map(|l| l.strip_prefix("mcp_firewall_audit_chain_seq "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        assert!(
+            text.contains("mcp_firewall_audit_checkpoints_total"),
+            "{text}"
+        );
+        if seq >= 70 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "chain seq {seq}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     a.stop().await;
     b.stop().await;
     let cfg = config_for(dir.path(), &text_a, &db, "fw.toml");
