@@ -16,7 +16,8 @@
 //! without an entry was never chained (forged).
 //!
 //! Invariants: nothing is written; memory is one small record per chain
-//! entry in the range checked (about 120 bytes), never a row; every finding
+//! entry in the range checked (150 to 250 bytes with the hash table's
+//! slack), never a row; every finding
 //! names the row (writer, `seq`, `event_id`, time).
 
 use std::collections::{BTreeMap, HashMap};
