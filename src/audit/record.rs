@@ -405,7 +405,7 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
     use serde_json::Value;
     let mut out = serde_json::Map::new();
     let at = std::cell::Cell::new(0usize);
-    let mut take = |n: usize| -> Option<&[u8]> {
+    let take = |n: usize| -> Option<&[u8]> {
         let from = at.get();
         let b = payload.get(from..from.checked_add(n)?)?;
         at.set(from + n);
@@ -415,6 +415,19 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
         b.iter()
             .rev()
             .fold(0u64, |acc, x| (acc << 8) | u64::from(*x))
+    };
+    // A LEB128 length at the current position.
+    let read_len = || -> Option<u64> {
+        let (len, next) = leb128(payload, at.get())?;
+        at.set(next);
+        Some(len)
+    };
+    let read_str = || -> Option<String> {
+        let len = usize::try_from(read_len()?).ok()?;
+        let from = at.get();
+        let b = payload.get(from..from.checked_add(len)?)?;
+        at.set(from + len);
+        Some(String::from_utf8_lossy(b).into_owned())
     };
     for (i, (name, width)) in COLUMNS.iter().zip(WIDTHS).enumerate() {
         // A row spooled by an earlier release ends where its format did:
@@ -428,21 +441,17 @@ pub fn decode_row(payload: &[u8]) -> Option<serde_json::Map<String, serde_json::
             break;
         }
         let value = match width {
-            Width::Uuid => {
-                let b = take(16)?;
-                let (hi, lo) = (le(&b[..8]), le(&b[8..]));
-                Value::String(Uuid::from_u64_pair(hi, lo).to_string())
-            }
+            Width::Uuid => Value::String(uuid_of(take(16)?)?.to_string()),
             Width::U8 => Value::from(le(take(1)?)),
             Width::U16 => Value::from(le(take(2)?)),
             Width::U32 => Value::from(le(take(4)?)),
             Width::U64 => Value::from(le(take(8)?)),
-            Width::Str => Value::String(read_str(&mut take)?),
+            Width::Str => Value::String(read_str()?),
             Width::Strs => {
-                let n = read_len(&mut take)?;
+                let n = read_len()?;
                 let mut items = Vec::new();
                 for _ in 0..n {
-                    items.push(Value::String(read_str(&mut take)?));
+                    items.push(Value::String(read_str()?));
                 }
                 Value::Array(items)
             }
@@ -532,28 +541,12 @@ fn empty(width: Width) -> serde_json::Value {
     }
 }
 
-/// A LEB128 length.
-fn read_len<'p>(take: &mut impl FnMut(usize) -> Option<&'p [u8]>) -> Option<u64> {
-    let mut len = 0u64;
-    let mut shift = 0u32;
-    loop {
-        let byte = *take(1)?.first()?;
-        len |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(len);
-        }
-        shift += 7;
-        if shift > 63 {
-            return None;
-        }
-    }
-}
-
-/// A `String` column's value.
-fn read_str<'p>(take: &mut impl FnMut(usize) -> Option<&'p [u8]>) -> Option<String> {
-    let len = read_len(take)?;
-    let b = take(usize::try_from(len).ok()?)?;
-    Some(String::from_utf8_lossy(b).into_owned())
+/// The UUID `RowBinary` bytes start with (two little-endian halves, high
+/// half first: what [`put_uuid`] writes).
+pub(crate) fn uuid_of(bytes: &[u8]) -> Option<Uuid> {
+    let hi = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let lo = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+    Some(Uuid::from_u64_pair(hi, lo))
 }
 
 /// ClickHouse stores a UUID as two little-endian u64 halves, high half first.

@@ -325,26 +325,17 @@ impl Shipper {
     async fn learn_head(&mut self, batch: &Batch) {
         let first = batch.row_starts.first().and_then(|&at| {
             let row = batch.body.get(at..)?;
-            let id = row.get(..16)?;
-            let hi = u64::from_le_bytes(id[..8].try_into().ok()?);
-            let lo = u64::from_le_bytes(id[8..].try_into().ok()?);
-            let len = super::record::row_len(row)?;
-            let version = super::record::row_version(row.get(..len)?)?;
-            Some((uuid::Uuid::from_u64_pair(hi, lo), version))
+            Some((
+                super::record::uuid_of(row)?,
+                super::record::row_version(row)?,
+            ))
         });
         let mut attempt: u32 = 0;
         loop {
             let s = &self.ctx.settings;
-            if !self.ctx.schema_ready.load(Ordering::Acquire) {
-                // The chain table may not exist yet (the schema task is not
-                // polled while this waits).
-                if ch::ensure_schema(&self.ctx.client, &s.database, &s.table)
-                    .await
-                    .is_ok()
-                {
-                    self.ctx.schema_ready.store(true, Ordering::Release);
-                }
-            }
+            // The chain table may not exist yet (the schema task is not
+            // polled while this waits).
+            schema_if_needed(&self.ctx).await;
             match ch::chain_head(
                 &self.ctx.client,
                 &s.database,
@@ -667,41 +658,61 @@ async fn insert_checkpoints(ctx: Arc<ShipCtx>, cps: Vec<SignedCheckpoint>) {
         cp.encode(&mut body);
     }
     let body = Bytes::from(body);
-    let last = cps.last().map_or(0, |c| c.checkpoint.seq);
-    let mut attempt: u32 = 0;
-    loop {
-        match try_insert(&ctx, &ctx.checkpoint_sql, &body).await {
-            Ok(()) => {
-                ctx.metrics.checkpoints_sent(cps.len() as u64);
-                return;
-            }
-            Err((e, _)) => {
-                attempt = attempt.saturating_add(1);
-                ctx.metrics.send_error();
-                let s = &ctx.settings;
-                let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
-                tracing::warn!(attempt, error = %e, seq = last, "audit: inserting checkpoints failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-        }
-    }
+    let what = format!(
+        "inserting checkpoints up to seq {}",
+        cps.last().map_or(0, |c| c.checkpoint.seq)
+    );
+    until_ok(&ctx, &what, || async {
+        try_insert(&ctx, &ctx.checkpoint_sql, &body)
+            .await
+            .map_err(|(e, _)| e.to_string())
+    })
+    .await;
+    ctx.metrics.checkpoints_sent(cps.len() as u64);
 }
 
 /// Creates the schema, retrying with backoff until ClickHouse accepts it.
 async fn ensure_schema_until_done(ctx: Arc<ShipCtx>) {
-    let mut attempt: u32 = 0;
-    while !ctx.schema_ready.load(Ordering::Acquire) {
-        match ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table).await {
-            Ok(()) => ctx.schema_ready.store(true, Ordering::Release),
-            Err(e) => {
-                attempt = attempt.saturating_add(1);
-                ctx.metrics.send_error();
-                let s = &ctx.settings;
-                let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
-                tracing::warn!(attempt, error = %e, "audit: creating the ClickHouse schema failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
+    until_ok(&ctx, "creating the ClickHouse schema", || async {
+        if ctx.schema_ready.load(Ordering::Acquire) {
+            return Ok(());
         }
+        ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table)
+            .await
+            .map_err(|e| e.to_string())?;
+        ctx.schema_ready.store(true, Ordering::Release);
+        Ok(())
+    })
+    .await;
+}
+
+/// Creates the schema if it is not known to exist (best effort: whatever
+/// runs next says whether the tables are usable).
+async fn schema_if_needed(ctx: &ShipCtx) {
+    if ctx.schema_ready.load(Ordering::Acquire) {
+        return;
+    }
+    match ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table).await {
+        Ok(()) => ctx.schema_ready.store(true, Ordering::Release),
+        Err(e) => tracing::debug!(error = %e, "audit: schema creation failed"),
+    }
+}
+
+/// Runs `op` until it succeeds, backing off between failures (each a send
+/// error, logged as `what`): work that must happen eventually and holds no
+/// batch.
+async fn until_ok<Fut>(ctx: &ShipCtx, what: &str, mut op: impl FnMut() -> Fut)
+where
+    Fut: Future<Output = Result<(), String>>,
+{
+    let mut attempt: u32 = 0;
+    while let Err(e) = op().await {
+        attempt = attempt.saturating_add(1);
+        ctx.metrics.send_error();
+        let s = &ctx.settings;
+        let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+        tracing::warn!(attempt, error = %e, "audit: {what} failed; retrying");
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -712,13 +723,8 @@ async fn try_insert(
     sql: &str,
     body: &Bytes,
 ) -> Result<(), (clickhouse::error::Error, Disposition)> {
-    if !ctx.schema_ready.load(Ordering::Acquire) {
-        // Best effort: the insert below says whether the table is usable.
-        match ch::ensure_schema(&ctx.client, &ctx.settings.database, &ctx.settings.table).await {
-            Ok(()) => ctx.schema_ready.store(true, Ordering::Release),
-            Err(e) => tracing::debug!(error = %e, "audit: schema creation before INSERT failed"),
-        }
-    }
+    // Best effort: the insert below says whether the table is usable.
+    schema_if_needed(ctx).await;
     ch::insert(&ctx.client, sql, body, ctx.settings.insert_timeout)
         .await
         .map_err(|e| {

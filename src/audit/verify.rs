@@ -496,21 +496,13 @@ fn row_ref(seq: Option<u64>, event_id: u128, row_version: u8, time_ms: u64) -> R
     }
 }
 
-/// A UUID as ClickHouse stores it (two little-endian halves, high first),
-/// read as one little-endian u128: its usual text.
+/// The text of an `event_id` kept as [`key_of`] read it.
 fn uuid_text(key: u128) -> String {
-    let b = key.to_le_bytes();
-    let mut hi = [0u8; 8];
-    let mut lo = [0u8; 8];
-    hi.copy_from_slice(&b[..8]);
-    lo.copy_from_slice(&b[8..]);
-    uuid::Uuid::from_u64_pair(u64::from_le_bytes(hi), u64::from_le_bytes(lo)).to_string()
+    super::record::uuid_of(&key.to_le_bytes()).map_or_else(String::new, |u| u.to_string())
 }
 
-fn key_of(event_id: &[u8]) -> u128 {
-    let mut b = [0u8; 16];
-    b.copy_from_slice(&event_id[..16]);
-    u128::from_le_bytes(b)
+fn key_of(event_id: [u8; 16]) -> u128 {
+    u128::from_le_bytes(event_id)
 }
 
 impl Chains {
@@ -566,7 +558,7 @@ impl Chains {
         let writer = u32::try_from(self.writers.len() - 1).unwrap_or(u32::MAX);
         let step = self.links.push(&e.link);
         let seq = e.link.seq;
-        let key = (key_of(&e.event_id), e.row_version);
+        let key = (key_of(e.event_id), e.row_version);
         let Some(w) = self.writers.last_mut() else {
             return;
         };
@@ -673,7 +665,7 @@ impl Chains {
 
     /// An audit row.
     fn row(&mut self, row: &[u8]) {
-        let Some(id) = row.get(..16) else {
+        let Some(id) = row.get(..16).and_then(|b| <[u8; 16]>::try_from(b).ok()) else {
             return;
         };
         let key = key_of(id);

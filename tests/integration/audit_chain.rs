@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use mcp_firewall::audit::chain::Signer;
 use serde_json::{json, Value};
 
-use crate::audit_e2e::{free_port, wait_listening};
+use crate::audit_e2e::{free_port, serve, wait_listening};
 use crate::common::clickhouse::ClickHouse;
 use crate::common::{self, TestConfig};
 
@@ -56,7 +56,7 @@ async fn setup() -> Setup {
 /// A signing key file (0600) and its public key text.
 fn key(dir: &Path) -> (PathBuf, String) {
     let path = dir.join("audit.key");
-    let out = Command::new(bin())
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
         .args(["audit", "keygen", "--out", path.to_str().unwrap()])
         .output()
         .unwrap();
@@ -82,17 +82,10 @@ fn config(
         .upstream("incidents", url)
 }
 
-/// The firewall binary: `MCP_FIREWALL_BIN` (an installed one), else this
-/// build's.
-fn bin() -> String {
-    std::env::var("MCP_FIREWALL_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-firewall").to_owned())
-}
-
 /// `mcp-firewall audit verify --config CFG --json ARGS…`: exit status and
 /// report.
 fn verify(cfg: &Path, args: &[&str]) -> (bool, Value) {
-    let out = Command::new(bin())
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
         .args([
             "audit",
             "--config",
@@ -115,7 +108,7 @@ fn verify(cfg: &Path, args: &[&str]) -> (bool, Value) {
 
 /// The same, as people read it.
 fn verify_text(cfg: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin())
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
         .args(["audit", "--config", cfg.to_str().unwrap(), "verify"])
         .args(args)
         .output()
@@ -424,15 +417,7 @@ async fn duplicates_a_kill_9_and_a_lost_chain_head_still_verify() {
         .text();
     let cfg = dir.path().join("fw.toml");
     std::fs::write(&cfg, &text).unwrap();
-    let start = || {
-        Command::new(bin())
-            .args(["serve", "--config", cfg.to_str().unwrap()])
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let start = || serve(&cfg);
     let url = format!("http://127.0.0.1:{port}/mcp/incidents");
     let mut child = start();
     wait_listening(port).await;

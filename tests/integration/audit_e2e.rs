@@ -246,15 +246,7 @@ async fn firewall_killed_mid_load_loses_no_answered_call() {
         .text();
     let cfg_path = dir.path().join("fw.toml");
     std::fs::write(&cfg_path, &text).unwrap();
-    let start = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
-            .args(["serve", "--config", cfg_path.to_str().unwrap()])
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let start = || serve(&cfg_path);
     let mut child = start();
     let url = format!("http://127.0.0.1:{port}/mcp/incidents");
     wait_listening(port).await;
@@ -390,6 +382,17 @@ fn num(v: &Value) -> u64 {
     v.as_u64()
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
         .unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// `mcp-firewall serve --config CFG` as a process of its own (to be killed).
+pub(crate) fn serve(cfg: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 pub(crate) fn free_port() -> u16 {
