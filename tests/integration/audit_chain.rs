@@ -228,6 +228,12 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     let text = config(&spool, ch, &db, &upstream.url(), "fw-a", &key).text();
     let fw = common::firewall(&text).await;
     load(&fw.mcp_url("incidents"), 200).await;
+    // The refused calls never reached the upstream; the pings did, once each.
+    let seen = upstream.seen();
+    let has =
+        |r: &crate::common::raw::Seen, what: &[u8]| r.body.windows(what.len()).any(|w| w == what);
+    assert!(!seen.iter().any(|r| has(r, b"not_a_tool")));
+    assert_eq!(seen.iter().filter(|r| has(r, b"\"ping\"")).count(), 150);
     // A clean stop drains the spool and signs the tail.
     fw.stop().await;
     let cfg = config_for(dir.path(), &text, &db, "fw.toml");
