@@ -51,8 +51,18 @@ pub async fn start(config: Arc<Config>) -> anyhow::Result<Running> {
     let verifier = Verifier::new(&config.auth)
         .await
         .context("loading token keys")?;
-    let policy =
-        PolicyStore::load(&config.policy_dir, &mut registry).context("loading the policy")?;
+    let upstreams = config
+        .upstreams
+        .iter()
+        .map(|u| crate::policy::reload::Facts::of(u.facts()))
+        .collect();
+    let policy = PolicyStore::load_with_shadow(
+        &config.policy_dir,
+        config.shadow_dir.as_deref(),
+        upstreams,
+        &mut registry,
+    )
+    .context("loading the policy")?;
     start_with(config, verifier, policy, registry).await
 }
 

@@ -213,21 +213,9 @@ impl Catalogs {
         if let Some(e) = catalog.get(name).filter(|e| *e.listed == *raw) {
             return e.clone();
         }
-        let definition = parse();
-        let input_schema = definition
-            .get("inputSchema")
-            .cloned()
-            .unwrap_or(Value::Null);
-        let entry = ToolEntry {
-            listed: raw.into(),
-            stamp: self.stamps.fetch_add(1, Ordering::Relaxed) + 1,
-            input_schema,
-            hints: Hints::from_annotations(definition.get("annotations")),
-            sha256: crate::canonical::sha256(&definition),
-            definition,
-            validator: OnceLock::new(),
-            param_headers: OnceLock::new(),
-        };
+        let mut entry = ToolEntry::of(parse());
+        entry.listed = raw.into();
+        entry.stamp = self.stamps.fetch_add(1, Ordering::Relaxed) + 1;
         let entry = Arc::new(entry);
         catalog.insert(name.to_owned(), entry.clone());
         entry
@@ -646,6 +634,25 @@ pub async fn follow_list_changed(redis: Arc<crate::state::Redis>, catalogs: Arc<
 // === impl ToolEntry ===
 
 impl ToolEntry {
+    /// The entry of a tool defined as `definition` (its whole `tools/list`
+    /// object), in no catalog (`mcp-firewall test`, `audit replay`).
+    pub fn of(definition: Value) -> ToolEntry {
+        let input_schema = definition
+            .get("inputSchema")
+            .cloned()
+            .unwrap_or(Value::Null);
+        ToolEntry {
+            listed: Box::from(""),
+            stamp: 0,
+            input_schema,
+            hints: Hints::from_annotations(definition.get("annotations")),
+            sha256: crate::canonical::sha256(&definition),
+            definition,
+            validator: OnceLock::new(),
+            param_headers: OnceLock::new(),
+        }
+    }
+
     /// Unique to this entry ([`Catalogs::stamps`]).
     pub fn stamp(&self) -> u64 {
         self.stamp

@@ -132,6 +132,27 @@ enum Command {
         #[arg(long)]
         labels: Option<String>,
     },
+    /// Run policy tests (TOML `[[case]]` files): each case's call or list
+    /// decided as `serve` decides it, against what the case expects. Exits
+    /// 1 when a case fails.
+    Test {
+        /// The TOML config file (upstreams, projects and categories as
+        /// `serve` sees them).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Test this policy directory instead of the config's (a candidate
+        /// set, e.g. the shadow set).
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
+        /// Also write the results as JUnit XML.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+        /// List the rules, roles and gates no case exercised.
+        #[arg(long)]
+        coverage: bool,
+        /// Test files or directories; default `<policy dir>/tests/*.toml`.
+        paths: Vec<PathBuf>,
+    },
     /// Development tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -357,6 +378,29 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 labels: labels.as_deref(),
             };
             print!("{}", cli::explain(&cfg, args).await?);
+            Ok(())
+        }
+        Command::Test {
+            config,
+            policy_dir,
+            junit,
+            coverage,
+            paths,
+        } => {
+            let cfg = config::load(&config)?;
+            let report = cli::policy_test::run(
+                &cfg,
+                &cli::policy_test::TestArgs {
+                    policy_dir,
+                    paths,
+                    junit,
+                    coverage,
+                },
+            )?;
+            print!("{}", report.text);
+            if report.failed > 0 {
+                anyhow::bail!("{} of {} policy cases failed", report.failed, report.total);
+            }
             Ok(())
         }
         Command::Token(TokenCommand::Inspect { config, token }) => {

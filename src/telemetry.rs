@@ -103,6 +103,18 @@ pub struct FindingLabels {
     pub action: &'static str,
 }
 
+/// Labels of the shadow policy's differences counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ShadowLabels {
+    /// What the live policy decided (`allow`, `approve`, `deny`, `hidden`,
+    /// `invalid`).
+    pub live: &'static str,
+    /// What the shadow policy would have decided.
+    pub shadow: &'static str,
+    /// Upstream name.
+    pub upstream: String,
+}
+
 /// Labels of the taint gate counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct TaintLabels {
@@ -201,6 +213,11 @@ pub struct Metrics {
         FindingLabels,
         prometheus_client::metrics::counter::Counter,
     >,
+    /// `tools/call` the shadow policy would decide otherwise.
+    pub shadow_differences: prometheus_client::metrics::family::Family<
+        ShadowLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
     /// Calls a `[taint]` gate held for approval or refused.
     pub taint_gates: prometheus_client::metrics::family::Family<
         TaintLabels,
@@ -288,6 +305,7 @@ impl Metrics {
             virtual_member_up: Default::default(),
             virtual_dropped: Default::default(),
             screen_findings: Default::default(),
+            shadow_differences: Default::default(),
             taint_gates: Default::default(),
             run_labels: Default::default(),
             label_store_errors: Default::default(),
@@ -320,6 +338,11 @@ impl Metrics {
             "store_fallback",
             "tools/call a shared store could not admit: fallback=open admitted by this replica's memory budgets, fallback=closed refused (-31006)",
             m.store_fallback.clone(),
+        );
+        registry.register(
+            "shadow_differences",
+            "tools/call the shadow policy ([policy] shadow_dir) would decide otherwise than the live one, by both decisions",
+            m.shadow_differences.clone(),
         );
         registry.register(
             "policy_info",
@@ -522,6 +545,17 @@ impl Metrics {
                 upstream: upstream.to_owned(),
                 kind,
                 action,
+            })
+            .inc();
+    }
+
+    /// Counts a call the shadow policy would decide otherwise.
+    pub fn shadow_difference(&self, upstream: &str, live: &'static str, shadow: &'static str) {
+        self.shadow_differences
+            .get_or_create(&ShadowLabels {
+                live,
+                shadow,
+                upstream: upstream.to_owned(),
             })
             .inc();
     }

@@ -70,7 +70,9 @@ CREATE TABLE IF NOT EXISTS {database}.{table}
     policy_sha256       String,
     pin_sha256          String,
     delegation          Array(String),
-    token_jti           String
+    token_jti           String,
+    shadow_decision     LowCardinality(String),
+    principal_claims    String
 )
 ENGINE = ReplacingMergeTree(row_version)
 PARTITION BY toYYYYMMDD(time)
@@ -101,6 +103,18 @@ SETTINGS index_granularity = 8192;
 --   SELECT time, run_id, tool, approval_id, approver, approved_ms, policy_sha256, pin_sha256
 --   FROM {database}.{table} FINAL
 --   WHERE approval_id != '' AND time >= today() ORDER BY time
+
+-- Tables created before the shadow policy lack shadow_decision (what the
+-- shadow policy, [policy] shadow_dir, would have decided where it differs
+-- from the live decision) and principal_claims (the token's claims the
+-- decision used: agent, mode, projects, project_ceiling, iss; what
+-- `mcp-firewall audit replay` re-decides with). The firewall adds them at
+-- start, the same way.
+-- The calls a candidate policy would change (mcp-firewall audit shadow):
+--   SELECT tool, decision, shadow_decision, count() AS calls
+--   FROM {database}.{table} FINAL
+--   WHERE shadow_decision != '' AND time >= today() - 1
+--   GROUP BY tool, decision, shadow_decision ORDER BY calls DESC
 
 -- Per day, over final rows (a call's intent row is not counted; its completion
 -- is): calls, denials, errors, distinct runs, latency quantiles, by tenant,

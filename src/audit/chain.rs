@@ -49,6 +49,7 @@ pub struct Link {
 /// The hash of row `seq` of `writer_id` after `prev`, over its canonical
 /// encoding `row`.
 pub fn row_hash(writer_id: &str, seq: u64, prev: &Hash, row: &[u8]) -> Hash {
+    let row = super::record::hashed_part(row);
     let mut h = Sha256::new();
     h.update(ROW_DOMAIN);
     h.update((writer_id.len() as u64).to_be_bytes());

@@ -94,7 +94,8 @@ fn insert_names_every_column_in_order() {
     assert!(sql.starts_with("INSERT INTO db.t (event_id, time, time_ms, tenant,"));
     assert!(sql.ends_with(
         "instance, trace_id, row_version, screen_kinds, screen_action, run_labels, virtual_server, \
-         approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti) FORMAT RowBinary"
+         approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti, \
+         shadow_decision, principal_claims) FORMAT RowBinary"
     ));
 }
 

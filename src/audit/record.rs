@@ -146,6 +146,14 @@ pub struct AuditRow {
     pub delegation: std::sync::Arc<[String]>,
     /// `jti` of the tool token (the same as `token_id`).
     pub token_jti: String,
+    /// What the shadow policy (`[policy] shadow_dir`) would have decided,
+    /// when it differs from the live decision (`allow`, `approve`, `deny`,
+    /// `hidden`, `invalid`); empty when it agrees or there is none.
+    pub shadow_decision: &'static str,
+    /// The token's claims the policy decided on besides the row's own
+    /// columns, as JSON (`agent`, `mode`, `projects`, `project_ceiling`,
+    /// `iss`): what `audit replay` re-decides a call with.
+    pub principal_claims: String,
 }
 
 impl AuditRow {
@@ -201,6 +209,8 @@ impl AuditRow {
             pin_sha256: String::new(),
             delegation: std::sync::Arc::from(Vec::new()),
             token_jti: String::new(),
+            shadow_decision: "",
+            principal_claims: String::new(),
         }
     }
 }
@@ -257,6 +267,8 @@ pub const COLUMNS: &[&str] = &[
     "pin_sha256",
     "delegation",
     "token_jti",
+    "shadow_decision",
+    "principal_claims",
 ];
 
 /// How many of [`COLUMNS`] rows spooled by releases before content
@@ -282,8 +294,20 @@ pub const VIRTUAL_COLUMNS: usize = 35;
 
 /// What completes a row of [`VIRTUAL_COLUMNS`]: `approval_id = ''`,
 /// `approver = ''`, `approved_ms = 0` (8 bytes), `policy_sha256 = ''`,
-/// `pin_sha256 = ''`, `delegation = []`, `token_jti = ''`.
-pub const VIRTUAL_TAIL: [u8; 14] = [0; 14];
+/// `pin_sha256 = ''`, `delegation = []`, `token_jti = ''`, then
+/// [`APPROVAL_TAIL`].
+pub const VIRTUAL_TAIL: [u8; 14 + APPROVAL_TAIL.len()] = [0; 14 + APPROVAL_TAIL.len()];
+
+/// How many of [`COLUMNS`] rows spooled by releases before the shadow
+/// policy have (they end at `token_jti`); the hash chain began with them.
+pub const APPROVAL_COLUMNS: usize = 42;
+
+/// What completes a row of [`APPROVAL_COLUMNS`]: `shadow_decision = ''`,
+/// `principal_claims = ''`.
+/// A row whose columns after [`APPROVAL_COLUMNS`] are exactly these
+/// defaults is hashed without them ([`hashed_part`]), so rows chained
+/// before a column was added still verify once ClickHouse returns it.
+pub const APPROVAL_TAIL: [u8; 2] = [0; 2];
 
 /// Offset of `time_ms` in an encoded row (after the 16-byte UUID and 4-byte DateTime).
 const TIME_MS_OFFSET: usize = 20;
@@ -357,6 +381,8 @@ pub(crate) fn encode_row(
     put_str(out, &row.pin_sha256);
     put_strs(out, row.delegation.iter().map(String::as_str));
     put_str(out, &row.token_jti);
+    put_str(out, row.shadow_decision);
+    put_str(out, &row.principal_claims);
 }
 
 /// `Array(String)` in RowBinary: LEB128 count, then each string.
@@ -387,12 +413,12 @@ enum Width {
 }
 
 /// The type of each of [`COLUMNS`], in order (what [`encode_row`] writes).
-const WIDTHS: [Width; 42] = {
+const WIDTHS: [Width; 44] = {
     use Width::*;
     [
         Uuid, U32, U64, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str,
         Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8, Strs, Str, Strs, Str, Str,
-        Str, U64, Str, Str, Strs, Str,
+        Str, U64, Str, Str, Strs, Str, Str, Str,
     ]
 };
 const _: () = assert!(WIDTHS.len() == COLUMNS.len());
@@ -473,6 +499,17 @@ const _: () = assert!(matches!(WIDTHS[ROW_VERSION_COLUMN], Width::U8));
 /// shipper finds a row's `row_version`. Reads lengths only, copies nothing.
 pub fn row_len(data: &[u8]) -> Option<usize> {
     skip_columns(data, WIDTHS.len())
+}
+
+/// What of an encoded row its chain hash covers: the whole row, less the
+/// columns added since the chain began ([`APPROVAL_COLUMNS`]) when they
+/// all hold their defaults ([`APPROVAL_TAIL`]). Bytes that are not a row
+/// are covered as they are.
+pub fn hashed_part(row: &[u8]) -> &[u8] {
+    match skip_columns(row, APPROVAL_COLUMNS) {
+        Some(at) if row.get(at..) == Some(&APPROVAL_TAIL[..]) => row.get(..at).unwrap_or(row),
+        _ => row,
+    }
 }
 
 /// The `row_version` of an encoded (whole) row.

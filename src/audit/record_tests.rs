@@ -72,6 +72,8 @@ fn full_row() -> AuditRow {
     r.pin_sha256 = "cd".repeat(32);
     r.delegation = vec!["agent:planner".to_owned(), "user:olga".to_owned()].into();
     r.token_jti = "jti".into();
+    r.shadow_decision = "deny";
+    r.principal_claims = r#"{"mode":"caller"}"#.into();
     r
 }
 
@@ -85,6 +87,8 @@ fn format_3(row: &AuditRow) -> AuditRow {
     r.pin_sha256.clear();
     r.delegation = std::sync::Arc::from(Vec::new());
     r.token_jti.clear();
+    r.shadow_decision = "";
+    r.principal_claims.clear();
     r
 }
 
@@ -146,6 +150,8 @@ fn encoded_row_decodes_to_every_field_in_column_order() {
     assert_eq!(rd.string(), "agent:planner");
     assert_eq!(rd.string(), "user:olga");
     assert_eq!(rd.string(), "jti", "token_jti");
+    assert_eq!(rd.string(), "deny", "shadow_decision");
+    assert_eq!(rd.string(), r#"{"mode":"caller"}"#, "principal_claims");
     assert_eq!(rd.pos, out.len(), "no trailing bytes");
 }
 
@@ -276,6 +282,8 @@ fn decode_row_reads_back_what_encode_row_wrote() {
         serde_json::json!(["agent:planner", "user:olga"])
     );
     assert_eq!(d["token_jti"], "jti");
+    assert_eq!(d["shadow_decision"], "deny");
+    assert_eq!(d["principal_claims"], r#"{"mode":"caller"}"#);
     assert_eq!(d.len(), COLUMNS.len() - 1, "every column but `time`");
     // Every older format decodes with empty values in the columns added
     // since, so every row has every column.
@@ -334,4 +342,35 @@ fn rows_are_split_and_their_version_read_without_decoding() {
     assert_eq!(row_len(&body[..one - 1]), None);
     assert_eq!(row_len(&[0xff; 40]), None);
     assert_eq!(row_len(&[]), None);
+}
+
+#[test]
+fn a_row_chained_before_the_shadow_columns_hashes_the_same_with_them_empty() {
+    let mut row = full_row();
+    row.shadow_decision = "";
+    row.principal_claims.clear();
+    let mut now = Vec::new();
+    encode_row(&row, b"{}", b"", "fw", &mut now);
+    assert!(now.ends_with(&APPROVAL_TAIL));
+    // What format 4 hashed: the row without the two columns.
+    let before = &now[..now.len() - APPROVAL_TAIL.len()];
+    assert_eq!(hashed_part(&now), before);
+    assert_eq!(
+        crate::audit::chain::row_hash("w", 1, &[0; 32], &now),
+        crate::audit::chain::row_hash("w", 1, &[0; 32], before)
+    );
+    // A shadow decision or claims on record are covered by the hash.
+    row.shadow_decision = "deny";
+    let mut with = Vec::new();
+    encode_row(&row, b"{}", b"", "fw", &mut with);
+    assert_eq!(hashed_part(&with), &with[..]);
+    row.shadow_decision = "";
+    row.principal_claims = "{}".into();
+    let mut claims = Vec::new();
+    encode_row(&row, b"{}", b"", "fw", &mut claims);
+    assert_eq!(hashed_part(&claims), &claims[..]);
+    assert_ne!(
+        crate::audit::chain::row_hash("w", 1, &[0; 32], &claims),
+        crate::audit::chain::row_hash("w", 1, &[0; 32], before)
+    );
 }

@@ -85,6 +85,27 @@ pub enum AuditCommand {
         #[arg(long, default_value = "1h")]
         since: String,
     },
+    /// What the shadow policy (`[policy] shadow_dir`) would have decided
+    /// otherwise: the top differing tools and principals.
+    Shadow {
+        /// How far back (`30m`, `1h`, `7d`).
+        #[arg(long, default_value = "24h")]
+        since: String,
+    },
+    /// Re-decides the recorded `tools/call` under a candidate policy
+    /// directory and prints how many would change and which, grouped by
+    /// tool and decision (needs --config: upstreams as `serve` sees them).
+    Replay {
+        /// The candidate policy directory.
+        #[arg(long)]
+        policy_dir: PathBuf,
+        /// How far back (`30m`, `1h`, `7d`).
+        #[arg(long, default_value = "24h")]
+        since: String,
+        /// Most calls re-decided (newest first).
+        #[arg(long, default_value_t = 1_000_000)]
+        limit: u64,
+    },
     /// Calls, denials, errors, runs and latency per day and tool, from the
     /// daily aggregate.
     Stats {
@@ -193,6 +214,15 @@ pub enum Question {
     Flagged,
     /// The daily aggregate (`?` = days back).
     Stats,
+    /// Tools whose calls the shadow policy would decide otherwise (`?` =
+    /// `time_ms`).
+    ShadowTools,
+    /// Principals whose calls the shadow policy would decide otherwise
+    /// (`?` = `time_ms`).
+    ShadowPrincipals,
+    /// The recorded `tools/call` decisions to re-decide (`?` = `time_ms`,
+    /// then the limit).
+    Replay,
 }
 
 /// The SQL of a question, with `?` where the value is bound.
@@ -223,6 +253,21 @@ pub fn query(q: Question, database: &str, table: &str) -> String {
              uniqExactIfMerge(errors) AS errors, uniqExactMerge(runs) AS runs, \
              quantilesMerge(0.5, 0.95, 0.99)(latency_quantiles)[2] AS p95_us \
              FROM {t}_daily_stats WHERE day > today() - ? GROUP BY day, tool ORDER BY day, tool"
+        ),
+        Question::ShadowTools => format!(
+            "SELECT upstream, tool, decision, shadow_decision, uniqExact(event_id) AS calls, uniqExact(subject) AS principals \
+             FROM {t} WHERE time_ms >= ? AND shadow_decision != '' \
+             GROUP BY upstream, tool, decision, shadow_decision ORDER BY calls DESC, upstream, tool LIMIT 50"
+        ),
+        Question::ShadowPrincipals => format!(
+            "SELECT tenant, subject, agent_role, decision, shadow_decision, uniqExact(event_id) AS calls, uniqExact(tool) AS tools \
+             FROM {t} WHERE time_ms >= ? AND shadow_decision != '' \
+             GROUP BY tenant, subject, agent_role, decision, shadow_decision ORDER BY calls DESC, subject LIMIT 50"
+        ),
+        Question::Replay => format!(
+            "SELECT toString(event_id) AS event_id, time_ms, tenant, subject, run_id, upstream, tool, decision, approval_id, arguments, principal_claims \
+             FROM {t} FINAL WHERE time_ms >= ? AND method = 'tools/call' \
+             ORDER BY time_ms DESC LIMIT ?"
         ),
     }
 }
@@ -275,6 +320,43 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
             let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
             let rows = fetch(client.query(&query(Question::Flagged, database, table)).bind(from)).await?;
             print_rows(&rows, &["time_ms", "run_id", "upstream", "method", "tool", "screen_kinds", "screen_action", "run_labels"], args.json, out)
+        }
+        (AuditCommand::Shadow { since }, Source::ClickHouse { client, database, table }) => {
+            let back = parse_since(since)
+                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
+            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
+            let tools = fetch(client.query(&query(Question::ShadowTools, database, table)).bind(from)).await?;
+            let principals = fetch(client.query(&query(Question::ShadowPrincipals, database, table)).bind(from)).await?;
+            if !args.json {
+                writeln!(out, "calls the shadow policy would decide otherwise, since {since} (decision: live; shadow_decision: the shadow set's)")?;
+                if tools.is_empty() {
+                    writeln!(out, "none")?;
+                    return Ok(());
+                }
+                writeln!(out, "\nby tool:")?;
+            }
+            print_rows(&tools, &["calls", "principals", "upstream", "tool", "decision", "shadow_decision"], args.json, out)?;
+            if !args.json {
+                writeln!(out, "\nby principal:")?;
+            }
+            print_rows(&principals, &["calls", "tools", "tenant", "subject", "agent_role", "decision", "shadow_decision"], args.json, out)
+        }
+        (AuditCommand::Replay { policy_dir, since, limit }, Source::ClickHouse { client, database, table }) => {
+            let cfg = match &args.config {
+                Some(path) => crate::config::load(path)?,
+                None => anyhow::bail!("replay needs --config: the upstreams as `serve` sees them"),
+            };
+            let back = parse_since(since)
+                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
+            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
+            let rows = fetch(client.query(&query(Question::Replay, database, table)).bind(from).bind(*limit)).await?;
+            let report = super::replay::replay(&cfg, policy_dir, &rows)?;
+            if args.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&report.json())?)?;
+            } else {
+                write!(out, "{}", report.render(since))?;
+            }
+            Ok(())
         }
         (AuditCommand::Stats { days }, Source::ClickHouse { client, database, table }) => {
             let rows = fetch(client.query(&query(Question::Stats, database, table)).bind(*days)).await?;

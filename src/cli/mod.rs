@@ -18,6 +18,8 @@ use crate::policy::{self, Access, Call, Identity, Policy};
 
 pub mod audit;
 pub mod pins;
+pub mod policy_test;
+pub mod replay;
 
 /// The second half of `mcp-firewall check`: whether the shared stores the
 /// config names can be reached (Redis for budgets, PostgreSQL for
@@ -349,6 +351,23 @@ pub fn check(cfg: &Config) -> anyhow::Result<String> {
         let _ = writeln!(out, "  {}", audit_chain_line(a)?);
     }
     let _ = writeln!(out, "  policies: {}", policy.files().len());
+    if let Some(dir) = &cfg.shadow_dir {
+        // A broken shadow set is reported, never fatal (serve runs without it).
+        let _ = match policy::load_dir(dir) {
+            Ok(p) => writeln!(
+                out,
+                "  shadow policy {}: {} files, sha256 {}",
+                dir.display(),
+                p.files().len(),
+                p.content_hash().get(..16).unwrap_or("")
+            ),
+            Err(e) => writeln!(
+                out,
+                "  shadow policy {}: DOES NOT COMPILE (serve decides without it): {e}",
+                dir.display()
+            ),
+        };
+    }
     for u in &cfg.upstreams {
         let Some(launch) = &u.stdio else {
             let _ = writeln!(
@@ -585,6 +604,12 @@ fn actors(claims: &Value) -> Vec<String> {
 
 fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
     let v: Value = serde_json::from_slice(&std::fs::read(path)?)?;
+    Ok(claims_from_value(&v))
+}
+
+/// Claims as a token would carry them, from their JSON (`test`, `audit
+/// replay`, `explain --claims`): not verified, for what-if questions.
+pub(crate) fn claims_from_value(v: &Value) -> auth::Claims {
     let s = |k: &str| {
         v.get(k)
             .and_then(Value::as_str)
@@ -598,7 +623,7 @@ fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
                 .collect()
         })
     };
-    Ok(auth::Claims {
+    auth::Claims {
         sub: s("sub").into(),
         tenant_id: s("tenant_id").into(),
         agent: s("agent").into(),
@@ -615,8 +640,8 @@ fn claims_from_file(path: &Path) -> anyhow::Result<auth::Claims> {
         run_exp: None,
         audience: Audience::Mcp,
         kid: None,
-        delegation: actors(&v).into(),
-    })
+        delegation: actors(v).into(),
+    }
 }
 
 /// Claims for `token mint`.

@@ -193,6 +193,12 @@ pub struct RawPolicy {
     /// How often the directory is checked for changes. Default 1 s.
     #[serde(default = "default_policy_reload_ms")]
     pub reload_interval_ms: u64,
+    /// A candidate policy directory: every `tools/call` is also decided
+    /// under it, the live answer never changes, and differences are
+    /// counted and put on record. Reloaded like `dir`; a broken set is
+    /// reported and ignored, never fatal.
+    #[serde(default)]
+    pub shadow_dir: Option<PathBuf>,
 }
 
 /// Whether an upstream's content is trusted (`[[upstream]] trust`).
@@ -441,6 +447,7 @@ impl Default for RawPolicy {
         RawPolicy {
             dir: default_policy_dir(),
             reload_interval_ms: default_policy_reload_ms(),
+            shadow_dir: None,
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct Config {
     pub audit: Option<crate::audit::AuditConfig>,
     /// The policy directory.
     pub policy_dir: PathBuf,
+    /// The shadow policy directory (`[policy] shadow_dir`), if any.
+    pub shadow_dir: Option<PathBuf>,
     /// Policy change-check interval.
     pub policy_reload: Duration,
     /// Keys sealing session and event ids (first seals); empty: a random
@@ -583,6 +585,7 @@ impl Validator<'_> {
             approvals,
             audit,
             policy_dir: self.path(&raw.policy.dir),
+            shadow_dir: raw.policy.shadow_dir.as_deref().map(|d| self.path(d)),
             policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
             session_keys,
             state,

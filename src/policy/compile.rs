@@ -142,7 +142,13 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
                     return Err(cx.err(rule.upstream.span(), "price must be a finite number >= 0"));
                 }
             }
+            let origin = format!(
+                "{}:{}",
+                file.display(),
+                cx.line(rule.names.first().map_or(0, |n| n.span().start))
+            );
             policy.tool_rules.push(ToolRule {
+                origin,
                 upstream: cx.glob(&rule.upstream)?,
                 names,
                 risk: rule.risk.into(),
@@ -362,7 +368,11 @@ impl Cx<'_> {
             } else {
                 None
             };
-        Ok(NameSet { exact, globs })
+        Ok(NameSet {
+            written: names.iter().map(|n| n.get_ref().clone()).collect(),
+            exact,
+            globs,
+        })
     }
 
     fn matcher(&self, m: &RawMatch) -> Result<Matcher, PolicyError> {
@@ -432,6 +442,7 @@ impl Cx<'_> {
             }
         }
         Ok(Agent {
+            origin: format!("{}:{}", self.file.display(), self.line(a.name.span().start)),
             name,
             description: a.description,
             projects: sorted(a.projects),

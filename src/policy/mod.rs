@@ -34,6 +34,7 @@ use serde_json::Value;
 
 pub mod compile;
 pub mod content;
+pub mod diff;
 pub mod file;
 pub mod reload;
 pub mod uri;
@@ -167,6 +168,23 @@ pub enum Access {
     },
     /// The tool does not exist for this run.
     Hidden(Hidden),
+}
+
+/// A rule, role or gate of a policy ([`Policy::rule_ids`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuleId {
+    /// A `[[tools]]` rule, by index.
+    Tool(usize),
+    /// A role.
+    Role(String),
+    /// A role's gate for a risk it may use.
+    Gate(String, Risk),
+    /// A role's `allow` rule, by index.
+    Allow(String, usize),
+    /// A role's `deny` rule, by index.
+    Deny(String, usize),
+    /// A `[[conditions]]` entry, by index.
+    Condition(usize),
 }
 
 /// Why a tool is hidden from a run (for logs, audit and `explain`; never
@@ -313,6 +331,8 @@ struct Classified {
 pub struct Agent {
     /// Role name.
     pub name: String,
+    /// Where it is defined (`file:line`).
+    pub origin: String,
     /// Free text.
     pub description: String,
     /// Memberships (sorted).
@@ -335,6 +355,8 @@ pub struct Agent {
 }
 
 struct ToolRule {
+    /// Where it is written (`file:line`).
+    origin: String,
     upstream: GlobMatcher,
     names: NameSet,
     risk: Risk,
@@ -392,6 +414,8 @@ pub struct ServerRequestRules {
 }
 
 struct NameSet {
+    /// The names and globs as written.
+    written: Vec<String>,
     exact: HashSet<String>,
     globs: Option<GlobSet>,
 }
@@ -850,6 +874,103 @@ impl Policy {
         }
     }
 
+    /// Where a tool's risk comes from, for people: the `[[tools]]` rule's
+    /// `file:line`, the upstream's annotations, or the default.
+    pub fn risk_origin(&self, up: UpstreamFacts<'_>, tool: &str, hints: Option<Hints>) -> String {
+        match self.risk(up, tool, hints).1 {
+            RiskSource::Policy(i) => self
+                .tool_rules
+                .get(i)
+                .map_or_else(String::new, |r| format!("[[tools]] at {}", r.origin)),
+            RiskSource::Annotations => "the upstream's annotations".to_owned(),
+            RiskSource::Default => "no [[tools]] rule: destructive by default".to_owned(),
+        }
+    }
+
+    /// Every rule, role and gate of the policy that a decision can
+    /// exercise (what `mcp-firewall test --coverage` counts).
+    pub fn rule_ids(&self) -> Vec<RuleId> {
+        let mut v: Vec<RuleId> = (0..self.tool_rules.len()).map(RuleId::Tool).collect();
+        for a in self.agents() {
+            v.push(RuleId::Role(a.name.clone()));
+            for r in Risk::ALL {
+                if a.risks[r as usize] && a.gates.get(r) != Gate::Deny {
+                    v.push(RuleId::Gate(a.name.clone(), r));
+                }
+            }
+            v.extend((0..a.allow.len()).map(|i| RuleId::Allow(a.name.clone(), i)));
+            v.extend((0..a.deny.len()).map(|i| RuleId::Deny(a.name.clone(), i)));
+        }
+        v.extend((0..self.conditions.len()).map(RuleId::Condition));
+        v
+    }
+
+    /// The rules, role and gate a `tools/call` of `tool` by a run of
+    /// `auth` exercises: the role, the `[[tools]]` rule that gave the risk,
+    /// the first `deny` and `allow` rules of the role that match, the
+    /// role's gate for the risk (when the tool is visible) and the
+    /// conditions that apply.
+    pub fn exercised(
+        &self,
+        auth: &Authority,
+        up: UpstreamFacts<'_>,
+        tool: &str,
+        hints: Option<Hints>,
+    ) -> Vec<RuleId> {
+        let Some(agent) = self.agents.get(&auth.agent) else {
+            return Vec::new();
+        };
+        let mut v = vec![RuleId::Role(agent.name.clone())];
+        if !self.reaches(auth, up) {
+            return v;
+        }
+        let (risk, source) = self.risk(up, tool, hints);
+        if let RiskSource::Policy(i) = source {
+            v.push(RuleId::Tool(i));
+        }
+        if let Some(i) = agent.deny.iter().position(|m| m.matches(up, tool)) {
+            v.push(RuleId::Deny(agent.name.clone(), i));
+        }
+        if let Some(i) = agent.allow.iter().position(|m| m.matches(up, tool)) {
+            v.push(RuleId::Allow(agent.name.clone(), i));
+        }
+        let classified = self.classify(&agent.name, up, tool, hints);
+        if let Access::Visible { .. } = classified.access {
+            v.push(RuleId::Gate(agent.name.clone(), risk));
+            v.extend(classified.conditions.iter().map(|&i| RuleId::Condition(i)));
+        }
+        v
+    }
+
+    /// A rule, role or gate for people.
+    pub fn describe(&self, id: &RuleId) -> String {
+        let role_origin = |name: &str| self.agents.get(name).map_or("", |a| a.origin.as_str());
+        match id {
+            RuleId::Tool(i) => match self.tool_rules.get(*i) {
+                Some(r) => format!(
+                    "rule [[tools]] at {} ({} {})",
+                    r.origin,
+                    r.risk,
+                    r.names.describe()
+                ),
+                None => format!("rule [[tools]] #{}", i + 1),
+            },
+            RuleId::Role(a) => format!("role {a} ({})", role_origin(a)),
+            RuleId::Gate(a, r) => format!(
+                "gate {r} = {} of role {a}",
+                self.agents.get(a).map_or(Gate::Deny, |x| x.gates.get(*r))
+            ),
+            RuleId::Allow(a, i) => {
+                format!("rule allow #{} of role {a} ({})", i + 1, role_origin(a))
+            }
+            RuleId::Deny(a, i) => format!("rule deny #{} of role {a} ({})", i + 1, role_origin(a)),
+            RuleId::Condition(i) => match self.conditions.get(*i) {
+                Some(c) => format!("rule [[conditions]] at {} ({})", c.origin, c.require_text),
+                None => format!("rule [[conditions]] #{}", i + 1),
+            },
+        }
+    }
+
     fn describe_source(&self, s: RiskSource) -> String {
         match s {
             RiskSource::Policy(i) => format!("policy [[tools]] rule #{}", i + 1),
@@ -1140,6 +1261,11 @@ impl fmt::Display for Hidden {
 // === impl NameSet / Matcher / NamedRule ===
 
 impl NameSet {
+    /// The names and globs as written.
+    fn describe(&self) -> String {
+        self.written.join(", ")
+    }
+
     fn matches(&self, name: &str) -> bool {
         self.exact.contains(name) || self.globs.as_ref().is_some_and(|g| g.is_match(name))
     }

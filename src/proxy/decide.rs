@@ -27,14 +27,13 @@ use crate::approval::{args_sha256, Approval, ApprovalId, Approvals, CallKey};
 use crate::audit::{AuditError, Redactor};
 use crate::auth::Claims;
 use crate::budget::{Budgets, CallBudget, Refusal, Reservation};
-use crate::catalog::{ArgumentsError, Catalogs};
+use crate::catalog::Catalogs;
 use crate::mcp::headers::{self, HeaderMismatch};
 use crate::mcp::jsonrpc::{self, Id, Kind, Message};
 use crate::mcp::methods::{self, Class, Shape};
-use crate::mcp::numbers;
 use crate::mcp::version::ProtocolVersion;
 use crate::outcome::{DecisionKind, StopReason};
-use crate::policy::{self, Authority, Call, Decision, Gate, Hidden, Identity, Policy, Risk};
+use crate::policy::{self, Authority, Decision, Gate, Hidden, Identity, Policy, Risk};
 use crate::telemetry::Metrics;
 
 use super::holds::{HoldKey, Holds};
@@ -45,6 +44,10 @@ use crate::session::{Principal, Sessions, STATE_PREFIX};
 pub struct RunContext {
     /// The policy snapshot this request is decided with.
     pub policy: Arc<Policy>,
+    /// The shadow policy's snapshot (`[policy] shadow_dir`), when one is
+    /// configured and compiles: every `tools/call` is also decided under
+    /// it, and only recorded.
+    pub shadow: Option<Arc<Policy>>,
     /// The verified token.
     pub claims: Arc<Claims>,
     /// The run's authority.
@@ -578,6 +581,74 @@ impl RunContext {
         }
     }
 
+    /// What a `tools/call` of this run is judged with ([`super::judge`]).
+    pub fn judge<'a>(&'a self, identity: &'a Identity<'a>) -> super::judge::Judge<'a> {
+        super::judge::Judge {
+            policy: &self.policy,
+            identity,
+            authority: &self.authority,
+            upstream: &self.upstream.config,
+            pins: &self.pins,
+        }
+    }
+
+    /// What the shadow policy would decide about a `tools/call` the live
+    /// one ruled `ruling` on, when the two differ: counted
+    /// (`shadow_differences`) and returned for the audit row's
+    /// `shadow_decision`. The live answer is not touched.
+    pub fn shadow(&self, msg: &Message, ruling: &Ruling) -> Option<&'static str> {
+        use super::judge::Kind;
+        let shadow = self.shadow.as_deref()?;
+        let call = msg.call.as_ref()?;
+        let live = match ruling {
+            Ruling::Admit(a) if a.gate.is_some() || a.granted.is_some() => Kind::Approve,
+            Ruling::Admit(_) => Kind::Allow,
+            Ruling::Final(Verdict::Answer(o)) => match o {
+                Outcome::UnknownTool(_) | Outcome::PinRefused(_) => Kind::Hidden,
+                Outcome::Denied { .. } => Kind::Deny,
+                Outcome::InvalidArguments(_) => Kind::Invalid,
+                // Not the policy's decision (headers, a request state).
+                _ => return None,
+            },
+            Ruling::Final(_) => return None,
+        };
+        let identity = self.identity();
+        let got = match (
+            self.catalogs.get(&self.upstream.config.name, &call.name),
+            shadow.authority(&identity),
+        ) {
+            (Some(entry), Ok(authority)) => {
+                let arguments: Value = match &call.arguments {
+                    Some(raw) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+                    None => Value::Object(Default::default()),
+                };
+                let judge = super::judge::Judge {
+                    policy: shadow,
+                    identity: &identity,
+                    authority: &authority,
+                    upstream: &self.upstream.config,
+                    pins: &self.pins,
+                };
+                judge
+                    .verdict(
+                        &call.name,
+                        &entry,
+                        call.arguments.as_deref().map(RawValue::get),
+                        &arguments,
+                        None,
+                    )
+                    .kind
+            }
+            _ => Kind::Hidden,
+        };
+        if got == live {
+            return None;
+        }
+        self.metrics
+            .shadow_difference(&self.upstream.config.name, live.as_str(), got.as_str());
+        Some(got.as_str())
+    }
+
     /// Decides one message.
     pub fn decide(&self, msg: &Message, around: &Around<'_>) -> Ruling {
         let name = match (msg.kind, msg.method.as_deref()) {
@@ -841,47 +912,16 @@ impl RunContext {
         let Some(entry) = self.catalogs.get(&self.upstream.config.name, tool) else {
             return unknown(None);
         };
-        // A definition nobody reviewed (or a name imitating a reviewed one)
-        // does not exist for the run either.
-        let pin = match self.pins.check(
-            self.upstream.config.pinning,
-            &self.upstream.config.name,
-            tool,
-            &entry.sha256,
-        ) {
-            Ok(pin) => pin,
-            Err(refusal) => return Outcome::PinRefused(refusal).into(),
-        };
-        // A definition screening withholds from the list (`block`) is not
-        // callable either (asked only where a rule blocks).
-        let screening = self.policy.screening();
-        let actions = screening.actions(&self.upstream.config.name, Some(tool));
-        if actions.blocks_any()
-            && crate::screen::content::screen_value(screening.scanner(), actions, &entry.definition)
-                .action
-                == crate::screen::content::Action::Block
-        {
-            return unknown(None);
-        }
         let arguments: Value = match &call.arguments {
             Some(raw) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
             None => Value::Object(Default::default()),
         };
         let identity = self.identity();
-        let decision = self.policy.decide(
-            &Call {
-                identity: &identity,
-                authority: &self.authority,
-                upstream: self.upstream.config.facts(),
-                tool,
-                arguments: &arguments,
-                hints: entry.hints,
-            },
-            None,
-        );
-        if let Decision::Unknown(h) = decision {
-            return unknown(Some(h));
-        }
+        let judge = self.judge(&identity);
+        let (decision, pin) = match judge.decide(tool, &entry, &arguments) {
+            Ok(d) => d,
+            Err(o) => return o.into(),
+        };
         // Only now, for a tool the run may see: a hidden tool answers
         // exactly like an invented one, whatever its schema annotates.
         if let Err(e) = headers::check(around.headers, msg, Some(entry.param_headers())) {
@@ -894,23 +934,12 @@ impl RunContext {
             Decision::Approve { risk } | Decision::Allow { risk } => risk,
             Decision::Unknown(h) => return unknown(Some(h)),
         };
-        // A condition that let the call through read its numbers as the
-        // model holds them: only exact ones may pass. Arguments are checked
-        // before any gate: an approver is never asked about a call the
-        // upstream would reject anyway.
-        if let Some(why) = call
-            .arguments
-            .as_deref()
-            .and_then(|a| numbers::first_inexact(a.get()))
-        {
-            return Outcome::InvalidArguments(why).into();
-        }
-        if let Err(e) = entry.validate(&arguments) {
-            let detail = match &e {
-                ArgumentsError::BadSchema(s) => s.clone(),
-                ArgumentsError::Invalid(list) => list.join("; "),
-            };
-            return Outcome::InvalidArguments(detail).into();
+        if let Err(o) = super::judge::check_arguments(
+            call.arguments.as_deref().map(RawValue::get),
+            &entry,
+            &arguments,
+        ) {
+            return o.into();
         }
         let hash = args_sha256(&arguments);
         // A multi-round retry carrying a request state the firewall sealed:

@@ -78,6 +78,7 @@ pub mod failure;
 pub mod h2pool;
 pub mod hold;
 pub mod holds;
+pub mod judge;
 pub mod opening;
 pub mod own_client;
 pub mod record;
@@ -822,6 +823,7 @@ fn authorize(state: &State, claims: Arc<Claims>, name: &str) -> Result<RunContex
         .clone();
     Ok(RunContext {
         policy,
+        shadow: state.policy.shadow(),
         claims,
         authority,
         service_issuer,

@@ -72,6 +72,14 @@ impl Recorder {
         base.token_id = c.jti.clone();
         base.token_jti = c.jti.clone();
         base.delegation = c.delegation.clone();
+        base.principal_claims = serde_json::json!({
+            "agent": &*c.agent,
+            "mode": c.mode.name(),
+            "projects": &*c.projects,
+            "project_ceiling": c.project_ceiling.as_deref(),
+            "iss": &*c.iss,
+        })
+        .to_string();
         // The snapshot every message of this request is decided with.
         base.policy_sha256 = cx.policy.content_hash().to_owned();
         base.client_ip = Some(client_ip);

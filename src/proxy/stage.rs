@@ -43,12 +43,15 @@ pub struct Parsed {
 pub struct Decided {
     parsed: Parsed,
     rulings: Vec<Ruling>,
+    /// Per message, what the shadow policy would decide where it differs.
+    shadows: Vec<Option<&'static str>>,
 }
 
 /// A final verdict for every message of a [`Parsed`] body.
 pub struct Admitted {
     parsed: Parsed,
     verdicts: Vec<Verdict>,
+    shadows: Vec<Option<&'static str>>,
 }
 
 /// What follows once every decision is on record.
@@ -248,8 +251,12 @@ impl Decided {
             headers: &parsed.head.headers,
         };
         let mut rulings = Vec::with_capacity(parsed.env.messages.len());
+        let mut shadows = Vec::new();
         for m in &parsed.env.messages {
             let ruling = run.decide(m, &around);
+            if run.shadow.is_some() {
+                shadows.push(run.shadow(m, &ruling));
+            }
             if let Ruling::Final(Verdict::Answer(Outcome::HeaderMismatch(source))) = ruling {
                 return Err(ProxyError::HeaderMismatch {
                     id: m.id.clone(),
@@ -258,13 +265,21 @@ impl Decided {
             }
             rulings.push(ruling);
         }
-        Ok(Decided { parsed, rulings })
+        Ok(Decided {
+            parsed,
+            rulings,
+            shadows,
+        })
     }
 
     /// Admits the calls the policy let through ([`super::admit`]): their
     /// approval gates, then their budgets, in message order.
     pub async fn admit(self, run: &RunContext) -> Admitted {
-        let Decided { parsed, rulings } = self;
+        let Decided {
+            parsed,
+            rulings,
+            shadows,
+        } = self;
         let mut verdicts = Vec::with_capacity(rulings.len());
         for r in rulings {
             verdicts.push(match r {
@@ -272,7 +287,11 @@ impl Decided {
                 Ruling::Admit(a) => a.admit(run).await,
             });
         }
-        Admitted { parsed, verdicts }
+        Admitted {
+            parsed,
+            verdicts,
+            shadows,
+        }
     }
 }
 
@@ -290,7 +309,12 @@ impl Admitted {
         conn: ConnInfo,
         session: Option<&[u8]>,
     ) -> Next {
-        let Admitted { parsed, verdicts } = self;
+        let Admitted {
+            parsed,
+            verdicts,
+            shadows,
+        } = self;
+        let shadow_of = |i: usize| shadows.get(i).copied().flatten().unwrap_or("");
         let Parsed { head, bytes, env } = parsed;
         let text = std::str::from_utf8(&bytes).unwrap_or("");
         let session_name = session
@@ -323,7 +347,7 @@ impl Admitted {
         }
         let mut plans = Vec::with_capacity(env.messages.len());
         let mut mcp_name = None;
-        for (m, verdict) in env.messages.iter().zip(verdicts) {
+        for (i, (m, verdict)) in env.messages.iter().zip(verdicts).enumerate() {
             plans.push(match verdict {
                 Verdict::Forward(f) => {
                     let class = class_of(m, run);
@@ -337,6 +361,7 @@ impl Admitted {
                             g.stamp(&mut row);
                         }
                         row.pin_sha256 = f.pin.as_ref().map(hex::encode).unwrap_or_default();
+                        row.shadow_decision = shadow_of(i);
                         row
                     });
                     let part = match f.rewrite {
@@ -406,7 +431,7 @@ impl Admitted {
         let mut held = None;
         let mut refused_notification = false;
         let mut unknown_method = false;
-        for (m, plan) in env.messages.iter().zip(plans) {
+        for (i, (m, plan)) in env.messages.iter().zip(plans).enumerate() {
             match plan {
                 Plan::Send { part, due: d, .. } => {
                     parts.push(part);
@@ -421,6 +446,7 @@ impl Admitted {
                         },
                     );
                     row.pin_sha256 = gated.pin.as_ref().map(hex::encode).unwrap_or_default();
+                    row.shadow_decision = shadow_of(i);
                     rows.push(row);
                     held = Some(held_call(
                         run,
@@ -451,7 +477,9 @@ impl Admitted {
                         outcome = ?outcome,
                         "answered by the firewall"
                     );
-                    rows.push(recorder.answered(m, &outcome));
+                    let mut row = recorder.answered(m, &outcome);
+                    row.shadow_decision = shadow_of(i);
+                    rows.push(row);
                     unknown_method |= outcome == Outcome::UnknownMethod;
                     match answer::for_outcome(m, &outcome, run.version) {
                         Some(body) => local.push(body),

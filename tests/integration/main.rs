@@ -24,6 +24,7 @@ mod input;
 mod lifecycle;
 mod modern_clickhouse;
 mod pins;
+mod policy_assurance;
 mod reload;
 mod replicas;
 mod sandbox;

@@ -15,7 +15,12 @@ pub(super) const MAGIC: &[u8; 8] = b"MCPFWAUD";
 /// 2: rows end with the screening and label columns.
 /// 3: and then `virtual_server`.
 /// 4: and then the approval, policy, pin and delegation columns.
-pub(super) const FORMAT_VERSION: u32 = 4;
+/// 5: and then `shadow_decision` and `principal_claims`.
+pub(super) const FORMAT_VERSION: u32 = 5;
+
+/// The format of releases before the shadow policy: the reader completes
+/// its rows with [`crate::audit::record::APPROVAL_TAIL`].
+pub(super) const APPROVAL_VERSION: u32 = 4;
 
 /// The format of releases with virtual servers but before the approval,
 /// policy, pin and delegation columns: the reader completes its rows with
@@ -105,6 +110,7 @@ pub(super) fn header_version(data: &[u8]) -> Option<u32> {
     let v = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
     [
         FORMAT_VERSION,
+        APPROVAL_VERSION,
         VIRTUAL_VERSION,
         SCREENING_VERSION,
         LEGACY_VERSION,

@@ -1,0 +1,308 @@
+//! The policy's verdict on one `tools/call` of a tool its upstream listed,
+//! made without I/O or run state: the pin check, screening's `block`, the
+//! policy's decision ([`Policy::decide`]) and the arguments' check. `serve`
+//! makes it here ([`super::decide`]); `mcp-firewall test`, `audit replay` and
+//! the shadow policy re-make it here, so none of them is a second evaluator.
+//!
+//! What is left to admission (the approval itself, budgets, rate limits,
+//! the run's labels as the store holds them) is not part of it; a caller
+//! that knows the labels asks [`Judge::verdict`] with them.
+
+use serde_json::Value;
+
+use crate::catalog::{ArgumentsError, ToolEntry};
+use crate::config::Upstream;
+use crate::mcp::numbers;
+use crate::pins::PinStore;
+use crate::policy::{Authority, Call, Decision, Gate, Identity, Labels, Policy, Risk};
+
+use super::decide::Outcome;
+
+/// What a verdict is made with: one policy snapshot, the run as that
+/// policy sees it, the upstream and the pins in force.
+#[derive(Clone, Copy)]
+pub struct Judge<'a> {
+    /// The policy.
+    pub policy: &'a Policy,
+    /// The run's verified identity.
+    pub identity: &'a Identity<'a>,
+    /// The run's authority under `policy`.
+    pub authority: &'a Authority,
+    /// The upstream the call goes to.
+    pub upstream: &'a Upstream,
+    /// Reviewed tool definitions.
+    pub pins: &'a PinStore,
+}
+
+/// What a call comes to, in the words `test`, `audit replay` and the shadow
+/// policy compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Runs unattended.
+    Allow,
+    /// Waits for a person.
+    Approve,
+    /// Refused, visibly (a condition, a `deny` gate of the run's labels).
+    Deny,
+    /// Answered as a tool that does not exist (not the run's, unpinned,
+    /// blocked by screening).
+    Hidden,
+    /// Refused for its arguments (the tool's input schema, an inexact
+    /// number).
+    Invalid,
+}
+
+/// A verdict with what decided it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// What the call comes to.
+    pub kind: Kind,
+    /// The tool's risk, when the policy got that far.
+    pub risk: Option<Risk>,
+    /// Why it is refused (empty when it is not).
+    pub reason: String,
+    /// The rule or step that decided.
+    pub rule: String,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 5] = [
+        Kind::Allow,
+        Kind::Approve,
+        Kind::Deny,
+        Kind::Hidden,
+        Kind::Invalid,
+    ];
+
+    /// `allow`, `approve`, `deny`, `hidden` or `invalid`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Allow => "allow",
+            Kind::Approve => "approve",
+            Kind::Deny => "deny",
+            Kind::Hidden => "hidden",
+            Kind::Invalid => "invalid",
+        }
+    }
+
+    /// The kind named `s`.
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Whether the call is refused (`deny`, `hidden`, `invalid`).
+    pub fn refused(self) -> bool {
+        matches!(self, Kind::Deny | Kind::Hidden | Kind::Invalid)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Judge<'_> {
+    /// The policy's decision on a call of `tool`, listed as `entry`, with
+    /// `arguments`: `Ok` is `Allow`, `Approve` or `Deny` (a condition
+    /// refused) with the pin the definition matched; `Err` is what the
+    /// firewall answers instead (an unknown tool, a pin refusal).
+    ///
+    /// # Errors
+    /// The answer for a tool the run may not see.
+    pub fn decide(
+        &self,
+        tool: &str,
+        entry: &ToolEntry,
+        arguments: &Value,
+    ) -> Result<(Decision, Option<[u8; 32]>), Outcome> {
+        let up = self.upstream;
+        // A definition nobody reviewed (or a name imitating a reviewed one)
+        // does not exist for the run.
+        let pin = self
+            .pins
+            .check(up.pinning, &up.name, tool, &entry.sha256)
+            .map_err(Outcome::PinRefused)?;
+        // A definition screening withholds from the list (`block`) is not
+        // callable either (asked only where a rule blocks).
+        let screening = self.policy.screening();
+        let actions = screening.actions(&up.name, Some(tool));
+        if actions.blocks_any()
+            && crate::screen::content::screen_value(screening.scanner(), actions, &entry.definition)
+                .action
+                == crate::screen::content::Action::Block
+        {
+            return Err(Outcome::UnknownTool(None));
+        }
+        let decision = self.policy.decide(
+            &Call {
+                identity: self.identity,
+                authority: self.authority,
+                upstream: up.facts(),
+                tool,
+                arguments,
+                hints: entry.hints,
+            },
+            None,
+        );
+        match decision {
+            Decision::Unknown(h) => Err(Outcome::UnknownTool(Some(h))),
+            d => Ok((d, pin)),
+        }
+    }
+
+    /// The whole verdict on a call: [`Judge::decide`], then (for a call the
+    /// policy lets through) its arguments ([`check_arguments`]), then, when
+    /// the run's `labels` are known, the `[taint]` gate they put on it.
+    /// `raw` is the arguments' JSON text as sent, when there is one.
+    pub fn verdict(
+        &self,
+        tool: &str,
+        entry: &ToolEntry,
+        raw: Option<&str>,
+        arguments: &Value,
+        labels: Option<Labels>,
+    ) -> Verdict {
+        let (decision, _) = match self.decide(tool, entry, arguments) {
+            Ok(d) => d,
+            Err(o) => return refusal(&o),
+        };
+        let (risk, gate) = match decision {
+            Decision::Deny { risk, reason, rule } => {
+                return Verdict {
+                    kind: Kind::Deny,
+                    risk: Some(risk),
+                    reason,
+                    rule,
+                }
+            }
+            Decision::Approve { risk } => (risk, Gate::Approve),
+            Decision::Allow { risk } => (risk, Gate::Allow),
+            Decision::Unknown(h) => return refusal(&Outcome::UnknownTool(Some(h))),
+        };
+        if let Err(o) = check_arguments(raw, entry, arguments) {
+            let mut v = refusal(&o);
+            v.risk = Some(risk);
+            return v;
+        }
+        let agent = self.policy.agent(&self.authority.agent);
+        let mut rule = format!(
+            "risk {risk} ({}), gate {gate} ({})",
+            self.policy
+                .risk_origin(self.upstream.facts(), tool, entry.hints),
+            match agent {
+                Some(a) if a.gates.get(risk) != self.policy.gates().get(risk) =>
+                    format!("role {}'s [agents.gates]", a.name),
+                _ => "[gates]".to_owned(),
+            }
+        );
+        let mut gate = gate;
+        if let Some(labels) = labels {
+            let traits = self.policy.traits(self.upstream.facts(), tool);
+            if let Some((g, t)) = self.policy.taint().gate(risk, traits.egress, labels) {
+                let tighter = matches!(
+                    (gate, g),
+                    (Gate::Allow, Gate::Approve | Gate::Deny) | (Gate::Approve, Gate::Deny)
+                );
+                if tighter {
+                    gate = g;
+                    rule = format!(
+                        "[taint] {} = {g} (the run holds {:?})",
+                        t.as_str(),
+                        labels.names()
+                    );
+                }
+            }
+        }
+        match gate {
+            Gate::Allow => Verdict {
+                kind: Kind::Allow,
+                risk: Some(risk),
+                reason: String::new(),
+                rule,
+            },
+            Gate::Approve => Verdict {
+                kind: Kind::Approve,
+                risk: Some(risk),
+                reason: String::new(),
+                rule,
+            },
+            Gate::Deny => Verdict {
+                kind: Kind::Deny,
+                risk: Some(risk),
+                reason: "the run's labels deny this call ([taint])".to_owned(),
+                rule,
+            },
+        }
+    }
+}
+
+/// A call's arguments, after the policy let it through: only numbers the
+/// firewall can hold exactly (a condition read them as the model holds
+/// them), and valid for the tool's input schema. Checked before any gate:
+/// an approver is never asked about a call the upstream would reject.
+///
+/// # Errors
+/// The answer for invalid arguments.
+pub fn check_arguments(
+    raw: Option<&str>,
+    entry: &ToolEntry,
+    arguments: &Value,
+) -> Result<(), Outcome> {
+    if let Some(why) = raw.and_then(numbers::first_inexact) {
+        return Err(Outcome::InvalidArguments(why));
+    }
+    entry.validate(arguments).map_err(|e| {
+        Outcome::InvalidArguments(match e {
+            ArgumentsError::BadSchema(s) => s,
+            ArgumentsError::Invalid(list) => list.join("; "),
+        })
+    })
+}
+
+/// The verdict for what the firewall answers instead of deciding.
+pub fn refusal(o: &Outcome) -> Verdict {
+    match o {
+        Outcome::UnknownTool(h) => Verdict {
+            kind: Kind::Hidden,
+            risk: None,
+            reason: match h {
+                Some(h) => format!("Unknown tool (hidden: {h})"),
+                None => "Unknown tool (the upstream does not list it, or screening blocks its definition)".to_owned(),
+            },
+            rule: match h {
+                Some(h) => format!("hidden: {h}"),
+                None => "catalog / screening".to_owned(),
+            },
+        },
+        Outcome::PinRefused(r) => Verdict {
+            kind: Kind::Hidden,
+            risk: None,
+            reason: format!("Unknown tool (pins: {r:?})"),
+            rule: "pins".to_owned(),
+        },
+        Outcome::Denied { risk, reason, rule } => Verdict {
+            kind: Kind::Deny,
+            risk: Some(*risk),
+            reason: reason.clone(),
+            rule: rule.clone(),
+        },
+        Outcome::InvalidArguments(why) => Verdict {
+            kind: Kind::Invalid,
+            risk: None,
+            reason: format!("invalid arguments: {why}"),
+            rule: "the tool's inputSchema".to_owned(),
+        },
+        other => Verdict {
+            kind: Kind::Deny,
+            risk: None,
+            reason: format!("{other:?}"),
+            rule: String::new(),
+        },
+    }
+}
+
+#[cfg(test)]
+#[path = "judge_tests.rs"]
+mod tests;
