@@ -6,7 +6,10 @@
 //! acted for the principal), `denials --since 1h` groups
 //! refusals by role and reason, `flagged --since 1h` lists the answers
 //! content screening found something in (kinds and action, never the
-//! text) with the run's labels, `stats --days 7` reads the daily aggregate.
+//! text) with the run's labels, `stats --days 7` reads the daily aggregate,
+//! `shadow --since 24h` the calls a shadow policy would decide otherwise,
+//! and `replay --policy-dir DIR` re-decides recorded calls under a
+//! candidate ([`super::replay`]).
 //! Tables for people, `--json` for scripts.
 //!
 //! Invariants: the SQL each command runs is [`query`]'s, and the README's
@@ -808,8 +811,13 @@ mod tests {
             (Question::Denials, "{since_ms}"),
             (Question::Flagged, "{since_ms}"),
             (Question::Stats, "{days}"),
+            (Question::ShadowTools, "{since_ms}"),
+            (Question::ShadowPrincipals, "{since_ms}"),
+            (Question::Replay, "{since_ms}"),
         ] {
-            let sql = query(q, "mcp_firewall", "audit_events").replace('?', value);
+            let sql = query(q, "mcp_firewall", "audit_events")
+                .replacen('?', value, 1)
+                .replace('?', "{limit}");
             assert!(
                 readme.contains(&sql),
                 "README lacks the {q:?} query:\n{sql}"

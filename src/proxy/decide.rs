@@ -296,6 +296,23 @@ pub enum Outcome {
     },
 }
 
+impl From<super::judge::Refused> for Outcome {
+    fn from(r: super::judge::Refused) -> Outcome {
+        use super::judge::Refused;
+        match r {
+            Refused::Unknown(h) => Outcome::UnknownTool(h),
+            Refused::Pin(p) => Outcome::PinRefused(p),
+            Refused::Arguments(why) => Outcome::InvalidArguments(why),
+        }
+    }
+}
+
+impl From<super::judge::Refused> for Ruling {
+    fn from(r: super::judge::Refused) -> Ruling {
+        Outcome::from(r).into()
+    }
+}
+
 /// An outcome's audit columns.
 pub struct AuditFacts {
     /// `decision`.

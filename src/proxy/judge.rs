@@ -14,9 +14,20 @@ use crate::catalog::{ArgumentsError, ToolEntry};
 use crate::config::Upstream;
 use crate::mcp::numbers;
 use crate::pins::PinStore;
-use crate::policy::{Authority, Call, Decision, Gate, Identity, Labels, Policy, Risk};
+use crate::policy::{Authority, Call, Decision, Gate, Hidden, Identity, Labels, Policy, Risk};
 
-use super::decide::Outcome;
+/// Why a call is refused before (or instead of) the policy's decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    /// A tool that does not exist for the run (hidden by the policy, or
+    /// its definition blocked by screening).
+    Unknown(Option<Hidden>),
+    /// Its definition is not pinned as listed.
+    Pin(crate::pins::Refusal),
+    /// Its arguments fail the tool's input schema or hold an inexact
+    /// number.
+    Arguments(String),
+}
 
 /// What a verdict is made with: one policy snapshot, the run as that
 /// policy sees it, the upstream and the pins in force.
@@ -116,14 +127,14 @@ impl Judge<'_> {
         tool: &str,
         entry: &ToolEntry,
         arguments: &Value,
-    ) -> Result<(Decision, Option<[u8; 32]>), Outcome> {
+    ) -> Result<(Decision, Option<[u8; 32]>), Refused> {
         let up = self.upstream;
         // A definition nobody reviewed (or a name imitating a reviewed one)
         // does not exist for the run.
         let pin = self
             .pins
             .check(up.pinning, &up.name, tool, &entry.sha256)
-            .map_err(Outcome::PinRefused)?;
+            .map_err(Refused::Pin)?;
         // A definition screening withholds from the list (`block`) is not
         // callable either (asked only where a rule blocks).
         let screening = self.policy.screening();
@@ -133,7 +144,7 @@ impl Judge<'_> {
                 .action
                 == crate::screen::content::Action::Block
         {
-            return Err(Outcome::UnknownTool(None));
+            return Err(Refused::Unknown(None));
         }
         let decision = self.policy.decide(
             &Call {
@@ -147,7 +158,7 @@ impl Judge<'_> {
             None,
         );
         match decision {
-            Decision::Unknown(h) => Err(Outcome::UnknownTool(Some(h))),
+            Decision::Unknown(h) => Err(Refused::Unknown(Some(h))),
             d => Ok((d, pin)),
         }
     }
@@ -179,7 +190,7 @@ impl Judge<'_> {
             }
             Decision::Approve { risk } => (risk, Gate::Approve),
             Decision::Allow { risk } => (risk, Gate::Allow),
-            Decision::Unknown(h) => return refusal(&Outcome::UnknownTool(Some(h))),
+            Decision::Unknown(h) => return refusal(&Refused::Unknown(Some(h))),
         };
         if let Err(o) = check_arguments(raw, entry, arguments) {
             let mut v = refusal(&o);
@@ -244,27 +255,27 @@ impl Judge<'_> {
 /// an approver is never asked about a call the upstream would reject.
 ///
 /// # Errors
-/// The answer for invalid arguments.
+/// What is wrong with the arguments.
 pub fn check_arguments(
     raw: Option<&str>,
     entry: &ToolEntry,
     arguments: &Value,
-) -> Result<(), Outcome> {
+) -> Result<(), Refused> {
     if let Some(why) = raw.and_then(numbers::first_inexact) {
-        return Err(Outcome::InvalidArguments(why));
+        return Err(Refused::Arguments(why));
     }
     entry.validate(arguments).map_err(|e| {
-        Outcome::InvalidArguments(match e {
+        Refused::Arguments(match e {
             ArgumentsError::BadSchema(s) => s,
             ArgumentsError::Invalid(list) => list.join("; "),
         })
     })
 }
 
-/// The verdict for what the firewall answers instead of deciding.
-pub fn refusal(o: &Outcome) -> Verdict {
-    match o {
-        Outcome::UnknownTool(h) => Verdict {
+/// The verdict for a refusal.
+pub fn refusal(r: &Refused) -> Verdict {
+    match r {
+        Refused::Unknown(h) => Verdict {
             kind: Kind::Hidden,
             risk: None,
             reason: match h {
@@ -276,29 +287,17 @@ pub fn refusal(o: &Outcome) -> Verdict {
                 None => "catalog / screening".to_owned(),
             },
         },
-        Outcome::PinRefused(r) => Verdict {
+        Refused::Pin(p) => Verdict {
             kind: Kind::Hidden,
             risk: None,
-            reason: format!("Unknown tool (pins: {r:?})"),
+            reason: format!("Unknown tool (pins: {p:?})"),
             rule: "pins".to_owned(),
         },
-        Outcome::Denied { risk, reason, rule } => Verdict {
-            kind: Kind::Deny,
-            risk: Some(*risk),
-            reason: reason.clone(),
-            rule: rule.clone(),
-        },
-        Outcome::InvalidArguments(why) => Verdict {
+        Refused::Arguments(why) => Verdict {
             kind: Kind::Invalid,
             risk: None,
             reason: format!("invalid arguments: {why}"),
             rule: "the tool's inputSchema".to_owned(),
-        },
-        other => Verdict {
-            kind: Kind::Deny,
-            risk: None,
-            reason: format!("{other:?}"),
-            rule: String::new(),
         },
     }
 }

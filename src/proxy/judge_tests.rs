@@ -257,7 +257,7 @@ proptest! {
                 };
                 let args = json!({});
                 let called = judge.decide(name, &entry, &args);
-                let callable = !matches!(called, Err(Outcome::UnknownTool(_)) | Err(Outcome::PinRefused(_)));
+                let callable = !matches!(called, Err(Refused::Unknown(_)) | Err(Refused::Pin(_)));
                 for stateless in [false, true] {
                     let scope = Scope {
                         policy: &policy,

@@ -662,7 +662,7 @@ async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() 
     let mut seg = Vec::new();
     seg.extend_from_slice(b"MCPFWAUD");
     // This release's format: nothing completes the row.
-    seg.extend_from_slice(&4u32.to_le_bytes());
+    seg.extend_from_slice(&5u32.to_le_bytes());
     seg.extend_from_slice(&[0u8; 4]);
     seg.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     seg.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
@@ -1016,13 +1016,15 @@ async fn rows_ship_while_the_recording_runtime_is_blocked() {
 /// Earlier releases: their spool format, the last column of their table,
 /// and how many bytes of this release's row (with empty later columns)
 /// their rows lack.
-const EARLIER_RELEASES: [(u32, &str, usize); 3] = [
+const EARLIER_RELEASES: [(u32, &str, usize); 4] = [
     // Before content screening.
-    (1, "row_version", 4 + 14),
+    (1, "row_version", 4 + 14 + 2),
     // Before virtual servers.
-    (2, "run_labels", 1 + 14),
+    (2, "run_labels", 1 + 14 + 2),
     // Before the approval, policy, pin and delegation columns.
-    (3, "virtual_server", 14),
+    (3, "virtual_server", 14 + 2),
+    // Before the shadow policy and the principal's claims.
+    (4, "token_jti", 2),
 ];
 
 /// A segment as an earlier release wrote it: format `version`, rows
@@ -1093,7 +1095,7 @@ async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
             }
         }
         let create = crate::common::clickhouse::audit_table_ending_at(&db, "audit_events", last);
-        assert!(!create.contains("token_jti"), "{create}");
+        assert!(!create.contains("shadow_decision"), "{create}");
         ch.query(&create);
         let before = columns_of(ch, &db, "audit_events");
         assert!(
@@ -1114,6 +1116,8 @@ async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
         new.pin_sha256 = "e1".repeat(32);
         new.delegation = vec!["agent:planner".to_owned()].into();
         new.token_jti = "jti-99".into();
+        new.shadow_decision = "hidden";
+        new.principal_claims = "{}".into();
         auditor.record(new).await.unwrap();
         handle.shutdown(Duration::from_secs(30)).await;
         drop(auditor);
@@ -1126,11 +1130,12 @@ async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
             "SELECT count(), \
              countIf(screen_action = '' AND empty(screen_kinds) AND virtual_server = '' AND approval_id = '' \
                      AND approver = '' AND approved_ms = 0 AND policy_sha256 = '' AND pin_sha256 = '' \
-                     AND empty(delegation) AND token_jti = ''), \
+                     AND empty(delegation) AND token_jti = '' AND shadow_decision = '' AND principal_claims = ''), \
              countIf(screen_action = 'flag' AND has(screen_kinds, 'card_number') AND virtual_server = 'ops' \
                      AND approval_id = 'apr_1' AND approver = 'oncall' AND approved_ms = 1767225599001 \
                      AND policy_sha256 = '{policy}' AND pin_sha256 = '{pin}' \
-                     AND delegation = ['agent:planner'] AND token_jti = 'jti-99') \
+                     AND delegation = ['agent:planner'] AND token_jti = 'jti-99' \
+                     AND shadow_decision = 'hidden' AND principal_claims = '{{}}') \
              FROM {db}.audit_events FINAL WHERE run_id = 'run-upgrade'",
             policy = "0f".repeat(32),
             pin = "e1".repeat(32),

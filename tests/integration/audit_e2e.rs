@@ -169,20 +169,24 @@ async fn allowed_denied_and_failed_calls_are_audited_with_every_field() {
             .replace("'RUN_ID'", &format!("'{run_id}'"))
             .replace("{from_ms}", "0")
             .replace("{since_ms}", "0")
-            .replace("{days}", "7");
+            .replace("{days}", "7")
+            .replace("{limit}", "1000");
         let out = ch
             .try_query(&q)
             .unwrap_or_else(|e| panic!("README query fails: {e}\n{q}"));
         // No tool definition drifted in this test, no answer held
         // anything screening finds (the flagged query runs in
         // `screening::a_secret_is_redacted_the_rest_arrives_and_both_are_on_record`),
-        // and nobody approved a call (who did runs in
-        // `approvals_e2e::an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli`).
+        // nobody approved a call (who did runs in
+        // `approvals_e2e::an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli`),
+        // and no shadow policy ran (its questions run in
+        // `policy_assurance::a_shadow_set_that_denies_a_tool_changes_no_answer_and_the_difference_is_counted_and_on_record`).
         // The chain questions of *Proving the audit trail* name a fixed
         // day (`audit_chain` verifies the chain itself): they must run.
         if !q.contains("method = 'pins'")
             && !q.contains("screen_action != ''")
             && !q.contains("approval_id != ''")
+            && !q.contains("shadow_decision != ''")
             && !q.contains("2026-12-04")
             && !q.contains("fw-eu-1")
         {

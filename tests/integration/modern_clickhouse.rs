@@ -138,6 +138,20 @@ async fn a_fixture_for_a_current_clickhouse() {
             "cli stats".into(),
             query(Question::Stats, DATABASE, TABLE).replace('?', "7"),
         ),
+        (
+            "cli shadow tools".into(),
+            query(Question::ShadowTools, DATABASE, TABLE).replace('?', "0"),
+        ),
+        (
+            "cli shadow principals".into(),
+            query(Question::ShadowPrincipals, DATABASE, TABLE).replace('?', "0"),
+        ),
+        (
+            "cli replay".into(),
+            query(Question::Replay, DATABASE, TABLE)
+                .replacen('?', "0", 1)
+                .replace('?', "1000"),
+        ),
     ];
     for (i, q) in readme_sql_after("More questions in SQL:")
         .into_iter()
@@ -229,6 +243,8 @@ async fn migration_fixture(dir: &std::path::Path) {
     r.delegation = vec!["agent:planner".to_owned(), "user:olga".to_owned()].into();
     r.token_id = "jti-9".into();
     r.token_jti = "jti-9".into();
+    r.shadow_decision = "deny";
+    r.principal_claims = r#"{"mode":"caller"}"#.into();
     auditor.record(r).await.unwrap();
     handle.shutdown(Duration::from_millis(100)).await;
     drop(auditor);
@@ -255,6 +271,8 @@ async fn migration_fixture(dir: &std::path::Path) {
             "pin_sha256": "e1".repeat(32),
             "delegation": ["agent:planner", "user:olga"],
             "token_jti": "jti-9",
+            "shadow_decision": "deny",
+            "principal_claims": "{\"mode\":\"caller\"}",
         },
         "empty": {
             "approval_id": "",
@@ -264,6 +282,8 @@ async fn migration_fixture(dir: &std::path::Path) {
             "pin_sha256": "",
             "delegation": [],
             "token_jti": "",
+            "shadow_decision": "",
+            "principal_claims": "",
         },
     });
     std::fs::write(dir.join("migration.json"), migration.to_string()).unwrap();
