@@ -164,6 +164,10 @@ pub struct Spec {
     /// Content screening as the product ships it; `false` turns every
     /// family `off` (the `firewall-unscreened` target).
     pub screening: bool,
+    /// A shadow policy set beside the live one (`[policy] shadow_dir`: the
+    /// shipped bench policies and one more rule no bench call meets), the
+    /// `firewall-shadow` target.
+    pub shadow: bool,
     /// The virtual servers ([`VIRTUAL_SERVERS`]) and their extra upstreams;
     /// `None` configures neither.
     pub virtual_servers: Option<Virtuals>,
@@ -185,6 +189,13 @@ pub const SCREEN_OFF: (&str, &str) = (
     "[screen]\nsecrets = \"off\"\npii = \"off\"\ninjection = \"off\"\n",
 );
 
+/// The rule the shadow set adds: a condition on a tool no bench call
+/// names, so every call is decided twice and both agree.
+pub const SHADOW_CANDIDATE: (&str, &str) = (
+    "96-candidate.toml",
+    "[[conditions]]\nupstream = \"*\"\ntools = [\"never_called_by_the_bench\"]\nrequire = 'false'\nreason = \"candidate rule\"\n",
+);
+
 /// The paths and addresses a config refers to.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -198,6 +209,8 @@ pub struct Layout {
     pub key_file: PathBuf,
     /// The policy directory.
     pub policy_dir: PathBuf,
+    /// The shadow policy directory, if any.
+    pub shadow_dir: Option<PathBuf>,
     /// The audit spool directory.
     pub spool_dir: PathBuf,
     /// The checkpoint signing key (written at start when audit chains).
@@ -257,6 +270,12 @@ impl Firewall {
         if !spec.screening {
             write(policy_dir.join(SCREEN_OFF.0), SCREEN_OFF.1)?;
         }
+        let shadow_dir = spec.shadow.then(|| own.join("policies-next"));
+        if let Some(d) = &shadow_dir {
+            mkdir(d)?;
+            write_policies(d)?;
+            write(d.join(SHADOW_CANDIDATE.0), SHADOW_CANDIDATE.1)?;
+        }
         let key_file = own.join("idp-es256.pub.pem");
         write(key_file.clone(), public_key_pem)?;
         let mut last = None;
@@ -278,6 +297,7 @@ impl Firewall {
                 upstream,
                 key_file: key_file.clone(),
                 policy_dir: policy_dir.clone(),
+                shadow_dir: shadow_dir.clone(),
                 spool_dir: own.join("spool"),
                 signing_key: own.join("audit.key"),
             };
@@ -381,10 +401,11 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
         tokens::KID,
         l.key_file.display()
     ));
-    s.push_str(&format!(
-        "[policy]\ndir = \"{}\"\n\n",
-        l.policy_dir.display()
-    ));
+    s.push_str(&format!("[policy]\ndir = \"{}\"\n", l.policy_dir.display()));
+    if let Some(d) = &l.shadow_dir {
+        s.push_str(&format!("shadow_dir = \"{}\"\n", d.display()));
+    }
+    s.push('\n');
     // Every limiter stays on (its cost is part of the measurement) with
     // ceilings no bench load reaches; the step-capped scenario uses a role
     // with its own cap.

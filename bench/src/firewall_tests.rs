@@ -15,6 +15,7 @@ fn layout(dir: &Path) -> Layout {
         upstream: "127.0.0.1:18081".parse().unwrap(),
         key_file: dir.join("k.pem"),
         policy_dir: dir.join("policies"),
+        shadow_dir: None,
         spool_dir: dir.join("spool"),
         signing_key: dir.join("audit.key"),
     }
@@ -43,6 +44,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
         upstream_http2: false,
         state: None,
         screening: true,
+        shadow: false,
         virtual_servers: None,
         stdio: None,
     }

@@ -37,6 +37,7 @@ fn color(target: &str) -> RGBColor {
         "firewall-h2up" => RGBColor(227, 119, 194),
         "firewall-unscreened" => RGBColor(188, 189, 34),
         "firewall-unchained" => RGBColor(23, 190, 207),
+        "firewall-shadow" => RGBColor(127, 127, 127),
         _ => RGBColor(100, 100, 100),
     }
 }

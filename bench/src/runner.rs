@@ -165,6 +165,11 @@ pub enum TargetKind {
     /// firewall column's against this one; not a default target
     /// (`call/h1/16+firewall-unchained`).
     FirewallUnchained,
+    /// The firewall with audit on and a shadow policy set decided beside
+    /// the live one (`[policy] shadow_dir`, agreeing on every bench call):
+    /// the cost of shadowing is the firewall column's against this one;
+    /// not a default target (`call/h1/16+firewall-shadow`).
+    FirewallShadow,
 }
 
 /// One cell of the plan.
@@ -273,6 +278,7 @@ struct FwKey {
     h2up: bool,
     unscreened: bool,
     unchained: bool,
+    shadow: bool,
 }
 
 /// A running firewall instance and what the report says of it.
@@ -346,7 +352,7 @@ enum Upstream {
 
 impl TargetKind {
     /// Every target, in report order.
-    pub const ALL: [TargetKind; 9] = [
+    pub const ALL: [TargetKind; 10] = [
         TargetKind::Direct,
         TargetKind::Nginx,
         TargetKind::Hyper,
@@ -356,6 +362,7 @@ impl TargetKind {
         TargetKind::FirewallH2Up,
         TargetKind::FirewallUnscreened,
         TargetKind::FirewallUnchained,
+        TargetKind::FirewallShadow,
     ];
 
     /// What `--targets` defaults to: every target but `firewall-redis` and
@@ -381,6 +388,7 @@ impl TargetKind {
             TargetKind::FirewallH2Up => "firewall-h2up",
             TargetKind::FirewallUnscreened => "firewall-unscreened",
             TargetKind::FirewallUnchained => "firewall-unchained",
+            TargetKind::FirewallShadow => "firewall-shadow",
         }
     }
 
@@ -400,6 +408,7 @@ impl TargetKind {
                 | TargetKind::FirewallH2Up
                 | TargetKind::FirewallUnscreened
                 | TargetKind::FirewallUnchained
+                | TargetKind::FirewallShadow
         )
     }
 
@@ -412,6 +421,7 @@ impl TargetKind {
                 | TargetKind::FirewallH2Up
                 | TargetKind::FirewallUnscreened
                 | TargetKind::FirewallUnchained
+                | TargetKind::FirewallShadow
         )
     }
 
@@ -424,6 +434,7 @@ impl TargetKind {
             h2up: self == TargetKind::FirewallH2Up,
             unscreened: self == TargetKind::FirewallUnscreened,
             unchained: self == TargetKind::FirewallUnchained,
+            shadow: self == TargetKind::FirewallShadow,
         })
     }
 }
@@ -835,6 +846,7 @@ impl World {
             upstream_http2: self.opts.firewall_upstream_http2 || key.h2up,
             state,
             screening: !key.unscreened,
+            shadow: key.shadow,
             virtual_servers: None,
             stdio: None,
         };
@@ -1106,7 +1118,8 @@ impl World {
             | TargetKind::FirewallRedis
             | TargetKind::FirewallH2Up
             | TargetKind::FirewallUnscreened
-            | TargetKind::FirewallUnchained => {
+            | TargetKind::FirewallUnchained
+            | TargetKind::FirewallShadow => {
                 if target == TargetKind::FirewallRedis {
                     let Some(r) = self.redis()? else {
                         return Ok(None);
@@ -1583,6 +1596,7 @@ impl World {
             h2up: false,
             unscreened: false,
             unchained: false,
+            shadow: false,
         };
         let counters = |w: &World| {
             w.firewalls
@@ -2021,12 +2035,13 @@ fn rss_of(pids: &[u32]) -> Option<f64> {
 /// The directory and log name of a firewall instance.
 fn instance_name(key: FwKey) -> String {
     format!(
-        "firewall{}{}{}{}{}{}",
+        "firewall{}{}{}{}{}{}{}",
         if key.audit { "-audit" } else { "-noaudit" },
         if key.redis { "-redis" } else { "" },
         if key.h2up { "-h2up" } else { "" },
         if key.unscreened { "-unscreened" } else { "" },
         if key.unchained { "-unchained" } else { "" },
+        if key.shadow { "-shadow" } else { "" },
         if key.tls { "-tls" } else { "" }
     )
 }
@@ -2200,11 +2215,15 @@ mod tests {
             .into_iter()
             .filter_map(|t| t.firewall_key(false))
             .collect();
-        assert_eq!(keys.len(), 6);
+        assert_eq!(keys.len(), 7);
         let mut distinct = keys.clone();
         distinct.sort();
         distinct.dedup();
-        assert_eq!(distinct.len(), 6);
+        assert_eq!(distinct.len(), 7);
+        let shadow = TargetKind::FirewallShadow.firewall_key(false).unwrap();
+        assert!(shadow.audit && shadow.shadow && !shadow.unchained);
+        assert_eq!(instance_name(shadow), "firewall-audit-shadow");
+        assert!(!TargetKind::DEFAULT.contains(&TargetKind::FirewallShadow));
         let unchained = TargetKind::FirewallUnchained.firewall_key(false).unwrap();
         assert!(unchained.audit && unchained.unchained && !unchained.unscreened);
         assert_eq!(instance_name(unchained), "firewall-audit-unchained");
@@ -2223,6 +2242,7 @@ mod tests {
                 h2up: false,
                 unscreened: false,
                 unchained: false,
+                shadow: false,
             })
         );
         let unscreened = TargetKind::FirewallUnscreened.firewall_key(false).unwrap();

@@ -1253,6 +1253,7 @@ impl World {
             upstream_http2: false,
             state: None,
             screening: true,
+            shadow: false,
             virtual_servers: Some(Virtuals {
                 slow_upstream: slow.addr,
             }),

@@ -345,6 +345,7 @@ async fn through_an_in_process_firewall_vs3_lists_three_members_and_vs_slow_keep
         upstream_http2: false,
         state: None,
         screening: true,
+        shadow: false,
         virtual_servers: Some(Virtuals {
             slow_upstream: slow.addr,
         }),
@@ -356,6 +357,7 @@ async fn through_an_in_process_firewall_vs3_lists_three_members_and_vs_slow_keep
         upstream,
         key_file,
         policy_dir: policies,
+        shadow_dir: None,
         spool_dir: dir.path().join("spool"),
         signing_key: dir.path().join("audit.key"),
     };

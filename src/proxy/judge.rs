@@ -1,5 +1,6 @@
 //! The policy's verdict on one `tools/call` of a tool its upstream listed,
-//! made without I/O or run state: the pin check, screening's `block`, the
+//! made without I/O or run state: the pin check, the definition's
+//! `x-mcp-header` annotations, screening's `block`, the
 //! policy's decision ([`Policy::decide`]) and the arguments' check. `serve`
 //! makes it here ([`super::decide`]); `mcp-firewall test`, `audit replay` and
 //! the shadow policy re-make it here, so none of them is a second evaluator.
@@ -135,6 +136,12 @@ impl Judge<'_> {
             .pins
             .check(up.pinning, &up.name, tool, &entry.sha256)
             .map_err(Refused::Pin)?;
+        // A definition whose `x-mcp-header` annotations are invalid is
+        // dropped from every list (clients must drop it too): it is not
+        // callable either, in any revision.
+        if entry.param_headers().violation().is_some() {
+            return Err(Refused::Unknown(None));
+        }
         // A definition screening withholds from the list (`block`) is not
         // callable either (asked only where a rule blocks).
         let screening = self.policy.screening();

@@ -201,19 +201,29 @@ fn claims(spec: &RunSpec) -> Claims {
     }
 }
 
-/// A listed tool: its name and its annotations (none, read-only,
-/// not destructive, destructive).
-fn definition(tool: usize, hint: usize) -> Value {
+/// A listed tool: its name, its annotations (none, read-only, not
+/// destructive, destructive) and its schema (plain, a valid
+/// `x-mcp-header` parameter, an invalid one).
+fn definition(tool: usize, hint: usize, schema: usize) -> Value {
     let annotations = match hint {
         1 => json!({"readOnlyHint": true}),
         2 => json!({"readOnlyHint": false, "destructiveHint": false}),
         3 => json!({"destructiveHint": true}),
         _ => json!({}),
     };
+    let input_schema = match schema {
+        1 => {
+            json!({"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}})
+        }
+        2 => {
+            json!({"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "not a token"}}})
+        }
+        _ => json!({"type": "object"}),
+    };
     json!({
         "name": TOOLS[tool],
         "annotations": annotations,
-        "inputSchema": {"type": "object"},
+        "inputSchema": input_schema,
     })
 }
 
@@ -226,7 +236,7 @@ proptest! {
         tool_risks in proptest::collection::vec((0..TOOLS.len(), 0..3usize), 0..6),
         roles in proptest::collection::vec(role(), 3),
         run in run_spec(),
-        hints in proptest::collection::vec(0..4usize, TOOLS.len()),
+        hints in proptest::collection::vec((0..4usize, 0..3usize), TOOLS.len()),
     ) {
         let text = policy_text(&gates, &tool_risks, &roles);
         let policy = match crate::policy::compile(&[(PathBuf::from("p.toml"), text.clone())]) {
@@ -245,8 +255,8 @@ proptest! {
             Err(_) => return Ok(()),
         };
         for up in upstreams() {
-            for (tool, hint) in hints.iter().enumerate() {
-                let entry = crate::catalog::ToolEntry::of(definition(tool, *hint));
+            for (tool, (hint, schema)) in hints.iter().enumerate() {
+                let entry = crate::catalog::ToolEntry::of(definition(tool, *hint, *schema));
                 let name = TOOLS[tool];
                 let judge = Judge {
                     policy: &policy,
@@ -273,7 +283,10 @@ proptest! {
                             run: &claims.run_id,
                         },
                     };
-                    let listed = tool_visible(scope, name, entry.hints, true, true);
+                    // As the relay lists it: pinned (no pins here), its
+                    // x-mcp-header annotations checked.
+                    let valid_headers = entry.param_headers().violation().is_none();
+                    let listed = tool_visible(scope, name, entry.hints, true, valid_headers);
                     prop_assert_eq!(
                         listed.is_some(),
                         callable,

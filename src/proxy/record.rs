@@ -30,6 +30,27 @@ use crate::policy::Risk;
 
 use super::decide::{Outcome, RunContext};
 
+/// The claims a decision used besides the row's own columns, as JSON
+/// (what `audit replay` re-decides with): one string, no tree.
+fn principal_claims(c: &crate::auth::Claims) -> String {
+    #[derive(serde::Serialize)]
+    struct Used<'a> {
+        agent: &'a str,
+        mode: &'static str,
+        projects: &'a [String],
+        project_ceiling: Option<&'a [String]>,
+        iss: &'a str,
+    }
+    serde_json::to_string(&Used {
+        agent: &c.agent,
+        mode: c.mode.name(),
+        projects: &c.projects,
+        project_ceiling: c.project_ceiling.as_deref(),
+        iss: &c.iss,
+    })
+    .unwrap_or_default()
+}
+
 /// Builds and writes the rows of one HTTP request.
 #[derive(Clone)]
 pub struct Recorder {
@@ -72,14 +93,7 @@ impl Recorder {
         base.token_id = c.jti.clone();
         base.token_jti = c.jti.clone();
         base.delegation = c.delegation.clone();
-        base.principal_claims = serde_json::json!({
-            "agent": &*c.agent,
-            "mode": c.mode.name(),
-            "projects": &*c.projects,
-            "project_ceiling": c.project_ceiling.as_deref(),
-            "iss": &*c.iss,
-        })
-        .to_string();
+        base.principal_claims = principal_claims(c);
         // The snapshot every message of this request is decided with.
         base.policy_sha256 = cx.policy.content_hash().to_owned();
         base.client_ip = Some(client_ip);
