@@ -340,3 +340,28 @@ fn the_unscreened_target_turns_every_family_off_and_the_canned_result_is_clean()
     assert!(s.report.is_empty(), "{:?}", s.report);
     assert_eq!(s.report.action, Action::Off);
 }
+
+#[test]
+fn the_shadow_target_decides_with_a_set_that_compiles_and_agrees_with_the_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let shadow = dir.path().join("policies-next");
+    std::fs::create_dir_all(&shadow).unwrap();
+    write_policies(&shadow).unwrap();
+    std::fs::write(shadow.join(SHADOW_CANDIDATE.0), SHADOW_CANDIDATE.1).unwrap();
+    std::fs::create_dir_all(dir.path().join("policies")).unwrap();
+    write_policies(&dir.path().join("policies")).unwrap();
+    let issuer = tokens::Issuer::generate().unwrap();
+    std::fs::write(dir.path().join("k.pem"), issuer.public_pem()).unwrap();
+    let mut l = layout(dir.path());
+    l.shadow_dir = Some(shadow.clone());
+    let text = config_text(&spec(true, None), &l);
+    let cfg = mcp_firewall::config::load_str(&text, Path::new("bench.toml"), dir.path(), &|_| None)
+        .unwrap_or_else(|e| panic!("generated config refused: {e}\n{text}"));
+    assert_eq!(cfg.shadow_dir.as_deref(), Some(shadow.as_path()));
+    // The shadow set compiles (a broken one would silently measure nothing)
+    // and differs from the live set only by the candidate rule.
+    let next = policy::load_dir(&shadow).expect("the shadow set compiles");
+    let live = policy::load_dir(&dir.path().join("policies")).unwrap();
+    assert_ne!(next.content_hash(), live.content_hash());
+    assert_eq!(next.files().len(), live.files().len() + 1);
+}

@@ -115,6 +115,7 @@ pub fn run(cfg: &Config, args: &TestArgs) -> anyhow::Result<TestReport> {
         cfg,
         policy: &policy,
         pins: &pins,
+        definitions: Definitions::new(&pins),
     };
     for file in &files {
         let text = std::fs::read_to_string(file)
@@ -196,6 +197,7 @@ struct Bench<'a> {
     cfg: &'a Config,
     policy: &'a Policy,
     pins: &'a PinStore,
+    definitions: Definitions<'a>,
 }
 
 impl Bench<'_> {
@@ -316,14 +318,15 @@ impl Bench<'_> {
         }
     }
 
-    /// The tool's definition ([`tool_entry`]).
+    /// The tool's definition ([`Definitions`]).
     fn entry(
         &self,
         up: &Upstream,
         name: &str,
         tool: Option<&toml::Table>,
-    ) -> anyhow::Result<ToolEntry> {
-        tool_entry(self.pins, up, name, tool.map(to_json).transpose()?.as_ref())
+    ) -> anyhow::Result<std::sync::Arc<ToolEntry>> {
+        self.definitions
+            .get(up, name, tool.map(to_json).transpose()?.as_ref())
     }
 
     /// Whether `tools/list` shows the tool to the run, as the relay
@@ -364,10 +367,50 @@ impl Bench<'_> {
     }
 }
 
+/// Tool definitions as `test` and `audit replay` judge them
+/// ([`tool_entry`]), each built once (its schema compiled once) however
+/// many cases or rows name it.
+pub(crate) struct Definitions<'a> {
+    pins: &'a PinStore,
+    built: std::cell::RefCell<
+        std::collections::HashMap<(String, String, String), std::sync::Arc<ToolEntry>>,
+    >,
+}
+
+impl<'a> Definitions<'a> {
+    /// Definitions from `pins`, else as given.
+    pub(crate) fn new(pins: &'a PinStore) -> Definitions<'a> {
+        Definitions {
+            pins,
+            built: Default::default(),
+        }
+    }
+
+    /// The definition of `name` on `up` ([`tool_entry`]).
+    pub(crate) fn get(
+        &self,
+        up: &Upstream,
+        name: &str,
+        tool: Option<&Value>,
+    ) -> anyhow::Result<std::sync::Arc<ToolEntry>> {
+        let key = (
+            up.name.clone(),
+            name.to_owned(),
+            tool.map(Value::to_string).unwrap_or_default(),
+        );
+        if let Some(e) = self.built.borrow().get(&key) {
+            return Ok(e.clone());
+        }
+        let entry = std::sync::Arc::new(tool_entry(self.pins, up, name, tool)?);
+        self.built.borrow_mut().insert(key, entry.clone());
+        Ok(entry)
+    }
+}
+
 /// A tool's definition as `test` and `audit replay` judge it: its pin's
 /// when the pins have one, else `tool` (`annotations`, `inputSchema`,
 /// `description`, `title`), else an empty one (any object arguments).
-pub(crate) fn tool_entry(
+fn tool_entry(
     pins: &PinStore,
     up: &Upstream,
     name: &str,

@@ -73,9 +73,10 @@ pub fn replay(
         policy_sha256: candidate.content_hash().to_owned(),
         ..ReplayReport::default()
     };
+    let definitions = super::policy_test::Definitions::new(&pins);
     for row in rows {
         report.rows += 1;
-        match redecide(cfg, &candidate, &pins, row) {
+        match redecide(cfg, &candidate, &pins, &definitions, row) {
             Err(why) => *report.not_replayable.entry(why).or_default() += 1,
             Ok((recorded, got)) => {
                 report.replayed += 1;
@@ -114,6 +115,7 @@ fn redecide(
     cfg: &Config,
     candidate: &policy::Policy,
     pins: &PinStore,
+    definitions: &super::policy_test::Definitions<'_>,
     row: &Map<String, Value>,
 ) -> Result<(Kind, crate::proxy::judge::Verdict), String> {
     let s = |k: &str| row.get(k).and_then(Value::as_str).unwrap_or("");
@@ -159,7 +161,7 @@ fn redecide(
     let service_issuer = cfg.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
     let identity = crate::proxy::decide::identity(&claims, service_issuer);
     let tool = s("tool");
-    let entry = super::policy_test::tool_entry(pins, up, tool, None).map_err(|e| e.to_string())?;
+    let entry = definitions.get(up, tool, None).map_err(|e| e.to_string())?;
     let verdict = match candidate.authority(&identity) {
         Err(e) => super::policy_test::no_authority(&e),
         Ok(authority) => {

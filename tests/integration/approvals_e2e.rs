@@ -486,30 +486,14 @@ async fn policy_in_force(fw: &common::Firewall, want: &str) {
     }
 }
 
-/// `mcp-firewall audit <command>` against `db` (as `--json` lines or the
-/// table people read).
+/// `mcp-firewall audit <command>` against `db`.
 async fn audit_cli(
     ch: &ClickHouse,
     db: &str,
     json: bool,
     command: mcp_firewall::cli::audit::AuditCommand,
 ) -> String {
-    let args = mcp_firewall::cli::audit::AuditArgs {
-        config: None,
-        clickhouse: Some(ch.http_url.clone()),
-        database: Some(db.to_owned()),
-        table: None,
-        user: None,
-        password_env: None,
-        spool: None,
-        json,
-        command,
-    };
-    let mut out = Vec::new();
-    mcp_firewall::cli::audit::run(&args, &mut out)
-        .await
-        .unwrap();
-    String::from_utf8(out).unwrap()
+    crate::common::clickhouse::audit_cli(ch, db, None, json, command).await
 }
 
 async fn an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli(b: Backend) {

@@ -213,29 +213,31 @@ expect = "allow"
 fn a_test_file_that_is_not_one_is_named_with_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");
-    std::fs::write(
-        &file,
-        "[[case]]\nname = \"x\"\nclaims = {}\nupstream = \"incidents\"\ncall = { name = \"get_incident\" }\nexpect = \"maybe\"\n",
-    )
-    .unwrap();
-    let (code, out) = run(firewall_cmd()
-        .args(["test", "--config"])
-        .arg(estate_config())
-        .arg(&file));
-    assert_eq!(code, 1, "{out}");
-    assert!(out.contains("bad.toml:1: case \"x\""), "{out}");
-    assert!(out.contains("expect = \"maybe\""), "{out}");
-    std::fs::write(
-        &file,
-        "[[case]]\nname = \"x\"\nclaims = {}\nupstream = \"nowhere\"\nlist = true\nexpect_hidden = [\"a\"]\n",
-    )
-    .unwrap();
-    let (code, out) = run(firewall_cmd()
-        .args(["test", "--config"])
-        .arg(estate_config())
-        .arg(&file));
-    assert_eq!(code, 1, "{out}");
-    assert!(out.contains("no upstream named \"nowhere\""), "{out}");
+    for (text, says) in [
+        (
+            "[[case]]\nname = \"x\"\nclaims = {}\nupstream = \"incidents\"\ncall = { name = \"get_incident\" }\nexpect = \"maybe\"\n",
+            ["bad.toml:1: case \"x\"", "expect = \"maybe\""],
+        ),
+        (
+            "[[case]]\nname = \"x\"\nclaims = {}\nupstream = \"nowhere\"\nlist = true\nexpect_hidden = [\"a\"]\n",
+            ["bad.toml:1: case \"x\"", "no upstream named \"nowhere\""],
+        ),
+        (
+            "[[case]]\nname = \"x\"\nclaims = {}\nupstream = \"incidents\"\nexpect = \"allow\"\n",
+            ["bad.toml:1: case \"x\"", "needs `call"],
+        ),
+        ("[[case]]\nname = \"x\"\ncolour = 1\n", ["bad.toml: not a test file", "colour"]),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let (code, out) = run(firewall_cmd()
+            .args(["test", "--config"])
+            .arg(estate_config())
+            .arg(&file));
+        assert_eq!(code, 1, "{out}");
+        for s in says {
+            assert!(out.contains(s), "{s:?} in {out}");
+        }
+    }
 }
 
 /// A copy of the shipped policies plus `extra` (a candidate set).
@@ -254,16 +256,6 @@ async fn call(fw: &Firewall, token: &str, tool: &str, arguments: Value) -> commo
         &body.to_string(),
     )
     .await
-}
-
-fn calls_of(up: &raw::RawUpstream, tool: &str) -> usize {
-    up.seen()
-        .iter()
-        .filter(|s| {
-            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
-            v["method"] == "tools/call" && v["params"]["name"] == tool
-        })
-        .count()
 }
 
 /// Waits until `sql` answers `want`.
@@ -289,30 +281,6 @@ fn differences(metrics: &str, live: &str, shadow: &str) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix(&series))
         .map_or(0, |n| n.trim().parse().expect("a count"))
-}
-
-async fn audit_cli(
-    ch: &ClickHouse,
-    db: &str,
-    command: mcp_firewall::cli::audit::AuditCommand,
-    config: Option<PathBuf>,
-) -> String {
-    let args = mcp_firewall::cli::audit::AuditArgs {
-        config,
-        clickhouse: Some(ch.http_url.clone()),
-        database: Some(db.to_owned()),
-        table: None,
-        user: None,
-        password_env: None,
-        spool: None,
-        json: true,
-        command,
-    };
-    let mut out = Vec::new();
-    mcp_firewall::cli::audit::run(&args, &mut out)
-        .await
-        .expect("audit command");
-    String::from_utf8(out).unwrap()
 }
 
 const DENY_GET_INCIDENT: &str = r#"
@@ -356,11 +324,7 @@ async fn a_shadow_set_that_denies_a_tool_changes_no_answer_and_the_difference_is
             a.text
         );
     }
-    assert_eq!(
-        calls_of(&up, "get_incident"),
-        3,
-        "every live call ran, once"
-    );
+    assert_eq!(up.calls_of("get_incident"), 3, "every live call ran, once");
     for _ in 0..2 {
         let a = call(
             &fw,
@@ -402,11 +366,12 @@ async fn a_shadow_set_that_denies_a_tool_changes_no_answer_and_the_difference_is
         "3",
     )
     .await;
-    let out = audit_cli(
+    let out = common::clickhouse::audit_cli(
         ch,
         &db,
-        mcp_firewall::cli::audit::AuditCommand::Shadow { since: "1h".into() },
         None,
+        true,
+        mcp_firewall::cli::audit::AuditCommand::Shadow { since: "1h".into() },
     )
     .await;
     let rows: Vec<Value> = out
@@ -446,7 +411,7 @@ async fn a_shadow_set_that_denies_a_tool_changes_no_answer_and_the_difference_is
     .await;
     let a = call(&fw, &token, "get_incident", json!({"incident_id": "INC-9"})).await;
     assert_eq!(a.json()["result"]["content"][0]["text"], "ok", "{}", a.text);
-    assert_eq!(calls_of(&up, "get_incident"), 4);
+    assert_eq!(up.calls_of("get_incident"), 4);
     assert_eq!(
         differences(&fw.metrics().await, "allow", "deny"),
         3,
@@ -472,7 +437,7 @@ async fn a_shadow_set_that_denies_a_tool_changes_no_answer_and_the_difference_is
     )
     .await;
     assert_eq!(differences(&fw.metrics().await, "allow", "deny"), 4);
-    assert_eq!(calls_of(&up, "get_incident"), 5);
+    assert_eq!(up.calls_of("get_incident"), 5);
     fw.stop().await;
 }
 
@@ -554,17 +519,12 @@ reason = "candidate: observability reads incidents through the portal"
     let cfg_dir = tempfile::tempdir().unwrap();
     let cfg_file = cfg_dir.path().join("firewall.toml");
     std::fs::write(&cfg_file, config.text()).unwrap();
-    let out = audit_cli(
-        ch,
-        &db,
-        mcp_firewall::cli::audit::AuditCommand::Replay {
-            policy_dir: next.path().to_owned(),
-            since: "1h".into(),
-            limit: 1000,
-        },
-        Some(cfg_file.clone()),
-    )
-    .await;
+    let replay = || mcp_firewall::cli::audit::AuditCommand::Replay {
+        policy_dir: next.path().to_owned(),
+        since: "1h".into(),
+        limit: 1000,
+    };
+    let out = common::clickhouse::audit_cli(ch, &db, Some(cfg_file.clone()), true, replay()).await;
     let report: Value = serde_json::from_str(&out).expect("replay --json");
     assert_eq!(report["rows"], 8, "{out}");
     assert_eq!(report["replayed"], 7, "{out}");
@@ -674,26 +634,7 @@ reason = "candidate: observability reads incidents through the portal"
     );
 
     // The people's report says the same.
-    let args = mcp_firewall::cli::audit::AuditArgs {
-        config: Some(cfg_file),
-        clickhouse: Some(ch.http_url.clone()),
-        database: Some(db.clone()),
-        table: None,
-        user: None,
-        password_env: None,
-        spool: None,
-        json: false,
-        command: mcp_firewall::cli::audit::AuditCommand::Replay {
-            policy_dir: next.path().to_owned(),
-            since: "1h".into(),
-            limit: 1000,
-        },
-    };
-    let mut text = Vec::new();
-    mcp_firewall::cli::audit::run(&args, &mut text)
-        .await
-        .unwrap();
-    let text = String::from_utf8(text).unwrap();
+    let text = common::clickhouse::audit_cli(ch, &db, Some(cfg_file), false, replay()).await;
     assert!(
         text.contains("re-decided 7 of 8 recorded tools/call since 1h"),
         "{text}"

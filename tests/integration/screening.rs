@@ -209,16 +209,6 @@ fn assistant() -> String {
     common::sign(&common::claims("assistant", &["sre"]))
 }
 
-fn calls_of(up: &raw::RawUpstream, tool: &str) -> usize {
-    up.seen()
-        .iter()
-        .filter(|s| {
-            let v: Value = serde_json::from_slice(&s.body).unwrap_or_default();
-            v["method"] == "tools/call" && v["params"]["name"] == tool
-        })
-        .count()
-}
-
 #[tokio::test]
 async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
     let ch = ClickHouse::shared().await;
@@ -254,7 +244,7 @@ async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
                 "deploy key [redacted:aws_access_key_id] and the rest of the page",
                 "{era:?} sse={sse}"
             );
-            assert_eq!(calls_of(&estate.web, "fetch_page"), n, "forwarded once");
+            assert_eq!(estate.web.calls_of("fetch_page"), n, "forwarded once");
         }
     }
     // A key the upstream writes with JSON escapes is the same key.
@@ -273,7 +263,7 @@ async fn a_secret_is_redacted_the_rest_arrives_and_both_are_on_record() {
         text(&a),
         "deploy key [redacted:aws_access_key_id] and the rest of the page"
     );
-    assert_eq!(calls_of(&estate.web, "fetch_page"), n);
+    assert_eq!(estate.web.calls_of("fetch_page"), n);
 
     // On record: the kinds and the action, never the key; the labels.
     let sql = format!(
@@ -366,7 +356,7 @@ async fn a_blocked_result_never_reaches_the_client() {
             );
         }
     }
-    assert_eq!(calls_of(&estate.web, "fetch_guarded"), 4);
+    assert_eq!(estate.web.calls_of("fetch_guarded"), 4);
     // The same content from a tool without the rule is flagged and passes
     // (injection defaults to flag), and makes the run untrusted.
     let a = call(
@@ -413,10 +403,10 @@ async fn a_poisoned_tool_description_is_reported_or_hidden() {
     let listed = names(&a);
     assert!(!listed.contains(&"summarize".to_owned()), "{listed:?}");
     assert!(listed.contains(&"send_email".to_owned()), "{listed:?}");
-    let before = calls_of(&estate.mail, "summarize");
+    let before = estate.mail.calls_of("summarize");
     let a = call(&fw, Era::Sessions, &token, "mail", "summarize", json!({})).await;
     assert_eq!(a.code(), -32602, "{}", a.text);
-    assert_eq!(calls_of(&estate.mail, "summarize"), before);
+    assert_eq!(estate.mail.calls_of("summarize"), before);
     fw.stop().await;
 }
 
@@ -438,7 +428,7 @@ async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
         )
         .await;
         assert_eq!(text(&a), "Welcome to the docs.");
-        let sends = calls_of(&estate.mail, "send_email");
+        let sends = estate.mail.calls_of("send_email");
         let a = call(
             &fw,
             era,
@@ -460,7 +450,7 @@ async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
         );
         assert!(message.contains("web: tools/call fetch_page"), "{message}");
         assert_eq!(
-            calls_of(&estate.mail, "send_email"),
+            estate.mail.calls_of("send_email"),
             sends,
             "mail heard nothing"
         );
@@ -477,7 +467,7 @@ async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
         )
         .await;
         assert_eq!(text(&a), "sent", "{}", a.text);
-        assert_eq!(calls_of(&estate.mail, "send_email"), sends + 1);
+        assert_eq!(estate.mail.calls_of("send_email"), sends + 1);
         // A run that read only private data sends too.
         read_customer(&fw, era, &fresh).await;
         let a = call(
@@ -590,7 +580,7 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
     );
     assert!(why.contains("[taint] after_untrusted"), "{why}");
     assert_eq!(
-        calls_of(&estate.mail, "send_email"),
+        estate.mail.calls_of("send_email"),
         0,
         "nothing ran before the approval"
     );
@@ -610,7 +600,7 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
         .unwrap();
     let a = held.await.unwrap();
     assert_eq!(text(&a), "sent", "{}", a.text);
-    assert_eq!(calls_of(&estate.mail, "send_email"), 1);
+    assert_eq!(estate.mail.calls_of("send_email"), 1);
 }
 
 #[tokio::test]
@@ -672,11 +662,7 @@ async fn labels_hold_across_replicas_and_survive_a_restart_on_redis() {
         "{}",
         a.text
     );
-    assert_eq!(
-        calls_of(&estate.mail, "send_email"),
-        0,
-        "mail heard nothing"
-    );
+    assert_eq!(estate.mail.calls_of("send_email"), 0, "mail heard nothing");
     // Another run sends.
     let a = call(
         &three,
@@ -781,7 +767,7 @@ async fn labels_that_cannot_be_read_refuse_a_gated_call() {
     .await;
     assert_eq!(a.code(), -31006, "{}", a.text);
     assert!(a.text.contains("labels could not be read"), "{}", a.text);
-    assert_eq!(calls_of(&estate.mail, "send_email"), 0);
+    assert_eq!(estate.mail.calls_of("send_email"), 0);
     let m = fw.metrics().await;
     assert!(
         m.contains(

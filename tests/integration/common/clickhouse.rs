@@ -370,3 +370,30 @@ fn http(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u1
         .unwrap_or(0);
     Ok((status, body.to_owned()))
 }
+
+/// `mcp-firewall audit <command>` against `db` (as `--json` lines or the
+/// table people read), with `config` when the command needs one.
+pub async fn audit_cli(
+    ch: &ClickHouse,
+    db: &str,
+    config: Option<std::path::PathBuf>,
+    json: bool,
+    command: mcp_firewall::cli::audit::AuditCommand,
+) -> String {
+    let args = mcp_firewall::cli::audit::AuditArgs {
+        config,
+        clickhouse: Some(ch.http_url.clone()),
+        database: Some(db.to_owned()),
+        table: None,
+        user: None,
+        password_env: None,
+        spool: None,
+        json,
+        command,
+    };
+    let mut out = Vec::new();
+    mcp_firewall::cli::audit::run(&args, &mut out)
+        .await
+        .expect("the audit command");
+    String::from_utf8(out).expect("UTF-8 output")
+}

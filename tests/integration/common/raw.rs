@@ -228,6 +228,19 @@ pub async fn mcp() -> RawUpstream {
     upstream(|seen| async move { mcp_answer(&seen) }).await
 }
 
+impl RawUpstream {
+    /// How many `tools/call` of `tool` it received.
+    pub fn calls_of(&self, tool: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|s| {
+                let v: serde_json::Value = serde_json::from_slice(&s.body).unwrap_or_default();
+                v["method"] == "tools/call" && v["params"]["name"] == tool
+            })
+            .count()
+    }
+}
+
 impl Seen {
     /// The JSON-RPC method of a POST body (the first of a batch).
     pub fn rpc_method(&self) -> String {
