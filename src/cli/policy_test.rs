@@ -125,10 +125,14 @@ pub fn run(cfg: &Config, args: &TestArgs) -> anyhow::Result<TestReport> {
         if parsed.case.is_empty() {
             bail!("{}: no [[case]]", file.display());
         }
+        // Lines counted once through the file, case by case (in order).
+        let (mut counted_to, mut line) = (0usize, 1usize);
         for spanned in parsed.case {
-            let line = text
-                .get(..spanned.span().start.min(text.len()))
-                .map_or(0, |t| t.bytes().filter(|&b| b == b'\n').count() + 1);
+            let start = spanned.span().start.min(text.len()).max(counted_to);
+            line += text
+                .get(counted_to..start)
+                .map_or(0, |t| t.bytes().filter(|&b| b == b'\n').count());
+            counted_to = start;
             let case = spanned.into_inner();
             let started = Instant::now();
             let failure = bench

@@ -145,9 +145,21 @@ fn a_changed_rule_fails_the_case_it_breaks_with_the_diff_and_the_deciding_rule()
         out.contains("case the SRE lead may read incidents ... FAILED"),
         "{out}"
     );
+    // The failure names the case and the line its `[[case]]` starts on.
+    let cases = std::fs::read_to_string(policies.path().join("tests/incidents.toml")).unwrap();
+    let line = cases
+        .lines()
+        .position(|l| l == "name = \"the SRE lead may read incidents\"")
+        .expect("the case")
+        - 1;
+    assert_eq!(cases.lines().nth(line), Some("[[case]]"));
     assert!(
-        out.contains("---- the SRE lead may read incidents (") && out.contains("incidents.toml:"),
-        "the failure names the case and where it is written: {out}"
+        out.contains(&format!(
+            "---- the SRE lead may read incidents ({}:{}) ----",
+            policies.path().join("tests/incidents.toml").display(),
+            line + 1
+        )),
+        "{out}"
     );
     assert!(out.contains("  expected: allow\n"), "{out}");
     assert!(out.contains("       got: approve (destructive)\n"), "{out}");
