@@ -352,8 +352,26 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
             let back = parse_since(since)
                 .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
             let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
-            let rows = fetch(client.query(&query(Question::Replay, database, table)).bind(from).bind(*limit)).await?;
-            let report = super::replay::replay(&cfg, policy_dir, &rows)?;
+            let mut replay = super::replay::Replay::new(policy_dir)?;
+            let rows = client
+                .query(&query(Question::Replay, database, table))
+                .bind(from)
+                .bind(*limit)
+                .fetch_bytes("JSONEachRow")?;
+            let mut lines = tokio::io::AsyncBufReadExt::lines(rows);
+            while let Some(line) = lines
+                .next_line()
+                .await
+                .map_err(|e| anyhow::anyhow!("ClickHouse: {e}"))?
+            {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let row: Map<String, Value> = serde_json::from_str(&line)
+                    .map_err(|e| anyhow::anyhow!("ClickHouse answered {line:?}: {e}"))?;
+                replay.row(&cfg, &row);
+            }
+            let report = replay.finish();
             if args.json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&report.json())?)?;
             } else {

@@ -115,7 +115,7 @@ pub fn run(cfg: &Config, args: &TestArgs) -> anyhow::Result<TestReport> {
         cfg,
         policy: &policy,
         pins: &pins,
-        definitions: Definitions::new(&pins),
+        definitions: Definitions::new(pins.clone()),
     };
     for file in &files {
         let text = std::fs::read_to_string(file)
@@ -201,7 +201,7 @@ struct Bench<'a> {
     cfg: &'a Config,
     policy: &'a Policy,
     pins: &'a PinStore,
-    definitions: Definitions<'a>,
+    definitions: Definitions,
 }
 
 impl Bench<'_> {
@@ -374,16 +374,16 @@ impl Bench<'_> {
 /// Tool definitions as `test` and `audit replay` judge them
 /// ([`tool_entry`]), each built once (its schema compiled once) however
 /// many cases or rows name it.
-pub(crate) struct Definitions<'a> {
-    pins: &'a PinStore,
+pub(crate) struct Definitions {
+    pins: std::sync::Arc<PinStore>,
     built: std::cell::RefCell<
         std::collections::HashMap<(String, String, String), std::sync::Arc<ToolEntry>>,
     >,
 }
 
-impl<'a> Definitions<'a> {
+impl Definitions {
     /// Definitions from `pins`, else as given.
-    pub(crate) fn new(pins: &'a PinStore) -> Definitions<'a> {
+    pub(crate) fn new(pins: std::sync::Arc<PinStore>) -> Definitions {
         Definitions {
             pins,
             built: Default::default(),
@@ -405,7 +405,7 @@ impl<'a> Definitions<'a> {
         if let Some(e) = self.built.borrow().get(&key) {
             return Ok(e.clone());
         }
-        let entry = std::sync::Arc::new(tool_entry(self.pins, up, name, tool)?);
+        let entry = std::sync::Arc::new(tool_entry(&self.pins, up, name, tool)?);
         self.built.borrow_mut().insert(key, entry.clone());
         Ok(entry)
     }

@@ -54,35 +54,50 @@ pub struct Change {
     pub examples: Vec<String>,
 }
 
-/// Re-decides `rows` (as [`super::audit::Question::Replay`] selects them)
-/// under the policy in `dir`.
-///
-/// # Errors
-/// The candidate policy or its pins do not load.
-pub fn replay(
-    cfg: &Config,
-    dir: &Path,
-    rows: &[Map<String, Value>],
-) -> anyhow::Result<ReplayReport> {
-    let candidate =
-        policy::load_dir(dir).with_context(|| format!("candidate policy {}", dir.display()))?;
-    let pins = PinStore::open(dir, &mut prometheus_client::registry::Registry::default())
-        .with_context(|| format!("pins of {}", dir.display()))?;
-    let mut report = ReplayReport {
-        policy_dir: dir.display().to_string(),
-        policy_sha256: candidate.content_hash().to_owned(),
-        ..ReplayReport::default()
-    };
-    let definitions = super::policy_test::Definitions::new(&pins);
-    for row in rows {
+/// A replay in progress: the candidate loaded, rows fed one at a time (as
+/// [`super::audit::Question::Replay`] selects them, streamed: memory stays
+/// the groups', not the rows').
+pub struct Replay {
+    candidate: policy::Policy,
+    pins: std::sync::Arc<PinStore>,
+    definitions: super::policy_test::Definitions,
+    report: ReplayReport,
+}
+
+impl Replay {
+    /// Loads the candidate policy in `dir` and its pins.
+    ///
+    /// # Errors
+    /// The candidate policy or its pins do not load.
+    pub fn new(dir: &Path) -> anyhow::Result<Replay> {
+        let candidate =
+            policy::load_dir(dir).with_context(|| format!("candidate policy {}", dir.display()))?;
+        let pins = PinStore::open(dir, &mut prometheus_client::registry::Registry::default())
+            .with_context(|| format!("pins of {}", dir.display()))?;
+        let report = ReplayReport {
+            policy_dir: dir.display().to_string(),
+            policy_sha256: candidate.content_hash().to_owned(),
+            ..ReplayReport::default()
+        };
+        Ok(Replay {
+            candidate,
+            definitions: super::policy_test::Definitions::new(pins.clone()),
+            pins,
+            report,
+        })
+    }
+
+    /// Re-decides one recorded row.
+    pub fn row(&mut self, cfg: &Config, row: &Map<String, Value>) {
+        let report = &mut self.report;
         report.rows += 1;
-        match redecide(cfg, &candidate, &pins, &definitions, row) {
+        match redecide(cfg, &self.candidate, &self.pins, &self.definitions, row) {
             Err(why) => *report.not_replayable.entry(why).or_default() += 1,
             Ok((recorded, got)) => {
                 report.replayed += 1;
                 if recorded == got.kind {
                     report.unchanged += 1;
-                    continue;
+                    return;
                 }
                 let s = |k: &str| row.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
                 let group = report
@@ -106,7 +121,11 @@ pub fn replay(
             }
         }
     }
-    Ok(report)
+
+    /// What it found.
+    pub fn finish(self) -> ReplayReport {
+        self.report
+    }
 }
 
 /// One row: its recorded decision and the candidate's verdict, or why it
@@ -115,7 +134,7 @@ fn redecide(
     cfg: &Config,
     candidate: &policy::Policy,
     pins: &PinStore,
-    definitions: &super::policy_test::Definitions<'_>,
+    definitions: &super::policy_test::Definitions,
     row: &Map<String, Value>,
 ) -> Result<(Kind, crate::proxy::judge::Verdict), String> {
     let s = |k: &str| row.get(k).and_then(Value::as_str).unwrap_or("");
