@@ -138,7 +138,7 @@ enum Command {
     Test {
         /// The TOML config file (upstreams, projects and categories as
         /// `serve` sees them).
-        #[arg(long, short)]
+        #[arg(long, short, env = "MCP_FIREWALL_CONFIG")]
         config: PathBuf,
         /// Test this policy directory instead of the config's (a candidate
         /// set, e.g. the shadow set).

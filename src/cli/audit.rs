@@ -29,29 +29,30 @@ use crate::audit::ClickHouseConfig;
 /// `mcp-firewall audit …`.
 #[derive(clap::Args, Debug)]
 pub struct AuditArgs {
-    /// Read `[audit]` from this firewall config (ClickHouse, or its spool).
-    #[arg(long, short)]
+    /// Read `[audit]` from this firewall config (ClickHouse, or its spool;
+    /// `replay` also reads its upstreams). Options may follow the command.
+    #[arg(long, short, global = true, env = "MCP_FIREWALL_CONFIG")]
     pub config: Option<PathBuf>,
     /// ClickHouse's HTTP interface (overrides the config).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub clickhouse: Option<String>,
     /// The audit database.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub database: Option<String>,
     /// The audit table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub table: Option<String>,
     /// ClickHouse user.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub user: Option<String>,
     /// Environment variable holding the ClickHouse password.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub password_env: Option<String>,
     /// Read a local spool directory instead of ClickHouse (`tail` only).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub spool: Option<PathBuf>,
     /// JSON (one object per line) instead of a table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
     /// What to ask.
     #[command(subcommand)]
