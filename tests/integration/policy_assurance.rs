@@ -664,3 +664,75 @@ reason = "candidate: observability reads incidents through the portal"
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_logs_what_the_change_does_in_effect_by_name() {
+    let policies = common::policy_dir(&[]);
+    let up = raw::mcp().await;
+    let port = crate::audit_e2e::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("firewall.toml");
+    std::fs::write(
+        &cfg,
+        TestConfig::new()
+            .policies(policies.path())
+            .upstream("incidents", &up.url())
+            .set("server.listen", format!("127.0.0.1:{port}"))
+            .set("log.level", "info")
+            .text(),
+    )
+    .unwrap();
+    let log = dir.path().join("serve.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    crate::audit_e2e::wait_listening(port).await;
+    // restart_service becomes a write; the auditor role goes.
+    let tools = policies.path().join("10-tools.toml");
+    let text = std::fs::read_to_string(&tools).unwrap();
+    std::fs::write(
+        &tools,
+        text.replacen(
+            "match = [\"restart_service\"]\nrisk = \"destructive\"",
+            "match = [\"restart_service\"]\nrisk = \"write\"",
+            1,
+        ),
+    )
+    .unwrap();
+    let agents = policies.path().join("20-agents.toml");
+    let text = std::fs::read_to_string(&agents).unwrap();
+    let start = text.find("# Read-only everywhere it can reach.").unwrap();
+    let end = text.find("# The demo's investigating agent").unwrap();
+    std::fs::write(&agents, format!("{}{}", &text[..start], &text[end..])).unwrap();
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    common::wait_until(
+        "the reload's effect in the log",
+        Duration::from_secs(15),
+        || {
+            logged().contains("role \\\"auditor\\\" removed")
+                || logged().contains("role \"auditor\" removed")
+        },
+    )
+    .await;
+    let out = logged();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(out.contains("policy reloaded"), "{out}");
+    assert!(
+        out.contains("tool incidents/restart_service: risk destructive -> write"),
+        "{out}"
+    );
+    assert!(
+        out.contains("role sre-lead, tool incidents/restart_service: approve (destructive) -> approve (write)"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("incidents/get_incident"),
+        "an unchanged tool is not named: {out}"
+    );
+}
