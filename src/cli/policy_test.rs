@@ -116,6 +116,7 @@ pub fn run(cfg: &Config, args: &TestArgs) -> anyhow::Result<TestReport> {
         policy: &policy,
         pins: &pins,
         definitions: Definitions::new(pins.clone()),
+        tasks: Default::default(),
     };
     for file in &files {
         let text = std::fs::read_to_string(file)
@@ -202,6 +203,8 @@ struct Bench<'a> {
     policy: &'a Policy,
     pins: &'a PinStore,
     definitions: Definitions,
+    /// No task is anyone's here (a list's scope asks).
+    tasks: crate::proxy::tasks::Tasks,
 }
 
 impl Bench<'_> {
@@ -345,13 +348,12 @@ impl Bench<'_> {
         entry: &ToolEntry,
     ) -> Option<(policy::Risk, policy::Gate)> {
         use crate::proxy::decide_answer::{listed_tool_screen, tool_visible, Scope};
-        let tasks = crate::proxy::tasks::Tasks::default();
         let scope = Scope {
             policy: self.policy,
             authority,
             upstream: up,
             stateless: false,
-            tasks: &tasks,
+            tasks: &self.tasks,
             principal: crate::session::Principal {
                 issuer: &claims.iss,
                 tenant: &claims.tenant_id,

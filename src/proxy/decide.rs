@@ -646,15 +646,12 @@ impl RunContext {
                     upstream: &self.upstream.config,
                     pins: &self.pins,
                 };
-                judge
-                    .verdict(
-                        &call.name,
-                        &entry,
-                        call.arguments.as_deref().map(RawValue::get),
-                        &arguments,
-                        None,
-                    )
-                    .kind
+                judge.kind(
+                    &call.name,
+                    &entry,
+                    call.arguments.as_deref().map(RawValue::get),
+                    &arguments,
+                )
             }
             _ => Kind::Hidden,
         };

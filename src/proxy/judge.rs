@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::catalog::{ArgumentsError, ToolEntry};
 use crate::config::Upstream;
 use crate::mcp::numbers;
+use crate::outcome::DecisionKind;
 use crate::pins::PinStore;
 use crate::policy::{Authority, Call, Decision, Gate, Hidden, Identity, Labels, Policy, Risk};
 
@@ -87,15 +88,11 @@ impl Kind {
         Kind::Invalid,
     ];
 
-    /// `allow`, `approve`, `deny`, `hidden` or `invalid`.
+    /// `allow`, `approve`, `deny`, `hidden` or `invalid`: the words of the
+    /// audit row's `decision` column, which `shadow_decision` is read
+    /// beside.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Allow => "allow",
-            Kind::Approve => "approve",
-            Kind::Deny => "deny",
-            Kind::Hidden => "hidden",
-            Kind::Invalid => "invalid",
-        }
+        DecisionKind::from(self).as_str()
     }
 
     /// The kind named `s`.
@@ -106,6 +103,18 @@ impl Kind {
     /// Whether the call is refused (`deny`, `hidden`, `invalid`).
     pub fn refused(self) -> bool {
         matches!(self, Kind::Deny | Kind::Hidden | Kind::Invalid)
+    }
+}
+
+impl From<Kind> for DecisionKind {
+    fn from(k: Kind) -> DecisionKind {
+        match k {
+            Kind::Allow => DecisionKind::Allow,
+            Kind::Approve => DecisionKind::Approve,
+            Kind::Deny => DecisionKind::Deny,
+            Kind::Hidden => DecisionKind::Hidden,
+            Kind::Invalid => DecisionKind::Invalid,
+        }
     }
 }
 
@@ -170,6 +179,56 @@ impl Judge<'_> {
         }
     }
 
+    /// [`Judge::decide`], then (for a call the policy lets through) its
+    /// arguments ([`check_arguments`]): what [`Judge::kind`] and
+    /// [`Judge::verdict`] both stand on.
+    fn ruled(
+        &self,
+        tool: &str,
+        entry: &ToolEntry,
+        raw: Option<&str>,
+        arguments: &Value,
+    ) -> Result<(Risk, Gate), Verdict> {
+        let (decision, _) = self
+            .decide(tool, entry, arguments)
+            .map_err(|r| refusal(&r))?;
+        let passed = match decision {
+            Decision::Deny { risk, reason, rule } => {
+                return Err(Verdict {
+                    kind: Kind::Deny,
+                    risk: Some(risk),
+                    reason,
+                    rule,
+                })
+            }
+            Decision::Approve { risk } => (risk, Gate::Approve),
+            Decision::Allow { risk } => (risk, Gate::Allow),
+            Decision::Unknown(h) => return Err(refusal(&Refused::Unknown(Some(h)))),
+        };
+        check_arguments(raw, entry, arguments).map_err(|r| Verdict {
+            risk: Some(passed.0),
+            ..refusal(&r)
+        })?;
+        Ok(passed)
+    }
+
+    /// What a call comes to without the run's labels, and without the
+    /// words that explain it (the shadow policy's question, asked per call).
+    pub fn kind(
+        &self,
+        tool: &str,
+        entry: &ToolEntry,
+        raw: Option<&str>,
+        arguments: &Value,
+    ) -> Kind {
+        match self.ruled(tool, entry, raw, arguments) {
+            Ok((_, Gate::Approve)) => Kind::Approve,
+            Ok((_, Gate::Deny)) => Kind::Deny,
+            Ok((_, Gate::Allow)) => Kind::Allow,
+            Err(v) => v.kind,
+        }
+    }
+
     /// The whole verdict on a call: [`Judge::decide`], then (for a call the
     /// policy lets through) its arguments ([`check_arguments`]), then, when
     /// the run's `labels` are known, the `[taint]` gate they put on it.
@@ -182,28 +241,10 @@ impl Judge<'_> {
         arguments: &Value,
         labels: Option<Labels>,
     ) -> Verdict {
-        let (decision, _) = match self.decide(tool, entry, arguments) {
-            Ok(d) => d,
-            Err(o) => return refusal(&o),
+        let (risk, gate) = match self.ruled(tool, entry, raw, arguments) {
+            Ok(passed) => passed,
+            Err(v) => return v,
         };
-        let (risk, gate) = match decision {
-            Decision::Deny { risk, reason, rule } => {
-                return Verdict {
-                    kind: Kind::Deny,
-                    risk: Some(risk),
-                    reason,
-                    rule,
-                }
-            }
-            Decision::Approve { risk } => (risk, Gate::Approve),
-            Decision::Allow { risk } => (risk, Gate::Allow),
-            Decision::Unknown(h) => return refusal(&Refused::Unknown(Some(h))),
-        };
-        if let Err(o) = check_arguments(raw, entry, arguments) {
-            let mut v = refusal(&o);
-            v.risk = Some(risk);
-            return v;
-        }
         let agent = self.policy.agent(&self.authority.agent);
         let mut rule = format!(
             "risk {risk} ({}), gate {gate} ({})",

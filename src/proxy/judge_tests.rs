@@ -307,6 +307,7 @@ proptest! {
                 // The verdict `test`, replay and the shadow use agrees.
                 let v = judge.verdict(name, &entry, Some("{}"), &args, None);
                 prop_assert_eq!(v.kind == Kind::Hidden, !callable);
+                prop_assert_eq!(judge.kind(name, &entry, Some("{}"), &args), v.kind);
             }
         }
     }
