@@ -736,3 +736,93 @@ async fn a_reload_logs_what_the_change_does_in_effect_by_name() {
         "an unchanged tool is not named: {out}"
     );
 }
+
+/// A tool whose `x-mcp-header` annotation is not a header name: left out
+/// of the run's list and, as the property test in `src/proxy/judge_tests.rs`
+/// requires, refused as an unknown tool in both eras; the upstream never
+/// hears of the calls, and both refusals are on record.
+#[tokio::test]
+async fn a_tool_with_invalid_header_annotations_is_neither_listed_nor_callable() {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let up = raw::upstream(|seen| async move {
+        let body: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+        let result = match body["method"].as_str() {
+            Some("tools/list") => json!({"tools": [
+                {"name": "get_incident", "inputSchema": {"type": "object", "properties": {
+                    "incident_id": {"type": "string", "x-mcp-header": "not a token"}}}},
+                {"name": "list_incidents", "inputSchema": {"type": "object"}},
+            ]}),
+            Some("tools/call") => json!({"content": [{"type": "text", "text": "ran"}]}),
+            Some(_) if body.get("id").is_some() => json!({}),
+            _ => return raw::full(202, "text/plain", ""),
+        };
+        raw::full(
+            200,
+            "application/json",
+            json!({"jsonrpc": "2.0", "id": body["id"], "result": result}).to_string(),
+        )
+    })
+    .await;
+    let fw = common::firewall(
+        &TestConfig::new()
+            .upstream("incidents", &up.url())
+            .audit("fw-headers", &ch.http_url, &db, spool.path())
+            .text(),
+    )
+    .await;
+    let token = common::token();
+    let list = common::post(
+        &fw.mcp_url("incidents"),
+        &token,
+        &[("mcp-protocol-version", "2025-11-25")],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string(),
+    )
+    .await;
+    let listed = list.json();
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", list.text))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["list_incidents"], "{}", list.text);
+    let args = json!({"name": "get_incident", "arguments": {"incident_id": "INC-1"}});
+    let old = call(&fw, &token, "get_incident", json!({"incident_id": "INC-1"})).await;
+    assert_eq!(old.json()["error"]["code"], -32602, "{}", old.text);
+    let (headers, body) = crate::answer_path::modern("tools/call", "get_incident", 8, args);
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let new = common::post(&fw.mcp_url("incidents"), &token, &h, &body).await;
+    assert_eq!(new.json()["error"]["code"], -32602, "{}", new.text);
+    assert_eq!(
+        up.calls_of("get_incident"),
+        0,
+        "a refused call never arrives"
+    );
+    // The listed tool still runs, once.
+    let ran = call(&fw, &token, "list_incidents", json!({})).await;
+    assert_eq!(
+        ran.json()["result"]["content"][0]["text"],
+        "ran",
+        "{}",
+        ran.text
+    );
+    assert_eq!(up.calls_of("list_incidents"), 1);
+    until_rows(
+        ch,
+        &format!("SELECT count() FROM {db}.audit_events FINAL WHERE method = 'tools/call' AND tool = 'get_incident' AND decision = 'hidden'"),
+        "2",
+    )
+    .await;
+    until_rows(
+        ch,
+        &format!("SELECT count() FROM {db}.audit_events FINAL WHERE method = 'tools/call' AND tool = 'list_incidents' AND decision = 'allow'"),
+        "1",
+    )
+    .await;
+    fw.stop().await;
+}
