@@ -75,7 +75,10 @@ impl Held {
 #[derive(Debug, Clone)]
 struct Entry {
     held: Held,
+    /// The run's last activity here (a call, or a label taken).
     last_ms: u64,
+    /// When the run's Redis key's lifetime was last renewed.
+    renewed_ms: u64,
 }
 
 /// The runs' labels.
@@ -173,6 +176,7 @@ impl RunLabels {
         let mut e = self.local.entry(key).or_insert_with(|| Entry {
             held: Held::default(),
             last_ms: now,
+            renewed_ms: now,
         });
         if let Some(from) = &held.untrusted_from {
             e.held.add(Labels::UNTRUSTED, from);
@@ -245,7 +249,54 @@ impl RunLabels {
         }))
     }
 
-    /// Drops runs whose last label is older than the lifetime.
+    /// The run is active (it made a call): the labels it holds here last
+    /// the lifetime from now, and so does its key in Redis (renewed at
+    /// most every third of the lifetime), so a run keeps its labels for
+    /// as long as it is active and loses them only `ttl` after its last
+    /// activity.
+    pub fn touch(&self, tenant: &str, run: &str) {
+        if self.local.is_empty() {
+            return;
+        }
+        let now = super::unix_ms();
+        let Some(mut e) = self.local.get_mut(&self.key(tenant, run)) else {
+            return;
+        };
+        e.last_ms = now;
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        if now.saturating_sub(e.renewed_ms) < self.ttl_ms / 3 {
+            return;
+        }
+        e.renewed_ms = now;
+        drop(e);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let rkey = redis_key(&shared, tenant, run);
+        let ttl = i64::try_from(self.ttl_ms).unwrap_or(i64::MAX);
+        rt.spawn(async move {
+            let r = shared
+                .redis()
+                .run(|mut c| {
+                    let rkey = rkey.clone();
+                    async move {
+                        redis::cmd("PEXPIRE")
+                            .arg(&rkey)
+                            .arg(ttl)
+                            .query_async::<()>(&mut c)
+                            .await
+                    }
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "a run's labels' lifetime could not be renewed in Redis");
+            }
+        });
+    }
+
+    /// Drops runs whose last activity is older than the lifetime.
     pub fn sweep(&self) {
         let now = super::unix_ms();
         let ttl = self.ttl_ms;

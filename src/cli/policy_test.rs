@@ -347,7 +347,7 @@ impl Bench<'_> {
         name: &str,
         entry: &ToolEntry,
     ) -> Option<(policy::Risk, policy::Gate)> {
-        use crate::proxy::decide_answer::{listed_tool_screen, tool_visible, Scope};
+        use crate::proxy::decide_answer::{listed_screen, tool_visible, Scope};
         let scope = Scope {
             policy: self.policy,
             authority,
@@ -368,7 +368,7 @@ impl Bench<'_> {
             .is_ok();
         let valid_headers = entry.param_headers().violation().is_none();
         let shown = tool_visible(scope, name, entry.hints, pinned, valid_headers)?;
-        let found = listed_tool_screen(scope, name, &entry.definition);
+        let found = listed_screen(scope, Some(name), &entry.definition);
         (found.action != crate::screen::content::Action::Block).then_some(shown)
     }
 }

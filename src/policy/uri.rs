@@ -54,6 +54,12 @@ pub enum UriError {
     /// The normalized text is not UTF-8 (cannot happen: only ASCII is
     /// decoded; kept so that the conversion needs no `unwrap`).
     InvalidUtf8,
+    /// A `file:` URI naming another host than the local one (RFC 8089:
+    /// only an empty host or `localhost` is this machine).
+    FileHost,
+    /// A `file:` URI in a form other than `file:///path`,
+    /// `file://localhost/path` or `file:/path`.
+    FileForm,
 }
 
 impl fmt::Display for UriError {
@@ -87,6 +93,12 @@ impl fmt::Display for UriError {
                 "path starts with '//' after removing dot segments but the URI has no authority",
             ),
             UriError::InvalidUtf8 => f.write_str("invalid UTF-8 after percent-decoding"),
+            UriError::FileHost => {
+                f.write_str("a file: URI naming another host than localhost cannot be matched")
+            }
+            UriError::FileForm => f.write_str(
+                "a file: URI must be file:///path, file://localhost/path or file:/path",
+            ),
         }
     }
 }
@@ -114,6 +126,43 @@ pub fn normalize(uri: &str) -> Result<String, UriError> {
         out.push('#');
         out.push_str(&normalize_percent(fragment, Part::Other)?);
     }
+    if out.starts_with("file:") {
+        return file_form(&out);
+    }
+    Ok(out)
+}
+
+/// A normalized `file:` URI in the one form rules compare (RFC 8089):
+/// `file:///path`. `file://localhost/path` (the host in any case) and
+/// `file:/path` name the same file, and so do paths with repeated `/`
+/// (`//etc//shadow` is `/etc/shadow` to the system that opens it);
+/// another host and a relative or empty path are refused.
+fn file_form(normalized: &str) -> Result<String, UriError> {
+    let rest = normalized.get("file:".len()..).unwrap_or("");
+    let path = match rest.strip_prefix("//") {
+        Some(after) => {
+            let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+            let (host, path) = after.split_at(host_end);
+            if !(host.is_empty() || host == "localhost") {
+                return Err(UriError::FileHost);
+            }
+            path
+        }
+        None => rest,
+    };
+    if !path.starts_with('/') {
+        return Err(UriError::FileForm);
+    }
+    let end = path.find(['?', '#']).unwrap_or(path.len());
+    let (p, rest) = path.split_at(end);
+    let mut out = String::with_capacity(normalized.len());
+    out.push_str("file://");
+    for c in p.chars() {
+        if !(c == '/' && out.ends_with('/') && out.len() > "file://".len()) {
+            out.push(c);
+        }
+    }
+    out.push_str(rest);
     Ok(out)
 }
 
@@ -530,8 +579,8 @@ mod tests {
         assert_eq!(ok("http://h:80/"), "http://h:80/");
         assert_eq!(ok("http://@h/"), "http://@h/");
         assert_eq!(ok("http://h%2Fx/"), "http://h%2Fx/");
-        assert_eq!(ok("file://"), "file://");
-        assert_eq!(ok("file://?q"), "file://?q");
+        assert_eq!(ok("http://h?q"), "http://h?q");
+        assert_eq!(normalize("file://?q"), Err(UriError::FileForm));
     }
 
     #[test]
@@ -541,8 +590,8 @@ mod tests {
         assert_eq!(ok("file:///a/b/."), "file:///a/b/");
         assert_eq!(ok("file:///a/..b/.c"), "file:///a/..b/.c");
         assert_eq!(ok("file:///a//../b"), "file:///a/b");
-        assert_eq!(ok("file:/a/../b"), "file:/b");
-        assert_eq!(ok("file:///..//etc"), "file:////etc");
+        assert_eq!(ok("file:/a/../b"), "file:///b");
+        assert_eq!(ok("file:///..//etc"), "file:///etc");
         assert_eq!(ok("http://h/.."), "http://h/");
         assert_eq!(ok("http://h"), "http://h");
         assert_eq!(normalize("file:///%2E%2E%2Fx"), Err(UriError::EncodedSlash));
@@ -564,6 +613,25 @@ mod tests {
         assert_eq!(ok("s:/p?a/../b#c/./d"), "s:/p?a/../b#c/./d");
         assert_eq!(ok("s:/p?#"), "s:/p?#");
         assert_eq!(ok("s:/p#a#b?c"), "s:/p#a#b?c");
+    }
+
+    #[test]
+    fn file_uris_have_one_form() {
+        for uri in [
+            "file:///etc/shadow",
+            "file://localhost/etc/shadow",
+            "FILE://LOCALHOST/etc/shadow",
+            "file:/etc/shadow",
+            "file://LocalHost/etc/./shadow",
+            "file:/etc/%73hadow",
+        ] {
+            assert_eq!(ok(uri), "file:///etc/shadow", "{uri}");
+        }
+        assert_eq!(normalize("file://server/etc/shadow"), Err(UriError::FileHost));
+        assert_eq!(normalize("file://user@localhost/etc"), Err(UriError::FileHost));
+        assert_eq!(normalize("file:etc/shadow"), Err(UriError::FileForm));
+        assert_eq!(ok("file:////etc//shadow"), "file:///etc/shadow");
+        assert_eq!(normalize("file://"), Err(UriError::FileForm));
     }
 
     #[test]

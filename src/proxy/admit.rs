@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use super::decide::Granted;
-use super::decide::{Admission, Forwarding, Outcome, RunContext, TaintCheck, Verdict};
+use super::decide::{Admission, Forwarding, Outcome, Recheck, RunContext, TaintCheck, Verdict};
 use crate::policy::{Gate, Labels, Risk, TaintRule};
 
 impl Admission {
@@ -41,6 +41,10 @@ impl Admission {
             pin,
         } = self;
         let mut why = None;
+        let mut recheck = taint.as_ref().map(|c| Recheck {
+            egress: c.egress,
+            held_for: None,
+        });
         if let Some(check) = taint {
             match Box::pin(taint_gate(run, &tool, risk, &check)).await {
                 Err(refusal) => return Verdict::Answer(Outcome::Skipped { risk, refusal }),
@@ -56,6 +60,9 @@ impl Admission {
                 Ok(Some((_, rule, reason))) => {
                     if gate.is_none() {
                         gate = check.arguments;
+                    }
+                    if let Some(r) = recheck.as_mut() {
+                        r.held_for = Some(rule);
                     }
                     why = Some(format!("{reason} ({})", rule.as_str()));
                 }
@@ -79,6 +86,7 @@ impl Admission {
                 }
                 Ok(Err(mut gated)) => {
                     gated.pin = pin;
+                    gated.recheck = recheck;
                     return Verdict::Hold(Box::new(gated));
                 }
                 Err(why) => return Verdict::Answer(Outcome::ApprovalUnavailable { risk, why }),
@@ -89,6 +97,34 @@ impl Admission {
             f.pin = pin;
         }
         verdict
+    }
+}
+
+/// A held call, approved, about to run: the run's labels are judged again
+/// (it may have taken in private or untrusted content while the call
+/// waited). A `[taint]` rule that would now refuse it, or would have put
+/// an approval on it for a reason the person who approved was not shown,
+/// refuses it.
+///
+/// # Errors
+/// The outcome the client gets instead of the call.
+pub async fn recheck(run: &RunContext, tool: &str, risk: Risk, r: Recheck) -> Result<(), Outcome> {
+    let check = TaintCheck {
+        egress: r.egress,
+        arguments: None,
+    };
+    match Box::pin(taint_gate(run, tool, risk, &check)).await {
+        Err(refusal) => Err(Outcome::Skipped { risk, refusal }),
+        Ok(None) => Ok(()),
+        Ok(Some((gate, rule, _))) if gate != Gate::Deny && r.held_for == Some(rule) => Ok(()),
+        Ok(Some((_, rule, reason))) => {
+            tracing::info!(tool, rule = rule.as_str(), reason = %reason, "a held call refused at release by the run's labels");
+            Err(Outcome::Denied {
+                risk,
+                reason: format!("{reason}; the run took this in while the call was held for approval"),
+                rule: rule.as_str().to_owned(),
+            })
+        }
     }
 }
 

@@ -97,6 +97,7 @@ impl RunContext {
                 key,
                 risk,
                 pin: None,
+                recheck: None,
             })),
             Err(e) => Err(e.to_string()),
         }

@@ -502,6 +502,19 @@ pub struct Gated {
     pub risk: Risk,
     /// The pin the tool's definition matched (SHA-256), if it matched one.
     pub pin: Option<[u8; 32]>,
+    /// The run's labels can gate the call: judged again when it is
+    /// released ([`super::admit::recheck`]).
+    pub recheck: Option<Recheck>,
+}
+
+/// What a held call's labels were judged with when it was held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recheck {
+    /// It can carry data out.
+    pub egress: bool,
+    /// The `[taint]` rule that put the approval on it, if one did (the
+    /// person who approves is told why).
+    pub held_for: Option<crate::policy::TaintRule>,
 }
 
 /// The approval a call runs under.

@@ -18,10 +18,13 @@
 //! | a server-to-client request the policy refuses, or any on 2026-07-28 | [`Verdict::RefuseServerRequest`]: the client never sees it |
 //! | `notifications/tools/list_changed` | [`Verdict::ListChanged`]: relayed, the catalog re-listed |
 //! | `notifications/progress` | [`Verdict::Progress`]: relayed, a held call's progress kept increasing |
-//! | content for the client's model (a tool, prompt or resource result, an error answering one, a server request's params) where screening found something, or that gives the run labels | [`Verdict::Content`]: relayed flagged, redacted or withheld ([`screen`]); the run takes its labels |
 //! | a task status notification, a server request of a task (`related-task`), `notifications/subscriptions/acknowledged` | [`Verdict::SealTasks`]: relayed with the run's own task ids sealed; a status of another run's task is [`Verdict::ForeignTask`] (dropped), a request of one refused, foreign ids left out of an acknowledgement |
 //! | an answer too large to hold ([`streamed`]), asking for refused input, or input-required under an approval | cut off, not completed |
 //! | anything else | relayed |
+//!
+//! Whatever the verdict, what is to leave then passes the gate
+//! ([`super::outbound::gate`]): screened whole, the run labelled by its
+//! source, withheld or redacted.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -35,7 +38,7 @@ use crate::mcp::jsonrpc::{Kind, Message};
 use crate::mcp::methods::{Class, ListKind, TaskMethod};
 use crate::mcp::scan::Facts;
 use crate::policy::{Access, Authority, Gate, Labels, Policy, Risk};
-use crate::screen::content::{self, Action, Actions, Report};
+use crate::screen::content::{self, Actions, Report};
 use crate::session::Principal;
 
 use super::failure::UpstreamFailure;
@@ -94,9 +97,7 @@ pub enum Verdict {
     /// An input-required result of an approved call: relayed with the
     /// approval (and the upstream's own state, if any) sealed into
     /// `requestState`.
-    /// The content is screened like any result (`Some`: what was found,
-    /// or the labels it gives).
-    SealState(Option<String>, Option<Box<Content>>),
+    SealState(Option<String>),
     /// A `tools/call` result that created a task.
     TaskCreated(NewTask),
     /// The answer to a `tasks/*` request of the run's own task.
@@ -111,9 +112,6 @@ pub enum Verdict {
     SealTasks(TaskIds),
     /// A notification about a task that is not the run's: dropped.
     ForeignTask,
-    /// Content for the client's model that screening found something in,
-    /// or that gives the run labels.
-    Content(Box<Content>),
 }
 
 /// Content for the client's model, screened.
@@ -192,36 +190,20 @@ pub fn decide(
             let Some(answering) = answering else {
                 return Ok(Verdict::Unsolicited);
             };
-            let carries_content = matches!(
-                answering.class,
-                Class::ToolCall | Class::Prompt | Class::Resource
-            );
             if m.is_error {
-                // An error's message reaches the model too: screened, but
-                // it brings no labels of its source.
-                if !carries_content {
-                    return Ok(Verdict::Relay);
-                }
-                return screened(s, answering.tool, raw, Part::Message, Labels::NONE);
+                // Screened by the gate like every message.
+                return Ok(Verdict::Relay);
             }
             let result = result_text(m, raw);
             match *answering.class {
                 Class::List(kind) => Ok(Verdict::Filter(kind)),
                 Class::ToolCall => match input_required(s, result, answering.approved)? {
-                    Verdict::Relay => match result.and_then(created_task) {
-                        Some(task) => Ok(Verdict::TaskCreated(task)),
-                        None => screened_result(s, answering.tool, result),
-                    },
-                    Verdict::SealState(state, _) => sealed(s, answering.tool, result, state),
+                    Verdict::Relay => Ok(result
+                        .and_then(created_task)
+                        .map_or(Verdict::Relay, Verdict::TaskCreated)),
                     other => Ok(other),
                 },
-                Class::Prompt | Class::Resource => {
-                    match input_required(s, result, answering.approved)? {
-                        Verdict::Relay => screened_result(s, None, result),
-                        Verdict::SealState(state, _) => sealed(s, None, result, state),
-                        other => Ok(other),
-                    }
-                }
+                Class::Prompt | Class::Resource => input_required(s, result, answering.approved),
                 Class::Task(method) => task_answer(s, method, result),
                 _ => Ok(Verdict::Relay),
             }
@@ -231,37 +213,14 @@ pub fn decide(
             if let Err(why) = server_request(s, m.method.as_deref().unwrap_or(""), params) {
                 return Ok(Verdict::RefuseServerRequest(why));
             }
-            let verdict = match related_task(params) {
-                None => Verdict::Relay,
-                Some(id) if s.owns_task(&id) => Verdict::SealTasks(TaskIds::Related),
-                Some(id) => {
-                    return Ok(Verdict::RefuseServerRequest(format!(
-                        "it names task {id:?}, which is not this run's"
-                    )))
-                }
-            };
-            // What the upstream asks the client's model or user is its
-            // content: screened like a result.
-            let Some(params) = params else {
-                return Ok(verdict);
-            };
-            match screened(
-                s,
-                None,
-                params,
-                Part::Params,
-                s.policy.content_labels(s.upstream.facts()),
-            )? {
-                Verdict::Content(c) if c.report.action == Action::Block => {
-                    Ok(Verdict::RefuseServerRequest(format!(
-                        "it carried {}, which [screen] blocks",
-                        c.report.names_for(c.actions, Action::Block).join(", ")
-                    )))
-                }
-                // A request naming the run's task keeps its verdict (its
-                // id is sealed); its content is flagged only.
-                Verdict::Content(c) if verdict == Verdict::Relay => Ok(Verdict::Content(c)),
-                _ => Ok(verdict),
+            // What the upstream asks the client's model or user is screened
+            // by the gate.
+            match related_task(params) {
+                None => Ok(Verdict::Relay),
+                Some(id) if s.owns_task(&id) => Ok(Verdict::SealTasks(TaskIds::Related)),
+                Some(id) => Ok(Verdict::RefuseServerRequest(format!(
+                    "it names task {id:?}, which is not this run's"
+                ))),
             }
         }
         Kind::Notification => {
@@ -287,100 +246,13 @@ pub fn decide(
     }
 }
 
-/// An input-required result of an approved call: its state sealed, its
-/// content (what it asks the client's model) screened like a result.
-fn sealed(
-    s: Scope<'_>,
-    tool: Option<&str>,
-    result: Option<&str>,
-    state: Option<String>,
-) -> Result<Verdict, UpstreamFailure> {
-    let content = match screened_result(s, tool, result)? {
-        Verdict::Content(c) => Some(c),
-        _ => None,
-    };
-    Ok(Verdict::SealState(state, content))
-}
-
-/// A result for the client's model (of `tool`, when it is a tool's),
-/// screened; the labels it gives the run are its tool's and upstream's.
-fn screened_result(
-    s: Scope<'_>,
-    tool: Option<&str>,
-    result: Option<&str>,
-) -> Result<Verdict, UpstreamFailure> {
-    let Some(result) = result else {
-        return Ok(Verdict::Relay);
-    };
-    let labels = match tool {
-        Some(tool) => s.policy.traits(s.upstream.facts(), tool).labels,
-        None => s.policy.content_labels(s.upstream.facts()),
-    };
-    // An empty result (`{}`: a subscription acknowledged) carries nothing.
-    let labels = if result.len() <= 2 {
-        Labels::NONE
-    } else {
-        labels
-    };
-    screened(s, tool, result, Part::Result, labels)
-}
-
-/// Screens `text` (the JSON of `part`) with the actions for the upstream
-/// (and `tool`): [`Verdict::Content`] when screening found something or
-/// the content gives the run labels (`labels`, and `untrusted` for any
-/// content aimed at the model), else [`Verdict::Relay`].
-///
-/// # Errors
-/// Text that is not JSON (the strict reader accepted it: never).
-pub fn screened(
-    s: Scope<'_>,
-    tool: Option<&str>,
-    text: &str,
-    part: Part,
-    labels: Labels,
-) -> Result<Verdict, UpstreamFailure> {
-    Ok(screen(s, tool, text, part, labels)?
-        .map_or(Verdict::Relay, |c| Verdict::Content(Box::new(c))))
-}
-
-/// [`screened`], as the [`Content`] (`None`: nothing found, no labels).
-///
-/// # Errors
-/// Text that is not JSON.
-pub fn screen(
-    s: Scope<'_>,
-    tool: Option<&str>,
-    text: &str,
-    part: Part,
-    labels: Labels,
-) -> Result<Option<Content>, UpstreamFailure> {
+/// What screening finds in a listed definition (a tool's, by its name, or
+/// a prompt's or resource's: its description, schema, annotations):
+/// reported; with `block` for a kind found, the item is hidden from the
+/// run.
+pub fn listed_screen(s: Scope<'_>, tool: Option<&str>, definition: &Value) -> Report {
     let screening = s.policy.screening();
     let actions = screening.actions(&s.upstream.name, tool);
-    let found = content::screen_json(screening.scanner(), actions, text)
-        .map_err(|e| UpstreamFailure::Invalid(format!("unreadable content: {e}")))?;
-    let labels = if found.report.injection() {
-        labels.union(Labels::UNTRUSTED)
-    } else {
-        labels
-    };
-    if found.report.is_empty() && labels.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(Content {
-        report: found.report,
-        actions,
-        part,
-        redacted: found.redacted,
-        labels,
-    }))
-}
-
-/// What screening finds in a listed tool's definition (its description,
-/// schema, annotations): reported; with `block` for a kind found, the tool
-/// is hidden from the run.
-pub fn listed_tool_screen(s: Scope<'_>, tool: &str, definition: &Value) -> Report {
-    let screening = s.policy.screening();
-    let actions = screening.actions(&s.upstream.name, Some(tool));
     content::screen_value(screening.scanner(), actions, definition)
 }
 
@@ -509,7 +381,7 @@ fn input_required(
         return Ok(Verdict::RefuseInputRequests(refused));
     }
     Ok(if approved {
-        Verdict::SealState(parsed.request_state, None)
+        Verdict::SealState(parsed.request_state)
     } else {
         Verdict::Relay
     })
@@ -832,24 +704,9 @@ projects = ["sre"]
         let text = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{}}},"requestState":"upstream-state"}}"#;
         assert_eq!(
             verdict(true, text, &Class::ToolCall, true),
-            Verdict::SealState(Some("upstream-state".into()), None)
+            Verdict::SealState(Some("upstream-state".into()))
         );
         assert_eq!(verdict(true, text, &Class::ToolCall, false), Verdict::Relay);
-    }
-
-    #[test]
-    fn an_approved_input_required_result_is_screened_before_its_state_is_sealed() {
-        let text = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":{"type":"text","text":"key AKIAIOSFODNN7EXAMPLQ"}}]}}},"requestState":"s"}}"#;
-        match verdict(true, text, &Class::ToolCall, true) {
-            Verdict::SealState(state, Some(c)) => {
-                assert_eq!(state.as_deref(), Some("s"));
-                assert_eq!(c.report.names(), ["aws_access_key_id"]);
-                let redacted = c.redacted.unwrap();
-                assert!(!redacted.contains("EXAMPLQ"), "{redacted}");
-                assert!(redacted.contains("requestState"), "{redacted}");
-            }
-            other => panic!("{other:?}"),
-        }
     }
 
     #[test]

@@ -305,6 +305,13 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
     {
         let run = &run;
         let risk = held.gated.risk;
+        // The run's labels, judged again at release.
+        if let Some(r) = held.gated.recheck {
+            if let Err(outcome) = super::admit::recheck(run, &held.tool, risk, r).await {
+                write_outcome(&held, &outcome).await;
+                return event_body(answer_for(&held, &outcome, run));
+            }
+        }
         let reservation = match run.budgets.admit(&run.call_budget(&held.tool), risk).await {
             Ok(r) => r,
             Err(refusal) => {

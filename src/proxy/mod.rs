@@ -79,6 +79,7 @@ pub mod h2pool;
 pub mod hold;
 pub mod holds;
 pub mod judge;
+pub mod outbound;
 pub mod opening;
 pub mod own_client;
 pub mod record;
@@ -320,6 +321,10 @@ pub(crate) async fn serve_upstream(
 ) -> Result<Response<Body>, ProxyError> {
     // Step 4: authority. Every way of not having it looks like a 404.
     let mut run = authorize(state, claims, name)?;
+    // Activity keeps the run's labels ([`crate::budget::labels`]).
+    run.budgets
+        .labels()
+        .touch(&run.claims.tenant_id, &run.claims.run_id);
     run.version = header_version(req.headers());
     run.via = via;
 
@@ -389,7 +394,15 @@ async fn post(
     }
 
     // Step 8: decide each message on its own, without I/O.
-    let decided = Decided::decide(parsed, &run, session.as_deref(), state)?;
+    // A refusal here (mirrored parameters that disagree with the
+    // arguments) is on record like the parse's.
+    let decided = match Decided::decide(parsed, &run, session.as_deref(), state) {
+        Ok(d) => d,
+        Err(e) => {
+            record_refused(state, &run, conn, session.as_deref(), &e).await;
+            return Err(e);
+        }
+    };
 
     // Step 9: admit the calls the policy let through: gates, budgets.
     let admitted = decided.admit(&run).await;

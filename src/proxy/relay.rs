@@ -76,6 +76,7 @@ use super::decide::RunContext;
 use super::decide_answer::{
     self, result_text, Answering, Content, NewTask, Part, TaskIds, Verdict,
 };
+use super::outbound::gate;
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
 use super::record::{write_rows, AnswerParts, Recorder};
@@ -83,7 +84,7 @@ use super::tasks;
 use super::upstream::{response_headers, Forward};
 use crate::http_util::{full, Body, BoxError};
 use crate::policy::Labels;
-use crate::screen::content::Action;
+use crate::screen::content::{Action, Carry};
 use crate::session::EventContext;
 
 /// Most bytes of an upstream 4xx body relayed to the client.
@@ -162,6 +163,9 @@ pub struct Exchange {
     list_view_reused: bool,
     /// What screening found in the definitions of the tools listed.
     listed_found: std::sync::Mutex<crate::screen::content::Report>,
+    /// What the gate read of this answer's earlier messages (SSE events):
+    /// a token split across two of them is found in the second.
+    carry: Carry,
     /// Settlements in a shared budget store not yet confirmed: awaited
     /// (briefly) before the answers they belong to leave, so the caller's
     /// next call is admitted against them.
@@ -275,6 +279,7 @@ impl Exchange {
             settling: Vec::new(),
             list_view_reused: false,
             listed_found: Default::default(),
+            carry: Carry::default(),
         }
     }
 
@@ -442,21 +447,20 @@ impl Exchange {
         self.due.iter().any(|d| matches!(d.class, Class::List(_)))
     }
 
-    /// Whether some answer due is content screening may redact or
-    /// withhold (a tool, prompt or resource result).
-    fn screens(&self) -> bool {
-        let cx = &self.run;
-        let screening = cx.policy.screening();
-        self.due.iter().any(|d| {
-            matches!(d.class, Class::ToolCall | Class::Prompt | Class::Resource)
-                && d.id.is_some()
-                && {
-                    let a = screening.actions(&cx.upstream.config.name, d.tool.as_deref());
-                    a.secrets >= Action::Redact
-                        || a.pii >= Action::Redact
-                        || a.injection >= Action::Redact
-                }
-        })
+    /// Whether an answer too large to hold may stream past the gate
+    /// ([`gate::may_stream`]): never when screening or labels apply.
+    fn may_stream(&self) -> bool {
+        let tools: Vec<Option<&str>> = self
+            .due
+            .iter()
+            .filter(|d| d.id.is_some())
+            .map(|d| {
+                d.tool
+                    .as_deref()
+                    .or_else(|| d.task.as_ref().map(|t| t.tool.as_str()))
+            })
+            .collect();
+        gate::may_stream(self.run.answer_scope(), &tools)
     }
 
     fn requests_due(&self) -> bool {
@@ -589,9 +593,9 @@ impl Exchange {
                 Ok(json_with(status, headers, out))
             }
             Collected::Partial(prefix) => {
-                // A list is filtered whole; content that screening may have
-                // to change is screened whole: neither passes as a stream.
-                if self.filters() || self.screens() {
+                // A list is filtered whole; whatever the gate screens or
+                // labels by is held whole: neither passes as a stream.
+                if self.filters() || !self.may_stream() {
                     return Err(self.fail(UpstreamFailure::TooLarge(limit)).await);
                 }
                 Ok(self.large(status, headers, prefix, body))
@@ -671,9 +675,6 @@ impl Exchange {
                 _ => None,
             };
             let cause = format!("upstream answered HTTP {}", status.as_u16());
-            // It refused: nothing ran.
-            let rows = self.end_all(StopReason::UpstreamError, &cause, Settle::NotExecuted);
-            self.write(rows).await;
             // JSON-RPC error responses only (their id may be null: the
             // upstream could not tell which request failed).
             let errors_only = |b: &Bytes| {
@@ -688,23 +689,63 @@ impl Exchange {
                     Err(_) => false,
                 }
             };
+            let is_json = mime_is(&ct, "application/json");
             let body = match bytes {
-                Some(b) if b.is_empty() => b,
-                Some(b) if mime_is(&ct, "application/json") && errors_only(&b) => b,
-                Some(b)
-                    if !mime_is(&ct, "application/json") && !mime_is(&ct, "text/event-stream") =>
-                {
-                    b
+                Some(b) if b.is_empty() => Some(b),
+                Some(b) if is_json && errors_only(&b) => Some(b),
+                Some(b) if !is_json && !mime_is(&ct, "text/event-stream") => Some(b),
+                _ => None,
+            };
+            // The body passes the gate like any answer: screened, and the
+            // run labelled by its source, before it leaves.
+            let run = self.run.clone();
+            let scope = run.answer_scope();
+            let tool = self.due.iter().find_map(|d| d.tool.clone());
+            let source = tool.as_deref().map_or(gate::Source::Upstream, gate::Source::Tool);
+            let text = body.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
+            let screened = match text.as_deref().filter(|t| !t.is_empty()) {
+                // Not JSON after all: withheld below as unreadable.
+                Some(t) if is_json => gate::screen(scope, source, t, Part::Message, None)
+                    .unwrap_or_default(),
+                Some(t) => gate::screen_text(scope, source, t),
+                None => None,
+            };
+            let mut withheld = None;
+            let body = match (&screened, body) {
+                (Some(c), _) if c.report.action == Action::Block => {
+                    withheld = Some(c.report.names_for(c.actions, Action::Block).join(", "));
+                    None
                 }
-                _ => {
+                (Some(c), Some(_)) if c.report.action == Action::Redact => {
+                    c.redacted.clone().map(Bytes::from)
+                }
+                (_, body) => body,
+            };
+            let method = self.due.first().map(|d| d.method.clone()).unwrap_or_default();
+            if let Some(c) = &screened {
+                self.note_content(c, &method, tool.as_deref());
+            }
+            // It refused: nothing ran.
+            let mut rows = self.end_all(StopReason::UpstreamError, &cause, Settle::NotExecuted);
+            if let Some(c) = &screened {
+                rows.iter_mut().for_each(|row| stamp(row, c));
+            }
+            self.write(rows).await;
+            let body = match body {
+                Some(b) => b,
+                None => {
                     headers.insert(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("application/json"),
                     );
+                    let what = match &withheld {
+                        Some(kinds) => format!("{cause}; the body carried {kinds}, which [screen] blocks"),
+                        None => cause,
+                    };
                     answer::error(
                         None,
                         super::answer::codes::UPSTREAM_ERROR,
-                        &format!("upstream {:?}: {cause}", self.run.upstream.config.name),
+                        &format!("upstream {:?}: {what}", self.run.upstream.config.name),
                         None,
                     )
                 }
@@ -825,7 +866,8 @@ impl Exchange {
     }
 
     /// Carries out the answer-side decision ([`decide_answer`]) on one
-    /// upstream message; `raw` is its text.
+    /// upstream message; `raw` is its text. What is to leave then passes
+    /// the gate ([`Exchange::gate`]) before its row is completed.
     fn on_message(
         &mut self,
         m: &Message,
@@ -844,11 +886,12 @@ impl Exchange {
             approved: self.due[p].granted.is_some(),
         });
         let verdict = decide_answer::decide(run.answer_scope(), m, raw, answering)?;
-        // What screening found, for the completion row.
-        let mut screened: Option<Box<Content>> = None;
-        let lists_tools = verdict == Verdict::Filter(ListKind::Tools);
+        let lists = matches!(verdict, Verdict::Filter(_));
         // Where a filtered list's view is in what is relayed.
         let mut view_at = None;
+        // An answer the firewall made in the upstream's place: nothing of
+        // the upstream's reaches the client.
+        let mut own = false;
         let upstream = &run.upstream.config.name;
         let pass = match verdict {
             Verdict::Relay => Pass::Same,
@@ -874,39 +917,19 @@ impl Exchange {
                 }
                 let methods: Vec<String> = refused.into_iter().map(|r| r.method).collect();
                 let body = answer::refused_input_request(m.id.as_ref(), &methods);
+                own = true;
                 Pass::Replaced(String::from_utf8_lossy(&body).into_owned())
             }
-            Verdict::SealState(state, content) => {
+            Verdict::SealState(state) => {
                 let granted = pos.and_then(|p| self.due[p].granted.clone());
-                let pass = match &content {
-                    // Withheld: nothing of it (nor a state to retry with)
-                    // reaches the client.
-                    Some(c) if c.report.action == Action::Block => self.screened(m, raw, pos, c)?,
-                    Some(c) => {
-                        let tool = pos.and_then(|p| self.due[p].tool.clone());
-                        let method = pos.map(|p| self.due[p].method.clone()).unwrap_or_default();
-                        self.note_content(c, &method, tool.as_deref());
-                        let redacted = c
-                            .redacted
-                            .as_deref()
-                            .filter(|_| c.report.action == Action::Redact);
-                        self.seal_request_state(m, raw, granted.as_deref(), state, redacted)?
-                    }
-                    None => self.seal_request_state(m, raw, granted.as_deref(), state, None)?,
-                };
-                screened = content;
-                pass
+                self.seal_request_state(m, raw, granted.as_deref(), state)?
             }
             Verdict::TaskCreated(task) => match pos {
                 Some(p) => self.task_created(p, raw, task)?,
                 None => Pass::Same,
             },
             Verdict::Task(method) => match pos {
-                Some(p) => {
-                    let (pass, found) = self.task_answer(p, method, raw)?;
-                    screened = found;
-                    pass
-                }
+                Some(p) => self.task_answer(p, method, raw)?,
                 None => Pass::Same,
             },
             Verdict::RefuseServerRequest(why) => {
@@ -939,32 +962,34 @@ impl Exchange {
                 tracing::debug!(upstream = %upstream, "dropped a notification about another run's task");
                 return Ok(Pass::Dropped);
             }
-            Verdict::Content(c) => {
-                let pass = self.screened(m, raw, pos, &c)?;
-                if pos.is_none() && self.recorder.enabled() {
-                    // A server-to-client request: its own row.
-                    let mut row = self.recorder.relayed_server_request(m);
-                    stamp(&mut row, &c);
-                    rows.push(row);
-                }
-                screened = Some(c);
-                pass
-            }
         };
-        if lists_tools {
+        let (pass, mut screened) = if own {
+            (pass, None)
+        } else {
+            self.gate(m, raw, pos, pass, rows)?
+        };
+        if screened.as_ref().is_some_and(|c| c.redacted.is_some()) {
+            view_at = None;
+        }
+        if lists {
             let found = self
                 .listed_found
                 .lock()
                 .map(|mut f| std::mem::take(&mut *f))
                 .unwrap_or_default();
             if !found.is_empty() {
-                screened = Some(Box::new(Content {
-                    report: found,
-                    actions: run.policy.screening().actions(upstream, None),
-                    part: Part::Result,
-                    redacted: None,
-                    labels: Labels::NONE,
-                }));
+                match &mut screened {
+                    Some(c) => c.report.merge(&found),
+                    None => {
+                        screened = Some(Box::new(Content {
+                            report: found,
+                            actions: run.policy.screening().actions(upstream, None),
+                            part: Part::Result,
+                            redacted: None,
+                            labels: Labels::NONE,
+                        }))
+                    }
+                }
             }
         }
         if let Some(pos) = pos {
@@ -1003,44 +1028,100 @@ impl Exchange {
         Ok(pass)
     }
 
-    /// Carries out screening's verdict on content for the client's model
-    /// ([`decide_answer::screen`]): counted, the run's labels taken (in
-    /// its store before the answer leaves), and the content relayed as it
-    /// is (flagged), redacted, or withheld.
-    fn screened(
+    /// The gate ([`gate`]): one upstream message about to leave, screened
+    /// whole as it would leave (after the verdict's rewrites), the run
+    /// given the labels of its source before any byte of it leaves, and
+    /// screening's verdict carried out (flagged: relayed; redacted;
+    /// blocked: a response withheld, a server request refused upstream, a
+    /// notification dropped).
+    fn gate(
         &mut self,
         m: &Message,
         raw: &str,
         pos: Option<usize>,
-        c: &Content,
-    ) -> Result<Pass, UpstreamFailure> {
-        let tool = pos.and_then(|p| self.due[p].tool.clone());
+        pass: Pass,
+        rows: &mut Vec<AuditRow>,
+    ) -> Result<(Pass, Option<Box<Content>>), UpstreamFailure> {
+        let text = match &pass {
+            Pass::Same => raw,
+            Pass::Replaced(t) => t.as_str(),
+            Pass::Dropped => return Ok((pass, None)),
+        };
+        let run = self.run.clone();
+        // A task's outcome is its call's: the task's tool is its source.
+        let tool = pos.and_then(|p| {
+            let d = &self.due[p];
+            d.tool
+                .clone()
+                .or_else(|| d.task.as_ref().map(|t| t.tool.clone()))
+                .filter(|t| !t.is_empty())
+        });
+        let answering = pos.map(|p| Answering {
+            class: &self.due[p].class,
+            tool: tool.as_deref(),
+            approved: self.due[p].granted.is_some(),
+        });
+        let source = gate::source_of(m, result_text(m, raw), answering);
+        let Some(c) = gate::screen(
+            run.answer_scope(),
+            source,
+            text,
+            Part::Message,
+            Some(&mut self.carry),
+        )?
+        else {
+            return Ok((pass, None));
+        };
         let method = pos
             .map(|p| self.due[p].method.clone())
             .or_else(|| m.method.clone())
             .unwrap_or_default();
-        self.note_content(c, &method, tool.as_deref());
-        match (c.report.action, c.part) {
-            (Action::Block, _) => {
+        self.note_content(&c, &method, tool.as_deref());
+        let pass = match c.report.action {
+            Action::Block => {
                 let kinds = c.report.names_for(c.actions, Action::Block);
-                let body = answer::withheld(m.id.as_ref(), tool.as_deref(), &kinds);
-                Ok(Pass::Replaced(String::from_utf8_lossy(&body).into_owned()))
+                match m.kind {
+                    Kind::Response => Pass::Replaced(
+                        String::from_utf8_lossy(&answer::withheld(
+                            m.id.as_ref(),
+                            tool.as_deref(),
+                            &kinds,
+                        ))
+                        .into_owned(),
+                    ),
+                    Kind::Request => {
+                        let why = format!("it carried {}, which [screen] blocks", kinds.join(", "));
+                        if self.recorder.enabled() {
+                            let mut row = self.recorder.refused_server_request(m, why.clone());
+                            stamp(&mut row, &c);
+                            rows.push(row);
+                        }
+                        self.refuse_server_request(m, &why);
+                        Pass::Dropped
+                    }
+                    Kind::Notification => {
+                        tracing::info!(upstream = %run.upstream.config.name, method = %method, found = ?kinds, "dropped a notification [screen] blocks");
+                        Pass::Dropped
+                    }
+                }
             }
-            (Action::Redact, part) => {
-                let Some(redacted) = &c.redacted else {
-                    return Ok(Pass::Same);
-                };
-                let out = match part {
-                    Part::Result => set_member(raw, "result", redacted),
-                    Part::Params => set_member(raw, "params", redacted),
-                    Part::Message => Some(redacted.clone()),
-                };
-                out.map(Pass::Replaced).ok_or_else(|| {
-                    UpstreamFailure::Invalid("content that could not be redacted".to_owned())
-                })
-            }
-            _ => Ok(Pass::Same),
+            Action::Redact => match &c.redacted {
+                Some(r) => Pass::Replaced(r.clone()),
+                None => {
+                    return Err(UpstreamFailure::Invalid(
+                        "content that could not be redacted".to_owned(),
+                    ))
+                }
+            },
+            _ => pass,
+        };
+        if m.kind == Kind::Request && !matches!(pass, Pass::Dropped) && self.recorder.enabled() {
+            // A server-to-client request with content: its own row.
+            let mut row = self.recorder.relayed_server_request(m);
+            stamp(&mut row, &c);
+            rows.push(row);
         }
+        Ok((pass, Some(Box::new(c))))
     }
 
     /// Screened content's effects beside the message: counted, logged,
@@ -1137,13 +1218,12 @@ impl Exchange {
         pos: usize,
         method: TaskMethod,
         raw: &str,
-    ) -> Result<(Pass, Option<Box<Content>>), UpstreamFailure> {
+    ) -> Result<Pass, UpstreamFailure> {
         let cx = self.run.clone();
         let who = cx.principal();
         let owner = tasks::owner(&who);
         let upstream = cx.upstream.config.name.clone();
         let task = self.due[pos].task.clone();
-        let mut content_at = None;
         let tool = task.as_ref().map_or("", |t| t.tool.as_str()).to_owned();
         let mut v: Value = serde_json::from_str(raw)
             .map_err(|e| UpstreamFailure::Invalid(format!("unreadable task answer: {e}")))?;
@@ -1182,7 +1262,6 @@ impl Exchange {
                 if let Some(result) = v.get("result") {
                     let cost = tasks::reported_cost(result, &cx.budgets.config().cost_meta_key);
                     cx.tasks.outcome(&cx.budgets, &upstream, &upstream_id, cost);
-                    content_at = Some("/result");
                 }
             }
             TaskMethod::Get | TaskMethod::Cancel | TaskMethod::Update => {
@@ -1194,7 +1273,6 @@ impl Exchange {
                     Some("completed" | "failed" | "cancelled")
                 );
                 if terminal {
-                    content_at = Some("/result/result");
                     if let Some(t) = &task {
                         let cost = v.pointer("/result/result").and_then(|r| {
                             tasks::reported_cost(r, &cx.budgets.config().cost_meta_key)
@@ -1205,58 +1283,9 @@ impl Exchange {
                 }
             }
         }
-        // A task's outcome is its call's result: screened like one.
-        let found = match content_at.and_then(|at| v.pointer(at)) {
-            Some(part) => {
-                let labels = if tool.is_empty() {
-                    Labels::NONE
-                } else {
-                    cx.policy.traits(cx.upstream.config.facts(), &tool).labels
-                };
-                let tool = (!tool.is_empty()).then_some(tool.as_str());
-                decide_answer::screen(
-                    cx.answer_scope(),
-                    tool,
-                    &part.to_string(),
-                    Part::Result,
-                    labels,
-                )?
-            }
-            None => None,
-        };
-        let Some(c) = found else {
-            return Ok((Pass::Replaced(v.to_string()), None));
-        };
-        let method = self.due[pos].method.clone();
-        let tool = (!tool.is_empty()).then_some(tool);
-        self.note_content(&c, &method, tool.as_deref());
-        match c.report.action {
-            Action::Block => {
-                let kinds = c.report.names_for(c.actions, Action::Block);
-                let id = self.due[pos].id.clone();
-                let body = answer::withheld(id.as_ref(), tool.as_deref(), &kinds);
-                return Ok((
-                    Pass::Replaced(String::from_utf8_lossy(&body).into_owned()),
-                    Some(Box::new(c)),
-                ));
-            }
-            Action::Redact => {
-                let redacted = c
-                    .redacted
-                    .as_deref()
-                    .and_then(|r| serde_json::from_str::<Value>(r).ok());
-                match (redacted, content_at.and_then(|at| v.pointer_mut(at))) {
-                    (Some(r), Some(slot)) => *slot = r,
-                    _ => {
-                        return Err(UpstreamFailure::Invalid(
-                            "a task result that could not be redacted".to_owned(),
-                        ))
-                    }
-                }
-            }
-            _ => {}
-        }
-        Ok((Pass::Replaced(v.to_string()), Some(Box::new(c))))
+        // A task's outcome is its call's result: the gate screens it, with
+        // the task's tool as its source.
+        Ok(Pass::Replaced(v.to_string()))
     }
 
     /// A message naming the run's own tasks, relayed with their ids sealed
@@ -1442,7 +1471,7 @@ impl Exchange {
         // reported, and the tool hidden where `block` applies.
         if shown.is_some() {
             let found =
-                decide_answer::listed_tool_screen(cx.answer_scope(), t.name, &entry.definition);
+                decide_answer::listed_screen(cx.answer_scope(), Some(t.name), &entry.definition);
             if !found.is_empty() {
                 let hidden = found.action == Action::Block;
                 let action = if hidden { Action::Block } else { Action::Flag };
@@ -1495,8 +1524,35 @@ impl Exchange {
                 }
             };
             decide_answer::item_visible(cx.answer_scope(), kind, name, pinned)
+                && !self.item_blocked(kind, name, item)
         })
         .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
+    }
+
+    /// Whether a listed prompt, resource or template carries a kind
+    /// `[screen]` blocks: hidden from the run like a poisoned tool (what
+    /// is only redacted or flagged, the gate does on the whole list).
+    fn item_blocked(&self, kind: ListKind, name: &str, item: &RawValue) -> bool {
+        let cx = &self.run;
+        let up = &cx.upstream.config.name;
+        if !cx.policy.screening().actions(up, None).blocks_any() {
+            return false;
+        }
+        let Ok(definition) = serde_json::from_str::<Value>(item.get()) else {
+            return false;
+        };
+        let found = decide_answer::listed_screen(cx.answer_scope(), None, &definition);
+        if found.action != Action::Block {
+            return false;
+        }
+        for k in &found.kinds {
+            cx.metrics.finding(up, k.name(), Action::Block.as_str());
+        }
+        tracing::warn!(upstream = %up, list = ?kind, name, found = ?found.names(), "screening hid a listed item");
+        if let Ok(mut listed) = self.listed_found.lock() {
+            listed.merge(&found);
+        }
+        true
     }
 
     /// An input-required result of a call that ran under an approval: the
@@ -1508,20 +1564,10 @@ impl Exchange {
         raw: &str,
         granted: Option<&Granted>,
         state: Option<String>,
-        redacted: Option<&str>,
     ) -> Result<Pass, UpstreamFailure> {
-        let result = redacted.or_else(|| result_text(m, raw));
-        let (Some(granted), Some(result)) = (granted, result) else {
-            // Nothing to seal (never for a call that ran under an
-            // approval): what is to be redacted still is.
-            return match redacted {
-                None => Ok(Pass::Same),
-                Some(r) => set_member(raw, "result", r)
-                    .map(Pass::Replaced)
-                    .ok_or_else(|| {
-                        UpstreamFailure::Invalid("content that could not be redacted".to_owned())
-                    }),
-            };
+        let (Some(granted), Some(result)) = (granted, result_text(m, raw)) else {
+            // Nothing to seal (never for a call that ran under an approval).
+            return Ok(Pass::Same);
         };
         let sealed = self.run.seal_granted(granted, state);
         let new_result = set_member(result, "requestState", &Value::String(sealed).to_string())

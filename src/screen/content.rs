@@ -11,13 +11,13 @@
 //! escapes are scanned where they lie. Only a value to redact is built and
 //! written again.
 
+use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{redact, Family, Kind, Scanner};
+use super::{redact, Family, Finding, Kind, Scanner};
 
 /// What happens to content where a kind is found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
@@ -161,7 +161,12 @@ impl Report {
         if text.len() < 4 {
             return;
         }
-        for f in scanner.scan(text) {
+        self.add_findings(actions, &scanner.scan(text));
+    }
+
+    /// Adds `found`, each with the action `actions` gives its kind.
+    pub fn add_findings(&mut self, actions: Actions, found: &[Finding]) {
+        for f in found {
             let action = actions.for_kind(f.kind);
             if action == Action::Off {
                 continue;
@@ -184,7 +189,51 @@ pub struct Screened {
     pub redacted: Option<String>,
 }
 
-/// Screens the JSON text `json` (a value the strict reader accepted).
+/// Bytes of each side of a boundary between two strings read as one text
+/// (a PEM block opened further back is followed to its end by
+/// [`Tail::open_key`]).
+pub const WINDOW: usize = 4096;
+
+/// Most groups a [`Carry`] keeps a tail of.
+const MAX_CARRIED: usize = 32;
+
+/// Member names whose strings are one text for the model (a result's
+/// parts, a message, a description): read across their boundaries as one
+/// group, whatever the member.
+const PROSE: &[&str] = &[
+    "text",
+    "message",
+    "description",
+    "instructions",
+    "title",
+    "data",
+    "content",
+];
+
+/// What one message leaves for the next of the same answer (consecutive
+/// SSE events): the end of each group's last string, so that a token
+/// split across two events is found in the second.
+#[derive(Debug, Default)]
+pub struct Carry {
+    tails: Vec<(String, Tail)>,
+}
+
+/// The end of a group's last string.
+#[derive(Debug, Clone, Default)]
+struct Tail {
+    /// Its last [`WINDOW`] bytes.
+    text: String,
+    /// It ends inside a private key's PEM block (no END line yet).
+    open_key: bool,
+}
+
+/// Screens the JSON text `json` (a value the strict reader accepted) as
+/// one unit: every string (member names too), decoded and folded, is
+/// scanned; a member named for a secret is read with its value
+/// (`{"db_password": "…"}`); consecutive strings of one group (a result's
+/// text parts, across messages with a [`Carry`]) are read across their
+/// boundaries, so a key split between them is found and redacted on both
+/// sides.
 ///
 /// # Errors
 /// Text that is not JSON.
@@ -193,6 +242,20 @@ pub fn screen_json(
     actions: Actions,
     json: &str,
 ) -> Result<Screened, serde_json::Error> {
+    screen_message(scanner, actions, json, None)
+}
+
+/// [`screen_json`], continuing from what earlier messages of the same
+/// answer left in `carry` (and leaving this one's).
+///
+/// # Errors
+/// Text that is not JSON.
+pub fn screen_message(
+    scanner: &Scanner,
+    actions: Actions,
+    json: &str,
+    carry: Option<&mut Carry>,
+) -> Result<Screened, serde_json::Error> {
     let mut report = Report::default();
     if actions.all_off() {
         return Ok(Screened {
@@ -200,22 +263,328 @@ pub fn screen_json(
             redacted: None,
         });
     }
-    let mut de = serde_json::Deserializer::from_str(json);
-    Walk {
-        scanner,
-        actions,
-        report: &mut report,
+    let strings = lex(json)?;
+    let mut found: Vec<Vec<Finding>> = strings
+        .iter()
+        .map(|s| {
+            if s.text.len() < 4 {
+                Vec::new()
+            } else {
+                scanner.scan(&s.text)
+            }
+        })
+        .collect();
+    // A member named for a secret, read with its value.
+    if actions.secrets != Action::Off {
+        for (i, s) in strings.iter().enumerate() {
+            let Some(k) = s.name.filter(|_| !s.key) else {
+                continue;
+            };
+            let Some(name) = strings.get(k).filter(|n| n.key) else {
+                continue;
+            };
+            if let Some(range) = scanner.assigned(&name.text, &s.text) {
+                found[i].push(Finding {
+                    kind: Kind::Password,
+                    range,
+                });
+            }
+        }
     }
-    .deserialize(&mut de)?;
-    de.end()?;
-    let redacted = if report.action == Action::Redact {
-        let mut v: Value = serde_json::from_str(json)?;
-        redact_value(scanner, actions, &mut v);
-        Some(v.to_string())
-    } else {
-        None
-    };
+    across(scanner, &strings, &mut found, carry);
+    let mut settled = Vec::with_capacity(found.len());
+    for f in found {
+        let f = super::settle(f);
+        report.add_findings(actions, &f);
+        settled.push(f);
+    }
+    let redacted = (report.action == Action::Redact).then(|| {
+        let mut out = String::with_capacity(json.len());
+        let mut at = 0;
+        for (s, f) in strings.iter().zip(&settled) {
+            let to_redact: Vec<Finding> = f
+                .iter()
+                .filter(|f| actions.for_kind(f.kind) == Action::Redact)
+                .cloned()
+                .collect();
+            if to_redact.is_empty() {
+                continue;
+            }
+            out.push_str(json.get(at..s.span.start).unwrap_or(""));
+            out.push_str(&Value::String(redact(&s.text, &to_redact)).to_string());
+            at = s.span.end;
+        }
+        out.push_str(json.get(at..).unwrap_or(""));
+        out
+    });
     Ok(Screened { report, redacted })
+}
+
+/// Screens a text that is not JSON (an upstream's plain-text error body).
+pub fn screen_text(scanner: &Scanner, actions: Actions, text: &str) -> Screened {
+    let mut report = Report::default();
+    if actions.all_off() {
+        return Screened {
+            report,
+            redacted: None,
+        };
+    }
+    let found = scanner.scan(text);
+    report.add_findings(actions, &found);
+    let redacted = (report.action == Action::Redact).then(|| {
+        let to_redact: Vec<Finding> = found
+            .into_iter()
+            .filter(|f| actions.for_kind(f.kind) == Action::Redact)
+            .collect();
+        redact(text, &to_redact)
+    });
+    Screened { report, redacted }
+}
+
+/// Reads consecutive strings of each group across their boundary: a
+/// finding that starts in one and ends in the next is added to both (the
+/// first one's part, when it came from an earlier message, already left).
+fn across(
+    scanner: &Scanner,
+    strings: &[Str<'_>],
+    found: &mut [Vec<Finding>],
+    mut carry: Option<&mut Carry>,
+) {
+    enum Prev {
+        Here(usize),
+        Before(Tail),
+    }
+    let mut last: Vec<(String, Prev)> = match carry.as_deref_mut() {
+        Some(c) => std::mem::take(&mut c.tails)
+            .into_iter()
+            .map(|(g, t)| (g, Prev::Before(t)))
+            .collect(),
+        None => Vec::new(),
+    };
+    for (i, s) in strings.iter().enumerate() {
+        if s.key {
+            continue;
+        }
+        let group = group_of(strings, s);
+        let slot = last.iter().position(|(g, _)| *g == group);
+        let prev = slot.map(|p| match &last[p].1 {
+            Prev::Here(j) => (
+                Some(*j),
+                tail_of(&strings[*j].text),
+                open_key(&found[*j], strings[*j].text.len()),
+            ),
+            Prev::Before(t) => (None, t.text.clone(), t.open_key),
+        });
+        if let Some((j, tail, open)) = prev {
+            let head = head_of(&s.text);
+            let mut continued = false;
+            if tail.len() + head.len() >= 8 {
+                let window = format!("{tail}{head}");
+                for f in scanner.scan(&window) {
+                    if f.range.start >= tail.len() || f.range.end <= tail.len() {
+                        continue;
+                    }
+                    let mut end = f.range.end - tail.len();
+                    if f.kind == Kind::PrivateKey {
+                        continued = true;
+                        if f.range.end == window.len() {
+                            end = key_end(&s.text, end);
+                        }
+                    }
+                    found[i].push(Finding {
+                        kind: f.kind,
+                        range: 0..end,
+                    });
+                    if let Some(j) = j {
+                        let len = strings[j].text.len();
+                        let start = len - (tail.len() - f.range.start);
+                        found[j].push(Finding {
+                            kind: f.kind,
+                            range: start..len,
+                        });
+                    }
+                }
+            }
+            if open && !continued {
+                found[i].push(Finding {
+                    kind: Kind::PrivateKey,
+                    range: 0..key_end(&s.text, 0),
+                });
+            }
+        }
+        match slot {
+            Some(p) => last[p].1 = Prev::Here(i),
+            None => last.push((group.to_owned(), Prev::Here(i))),
+        }
+    }
+    if let Some(carry) = carry.as_deref_mut() {
+        let mut tails = Vec::with_capacity(last.len().min(MAX_CARRIED));
+        for (g, p) in last.into_iter().rev().take(MAX_CARRIED) {
+            let t = match p {
+                Prev::Here(j) => Tail {
+                    text: tail_of(&strings[j].text),
+                    open_key: open_key(&found[j], strings[j].text.len()),
+                },
+                Prev::Before(t) => t,
+            };
+            tails.push((g, t));
+        }
+        tails.reverse();
+        carry.tails = tails;
+    }
+}
+
+/// Whether a string's findings end inside a private key's PEM block.
+fn open_key(found: &[Finding], len: usize) -> bool {
+    found
+        .iter()
+        .any(|f| f.kind == Kind::PrivateKey && f.range.end >= len)
+}
+
+/// Where a PEM block continued in `text` from `from` ends: after its END
+/// line, or at the end of the text.
+fn key_end(text: &str, from: usize) -> usize {
+    let rest = text.get(from..).unwrap_or("");
+    match rest.find("-----END ") {
+        Some(at) => {
+            let after = at + 9;
+            rest.get(after..)
+                .and_then(|t| t.find("-----"))
+                .map_or(text.len(), |i| from + after + i + 5)
+        }
+        None => text.len(),
+    }
+}
+
+/// The last [`WINDOW`] bytes of `text` (from a character boundary).
+fn tail_of(text: &str) -> String {
+    let mut at = text.len().saturating_sub(WINDOW);
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    text.get(at..).unwrap_or("").to_owned()
+}
+
+/// The first [`WINDOW`] bytes of `text` (to a character boundary).
+fn head_of(text: &str) -> &str {
+    let mut at = text.len().min(WINDOW);
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    text.get(..at).unwrap_or("")
+}
+
+/// The group a value string is read with: the member it stands under (in
+/// an array: the array's), prose members all one group.
+fn group_of<'s>(strings: &'s [Str<'_>], s: &Str<'_>) -> &'s str {
+    let name = s
+        .name
+        .and_then(|k| strings.get(k))
+        .map_or("", |n| n.text.as_ref());
+    if PROSE.contains(&name) {
+        "\u{0}prose"
+    } else {
+        name
+    }
+}
+
+/// A string of a JSON text.
+struct Str<'a> {
+    /// Its token, quotes included.
+    span: std::ops::Range<usize>,
+    /// A member name.
+    key: bool,
+    /// The member name (its index) it stands under, or the one of the
+    /// array it is in; for a member name, itself.
+    name: Option<usize>,
+    /// Decoded.
+    text: Cow<'a, str>,
+}
+
+/// The strings of a JSON text, in document order.
+fn lex(json: &str) -> Result<Vec<Str<'_>>, serde_json::Error> {
+    enum Frame {
+        Object { key: Option<usize>, expect_key: bool },
+        Array { name: Option<usize> },
+    }
+    let name_here = |stack: &[Frame]| match stack.last() {
+        Some(Frame::Object { key, .. }) => *key,
+        Some(Frame::Array { name }) => *name,
+        None => None,
+    };
+    let bytes = json.as_bytes();
+    let mut out = Vec::new();
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' => stack.push(Frame::Object {
+                key: None,
+                expect_key: true,
+            }),
+            b'[' => {
+                let name = name_here(&stack);
+                stack.push(Frame::Array { name });
+            }
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b':' => {
+                if let Some(Frame::Object { expect_key, .. }) = stack.last_mut() {
+                    *expect_key = false;
+                }
+            }
+            b',' => {
+                if let Some(Frame::Object { expect_key, .. }) = stack.last_mut() {
+                    *expect_key = true;
+                }
+            }
+            b'"' => {
+                let start = i;
+                let mut j = i + 1;
+                let mut escaped = false;
+                while j < bytes.len() && bytes[j] != b'"' {
+                    if bytes[j] == b'\\' {
+                        escaped = true;
+                        j += 1;
+                    }
+                    j += 1;
+                }
+                let end = (j + 1).min(bytes.len());
+                let token = json.get(start..end).unwrap_or("");
+                let text = if escaped || end - start < 2 || !token.ends_with('"') {
+                    Cow::Owned(serde_json::from_str::<String>(token)?)
+                } else {
+                    Cow::Borrowed(json.get(start + 1..end - 1).unwrap_or(""))
+                };
+                let idx = out.len();
+                let key = matches!(
+                    stack.last(),
+                    Some(Frame::Object {
+                        expect_key: true,
+                        ..
+                    })
+                );
+                if key {
+                    if let Some(Frame::Object { key, .. }) = stack.last_mut() {
+                        *key = Some(idx);
+                    }
+                }
+                let name = if key { Some(idx) } else { name_here(&stack) };
+                out.push(Str {
+                    span: start..end,
+                    key,
+                    name,
+                    text,
+                });
+                i = end;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(out)
 }
 
 /// Screens a value already built (a listed tool's definition).
@@ -236,6 +605,17 @@ fn scan_value(scanner: &Scanner, actions: Actions, v: &Value, report: &mut Repor
         Value::Object(m) => {
             for (k, x) in m {
                 report.add(scanner, actions, k);
+                if let Value::String(value) = x {
+                    if actions.secrets != Action::Off && scanner.assigned(k, value).is_some() {
+                        report.add_findings(
+                            actions,
+                            &[Finding {
+                                kind: Kind::Password,
+                                range: 0..0,
+                            }],
+                        );
+                    }
+                }
                 scan_value(scanner, actions, x, report);
             }
         }
@@ -245,103 +625,14 @@ fn scan_value(scanner: &Scanner, actions: Actions, v: &Value, report: &mut Repor
 
 /// Redacts, in place, what `actions` says to redact in every string of `v`.
 pub fn redact_value(scanner: &Scanner, actions: Actions, v: &mut Value) {
-    match v {
-        Value::String(s) => {
-            if let Some(r) = redact_text(scanner, actions, s) {
-                *s = r;
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(|x| redact_value(scanner, actions, x)),
-        Value::Object(m) => {
-            let old = std::mem::take(m);
-            for (k, mut x) in old {
-                redact_value(scanner, actions, &mut x);
-                let k = redact_text(scanner, actions, &k).unwrap_or(k);
-                m.insert(k, x);
-            }
-        }
-        Value::Null | Value::Bool(_) | Value::Number(_) => {}
-    }
-}
-
-/// `text` with what is to be redacted in it redacted, if anything is.
-fn redact_text(scanner: &Scanner, actions: Actions, text: &str) -> Option<String> {
-    let findings: Vec<_> = scanner
-        .scan(text)
-        .into_iter()
-        .filter(|f| actions.for_kind(f.kind) == Action::Redact)
-        .collect();
-    (!findings.is_empty()).then(|| redact(text, &findings))
-}
-
-/// One pass over a JSON text, scanning each string (and member name) as
-/// serde_json decodes it.
-struct Walk<'a> {
-    scanner: &'a Scanner,
-    actions: Actions,
-    report: &'a mut Report,
-}
-
-impl Walk<'_> {
-    fn again(&mut self) -> Walk<'_> {
-        Walk {
-            scanner: self.scanner,
-            actions: self.actions,
-            report: self.report,
-        }
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Walk<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Walk<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.report.add(self.scanner, self.actions, v);
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(self.again())?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-        while map.next_key_seed(self.again())?.is_some() {
-            map.next_value_seed(self.again())?;
-        }
-        Ok(())
+    let Ok(screened) = screen_json(scanner, actions, &v.to_string()) else {
+        return;
+    };
+    if let Some(r) = screened
+        .redacted
+        .and_then(|r| serde_json::from_str::<Value>(&r).ok())
+    {
+        *v = r;
     }
 }
 
@@ -443,5 +734,101 @@ mod tests {
         )
         .unwrap();
         assert!(s.report.is_empty() && s.redacted.is_none());
+    }
+
+    /// A PEM private key, built from pieces (no whole key in the source).
+    fn pem() -> String {
+        let body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\nMzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu\nNMoSfm76oqFvAp8Gy0iz5sxjZmSnXyCdPEovGhLa0VzMaQ8s+CLOyS56YyCFGeJZ";
+        ["-----BEGIN ", "PRIVATE KEY-----\n", body, "\n-----END ", "PRIVATE KEY-----"].concat()
+    }
+
+    fn parts(a: &str, b: &str) -> String {
+        serde_json::json!({"content": [{"type": "text", "text": a}, {"type": "text", "text": b}]})
+            .to_string()
+    }
+
+    /// Every redact and block kind a text still holds.
+    fn strong(out: &str) -> Vec<&'static str> {
+        let s = screen_json(&scanner(), Actions::DEFAULT, out).unwrap();
+        s.report.names_for(Actions::DEFAULT, Action::Redact)
+    }
+
+    #[test]
+    fn a_key_split_across_two_parts_is_redacted_on_both_sides() {
+        let key = pem();
+        for cut in [20, key.len() / 2, key.len() - 10] {
+            let (a, b) = key.split_at(cut);
+            let json = parts(&format!("file: {a}"), &format!("{b}\nrest"));
+            let s = screen_json(&scanner(), Actions::DEFAULT, &json).unwrap();
+            let out = s.redacted.unwrap();
+            assert!(!out.contains("END PRIVATE") && !out.contains("NMoSfm76"), "{cut}: {out}");
+            assert!(out.contains("rest") && out.contains("file: "), "{out}");
+            assert!(strong(&out).is_empty(), "{out}");
+        }
+        for cut in 1..KEY.len() {
+            let (a, b) = KEY.split_at(cut);
+            let json = parts(&format!("id {a}"), &format!("{b} end"));
+            let out = screen_json(&scanner(), Actions::DEFAULT, &json)
+                .unwrap()
+                .redacted
+                .unwrap_or_else(|| panic!("{cut}: not found"));
+            let v: Value = serde_json::from_str(&out).unwrap();
+            let joined = format!("{}{}", v["content"][0]["text"], v["content"][1]["text"]);
+            assert!(!joined.contains(a) || a.len() < 4, "{cut}: {out}");
+            assert!(!joined.contains(b) || b.len() < 4, "{cut}: {out}");
+        }
+    }
+
+    #[test]
+    fn hidden_and_wide_forms_of_a_key_are_the_key() {
+        let zw = [&KEY[..4], "\u{200b}", &KEY[4..]].concat();
+        let wide: String = KEY
+            .chars()
+            .map(|c| char::from_u32(c as u32 - 0x21 + 0xFF01).unwrap_or(c))
+            .collect();
+        for injection in [Action::Flag, Action::Redact] {
+            let a = Actions {
+                injection,
+                ..Actions::DEFAULT
+            };
+            for text in [&zw, &wide] {
+                let json = serde_json::json!({"t": format!("k {text} ok")}).to_string();
+                let s = screen_json(&scanner(), a, &json).unwrap();
+                let out = s.redacted.unwrap();
+                assert!(out.contains("[redacted:aws_access_key_id]"), "{out}");
+                assert!(!out.contains("EXAMPLQ") && !out.contains("ＥＸＡＭＰＬ"), "{out}");
+                assert!(strong(&out).is_empty(), "{out}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_member_named_for_a_secret_is_read_with_its_value() {
+        let json = r#"{"content":[{"type":"text","text":"{\"db_password\": \"x\"}"}],"structuredContent":{"db_password":"q7Vt2LmX9pR4sKw8ZyB3nD","clientSecret":"Zq8mX2vT7pL4wR9kN3bY6c","name":"Ada Lovelace the first"}}"#;
+        let s = screen_json(&scanner(), Actions::DEFAULT, json).unwrap();
+        let out = s.redacted.unwrap();
+        assert!(!out.contains("q7Vt2LmX") && !out.contains("Zq8mX2vT"), "{out}");
+        assert!(out.contains("Ada Lovelace the first"), "{out}");
+        assert!(strong(&out).is_empty(), "{out}");
+        let creds = "[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLQ\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n";
+        let json = serde_json::json!({"text": creds}).to_string();
+        let out = screen_json(&scanner(), Actions::DEFAULT, &json)
+            .unwrap()
+            .redacted
+            .unwrap();
+        assert!(!out.contains("wJalrXUt") && !out.contains("EXAMPLQ"), "{out}");
+    }
+
+    #[test]
+    fn a_key_split_across_two_messages_is_found_in_the_second() {
+        let mut carry = Carry::default();
+        let (a, b) = KEY.split_at(9);
+        let first = serde_json::json!({"params": {"message": format!("key {a}")}}).to_string();
+        let second = serde_json::json!({"result": {"content": [{"type": "text", "text": format!("{b} rest")}]}}).to_string();
+        let s = screen_message(&scanner(), Actions::DEFAULT, &first, Some(&mut carry)).unwrap();
+        assert!(s.report.is_empty(), "{s:?}");
+        let s = screen_message(&scanner(), Actions::DEFAULT, &second, Some(&mut carry)).unwrap();
+        let out = s.redacted.unwrap();
+        assert!(!out.contains(b) && out.contains("rest"), "{out}");
     }
 }

@@ -18,6 +18,7 @@
 //! module only finds.
 
 pub mod content;
+pub mod normalize;
 pub mod rules;
 
 use std::ops::Range;
@@ -154,8 +155,13 @@ pub const CUES: &[&str] = &[
 /// Names whose assigned value is a secret (the password rule), longest
 /// first (`client_secret` before `secret`).
 const ASSIGNED: &[&str] = &[
+    "secret_access_key",
     "client_secret",
+    "refresh_token",
+    "session_token",
     "access_token",
+    "secret_key",
+    "auth_token",
     "password",
     "api_key",
     "passwd",
@@ -220,22 +226,57 @@ impl Scanner {
         })
     }
 
-    /// Every finding in `text`, in order, not overlapping.
+    /// Every finding in `text`, in order, not overlapping. The detectors
+    /// read the text folded ([`normalize::fold`]: compatibility and width
+    /// forms folded, default-ignorable characters removed); each finding's
+    /// range is the original span it covers. Hidden characters are looked
+    /// for in the original.
     pub fn scan(&self, text: &str) -> Vec<Finding> {
         let mut found = Vec::new();
-        self.secrets(text, &mut found);
-        numbers(text, &mut found);
+        match normalize::fold(text) {
+            None => self.detect(text, &mut found),
+            Some(folded) => {
+                let mut inner = Vec::new();
+                self.detect(&folded.text, &mut inner);
+                found.extend(inner.into_iter().map(|f| Finding {
+                    kind: f.kind,
+                    range: folded.original(&f.range),
+                }));
+            }
+        }
         // Every character that hides text is outside ASCII.
         if !text.is_ascii() {
             hidden(text, &mut found);
         }
-        if text.as_bytes().contains(&0x1b) || text.as_bytes().contains(&0xc2) {
-            escapes(text, &mut found);
-        }
-        emails(text, &mut found);
-        phones(text, &mut found);
-        self.words(text, &mut found);
         settle(found)
+    }
+
+    /// The detectors but the hidden characters', over a folded text.
+    fn detect(&self, text: &str, found: &mut Vec<Finding>) {
+        self.secrets(text, found);
+        numbers(text, found);
+        if text.as_bytes().contains(&0x1b) || text.as_bytes().contains(&0xc2) {
+            escapes(text, found);
+        }
+        emails(text, found);
+        phones(text, found);
+        self.words(text, found);
+    }
+
+    /// A member `name` whose value is `value` (a JSON pair, as
+    /// `{"db_password": "…"}`): where in `value` a secret is when the
+    /// name names one ([`ASSIGNED`]) and the value looks generated, as the
+    /// `password=` rule judges a `name=value` text.
+    pub fn assigned(&self, name: &str, value: &str) -> Option<Range<usize>> {
+        if name.len() > 128 || !name.is_ascii() || value.len() < 12 {
+            return None;
+        }
+        let text = format!("{name}={value}");
+        let mut found = Vec::new();
+        assignment(&text, name.len(), &mut found);
+        let f = found.pop()?;
+        let shift = name.len() + 1;
+        Some(f.range.start.checked_sub(shift)?..f.range.end.checked_sub(shift)?)
     }
 
     /// Instruction cues, `password=`-style assignments and images and
@@ -413,8 +454,12 @@ fn assignment(text: &str, sep: usize, found: &mut Vec<Finding>) {
 /// and not a placeholder.
 fn password(text: &str, at: usize, name_end: usize, found: &mut Vec<Finding>) {
     let bytes = text.as_bytes();
-    // `DB_PASSWORD` names one too; `mypassword` is another word.
-    if at > 0 && bytes.get(at - 1).is_some_and(u8::is_ascii_alphanumeric) {
+    // `DB_PASSWORD` and `dbPassword` name one too; `mypassword` is
+    // another word.
+    let camel = at > 0
+        && bytes.get(at).is_some_and(u8::is_ascii_uppercase)
+        && bytes.get(at - 1).is_some_and(u8::is_ascii_lowercase);
+    if at > 0 && bytes.get(at - 1).is_some_and(u8::is_ascii_alphanumeric) && !camel {
         return;
     }
     let mut j = name_end;
@@ -478,8 +523,16 @@ fn next_param(rest: &[u8]) -> bool {
     name > 0 && rest.get(name) == Some(&b'=')
 }
 
+/// A value that is not a secret's: a template, a marker, a path or a URL
+/// (a redacted value is one of these, so a redacted text screened again
+/// finds nothing).
 fn placeholder(value: &str) -> bool {
-    value.starts_with("${")
+    value.starts_with("[redacted:")
+        || value.starts_with('/')
+        || value.starts_with("./")
+        || value.starts_with("~/")
+        || value.contains("://")
+        || value.starts_with("${")
         || value.starts_with("{{")
         || value.starts_with('<')
         || value.starts_with('%')
@@ -1015,7 +1068,7 @@ fn osc_end(bytes: &[u8], from: usize) -> usize {
 
 /// Sorts findings by where they start and drops any that overlaps one
 /// kept before it (the earlier, then the longer, wins).
-fn settle(mut found: Vec<Finding>) -> Vec<Finding> {
+pub(crate) fn settle(mut found: Vec<Finding>) -> Vec<Finding> {
     found.sort_by(|a, b| {
         a.range
             .start

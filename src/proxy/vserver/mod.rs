@@ -892,7 +892,7 @@ impl Cx<'_> {
                 async move {
                     let r = tokio::time::timeout(self.deadline(), self.ensure(&session, headers, m)).await;
                     match r {
-                        Ok(Ok((_, result))) => result,
+                        Ok(Ok((_, result))) => result.map(|r| (m, r)),
                         Ok(Err(_)) => None,
                         Err(_) => {
                             tracing::warn!(virtual_server = %self.vs.config.name, upstream = %self.member_name(m), "virtual server: a member did not answer initialize within list_timeout_ms; it is opened again when needed");
@@ -923,10 +923,12 @@ impl Cx<'_> {
     /// member's result (its other fields kept) with every member's
     /// capabilities; with several members, the virtual server's own name,
     /// and each member's instructions under its name.
-    fn merged(&self, results: &[Value], requested: &str) -> Value {
+    /// Each result comes with the member (its index) that gave it, so that
+    /// its instructions keep their provenance whoever else answered.
+    fn merged(&self, results: &[(usize, Value)], requested: &str) -> Value {
         let mut caps = serde_json::Map::new();
         let mut version: Option<String> = None;
-        for r in results {
+        for (_, r) in results {
             if let Some(c) = r.get("capabilities").and_then(Value::as_object) {
                 rewrite::merge_capabilities(&mut caps, c);
             }
@@ -935,7 +937,10 @@ impl Cx<'_> {
                 version = v.map(str::to_owned);
             }
         }
-        let mut out = results.first().cloned().unwrap_or_else(|| json!({}));
+        let mut out = results
+            .first()
+            .map(|(_, r)| r.clone())
+            .unwrap_or_else(|| json!({}));
         let several = self.vs.config.members.len() > 1;
         if several {
             // A member down now may come back with tools: the client is
@@ -964,11 +969,10 @@ impl Cx<'_> {
             o.insert("serverInfo".to_owned(), self.server_info());
             let instructions: Vec<String> = results
                 .iter()
-                .zip(&self.vs.config.members)
-                .filter_map(|(r, m)| {
+                .filter_map(|(m, r)| {
                     r.get("instructions")
                         .and_then(Value::as_str)
-                        .map(|i| format!("{m}: {i}"))
+                        .map(|i| format!("{}: {i}", self.member_name(*m)))
                 })
                 .collect();
             if instructions.is_empty() {
@@ -1032,7 +1036,10 @@ impl Cx<'_> {
             let refusal: Vec<(usize, Fanned)> = answers.into_iter().skip(i).take(1).collect();
             return Ok(no_result(id, refusal));
         }
-        let results: Vec<Value> = answers.iter().filter_map(|(_, a)| a.result()).collect();
+        let results: Vec<(usize, Value)> = answers
+            .iter()
+            .filter_map(|(m, a)| a.result().map(|r| (*m, r)))
+            .collect();
         if results.is_empty() {
             return Ok(no_result(id, answers));
         }
@@ -1042,18 +1049,18 @@ impl Cx<'_> {
             .unwrap_or("");
         let mut merged = self.merged(&results, requested);
         if let Some(o) = merged.as_object_mut() {
-            if !results.iter().any(|r| r.get("protocolVersion").is_some()) {
+            if !results.iter().any(|(_, r)| r.get("protocolVersion").is_some()) {
                 o.remove("protocolVersion");
             }
             // DiscoverResult has no serverInfo of its own: the identity is
             // in `_meta` (restamped below).
-            if !results.iter().any(|r| r.get("serverInfo").is_some()) {
+            if !results.iter().any(|(_, r)| r.get("serverInfo").is_some()) {
                 o.remove("serverInfo");
             }
             // The revisions every member supports.
             let lists: Vec<Vec<Value>> = results
                 .iter()
-                .filter_map(|r| r.get("supportedVersions")?.as_array().cloned())
+                .filter_map(|(_, r)| r.get("supportedVersions")?.as_array().cloned())
                 .collect();
             if let Some((first, rest)) = lists.split_first() {
                 let shared: Vec<Value> = first

@@ -1,0 +1,302 @@
+//! The gate: the one place every upstream message passes on its way to
+//! the client. Whatever its method, HTTP status, content type or framing
+//! (a JSON answer, each SSE event, each message of a batch, an error, a
+//! 4xx body, a server-to-client request, a task's outcome or its input
+//! requests, `initialize`, a list), the text that is about to leave is
+//! screened here as one unit ([`crate::screen::content::screen_message`]:
+//! every string decoded and folded, member names with their values,
+//! consecutive parts and events read across their boundaries) and gives
+//! the run the labels of its source before any byte of it leaves. What the
+//! gate cannot hold whole is not relayed ([`holds_whole`]).
+//!
+//! Where each model-visible field is, and how it is treated, is
+//! [`FIELDS`]: the README's table is this one.
+
+use crate::mcp::jsonrpc::{Kind, Message};
+use crate::mcp::methods::Class;
+use crate::policy::Labels;
+use crate::screen::content::{self, Action, Carry};
+
+use super::super::decide_answer::{Answering, Content, Part, Scope};
+use super::super::failure::UpstreamFailure;
+
+/// How the gate treats a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Treated {
+    /// Content for the model: screened (flag, redact, block withholds the
+    /// message) and labels the run with its source.
+    Content,
+    /// A definition the model reads (a tool, prompt or resource as
+    /// listed): screened (block hides the item, redact redacts), pinned,
+    /// and gives no labels (it is no content the run took in).
+    Definition,
+    /// Protocol, not read by the model: screened all the same (the gate
+    /// reads every string), labels nothing.
+    Protocol,
+}
+
+/// One row of the table of what reaches the client.
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    /// The message.
+    pub message: &'static str,
+    /// The field, as a JSON path.
+    pub field: &'static str,
+    /// How it is treated.
+    pub treated: Treated,
+    /// Why.
+    pub why: &'static str,
+}
+
+/// Every field of an upstream message that a client may show its model,
+/// and the rest: how each is treated. Every string of every message is
+/// screened by the same gate; this says which labels what.
+pub const FIELDS: &[Field] = &[
+    Field {
+        message: "tools/call result",
+        field: "result.content[*] (text, resource text, image/audio data), result.structuredContent",
+        treated: Treated::Content,
+        why: "the tool's output: the model reads it; labels of the tool and its upstream",
+    },
+    Field {
+        message: "tools/call, prompts/get, resources/read, tasks/* error",
+        field: "error.message, error.data",
+        treated: Treated::Content,
+        why: "clients hand error text to the model; labels of the tool or upstream",
+    },
+    Field {
+        message: "HTTP 4xx body",
+        field: "the whole body (JSON-RPC errors, or text)",
+        treated: Treated::Content,
+        why: "relayed with its status; the client may show it; labels of the upstream",
+    },
+    Field {
+        message: "prompts/get result",
+        field: "result.messages[*].content, result.description",
+        treated: Treated::Content,
+        why: "the prompt is put before the model; labels of the upstream",
+    },
+    Field {
+        message: "resources/read result",
+        field: "result.contents[*].text, .blob",
+        treated: Treated::Content,
+        why: "the resource is read into the context; labels of the upstream",
+    },
+    Field {
+        message: "tasks/result, tasks/get (terminal) result",
+        field: "result (the call's outcome), result.result",
+        treated: Treated::Content,
+        why: "a task's outcome is its call's result; labels of the task's tool",
+    },
+    Field {
+        message: "input-required result, tasks/get (input_required)",
+        field: "result.inputRequests[*].params (messages, elicitation message, schema)",
+        treated: Treated::Content,
+        why: "asks the client's model or user; labels of the upstream",
+    },
+    Field {
+        message: "sampling/createMessage, elicitation/create (server-to-client requests)",
+        field: "params (messages, systemPrompt, message, requestedSchema)",
+        treated: Treated::Content,
+        why: "put to the client's model or user; block refuses the request upstream",
+    },
+    Field {
+        message: "initialize result",
+        field: "result.instructions",
+        treated: Treated::Content,
+        why: "goes into the model's system prompt; labels of the upstream when present",
+    },
+    Field {
+        message: "initialize result",
+        field: "result.serverInfo (name, title, description)",
+        treated: Treated::Protocol,
+        why: "shown to the user; screened, labels nothing",
+    },
+    Field {
+        message: "tools/list, prompts/list, resources/list, resources/templates/list",
+        field: "each item's name, title, description, inputSchema, outputSchema, annotations",
+        treated: Treated::Definition,
+        why: "read by the model to choose; an item with a blocked kind is hidden, the rest redacted",
+    },
+    Field {
+        message: "notifications/message, notifications/progress",
+        field: "params.data, params.message",
+        treated: Treated::Protocol,
+        why: "logs and progress, shown to the user; screened, labels nothing",
+    },
+    Field {
+        message: "completion/complete result",
+        field: "result.completion.values",
+        treated: Treated::Protocol,
+        why: "suggestions for the user's input; screened, labels nothing",
+    },
+    Field {
+        message: "every message",
+        field: "jsonrpc, id, method, _meta, task ids, cursors",
+        treated: Treated::Protocol,
+        why: "protocol; screened with the rest of the message",
+    },
+];
+
+/// Where the content a message carries comes from: the labels it gives
+/// the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source<'a> {
+    /// A tool's output (its labels and its upstream's).
+    Tool(&'a str),
+    /// The upstream's (its labels).
+    Upstream,
+    /// Definitions or protocol: no labels.
+    Nothing,
+}
+
+impl<'a> Source<'a> {
+    /// The labels content from this source gives the run.
+    pub fn labels(self, s: Scope<'_>) -> Labels {
+        match self {
+            Source::Tool(tool) => s.policy.traits(s.upstream.facts(), tool).labels,
+            Source::Upstream => s.policy.content_labels(s.upstream.facts()),
+            Source::Nothing => Labels::NONE,
+        }
+    }
+
+    /// The tool, for the actions of its `[[screen.rule]]`.
+    pub fn tool(self) -> Option<&'a str> {
+        match self {
+            Source::Tool(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// The source of one upstream message: what it answers (`answering`, with
+/// the tool of a task's call as its tool) and what it is.
+pub fn source_of<'a>(
+    m: &Message,
+    result: Option<&str>,
+    answering: Option<Answering<'a>>,
+) -> Source<'a> {
+    match m.kind {
+        Kind::Request => Source::Upstream,
+        Kind::Notification => Source::Nothing,
+        Kind::Response => {
+            let Some(a) = answering else {
+                return Source::Nothing;
+            };
+            let by_tool = a.tool.map_or(Source::Upstream, Source::Tool);
+            if m.is_error {
+                return match a.class {
+                    Class::List(_) | Class::Pass | Class::Completion | Class::Listen => {
+                        Source::Upstream
+                    }
+                    _ => by_tool,
+                };
+            }
+            // An empty result (`{}`: a subscription acknowledged) carries
+            // nothing.
+            let empty = result.is_none_or(|r| r.trim().len() <= 2);
+            match a.class {
+                _ if empty => Source::Nothing,
+                Class::ToolCall | Class::Task(_) => by_tool,
+                Class::Prompt | Class::Resource => Source::Upstream,
+                Class::Pass if result.is_some_and(has_instructions) => Source::Upstream,
+                _ => Source::Nothing,
+            }
+        }
+    }
+}
+
+/// Whether a result carries `instructions` (an `initialize` answer's,
+/// for the model's system prompt).
+fn has_instructions(result: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow)]
+        instructions: Option<std::borrow::Cow<'a, str>>,
+    }
+    result.contains("instructions")
+        && serde_json::from_str::<Probe>(result)
+            .ok()
+            .and_then(|p| p.instructions)
+            .is_some_and(|i| !i.trim().is_empty())
+}
+
+/// Screens `text`, one upstream message as it is about to leave (JSON),
+/// from `source`, continuing `carry` (the earlier events of the same
+/// answer): `None` when nothing was found and it gives no labels.
+///
+/// # Errors
+/// Text that is not JSON (the strict reader accepted it: never).
+pub fn screen(
+    s: Scope<'_>,
+    source: Source<'_>,
+    text: &str,
+    part: Part,
+    carry: Option<&mut Carry>,
+) -> Result<Option<Content>, UpstreamFailure> {
+    let screening = s.policy.screening();
+    let actions = screening.actions(&s.upstream.name, source.tool());
+    let found = content::screen_message(screening.scanner(), actions, text, carry)
+        .map_err(|e| UpstreamFailure::Invalid(format!("unreadable content: {e}")))?;
+    Ok(content_of(found.report, found.redacted, actions, part, source.labels(s)))
+}
+
+/// Screens a body that is not JSON (a 4xx text body) from `source`.
+pub fn screen_text(s: Scope<'_>, source: Source<'_>, text: &str) -> Option<Content> {
+    let screening = s.policy.screening();
+    let actions = screening.actions(&s.upstream.name, source.tool());
+    let found = content::screen_text(screening.scanner(), actions, text);
+    content_of(
+        found.report,
+        found.redacted,
+        actions,
+        Part::Message,
+        source.labels(s),
+    )
+}
+
+fn content_of(
+    report: content::Report,
+    redacted: Option<String>,
+    actions: content::Actions,
+    part: Part,
+    labels: Labels,
+) -> Option<Content> {
+    let labels = if report.injection() {
+        labels.union(Labels::UNTRUSTED)
+    } else {
+        labels
+    };
+    if report.is_empty() && labels.is_empty() {
+        return None;
+    }
+    Some(Content {
+        report,
+        actions,
+        part,
+        redacted,
+        labels,
+    })
+}
+
+/// Whether an answer too large to hold whole (answering `tools`) may
+/// stream past the gate: only when screening looks for nothing on this
+/// upstream and its content gives the run no labels. Anything else is
+/// refused, never relayed unscreened.
+pub fn may_stream(s: Scope<'_>, tools: &[Option<&str>]) -> bool {
+    let screening = s.policy.screening();
+    if !s.policy.content_labels(s.upstream.facts()).is_empty() {
+        return false;
+    }
+    std::iter::once(None)
+        .chain(tools.iter().copied())
+        .all(|tool| {
+            screening.actions(&s.upstream.name, tool).all_off()
+                && tool.is_none_or(|t| Source::Tool(t).labels(s).is_empty())
+        })
+}
+
+/// Whether a verdict withholds the message.
+pub fn blocks(c: &Content) -> bool {
+    c.report.action == Action::Block
+}
