@@ -96,9 +96,9 @@ impl fmt::Display for UriError {
             UriError::FileHost => {
                 f.write_str("a file: URI naming another host than localhost cannot be matched")
             }
-            UriError::FileForm => f.write_str(
-                "a file: URI must be file:///path, file://localhost/path or file:/path",
-            ),
+            UriError::FileForm => {
+                f.write_str("a file: URI must be file:///path, file://localhost/path or file:/path")
+            }
         }
     }
 }
@@ -627,8 +627,14 @@ mod tests {
         ] {
             assert_eq!(ok(uri), "file:///etc/shadow", "{uri}");
         }
-        assert_eq!(normalize("file://server/etc/shadow"), Err(UriError::FileHost));
-        assert_eq!(normalize("file://user@localhost/etc"), Err(UriError::FileHost));
+        assert_eq!(
+            normalize("file://server/etc/shadow"),
+            Err(UriError::FileHost)
+        );
+        assert_eq!(
+            normalize("file://user@localhost/etc"),
+            Err(UriError::FileHost)
+        );
         assert_eq!(normalize("file:etc/shadow"), Err(UriError::FileForm));
         assert_eq!(ok("file:////etc//shadow"), "file:///etc/shadow");
         assert_eq!(normalize("file://"), Err(UriError::FileForm));

@@ -121,7 +121,9 @@ pub async fn recheck(run: &RunContext, tool: &str, risk: Risk, r: Recheck) -> Re
             tracing::info!(tool, rule = rule.as_str(), reason = %reason, "a held call refused at release by the run's labels");
             Err(Outcome::Denied {
                 risk,
-                reason: format!("{reason}; the run took this in while the call was held for approval"),
+                reason: format!(
+                    "{reason}; the run took this in while the call was held for approval"
+                ),
                 rule: rule.as_str().to_owned(),
             })
         }

@@ -76,9 +76,9 @@ use super::decide::RunContext;
 use super::decide_answer::{
     self, result_text, Answering, Content, NewTask, Part, TaskIds, Verdict,
 };
-use super::outbound::gate;
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
+use super::outbound::gate;
 use super::record::{write_rows, AnswerParts, Recorder};
 use super::tasks;
 use super::upstream::{response_headers, Forward};
@@ -701,12 +701,17 @@ impl Exchange {
             let run = self.run.clone();
             let scope = run.answer_scope();
             let tool = self.due.iter().find_map(|d| d.tool.clone());
-            let source = tool.as_deref().map_or(gate::Source::Upstream, gate::Source::Tool);
-            let text = body.as_ref().map(|b| String::from_utf8_lossy(b).into_owned());
+            let source = tool
+                .as_deref()
+                .map_or(gate::Source::Upstream, gate::Source::Tool);
+            let text = body
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned());
             let screened = match text.as_deref().filter(|t| !t.is_empty()) {
                 // Not JSON after all: withheld below as unreadable.
-                Some(t) if is_json => gate::screen(scope, source, t, Part::Message, None)
-                    .unwrap_or_default(),
+                Some(t) if is_json => {
+                    gate::screen(scope, source, t, Part::Message, None).unwrap_or_default()
+                }
                 Some(t) => gate::screen_text(scope, source, t),
                 None => None,
             };
@@ -721,7 +726,11 @@ impl Exchange {
                 }
                 (_, body) => body,
             };
-            let method = self.due.first().map(|d| d.method.clone()).unwrap_or_default();
+            let method = self
+                .due
+                .first()
+                .map(|d| d.method.clone())
+                .unwrap_or_default();
             if let Some(c) = &screened {
                 self.note_content(c, &method, tool.as_deref());
             }
@@ -739,7 +748,9 @@ impl Exchange {
                         HeaderValue::from_static("application/json"),
                     );
                     let what = match &withheld {
-                        Some(kinds) => format!("{cause}; the body carried {kinds}, which [screen] blocks"),
+                        Some(kinds) => {
+                            format!("{cause}; the body carried {kinds}, which [screen] blocks")
+                        }
                         None => cause,
                     };
                     answer::error(

@@ -216,7 +216,13 @@ const PROSE: &[&str] = &[
 #[derive(Debug, Default)]
 pub struct Carry {
     tails: Vec<(String, Tail)>,
+    /// The open ends ([`Scanner::open_end`]) of the last message's
+    /// strings, folded.
+    ends: Vec<String>,
 }
+
+/// Most open ends of one message paired with the other strings.
+const MAX_OPEN_ENDS: usize = 64;
 
 /// The end of a group's last string.
 #[derive(Debug, Clone, Default)]
@@ -291,6 +297,8 @@ pub fn screen_message(
             }
         }
     }
+    let mut carry = carry;
+    split_tokens(scanner, &strings, &mut found, carry.as_deref_mut());
     across(scanner, &strings, &mut found, carry);
     let mut settled = Vec::with_capacity(found.len());
     for f in found {
@@ -418,6 +426,15 @@ fn across(
         }
     }
     if let Some(carry) = carry.as_deref_mut() {
+        // The next event may go on where a string of this one ends: a
+        // token cut there is not relayed (its rest is found in the next).
+        for (_, p) in &last {
+            if let Prev::Here(j) = p {
+                if let Some(f) = scanner.cut_at_end(&strings[*j].text) {
+                    found[*j].push(f);
+                }
+            }
+        }
         let mut tails = Vec::with_capacity(last.len().min(MAX_CARRIED));
         for (g, p) in last.into_iter().rev().take(MAX_CARRIED) {
             let t = match p {
@@ -431,6 +448,85 @@ fn across(
         }
         tails.reverse();
         carry.tails = tails;
+    }
+}
+
+/// Finds a secret rule's token split between two strings of a message, in
+/// either order and whichever members they are (`error.message` and
+/// `error.data`, a text part and `structuredContent`), and between the
+/// last message and this one: a string whose end may start a token
+/// ([`Scanner::open_end`], folded) is read with the start of each other
+/// string; a token found across the two is redacted in both.
+fn split_tokens(
+    scanner: &Scanner,
+    strings: &[Str<'_>],
+    found: &mut [Vec<Finding>],
+    carry: Option<&mut Carry>,
+) {
+    let folded: Vec<Option<super::normalize::Folded>> = strings
+        .iter()
+        .map(|s| super::normalize::fold(&s.text))
+        .collect();
+    let text = |i: usize| -> &str {
+        folded[i]
+            .as_ref()
+            .map_or(strings[i].text.as_ref(), |f| f.text.as_str())
+    };
+    let back = |i: usize, r: std::ops::Range<usize>| {
+        folded[i].as_ref().map_or(r.clone(), |f| f.original(&r))
+    };
+    let mut ends: Vec<(Option<usize>, String)> = carry
+        .as_deref()
+        .map(|c| c.ends.iter().map(|e| (None, e.clone())).collect())
+        .unwrap_or_default();
+    let mut mine = Vec::new();
+    for (i, s) in strings.iter().enumerate() {
+        if s.key || mine.len() >= MAX_OPEN_ENDS {
+            continue;
+        }
+        if let Some(at) = scanner.open_end(text(i)) {
+            let end = text(i)[at..].to_owned();
+            mine.push(end.clone());
+            ends.push((Some(i), end));
+        }
+    }
+    for (i, end) in &ends {
+        for (j, s) in strings.iter().enumerate() {
+            if s.key || Some(j) == *i {
+                continue;
+            }
+            let t = text(j);
+            let run = t
+                .bytes()
+                .take(128)
+                .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-')
+                .count();
+            if run == 0 {
+                continue;
+            }
+            let window = format!("{end}{} ", &t[..run]);
+            for f in scanner.scan(&window) {
+                let straddles = f.range.start < end.len() && f.range.end > end.len();
+                if !straddles || !matches!(f.kind, Kind::Secret(_)) {
+                    continue;
+                }
+                found[j].push(Finding {
+                    kind: f.kind,
+                    range: back(j, 0..f.range.end - end.len()),
+                });
+                if let Some(i) = *i {
+                    let len = text(i).len();
+                    let start = len - (end.len() - f.range.start);
+                    found[i].push(Finding {
+                        kind: f.kind,
+                        range: back(i, start..len),
+                    });
+                }
+            }
+        }
+    }
+    if let Some(c) = carry {
+        c.ends = mine;
     }
 }
 
@@ -504,8 +600,13 @@ struct Str<'a> {
 /// The strings of a JSON text, in document order.
 fn lex(json: &str) -> Result<Vec<Str<'_>>, serde_json::Error> {
     enum Frame {
-        Object { key: Option<usize>, expect_key: bool },
-        Array { name: Option<usize> },
+        Object {
+            key: Option<usize>,
+            expect_key: bool,
+        },
+        Array {
+            name: Option<usize>,
+        },
     }
     let name_here = |stack: &[Frame]| match stack.last() {
         Some(Frame::Object { key, .. }) => *key,
@@ -739,7 +840,14 @@ mod tests {
     /// A PEM private key, built from pieces (no whole key in the source).
     fn pem() -> String {
         let body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\nMzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu\nNMoSfm76oqFvAp8Gy0iz5sxjZmSnXyCdPEovGhLa0VzMaQ8s+CLOyS56YyCFGeJZ";
-        ["-----BEGIN ", "PRIVATE KEY-----\n", body, "\n-----END ", "PRIVATE KEY-----"].concat()
+        [
+            "-----BEGIN ",
+            "PRIVATE KEY-----\n",
+            body,
+            "\n-----END ",
+            "PRIVATE KEY-----",
+        ]
+        .concat()
     }
 
     fn parts(a: &str, b: &str) -> String {
@@ -761,7 +869,10 @@ mod tests {
             let json = parts(&format!("file: {a}"), &format!("{b}\nrest"));
             let s = screen_json(&scanner(), Actions::DEFAULT, &json).unwrap();
             let out = s.redacted.unwrap();
-            assert!(!out.contains("END PRIVATE") && !out.contains("NMoSfm76"), "{cut}: {out}");
+            assert!(
+                !out.contains("END PRIVATE") && !out.contains("NMoSfm76"),
+                "{cut}: {out}"
+            );
             assert!(out.contains("rest") && out.contains("file: "), "{out}");
             assert!(strong(&out).is_empty(), "{out}");
         }
@@ -796,7 +907,10 @@ mod tests {
                 let s = screen_json(&scanner(), a, &json).unwrap();
                 let out = s.redacted.unwrap();
                 assert!(out.contains("[redacted:aws_access_key_id]"), "{out}");
-                assert!(!out.contains("EXAMPLQ") && !out.contains("ＥＸＡＭＰＬ"), "{out}");
+                assert!(
+                    !out.contains("EXAMPLQ") && !out.contains("ＥＸＡＭＰＬ"),
+                    "{out}"
+                );
                 assert!(strong(&out).is_empty(), "{out}");
             }
         }
@@ -807,7 +921,10 @@ mod tests {
         let json = r#"{"content":[{"type":"text","text":"{\"db_password\": \"x\"}"}],"structuredContent":{"db_password":"q7Vt2LmX9pR4sKw8ZyB3nD","clientSecret":"Zq8mX2vT7pL4wR9kN3bY6c","name":"Ada Lovelace the first"}}"#;
         let s = screen_json(&scanner(), Actions::DEFAULT, json).unwrap();
         let out = s.redacted.unwrap();
-        assert!(!out.contains("q7Vt2LmX") && !out.contains("Zq8mX2vT"), "{out}");
+        assert!(
+            !out.contains("q7Vt2LmX") && !out.contains("Zq8mX2vT"),
+            "{out}"
+        );
         assert!(out.contains("Ada Lovelace the first"), "{out}");
         assert!(strong(&out).is_empty(), "{out}");
         let creds = "[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLQ\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n";
@@ -816,13 +933,28 @@ mod tests {
             .unwrap()
             .redacted
             .unwrap();
-        assert!(!out.contains("wJalrXUt") && !out.contains("EXAMPLQ"), "{out}");
+        assert!(
+            !out.contains("wJalrXUt") && !out.contains("EXAMPLQ"),
+            "{out}"
+        );
     }
 
     #[test]
-    fn a_key_split_across_two_messages_is_found_in_the_second() {
+    fn a_key_split_across_two_messages_is_found_in_both() {
         let mut carry = Carry::default();
         let (a, b) = KEY.split_at(9);
+        // The first message ends inside the key: not relayed.
+        let first = serde_json::json!({"params": {"message": format!("key {a}")}}).to_string();
+        let s = screen_message(&scanner(), Actions::DEFAULT, &first, Some(&mut carry)).unwrap();
+        let out = s.redacted.unwrap();
+        assert!(!out.contains(a) && out.contains("key "), "{out}");
+        let second = serde_json::json!({"result": {"content": [{"type": "text", "text": format!("{b} rest")}]}}).to_string();
+        let s = screen_message(&scanner(), Actions::DEFAULT, &second, Some(&mut carry)).unwrap();
+        let out = s.redacted.unwrap();
+        assert!(!out.contains(b) && out.contains("rest"), "{out}");
+        // Cut inside the prefix: the rest is found in the second.
+        let mut carry = Carry::default();
+        let (a, b) = KEY.split_at(3);
         let first = serde_json::json!({"params": {"message": format!("key {a}")}}).to_string();
         let second = serde_json::json!({"result": {"content": [{"type": "text", "text": format!("{b} rest")}]}}).to_string();
         let s = screen_message(&scanner(), Actions::DEFAULT, &first, Some(&mut carry)).unwrap();

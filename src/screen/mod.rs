@@ -263,6 +263,67 @@ impl Scanner {
         self.words(text, found);
     }
 
+    /// Where `text` ends inside a secret rule's token (its prefix and at
+    /// least [`CUT_BODY`] bytes of its body, to the end, fewer than the
+    /// rule's length): what an event that ends there must not carry, since
+    /// its rest may follow in the next one (whose start is then found
+    /// across the boundary). Only for a text the caller knows may go on.
+    pub fn cut_at_end(&self, text: &str) -> Option<Finding> {
+        match normalize::fold(text) {
+            None => self.cut_in(text),
+            Some(f) => self.cut_in(&f.text).map(|x| Finding {
+                kind: x.kind,
+                range: f.original(&x.range),
+            }),
+        }
+    }
+
+    /// [`Scanner::cut_at_end`] of a folded text.
+    fn cut_in(&self, text: &str) -> Option<Finding> {
+        let bytes = text.as_bytes();
+        let from = text.len().saturating_sub(96);
+        let mut at = from;
+        while !text.is_char_boundary(at) {
+            at += 1;
+        }
+        let pem = rules::RULES.len();
+        self.prefixes
+            .find_iter(text.get(at..)?)
+            .map(|m| (m.pattern().as_usize(), at + m.start(), at + m.end()))
+            .filter(|(_, start, _)| starts_word(bytes, *start))
+            .find_map(|(i, start, end)| {
+                let rule = rules::RULES.get(i).filter(|_| i < pem)?;
+                let body = bytes.len() - end;
+                let admits = bytes.get(end..)?.iter().all(|b| rule.body.admits(*b));
+                (admits && body >= CUT_BODY && body < rule.min).then(|| Finding {
+                    kind: Kind::Secret(rule.name),
+                    range: start..bytes.len(),
+                })
+            })
+    }
+
+    /// Where the trailing run of word characters of `text` starts, when
+    /// it may be the first part of a secret rule's token cut there: it
+    /// starts with a rule's prefix, or is the start of one (`AK`).
+    pub fn open_end(&self, text: &str) -> Option<usize> {
+        let bytes = text.as_bytes();
+        let run = bytes
+            .iter()
+            .rev()
+            .take(97)
+            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_' || **b == b'-')
+            .count();
+        if run == 0 || run > 96 {
+            return None;
+        }
+        let at = text.len() - run;
+        let tail = text.get(at..)?;
+        rules::RULES
+            .iter()
+            .any(|r| tail.starts_with(r.prefix) || r.prefix.starts_with(tail))
+            .then_some(at)
+    }
+
     /// A member `name` whose value is `value` (a JSON pair, as
     /// `{"db_password": "…"}`): where in `value` a secret is when the
     /// name names one ([`ASSIGNED`]) and the value looks generated, as the
@@ -392,6 +453,7 @@ impl Scanner {
     }
 
     fn secrets(&self, text: &str, found: &mut Vec<Finding>) {
+        pem_tails(text, found);
         let bytes = text.as_bytes();
         let pem = rules::RULES.len();
         for m in self.prefixes.find_iter(text) {
@@ -620,6 +682,9 @@ fn rule_token(bytes: &[u8], from: usize, rule: &rules::Rule) -> Option<usize> {
     (rule.min..=rule.max).contains(&body).then_some(from + body)
 }
 
+/// Fewest body bytes of a token a text ends inside for [`Scanner::cut_at_end`].
+const CUT_BODY: usize = 4;
+
 /// A PEM block of a private key starting at `at`: through its END line, or
 /// to the end of the text if it was cut off (a partial key is still a key).
 fn pem_block(text: &str, at: usize) -> Option<usize> {
@@ -639,6 +704,43 @@ fn pem_block(text: &str, at: usize) -> Option<usize> {
             Some(at + end + close)
         }
         None => Some(text.len()),
+    }
+}
+
+/// The body of a private key whose BEGIN line is not in this text (it
+/// was cut off in an earlier part or event): base64 lines ending in an
+/// `-----END … PRIVATE KEY-----` line, from where the base64 starts (a
+/// partial first line included) through the END line.
+fn pem_tails(text: &str, found: &mut Vec<Finding>) {
+    const END: &str = "-----END ";
+    for (at, _) in text.match_indices(END) {
+        let line_end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+        let line = &text[at..line_end];
+        if !line.contains("PRIVATE KEY-----") {
+            continue;
+        }
+        let close = line
+            .get(END.len()..)
+            .and_then(|t| t.find("-----"))
+            .map_or(line_end, |i| at + END.len() + i + 5);
+        // Back over the base64 lines before it.
+        let b64 =
+            |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'\n' | b'\r');
+        let bytes = text.as_bytes();
+        let mut start = at;
+        while start > 0 && b64(bytes[start - 1]) {
+            start -= 1;
+        }
+        let body = text[start..at]
+            .bytes()
+            .filter(u8::is_ascii_alphanumeric)
+            .count();
+        if body >= 4 {
+            found.push(Finding {
+                kind: Kind::PrivateKey,
+                range: start..close,
+            });
+        }
     }
 }
 

@@ -808,14 +808,29 @@ async fn refused_messages_are_on_record_at_a_bounded_rate() {
     h[2].1 = "restart_service".to_owned();
     let r = post_modern(&fw, &token, &(h, body)).await;
     assert!(r.json().get("error").is_some(), "{}", r.text);
+    // A mirrored parameter that disagrees with the arguments (decided once
+    // the catalog knows the tool's x-mcp-header): on record too.
+    let (mut h, body) = modern(
+        "tools/call",
+        "get_deployment",
+        6,
+        json!({"name": "get_deployment", "arguments": {"deployment_id": "dep-1"}}),
+    );
+    h.push(("mcp-param-deployment".to_owned(), "dep-2".to_owned()));
+    let r = post_modern(&fw, &token, &(h, body)).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert_eq!(r.code(), -32020, "{}", r.text);
     let refused = "decision = 'invalid' AND position(reason, 'refused before a decision') > 0 AND subject = 'alice'";
     assert_eq!(
-        audit.rows(refused, 5).await,
-        5,
+        audit.rows(refused, 6).await,
+        6,
         "one row per refused message"
     );
     assert_eq!(audit.count(&format!("{refused} AND jsonrpc_id = '5'")), 1);
-    assert_eq!(up.hits(), 0, "none reached the upstream");
+    assert_eq!(audit.count(&format!("{refused} AND jsonrpc_id = '6'")), 1);
+    // Only the firewall's own listing reached the upstream.
+    let reached = || up.hits() - up.count("POST", "tools/list");
+    assert_eq!(reached(), 0, "none reached the upstream");
 
     // A flood: rows stop at the principal's rate, the rest are counted.
     for i in 0..60 {
@@ -838,11 +853,11 @@ async fn refused_messages_are_on_record_at_a_bounded_rate() {
         .sum();
     assert!(dropped >= 20.0, "the flood was cut: {dropped}\n{metrics}");
     // Every refused message is either a row or counted as dropped.
-    let want = 65 - dropped as u64;
+    let want = 66 - dropped as u64;
     let rows = audit.rows(refused, want).await;
-    assert_eq!(rows, want, "{rows} rows + {dropped} dropped of 65 refused");
+    assert_eq!(rows, want, "{rows} rows + {dropped} dropped of 66 refused");
     assert!(rows >= 20, "the burst is on record: {rows}");
-    assert_eq!(up.hits(), 0);
+    assert_eq!(reached(), 0);
     fw.stop().await;
 }
 

@@ -15,6 +15,7 @@ mod budgets;
 mod bypass;
 mod cli;
 mod common;
+mod content_gate;
 mod dashboard;
 mod demo_command;
 mod demo_upstream;

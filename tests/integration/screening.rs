@@ -16,16 +16,16 @@ use crate::common::redis::Redis;
 use crate::common::{self, raw, Firewall, TestConfig};
 
 /// An AWS access key id (AWS's documented example, one letter changed).
-const KEY: &str = "AKIAIOSFODNN7EXAMPLQ";
+pub(crate) const KEY: &str = "AKIAIOSFODNN7EXAMPLQ";
 
 /// Unicode tag characters spelling a hidden instruction.
-fn tags(text: &str) -> String {
+pub(crate) fn tags(text: &str) -> String {
     text.chars()
         .map(|c| char::from_u32(0xE0000 + c as u32).unwrap_or(c))
         .collect()
 }
 
-const POLICY: &str = r#"
+pub(crate) const POLICY: &str = r#"
 [[agents]]
 name = "assistant"
 description = "Reads customer records and the web, sends mail"
@@ -91,7 +91,7 @@ fn content(tool: &str, args: &Value) -> String {
 
 /// A recording upstream: lists [`tools`], answers a call with
 /// [`content`], as an SSE event when the arguments say `sse: true`.
-async fn scripted() -> raw::RawUpstream {
+pub(crate) async fn scripted() -> raw::RawUpstream {
     raw::upstream(|seen| async move {
         let body: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
         let answer = match body["method"].as_str() {
@@ -154,13 +154,13 @@ fn policy_dir(extra: &str) -> tempfile::TempDir {
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Era {
+pub(crate) enum Era {
     Sessions,
     Stateless,
 }
 
 /// Calls `tool` on `upstream` in `era`.
-async fn call(
+pub(crate) async fn call(
     fw: &Firewall,
     era: Era,
     token: &str,
@@ -192,7 +192,7 @@ async fn call(
 }
 
 /// The text of a tool result.
-fn text(a: &common::Answer) -> String {
+pub(crate) fn text(a: &common::Answer) -> String {
     a.json()["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_else(|| panic!("no text in {}", a.text))
@@ -200,12 +200,12 @@ fn text(a: &common::Answer) -> String {
 }
 
 /// Reads customer 42 from `crm` (private data) in `token`'s run.
-async fn read_customer(fw: &Firewall, era: Era, token: &str) {
+pub(crate) async fn read_customer(fw: &Firewall, era: Era, token: &str) {
     let a = call(fw, era, token, "crm", "get_customer", json!({})).await;
     assert_eq!(text(&a), "Customer 42: Ada, plan gold", "{}", a.text);
 }
 
-fn assistant() -> String {
+pub(crate) fn assistant() -> String {
     common::sign(&common::claims("assistant", &["sre"]))
 }
 

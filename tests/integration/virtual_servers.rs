@@ -121,6 +121,7 @@ async fn member(name: &'static str, slow: Duration) -> raw::RawUpstream {
                 "protocolVersion": p["protocolVersion"].as_str().unwrap_or("2025-11-25"),
                 "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "resources": {}},
                 "serverInfo": {"name": name, "version": "1"},
+                "instructions": format!("{name}'s own instructions"),
             }),
             "tools/list" => {
                 tokio::time::sleep(slow).await;
@@ -1076,5 +1077,37 @@ async fn discovery_speaks_for_every_member_and_a_subscription_stream_merges_them
     assert_eq!(answers[0]["id"], 3);
     assert_eq!(events.last().unwrap()["id"], 3);
     assert_eq!(estate.gamma.count("POST", "subscriptions/listen"), 0);
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn merged_instructions_keep_each_members_name_when_one_is_out_of_reach() {
+    let estate = Estate::new(Duration::ZERO).await;
+    // alpha is in another project: this run reaches beta and gamma only.
+    let fw = common::firewall(
+        &estate
+            .config("prefix")
+            .upstream_set("alpha", "projects", vec!["finance"])
+            .text(),
+    )
+    .await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"}}});
+    let a = common::post(&fw.mcp_url("ops"), &token("vs-all"), &[], &init.to_string()).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let instructions = a.json()["result"]["instructions"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", a.text))
+        .to_owned();
+    assert_eq!(
+        instructions,
+        "beta: beta's own instructions\n\ngamma: gamma's own instructions"
+    );
+    assert_eq!(
+        estate.alpha.count("POST", "initialize"),
+        0,
+        "alpha was not opened"
+    );
     fw.stop().await;
 }

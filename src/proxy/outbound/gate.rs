@@ -54,7 +54,8 @@ pub struct Field {
 pub const FIELDS: &[Field] = &[
     Field {
         message: "tools/call result",
-        field: "result.content[*] (text, resource text, image/audio data), result.structuredContent",
+        field:
+            "result.content[*] (text, resource text, image/audio data), result.structuredContent",
         treated: Treated::Content,
         why: "the tool's output: the model reads it; labels of the tool and its upstream",
     },
@@ -116,7 +117,8 @@ pub const FIELDS: &[Field] = &[
         message: "tools/list, prompts/list, resources/list, resources/templates/list",
         field: "each item's name, title, description, inputSchema, outputSchema, annotations",
         treated: Treated::Definition,
-        why: "read by the model to choose; an item with a blocked kind is hidden, the rest redacted",
+        why:
+            "read by the model to choose; an item with a blocked kind is hidden, the rest redacted",
     },
     Field {
         message: "notifications/message, notifications/progress",
@@ -238,7 +240,13 @@ pub fn screen(
     let actions = screening.actions(&s.upstream.name, source.tool());
     let found = content::screen_message(screening.scanner(), actions, text, carry)
         .map_err(|e| UpstreamFailure::Invalid(format!("unreadable content: {e}")))?;
-    Ok(content_of(found.report, found.redacted, actions, part, source.labels(s)))
+    Ok(content_of(
+        found.report,
+        found.redacted,
+        actions,
+        part,
+        source.labels(s),
+    ))
 }
 
 /// Screens a body that is not JSON (a 4xx text body) from `source`.

@@ -1049,7 +1049,10 @@ impl Cx<'_> {
             .unwrap_or("");
         let mut merged = self.merged(&results, requested);
         if let Some(o) = merged.as_object_mut() {
-            if !results.iter().any(|(_, r)| r.get("protocolVersion").is_some()) {
+            if !results
+                .iter()
+                .any(|(_, r)| r.get("protocolVersion").is_some())
+            {
                 o.remove("protocolVersion");
             }
             // DiscoverResult has no serverInfo of its own: the identity is
