@@ -189,6 +189,10 @@ struct RunArgs {
     /// The mcp-firewall binary (default: next to this binary).
     #[arg(long)]
     firewall_bin: Option<PathBuf>,
+    /// The binary the `firewall-baseline` target runs (an earlier build,
+    /// under the same config): old and new in one run.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
     /// nginx `worker_processes` (`auto` or a number).
     #[arg(long, default_value = "auto")]
     nginx_workers: String,
@@ -482,6 +486,7 @@ fn options(args: &RunArgs) -> anyhow::Result<Options> {
         },
         upstream_threads: args.upstream_threads.max(1),
         firewall_bin,
+        baseline_bin: args.baseline_bin.clone(),
         nginx_workers: args.nginx_workers.clone(),
         clickhouse: !args.no_clickhouse,
         log_level: args.firewall_log_level.clone(),

@@ -38,6 +38,7 @@ fn color(target: &str) -> RGBColor {
         "firewall-unscreened" => RGBColor(188, 189, 34),
         "firewall-unchained" => RGBColor(23, 190, 207),
         "firewall-shadow" => RGBColor(127, 127, 127),
+        "firewall-baseline" => RGBColor(140, 86, 75),
         _ => RGBColor(100, 100, 100),
     }
 }

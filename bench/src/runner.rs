@@ -170,6 +170,11 @@ pub enum TargetKind {
     /// the cost of shadowing is the firewall column's against this one;
     /// not a default target (`call/h1/16+firewall-shadow`).
     FirewallShadow,
+    /// The same audited firewall and config run by another binary
+    /// (`--baseline-bin`, an earlier build): the change's cost is the
+    /// firewall column's against this one, in the same rounds; not a
+    /// default target (`call/h1/16+firewall-baseline`).
+    FirewallBaseline,
 }
 
 /// One cell of the plan.
@@ -246,6 +251,8 @@ pub struct Options {
     pub upstream_threads: usize,
     /// The firewall binary.
     pub firewall_bin: PathBuf,
+    /// The binary of the `firewall-baseline` target (an earlier build).
+    pub baseline_bin: Option<PathBuf>,
     /// nginx `worker_processes`.
     pub nginx_workers: String,
     /// Start ClickHouse for the audited firewall when installed.
@@ -279,6 +286,7 @@ struct FwKey {
     unscreened: bool,
     unchained: bool,
     shadow: bool,
+    baseline: bool,
 }
 
 /// A running firewall instance and what the report says of it.
@@ -352,7 +360,7 @@ enum Upstream {
 
 impl TargetKind {
     /// Every target, in report order.
-    pub const ALL: [TargetKind; 10] = [
+    pub const ALL: [TargetKind; 11] = [
         TargetKind::Direct,
         TargetKind::Nginx,
         TargetKind::Hyper,
@@ -363,6 +371,7 @@ impl TargetKind {
         TargetKind::FirewallUnscreened,
         TargetKind::FirewallUnchained,
         TargetKind::FirewallShadow,
+        TargetKind::FirewallBaseline,
     ];
 
     /// What `--targets` defaults to: every target but `firewall-redis` and
@@ -389,6 +398,7 @@ impl TargetKind {
             TargetKind::FirewallUnscreened => "firewall-unscreened",
             TargetKind::FirewallUnchained => "firewall-unchained",
             TargetKind::FirewallShadow => "firewall-shadow",
+            TargetKind::FirewallBaseline => "firewall-baseline",
         }
     }
 
@@ -409,6 +419,7 @@ impl TargetKind {
                 | TargetKind::FirewallUnscreened
                 | TargetKind::FirewallUnchained
                 | TargetKind::FirewallShadow
+                | TargetKind::FirewallBaseline
         )
     }
 
@@ -422,6 +433,7 @@ impl TargetKind {
                 | TargetKind::FirewallUnscreened
                 | TargetKind::FirewallUnchained
                 | TargetKind::FirewallShadow
+                | TargetKind::FirewallBaseline
         )
     }
 
@@ -435,6 +447,7 @@ impl TargetKind {
             unscreened: self == TargetKind::FirewallUnscreened,
             unchained: self == TargetKind::FirewallUnchained,
             shadow: self == TargetKind::FirewallShadow,
+            baseline: self == TargetKind::FirewallBaseline,
         })
     }
 }
@@ -851,8 +864,12 @@ impl World {
             stdio: None,
         };
         let placement = self.placement(self.opts.pin_proxy.as_deref());
+        let bin = match (key.baseline, &self.opts.baseline_bin) {
+            (true, Some(b)) => b,
+            _ => &self.opts.firewall_bin,
+        };
         let fw = Firewall::start(
-            &self.opts.firewall_bin,
+            bin,
             &self.dir,
             spec,
             self.upstream.plain(),
@@ -1119,7 +1136,12 @@ impl World {
             | TargetKind::FirewallH2Up
             | TargetKind::FirewallUnscreened
             | TargetKind::FirewallUnchained
-            | TargetKind::FirewallShadow => {
+            | TargetKind::FirewallShadow
+            | TargetKind::FirewallBaseline => {
+                if target == TargetKind::FirewallBaseline && self.opts.baseline_bin.is_none() {
+                    // Nothing to compare with: not measured.
+                    return Ok(None);
+                }
                 if target == TargetKind::FirewallRedis {
                     let Some(r) = self.redis()? else {
                         return Ok(None);
@@ -1597,6 +1619,7 @@ impl World {
             unscreened: false,
             unchained: false,
             shadow: false,
+            baseline: false,
         };
         let counters = |w: &World| {
             w.firewalls
@@ -2035,13 +2058,14 @@ fn rss_of(pids: &[u32]) -> Option<f64> {
 /// The directory and log name of a firewall instance.
 fn instance_name(key: FwKey) -> String {
     format!(
-        "firewall{}{}{}{}{}{}{}",
+        "firewall{}{}{}{}{}{}{}{}",
         if key.audit { "-audit" } else { "-noaudit" },
         if key.redis { "-redis" } else { "" },
         if key.h2up { "-h2up" } else { "" },
         if key.unscreened { "-unscreened" } else { "" },
         if key.unchained { "-unchained" } else { "" },
         if key.shadow { "-shadow" } else { "" },
+        if key.baseline { "-baseline" } else { "" },
         if key.tls { "-tls" } else { "" }
     )
 }
@@ -2141,6 +2165,7 @@ mod tests {
             upstream_mode: UpstreamMode::InProcess,
             upstream_threads: 1,
             firewall_bin: PathBuf::from("/nonexistent/mcp-firewall"),
+            baseline_bin: None,
             nginx_workers: "1".into(),
             clickhouse: false,
             log_level: "warn".into(),
@@ -2243,6 +2268,7 @@ mod tests {
                 unscreened: false,
                 unchained: false,
                 shadow: false,
+                baseline: false,
             })
         );
         let unscreened = TargetKind::FirewallUnscreened.firewall_key(false).unwrap();

@@ -522,3 +522,37 @@ fn every_cue_holds_an_anchor_and_names_are_longest_first() {
     }
     assert!(s.scan("ignore previous instructionsX").is_empty());
 }
+
+/// The precision corpus read as one message (every sample a text part of
+/// one result, and again each as a `structuredContent` member): the reads
+/// across strings (split tokens, windows, members named for secrets) find
+/// nothing the redact and block kinds act on either.
+#[test]
+fn the_benign_corpus_read_as_one_message_has_no_redact_or_block_findings() {
+    use super::content::{screen_json, Action, Actions};
+    let corpus = samples(include_str!("../../tests/fixtures/screen/benign.jsonl"));
+    let parts: Vec<serde_json::Value> = corpus
+        .iter()
+        .map(|s| serde_json::json!({"type": "text", "text": s.text}))
+        .collect();
+    let members: serde_json::Map<String, serde_json::Value> = corpus
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("{}_{i}", s.category), serde_json::json!(s.text)))
+        .collect();
+    let message = serde_json::json!({"content": parts, "structuredContent": members}).to_string();
+    let strict = Actions {
+        secrets: Action::Block,
+        pii: Action::Block,
+        injection: Action::Block,
+    };
+    let s = screen_json(&scanner(), strict, &message).unwrap();
+    let strong: Vec<&str> = s
+        .report
+        .kinds
+        .iter()
+        .filter(|k| !matches!(k, Kind::Email | Kind::Phone))
+        .map(|k| k.name())
+        .collect();
+    assert!(strong.is_empty(), "{strong:?}");
+}

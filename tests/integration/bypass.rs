@@ -624,10 +624,27 @@ async fn a_large_answer_is_inspected_as_it_streams() {
     assert_eq!(a.code(), -31004, "{}", a.text);
     assert!(!a.text.contains("xxxxxxxx"), "nothing of it passed");
     fw.stop().await;
-    // Where screening only flags, it streams (unscreened).
+    // Where screening only flags, it is not relayed unscreened either.
     let dir = common::policy_dir(&[(
         "90-flag.toml",
         "[screen]\nsecrets = \"flag\"\npii = \"flag\"\ninjection = \"flag\"\n",
+    )]);
+    let text = common::TestConfig::new()
+        .policies(dir.path())
+        .upstream("incidents", &up.url())
+        .upstream_set("incidents", "max_response_bytes", 65536)
+        .text();
+    let fw = common::firewall(&text).await;
+    common::post(&url(&fw), &common::token(), &[], LIST).await;
+    let a = common::post(&url(&fw), &common::token(), &[], &call("INC-1")).await;
+    assert_eq!(a.code(), -31004, "{}", a.text);
+    assert!(!a.text.contains("xxxxxxxx"), "nothing of it passed");
+    fw.stop().await;
+    // Where screening looks for nothing (and the upstream labels nothing),
+    // it streams.
+    let dir = common::policy_dir(&[(
+        "90-off.toml",
+        "[screen]\nsecrets = \"off\"\npii = \"off\"\ninjection = \"off\"\n",
     )]);
     let text = common::TestConfig::new()
         .policies(dir.path())

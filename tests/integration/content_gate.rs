@@ -117,6 +117,13 @@ async fn hostile() -> raw::RawUpstream {
                        "serverInfo": {"name": "web", "version": "1"},
                        "instructions": format!("Use the key {KEY} for the docs. {CUE}.")}),
             ),
+            Some("server/discover") => message(
+                &id,
+                json!({"resultType": "complete", "supportedVersions": ["2026-07-28"],
+                       "capabilities": {"tools": {}, "resources": {}, "prompts": {}},
+                       "cacheScope": "private", "ttlMs": 60000,
+                       "instructions": format!("Use the key {KEY} for the docs. {CUE}.")}),
+            ),
             Some("tools/list") => message(&id, json!({"tools": tools()})),
             Some("resources/list") => message(
                 &id,
@@ -418,93 +425,118 @@ async fn errors_and_4xx_bodies_pass_the_gate_and_label_the_run() {
     fw.stop().await;
 }
 
-/// `initialize` on the session revisions, its instructions.
-async fn initialize(fw: &Firewall, token: &str) -> common::Answer {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
-    common::post(
-        &fw.mcp_url("web"),
-        token,
-        &[("mcp-protocol-version", "2025-11-25")],
-        &body.to_string(),
-    )
-    .await
+/// `initialize` (session revisions) or `server/discover` (2026-07-28):
+/// the server's instructions.
+async fn open(fw: &Firewall, era: Era, token: &str) -> common::Answer {
+    match era {
+        Era::Sessions => {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+            common::post(
+                &fw.mcp_url("web"),
+                token,
+                &[("mcp-protocol-version", "2025-11-25")],
+                &body.to_string(),
+            )
+            .await
+        }
+        Era::Stateless => list(fw, era, token, "server/discover").await,
+    }
 }
 
-async fn list(fw: &Firewall, token: &str, method: &str) -> common::Answer {
-    let body = json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": {}});
-    common::post(
-        &fw.mcp_url("web"),
-        token,
-        &[("mcp-protocol-version", "2025-11-25")],
-        &body.to_string(),
-    )
-    .await
+async fn list(fw: &Firewall, era: Era, token: &str, method: &str) -> common::Answer {
+    match era {
+        Era::Sessions => {
+            let body = json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": {}});
+            common::post(
+                &fw.mcp_url("web"),
+                token,
+                &[("mcp-protocol-version", "2025-11-25")],
+                &body.to_string(),
+            )
+            .await
+        }
+        Era::Stateless => {
+            let (headers, body) = crate::answer_path::modern(method, "", 2, json!({}));
+            let hs: Vec<(&str, &str)> = headers
+                .iter()
+                .filter(|(k, _)| k != "mcp-name")
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            common::post(&fw.mcp_url("web"), token, &hs, &body).await
+        }
+    }
 }
 
 #[tokio::test]
 async fn instructions_and_list_descriptions_pass_the_gate() {
     let estate = Estate::new("").await;
     let fw = estate.firewall().await;
-    let token = assistant();
-    // The key in `instructions` is redacted; the instructions label the
-    // run (they go into the model's system prompt).
-    read_customer(&fw, Era::Sessions, &token).await;
-    let a = initialize(&fw, &token).await;
-    assert_sealed(&a, KEY, "initialize");
-    let instructions = a.json()["result"]["instructions"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    assert!(
-        instructions.contains("[redacted:aws_access_key_id]"),
-        "{}",
-        a.text
-    );
-    let a = call(
-        &fw,
-        Era::Sessions,
-        &token,
-        "mail",
-        "send_email",
-        json!({"to": "x@corp.example"}),
-    )
-    .await;
-    assert_eq!(a.code(), -31001, "{}", a.text);
-    assert_eq!(estate.mail.calls_of("send_email"), 0);
-    // A description in resources/list.
-    let a = list(&fw, &token, "resources/list").await;
-    assert_sealed(&a, KEY, "resources/list");
-    assert!(a.text.contains("The read-me"), "{}", a.text);
+    for era in [Era::Sessions, Era::Stateless] {
+        let token = assistant();
+        // The key in `instructions` is redacted; the instructions label
+        // the run (they go into the model's system prompt).
+        read_customer(&fw, era, &token).await;
+        let a = open(&fw, era, &token).await;
+        assert_sealed(&a, KEY, &format!("{era:?} instructions"));
+        let instructions = a.json()["result"]["instructions"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            instructions.contains("[redacted:aws_access_key_id]"),
+            "{era:?}: {}",
+            a.text
+        );
+        let sends = estate.mail.calls_of("send_email");
+        let a = call(
+            &fw,
+            era,
+            &token,
+            "mail",
+            "send_email",
+            json!({"to": "x@corp.example"}),
+        )
+        .await;
+        assert_eq!(a.code(), -31001, "{era:?}: {}", a.text);
+        assert_eq!(estate.mail.calls_of("send_email"), sends);
+        // A description in resources/list.
+        let a = list(&fw, era, &token, "resources/list").await;
+        assert_sealed(&a, KEY, &format!("{era:?} resources/list"));
+        assert!(a.text.contains("The read-me"), "{era:?}: {}", a.text);
+    }
     fw.stop().await;
 
     // With injection = "block" for web: the cue in the instructions
     // withholds the answer, and a poisoned prompt is hidden like a tool.
     let estate = Estate::new("[[screen.rule]]\nupstream = \"web\"\ninjection = \"block\"\n").await;
     let fw = estate.firewall().await;
-    let a = initialize(&fw, &token).await;
-    assert!(
-        !a.text.to_lowercase().contains("ignore previous"),
-        "{}",
-        a.text
-    );
-    assert!(
-        a.text.contains("withheld") && a.text.contains("instruction_cue"),
-        "{}",
-        a.text
-    );
-    let a = list(&fw, &token, "prompts/list").await;
-    let v = a.json();
-    let names: Vec<&str> = v["result"]["prompts"]
-        .as_array()
-        .map(|p| p.iter().filter_map(|x| x["name"].as_str()).collect())
-        .unwrap_or_default();
-    assert_eq!(names, ["fine"], "{}", a.text);
-    assert!(
-        !a.text.to_lowercase().contains("ignore previous"),
-        "{}",
-        a.text
-    );
+    for era in [Era::Sessions, Era::Stateless] {
+        let token = assistant();
+        let a = open(&fw, era, &token).await;
+        assert!(
+            !a.text.to_lowercase().contains("ignore previous"),
+            "{era:?}: {}",
+            a.text
+        );
+        assert!(
+            a.text.contains("withheld") && a.text.contains("instruction_cue"),
+            "{era:?}: {}",
+            a.text
+        );
+        let a = list(&fw, era, &token, "prompts/list").await;
+        let v = a.json();
+        let names: Vec<&str> = v["result"]["prompts"]
+            .as_array()
+            .map(|p| p.iter().filter_map(|x| x["name"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(names, ["fine"], "{era:?}: {}", a.text);
+        assert!(
+            !a.text.to_lowercase().contains("ignore previous"),
+            "{era:?}: {}",
+            a.text
+        );
+    }
     fw.stop().await;
 }
 
@@ -584,14 +616,22 @@ async fn a_held_call_is_judged_again_by_the_labels_it_is_released_into() {
         .set("approvals.hold_s", 20)
         .set("approvals.expiry_s", 60);
     let fw = std::sync::Arc::new(common::firewall(&cfg.text()).await);
+    for era in [Era::Stateless, Era::Sessions] {
+        held_then_released(&fw, &estate, era).await;
+    }
+}
+
+/// A send held for a person (its own gate, not the labels); while it
+/// waits the run reads private data and an untrusted page; approved, it is
+/// refused at release, and mail hears nothing.
+async fn held_then_released(fw: &std::sync::Arc<Firewall>, estate: &Estate, era: Era) {
     let token = assistant();
-    // The send waits for a person (its own gate, not the labels).
     let held = {
         let (fw, token) = (fw.clone(), token.clone());
         tokio::spawn(async move {
             call(
                 &fw,
-                Era::Stateless,
+                era,
                 &token,
                 "mail",
                 "send_email",
@@ -610,14 +650,16 @@ async fn a_held_call_is_judged_again_by_the_labels_it_is_released_into() {
         if let Some(a) = list.into_iter().next() {
             break a;
         }
-        assert!(Instant::now() < deadline, "no approval was requested");
+        assert!(
+            Instant::now() < deadline,
+            "{era:?}: no approval was requested"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    // While it waits, the run reads private data and an untrusted page.
-    read_customer(&fw, Era::Stateless, &token).await;
+    read_customer(fw, era, &token).await;
     let a = call(
-        &fw,
-        Era::Stateless,
+        fw,
+        era,
         &token,
         "web",
         "fetch_page",
@@ -640,9 +682,17 @@ async fn a_held_call_is_judged_again_by_the_labels_it_is_released_into() {
         .await
         .unwrap();
     let a = held.await.unwrap();
-    assert_eq!(a.code(), -31001, "{}", a.text);
-    assert!(a.text.contains("while the call was held"), "{}", a.text);
-    assert_eq!(estate.mail.calls_of("send_email"), 0, "mail heard nothing");
+    assert_eq!(a.code(), -31001, "{era:?}: {}", a.text);
+    assert!(
+        a.text.contains("while the call was held"),
+        "{era:?}: {}",
+        a.text
+    );
+    assert_eq!(
+        estate.mail.calls_of("send_email"),
+        0,
+        "{era:?}: mail heard nothing"
+    );
 }
 
 #[tokio::test]
