@@ -3,7 +3,7 @@
 //! verdict it must get (`allow`, `approve`, `deny`; `hidden` and `invalid`
 //! are stricter kinds of `deny`) or a list with the tools it must hide or
 //! show. Verdicts are made by the code `serve` makes them with
-//! ([`crate::proxy::judge`] for calls, [`crate::proxy::decide_answer`] for
+//! ([`crate::proxy::judge`] for calls, [`crate::proxy::outbound::decide`] for
 //! lists); each tool's definition comes from the pins file when there is
 //! one, else from the case's `tool = { annotations, inputSchema }`, else it
 //! is an empty one. Output reads like `cargo test`; `--junit` writes JUnit
@@ -347,7 +347,7 @@ impl Bench<'_> {
         name: &str,
         entry: &ToolEntry,
     ) -> Option<(policy::Risk, policy::Gate)> {
-        use crate::proxy::decide_answer::{listed_screen, tool_visible, Scope};
+        use crate::proxy::outbound::decide::{listed_screen, tool_visible, Scope};
         let scope = Scope {
             policy: self.policy,
             authority,

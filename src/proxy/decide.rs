@@ -598,19 +598,6 @@ impl RunContext {
         self.policy.generation() ^ self.pins.generation().rotate_left(32)
     }
 
-    /// What the upstream's answers are decided against
-    /// ([`super::decide_answer`]).
-    pub fn answer_scope(&self) -> super::decide_answer::Scope<'_> {
-        super::decide_answer::Scope {
-            policy: &self.policy,
-            authority: &self.authority,
-            upstream: &self.upstream.config,
-            stateless: self.version.is_stateless(),
-            tasks: &self.tasks,
-            principal: self.principal(),
-        }
-    }
-
     /// What a `tools/call` of this run is judged with ([`super::judge`]).
     pub fn judge<'a>(&'a self, identity: &'a Identity<'a>) -> super::judge::Judge<'a> {
         super::judge::Judge {

@@ -45,8 +45,8 @@ use super::decide::{ApprovalNote, Gated, Granted, Outcome, RunContext};
 use super::error::ProxyError;
 use super::failure::UpstreamFailure;
 use super::holds::{HoldKey, Holds};
+use super::outbound::{Due, Exchange, Kind2};
 use super::record::Recorder;
-use super::relay::{Due, Exchange, Kind2};
 use super::upstream::Forward;
 use crate::http_util::{Body, BoxError};
 

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::auth::{Audience, Claims, Mode};
 use crate::config::{self, Upstream};
-use crate::proxy::decide_answer::{tool_visible, Scope};
+use crate::proxy::outbound::decide::{tool_visible, Scope};
 use crate::proxy::tasks::Tasks;
 use crate::session::Principal;
 

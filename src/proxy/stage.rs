@@ -24,8 +24,8 @@ use crate::server::listener::ConnInfo;
 use super::decide::{ApprovalNote, Around, Outcome, Ruling, RunContext, Verdict};
 use super::error::{json_response, ProxyError};
 use super::hold::Held;
+use super::outbound::Due;
 use super::record::Recorder;
-use super::relay::Due;
 use super::{answer, tool_label, State};
 use crate::http_util::{self, Body};
 

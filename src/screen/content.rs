@@ -425,7 +425,7 @@ fn across(
             None => last.push((group.to_owned(), Prev::Here(i))),
         }
     }
-    if let Some(carry) = carry.as_deref_mut() {
+    if let Some(carry) = carry {
         // The next event may go on where a string of this one ends: a
         // token cut there is not relayed (its rest is found in the next).
         for (_, p) in &last {

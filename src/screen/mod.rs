@@ -295,7 +295,7 @@ impl Scanner {
                 let rule = rules::RULES.get(i).filter(|_| i < pem)?;
                 let body = bytes.len() - end;
                 let admits = bytes.get(end..)?.iter().all(|b| rule.body.admits(*b));
-                (admits && body >= CUT_BODY && body < rule.min).then(|| Finding {
+                (admits && body >= CUT_BODY && body < rule.min).then_some(Finding {
                     kind: Kind::Secret(rule.name),
                     range: start..bytes.len(),
                 })

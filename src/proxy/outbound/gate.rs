@@ -17,8 +17,11 @@ use crate::mcp::methods::Class;
 use crate::policy::Labels;
 use crate::screen::content::{self, Action, Carry};
 
-use super::super::decide_answer::{Answering, Content, Part, Scope};
-use super::super::failure::UpstreamFailure;
+use super::decide::{result_text, Answering, Content, Part, Scope};
+use super::{stamp, Exchange, Pass};
+use crate::audit::AuditRow;
+use crate::proxy::answer;
+use crate::proxy::failure::UpstreamFailure;
 
 /// How the gate treats a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,4 +310,150 @@ pub fn may_stream(s: Scope<'_>, tools: &[Option<&str>]) -> bool {
 /// Whether a verdict withholds the message.
 pub fn blocks(c: &Content) -> bool {
     c.report.action == Action::Block
+}
+
+// === the gate carried out on the relay ===
+
+impl Exchange {
+    /// The gate ([`gate`]): one upstream message about to leave, screened
+    /// whole as it would leave (after the verdict's rewrites), the run
+    /// given the labels of its source before any byte of it leaves, and
+    /// screening's verdict carried out (flagged: relayed; redacted;
+    /// blocked: a response withheld, a server request refused upstream, a
+    /// notification dropped).
+    pub(super) fn gate(
+        &mut self,
+        m: &Message,
+        raw: &str,
+        pos: Option<usize>,
+        pass: Pass,
+        rows: &mut Vec<AuditRow>,
+    ) -> Result<(Pass, Option<Box<Content>>), UpstreamFailure> {
+        let text = match &pass {
+            Pass::Same => raw,
+            Pass::Replaced(t) => t.as_str(),
+            Pass::Dropped => return Ok((pass, None)),
+        };
+        let run = self.run.clone();
+        // A task's outcome is its call's: the task's tool is its source.
+        let tool = pos.and_then(|p| {
+            let d = &self.due[p];
+            d.tool
+                .clone()
+                .or_else(|| d.task.as_ref().map(|t| t.tool.clone()))
+                .filter(|t| !t.is_empty())
+        });
+        let answering = pos.map(|p| Answering {
+            class: &self.due[p].class,
+            tool: tool.as_deref(),
+            approved: self.due[p].granted.is_some(),
+        });
+        let source = source_of(m, result_text(m, raw), answering);
+        let Some(c) = screen(
+            run.answer_scope(),
+            source,
+            text,
+            Part::Message,
+            Some(&mut self.carry),
+        )?
+        else {
+            return Ok((pass, None));
+        };
+        let method = pos
+            .map(|p| self.due[p].method.clone())
+            .or_else(|| m.method.clone())
+            .unwrap_or_default();
+        self.note_content(&c, &method, tool.as_deref());
+        let pass = match c.report.action {
+            Action::Block => {
+                let kinds = c.report.names_for(c.actions, Action::Block);
+                match m.kind {
+                    Kind::Response => Pass::Replaced(
+                        String::from_utf8_lossy(&answer::withheld(
+                            m.id.as_ref(),
+                            tool.as_deref(),
+                            &kinds,
+                        ))
+                        .into_owned(),
+                    ),
+                    Kind::Request => {
+                        let why = format!("it carried {}, which [screen] blocks", kinds.join(", "));
+                        if self.recorder.enabled() {
+                            let mut row = self.recorder.refused_server_request(m, why.clone());
+                            stamp(&mut row, &c);
+                            rows.push(row);
+                        }
+                        self.refuse_server_request(m, &why);
+                        Pass::Dropped
+                    }
+                    Kind::Notification => {
+                        tracing::info!(upstream = %run.upstream.config.name, method = %method, found = ?kinds, "dropped a notification [screen] blocks");
+                        Pass::Dropped
+                    }
+                }
+            }
+            Action::Redact => match &c.redacted {
+                Some(r) => Pass::Replaced(r.clone()),
+                None => {
+                    return Err(UpstreamFailure::Invalid(
+                        "content that could not be redacted".to_owned(),
+                    ))
+                }
+            },
+            _ => pass,
+        };
+        if m.kind == Kind::Request && !matches!(pass, Pass::Dropped) && self.recorder.enabled() {
+            // A server-to-client request with content: its own row.
+            let mut row = self.recorder.relayed_server_request(m);
+            stamp(&mut row, &c);
+            rows.push(row);
+        }
+        Ok((pass, Some(Box::new(c))))
+    }
+
+    /// Screened content's effects beside the message: counted, logged,
+    /// the run's labels taken.
+    pub(super) fn note_content(&mut self, c: &Content, method: &str, tool: Option<&str>) {
+        let cx = self.run.clone();
+        let upstream = &cx.upstream.config.name;
+        for k in &c.report.kinds {
+            cx.metrics
+                .finding(upstream, k.name(), c.actions.for_kind(*k).as_str());
+        }
+        if !c.report.is_empty() {
+            tracing::info!(
+                upstream = %upstream,
+                method = %method,
+                tool = tool.unwrap_or(""),
+                found = ?c.report.names(),
+                action = %c.report.action,
+                "screening found content"
+            );
+        }
+        self.take_labels(c.labels, method, tool);
+    }
+
+    /// The run took in content with `labels`: stored (in Redis too, when
+    /// shared) before the answer leaves.
+    pub(super) fn take_labels(&mut self, labels: Labels, method: &str, tool: Option<&str>) {
+        if labels.is_empty() {
+            return;
+        }
+        let cx = &self.run;
+        for name in labels.names() {
+            cx.metrics.run_label(name);
+        }
+        let upstream = &cx.upstream.config.name;
+        let stored = cx.budgets.labels().take(
+            &cx.claims.tenant_id,
+            &cx.claims.run_id,
+            labels,
+            || match tool {
+                Some(tool) => format!("{upstream}: {method} {tool}"),
+                None => format!("{upstream}: {method}"),
+            },
+            &cx.metrics,
+        );
+        self.settling.extend(stored);
+    }
 }
