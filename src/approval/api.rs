@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use crate::auth::{Audience, TokenError, Verifier};
 use crate::http_util::{full, Body, BoxError};
 
-use super::{console, Approval, ApprovalError, Approvals, Approver, Status};
+use super::{console, Approval, ApprovalError, Approvals, Approver, RunLabel, Status};
 
 /// Largest request body accepted (a reason and some slack).
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
@@ -173,6 +173,11 @@ pub struct ApprovalView {
     /// The preview, for pending approvals that name a preview tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview: Option<PreviewView>,
+    /// The labels the run holds now (a pending approval's), with what
+    /// brought each in: what the call will be judged against again when
+    /// it is released.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_labels: Vec<RunLabel>,
 }
 
 /// A preview's outcome.
@@ -405,11 +410,17 @@ async fn preview_view(approvals: &Approvals, a: &Approval, by: &str) -> Option<P
 }
 
 fn view(approvals: &Approvals, approval: Approval, preview: Option<PreviewView>) -> ApprovalView {
+    let run_labels = if approval.status == Status::Pending {
+        approvals.run_labels(&approval.key)
+    } else {
+        Vec::new()
+    };
     ApprovalView {
         status_url: approvals.status_url(&approval.id),
         console_url: approvals.console_url(&approval.id),
         approval,
         preview,
+        run_labels,
     }
 }
 

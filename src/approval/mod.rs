@@ -97,6 +97,7 @@ pub struct Approvals {
     metrics: Metrics,
     hooks: RwLock<Vec<TransitionHook>>,
     preview: RwLock<Option<PreviewFn>>,
+    labels: RwLock<Option<LabelsFn>>,
     previews: dashmap::DashMap<ApprovalId, PreviewSlot>,
     public_url: ArcSwap<String>,
     webhook: Option<webhook::Webhook>,
@@ -180,6 +181,7 @@ impl Approvals {
             metrics,
             hooks: RwLock::new(Vec::new()),
             preview: RwLock::new(None),
+            labels: RwLock::new(None),
             previews: dashmap::DashMap::new(),
             public_url: ArcSwap::from_pointee(public_url.trim_end_matches('/').to_owned()),
             webhook,
@@ -241,6 +243,23 @@ impl Approvals {
         if let Ok(mut p) = self.preview.write() {
             *p = Some(f);
         }
+    }
+
+    /// Sets how the labels a run holds now are read (the request path's
+    /// store), for the card of an approval of that run.
+    pub fn set_labels(&self, f: LabelsFn) {
+        if let Ok(mut l) = self.labels.write() {
+            *l = Some(f);
+        }
+    }
+
+    /// The labels the approval's run holds now, each with what brought it
+    /// in: the card shows them, so a person deciding sees what the run took
+    /// in since the call was held (the call is judged against them again
+    /// when it is released).
+    pub fn run_labels(&self, key: &CallKey) -> Vec<RunLabel> {
+        let f = self.labels.read().ok().and_then(|l| l.clone());
+        f.map(|f| f(&key.tenant, &key.run_id)).unwrap_or_default()
     }
 
     /// The pending or approved approval for exactly this call, or a new

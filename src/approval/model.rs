@@ -277,6 +277,19 @@ pub type TransitionHook = Box<dyn Fn(&Transition) + Send + Sync>;
 pub type PreviewFn =
     Arc<dyn Fn(&Approval, &str) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
 
+/// Reads the labels a run (tenant, run id) holds now, with what brought
+/// each in; set by the request path, which keeps them.
+pub type LabelsFn = Arc<dyn Fn(&str, &str) -> Vec<RunLabel> + Send + Sync>;
+
+/// A label a run holds, as an approval's card shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunLabel {
+    /// `private` or `untrusted`.
+    pub label: String,
+    /// The call that brought it in (`crm: tools/call get_customer`).
+    pub from: String,
+}
+
 /// A preview result as shown: the value, or why there is none.
 pub type PreviewResult = Result<Arc<Value>, String>;
 

@@ -197,6 +197,21 @@ pub fn wire(state: &Arc<State>, approvals: &Arc<Approvals>) {
             }
         });
     }));
+    let budgets = Arc::downgrade(&state.budgets);
+    approvals.set_labels(Arc::new(move |tenant: &str, run: &str| {
+        let Some(budgets) = budgets.upgrade() else {
+            return Vec::new();
+        };
+        let held = budgets.labels().known_held(tenant, run);
+        crate::policy::Labels::ALL
+            .iter()
+            .filter(|(l, _)| held.labels.contains(*l))
+            .map(|(l, name)| crate::approval::RunLabel {
+                label: (*name).to_owned(),
+                from: held.source(*l).unwrap_or("an earlier answer").to_owned(),
+            })
+            .collect()
+    }));
     let weak = Arc::downgrade(state);
     approvals.set_preview(Arc::new(move |approval: &Approval, by: &str| {
         let state = weak.upgrade();

@@ -667,6 +667,20 @@ async fn held_then_released(fw: &std::sync::Arc<Firewall>, estate: &Estate, era:
     )
     .await;
     assert!(text(&a).contains("Welcome"), "{}", a.text);
+    // The card shows what the run took in since.
+    let shown: Vec<String> = approvals
+        .run_labels(&pending.key)
+        .into_iter()
+        .map(|l| format!("{} from {}", l.label, l.from))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "private from crm: tools/call get_customer",
+            "untrusted from web: tools/call fetch_page"
+        ],
+        "{era:?}"
+    );
     approvals
         .decide(
             "acme",
@@ -807,6 +821,22 @@ enum Shape {
     Resource,
     /// `prompts/get` messages.
     Prompt,
+    /// `initialize` instructions.
+    Instructions,
+    /// An input-required result whose elicitation carries the text.
+    InputRequired,
+    /// A definition: a resource's description in `resources/list`.
+    Listed,
+    /// `completion/complete` values.
+    Completion,
+}
+
+impl Shape {
+    /// Whether an answer of this shape is content the run takes in (it
+    /// labels the run); definitions and completions label nothing.
+    fn labels(self) -> bool {
+        !matches!(self, Shape::Listed | Shape::Completion)
+    }
 }
 
 /// What is planted.
@@ -836,6 +866,10 @@ fn case() -> impl Strategy<Value = Case> {
         Just(Shape::Sampling),
         Just(Shape::Resource),
         Just(Shape::Prompt),
+        Just(Shape::Instructions),
+        Just(Shape::InputRequired),
+        Just(Shape::Listed),
+        Just(Shape::Completion),
     ];
     let plant = prop_oneof![Just(Plant::Key), Just(Plant::Pem), Just(Plant::Cue)];
     (
@@ -940,6 +974,39 @@ impl Case {
                     event(&message(id, json!({"content": [text("done")]}))),
                 ],
             ),
+            (Shape::Instructions, _) => json_answer(
+                200,
+                message(
+                    id,
+                    json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "web", "version": "1"}, "instructions": whole}),
+                ),
+            ),
+            (Shape::InputRequired, _) => json_answer(
+                200,
+                message(
+                    id,
+                    json!({"resultType": "input_required", "inputRequests": {"e": {
+                    "method": "elicitation/create", "params": {"mode": "form", "message": a,
+                    "requestedSchema": {"type": "object", "properties": {"note": {"type": "string", "description": b}}}}}}}),
+                ),
+            ),
+            (Shape::Listed, _) => json_answer(
+                200,
+                message(
+                    id,
+                    json!({"resources": [
+                    {"uri": "file:///a", "name": "a", "description": a},
+                    {"uri": "file:///b", "name": "b", "description": b}]}),
+                ),
+            ),
+            (Shape::Completion, _) => json_answer(
+                200,
+                message(
+                    id,
+                    json!({"completion": {"values": [a, b], "hasMore": false}}),
+                ),
+            ),
             (Shape::Resource, _) => json_answer(
                 200,
                 message(
@@ -962,6 +1029,15 @@ impl Case {
         match self.shape {
             Shape::Resource => ("resources/read".into(), json!({"uri": "file:///notes"})),
             Shape::Prompt => ("prompts/get".into(), json!({"name": "fine"})),
+            Shape::Instructions => (
+                "initialize".into(),
+                json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+            ),
+            Shape::Listed => ("resources/list".into(), json!({})),
+            Shape::Completion => (
+                "completion/complete".into(),
+                json!({"ref": {"type": "ref/prompt", "name": "fine"}, "argument": {"name": "q", "value": "x"}}),
+            ),
             _ => (
                 "tools/call".into(),
                 json!({"name": "fetch_page", "arguments": {"page": "x"}}),
@@ -1008,10 +1084,12 @@ proptest! {
                     panic!("{c:?}: {piece:?} reached the client: {}", a.text);
                 }
             }
-            let sends = world.mail.calls_of("send_email");
-            let s = call(&world.fw, Era::Sessions, &token, "mail", "send_email", json!({"to": "x@corp.example"})).await;
-            assert_eq!(s.code(), -31001, "{c:?}: the run was not labelled by {}: {}", a.text, s.text);
-            assert_eq!(world.mail.calls_of("send_email"), sends, "{c:?}");
+            if c.shape.labels() {
+                let sends = world.mail.calls_of("send_email");
+                let s = call(&world.fw, Era::Sessions, &token, "mail", "send_email", json!({"to": "x@corp.example"})).await;
+                assert_eq!(s.code(), -31001, "{c:?}: the run was not labelled by {}: {}", a.text, s.text);
+                assert_eq!(world.mail.calls_of("send_email"), sends, "{c:?}");
+            }
         });
     }
 }
@@ -1052,7 +1130,15 @@ async fn world() -> World {
                 ("prompts/list", _) => {
                     raw::result_for(&seen, json!({"prompts": [{"name": "fine"}]}))
                 }
-                ("tools/call" | "resources/read" | "prompts/get", Some(c)) => {
+                (
+                    "tools/call"
+                    | "resources/read"
+                    | "prompts/get"
+                    | "initialize"
+                    | "resources/list"
+                    | "completion/complete",
+                    Some(c),
+                ) => {
                     let (status, ct, chunks) = c.answer(&id, &method);
                     if ct == "text/event-stream" {
                         raw::sse(chunks, Duration::from_millis(1), false)
