@@ -2240,11 +2240,15 @@ mod tests {
             .into_iter()
             .filter_map(|t| t.firewall_key(false))
             .collect();
-        assert_eq!(keys.len(), 7);
+        assert_eq!(keys.len(), 8);
         let mut distinct = keys.clone();
         distinct.sort();
         distinct.dedup();
-        assert_eq!(distinct.len(), 7);
+        assert_eq!(distinct.len(), 8);
+        let baseline = TargetKind::FirewallBaseline.firewall_key(false).unwrap();
+        assert!(baseline.audit && baseline.baseline && !baseline.shadow);
+        assert_eq!(instance_name(baseline), "firewall-audit-baseline");
+        assert!(!TargetKind::DEFAULT.contains(&TargetKind::FirewallBaseline));
         let shadow = TargetKind::FirewallShadow.firewall_key(false).unwrap();
         assert!(shadow.audit && shadow.shadow && !shadow.unchained);
         assert_eq!(instance_name(shadow), "firewall-audit-shadow");

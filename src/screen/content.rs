@@ -381,13 +381,13 @@ fn across(
                 tail_of(&strings[*j].text),
                 open_key(&found[*j], strings[*j].text.len()),
             ),
-            Prev::Before(t) => (None, t.text.clone(), t.open_key),
+            Prev::Before(t) => (None, t.text.as_str(), t.open_key),
         });
         if let Some((j, tail, open)) = prev {
             let head = head_of(&s.text);
             let mut continued = false;
             if tail.len() + head.len() >= 8 {
-                let window = format!("{tail}{head}");
+                let window = [tail, head].concat();
                 for f in scanner.scan(&window) {
                     if f.range.start >= tail.len() || f.range.end <= tail.len() {
                         continue;
@@ -439,7 +439,7 @@ fn across(
         for (g, p) in last.into_iter().rev().take(MAX_CARRIED) {
             let t = match p {
                 Prev::Here(j) => Tail {
-                    text: tail_of(&strings[j].text),
+                    text: tail_of(&strings[j].text).to_owned(),
                     open_key: open_key(&found[j], strings[j].text.len()),
                 },
                 Prev::Before(t) => t,
@@ -553,12 +553,12 @@ fn key_end(text: &str, from: usize) -> usize {
 }
 
 /// The last [`WINDOW`] bytes of `text` (from a character boundary).
-fn tail_of(text: &str) -> String {
+fn tail_of(text: &str) -> &str {
     let mut at = text.len().saturating_sub(WINDOW);
     while !text.is_char_boundary(at) {
         at += 1;
     }
-    text.get(at..).unwrap_or("").to_owned()
+    text.get(at..).unwrap_or("")
 }
 
 /// The first [`WINDOW`] bytes of `text` (to a character boundary).
@@ -644,13 +644,16 @@ fn lex(json: &str) -> Result<Vec<Str<'_>>, serde_json::Error> {
                 let start = i;
                 let mut j = i + 1;
                 let mut escaped = false;
-                while j < bytes.len() && bytes[j] != b'"' {
-                    if bytes[j] == b'\\' {
-                        escaped = true;
-                        j += 1;
+                // To the closing quote, over escapes.
+                while let Some(k) = bytes.get(j..).and_then(|r| memchr::memchr2(b'"', b'\\', r)) {
+                    j += k;
+                    if bytes[j] == b'"' {
+                        break;
                     }
-                    j += 1;
+                    escaped = true;
+                    j += 2;
                 }
+                j = j.min(bytes.len());
                 let end = (j + 1).min(bytes.len());
                 let token = json.get(start..end).unwrap_or("");
                 let text = if escaped || end - start < 2 || !token.ends_with('"') {

@@ -612,47 +612,40 @@ async fn a_large_answer_is_inspected_as_it_streams() {
             r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"get_incident","arguments":{{"incident_id":"{arg}"}}}}}}"#
         )
     };
-    // Screening as shipped redacts secrets: an answer it cannot hold whole
-    // cannot be screened, so it does not pass as a stream either.
-    let text = common::TestConfig::new()
-        .upstream("incidents", &up.url())
-        .upstream_set("incidents", "max_response_bytes", 65536)
-        .text();
-    let fw = common::firewall(&text).await;
-    common::post(&url(&fw), &common::token(), &[], LIST).await;
-    let a = common::post(&url(&fw), &common::token(), &[], &call("INC-1")).await;
-    assert_eq!(a.code(), -31004, "{}", a.text);
-    assert!(!a.text.contains("xxxxxxxx"), "nothing of it passed");
-    fw.stop().await;
-    // Where screening only flags, it is not relayed unscreened either.
-    let dir = common::policy_dir(&[(
-        "90-flag.toml",
-        "[screen]\nsecrets = \"flag\"\npii = \"flag\"\ninjection = \"flag\"\n",
-    )]);
-    let text = common::TestConfig::new()
-        .policies(dir.path())
-        .upstream("incidents", &up.url())
-        .upstream_set("incidents", "max_response_bytes", 65536)
-        .text();
-    let fw = common::firewall(&text).await;
-    common::post(&url(&fw), &common::token(), &[], LIST).await;
-    let a = common::post(&url(&fw), &common::token(), &[], &call("INC-1")).await;
-    assert_eq!(a.code(), -31004, "{}", a.text);
-    assert!(!a.text.contains("xxxxxxxx"), "nothing of it passed");
-    fw.stop().await;
+    // A firewall whose `[screen]` sets every family to `action` (`None`:
+    // as shipped), the catalog listed.
+    let start = |action: Option<&'static str>| {
+        let up = up.url();
+        async move {
+            let dir = common::policy_dir(&[(
+                "90-screen.toml",
+                &action.map_or(String::new(), |a| {
+                    format!("[screen]\nsecrets = \"{a}\"\npii = \"{a}\"\ninjection = \"{a}\"\n")
+                }),
+            )]);
+            let text = common::TestConfig::new()
+                .policies(dir.path())
+                .upstream("incidents", &up)
+                .upstream_set("incidents", "max_response_bytes", 65536)
+                .text();
+            let fw = common::firewall(&text).await;
+            common::post(&url(&fw), &common::token(), &[], LIST).await;
+            (fw, dir)
+        }
+    };
+    // Screening as shipped redacts secrets, and where it only flags it
+    // still reads: an answer it cannot hold whole is not relayed
+    // unscreened.
+    for action in [None, Some("flag")] {
+        let (fw, _dir) = start(action).await;
+        let a = common::post(&url(&fw), &common::token(), &[], &call("INC-1")).await;
+        assert_eq!(a.code(), -31004, "{action:?}: {}", a.text);
+        assert!(!a.text.contains("xxxxxxxx"), "nothing of it passed");
+        fw.stop().await;
+    }
     // Where screening looks for nothing (and the upstream labels nothing),
     // it streams.
-    let dir = common::policy_dir(&[(
-        "90-off.toml",
-        "[screen]\nsecrets = \"off\"\npii = \"off\"\ninjection = \"off\"\n",
-    )]);
-    let text = common::TestConfig::new()
-        .policies(dir.path())
-        .upstream("incidents", &up.url())
-        .upstream_set("incidents", "max_response_bytes", 65536)
-        .text();
-    let fw = common::firewall(&text).await;
-    common::post(&url(&fw), &common::token(), &[], LIST).await;
+    let (fw, _dir) = start(Some("off")).await;
     // Passed on whole, though larger than the firewall holds.
     let a = common::post(&url(&fw), &common::token(), &[], &call("INC-1")).await;
     assert_eq!(a.status, 200);

@@ -323,6 +323,39 @@ fn secret_of(page: &str) -> String {
     }
 }
 
+/// The run's send to mail, refused by the trifecta (`-31001`) before mail
+/// hears of it: the run was labelled. The answer, for its message.
+async fn egress_refused(
+    fw: &Firewall,
+    mail: &raw::RawUpstream,
+    era: Era,
+    token: &str,
+    what: &str,
+) -> common::Answer {
+    let sends = mail.calls_of("send_email");
+    let a = call(
+        fw,
+        era,
+        token,
+        "mail",
+        "send_email",
+        json!({"to": "x@corp.example"}),
+    )
+    .await;
+    assert_eq!(
+        a.code(),
+        -31001,
+        "{what}: the run was not labelled: {}",
+        a.text
+    );
+    assert_eq!(
+        mail.calls_of("send_email"),
+        sends,
+        "{what}: mail heard nothing"
+    );
+    a
+}
+
 #[tokio::test]
 async fn no_shape_of_a_tool_result_carries_a_secret_through() {
     let estate = Estate::new("").await;
@@ -399,26 +432,11 @@ async fn errors_and_4xx_bodies_pass_the_gate_and_label_the_run() {
                 a.text
             );
             // The trifecta holds: mail hears nothing.
-            let sends = estate.mail.calls_of("send_email");
-            let a = call(
-                &fw,
-                era,
-                &token,
-                "mail",
-                "send_email",
-                json!({"to": "x@corp.example"}),
-            )
-            .await;
-            assert_eq!(a.code(), -31001, "{what}: {}", a.text);
+            let a = egress_refused(&fw, &estate.mail, era, &token, &what).await;
             assert!(
                 a.text.contains("web: tools/call fetch_page"),
                 "{what}: {}",
                 a.text
-            );
-            assert_eq!(
-                estate.mail.calls_of("send_email"),
-                sends,
-                "{what}: mail heard nothing"
             );
         }
     }
@@ -488,18 +506,14 @@ async fn instructions_and_list_descriptions_pass_the_gate() {
             "{era:?}: {}",
             a.text
         );
-        let sends = estate.mail.calls_of("send_email");
-        let a = call(
+        egress_refused(
             &fw,
+            &estate.mail,
             era,
             &token,
-            "mail",
-            "send_email",
-            json!({"to": "x@corp.example"}),
+            &format!("{era:?} instructions"),
         )
         .await;
-        assert_eq!(a.code(), -31001, "{era:?}: {}", a.text);
-        assert_eq!(estate.mail.calls_of("send_email"), sends);
         // A description in resources/list.
         let a = list(&fw, era, &token, "resources/list").await;
         assert_sealed(&a, KEY, &format!("{era:?} resources/list"));
@@ -641,21 +655,7 @@ async fn held_then_released(fw: &std::sync::Arc<Firewall>, estate: &Estate, era:
         })
     };
     let approvals = fw.running.state.approvals.clone().expect("approvals");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let pending = loop {
-        let list = approvals
-            .list("acme", Some(mcp_firewall::approval::Status::Pending))
-            .await
-            .unwrap();
-        if let Some(a) = list.into_iter().next() {
-            break a;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{era:?}: no approval was requested"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let pending = screening::first_pending(&approvals).await;
     read_customer(fw, era, &token).await;
     let a = call(
         fw,
@@ -681,20 +681,7 @@ async fn held_then_released(fw: &std::sync::Arc<Firewall>, estate: &Estate, era:
         ],
         "{era:?}"
     );
-    approvals
-        .decide(
-            "acme",
-            pending.id.as_str(),
-            &mcp_firewall::approval::Approver {
-                subject: "bob".into(),
-                tenant: "acme".into(),
-                scopes: vec!["approvals".into()],
-            },
-            true,
-            "sure",
-        )
-        .await
-        .unwrap();
+    screening::approve(&approvals, &pending).await;
     let a = held.await.unwrap();
     assert_eq!(a.code(), -31001, "{era:?}: {}", a.text);
     assert!(
@@ -711,12 +698,35 @@ async fn held_then_released(fw: &std::sync::Arc<Firewall>, estate: &Estate, era:
 
 #[tokio::test]
 async fn a_run_keeps_its_labels_while_it_is_active() {
+    let redis = crate::common::redis::Redis::shared().await;
     let estate = Estate::new("").await;
-    let fw = common::firewall(&estate.config().set("limits.run_state_ttl_s", 3).text()).await;
+    let short = |c: TestConfig| c.set("limits.run_state_ttl_s", 3);
+    let memory = common::firewall(&short(estate.config()).text()).await;
+    let shared = |c: TestConfig| {
+        short(c)
+            .set("state.backend", "redis")
+            .set("state.redis_url", redis.url.as_str())
+    };
+    let one = common::firewall(&shared(estate.config()).text()).await;
+    // Memory, and Redis (a replica that never saw the run asks it).
+    tokio::join!(active_for_33_s(&memory, &memory, &estate), async {
+        let two = common::firewall(&shared(estate.config()).text()).await;
+        active_for_33_s(&one, &two, &estate).await;
+        two.stop().await;
+    });
+    memory.stop().await;
+    one.stop().await;
+}
+
+/// A run reads private data and an untrusted page through `fw`, then keeps
+/// calling a tool that labels nothing, every 1.5 s, past the budget sweep
+/// (every 30 s) and ten times the labels' 3 s lifetime: its send through
+/// `then` is still refused.
+async fn active_for_33_s(fw: &Firewall, then: &Firewall, estate: &Estate) {
     let token = assistant();
-    read_customer(&fw, Era::Stateless, &token).await;
+    read_customer(fw, Era::Stateless, &token).await;
     let a = call(
-        &fw,
+        fw,
         Era::Stateless,
         &token,
         "web",
@@ -725,34 +735,20 @@ async fn a_run_keeps_its_labels_while_it_is_active() {
     )
     .await;
     assert!(text(&a).contains("Welcome"));
-    // Active past the budget sweep (every 30 s), a call every 1.5 s: the
-    // labels stay.
     let until = Instant::now() + Duration::from_secs(33);
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let a = call(
-            &fw,
-            Era::Stateless,
-            &token,
-            "crm",
-            "get_customer",
-            json!({}),
-        )
-        .await;
-        assert_eq!(a.status, 200);
+        let a = call(fw, Era::Stateless, &token, "mail", "summarize", json!({})).await;
+        assert_eq!(a.status, 200, "{}", a.text);
     }
-    let a = call(
-        &fw,
+    egress_refused(
+        then,
+        &estate.mail,
         Era::Stateless,
         &token,
-        "mail",
-        "send_email",
-        json!({"to": "x@corp.example"}),
+        "after 33 s of activity",
     )
     .await;
-    assert_eq!(a.code(), -31001, "{}", a.text);
-    assert_eq!(estate.mail.calls_of("send_email"), 0);
-    fw.stop().await;
 }
 
 #[tokio::test]
@@ -1085,10 +1081,8 @@ proptest! {
                 }
             }
             if c.shape.labels() {
-                let sends = world.mail.calls_of("send_email");
-                let s = call(&world.fw, Era::Sessions, &token, "mail", "send_email", json!({"to": "x@corp.example"})).await;
-                assert_eq!(s.code(), -31001, "{c:?}: the run was not labelled by {}: {}", a.text, s.text);
-                assert_eq!(world.mail.calls_of("send_email"), sends, "{c:?}");
+                let what = format!("{c:?} answered {}", a.text);
+                egress_refused(&world.fw, &world.mail, Era::Sessions, &token, &what).await;
             }
         });
     }

@@ -561,18 +561,7 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
         })
     };
     let approvals = fw.running.state.approvals.clone().expect("approvals");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let pending = loop {
-        let list = approvals
-            .list("acme", Some(mcp_firewall::approval::Status::Pending))
-            .await
-            .unwrap();
-        if let Some(a) = list.into_iter().next() {
-            break a;
-        }
-        assert!(Instant::now() < deadline, "no approval was requested");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let pending = first_pending(&approvals).await;
     let why = pending.why.clone().unwrap_or_default();
     assert!(
         why.contains("untrusted content (from web: tools/call fetch_page)"),
@@ -584,6 +573,35 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
         0,
         "nothing ran before the approval"
     );
+    approve(&approvals, &pending).await;
+    let a = held.await.unwrap();
+    assert_eq!(text(&a), "sent", "{}", a.text);
+    assert_eq!(estate.mail.calls_of("send_email"), 1);
+}
+
+/// The first pending approval of tenant acme, waited for (10 s at most).
+pub(crate) async fn first_pending(
+    approvals: &mcp_firewall::approval::Approvals,
+) -> mcp_firewall::approval::Approval {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = approvals
+            .list("acme", Some(mcp_firewall::approval::Status::Pending))
+            .await
+            .unwrap();
+        if let Some(a) = list.into_iter().next() {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "no approval was requested");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Bob approves `pending`.
+pub(crate) async fn approve(
+    approvals: &mcp_firewall::approval::Approvals,
+    pending: &mcp_firewall::approval::Approval,
+) {
     approvals
         .decide(
             "acme",
@@ -594,13 +612,10 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
                 scopes: vec!["approvals".into()],
             },
             true,
-            "read the page, fine",
+            "fine",
         )
         .await
         .unwrap();
-    let a = held.await.unwrap();
-    assert_eq!(text(&a), "sent", "{}", a.text);
-    assert_eq!(estate.mail.calls_of("send_email"), 1);
 }
 
 #[tokio::test]

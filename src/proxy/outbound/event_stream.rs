@@ -7,11 +7,13 @@ use super::*;
 impl Exchange {
     /// An SSE answer, relayed event by event.
     pub(super) fn stream(
-        self,
+        mut self,
         status: StatusCode,
         mut headers: HeaderMap,
         body: UpstreamBody,
     ) -> Response<Body> {
+        // The gate reads consecutive events as one text.
+        self.carry = Some(Carry::default());
         headers.insert(
             HeaderName::from_static("x-accel-buffering"),
             HeaderValue::from_static("no"),

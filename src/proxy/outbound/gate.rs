@@ -354,7 +354,7 @@ impl Exchange {
             source,
             text,
             Part::Message,
-            Some(&mut self.carry),
+            self.carry.as_mut(),
         )?
         else {
             return Ok((pass, None));

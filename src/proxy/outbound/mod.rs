@@ -162,9 +162,9 @@ pub struct Exchange {
     list_view_reused: bool,
     /// What screening found in the definitions of the tools listed.
     listed_found: std::sync::Mutex<crate::screen::content::Report>,
-    /// What the gate read of this answer's earlier messages (SSE events):
-    /// a token split across two of them is found in the second.
-    carry: Carry,
+    /// What the gate read of this answer's earlier events (an SSE answer
+    /// only): a token split across two of them is found in both.
+    carry: Option<Carry>,
     /// Settlements in a shared budget store not yet confirmed: awaited
     /// (briefly) before the answers they belong to leave, so the caller's
     /// next call is admitted against them.
@@ -278,7 +278,7 @@ impl Exchange {
             settling: Vec::new(),
             list_view_reused: false,
             listed_found: Default::default(),
-            carry: Carry::default(),
+            carry: None,
         }
     }
 
