@@ -124,6 +124,8 @@ pub struct Scanner {
     anchors: Vec<memchr::memmem::Finder<'static>>,
     /// Each cue (lower case), the anchor it holds and where.
     cue_places: Vec<(usize, &'static str, usize)>,
+    /// The END line of a PEM block ([`pem_tails`]).
+    pem_end: memchr::memmem::Finder<'static>,
     /// Where answers may link and load images from (`screen.link_hosts`):
     /// a name, or `*.name` for its subdomains.
     link_hosts: Vec<String>,
@@ -189,6 +191,8 @@ const LOWER_KEEP: usize = 256 * 1024;
 
 /// Prefixes after the rules': a PEM block's opening and a JWT's header.
 const PEM_BEGIN: &str = "-----BEGIN ";
+/// A PEM block's END line.
+const PEM_END: &str = "-----END ";
 const JWT_HEADER: &str = "eyJ";
 
 impl Scanner {
@@ -220,6 +224,7 @@ impl Scanner {
             .collect();
         Ok(Scanner {
             prefixes,
+            pem_end: memchr::memmem::Finder::new(PEM_END.as_bytes()),
             anchors,
             cue_places,
             link_hosts: link_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
@@ -453,7 +458,9 @@ impl Scanner {
     }
 
     fn secrets(&self, text: &str, found: &mut Vec<Finding>) {
-        pem_tails(text, found);
+        for at in self.pem_end.find_iter(text.as_bytes()) {
+            pem_tail(text, at, found);
+        }
         let bytes = text.as_bytes();
         let pem = rules::RULES.len();
         for m in self.prefixes.find_iter(text) {
@@ -708,39 +715,39 @@ fn pem_block(text: &str, at: usize) -> Option<usize> {
 }
 
 /// The body of a private key whose BEGIN line is not in this text (it
-/// was cut off in an earlier part or event): base64 lines ending in an
-/// `-----END … PRIVATE KEY-----` line, from where the base64 starts (a
-/// partial first line included) through the END line.
-fn pem_tails(text: &str, found: &mut Vec<Finding>) {
-    const END: &str = "-----END ";
-    for (at, _) in text.match_indices(END) {
-        let line_end = text[at..].find('\n').map_or(text.len(), |i| at + i);
-        let line = &text[at..line_end];
-        if !line.contains("PRIVATE KEY-----") {
-            continue;
-        }
-        let close = line
-            .get(END.len()..)
-            .and_then(|t| t.find("-----"))
-            .map_or(line_end, |i| at + END.len() + i + 5);
-        // Back over the base64 lines before it.
-        let b64 =
-            |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'\n' | b'\r');
-        let bytes = text.as_bytes();
-        let mut start = at;
-        while start > 0 && b64(bytes[start - 1]) {
-            start -= 1;
-        }
-        let body = text[start..at]
-            .bytes()
-            .filter(u8::is_ascii_alphanumeric)
-            .count();
-        if body >= 4 {
-            found.push(Finding {
-                kind: Kind::PrivateKey,
-                range: start..close,
-            });
-        }
+/// was cut off in an earlier part or event), for the `-----END ` at `at`:
+/// base64 lines ending in an `-----END … PRIVATE KEY-----` line, from
+/// where the base64 starts (a partial first line included) through the
+/// END line.
+fn pem_tail(text: &str, at: usize, found: &mut Vec<Finding>) {
+    let Some(rest) = text.get(at..) else {
+        return;
+    };
+    let line_end = rest.find('\n').map_or(text.len(), |i| at + i);
+    let line = &text[at..line_end];
+    if !line.contains("PRIVATE KEY-----") {
+        return;
+    }
+    let close = line
+        .get(PEM_END.len()..)
+        .and_then(|t| t.find("-----"))
+        .map_or(line_end, |i| at + PEM_END.len() + i + 5);
+    // Back over the base64 lines before it.
+    let b64 = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'\n' | b'\r');
+    let bytes = text.as_bytes();
+    let mut start = at;
+    while start > 0 && b64(bytes[start - 1]) {
+        start -= 1;
+    }
+    let body = bytes[start..at]
+        .iter()
+        .filter(|b| b.is_ascii_alphanumeric())
+        .count();
+    if body >= 4 {
+        found.push(Finding {
+            kind: Kind::PrivateKey,
+            range: start..close,
+        });
     }
 }
 
