@@ -504,6 +504,15 @@ fn assignment(text: &str, sep: usize, found: &mut Vec<Finding>) {
     while name_end > 0 && matches!(bytes[name_end - 1], b'"' | b'\'' | b' ') {
         name_end -= 1;
     }
+    // Every name in ASSIGNED ends in one of these: most `=` and `:` are
+    // decided by one byte.
+    let last = name_end
+        .checked_sub(1)
+        .and_then(|i| bytes.get(i))
+        .map(u8::to_ascii_lowercase);
+    if !matches!(last, Some(b'd' | b'y' | b't' | b'n')) {
+        return;
+    }
     let named = ASSIGNED.iter().find_map(|name| {
         let start = name_end.checked_sub(name.len())?;
         bytes

@@ -508,6 +508,10 @@ fn every_cue_holds_an_anchor_and_names_are_longest_first() {
     for w in ASSIGNED.windows(2) {
         assert!(w[0].len() >= w[1].len(), "{w:?}");
     }
+    // `assignment` decides most separators by the name's last byte.
+    for name in ASSIGNED {
+        assert!(name.ends_with(['d', 'y', 't', 'n']), "{name}");
+    }
     // Cues in any case, and at the very start and end of a text.
     let s = Scanner::new(&[]).unwrap();
     for text in [
