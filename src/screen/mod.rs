@@ -337,6 +337,11 @@ impl Scanner {
         if name.len() > 128 || !name.is_ascii() || value.len() < 12 {
             return None;
         }
+        // Most members name no secret: decided before the pair is built.
+        let lower = name.to_ascii_lowercase();
+        if !ASSIGNED.iter().any(|a| lower.ends_with(a)) {
+            return None;
+        }
         let text = format!("{name}={value}");
         let mut found = Vec::new();
         assignment(&text, name.len(), &mut found);

@@ -135,24 +135,11 @@ pub struct Content {
     pub report: Report,
     /// The actions it was screened with.
     pub actions: Actions,
-    /// Which part of the message it is.
-    pub part: Part,
-    /// The part with what is to be redacted redacted (JSON text), when
+    /// The message with what is to be redacted redacted (its text), when
     /// the report's action is `redact`.
     pub redacted: Option<String>,
     /// The labels it gives the run.
     pub labels: Labels,
-}
-
-/// Where screened content is in a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    /// `result`.
-    Result,
-    /// `params` (a server-to-client request).
-    Params,
-    /// The whole message (an error answer).
-    Message,
 }
 
 /// Where the task ids of a message are.

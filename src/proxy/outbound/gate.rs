@@ -17,7 +17,7 @@ use crate::mcp::methods::Class;
 use crate::policy::Labels;
 use crate::screen::content::{self, Action, Carry};
 
-use super::decide::{result_text, Answering, Content, Part, Scope};
+use super::decide::{result_text, Answering, Content, Scope};
 use super::{stamp, Exchange, Pass};
 use crate::audit::AuditRow;
 use crate::proxy::answer;
@@ -236,7 +236,6 @@ pub fn screen(
     s: Scope<'_>,
     source: Source<'_>,
     text: &str,
-    part: Part,
     carry: Option<&mut Carry>,
 ) -> Result<Option<Content>, UpstreamFailure> {
     let screening = s.policy.screening();
@@ -247,7 +246,6 @@ pub fn screen(
         found.report,
         found.redacted,
         actions,
-        part,
         source.labels(s),
     ))
 }
@@ -257,20 +255,13 @@ pub fn screen_text(s: Scope<'_>, source: Source<'_>, text: &str) -> Option<Conte
     let screening = s.policy.screening();
     let actions = screening.actions(&s.upstream.name, source.tool());
     let found = content::screen_text(screening.scanner(), actions, text);
-    content_of(
-        found.report,
-        found.redacted,
-        actions,
-        Part::Message,
-        source.labels(s),
-    )
+    content_of(found.report, found.redacted, actions, source.labels(s))
 }
 
 fn content_of(
     report: content::Report,
     redacted: Option<String>,
     actions: content::Actions,
-    part: Part,
     labels: Labels,
 ) -> Option<Content> {
     let labels = if report.injection() {
@@ -284,7 +275,6 @@ fn content_of(
     Some(Content {
         report,
         actions,
-        part,
         redacted,
         labels,
     })
@@ -349,14 +339,7 @@ impl Exchange {
             approved: self.due[p].granted.is_some(),
         });
         let source = source_of(m, result_text(m, raw), answering);
-        let Some(c) = screen(
-            run.answer_scope(),
-            source,
-            text,
-            Part::Message,
-            self.carry.as_mut(),
-        )?
-        else {
+        let Some(c) = screen(run.answer_scope(), source, text, self.carry.as_mut())? else {
             return Ok((pass, None));
         };
         let method = pos

@@ -84,7 +84,7 @@ use crate::proxy::tasks;
 use crate::proxy::upstream::{response_headers, Forward};
 use crate::screen::content::{Action, Carry};
 use crate::session::EventContext;
-use decide::{result_text, Answering, Content, NewTask, Part, TaskIds, Verdict};
+use decide::{result_text, Answering, Content, NewTask, TaskIds, Verdict};
 
 /// Most bytes of an upstream 4xx body relayed to the client.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -711,9 +711,7 @@ impl Exchange {
                 .map(|b| String::from_utf8_lossy(b).into_owned());
             let screened = match text.as_deref().filter(|t| !t.is_empty()) {
                 // Not JSON after all: withheld below as unreadable.
-                Some(t) if is_json => {
-                    gate::screen(scope, source, t, Part::Message, None).unwrap_or_default()
-                }
+                Some(t) if is_json => gate::screen(scope, source, t, None).unwrap_or_default(),
                 Some(t) => gate::screen_text(scope, source, t),
                 None => None,
             };
@@ -997,7 +995,6 @@ impl Exchange {
                         screened = Some(Box::new(Content {
                             report: found,
                             actions: run.policy.screening().actions(upstream, None),
-                            part: Part::Result,
                             redacted: None,
                             labels: Labels::NONE,
                         }))
