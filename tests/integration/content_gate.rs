@@ -462,6 +462,25 @@ async fn open(fw: &Firewall, era: Era, token: &str) -> common::Answer {
     }
 }
 
+/// A 2026-07-28 request of `method` to web (`name`: its `Mcp-Name`, none
+/// when empty).
+async fn modern(
+    fw: &Firewall,
+    token: &str,
+    method: &str,
+    name: &str,
+    id: u64,
+    params: Value,
+) -> common::Answer {
+    let (headers, body) = crate::answer_path::modern(method, name, id, params);
+    let hs: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(k, v)| k != "mcp-name" || !v.is_empty())
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    common::post(&fw.mcp_url("web"), token, &hs, &body).await
+}
+
 async fn list(fw: &Firewall, era: Era, token: &str, method: &str) -> common::Answer {
     match era {
         Era::Sessions => {
@@ -474,15 +493,7 @@ async fn list(fw: &Firewall, era: Era, token: &str, method: &str) -> common::Ans
             )
             .await
         }
-        Era::Stateless => {
-            let (headers, body) = crate::answer_path::modern(method, "", 2, json!({}));
-            let hs: Vec<(&str, &str)> = headers
-                .iter()
-                .filter(|(k, _)| k != "mcp-name")
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            common::post(&fw.mcp_url("web"), token, &hs, &body).await
-        }
+        Era::Stateless => modern(fw, token, method, "", 2, json!({})).await,
     }
 }
 
@@ -582,28 +593,20 @@ async fn a_task_result_too_large_to_hold_is_refused_and_a_task_input_request_scr
 
     // 2026-07-28: a task asking for input carries the key in its
     // elicitation's message: redacted.
-    let (headers, body) = crate::answer_path::modern(
+    let r = modern(
+        &fw,
+        &token,
         "tools/call",
         "fetch_page",
         5,
         json!({"name": "fetch_page", "arguments": {"page": "task"}}),
-    );
-    let hs: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let r = common::post(&fw.mcp_url("web"), &token, &hs, &body).await;
+    )
+    .await;
     let sealed = r.json()["result"]["taskId"]
         .as_str()
         .unwrap_or_else(|| panic!("{}", r.text))
         .to_owned();
-    let (headers, body) = crate::answer_path::modern("tasks/get", "", 6, json!({"taskId": sealed}));
-    let hs: Vec<(&str, &str)> = headers
-        .iter()
-        .filter(|(k, _)| k != "mcp-name")
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let r = common::post(&fw.mcp_url("web"), &token, &hs, &body).await;
+    let r = modern(&fw, &token, "tasks/get", "", 6, json!({"taskId": sealed})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_sealed(&r, KEY, "tasks/get input_required");
     assert!(
@@ -640,20 +643,7 @@ async fn a_held_call_is_judged_again_by_the_labels_it_is_released_into() {
 /// refused at release, and mail hears nothing.
 async fn held_then_released(fw: &std::sync::Arc<Firewall>, estate: &Estate, era: Era) {
     let token = assistant();
-    let held = {
-        let (fw, token) = (fw.clone(), token.clone());
-        tokio::spawn(async move {
-            call(
-                &fw,
-                era,
-                &token,
-                "mail",
-                "send_email",
-                json!({"to": "x@corp.example"}),
-            )
-            .await
-        })
-    };
+    let held = screening::send_in_background(fw, era, &token);
     let approvals = fw.running.state.approvals.clone().expect("approvals");
     let pending = screening::first_pending(&approvals).await;
     read_customer(fw, era, &token).await;

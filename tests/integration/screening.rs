@@ -546,20 +546,7 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
     .await;
     assert_eq!(text(&a), "Welcome to the docs.");
     let fw = std::sync::Arc::new(fw);
-    let held = {
-        let (fw, token) = (fw.clone(), token.clone());
-        tokio::spawn(async move {
-            call(
-                &fw,
-                Era::Stateless,
-                &token,
-                "mail",
-                "send_email",
-                json!({"to": "x@corp.example"}),
-            )
-            .await
-        })
-    };
+    let held = send_in_background(&fw, Era::Stateless, &token);
     let approvals = fw.running.state.approvals.clone().expect("approvals");
     let pending = first_pending(&approvals).await;
     let why = pending.why.clone().unwrap_or_default();
@@ -577,6 +564,26 @@ async fn a_write_after_untrusted_content_waits_for_a_person_who_is_told_why(
     let a = held.await.unwrap();
     assert_eq!(text(&a), "sent", "{}", a.text);
     assert_eq!(estate.mail.calls_of("send_email"), 1);
+}
+
+/// The run's send to mail, on a task of its own (it waits for a person).
+pub(crate) fn send_in_background(
+    fw: &std::sync::Arc<Firewall>,
+    era: Era,
+    token: &str,
+) -> tokio::task::JoinHandle<common::Answer> {
+    let (fw, token) = (fw.clone(), token.to_owned());
+    tokio::spawn(async move {
+        call(
+            &fw,
+            era,
+            &token,
+            "mail",
+            "send_email",
+            json!({"to": "x@corp.example"}),
+        )
+        .await
+    })
 }
 
 /// The first pending approval of tenant acme, waited for (10 s at most).
