@@ -501,7 +501,7 @@ fn split_tokens(
                 .take(128)
                 .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-')
                 .count();
-            if run == 0 {
+            if run == 0 || !scanner.may_continue(end, &t[..run]) {
                 continue;
             }
             let window = format!("{end}{} ", &t[..run]);

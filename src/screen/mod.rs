@@ -312,21 +312,33 @@ impl Scanner {
     /// starts with a rule's prefix, or is the start of one (`AK`).
     pub fn open_end(&self, text: &str) -> Option<usize> {
         let bytes = text.as_bytes();
-        let run = bytes
-            .iter()
-            .rev()
-            .take(97)
-            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_' || **b == b'-')
-            .count();
-        if run == 0 || run > 96 {
+        let floor = bytes.len().saturating_sub(97);
+        let mut at = bytes.len();
+        while at > floor && is_token_byte(bytes[at - 1]) {
+            at -= 1;
+        }
+        let run = bytes.len() - at;
+        // Every rule's prefix starts with one of RULE_INITIALS.
+        if run == 0 || run > 96 || !RULE_INITIALS.contains(&bytes[at]) {
             return None;
         }
-        let at = text.len() - run;
         let tail = text.get(at..)?;
         rules::RULES
             .iter()
             .any(|r| tail.starts_with(r.prefix) || r.prefix.starts_with(tail))
             .then_some(at)
+    }
+
+    /// Whether a string starting with `start` may continue the open end
+    /// `end` ([`Scanner::open_end`]) into a rule's token: the rest of a
+    /// prefix `end` began, or a body after a whole prefix.
+    pub fn may_continue(&self, end: &str, start: &str) -> bool {
+        rules::RULES.iter().any(|r| {
+            end.starts_with(r.prefix)
+                || r.prefix
+                    .strip_prefix(end)
+                    .is_some_and(|rest| start.starts_with(rest))
+        })
     }
 
     /// A member `name` whose value is `value` (a JSON pair, as
@@ -338,8 +350,11 @@ impl Scanner {
             return None;
         }
         // Most members name no secret: decided before the pair is built.
-        let lower = name.to_ascii_lowercase();
-        if !ASSIGNED.iter().any(|a| lower.ends_with(a)) {
+        let b = name.as_bytes();
+        let named = ASSIGNED.iter().any(|a| {
+            b.len() >= a.len() && b[b.len() - a.len()..].eq_ignore_ascii_case(a.as_bytes())
+        });
+        if !named {
             return None;
         }
         let text = format!("{name}={value}");
@@ -701,6 +716,15 @@ fn rule_token(bytes: &[u8], from: usize, rule: &rules::Rule) -> Option<usize> {
         .take_while(|b| rule.body.admits(**b))
         .count();
     (rule.min..=rule.max).contains(&body).then_some(from + body)
+}
+
+/// The first bytes of the secret rules' prefixes (a test holds them to
+/// [`rules::RULES`]).
+const RULE_INITIALS: &[u8] = b"Agxsr";
+
+/// A byte of a token's run (what [`starts_word`] does not break).
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
 /// Fewest body bytes of a token a text ends inside for [`Scanner::cut_at_end`].

@@ -508,6 +508,14 @@ fn every_cue_holds_an_anchor_and_names_are_longest_first() {
     for w in ASSIGNED.windows(2) {
         assert!(w[0].len() >= w[1].len(), "{w:?}");
     }
+    // `open_end` decides most strings by the first byte of their last run.
+    for r in rules::RULES {
+        assert!(
+            RULE_INITIALS.contains(&r.prefix.as_bytes()[0]),
+            "{}",
+            r.prefix
+        );
+    }
     // `assignment` decides most separators by the name's last byte.
     for name in ASSIGNED {
         assert!(name.ends_with(['d', 'y', 't', 'n']), "{name}");
