@@ -630,6 +630,10 @@ async fn a_held_call_is_judged_again_by_the_labels_it_is_released_into() {
     let cfg = estate
         .config()
         .policies(dir.path())
+        .set(
+            "approvals.store_dir",
+            crate::common::config_builder::path(&dir.path().join("approvals")),
+        )
         .set("approvals.hold_s", 20)
         .set("approvals.expiry_s", 60);
     let fw = std::sync::Arc::new(common::firewall(&cfg.text()).await);
