@@ -739,19 +739,6 @@ fn scan_value(scanner: &Scanner, actions: Actions, v: &Value, report: &mut Repor
     }
 }
 
-/// Redacts, in place, what `actions` says to redact in every string of `v`.
-pub fn redact_value(scanner: &Scanner, actions: Actions, v: &mut Value) {
-    let Ok(screened) = screen_json(scanner, actions, &v.to_string()) else {
-        return;
-    };
-    if let Some(r) = screened
-        .redacted
-        .and_then(|r| serde_json::from_str::<Value>(&r).ok())
-    {
-        *v = r;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
