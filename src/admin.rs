@@ -82,11 +82,12 @@ pub struct ReasonLabel {
 pub const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
 
 /// Every way `/readyz` can be degraded.
-pub const DEGRADED: [&str; 4] = [
+pub const DEGRADED: [&str; 5] = [
     "budget_store_unavailable",
     "approvals_store_unavailable",
     "virtual_server_member_down",
     "stdio_sandbox_unavailable",
+    "stdio_start_failed",
 ];
 
 impl Admin {
@@ -143,6 +144,9 @@ impl Admin {
         }
         if self.stdio.iter().any(|b| b.unavailable().is_some()) {
             out.push("stdio_sandbox_unavailable");
+        }
+        if self.stdio.iter().any(|b| b.start_failed().is_some()) {
+            out.push("stdio_start_failed");
         }
         for r in DEGRADED {
             self.degraded

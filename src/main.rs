@@ -36,6 +36,24 @@ enum Command {
         /// socket), the server's only way out of its network namespace.
         #[arg(long)]
         egress_socket: Option<PathBuf>,
+        /// A root firewall: the uid (and gid) the server runs as (default
+        /// `nobody`).
+        #[arg(long)]
+        uid: Option<u32>,
+        /// An empty directory the private root is mounted on (default: a
+        /// new temporary one).
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// The server's environment is the first line of stdin (a JSON
+        /// object), applied only when the server starts.
+        #[arg(long)]
+        env_stdin: bool,
+        /// Internal: the init step inside the new PID namespace.
+        #[arg(long, hide = true)]
+        init_of: Option<String>,
+        /// Internal: the firewall's uid when it is not root.
+        #[arg(long, hide = true)]
+        outer_uid: Option<u32>,
         /// The server's command and its arguments.
         #[arg(last = true)]
         command: Vec<String>,
@@ -214,13 +232,29 @@ fn main() -> ExitCode {
         spec,
         probe,
         egress_socket,
+        uid,
+        root,
+        env_stdin,
+        init_of,
+        outer_uid,
         command,
     } = &cli.command
     {
-        return sandbox_exec(spec, *probe, egress_socket.as_deref(), command);
+        use mcp_firewall::sandbox::launch;
+        return ExitCode::from(launch::main(&launch::Args {
+            spec: spec.clone(),
+            probe: *probe,
+            egress_socket: egress_socket.clone(),
+            uid: *uid,
+            root: root.clone(),
+            env_stdin: *env_stdin,
+            init_of: init_of.clone(),
+            outer_uid: *outer_uid,
+            command: command.clone(),
+        }));
     }
     if let Command::EgressForward { to } = &cli.command {
-        return match mcp_firewall::sandbox::forward(to) {
+        return match mcp_firewall::sandbox::net::forward(to) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("mcp-firewall {e}");
@@ -245,50 +279,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `mcp-firewall sandbox-exec`.
-fn sandbox_exec(
-    spec: &str,
-    probe: bool,
-    egress: Option<&std::path::Path>,
-    command: &[String],
-) -> ExitCode {
-    use mcp_firewall::sandbox;
-    let spec: sandbox::Spec = match serde_json::from_str(spec) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("mcp-firewall sandbox-exec: invalid --spec: {e}");
-            return ExitCode::from(126);
-        }
-    };
-    let program = command.first().map(String::as_str).unwrap_or("");
-    if program.is_empty() && !probe {
-        eprintln!("mcp-firewall sandbox-exec: no command after --");
-        return ExitCode::from(126);
-    }
-    let resolved = mcp_firewall::stdio::which(program).unwrap_or_else(|| PathBuf::from(program));
-    let egress = egress.map(|socket| sandbox::Egress { socket, probe });
-    let report = match sandbox::confine(&spec, &resolved, egress) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("mcp-firewall sandbox-exec: {e}");
-            return ExitCode::from(126);
-        }
-    };
-    for (layer, why) in &report.missing {
-        eprintln!("mcp-firewall sandbox-exec: running without {layer:?}: {why}");
-    }
-    if probe {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
-        return ExitCode::SUCCESS;
-    }
-    use std::os::unix::process::CommandExt;
-    let e = std::process::Command::new(&resolved)
-        .args(command.iter().skip(1))
-        .exec();
-    eprintln!("mcp-firewall sandbox-exec: cannot execute {program}: {e}");
-    ExitCode::from(127)
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {

@@ -161,7 +161,8 @@ pub struct StdioLabels {
 pub struct ExitLabels {
     /// The upstream.
     pub upstream: String,
-    /// `crashed` or `stopped` (idle, session ended, shutdown).
+    /// `crashed`, `start_failed` (it ended before it wrote a message) or
+    /// `stopped` (idle, session ended, shutdown).
     pub reason: &'static str,
 }
 

@@ -62,6 +62,10 @@ pub struct RawConfig {
     /// Traces (OpenTelemetry over OTLP/HTTP); absent: none.
     #[serde(default)]
     pub telemetry: crate::trace::TelemetryConfig,
+    /// What every stdio upstream shares (`[stdio]`: the uids servers run
+    /// as, where runtime directories go).
+    #[serde(default)]
+    pub stdio: crate::stdio::HostConfig,
     /// Named upstream MCP servers, reachable at `/mcp/<name>`.
     #[serde(default, rename = "upstream")]
     pub upstreams: Vec<RawUpstream>,

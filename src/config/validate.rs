@@ -540,10 +540,14 @@ impl Validator<'_> {
             .validate()
             .map_err(|(key, why)| self.invalid(key, why))?;
 
+        let mut host = raw.stdio;
+        host.validate()
+            .map_err(|(key, why)| self.invalid(key, why))?;
+        host.runtime_dir = host.runtime_dir.map(|d| self.path(&d));
         let mut names = HashSet::new();
         let mut upstreams = Vec::with_capacity(raw.upstreams.len());
         for (i, u) in raw.upstreams.into_iter().enumerate() {
-            let up = self.upstream(i, u, &server, &token_header)?;
+            let up = self.upstream(i, u, &server, &token_header, &host)?;
             if !names.insert(up.name.clone()) {
                 return Err(self.invalid(
                     format!("upstream[{i}].name"),
@@ -637,6 +641,7 @@ impl Validator<'_> {
         mut u: RawUpstream,
         server: &ServerConfig,
         token_header: &HeaderName,
+        host: &crate::stdio::HostConfig,
     ) -> Result<Upstream, ConfigError> {
         let key = |k: &str| format!("upstream[{i}].{k}");
         let name_ok = !u.name.is_empty()
@@ -650,7 +655,7 @@ impl Validator<'_> {
                 format!("{:?} must be 1-64 characters of [A-Za-z0-9_-]", u.name),
             ));
         }
-        let stdio = self.stdio(&key, &mut u)?;
+        let stdio = self.stdio(&key, &mut u, host)?;
         let url: Uri = u
             .url
             .parse()
@@ -811,6 +816,7 @@ impl Validator<'_> {
         &self,
         key: &dyn Fn(&str) -> String,
         u: &mut RawUpstream,
+        host: &crate::stdio::HostConfig,
     ) -> Result<Option<crate::stdio::Launch>, ConfigError> {
         use super::UpstreamTransport;
         let stdio_keys = [
@@ -930,6 +936,7 @@ impl Validator<'_> {
             max_instances,
             idle_timeout: Duration::from_secs(idle),
             sandbox,
+            host: host.clone(),
         }))
     }
 

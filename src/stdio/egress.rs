@@ -1,7 +1,7 @@
 //! The egress proxy of a stdio upstream with a `network` allow-list: an
 //! HTTP `CONNECT` proxy on a UNIX socket of the firewall. A confined server
 //! lives in a network namespace of its own whose only way out is the
-//! forwarder `sandbox-exec` puts on its loopback ([`crate::sandbox::Egress`])
+//! forwarder `sandbox-exec` puts on its loopback ([`crate::sandbox::net::Egress`])
 //! (`127.0.0.1:3128`, named to it as `HTTPS_PROXY`/`HTTP_PROXY`), joined to
 //! this socket. It admits a tunnel only to a listed `host:port` (host
 //! compared case-insensitively, as written in the config); everything else

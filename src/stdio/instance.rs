@@ -69,14 +69,20 @@ struct State {
     last_crash: Option<Instant>,
     last_used: Instant,
     closing: bool,
+    /// Whether the running process has written anything (a process that
+    /// ends before it did could not start).
+    spoke: bool,
+    /// Why the last process ended.
+    last_exit: Option<String>,
 }
 
 /// One process slot of a stdio upstream.
 pub struct Instance {
     shared: Arc<Shared>,
-    /// Its number (logs, the private home).
+    /// Its number (logs, its directory).
     pub number: u64,
-    home: PathBuf,
+    /// Its directory (private home, the private root's mount point).
+    dir: PathBuf,
     state: Mutex<State>,
     start: tokio::sync::Mutex<()>,
 }
@@ -87,7 +93,10 @@ const REPLAY_TIMEOUT: Duration = Duration::from_secs(30);
 impl Instance {
     pub(super) fn new(shared: Arc<Shared>, number: u64, homes: PathBuf) -> Arc<Instance> {
         Arc::new(Instance {
-            home: homes.join(number.to_string()),
+            dir: homes.join(format!(
+                "{number}-{}",
+                hex::encode(rand::random::<[u8; 6]>())
+            )),
             shared,
             number,
             state: Mutex::new(State {
@@ -103,6 +112,8 @@ impl Instance {
                 last_crash: None,
                 last_used: Instant::now(),
                 closing: false,
+                spoke: false,
+                last_exit: None,
             }),
             start: tokio::sync::Mutex::new(()),
         })
@@ -161,7 +172,12 @@ impl Instance {
         }
         let egress = self.shared.egress_socket().await?;
         let started = Instant::now();
-        let (process, out) = Process::spawn(&self.shared, &self.home, egress)
+        let uid = if nix::unistd::getuid().is_root() {
+            Some(super::uids::lease(self.shared.launch.host.uid_range)?)
+        } else {
+            None
+        };
+        let (process, out) = Process::spawn(&self.shared, &self.dir, egress, uid)
             .map_err(|e| format!("cannot start the stdio server: {e}"))?;
         let process = Arc::new(process);
         self.shared
@@ -172,6 +188,7 @@ impl Instance {
             let mut s = self.state.lock();
             s.generation += 1;
             s.process = Some(process.clone());
+            s.spoke = false;
             s.generation
         };
         let me = Arc::downgrade(self);
@@ -277,6 +294,22 @@ impl Instance {
             }
         };
         let (line, id) = self.register(session, msg, tx.clone(), is_init);
+        // A process that ended before the call was registered answers it
+        // now, with why it ended (one that could not start, say).
+        let ended = {
+            let mut s = self.state.lock();
+            if s.process.is_none() && s.pending.remove(&id).is_some() {
+                Some(s.last_exit.clone().unwrap_or_else(|| {
+                    format!("the stdio server of upstream {:?} ended", self.shared.name)
+                }))
+            } else {
+                None
+            }
+        };
+        if let Some(text) = ended {
+            let _ = tx.try_send(Item::Final(error_answer(&client_id, &text)));
+            return rx;
+        }
         if let Err(e) = process.write(line).await {
             self.state.lock().pending.remove(&id);
             let _ = tx.try_send(Item::Final(error_answer(&client_id, &e)));
@@ -344,11 +377,21 @@ impl Instance {
             tracing::info!(upstream = %self.shared.name, pid = p.pid, instance = self.number, reason = why, "stdio server stopped");
             self.shared.metrics.stdio_exit(&self.shared.name, "stopped");
         }
-        let _ = std::fs::remove_dir_all(&self.home);
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 
     /// Routes one message the process wrote.
     async fn route(&self, msg: Value, generation: u64) {
+        let first = {
+            let mut s = self.state.lock();
+            let first = s.generation == generation && !s.spoke;
+            s.spoke |= first;
+            first
+        };
+        if first {
+            // It started: a failed start before it is forgotten.
+            self.shared.start_failed.lock().take();
+        }
         let has_method = msg.get("method").is_some();
         let id = msg.get("id").cloned();
         match (has_method, id) {
@@ -444,12 +487,23 @@ impl Instance {
 
     /// The process ended: every call in flight is answered with an error.
     fn ended(&self, generation: u64, why: &str) {
-        let (pending, listeners, closing) = {
+        let (pending, listeners, closing, spoke) = {
             let mut s = self.state.lock();
             if s.generation != generation {
                 return;
             }
             s.process = None;
+            s.last_exit = Some(if s.spoke {
+                format!(
+                    "the stdio server of upstream {:?} exited ({why}); it is started again on the next request",
+                    self.shared.name
+                )
+            } else {
+                format!(
+                    "the stdio server of upstream {:?} could not start: {why}",
+                    self.shared.name
+                )
+            });
             let closing = s.closing;
             if !closing {
                 // Crashes in a row: a minute of health forgets the earlier.
@@ -467,18 +521,33 @@ impl Instance {
                 std::mem::take(&mut s.pending),
                 std::mem::take(&mut s.listeners),
                 closing,
+                s.spoke,
             )
         };
         drop(listeners);
         if closing {
             return;
         }
-        tracing::warn!(upstream = %self.shared.name, instance = self.number, calls = pending.len(), reason = why, "stdio server exited; the calls in flight are answered with an error, the next request starts it again");
-        self.shared.metrics.stdio_exit(&self.shared.name, "crashed");
-        let text = format!(
-            "the stdio server of upstream {:?} exited during the call ({why}); it is started again on the next request",
-            self.shared.name
-        );
+        let text = if spoke {
+            tracing::warn!(upstream = %self.shared.name, instance = self.number, calls = pending.len(), reason = why, "stdio server exited; the calls in flight are answered with an error, the next request starts it again");
+            self.shared.metrics.stdio_exit(&self.shared.name, "crashed");
+            format!(
+                "the stdio server of upstream {:?} exited during the call ({why}); it is started again on the next request",
+                self.shared.name
+            )
+        } else {
+            // It never wrote a message: it could not start. Every waiting
+            // request is answered now, /readyz and the metric say so.
+            tracing::error!(upstream = %self.shared.name, instance = self.number, calls = pending.len(), reason = why, "stdio server could not start; the waiting requests are answered with an error");
+            self.shared
+                .metrics
+                .stdio_exit(&self.shared.name, "start_failed");
+            *self.shared.start_failed.lock() = Some(why.to_owned());
+            format!(
+                "the stdio server of upstream {:?} could not start: {why}",
+                self.shared.name
+            )
+        };
         for (_, p) in pending {
             let answer = Item::Final(error_answer(&p.client_id, &text));
             // After whatever the stream still holds: never lost to a full

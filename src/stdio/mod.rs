@@ -27,6 +27,7 @@ pub mod connector;
 pub mod egress;
 pub mod instance;
 pub mod process;
+pub mod uids;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -83,48 +84,99 @@ pub struct Launch {
     pub idle_timeout: Duration,
     /// Its confinement.
     pub sandbox: Spec,
+    /// What every stdio upstream shares (`[stdio]`).
+    pub host: HostConfig,
 }
 
-/// `program` as found on `PATH` (or as given when it names a path): an
-/// executable file, or `None`.
-pub fn which(program: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.is_empty() {
-        return None;
-    }
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return executable(&p).then_some(p);
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|p| executable(p))
+/// `[stdio]`: what every stdio upstream of the firewall shares.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// The uids a root firewall runs servers as, one per running server
+    /// (`[first, last]`, inclusive).
+    #[serde(default = "default_uid_range")]
+    pub uid_range: [u32; 2],
+    /// Where the firewall makes its runtime directories (egress sockets,
+    /// private homes): a directory of a name nobody can guess, mode 0700,
+    /// per upstream (default: the system's temporary directory).
+    #[serde(default)]
+    pub runtime_dir: Option<PathBuf>,
 }
 
-/// Every layer, in the order they are applied.
-const ALL_LAYERS: [crate::sandbox::Layer; 8] = [
-    crate::sandbox::Layer::NetNamespace,
-    crate::sandbox::Layer::Rlimits,
-    crate::sandbox::Layer::Unprivileged,
-    crate::sandbox::Layer::NoNewPrivs,
-    crate::sandbox::Layer::LandlockFs,
-    crate::sandbox::Layer::LandlockNet,
-    crate::sandbox::Layer::LandlockScope,
-    crate::sandbox::Layer::Seccomp,
-];
+/// The default `uid_range`: above the uids of people and of the systemd
+/// and container ranges usually handed out, below 2^31.
+pub const DEFAULT_UID_RANGE: [u32; 2] = [1_700_000_000, 1_700_065_535];
+
+fn default_uid_range() -> [u32; 2] {
+    DEFAULT_UID_RANGE
+}
+
+impl Default for HostConfig {
+    fn default() -> HostConfig {
+        HostConfig {
+            uid_range: DEFAULT_UID_RANGE,
+            runtime_dir: None,
+        }
+    }
+}
+
+impl HostConfig {
+    /// Checks the range (`Err` names the key and why).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let [first, last] = self.uid_range;
+        if first == 0 || first > last || last == u32::MAX {
+            return Err((
+                "stdio.uid_range".to_owned(),
+                "[first, last] with 0 < first <= last < 4294967295".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes this upstream's runtime directory: a new directory of a name
+    /// nobody can guess, mode 0700, its owner and mode checked, under a
+    /// base that only its owner (or root, with the sticky bit) can change.
+    pub fn runtime_dir_for(&self, upstream: &str) -> Result<PathBuf, String> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        let base = self.runtime_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let me = nix::unistd::geteuid().as_raw();
+        let meta = std::fs::metadata(&base)
+            .map_err(|e| format!("stdio runtime_dir {}: {e}", base.display()))?;
+        let mode = meta.permissions().mode();
+        let shared_unsafely = mode & 0o022 != 0 && mode & 0o1000 == 0;
+        if !meta.is_dir() || (meta.uid() != me && meta.uid() != 0) || shared_unsafely {
+            return Err(format!(
+                "stdio runtime_dir {} must be a directory owned by this user or root, not writable by others unless sticky",
+                base.display()
+            ));
+        }
+        let dir = base.join(format!(
+            "mcp-firewall-{upstream}-{}",
+            hex::encode(rand::random::<[u8; 12]>())
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let made =
+            std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !made.is_dir() || made.uid() != me || made.permissions().mode() & 0o777 != 0o700 {
+            return Err(format!(
+                "{} is not the private directory just made (owner {}, mode {:o})",
+                dir.display(),
+                made.uid(),
+                made.permissions().mode() & 0o7777
+            ));
+        }
+        Ok(dir)
+    }
+}
+
+pub use crate::sandbox::which;
 
 /// A layer's name as the config and metrics spell it.
 pub fn layer_name(l: crate::sandbox::Layer) -> String {
-    serde_json::to_value(l)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
+    l.name().to_owned()
 }
 
 /// Applies the sandbox of `launch` to a child that exits at once, and
@@ -174,10 +226,22 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The egress proxy of an allow-list, started with the first process.
     egress: tokio::sync::OnceCell<egress::Egress>,
-    /// Where private homes go.
-    homes: PathBuf,
+    /// This upstream's runtime directory (the egress socket, instance
+    /// directories), `Err` when it could not be made.
+    homes: Result<PathBuf, String>,
+    /// Why the last start failed (the server exited before it answered),
+    /// until one succeeds.
+    start_failed: Mutex<Option<String>>,
     /// Why no process may start (a required sandbox layer is unavailable).
     refused: Mutex<Option<String>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Ok(dir) = &self.homes {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl Shared {
@@ -188,7 +252,7 @@ impl Shared {
             crate::sandbox::Network::None => return Ok(None),
             crate::sandbox::Network::Allow(a) => a.clone(),
         };
-        let socket = self.homes.join("egress.sock");
+        let socket = self.homes.clone()?.join("egress.sock");
         self.egress
             .get_or_try_init(|| async {
                 egress::Egress::start(&self.name, &allow, &socket, self.metrics.clone())
@@ -229,11 +293,10 @@ pub struct Bridge {
 impl Bridge {
     /// The bridge of upstream `name`; starts its reaper.
     pub fn new(name: &str, launch: Launch, max_line: usize, metrics: Arc<Metrics>) -> Arc<Bridge> {
-        let homes = std::env::temp_dir().join(format!(
-            "mcp-firewall-stdio-{}-{}",
-            std::process::id(),
-            name
-        ));
+        let homes = launch.host.runtime_dir_for(name);
+        if let Err(why) = &homes {
+            tracing::error!(upstream = %name, reason = %why, "stdio upstream: no runtime directory; its server is not started");
+        }
         let idle = launch.idle_timeout;
         process::become_subreaper();
         let bridge = Arc::new(Bridge {
@@ -244,6 +307,7 @@ impl Bridge {
                 metrics,
                 egress: tokio::sync::OnceCell::new(),
                 homes,
+                start_failed: Mutex::new(None),
                 refused: Mutex::new(None),
             }),
             instances: Mutex::new(HashMap::new()),
@@ -285,7 +349,7 @@ impl Bridge {
                 for (layer, why) in &report.missing {
                     tracing::warn!(upstream = %name, layer = %layer_name(*layer), reason = %why, "stdio server runs without a sandbox layer");
                 }
-                for l in ALL_LAYERS {
+                for l in crate::sandbox::Layer::ALL {
                     let missing = report.missing.iter().any(|(m, _)| *m == l);
                     self.shared
                         .metrics
@@ -304,7 +368,15 @@ impl Bridge {
 
     /// Why its servers are not started, if they are not.
     pub fn unavailable(&self) -> Option<String> {
+        if let Err(why) = &self.shared.homes {
+            return Some(why.clone());
+        }
         self.shared.refused.lock().clone()
+    }
+
+    /// Why its last server could not start, until one does.
+    pub fn start_failed(&self) -> Option<String> {
+        self.shared.start_failed.lock().clone()
     }
 
     /// Stops every process (the close sequence, in parallel).
@@ -313,6 +385,9 @@ impl Bridge {
         self.sessions.lock().clear();
         futures_util::future::join_all(all.iter().map(|i| i.close("shutdown"))).await;
         self.gauge();
+        if let Ok(dir) = &self.shared.homes {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 
     /// Stops the processes unused for `idle_timeout`.
@@ -364,7 +439,10 @@ impl Bridge {
             ));
         }
         let number = self.next.fetch_add(1, Ordering::Relaxed);
-        let i = Instance::new(self.shared.clone(), number, self.shared.homes.clone());
+        let Ok(homes) = self.shared.homes.clone() else {
+            return Err(self.unavailable().unwrap_or_default());
+        };
+        let i = Instance::new(self.shared.clone(), number, homes);
         map.insert(key, i.clone());
         let n = map.len();
         drop(map);

@@ -68,44 +68,42 @@ pub fn launcher() -> PathBuf {
 }
 
 impl Process {
-    /// Starts the server of `shared` with its private home under `home`.
+    /// Starts the server of `shared` in its instance directory `dir`
+    /// (its private home and the mount point of its private root), as
+    /// `uid` when the firewall is root.
     pub fn spawn(
         shared: &Shared,
-        home: &Path,
+        dir: &Path,
         egress: Option<PathBuf>,
+        uid: Option<super::uids::Lease>,
     ) -> std::io::Result<(Process, mpsc::Receiver<Out>)> {
-        private_home(home)?;
+        let home = dir.join("home");
+        let root = dir.join("root");
+        instance_dir(dir, &home, &root, uid.as_ref().map(super::uids::Lease::uid))?;
         let launch = &shared.launch;
         let mut spec = launch.sandbox.clone();
-        spec.write.push(home.to_path_buf());
+        spec.write.push(home.clone());
         spec.read.extend(runtime_of(&launch.command));
         let spec = serde_json::to_string(&spec).map_err(std::io::Error::other)?;
         let mut cmd = tokio::process::Command::new(launcher());
-        cmd.arg("sandbox-exec").arg("--spec").arg(spec);
+        cmd.arg("sandbox-exec")
+            .arg("--spec")
+            .arg(spec)
+            .arg("--root")
+            .arg(&root)
+            .arg("--env-stdin");
+        if let Some(lease) = &uid {
+            cmd.arg("--uid").arg(lease.uid().to_string());
+        }
         if let Some(socket) = &egress {
             cmd.arg("--egress-socket").arg(socket);
         }
         cmd.arg("--").args(&launch.command);
+        // The launcher runs with no environment: the server's is handed to
+        // the sandbox's init on stdin and applied when the server starts,
+        // after every layer.
         cmd.env_clear();
-        cmd.env(
-            "PATH",
-            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
-        );
-        cmd.env("HOME", home).env("TMPDIR", home);
-        for (k, v) in &launch.env {
-            cmd.env(k, v);
-        }
-        for name in &launch.env_from {
-            if let Some(v) = std::env::var_os(name) {
-                cmd.env(name, v);
-            }
-        }
-        if egress.is_some() {
-            let proxy = format!("http://127.0.0.1:{}", crate::sandbox::EGRESS_PORT);
-            for k in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-                cmd.env(k, &proxy);
-            }
-        }
+        let env_line = environment(launch, &home, egress.is_some());
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -121,6 +119,8 @@ impl Process {
         let name: Arc<str> = Arc::from(shared.name.as_str());
         let last_stderr = Arc::new(Mutex::new(String::new()));
         let (to_stdin, mut lines) = mpsc::channel::<Bytes>(256);
+        // First, the environment line the init reads.
+        let _ = to_stdin.try_send(env_line);
         tokio::spawn(async move {
             while let Some(line) = lines.recv().await {
                 let ok = stdin.write_all(&line).await.is_ok()
@@ -132,7 +132,7 @@ impl Process {
             }
             // Dropping stdin closes it: the first step of the close sequence.
         });
-        tokio::spawn(log_stderr(name.clone(), pid, stderr, last_stderr.clone()));
+        let stderr_done = tokio::spawn(log_stderr(name.clone(), pid, stderr, last_stderr.clone()));
         let (out_tx, out_rx) = mpsc::channel(256);
         let (exited_tx, exited) = watch::channel(false);
         let (status_tx, status_rx) = tokio::sync::oneshot::channel();
@@ -142,6 +142,8 @@ impl Process {
             let status = child.wait().await;
             signal_group(pid, Signal::SIGKILL);
             reap_group(pid).await;
+            // Its uid is free again once nothing of it runs.
+            drop(uid);
             let _ = exited_tx.send(true);
             let _ = status_tx.send(match status {
                 Ok(s) => s.to_string(),
@@ -151,9 +153,22 @@ impl Process {
         let max_line = shared.max_line;
         tokio::spawn(async move {
             let broke = read_stdout(&name, pid, stdout, max_line, &out_tx).await;
-            // Whatever the server started goes with it.
-            signal_group(pid, Signal::SIGKILL);
-            let status = status_rx.await.unwrap_or_else(|_| "ended".to_owned());
+            // Its stdout closed: it ended, or is about to (its status is
+            // what it exited with); whatever it started goes with it.
+            if broke.is_some() {
+                signal_group(pid, Signal::SIGKILL);
+            }
+            let mut status_rx = status_rx;
+            let status = match tokio::time::timeout(GRACE, &mut status_rx).await {
+                Ok(s) => s.unwrap_or_else(|_| "ended".to_owned()),
+                Err(_) => {
+                    signal_group(pid, Signal::SIGKILL);
+                    status_rx.await.unwrap_or_else(|_| "ended".to_owned())
+                }
+            };
+            // What it said last (why it could not start, say) is read
+            // before its end is reported.
+            let _ = tokio::time::timeout(Duration::from_millis(500), stderr_done).await;
             let last = last_stderr.lock().clone();
             let mut why = broke.unwrap_or(status);
             if !last.is_empty() {
@@ -283,21 +298,49 @@ fn signal_group(pid: u32, signal: Signal) {
     }
 }
 
-/// The process's private home: created for it, owned by `nobody` when the
-/// firewall is root (the server runs as `nobody` then).
-fn private_home(home: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(parent) = home.parent() {
-        std::fs::create_dir_all(parent)?;
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
-    }
-    let _ = std::fs::remove_dir_all(home);
-    std::fs::create_dir_all(home)?;
+/// The instance's directory (the firewall's own, 0700), its private home
+/// in it (owned by the server's uid when the firewall is root), and the
+/// empty mount point of its private root.
+fn instance_dir(dir: &Path, home: &Path, root: &Path, uid: Option<u32>) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let _ = std::fs::remove_dir_all(dir);
+    let mut private = std::fs::DirBuilder::new();
+    private.mode(0o700);
+    private.create(dir)?;
+    private.create(home)?;
+    private.create(root)?;
     std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))?;
-    if nix::unistd::getuid().is_root() {
-        std::os::unix::fs::chown(home, Some(65534), Some(65534))?;
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(home, Some(uid), Some(uid))?;
     }
     Ok(())
+}
+
+/// The server's environment, as the first line of its stdin: `PATH`, its
+/// home and temporary directory, the upstream's `env` and `env_from`, and
+/// the egress proxy of an allow-list.
+fn environment(launch: &super::Launch, home: &Path, egress: bool) -> Bytes {
+    let mut env = std::collections::BTreeMap::new();
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    env.insert("PATH".to_owned(), path);
+    let home = home.display().to_string();
+    env.insert("HOME".to_owned(), home.clone());
+    env.insert("TMPDIR".to_owned(), home);
+    for (k, v) in &launch.env {
+        env.insert(k.clone(), v.clone());
+    }
+    for name in &launch.env_from {
+        if let Ok(v) = std::env::var(name) {
+            env.insert(name.clone(), v);
+        }
+    }
+    if egress {
+        let proxy = format!("http://127.0.0.1:{}", crate::sandbox::net::EGRESS_PORT);
+        for k in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+            env.insert(k.to_owned(), proxy.clone());
+        }
+    }
+    Bytes::from(serde_json::to_string(&env).unwrap_or_else(|_| "{}".to_owned()))
 }
 
 /// What a command needs to read besides the runtime: its program's and

@@ -35,7 +35,7 @@ match = ["*"]
 risk = "read"
 "#;
 
-/// A directory every user may enter (the server runs as `nobody` when
+/// A directory every user may enter (the server runs as a uid of its own when
 /// the tests run as root), removed afterwards.
 fn open_dir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
@@ -196,6 +196,35 @@ impl Session {
     }
 }
 
+/// The host's pid of the server process that named itself `token` (its
+/// command name; every server is pid 2 of its own PID namespace).
+pub fn host_pid(token: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let found: Vec<u32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim_end() == token)
+            })
+            .collect();
+        match found.as_slice() {
+            [one] => return *one,
+            [] if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("processes named {token}: {other:?}"),
+        }
+    }
+}
+
+/// The process group of `pid` (the server's launcher's, on the host).
+fn pgid_of(pid: u32) -> u32 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &st[st.rfind(')').unwrap() + 1..];
+    rest.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
 fn alive(pid: u32) -> bool {
     // A zombie is not alive: it has exited and waits to be reaped.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -314,41 +343,40 @@ async fn the_sandbox_table_through_the_firewall() {
         return;
     }
     let mut s = Session::open(&url, &token()).await;
-    let pid: u32 = s.text("pid", json!({})).await.parse().unwrap();
+    let pid = host_pid(&s.text("pid", json!({})).await);
     assert!(alive(pid));
+    let pgid = pgid_of(pid);
 
-    // Files: docs readable, other not (though its permissions allow it),
-    // out writable, elsewhere not.
+    // Files: docs readable, other not (though its permissions allow it:
+    // it is not in the server's view), out writable, elsewhere not.
     let docs = b.path("docs/readme.txt").display().to_string();
     assert_eq!(s.text("read_file", json!({"path": docs})).await, "the docs");
     let other = b.path("other/secret.txt").display().to_string();
     let t = s.text("read_file", json!({"path": other})).await;
-    assert!(t.contains("Permission denied"), "{t}");
+    assert!(t.contains("No such file or directory (2)"), "{t}");
     let out = b.path("out/w.txt").display().to_string();
     assert_eq!(s.text("write_file", json!({"path": out})).await, "written");
     let elsewhere = b.path("elsewhere/w.txt").display().to_string();
     let t = s.text("write_file", json!({"path": elsewhere})).await;
-    assert!(t.contains("Permission denied"), "{t}");
+    assert!(t.contains("No such file or directory (2)"), "{t}");
     assert!(!b.path("elsewhere/w.txt").exists());
 
     // System configuration beyond what runtimes read is out of reach (the
     // firewall's own config and keys often live under /etc).
     if Path::new("/etc/hostname").exists() {
         let t = s.text("read_file", json!({"path": "/etc/hostname"})).await;
-        assert!(t.contains("Permission denied"), "{t}");
+        assert!(t.contains("No such file or directory (2)"), "{t}");
     }
 
-    // The firewall's environment (its secrets) is out of reach through
-    // /proc: Landlock refuses ptrace-level access to a process outside the
-    // sandbox.
+    // The firewall is not among the processes it can see: only its init
+    // (the sandbox's) and itself.
     let ppid = s.text("ppid", json!({})).await;
-    let t = s
-        .text(
-            "read_file",
-            json!({"path": format!("/proc/{ppid}/environ")}),
-        )
-        .await;
-    assert!(t.starts_with("error"), "{t}");
+    assert_eq!(ppid, "1", "its parent is the sandbox's init");
+    let seen: Vec<(u32, String)> =
+        serde_json::from_str(&s.text("processes", json!({})).await).unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen[0].1.contains("sandbox-exec"), "{seen:?}");
+    assert!(seen[1].1.contains("box_server.py"), "{seen:?}");
 
     // ptrace, a fork bomb, a memory hog.
     let t = s.text("ptrace", json!({})).await;
@@ -388,7 +416,7 @@ async fn the_sandbox_table_through_the_firewall() {
 
     // A second session gets a process of its own.
     let mut s2 = Session::open(&url, &token()).await;
-    let pid2: u32 = s2.text("pid", json!({})).await.parse().unwrap();
+    let pid2 = host_pid(&s2.text("pid", json!({})).await);
     assert_ne!(pid, pid2, "two sessions, two processes");
 
     // A crash mid-call: an error answer, then the same session goes on in
@@ -403,15 +431,15 @@ async fn the_sandbox_table_through_the_firewall() {
     // What it started (the fork bomb's children) went with it, reaped: no
     // zombie of its group is left (they would count against `processes`).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !group_of(pid).is_empty() {
+    while !group_of(pgid).is_empty() {
         assert!(
             Instant::now() < deadline,
             "left of the group: {:?}",
-            group_of(pid)
+            group_of(pgid)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let again: u32 = s.text("pid", json!({})).await.parse().unwrap();
+    let again = host_pid(&s.text("pid", json!({})).await);
     assert_ne!(again, pid, "restarted");
     assert_eq!(s.text("echo", json!({"text": "hi"})).await, "hi");
 
@@ -458,8 +486,8 @@ async fn the_sandbox_table_through_the_firewall() {
     // DELETE ends the session's process and what it started, even when it
     // ignores its closed stdin and SIGTERM (the close sequence ends in
     // SIGKILL to the whole group); shutdown ends the rest.
-    let last: u32 = s.text("pid", json!({})).await.parse().unwrap();
-    let child: u32 = s.text("spawn_child", json!({})).await.parse().unwrap();
+    let last = host_pid(&s.text("pid", json!({})).await);
+    let child = host_pid(&s.text("spawn_child", json!({})).await);
     assert!(alive(child));
     assert_eq!(s.text("stubborn", json!({})).await, "stubborn");
     let asked = Instant::now();
@@ -609,12 +637,15 @@ async fn call_2026(url: &str, token: &str) -> Answer {
 
 /// A 2026-07-28 call (no session) of `token`: the process id.
 async fn pid_2026(url: &str, token: &str) -> u32 {
+    host_pid(&token_2026(url, token).await)
+}
+
+async fn token_2026(url: &str, token: &str) -> String {
     let v = call_2026(url, token).await.json();
     v["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_else(|| panic!("{v}"))
-        .parse()
-        .unwrap()
+        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -681,8 +712,8 @@ async fn a_shared_process_serves_every_session_only_when_configured() {
     let mut c = common::claims("box-all", &["sre"]);
     c.sub = "bob".to_owned();
     let mut s2 = Session::open(&url, &common::sign(&c)).await;
-    let p1: u32 = s1.text("pid", json!({})).await.parse().unwrap();
-    let p2: u32 = s2.text("pid", json!({})).await.parse().unwrap();
+    let p1 = host_pid(&s1.text("pid", json!({})).await);
+    let p2 = host_pid(&s2.text("pid", json!({})).await);
     assert_eq!(p1, p2, "one process for every session");
     // Ids of two sessions never meet: both send id 2, each gets its own.
     let (a, b2) = tokio::join!(
@@ -775,11 +806,322 @@ fn bad_stdio_configuration_names_the_key() {
     if missing_layers().is_empty() {
         assert!(ok, "{report}");
         assert!(
-            report.contains("sandbox box: net_namespace, rlimits"),
+            report.contains(
+                "sandbox box: net_namespace, pid_namespace, mount_namespace, ipc_namespace, rlimits"
+            ),
             "{report}"
         );
         assert!(report.contains("seccomp"), "{report}");
     } else {
         assert!(!ok && report.contains("error"), "{report}");
+    }
+}
+
+const ESCAPES_POLICY: &str = r#"
+[[agents]]
+name = "box-all"
+description = "Every tool of the stdio test servers"
+projects = ["sre"]
+risks = ["read"]
+allow = [{ upstream = "box" }, { upstream = "open" }, { upstream = "broken" }]
+max_steps = 1000
+
+[[tools]]
+upstream = "box"
+match = ["*"]
+risk = "read"
+
+[[tools]]
+upstream = "open"
+match = ["*"]
+risk = "read"
+
+[[tools]]
+upstream = "broken"
+match = ["*"]
+risk = "read"
+"#;
+
+/// A UNIX listener at `path` (mode 0777) that records what arrives.
+fn unix_listener(path: &Path) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use std::os::unix::fs::PermissionsExt;
+    let l = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let mut c = c;
+            let mut buf = [0u8; 256];
+            let n = c.read(&mut buf).unwrap_or(0);
+            s.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    });
+    seen
+}
+
+/// A hostile server run by the firewall (started as `serve`, as root and
+/// as the unprivileged firewall user) tries each way out the sandbox had:
+/// one principal's fork bomb against other principals' new sessions; a
+/// host UNIX socket and another upstream's egress socket under `network =
+/// "none"`; the predictable runtime directory a local user prepared with a
+/// proxy of their own; and a server that cannot start, whose client must
+/// be answered at once. Every target records that nothing arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_server_escapes_nothing_through_the_firewall() {
+    use std::os::unix::fs::PermissionsExt;
+    if !missing_layers().is_empty() {
+        eprintln!("sandbox layers missing here: the refusal is checked by the_sandbox_table_through_the_firewall");
+        return;
+    }
+    for user in crate::sandbox::launcher_users() {
+        let b = Box::new();
+        let policies = b.path("policies");
+        common::copy_policies(&common::shipped_policies(), &policies);
+        std::fs::write(policies.join("box.toml"), ESCAPES_POLICY).unwrap();
+        std::process::Command::new("chmod")
+            .args(["-R", "a+rX"])
+            .arg(&policies)
+            .status()
+            .unwrap();
+        // The listed target of `open`, and a port it may not reach.
+        let (target, target_seen) = listener();
+        let (unlisted, unlisted_seen) = listener();
+        // A server whose script its user cannot reach.
+        let locked = b.path("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::copy(b.script(), locked.join("box_server.py")).unwrap();
+        std::os::unix::fs::chown(&locked, Some(4343), Some(4343)).unwrap();
+        mode(&locked, 0o700);
+        let (port, admin) = (crate::audit_e2e::free_port(), crate::audit_e2e::free_port());
+        let cfg = TestConfig::new()
+            .policies(&policies)
+            .set("server.listen", format!("127.0.0.1:{port}"))
+            .set("admin.listen", format!("127.0.0.1:{admin}"))
+            .set("log.level", "info")
+            .stdio_upstream("box", &["/usr/bin/python3", &b.script()])
+            .upstream_set(
+                "box",
+                "sandbox",
+                toml::Value::Table(toml::Table::from_iter([
+                    ("network".to_owned(), "none".into()),
+                    ("processes".to_owned(), 16.into()),
+                ])),
+            )
+            .stdio_upstream("open", &["/usr/bin/python3", &b.script()])
+            .upstream_set(
+                "open",
+                "sandbox",
+                toml::Value::Table(toml::Table::from_iter([(
+                    "network".to_owned(),
+                    toml::Value::Array(vec![format!("127.0.0.1:{target}").into()]),
+                )])),
+            )
+            .stdio_upstream(
+                "broken",
+                &[
+                    "/usr/bin/python3",
+                    &locked.join("box_server.py").display().to_string(),
+                ],
+            );
+        let file = b.path("firewall.toml");
+        std::fs::write(&file, cfg.text()).unwrap();
+        mode(&file, 0o644);
+        let log = b.path("serve.log");
+        let mut cmd = match user {
+            None => std::process::Command::new(env!("CARGO_BIN_EXE_mcp-firewall")),
+            Some(uid) => {
+                let mut c = std::process::Command::new("setpriv");
+                c.arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={uid}"))
+                    .arg("--clear-groups")
+                    .arg(crate::sandbox::shared_binary());
+                c
+            }
+        };
+        let mut fw = cmd
+            .args(["serve", "--config"])
+            .arg(&file)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // A local user prepares the runtime directory the firewall used to
+        // pick (`/tmp/mcp-firewall-stdio-<pid>-<upstream>`), with a proxy
+        // of their own where the egress socket would go.
+        let fw_pid = fw.id();
+        let trap = PathBuf::from(format!("/tmp/mcp-firewall-stdio-{fw_pid}-open"));
+        let _ = std::fs::remove_dir_all(&trap);
+        std::fs::create_dir(&trap).unwrap();
+        mode(&trap, 0o777);
+        let trap_seen = unix_listener(&trap.join("egress.sock"));
+        std::os::unix::fs::chown(&trap, Some(4344), Some(4344)).unwrap();
+        crate::audit_e2e::wait_listening(port).await;
+        let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+        let who = format!("firewall as {user:?}");
+        let url = |u: &str| format!("http://127.0.0.1:{port}/mcp/{u}");
+
+        // 1. One principal's server forks to its limit and holds; three new
+        //    sessions of another principal start and work.
+        let mut a = Session::open(&url("box"), &token()).await;
+        let held = a.text("hold_processes", json!({})).await;
+        assert!(
+            held.starts_with("holding ") && held.contains("Resource temporarily unavailable"),
+            "{who}: {held}"
+        );
+        let mut bob = common::claims("box-all", &["sre"]);
+        bob.sub = "bob".to_owned();
+        let bob = common::sign(&bob);
+        let sessions = futures_util::future::join_all((0..3).map(|_| async {
+            let mut s = Session::open(&url("box"), &bob).await;
+            s.text("echo", json!({"text": "started"})).await
+        }))
+        .await;
+        assert_eq!(sessions, vec!["started"; 3], "{who}");
+
+        // 2. What the server sees: its init and itself; not the firewall.
+        let mut s = Session::open(&url("box"), &bob).await;
+        let seen: Vec<(u32, String)> =
+            serde_json::from_str(&s.text("processes", json!({})).await).unwrap();
+        assert_eq!(seen.len(), 2, "{who}: {seen:?}");
+        assert!(
+            !format!("{seen:?}").contains("serve --config"),
+            "{who}: {seen:?}"
+        );
+        let mounts = s
+            .text("read_file", json!({"path": "/proc/self/mountinfo"}))
+            .await;
+        assert!(
+            !mounts.contains(&file.display().to_string()),
+            "{who}: {mounts}"
+        );
+        assert!(!mounts.contains("/policies"), "{who}: {mounts}");
+
+        // 3. An allow-listed server reaches its target through its own
+        //    proxy, nothing else; the prepared directory is never used.
+        let mut o = Session::open(&url("open"), &bob).await;
+        let t = o
+            .text(
+                "connect_via_proxy",
+                json!({"host": "127.0.0.1", "port": unlisted}),
+            )
+            .await;
+        assert!(t.contains("403"), "{who}: {t}");
+        let t = o
+            .text(
+                "connect_via_proxy",
+                json!({"host": "127.0.0.1", "port": target}),
+            )
+            .await;
+        assert!(t.contains("200"), "{who}: {t}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(target_seen.lock().unwrap().len(), 1, "{who}");
+        assert!(unlisted_seen.lock().unwrap().is_empty(), "{who}");
+        assert!(
+            trap_seen.lock().unwrap().is_empty(),
+            "{who}: the prepared proxy was used"
+        );
+        // Its egress socket is in a directory of its own: unguessable,
+        // 0700, owned by the firewall's user.
+        let text = logged();
+        let socket = text
+            .lines()
+            .find(|l| l.contains("stdio egress proxy listening") && l.contains("upstream=\"open\""))
+            .and_then(|l| l.split("socket=").nth(1))
+            .map(|s| {
+                s.split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .trim_matches('"')
+                    .to_owned()
+            })
+            .unwrap_or_else(|| panic!("{who}: no egress socket in the log: {text}"));
+        let dir = Path::new(&socket).parent().unwrap();
+        let meta = std::fs::metadata(dir).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            0o700,
+            "{who}: {}",
+            dir.display()
+        );
+        assert_eq!(meta.uid(), user.unwrap_or(0), "{who}");
+        assert!(!dir.starts_with(&trap), "{who}");
+
+        // 4. Under `network = "none"`: neither another upstream's egress
+        //    socket nor a host socket is reachable.
+        let host_dir = b.path("sockets");
+        std::fs::create_dir(&host_dir).unwrap();
+        mode(&host_dir, 0o777);
+        let host_seen = unix_listener(&host_dir.join("host.sock"));
+        for path in [
+            socket.clone(),
+            host_dir.join("host.sock").display().to_string(),
+        ] {
+            let t = s.text("connect_unix", json!({"path": path})).await;
+            assert!(t.starts_with("error"), "{who}: {path}: {t}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            target_seen.lock().unwrap().len(),
+            1,
+            "{who}: tunnelled through open's proxy"
+        );
+        assert!(host_seen.lock().unwrap().is_empty(), "{who}");
+
+        // 5. A server that cannot start: its client is answered at once,
+        //    naming why; /readyz and the metric say so.
+        let asked = Instant::now();
+        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+        let answer = common::post(&url("broken"), &bob, &[], init).await;
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "{who}: {:?}",
+            asked.elapsed()
+        );
+        let v = answer.json();
+        let msg = v["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{who}: {v}"));
+        assert!(msg.contains("could not start"), "{who}: {msg}");
+        assert!(
+            msg.contains("box_server.py"),
+            "{who}: names the cause: {msg}"
+        );
+        let admin_get = |path: &str| {
+            let u = format!("http://127.0.0.1:{admin}{path}");
+            async move {
+                common::http()
+                    .get(u)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap()
+            }
+        };
+        let ready = admin_get("/readyz").await;
+        assert!(ready.contains("stdio_start_failed"), "{who}: {ready}");
+        let m = admin_get("/metrics").await;
+        assert!(
+            metric(
+                &m,
+                "mcp_firewall_stdio_exits_total{upstream=\"broken\",reason=\"start_failed\"}"
+            ) >= 1.0,
+            "{who}: {m}"
+        );
+
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(fw_pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = fw.wait();
+        let _ = std::fs::remove_dir_all(&trap);
+        drop(a);
     }
 }

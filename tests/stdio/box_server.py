@@ -3,7 +3,12 @@ compromised server would: read and write files, connect out, fork without
 end, hog memory, ptrace its parent, crash mid-call, break the transport.
 Each tool reports what happened (the error the sandbox caused, or success)
 so the tests can assert the sandbox stopped it. Run by the firewall under
-`mcp-firewall sandbox-exec`, as `nobody` when the firewall is root.
+`mcp-firewall sandbox-exec`, in PID, mount and user namespaces of its own.
+
+Its process id inside its PID namespace says nothing to the tests (every
+server is pid 2 there), so each process names itself: a random token set as
+its command name (`/proc/<pid>/comm`, readable from the host), which `pid`
+and `spawn_child` return and the tests map to the host's pid.
 """
 
 import ctypes
@@ -17,8 +22,20 @@ import time
 TOOLS = [
     "pid", "ppid", "echo", "read_file", "write_file", "connect", "connect_via_proxy",
     "fork_bomb", "hog", "ptrace", "crash", "garbage", "progress", "env",
-    "spawn_child", "stubborn", "forbidden", "received",
+    "spawn_child", "stubborn", "forbidden", "received", "processes", "connect_unix",
+    "hold_processes", "list_dir",
 ]
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def name_me(token):
+    """Sets this process's command name (PR_SET_NAME) to `token`."""
+    LIBC.prctl(15, token.encode(), 0, 0, 0)
+
+
+TOKEN = "bx" + os.urandom(5).hex()
+name_me(TOKEN)
 
 RECEIVED = []  # every tools/call name this process was sent, in order
 
@@ -36,7 +53,47 @@ def text(s, error=False):
 
 def call(name, args, meta):
     if name == "pid":
-        return text(str(os.getpid()))
+        return text(TOKEN)
+    if name == "processes":
+        # Every process this server can see, with its command line.
+        seen = []
+        for p in sorted(os.listdir("/proc")):
+            if p.isdigit():
+                try:
+                    with open(f"/proc/{p}/cmdline", "rb") as f:
+                        seen.append([int(p), f.read().replace(b"\0", b" ").decode(errors="replace").strip()])
+                except OSError as e:
+                    seen.append([int(p), f"error: {e.strerror}"])
+        return text(json.dumps(seen))
+    if name == "list_dir":
+        try:
+            return text(json.dumps(sorted(os.listdir(args["path"]))))
+        except OSError as e:
+            return text(f"error: {e.strerror} ({e.errno})", True)
+    if name == "connect_unix":
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(3)
+            s.connect(args["path"])
+            s.sendall(args.get("send", "hello from the sandbox\n").encode())
+            reply = s.recv(200).decode(errors="replace")
+            s.close()
+            return text(f"connected: {reply}")
+        except OSError as e:
+            return text(f"error: {e.strerror or e} ({e.errno})", True)
+    if name == "hold_processes":
+        # Forks sleeping children up to the limit and keeps them.
+        n = 0
+        try:
+            while n < int(args.get("max", 1000)):
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(120)
+                    os._exit(0)
+                n += 1
+        except OSError as e:
+            return text(f"holding {n}: {e.strerror} ({e.errno})")
+        return text(f"holding {n}")
     if name == "received":
         return text(json.dumps(RECEIVED))
     if name == "forbidden":
@@ -103,15 +160,18 @@ def call(name, args, meta):
         except MemoryError:
             return text("error: MemoryError", True)
     if name == "ptrace":
-        libc = ctypes.CDLL(None, use_errno=True)
-        rc = libc.ptrace(16, os.getppid(), 0, 0)  # PTRACE_ATTACH
+        rc = LIBC.ptrace(16, os.getppid(), 0, 0)  # PTRACE_ATTACH
         return text(f"ptrace rc={rc} errno={ctypes.get_errno()}", rc != 0)
     if name == "spawn_child":
+        child = TOKEN + "c"
         pid = os.fork()
         if pid == 0:
+            name_me(child)
             time.sleep(600)
             os._exit(0)
-        return text(str(pid))
+        # The child has named itself before the answer leaves.
+        time.sleep(0.2)
+        return text(child)
     if name == "stubborn":
         # Ignores SIGTERM, and outlives its stdin: only SIGKILL ends it.
         global STUBBORN

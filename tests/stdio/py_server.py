@@ -7,7 +7,7 @@ over stdio: the firewall starts it, confined, for each client session.
 
 Tools:
   hello(name)        plain text
-  pid()              its process id (two sessions, two processes)
+  pid()              its process id and token (two sessions, two processes)
   ask_model(prompt)  asks the client to sample (sampling/createMessage) and
                      returns "sampled: <the client's text>"
   grow(name)         registers a tool NAME and sends
@@ -34,9 +34,14 @@ def hello(name: str) -> CallToolResult:
     return text(f"Hello, {name}! (from the Python stdio server)")
 
 
+# Every server is pid 2 of its own PID namespace: the process also names
+# itself with a random token.
+PROCESS = os.urandom(4).hex()
+
+
 @mcp.tool(description="This server's process id")
 def pid() -> CallToolResult:
-    return text(str(os.getpid()))
+    return text(f"{os.getpid()}:{PROCESS}")
 
 
 @mcp.tool(description="Asks the client's model (sampling) and returns its answer")

@@ -17,8 +17,8 @@
 # STDIO_PEERS      installs (Node 22, the npm servers, a venv of Debian's
 #                  /usr/bin/python3 with the Python SDK); default
 #                  /var/tmp/mcp-firewall-stdio-peers. It must be readable by
-#                  every user: a firewall running as root runs its servers
-#                  as `nobody`, who cannot enter /root.
+#                  every user: a firewall running as root runs each server
+#                  as a uid of its own, which cannot enter /root.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -64,7 +64,7 @@ FSDIR=$CACHE/filesystem
 npm_install "$FSDIR" "$FILESYSTEM"
 FS_MAIN=$FSDIR/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js
 [ -f "$FS_MAIN" ] || fail "server-filesystem is not at $FS_MAIN"
-# Debian's interpreter: the servers run as `nobody` when the firewall is root.
+# Debian's interpreter: each server runs as a uid of its own when the firewall is root.
 PYDIR=$CACHE/py-${SDK_PYPI//[^A-Za-z0-9.]/-}
 python_venv "$PYDIR" "$SDK_PYPI" /usr/bin/python3
 PY=$PYDIR/bin/python
