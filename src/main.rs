@@ -40,6 +40,9 @@ enum Command {
         /// `nobody`).
         #[arg(long)]
         uid: Option<u32>,
+        /// A root firewall: the gid the server runs as (default: the uid).
+        #[arg(long)]
+        gid: Option<u32>,
         /// An empty directory the private root is mounted on (default: a
         /// new temporary one).
         #[arg(long)]
@@ -233,6 +236,7 @@ fn main() -> ExitCode {
         probe,
         egress_socket,
         uid,
+        gid,
         root,
         env_stdin,
         init_of,
@@ -246,6 +250,7 @@ fn main() -> ExitCode {
             probe: *probe,
             egress_socket: egress_socket.clone(),
             uid: *uid,
+            gid: *gid,
             root: root.clone(),
             env_stdin: *env_stdin,
             init_of: init_of.clone(),

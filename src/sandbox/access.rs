@@ -33,8 +33,8 @@ pub fn rlimits(spec: &Spec) -> Result<(), String> {
 /// Who the process becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Identity {
-    /// Real root: become this uid (and gid), with no groups.
-    Uid(u32),
+    /// Real root: become this uid and gid, with no other groups.
+    Uid(u32, u32),
     /// Root of a user namespace made for this server (a firewall that is
     /// not root, whose uid is the one given): a nested user namespace in
     /// which the server is that uid, not root, and holds no capability.
@@ -47,9 +47,9 @@ pub enum Identity {
 pub fn unprivileged(identity: Identity) -> Result<(), String> {
     use nix::unistd::{setgid, setgroups, setuid, Gid, Uid};
     match identity {
-        Identity::Uid(uid) => {
+        Identity::Uid(uid, gid) => {
             setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
-            setgid(Gid::from_raw(uid)).map_err(|e| format!("setgid({uid}): {e}"))?;
+            setgid(Gid::from_raw(gid)).map_err(|e| format!("setgid({gid}): {e}"))?;
             setuid(Uid::from_raw(uid)).map_err(|e| format!("setuid({uid}): {e}"))
         }
         Identity::Nested(outer) => {

@@ -34,8 +34,10 @@ pub struct Args {
     pub probe: bool,
     /// The egress proxy's socket (an allow-list).
     pub egress_socket: Option<PathBuf>,
-    /// The uid (and gid) a root firewall runs the server as.
+    /// The uid a root firewall runs the server as.
     pub uid: Option<u32>,
+    /// The gid a root firewall runs the server as (default: the uid).
+    pub gid: Option<u32>,
     /// An empty directory for the private root (a fresh temporary one
     /// when absent).
     pub root: Option<PathBuf>,
@@ -121,7 +123,7 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
             }
         }
         let identity = match outer_uid {
-            None => Identity::Uid(args.uid.unwrap_or(super::NOBODY)),
+            None => root_identity(args),
             Some(_) => Identity::AsIs,
         };
         return match confine_rest(spec, program, egress.is_some(), identity, &[], &mut report) {
@@ -157,6 +159,9 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
         .arg(&root_dir);
     if let Some(uid) = args.uid {
         cmd.arg("--uid").arg(uid.to_string());
+    }
+    if let Some(gid) = args.gid {
+        cmd.arg("--gid").arg(gid.to_string());
     }
     if let Some(uid) = outer_uid {
         cmd.arg("--outer-uid").arg(uid.to_string());
@@ -211,6 +216,13 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
         }
         Err(e) => refuse(&format!("waiting for the sandbox's init: {e}")),
     }
+}
+
+/// Who a root launcher runs the server as: `--uid` (default `nobody`) and
+/// `--gid` (default the uid).
+fn root_identity(args: &Args) -> Identity {
+    let uid = args.uid.unwrap_or(super::NOBODY);
+    Identity::Uid(uid, args.gid.unwrap_or(uid))
 }
 
 /// A new empty directory (mode 0700, a name nobody can guess) under the
@@ -310,7 +322,7 @@ fn init(args: &Args, spec: &Spec, program: &Path, outer: &str) -> u8 {
     }
     let identity = match args.outer_uid {
         Some(uid) => Identity::Nested(uid),
-        None => Identity::Uid(args.uid.unwrap_or(super::NOBODY)),
+        None => root_identity(args),
     };
     let private = [PathBuf::from("/tmp"), PathBuf::from("/dev/shm")];
     let egress = args.egress_socket.is_some();

@@ -96,6 +96,11 @@ pub struct HostConfig {
     /// (`[first, last]`, inclusive).
     #[serde(default = "default_uid_range")]
     pub uid_range: [u32; 2],
+    /// The group every server of a root firewall runs as: make a `write`
+    /// directory group-writable by it (signals, `/proc` and process
+    /// counts go by uid, which no two servers share).
+    #[serde(default = "default_gid")]
+    pub gid: u32,
     /// Where the firewall makes its runtime directories (egress sockets,
     /// private homes): a directory of a name nobody can guess, mode 0700,
     /// per upstream (default: the system's temporary directory).
@@ -111,10 +116,18 @@ fn default_uid_range() -> [u32; 2] {
     DEFAULT_UID_RANGE
 }
 
+/// The default `gid`: the first uid of the default range.
+pub const DEFAULT_GID: u32 = DEFAULT_UID_RANGE[0];
+
+fn default_gid() -> u32 {
+    DEFAULT_GID
+}
+
 impl Default for HostConfig {
     fn default() -> HostConfig {
         HostConfig {
             uid_range: DEFAULT_UID_RANGE,
+            gid: DEFAULT_GID,
             runtime_dir: None,
         }
     }
@@ -128,6 +141,12 @@ impl HostConfig {
             return Err((
                 "stdio.uid_range".to_owned(),
                 "[first, last] with 0 < first <= last < 4294967295".to_owned(),
+            ));
+        }
+        if self.gid == 0 || self.gid == u32::MAX {
+            return Err((
+                "stdio.gid".to_owned(),
+                "a group other than root (0 < gid < 4294967295)".to_owned(),
             ));
         }
         Ok(())
@@ -672,4 +691,65 @@ fn sse_from(first: Option<Bytes>, rx: tokio::sync::mpsc::Receiver<Item>) -> Resp
         http::HeaderValue::from_static("no-cache"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn runtime_directories_are_private_unguessable_and_only_under_a_safe_base() {
+        let base = tempfile::tempdir().unwrap();
+        let host = HostConfig {
+            runtime_dir: Some(base.path().to_path_buf()),
+            ..HostConfig::default()
+        };
+        let a = host.runtime_dir_for("docs").unwrap();
+        let b = host.runtime_dir_for("docs").unwrap();
+        assert_ne!(a, b, "a name nobody can guess, new each time");
+        assert!(a.starts_with(base.path()));
+        let name = a.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("mcp-firewall-docs-") && name.len() == 18 + 24,
+            "{name}"
+        );
+        assert_eq!(
+            std::fs::metadata(&a).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // A base others may write to without the sticky bit is refused:
+        // they could swap what the firewall makes there.
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = host.runtime_dir_for("docs").unwrap_err();
+        assert!(
+            err.contains("not writable by others unless sticky"),
+            "{err}"
+        );
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(host.runtime_dir_for("docs").is_ok());
+        let missing = HostConfig {
+            runtime_dir: Some(base.path().join("nope")),
+            ..HostConfig::default()
+        };
+        assert!(missing.runtime_dir_for("docs").is_err());
+    }
+
+    #[test]
+    fn the_uid_range_and_group_are_checked() {
+        assert!(HostConfig::default().validate().is_ok());
+        for (range, gid, key) in [
+            ([10, 5], 7, "stdio.uid_range"),
+            ([0, 5], 7, "stdio.uid_range"),
+            ([10, u32::MAX], 7, "stdio.uid_range"),
+            ([10, 20], 0, "stdio.gid"),
+        ] {
+            let h = HostConfig {
+                uid_range: range,
+                gid,
+                runtime_dir: None,
+            };
+            assert_eq!(h.validate().unwrap_err().0, key);
+        }
+    }
 }

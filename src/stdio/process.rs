@@ -93,7 +93,10 @@ impl Process {
             .arg(&root)
             .arg("--env-stdin");
         if let Some(lease) = &uid {
-            cmd.arg("--uid").arg(lease.uid().to_string());
+            cmd.arg("--uid")
+                .arg(lease.uid().to_string())
+                .arg("--gid")
+                .arg(launch.host.gid.to_string());
         }
         if let Some(socket) = &egress {
             cmd.arg("--egress-socket").arg(socket);
@@ -311,7 +314,7 @@ fn instance_dir(dir: &Path, home: &Path, root: &Path, uid: Option<u32>) -> std::
     private.create(root)?;
     std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))?;
     if let Some(uid) = uid {
-        std::os::unix::fs::chown(home, Some(uid), Some(uid))?;
+        std::os::unix::fs::chown(home, Some(uid), None)?;
     }
     Ok(())
 }
