@@ -323,6 +323,19 @@ fn open_tmp(mode: u32) -> tempfile::TempDir {
     d
 }
 
+/// System calls on neither list: the allow-list's default (`ENOSYS`)
+/// stops them (x86_64 numbers: `iopl`, `ioperm`, `uselib`, `getpid`
+/// through the x32 ABI).
+#[cfg(target_arch = "x86_64")]
+const UNLISTED: &[(&str, i64)] = &[
+    ("iopl", 172),
+    ("ioperm", 173),
+    ("uselib", 134),
+    ("getpid (x32 ABI)", 39 | 0x4000_0000),
+];
+#[cfg(not(target_arch = "x86_64"))]
+const UNLISTED: &[(&str, i64)] = &[];
+
 /// Every entry of the seccomp table, made from inside a sandbox with the
 /// arguments that make it: each fails with EPERM (one assertion per
 /// entry). What the runtimes need still works (fork, TCP and UNIX
@@ -351,6 +364,8 @@ def make(name, nr, args):
 for name, nr, args in json.loads({calls:?}):
     make(name, nr, args)
 make("clone3", {clone3}, [0, 0, 0, 0])
+for name, nr in {unlisted}:
+    make(name, nr, [3, 0, 0, 0])
 make("personality(query)", {personality}, [0xffffffff, 0, 0, 0])
 pid = os.fork()
 if pid == 0:
@@ -367,6 +382,7 @@ print(json.dumps(out))
         calls = serde_json::Value::from(calls).to_string(),
         clone3 = libc::SYS_clone3,
         personality = libc::SYS_personality,
+        unlisted = serde_json::json!(UNLISTED),
     );
     for user in launcher_users() {
         let o = firewall_as(
@@ -393,6 +409,13 @@ print(json.dumps(out))
             );
         }
         assert_eq!(got["clone3"], "Function not implemented", "{out}");
+        // Default deny: what is not on the allow-list does not run.
+        for (name, _) in UNLISTED {
+            assert_eq!(
+                got[*name], "Function not implemented",
+                "as {user:?}: {name}: {out}"
+            );
+        }
         for allowed in [
             "personality(query)",
             "fork",
