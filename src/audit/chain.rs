@@ -34,6 +34,9 @@ pub const GENESIS: Hash = [0; 32];
 
 const ROW_DOMAIN: &[u8] = b"mcp-firewall audit row v1\0";
 const CHECKPOINT_DOMAIN: &[u8] = b"mcp-firewall audit checkpoint v1\0";
+/// A writer's last checkpoint before a clean stop: whatever follows it
+/// that no later checkpoint signs was not written by that writer.
+const FINAL_CHECKPOINT_DOMAIN: &[u8] = b"mcp-firewall audit final checkpoint v1\0";
 
 /// A row's place in its writer's chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,8 +130,17 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The signed bytes.
     pub fn message(&self) -> Vec<u8> {
-        let mut m = Vec::with_capacity(CHECKPOINT_DOMAIN.len() + self.writer_id.len() + 56);
-        m.extend_from_slice(CHECKPOINT_DOMAIN);
+        self.message_in(CHECKPOINT_DOMAIN)
+    }
+
+    /// The signed bytes of a final checkpoint (a clean stop's).
+    pub fn final_message(&self) -> Vec<u8> {
+        self.message_in(FINAL_CHECKPOINT_DOMAIN)
+    }
+
+    fn message_in(&self, domain: &[u8]) -> Vec<u8> {
+        let mut m = Vec::with_capacity(domain.len() + self.writer_id.len() + 56);
+        m.extend_from_slice(domain);
         m.extend_from_slice(&(self.writer_id.len() as u64).to_be_bytes());
         m.extend_from_slice(self.writer_id.as_bytes());
         m.extend_from_slice(&self.seq.to_be_bytes());
@@ -139,9 +151,20 @@ impl Checkpoint {
 
     /// Whether `signature` is `public_key`'s over this checkpoint.
     pub fn verify(&self, public_key: &[u8], signature: &[u8]) -> bool {
-        UnparsedPublicKey::new(&ED25519, public_key)
-            .verify(&self.message(), signature)
-            .is_ok()
+        self.verify_kind(public_key, signature) == Some(false)
+    }
+
+    /// `Some(final)` when `signature` is `public_key`'s over this
+    /// checkpoint, as a final one or not.
+    pub fn verify_kind(&self, public_key: &[u8], signature: &[u8]) -> Option<bool> {
+        let key = UnparsedPublicKey::new(&ED25519, public_key);
+        if key.verify(&self.message(), signature).is_ok() {
+            Some(false)
+        } else if key.verify(&self.final_message(), signature).is_ok() {
+            Some(true)
+        } else {
+            None
+        }
     }
 }
 
@@ -211,8 +234,17 @@ impl Signer {
 
     /// Signs a checkpoint.
     pub fn sign(&self, checkpoint: &Checkpoint) -> [u8; 64] {
+        self.sign_bytes(&checkpoint.message())
+    }
+
+    /// Signs a final checkpoint (a clean stop's).
+    pub fn sign_final(&self, checkpoint: &Checkpoint) -> [u8; 64] {
+        self.sign_bytes(&checkpoint.final_message())
+    }
+
+    fn sign_bytes(&self, message: &[u8]) -> [u8; 64] {
         let mut out = [0u8; 64];
-        out.copy_from_slice(self.key.sign(&checkpoint.message()).as_ref());
+        out.copy_from_slice(self.key.sign(message).as_ref());
         out
     }
 
@@ -361,13 +393,30 @@ struct CheckpointLine {
 impl SignedCheckpoint {
     /// Signs the chain's head at `time_ms`.
     pub fn sign(signer: &Signer, writer_id: &str, seq: u64, row_hash: Hash, time_ms: u64) -> Self {
+        Self::sign_as(signer, writer_id, seq, row_hash, time_ms, false)
+    }
+
+    /// Signs the chain's head at `time_ms`, as the final checkpoint of a
+    /// clean stop when `last`.
+    pub fn sign_as(
+        signer: &Signer,
+        writer_id: &str,
+        seq: u64,
+        row_hash: Hash,
+        time_ms: u64,
+        last: bool,
+    ) -> Self {
         let checkpoint = Checkpoint {
             writer_id: writer_id.to_owned(),
             seq,
             row_hash,
             time_ms,
         };
-        let signature = signer.sign(&checkpoint);
+        let signature = if last {
+            signer.sign_final(&checkpoint)
+        } else {
+            signer.sign(&checkpoint)
+        };
         SignedCheckpoint {
             checkpoint,
             signature,
@@ -448,8 +497,14 @@ impl SignedCheckpoint {
 
     /// Whether one of `keys` (32-byte Ed25519 public keys) signed it.
     pub fn verify(&self, keys: &[[u8; 32]]) -> bool {
+        self.verify_kind(keys).is_some()
+    }
+
+    /// `Some(final)` when one of `keys` signed it (as a clean stop's final
+    /// checkpoint, or not).
+    pub fn verify_kind(&self, keys: &[[u8; 32]]) -> Option<bool> {
         keys.iter()
-            .any(|k| self.checkpoint.verify(k, &self.signature))
+            .find_map(|k| self.checkpoint.verify_kind(k, &self.signature))
     }
 }
 
@@ -687,6 +742,11 @@ mod tests {
         }
         let other = Signer::from_pem(&Signer::generate_pem().unwrap()).unwrap();
         assert!(!cp.verify(other.public_key(), &sig));
+        // A final checkpoint is told apart, and is not an ordinary one.
+        let last = signer.sign_final(&cp);
+        assert_eq!(cp.verify_kind(signer.public_key(), &last), Some(true));
+        assert_eq!(cp.verify_kind(signer.public_key(), &sig), Some(false));
+        assert!(!cp.verify(signer.public_key(), &last));
         assert!(signer.public_key_text().starts_with("ed25519:"));
         assert!(matches!(
             Signer::from_pem("nonsense"),

@@ -39,8 +39,9 @@ pub(crate) struct Linker {
     every: Duration,
     /// The last acknowledged row.
     acked: Option<(u64, Hash)>,
-    /// The last signed row, and when.
+    /// The last signed row, and when; whether that was a final checkpoint.
     signed_seq: u64,
+    signed_final: bool,
     signed_at: Instant,
     file: PathBuf,
 }
@@ -74,6 +75,7 @@ impl Linker {
             enabled,
             acked: chain.as_ref().map(Chain::head),
             signed_seq: chain.as_ref().map_or(0, |c| c.head().0),
+            signed_final: false,
             chain,
             writer_id,
             writer_tag,
@@ -138,12 +140,18 @@ impl Linker {
     }
 
     /// A checkpoint of the acknowledged head, if one is due (`now`: at
-    /// shutdown, whatever the interval), already appended to the local
-    /// checkpoint file.
+    /// a clean stop, whatever the interval: the final checkpoint, which
+    /// says nothing after it is this writer's until a later checkpoint
+    /// signs it), already appended to the local checkpoint file.
     pub(crate) fn checkpoint(&mut self, now: bool) -> Option<SignedCheckpoint> {
         let signer = self.signer.as_ref()?;
         let (seq, hash) = self.acked?;
-        if seq <= self.signed_seq || hash == GENESIS {
+        if hash == GENESIS || seq < self.signed_seq {
+            return None;
+        }
+        // The head signed already: only a clean stop signs it again, as
+        // final.
+        if seq == self.signed_seq && (!now || self.signed_final) {
             return None;
         }
         let due = now
@@ -152,8 +160,16 @@ impl Linker {
         if !due {
             return None;
         }
-        let cp = SignedCheckpoint::sign(signer, &self.writer_id, seq, hash, crate::clock::now_ms());
+        let cp = SignedCheckpoint::sign_as(
+            signer,
+            &self.writer_id,
+            seq,
+            hash,
+            crate::clock::now_ms(),
+            now,
+        );
         self.signed_seq = seq;
+        self.signed_final = now;
         self.signed_at = Instant::now();
         if let Err(e) = self.append_file(&cp) {
             tracing::error!(error = %e, file = %self.file.display(), "audit: cannot append the checkpoint to the local checkpoint file");

@@ -57,7 +57,17 @@ pub struct Options {
     /// Every verified row as a JSON line (writer, `seq`, hashes, columns)
     /// to this file.
     pub export: Option<PathBuf>,
+    /// Checkpoints are required (a signing key is configured, and the
+    /// auditor did not pass `--allow-unsigned`): the writer's
+    /// `checkpoint_every` (rows, seconds). A writer no trusted checkpoint
+    /// signs, entries after a final checkpoint, and a tail unsigned longer
+    /// than this allows are findings.
+    pub require_signed: Option<(u64, u64)>,
 }
+
+/// How much later than `checkpoint_every` a live writer's checkpoint may
+/// reach ClickHouse (it sends them at most every 5 s, and retries).
+const SIGNING_SLACK_S: u64 = 60;
 
 /// Findings of one kind: how many, and the first [`LIST_MAX`].
 #[derive(Debug, Clone, Serialize)]
@@ -173,6 +183,10 @@ pub struct WriterReport {
     /// Rows after the last checkpoint: unsigned so far (a cut there is not
     /// provable until the next checkpoint).
     pub unsigned_tail: u64,
+    /// Whether its last checkpoint was a clean stop's final one.
+    pub last_checkpoint_final: bool,
+    /// Entries no trusted checkpoint signs where one is required: why.
+    pub unsigned: Option<String>,
 }
 
 impl WriterReport {
@@ -183,7 +197,8 @@ impl WriterReport {
             && self.broken_links.is_empty()
             && self.conflicts.is_empty()
             && self.bad_checkpoints.is_empty()
-            && self.truncated.is_none();
+            && self.truncated.is_none()
+            && self.unsigned.is_none();
     }
 }
 
@@ -288,9 +303,9 @@ pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Repor
     Ok(report)
 }
 
-/// Valid checkpoints per writer: `seq` → (hash, time). Invalid ones are
-/// findings.
-type Signed = HashMap<String, BTreeMap<u64, (Hash, u64)>>;
+/// Valid checkpoints per writer: `seq` → (hash, time, final). Invalid ones
+/// are findings.
+type Signed = HashMap<String, BTreeMap<u64, (Hash, u64, bool)>>;
 
 async fn checkpoints(
     target: &Target<'_>,
@@ -342,7 +357,7 @@ async fn checkpoints(
     let mut signed: Signed = HashMap::new();
     for cp in all {
         let c = &cp.checkpoint;
-        if !cp.verify(&opts.keys) {
+        let Some(last) = cp.verify_kind(&opts.keys) else {
             report.unsigned_checkpoints.push(BadCheckpoint {
                 seq: c.seq,
                 why: format!(
@@ -351,10 +366,10 @@ async fn checkpoints(
                 ),
             });
             continue;
-        }
+        };
         let per = signed.entry(c.writer_id.clone()).or_default();
         match per.get(&c.seq) {
-            Some((hash, _)) if *hash != c.row_hash => {
+            Some((hash, _, _)) if *hash != c.row_hash => {
                 report.unsigned_checkpoints.push(BadCheckpoint {
                     seq: c.seq,
                     why: format!(
@@ -363,8 +378,14 @@ async fn checkpoints(
                     ),
                 });
             }
-            _ => {
-                per.insert(c.seq, (c.row_hash, c.time_ms));
+            Some((_, time, was_final)) => {
+                // The same head signed again: final if either says so (a
+                // clean stop re-signs its last checkpoint as final).
+                let entry = (c.row_hash, (*time).max(c.time_ms), *was_final || last);
+                per.insert(c.seq, entry);
+            }
+            None => {
+                per.insert(c.seq, (c.row_hash, c.time_ms, last));
             }
         }
     }
@@ -472,9 +493,13 @@ struct Chains {
     writers: Vec<WriterReport>,
     ids: HashMap<String, u32>,
     links: Links,
-    /// The current writer's checkpoints not yet met, and the last met.
-    pending: BTreeMap<u64, (Hash, u64)>,
-    last_met: Option<(u64, u64)>,
+    /// The current writer's checkpoints not yet met, and the last met
+    /// (`seq`, time, final).
+    pending: BTreeMap<u64, (Hash, u64, bool)>,
+    last_met: Option<(u64, u64, bool)>,
+    /// When the first entry after the last met checkpoint was chained.
+    tail_since_s: Option<u32>,
+    require_signed: Option<(u64, u64)>,
     recs: HashMap<(u128, u8), Rec>,
     /// Rows no entry in range names: `(event_id, row_version, time_ms)`.
     unchained: Vec<(u128, u8, u64)>,
@@ -516,6 +541,8 @@ impl Chains {
             links: Links::from_genesis(),
             pending: BTreeMap::new(),
             last_met: None,
+            tail_since_s: None,
+            require_signed: opts.require_signed,
             recs: HashMap::new(),
             unchained: Vec::new(),
             export: None,
@@ -544,6 +571,7 @@ impl Chains {
             self.ids.insert(e.writer_id.clone(), idx);
             self.pending = self.signed.remove(&e.writer_id).unwrap_or_default();
             self.last_met = None;
+            self.tail_since_s = None;
             self.links = if self.windowed {
                 Links::anchored()
             } else {
@@ -576,8 +604,9 @@ impl Chains {
             Step::Linked => {}
         }
         w.last_seq = seq;
+        self.tail_since_s.get_or_insert(e.chained_s);
         // The checkpoints at or before this entry.
-        while let Some((&cseq, &(hash, time))) = self.pending.first_key_value() {
+        while let Some((&cseq, &(hash, time, last))) = self.pending.first_key_value() {
             if cseq > seq {
                 break;
             }
@@ -589,7 +618,8 @@ impl Chains {
             }
             if hash == e.link.row_hash {
                 w.checkpoints += 1;
-                self.last_met = Some((cseq, time));
+                self.last_met = Some((cseq, time, last));
+                self.tail_since_s = None;
             } else {
                 w.bad_checkpoints.push(BadCheckpoint {
                     seq: cseq,
@@ -618,7 +648,9 @@ impl Chains {
     fn finish_writer(&mut self) {
         let pending = std::mem::take(&mut self.pending);
         let last_met = self.last_met.take();
+        let tail_since = self.tail_since_s.take();
         let open_end = self.open_end;
+        let required = self.require_signed;
         let Some(w) = self.current() else {
             return;
         };
@@ -631,8 +663,9 @@ impl Chains {
             }
         }
         match last_met {
-            Some((seq, time)) => {
+            Some((seq, time, last)) => {
                 w.unsigned_tail = w.last_seq - seq;
+                w.last_checkpoint_final = last;
                 w.last_checkpoint = Some(CheckpointRef {
                     seq,
                     time: crate::clock::fmt_ms(time),
@@ -640,6 +673,36 @@ impl Chains {
             }
             None => w.unsigned_tail = w.last_seq + 1 - w.first_seq,
         }
+        // Where a key is configured, the chain must be signed: a writer
+        // nobody signed is invented, and a tail unsigned for longer than
+        // the writer signs, or past its final checkpoint, was not written
+        // by it (or its signatures were deleted).
+        let (Some((every_rows, every_s)), true) = (required, open_end) else {
+            return;
+        };
+        if w.truncated.is_some() || w.unsigned_tail == 0 {
+            return;
+        }
+        let age_s = tail_since.map_or(0, |t| {
+            (crate::clock::now_ms() / 1000).saturating_sub(u64::from(t))
+        });
+        let (from, to) = (w.last_seq + 1 - w.unsigned_tail, w.last_seq);
+        w.unsigned = match last_met {
+            None => Some(format!(
+                "seq {from}..{to}: no checkpoint signed by a trusted key covers this writer (an invented writer, or its checkpoints were deleted)"
+            )),
+            Some((seq, _, true)) => Some(format!(
+                "seq {from}..{to}: after the final checkpoint of a clean stop (seq {seq}) and signed by none since"
+            )),
+            Some(_) if w.unsigned_tail > every_rows => Some(format!(
+                "seq {from}..{to}: {} entries unsigned, more than checkpoint_every allows ({every_rows} rows)",
+                w.unsigned_tail
+            )),
+            Some(_) if age_s > every_s + SIGNING_SLACK_S => Some(format!(
+                "seq {from}..{to}: unsigned for {age_s} s, longer than checkpoint_every allows ({every_s} s)"
+            )),
+            Some(_) => None,
+        };
     }
 
     fn finish_chains(&mut self) {
@@ -839,6 +902,9 @@ pub fn render(r: &Report) -> String {
                 "  TRUNCATED seq {}..{}: signed by a checkpoint, gone from the chain",
                 t.from, t.to
             );
+        }
+        if let Some(why) = &w.unsigned {
+            let _ = writeln!(o, "  UNSIGNED  {why}");
         }
     }
     for x in &r.forged.first {

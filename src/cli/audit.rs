@@ -153,9 +153,16 @@ pub enum AuditCommand {
         #[arg(long = "public-key")]
         public_keys: Vec<String>,
         /// A writer's local checkpoint file, checked besides the table;
-        /// repeatable.
+        /// repeatable. Default: the config's `audit.checkpoint_file` (or
+        /// `<spool.dir>/checkpoints.jsonl`), which must exist when the
+        /// config signs checkpoints.
         #[arg(long = "checkpoints")]
         checkpoint_files: Vec<PathBuf>,
+        /// Do not require checkpoints: a writer no trusted checkpoint
+        /// signs, or a tail unsigned past `checkpoint_every`, is reported
+        /// but not a failure.
+        #[arg(long)]
+        allow_unsigned: bool,
         /// Also write every verified row, with its writer, seq and hashes,
         /// as JSON lines to this file (for a SIEM).
         #[arg(long)]
@@ -399,6 +406,7 @@ async fn verify(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyh
         public_keys,
         checkpoint_files,
         export,
+        allow_unsigned,
     } = &args.command
     else {
         anyhow::bail!("not a verify command");
@@ -439,12 +447,36 @@ async fn verify(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyh
             ));
         }
     }
+    let audit = cfg.as_ref().and_then(|c| c.audit.as_ref());
+    // The writer's own copy of its checkpoints, unless the auditor names
+    // the files: a configured file that is missing is an error, not an
+    // empty list.
+    let mut files = checkpoint_files.clone();
+    if files.is_empty() {
+        if let Some(a) = audit.filter(|a| a.signing_key_file.is_some()) {
+            let path = a
+                .checkpoint_file
+                .clone()
+                .unwrap_or_else(|| a.spool.dir.join("checkpoints.jsonl"));
+            anyhow::ensure!(
+                path.is_file(),
+                "the config's checkpoint file {} is missing: pass the writer's copy with --checkpoints FILE",
+                path.display()
+            );
+            files.push(path);
+        }
+    }
+    let every = audit.map_or_else(
+        || crate::audit::CheckpointEvery::default().limits(),
+        |a| a.checkpoint_every.limits(),
+    );
     let opts = Options {
         from_ms: instant("--from", from, false)?,
         to_ms: instant("--to", to, true)?,
         writer: writer.clone(),
+        require_signed: (!keys.is_empty() && !allow_unsigned).then_some(every),
         keys,
-        checkpoint_files: checkpoint_files.clone(),
+        checkpoint_files: files,
         export: export.clone(),
     };
     let Source::ClickHouse {

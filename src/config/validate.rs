@@ -521,6 +521,10 @@ impl Validator<'_> {
         let audit = match raw.audit {
             Some(mut a) => {
                 a.spool.dir = self.path(&a.spool.dir);
+                // Like every other path of the config: relative to the
+                // config file's directory, whatever the working directory.
+                a.signing_key_file = a.signing_key_file.map(|p| self.path(&p));
+                a.checkpoint_file = a.checkpoint_file.map(|p| self.path(&p));
                 a.validate()
                     .map_err(|e| self.invalid("audit", e.to_string()))?;
                 // A pattern that does not compile would turn redaction off:

@@ -368,10 +368,21 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     let w = writer(&report, "fw-a");
     assert_eq!(w["truncated"]["from"], cut_from, "{w:#}");
     assert_eq!(w["truncated"]["to"], chained);
-    // Without the local file the cut is not provable: the chain that is
-    // left holds, and says how much of it is signed.
+    // `--config` reads the config's checkpoint file by default: the cut is
+    // proven without naming it.
     let (ok, report) = verify(&cfg4, &[]);
-    assert!(ok, "{report:#}");
+    assert!(!ok, "{report:#}");
+    assert_eq!(writer(&report, "fw-a")["truncated"]["from"], cut_from);
+    // An auditor without that file (an empty one given) and no checkpoint
+    // left in ClickHouse: nothing signs the chain, which a configured key
+    // makes a failure too.
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let (ok, report) = verify(&cfg4, &["--checkpoints", empty.to_str().unwrap()]);
+    assert!(!ok, "{report:#}");
+    assert!(writer(&report, "fw-a")["unsigned"]
+        .as_str()
+        .is_some_and(|w| w.contains("no checkpoint")));
 
     // A rewritten chain: an altered row re-hashed into its entry breaks the
     // link to the next one, and a checkpoint over it no longer matches.
@@ -603,5 +614,219 @@ async fn two_writers_are_verified_independently() {
     assert_eq!(
         missing["first"][0]["event_id"],
         missing["first"][1]["event_id"]
+    );
+}
+
+/// The `RowBinary` answer of `sql` (ClickHouse's HTTP interface).
+async fn fetch_binary(ch: &ClickHouse, sql: &str) -> Vec<u8> {
+    let resp = common::http()
+        .post(&ch.http_url)
+        .body(format!("{sql} FORMAT RowBinary"))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{sql}");
+    resp.bytes().await.unwrap().to_vec()
+}
+
+/// Inserts `body` (`RowBinary` of `columns`) into `db.table`.
+async fn insert_binary(ch: &ClickHouse, db: &str, table: &str, columns: &[&str], body: Vec<u8>) {
+    let sql = format!(
+        "INSERT INTO {db}.{table} ({}) FORMAT RowBinary",
+        columns.join(", ")
+    );
+    let resp = common::http()
+        .post(format!("{}/?query={}", ch.http_url, urlencode(&sql)))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    assert!(status.is_success(), "{sql}: {}", resp.text().await.unwrap());
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Chains `row` under `writer` after `(seq, hash)` as an attacker with
+/// write access (and no key) would, and inserts the row and its entry.
+async fn plant(ch: &ClickHouse, db: &str, writer: &str, after: (u64, [u8; 32]), row: Vec<u8>) {
+    use mcp_firewall::audit::chain::{encode_entry, Chain, CHAIN_COLUMNS};
+    let mut chain = Chain::resume(writer, after.0, after.1);
+    let link = chain.link(&row);
+    let mut entry = Vec::new();
+    let now = u32::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    encode_entry(writer, &link, &row, 1, now, &mut entry);
+    insert_binary(ch, db, "audit_events_chain", CHAIN_COLUMNS, entry).await;
+    insert_binary(ch, db, "audit_events", mcp_firewall::audit::COLUMNS, row).await;
+}
+
+/// A copy of a refused call's row under a new `event_id`.
+async fn forged_row(ch: &ClickHouse, db: &str) -> Vec<u8> {
+    let mut row = fetch_binary(
+        ch,
+        &format!(
+            "SELECT {} FROM {db}.audit_events WHERE tool = 'not_a_tool' LIMIT 1",
+            mcp_firewall::audit::COLUMNS.join(", ")
+        ),
+    )
+    .await;
+    assert!(row.len() > 16);
+    row[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    row
+}
+
+/// Where a signing key is configured, checkpoints are required: a trail
+/// whose checkpoints are all gone, a writer no key signs, and a row
+/// appended after a clean stop's final checkpoint do not hold (each passed
+/// before, exit 0); `--allow-unsigned` reports them without failing. The
+/// config's checkpoint file is read by default and must exist, and its
+/// relative key and checkpoint paths resolve against the config's
+/// directory, from any working directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_are_required_where_a_key_is_configured() {
+    let Setup {
+        ch,
+        db,
+        dir,
+        key,
+        upstream,
+        ..
+    } = setup().await;
+    std::fs::rename(&key, dir.path().join("relative.key")).unwrap();
+    let text = config(
+        Path::new("spool"),
+        ch,
+        &db,
+        &upstream.url(),
+        "fw-r",
+        Path::new("relative.key"),
+    )
+    .set("audit.checkpoint_file", "signed.jsonl")
+    .text();
+    let fw = common::firewall_in(&text, dir.path()).await;
+    load(&fw.mcp_url("incidents"), 60).await;
+    fw.stop().await;
+    let file = dir.path().join("signed.jsonl");
+    assert!(file.is_file(), "the checkpoint file is beside the config");
+    let cfg = dir.path().join("fw.toml");
+    std::fs::write(&cfg, &text).unwrap();
+    let verify_from_root = |cfg: &Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+            .current_dir("/")
+            .args([
+                "audit",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--json",
+                "verify",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (
+            out.status.success(),
+            report,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, report, err) = verify_from_root(&cfg, &[]);
+    assert!(ok, "{report:#} {err}");
+    let w = writer(&report, "fw-r");
+    assert_eq!(w["last_checkpoint_final"], true, "{w:#}");
+    assert_eq!(w["unsigned_tail"], 0, "{w:#}");
+
+    // Every checkpoint deleted from ClickHouse, and the auditor without the
+    // writer's file (an empty one given): nothing signs the trail.
+    let c1 = copy(ch, &db);
+    mutate(
+        ch,
+        &c1,
+        &format!("ALTER TABLE {c1}.audit_events_checkpoints DELETE WHERE 1"),
+    );
+    let cfg1 = config_for(dir.path(), &text, &c1, "c1.toml");
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let (ok, report, _) = verify_from_root(&cfg1, &["--checkpoints", empty.to_str().unwrap()]);
+    assert!(!ok, "{report:#}");
+    let why = writer(&report, "fw-r")["unsigned"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        why.contains("no checkpoint signed by a trusted key"),
+        "{report:#}"
+    );
+    let (ok, _, _) = verify_from_root(
+        &cfg1,
+        &["--checkpoints", empty.to_str().unwrap(), "--allow-unsigned"],
+    );
+    assert!(ok, "--allow-unsigned reports, does not fail");
+    // With the config's own file (read by default), the same trail holds.
+    let (ok, report, err) = verify_from_root(&cfg1, &[]);
+    assert!(ok, "{report:#} {err}");
+    // A configured checkpoint file that is missing is an error.
+    let moved = dir.path().join("elsewhere.jsonl");
+    std::fs::rename(&file, &moved).unwrap();
+    let (ok, _, err) = verify_from_root(&cfg1, &[]);
+    assert!(
+        !ok && err.contains("signed.jsonl") && err.contains("missing"),
+        "{err}"
+    );
+    std::fs::rename(&moved, &file).unwrap();
+
+    // An invented writer: a row chained under a new writer id from seq 1,
+    // hashes valid, no checkpoint.
+    let c2 = copy(ch, &db);
+    let row = forged_row(ch, &db).await;
+    plant(ch, &c2, "fw-invented", (0, [0; 32]), row).await;
+    let cfg2 = config_for(dir.path(), &text, &c2, "c2.toml");
+    let (ok, report, _) = verify_from_root(&cfg2, &[]);
+    assert!(!ok, "{report:#}");
+    assert_eq!(writer(&report, "fw-r")["holds"], true, "{report:#}");
+    let invented = writer(&report, "fw-invented");
+    assert_eq!(invented["holds"], false);
+    assert!(
+        invented["unsigned"]
+            .as_str()
+            .unwrap()
+            .contains("no checkpoint"),
+        "{invented:#}"
+    );
+
+    // A row appended after the writer's final checkpoint (a clean stop),
+    // chained to its head with valid hashes.
+    let c3 = copy(ch, &db);
+    let head = ch.query(&format!(
+        "SELECT seq, hex(row_hash) FROM {c3}.audit_events_chain WHERE writer_id = 'fw-r' ORDER BY seq DESC LIMIT 1"
+    ));
+    let (seq, hash) = head.trim().split_once('\t').unwrap();
+    let hash: [u8; 32] = hex::decode(hash).unwrap().try_into().unwrap();
+    let row = forged_row(ch, &db).await;
+    plant(ch, &c3, "fw-r", (seq.parse().unwrap(), hash), row).await;
+    let cfg3 = config_for(dir.path(), &text, &c3, "c3.toml");
+    let (ok, report, _) = verify_from_root(&cfg3, &[]);
+    assert!(!ok, "{report:#}");
+    let w = writer(&report, "fw-r");
+    assert_eq!(w["unsigned_tail"], 1, "{w:#}");
+    assert!(
+        w["unsigned"]
+            .as_str()
+            .unwrap()
+            .contains("after the final checkpoint"),
+        "{w:#}"
     );
 }
