@@ -169,8 +169,10 @@ GROUP BY day, tenant, upstream, tool, decision, agent_role, stop_reason;
 
 -- The hash chain (see README, "Proving the audit trail"): one entry per row
 -- the firewall shipped, per writer (replica) numbered seq = 1, 2, 3...,
--- row_hash = SHA-256 over the row's RowBinary bytes, its writer, seq and
--- prev_hash. A plain MergeTree: entries are never collapsed, so merging the
+-- row_hash = SHA-256 over the row's RowBinary bytes, link = SHA-256 over
+-- the writer, seq, where its links begin, prev_hash (the link before) and
+-- row_hash (entries of releases before links: link empty, row_hash over the
+-- row, writer, seq and prev_hash). A plain MergeTree: entries are never collapsed, so merging the
 -- audit table (an intent into its completion) never looks like a deletion,
 -- and a second entry under a used seq stays visible. Read it with
 -- `mcp-firewall audit verify`.
@@ -183,7 +185,8 @@ CREATE TABLE IF NOT EXISTS {database}.{table}_chain
     time_ms     UInt64,
     prev_hash   FixedString(32),
     row_hash    FixedString(32),
-    chained     DateTime('UTC')
+    chained     DateTime('UTC'),
+    link        FixedString(32)
 )
 ENGINE = MergeTree()
 PARTITION BY toYYYYMMDD(chained)

@@ -1,23 +1,33 @@
-//! The audit trail's hash chain and its signed checkpoints (issue 36,
-//! first part): what makes a deleted, altered or forged row visible.
+//! The audit trail's hash chain and its signed checkpoints: what makes a
+//! deleted, altered or forged row visible.
 //!
 //! Every writer (a replica, by its `writer_id`) numbers its rows 1, 2, 3…
-//! and links each to the one before: `row_hash = SHA-256(domain, writer_id,
-//! seq, prev_hash, row)`, where `row` is the row's one canonical encoding,
-//! the ClickHouse `RowBinary` bytes [`super::record`] writes once (every
-//! column, fixed order, lengths prefixed), which the verifier reads back
-//! byte for byte with `SELECT … FORMAT RowBinary`. Every so often the
-//! writer signs `(writer_id, seq, row_hash, time)` with Ed25519: a
-//! checkpoint. Deleting a row leaves a gap in `seq`; altering one breaks
-//! its hash and every link after it; forging one needs a `seq` and hash
-//! the chain does not have; cutting the tail is caught by the last
-//! checkpoint.
+//! and links each to the one before. An entry carries the row's content
+//! hash, `row_hash = SHA-256(domain, row)` over the row's one canonical
+//! encoding (the ClickHouse `RowBinary` bytes [`super::record`] writes
+//! once, which the verifier reads back byte for byte), and its **link**,
+//! `link = SHA-256(domain, writer_id, seq, linked_from, prev_link,
+//! row_hash)`. A link is checked without its row, so an intent that a
+//! merge folded into its completion is still a checked link of the chain;
+//! changing any `row_hash` changes every link up to the next signed
+//! checkpoint. `linked_from`, the first `seq` its writer linked this way,
+//! is inside every link: moving it (to pass links off as the older kind)
+//! changes them all. Every so often the writer signs `(writer_id, seq,
+//! link, time)` with Ed25519: a checkpoint (a clean stop's last one is
+//! signed as *final*). Deleting a row leaves a gap in `seq`; altering one
+//! breaks its content hash, or, re-hashed, every link after it; forging one
+//! needs a `seq` and link the chain does not have; cutting the tail is
+//! caught by the last checkpoint.
+//!
+//! Entries written by releases before links (`link` empty, "legacy")
+//! verify as they were made: their `row_hash` is `SHA-256(domain,
+//! writer_id, seq, prev_hash, row)` and is their link.
 //!
 //! Invariants: the hash input is unambiguous (every variable-length part
-//! carries its length, and a domain string separates chain hashes from
-//! checkpoint messages); a chain resumed from its last `(seq, hash)`
-//! continues exactly as if it had not stopped; the verifier streams (state
-//! per writer is one `seq` and one hash) so any number of rows fits.
+//! carries its length, and a domain string separates each kind of hash); a
+//! chain resumed from its last `(seq, link)` continues exactly as if it had
+//! not stopped; the verifier streams (state per writer is one `seq` and one
+//! hash) so any number of rows fits.
 
 use std::fmt::Write as _;
 
@@ -33,6 +43,8 @@ pub type Hash = [u8; 32];
 pub const GENESIS: Hash = [0; 32];
 
 const ROW_DOMAIN: &[u8] = b"mcp-firewall audit row v1\0";
+const CONTENT_DOMAIN: &[u8] = b"mcp-firewall audit row content v2\0";
+const LINK_DOMAIN: &[u8] = b"mcp-firewall audit link v2\0";
 const CHECKPOINT_DOMAIN: &[u8] = b"mcp-firewall audit checkpoint v1\0";
 /// A writer's last checkpoint before a clean stop: whatever follows it
 /// that no later checkpoint signs was not written by that writer.
@@ -43,14 +55,19 @@ const FINAL_CHECKPOINT_DOMAIN: &[u8] = b"mcp-firewall audit final checkpoint v1\
 pub struct Link {
     /// 1, 2, 3… per writer.
     pub seq: u64,
-    /// The hash of the row before (the writer's first: [`GENESIS`]).
+    /// The link of the entry before (the writer's first: [`GENESIS`]).
     pub prev_hash: Hash,
-    /// This row's hash.
+    /// The row's content hash (legacy entries: their link).
     pub row_hash: Hash,
+    /// This entry's link (legacy entries: their `row_hash`).
+    pub link: Hash,
+    /// Made by a release before links: `row_hash` covers the row, writer,
+    /// `seq` and `prev_hash`, and is the link.
+    pub legacy: bool,
 }
 
-/// The hash of row `seq` of `writer_id` after `prev`, over its canonical
-/// encoding `row`.
+/// The legacy hash of row `seq` of `writer_id` after `prev`, over its
+/// canonical encoding `row` (entries of releases before links).
 pub fn row_hash(writer_id: &str, seq: u64, prev: &Hash, row: &[u8]) -> Hash {
     let row = super::record::hashed_part(row);
     let mut h = Sha256::new();
@@ -64,27 +81,85 @@ pub fn row_hash(writer_id: &str, seq: u64, prev: &Hash, row: &[u8]) -> Hash {
     h.finalize().into()
 }
 
+/// The content hash of a row (its canonical encoding `row`).
+pub fn content_hash(row: &[u8]) -> Hash {
+    let row = super::record::hashed_part(row);
+    let mut h = Sha256::new();
+    h.update(CONTENT_DOMAIN);
+    h.update((row.len() as u64).to_be_bytes());
+    h.update(row);
+    h.finalize().into()
+}
+
+/// The link of entry `seq` of `writer_id` (whose links begin at
+/// `linked_from`) after the link `prev`, over the content hash `row_hash`.
+pub fn link_hash(
+    writer_id: &str,
+    seq: u64,
+    linked_from: u64,
+    prev: &Hash,
+    row_hash: &Hash,
+) -> Hash {
+    let mut h = Sha256::new();
+    h.update(LINK_DOMAIN);
+    h.update((writer_id.len() as u64).to_be_bytes());
+    h.update(writer_id.as_bytes());
+    h.update(seq.to_be_bytes());
+    h.update(linked_from.to_be_bytes());
+    h.update(prev);
+    h.update(row_hash);
+    h.finalize().into()
+}
+
+impl Link {
+    /// Whether this entry's own hashes agree (its link is the link of its
+    /// fields, in a chain whose links begin at `linked_from`).
+    pub fn holds(&self, writer_id: &str, linked_from: u64) -> bool {
+        self.legacy
+            || self.link
+                == link_hash(
+                    writer_id,
+                    self.seq,
+                    linked_from,
+                    &self.prev_hash,
+                    &self.row_hash,
+                )
+    }
+
+    /// Whether `row` is the row this entry was made of.
+    pub fn covers(&self, writer_id: &str, row: &[u8]) -> bool {
+        if self.legacy {
+            row_hash(writer_id, self.seq, &self.prev_hash, row) == self.row_hash
+        } else {
+            content_hash(row) == self.row_hash
+        }
+    }
+}
+
 /// One writer's chain: the next row's link.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
     writer_id: String,
     seq: u64,
     last: Hash,
+    linked_from: u64,
 }
 
 impl Chain {
     /// A new writer's chain (its first row gets `seq` 1).
     pub fn new(writer_id: &str) -> Chain {
-        Chain::resume(writer_id, 0, GENESIS)
+        Chain::resume(writer_id, 0, GENESIS, 1)
     }
 
-    /// A chain that continues after row `seq` whose hash was `last` (from
-    /// the spool after a restart).
-    pub fn resume(writer_id: &str, seq: u64, last: Hash) -> Chain {
+    /// A chain that continues after entry `seq` whose link was `last`,
+    /// linked from `linked_from` (the first `seq` with a link; after a
+    /// legacy chain, `seq + 1`).
+    pub fn resume(writer_id: &str, seq: u64, last: Hash, linked_from: u64) -> Chain {
         Chain {
             writer_id: writer_id.to_owned(),
             seq,
             last,
+            linked_from: linked_from.clamp(1, seq + 1),
         }
     }
 
@@ -92,19 +167,33 @@ impl Chain {
     pub fn link(&mut self, row: &[u8]) -> Link {
         let seq = self.seq + 1;
         let prev_hash = self.last;
-        let hash = row_hash(&self.writer_id, seq, &prev_hash, row);
+        let row_hash = content_hash(row);
+        let link = link_hash(
+            &self.writer_id,
+            seq,
+            self.linked_from,
+            &prev_hash,
+            &row_hash,
+        );
         self.seq = seq;
-        self.last = hash;
+        self.last = link;
         Link {
             seq,
             prev_hash,
-            row_hash: hash,
+            row_hash,
+            link,
+            legacy: false,
         }
     }
 
-    /// The last row's `seq` and hash (0 and [`GENESIS`] before any).
+    /// The last entry's `seq` and link (0 and [`GENESIS`] before any).
     pub fn head(&self) -> (u64, Hash) {
         (self.seq, self.last)
+    }
+
+    /// The first `seq` linked.
+    pub fn linked_from(&self) -> u64 {
+        self.linked_from
     }
 
     /// The writer.
@@ -276,6 +365,7 @@ pub const CHAIN_COLUMNS: &[&str] = &[
     "prev_hash",
     "row_hash",
     "chained",
+    "link",
 ];
 
 /// Appends the chain entry of `row` (its `RowBinary` bytes, whose first 16
@@ -297,6 +387,7 @@ pub fn encode_entry(
     out.extend_from_slice(&link.prev_hash);
     out.extend_from_slice(&link.row_hash);
     out.extend_from_slice(&chained_s.to_le_bytes());
+    out.extend_from_slice(if link.legacy { &GENESIS } else { &link.link });
 }
 
 /// A chain entry read back (`SELECT` [`CHAIN_COLUMNS`] `FORMAT RowBinary`).
@@ -337,6 +428,9 @@ impl Entry {
         let prev_hash: Hash = take(32)?.try_into().ok()?;
         let row_hash: Hash = take(32)?.try_into().ok()?;
         let chained_s = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let stored: Hash = take(32)?.try_into().ok()?;
+        // An empty link: an entry of a release before links.
+        let legacy = stored == GENESIS;
         Some((
             Entry {
                 writer_id,
@@ -344,6 +438,8 @@ impl Entry {
                     seq,
                     prev_hash,
                     row_hash,
+                    link: if legacy { row_hash } else { stored },
+                    legacy,
                 },
                 event_id,
                 row_version,
@@ -562,22 +658,30 @@ impl Links {
         Links { head: None }
     }
 
+    /// A chain checked from a signed checkpoint at `seq` whose link is
+    /// `link` (a window anchored there).
+    pub fn after(seq: u64, link: Hash) -> Links {
+        Links {
+            head: Some((seq, link)),
+        }
+    }
+
     /// The next entry.
     pub fn push(&mut self, l: &Link) -> Step {
         let Some((seq, hash)) = self.head else {
-            self.head = Some((l.seq, l.row_hash));
+            self.head = Some((l.seq, l.link));
             return Step::Linked;
         };
         if l.seq <= seq {
             // Entries come sorted: a copy of the last, or another entry
             // under a used number.
-            return if l.seq == seq && l.row_hash == hash {
+            return if l.seq == seq && l.link == hash {
                 Step::Duplicate
             } else {
                 Step::Conflict
             };
         }
-        self.head = Some((l.seq, l.row_hash));
+        self.head = Some((l.seq, l.link));
         if l.seq > seq + 1 {
             Step::Gap {
                 from: seq + 1,
@@ -629,7 +733,8 @@ mod tests {
         assert!(steps(&links).iter().all(|s| *s == Step::Linked));
         assert_eq!(whole[0].0.prev_hash, GENESIS);
         for (l, r) in &whole {
-            assert_eq!(row_hash("fw-a", l.seq, &l.prev_hash, r), l.row_hash);
+            assert!(l.covers("fw-a", r) && l.holds("fw-a", 1));
+            assert!(!l.covers("fw-a", b"another row"));
         }
         // Stopped after 4 rows and resumed from the spool's head.
         let mut first = Chain::new("fw-a");
@@ -637,11 +742,16 @@ mod tests {
             first.link(r);
         }
         let (seq, last) = first.head();
-        let mut resumed = Chain::resume("fw-a", seq, last);
+        let mut resumed = Chain::resume("fw-a", seq, last, 1);
         let rest: Vec<Link> = rows[4..].iter().map(|r| resumed.link(r)).collect();
         assert_eq!(rest, links[4..].to_vec());
         // Another writer's chain of the same rows is another chain.
-        assert_ne!(chained("fw-b", &rows)[0].0.row_hash, whole[0].0.row_hash);
+        assert_ne!(chained("fw-b", &rows)[0].0.link, whole[0].0.link);
+        // Where links begin is inside every link.
+        let mut later = Chain::resume("fw-a", 0, GENESIS, 1);
+        let mut moved = Chain::resume("fw-a", 0, GENESIS, 1);
+        moved.linked_from = 2;
+        assert_ne!(later.link(&rows[0]).link, moved.link(&rows[0]).link);
     }
 
     #[test]
@@ -654,8 +764,14 @@ mod tests {
         assert_eq!(steps(&deleted)[3], Step::Gap { from: 4, to: 4 });
         // A forged entry re-hashed to look whole breaks the next link.
         let mut forged = links.clone();
-        forged[2].row_hash = row_hash("w", 3, &forged[2].prev_hash, b"never happened");
+        forged[2].row_hash = content_hash(b"never happened");
+        forged[2].link = link_hash("w", 3, 1, &forged[2].prev_hash, &forged[2].row_hash);
+        assert!(forged[2].holds("w", 1));
         assert_eq!(steps(&forged)[3], Step::Broken);
+        // Not re-linked: the entry itself does not hold.
+        let mut lazy = links.clone();
+        lazy[2].row_hash = content_hash(b"never happened");
+        assert!(!lazy[2].holds("w", 1));
         // Delivered twice: a duplicate; another entry under a used number:
         // a conflict.
         let mut twice = links.clone();
@@ -663,7 +779,7 @@ mod tests {
         assert_eq!(steps(&twice)[4], Step::Duplicate);
         let mut other = links.clone();
         let mut copy = links[3];
-        copy.row_hash = [9; 32];
+        copy.link = [9; 32];
         other.insert(4, copy);
         assert_eq!(steps(&other)[4], Step::Conflict);
         // The first rows deleted: a gap from 1; a window is anchored.
@@ -683,6 +799,16 @@ mod tests {
             r
         };
         let link = Chain::new("fw").link(&row);
+        // A legacy entry (empty link) reads back as one.
+        let mut old = Vec::new();
+        let legacy = Link {
+            legacy: true,
+            link: [4; 32],
+            row_hash: [4; 32],
+            ..link
+        };
+        encode_entry("fw", &legacy, &row, 1, 1, &mut old);
+        assert_eq!(Entry::decode(&old).unwrap().0.link, legacy);
         let mut out = Vec::new();
         encode_entry("fw", &link, &row, 0, 1_796_500_001, &mut out);
         let (e, n) = Entry::decode(&out).unwrap();

@@ -179,6 +179,24 @@ pub fn added_columns_sql(database: &str, table: &str) -> Vec<(&'static str, Stri
         .collect()
 }
 
+/// Columns added to the chain table after its first release (`link`:
+/// entries of earlier releases keep it empty).
+const ADDED_CHAIN_COLUMNS: [(&str, &str); 1] = [("link", "FixedString(32)")];
+
+/// The migration of a chain table created by an earlier release, as
+/// [`added_columns_sql`].
+pub fn added_chain_columns_sql(database: &str, table: &str) -> Vec<(&'static str, String)> {
+    ADDED_CHAIN_COLUMNS
+        .iter()
+        .map(|(column, ty)| {
+            (
+                *column,
+                format!("ALTER TABLE {database}.{table}_chain ADD COLUMN {column} {ty}"),
+            )
+        })
+        .collect()
+}
+
 /// Creates what is missing of the schema (idempotent).
 pub(crate) async fn ensure_schema(
     client: &clickhouse::Client,
@@ -202,7 +220,14 @@ pub(crate) async fn ensure_schema(
     }
     // Columns later releases added to the table (18.16 has no ADD COLUMN
     // IF NOT EXISTS, so look first).
-    for (column, alter) in added_columns_sql(database, table) {
+    let chain = format!("{table}_chain");
+    let main = added_columns_sql(database, table)
+        .into_iter()
+        .map(|(c, sql)| (table, c, sql));
+    let chained = added_chain_columns_sql(database, table)
+        .into_iter()
+        .map(|(c, sql)| (chain.as_str(), c, sql));
+    for (table, column, alter) in main.chain(chained) {
         let present = client
             .query_raw(&format!(
                 "SELECT count() FROM system.columns WHERE database = '{database}' AND table = '{table}' AND name = '{column}'"
@@ -256,32 +281,98 @@ pub(crate) fn checkpoint_insert_sql(database: &str, table: &str) -> String {
     )
 }
 
-/// Where `writer_id`'s chain continues when the spool does not say: after
-/// the entry before `first` (the row about to be sent, `(event_id,
-/// row_version)`) if it was sent before, else after the writer's last
-/// entry, else from the start (0 and the zero hash). `writer_id` is a
-/// validated name (`[A-Za-z0-9._:-]`).
-pub(crate) async fn chain_head(
+/// What ClickHouse says of a writer's chain, for a writer whose spool
+/// lost the chain's head (see `Shipper::learn_head`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChainState {
+    /// The entry of the first row to send, if it was sent before: the
+    /// `seq` before it and that entry's link.
+    pub replay: Option<(u64, [u8; 32])>,
+    /// The writer's last entry: its `seq` and link.
+    pub last: Option<(u64, [u8; 32])>,
+    /// The first `seq` of the writer's chain with a link.
+    pub linked_from: Option<u64>,
+    /// The writer's checkpoints in the table (`seq`, link) that `key`
+    /// verifies, the last one.
+    pub signed: Option<(u64, [u8; 32])>,
+}
+
+/// An empty link (entries of releases before links), as SQL.
+const EMPTY_LINK_SQL: &str =
+    "unhex('0000000000000000000000000000000000000000000000000000000000000000')";
+
+/// The statements [`chain_state`] runs: the entry of the first row to send
+/// (when there is one), the writer's last entry and link, where its links
+/// begin.
+pub fn chain_state_sql(
+    database: &str,
+    table: &str,
+    writer_id: &str,
+    first: Option<(uuid::Uuid, u8)>,
+) -> [Option<String>; 3] {
+    let chain = format!("{database}.{table}_chain");
+    [
+        first.map(|(event_id, version)| {
+            format!(
+                "SELECT seq, prev_hash FROM {chain} WHERE writer_id = '{writer_id}' \
+                 AND event_id = toUUID('{event_id}') AND row_version = {version} ORDER BY seq LIMIT 1"
+            )
+        }),
+        Some(format!(
+            "SELECT seq, if(link = {EMPTY_LINK_SQL}, row_hash, link) FROM {chain} \
+             WHERE writer_id = '{writer_id}' ORDER BY seq DESC LIMIT 1"
+        )),
+        Some(format!(
+            "SELECT seq, link FROM {chain} WHERE writer_id = '{writer_id}' \
+             AND link != {EMPTY_LINK_SQL} ORDER BY seq LIMIT 1"
+        )),
+    ]
+}
+
+/// What ClickHouse has of `writer_id`'s chain (`first`: the first row to
+/// send, `(event_id, row_version)`; `key`: the writer's own public key).
+/// `writer_id` is a validated name (`[A-Za-z0-9._:-]`).
+pub(crate) async fn chain_state(
     client: &clickhouse::Client,
     database: &str,
     table: &str,
     writer_id: &str,
     first: Option<(uuid::Uuid, u8)>,
-) -> Result<(u64, [u8; 32]), clickhouse::error::Error> {
-    if let Some((event_id, version)) = first {
+    key: Option<[u8; 32]>,
+) -> Result<ChainState, clickhouse::error::Error> {
+    let mut state = ChainState::default();
+    let [replay, last, linked] = chain_state_sql(database, table, writer_id, first);
+    if let Some(sql) = replay {
+        state.replay = seq_and_hash(client, &sql)
+            .await?
+            .map(|(seq, prev)| (seq.saturating_sub(1), prev));
+    }
+    state.last = seq_and_hash(client, last.as_deref().unwrap_or_default()).await?;
+    state.linked_from = seq_and_hash(client, linked.as_deref().unwrap_or_default())
+        .await?
+        .map(|(seq, _)| seq);
+    if let Some(key) = key {
         let sql = format!(
-            "SELECT seq, prev_hash FROM {database}.{table}_chain WHERE writer_id = '{writer_id}' \
-             AND event_id = toUUID('{event_id}') AND row_version = {version} ORDER BY seq LIMIT 1"
+            "SELECT {} FROM {database}.{table}_checkpoints WHERE writer_id = '{writer_id}'",
+            super::chain::CHECKPOINT_COLUMNS.join(", ")
         );
-        if let Some((seq, prev)) = seq_and_hash(client, &sql).await? {
-            return Ok((seq.saturating_sub(1), prev));
+        let bytes = client
+            .query_raw(&sql)
+            .fetch_bytes("RowBinary")?
+            .collect()
+            .await?;
+        let mut at = 0;
+        while let Some((cp, len)) = bytes
+            .get(at..)
+            .and_then(super::chain::SignedCheckpoint::decode)
+        {
+            at += len;
+            if cp.verify(&[key]) && state.signed.is_none_or(|(seq, _)| seq < cp.checkpoint.seq) {
+                state.signed = Some((cp.checkpoint.seq, cp.checkpoint.row_hash));
+            }
         }
     }
-    let sql = format!(
-        "SELECT seq, row_hash FROM {database}.{table}_chain WHERE writer_id = '{writer_id}' \
-         ORDER BY seq DESC LIMIT 1"
-    );
-    Ok(seq_and_hash(client, &sql).await?.unwrap_or((0, [0; 32])))
+    Ok(state)
 }
 
 /// The one `(UInt64, FixedString(32))` row `sql` selects, if any.

@@ -12,8 +12,11 @@
 //!   hashes, so a row delivered twice has two identical entries.
 //! * The head is known before the first row is linked: from the spool's
 //!   chain head file when it belongs to the cursor the reader starts from;
-//!   otherwise from ClickHouse (the entry of the first row to be sent, if it
-//!   was sent before; else the writer's last entry; else the chain starts).
+//!   otherwise from what the writer can prove it wrote, its last checkpoint
+//!   (its local checkpoint file, else the table's, checked with its own
+//!   key), never from entries after it (`Shipper::resume_from`); without a
+//!   key, from ClickHouse (the entry of the first row to be sent, if it was
+//!   sent before; else the writer's last entry; else the chain starts).
 //! * A checkpoint only vouches for acknowledged rows, and is appended to the
 //!   local checkpoint file before it is sent.
 
@@ -68,9 +71,18 @@ impl Linker {
         cursor: Option<Position>,
     ) -> Linker {
         let writer_tag = writer_tag(&writer_id);
+        // A head of a release before links: its chain so far is legacy,
+        // links begin after it.
         let chain = head
             .filter(|h| Some(h.at) == cursor && h.writer_tag == writer_tag)
-            .map(|h| Chain::resume(&writer_id, h.seq, h.hash));
+            .map(|h| {
+                let from = if h.linked_from == 0 {
+                    h.seq + 1
+                } else {
+                    h.linked_from
+                };
+                Chain::resume(&writer_id, h.seq, h.hash, from)
+            });
         Linker {
             enabled,
             acked: chain.as_ref().map(Chain::head),
@@ -97,12 +109,30 @@ impl Linker {
         self.enabled && self.chain.is_none()
     }
 
-    /// Continues after row `seq` with hash `hash` (0 and [`GENESIS`]: a new
-    /// chain).
-    pub(crate) fn resume(&mut self, seq: u64, hash: Hash) {
-        self.chain = Some(Chain::resume(&self.writer_id, seq, hash));
+    /// Continues after entry `seq` with link `hash` (0 and [`GENESIS`]: a
+    /// new chain), links beginning at `linked_from`.
+    pub(crate) fn resume(&mut self, seq: u64, hash: Hash, linked_from: u64) {
+        self.chain = Some(Chain::resume(&self.writer_id, seq, hash, linked_from));
         self.acked = Some((seq, hash));
         self.signed_seq = seq;
+    }
+
+    /// The last checkpoint this writer can prove it signed: the last line
+    /// of its local checkpoint file for this writer that its own key
+    /// verifies (`seq`, link).
+    pub(crate) fn last_signed_locally(&self) -> Option<(u64, Hash)> {
+        let key: [u8; 32] = self.signer.as_ref()?.public_key().try_into().ok()?;
+        let text = std::fs::read_to_string(&self.file).ok()?;
+        text.lines()
+            .filter_map(SignedCheckpoint::from_line)
+            .filter(|c| c.checkpoint.writer_id == self.writer_id && c.verify(&[key]))
+            .map(|c| (c.checkpoint.seq, c.checkpoint.row_hash))
+            .max_by_key(|(seq, _)| *seq)
+    }
+
+    /// This writer's public key, if it signs.
+    pub(crate) fn public_key(&self) -> Option<[u8; 32]> {
+        self.signer.as_ref()?.public_key().try_into().ok()
     }
 
     /// Links the rows of `batch` and appends their chain entries to `out`;
@@ -136,6 +166,7 @@ impl Linker {
             writer_tag: self.writer_tag,
             seq: head.0,
             hash: head.1,
+            linked_from: self.chain.as_ref().map_or(head.0 + 1, Chain::linked_from),
         }
     }
 

@@ -29,6 +29,7 @@ pub(crate) struct Metrics {
     spool_slow_writes: Counter,
     checkpoints: Counter,
     chain_seq: Gauge,
+    chain_unproven: Gauge,
 }
 
 impl Metrics {
@@ -107,6 +108,11 @@ impl Metrics {
             m.chain_seq.clone(),
         );
         r.register(
+            "chain_unproven_entries",
+            "Entries of this writer's chain after the last checkpoint it signed that it cannot prove it wrote (found when it resumed without its chain head): never continued, never signed",
+            m.chain_unproven.clone(),
+        );
+        r.register(
             "oldest_unsent_age_seconds",
             "Age of the oldest row spooled but not yet acknowledged by ClickHouse",
             m.oldest_unsent_age.clone(),
@@ -126,6 +132,10 @@ impl Metrics {
     }
     pub(crate) fn checkpoints_sent(&self, n: u64) {
         self.checkpoints.inc_by(n);
+    }
+    pub(crate) fn set_chain_unproven(&self, n: u64) {
+        self.chain_unproven
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
     pub(crate) fn set_chain_seq(&self, seq: u64) {
         self.chain_seq.set(i64::try_from(seq).unwrap_or(i64::MAX));

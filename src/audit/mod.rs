@@ -88,8 +88,8 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use self::clickhouse::{
-    added_columns_sql, drop_partition_sql, partitions_sql, schema_statements, ClickHouseError,
-    SCHEMA_SQL,
+    added_chain_columns_sql, added_columns_sql, chain_state_sql, drop_partition_sql,
+    partitions_sql, schema_statements, ClickHouseError, SCHEMA_SQL,
 };
 pub use self::config::*;
 pub use self::record::{row_len, row_version, AuditRow, JsonPayload, Label, COLUMNS};

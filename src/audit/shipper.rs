@@ -319,6 +319,43 @@ impl Shipper {
         }
     }
 
+    /// Continues the chain where this writer can prove it ended (the spool
+    /// lost its head). With a signing key, that is the last checkpoint it
+    /// signed (its local checkpoint file, else the table's, verified with
+    /// its own key): entries ClickHouse holds after it are not provably
+    /// this writer's, so the chain is not continued from them and no
+    /// checkpoint will sign them; the next entry takes the next free `seq`
+    /// and links to the checkpoint, they are logged, counted
+    /// (`mcp_firewall_audit_chain_unproven_entries`) and reported by
+    /// `verify`. Without a key (nothing is provable): after the entry of
+    /// the first row to send when it was sent before, else after the last
+    /// entry.
+    fn resume_from(&mut self, state: &ch::ChainState) {
+        let writer = self.linker.writer_id().to_owned();
+        let proven = self.linker.last_signed_locally().or(state.signed);
+        let last_seq = state.last.map_or(0, |(seq, _)| seq);
+        let (seq, link) = match proven {
+            None => state.replay.or(state.last).unwrap_or((0, [0; 32])),
+            Some((cp, link)) if last_seq <= cp || state.replay.is_some_and(|(s, _)| s == cp) => {
+                (cp, link)
+            }
+            Some((cp, link)) => {
+                tracing::error!(
+                    writer_id = %writer,
+                    signed = cp,
+                    unproven_from = cp + 1,
+                    unproven_to = last_seq,
+                    "audit chain: the entries after the last checkpoint this writer signed are not provably its own; the chain goes on from that checkpoint and never signs them"
+                );
+                self.ctx.metrics.set_chain_unproven(last_seq - cp);
+                (last_seq, link)
+            }
+        };
+        let linked_from = state.linked_from.unwrap_or(seq + 1);
+        tracing::info!(writer_id = %writer, seq, "audit chain: continuing where this writer's chain is known to end");
+        self.linker.resume(seq, link, linked_from);
+    }
+
     /// Learns where the chain continues from ClickHouse (the spool did not
     /// say), retrying until it answers: nothing can be shipped meanwhile
     /// anyway.
@@ -336,22 +373,18 @@ impl Shipper {
             // The chain table may not exist yet (the schema task is not
             // polled while this waits).
             schema_if_needed(&self.ctx).await;
-            match ch::chain_head(
+            match ch::chain_state(
                 &self.ctx.client,
                 &s.database,
                 &s.table,
                 self.linker.writer_id(),
                 first,
+                self.linker.public_key(),
             )
             .await
             {
-                Ok((seq, hash)) => {
-                    tracing::info!(
-                        writer_id = self.linker.writer_id(),
-                        seq,
-                        "audit chain: continuing after the last row ClickHouse has of this writer"
-                    );
-                    self.linker.resume(seq, hash);
+                Ok(state) => {
+                    self.resume_from(&state);
                     return;
                 }
                 Err(e) => {

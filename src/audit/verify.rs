@@ -2,23 +2,28 @@
 //! complete and unaltered, or names the rows that are not.
 //!
 //! Three streams, each read once as `RowBinary`: the signed checkpoints
-//! (`<table>_checkpoints`, and the writers' local checkpoint files if
-//! given), every writer's chain in `seq` order (`<table>_chain`), and the
-//! audit rows in whatever order ClickHouse returns them. The chain is
-//! checked link by link as it streams (a gap is a deleted entry, a broken
-//! link a rewritten one, a second entry under a used `seq` a forged one)
-//! and against the checkpoints (a signed hash the chain no longer has: the
+//! (`<table>_checkpoints`, and the writers' local checkpoint files), every
+//! writer's chain in `seq` order (`<table>_chain`), and the audit rows in
+//! whatever order ClickHouse returns them. The chain is checked link by
+//! link as it streams, without its rows (a gap is a deleted entry; an entry
+//! whose link is not the link of its fields, or not the next entry's
+//! `prev_hash`, a rewritten one; a second entry under a used `seq` a forged
+//! one; entries a writer did not go on from are outside the signed chain)
+//! and against the checkpoints (a signed link the chain no longer has: the
 //! chain was rewritten; a signed `seq` past its end: its tail was cut).
-//! Each row is then hashed with its entry's writer, `seq` and `prev_hash`
-//! and compared with the entry: a row that does not give its hash was
-//! altered; an entry without its row was deleted (unless it is an intent
-//! whose verified completion replaced it when the table merged); a row
-//! without an entry was never chained (forged).
+//! Each row is then hashed and compared with its entry: a row that does
+//! not give its hash was altered; an entry without its row was deleted
+//! (unless it is an intent whose verified completion replaced it when the
+//! table merged: its link was checked all the same); a row without an
+//! entry was never chained (forged). Where a key is configured, a writer
+//! no trusted checkpoint signs, or a tail left unsigned longer than its
+//! writer signs, fails too. A window is anchored at signed checkpoints
+//! ([`Range`]): it is checked exactly as the whole would be.
 //!
 //! Invariants: nothing is written; memory is one small record per chain
 //! entry in the range checked (150 to 250 bytes with the hash table's
-//! slack), never a row; every finding
-//! names the row (writer, `seq`, `event_id`, time).
+//! slack), never a row; every finding names the row (writer, `seq`,
+//! `event_id`, time).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -28,7 +33,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use super::chain::{
-    row_hash, Entry, Hash, Links, SignedCheckpoint, Step, CHAIN_COLUMNS, CHECKPOINT_COLUMNS,
+    Entry, Hash, Link, Links, SignedCheckpoint, Step, CHAIN_COLUMNS, CHECKPOINT_COLUMNS,
 };
 use super::record::{payload_time_ms, row_len, row_version, COLUMNS};
 
@@ -171,6 +176,10 @@ pub struct WriterReport {
     pub broken_links: Listed<u64>,
     /// Second entries under a used `seq` that differ from the first.
     pub conflicts: Listed<u64>,
+    /// Entries left out of the signed chain: the writer went on from its
+    /// last checkpoint after them (it resumed without its chain head and
+    /// could not prove them its own).
+    pub outside: Listed<SeqRange>,
     /// Valid checkpoints the chain matched.
     pub checkpoints: u64,
     /// The last of them.
@@ -196,6 +205,7 @@ impl WriterReport {
             && self.altered.is_empty()
             && self.broken_links.is_empty()
             && self.conflicts.is_empty()
+            && self.outside.is_empty()
             && self.bad_checkpoints.is_empty()
             && self.truncated.is_none()
             && self.unsigned.is_none();
@@ -231,6 +241,7 @@ struct Rec {
     seq: u64,
     prev: Hash,
     hash: Hash,
+    legacy: bool,
     time_ms: u64,
     /// 0 not seen, 1 verified, 2 altered.
     state: u8,
@@ -262,13 +273,15 @@ pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Repor
     }
     let mut report = Report::default();
     let signed = checkpoints(target, opts, &mut report).await?;
-    let mut state = Chains::new(opts, signed);
+    let ranges = ranges(opts, &signed);
+    let linked_from = linked_from(target, opts).await?;
+    let mut state = Chains::new(opts, signed, ranges.clone(), linked_from);
     if let Some(path) = &opts.export {
         let f = std::fs::File::create(path)
             .with_context(|| format!("creating the export file {}", path.display()))?;
         state.export = Some(std::io::BufWriter::new(f));
     }
-    stream(target.client, &chain_sql(target, opts), |data| {
+    stream(target.client, &chain_sql(target, opts, &ranges), |data| {
         let (entry, len) = Entry::decode(data)?;
         state.entry(entry);
         Some(len)
@@ -278,7 +291,7 @@ pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Repor
     state.finish_chains();
     report.entries_read = state.entries;
     let mut rows_read = 0u64;
-    stream(target.client, &rows_sql(target, opts), |data| {
+    stream(target.client, &rows_sql(target, opts, &ranges), |data| {
         let len = row_len(data)?;
         rows_read += 1;
         state.row(&data[..len]);
@@ -313,15 +326,7 @@ async fn checkpoints(
     report: &mut Report,
 ) -> anyhow::Result<Signed> {
     let mut all = Vec::new();
-    let mut sql = format!(
-        "SELECT {} FROM {}.{}_checkpoints",
-        CHECKPOINT_COLUMNS.join(", "),
-        target.database,
-        target.table
-    );
-    if let Some(w) = &opts.writer {
-        sql.push_str(&format!(" WHERE writer_id = '{w}'"));
-    }
+    let sql = checkpoints_sql(target.database, target.table, opts.writer.as_deref());
     stream(target.client, &sql, |data| {
         let (cp, len) = SignedCheckpoint::decode(data)?;
         all.push(cp);
@@ -392,28 +397,140 @@ async fn checkpoints(
     Ok(signed)
 }
 
-/// The conditions on chain entries.
-fn chain_filter(opts: &Options) -> Vec<String> {
+fn checkpoints_sql(database: &str, table: &str, writer: Option<&str>) -> String {
+    let mut sql = format!(
+        "SELECT {} FROM {database}.{table}_checkpoints",
+        CHECKPOINT_COLUMNS.join(", ")
+    );
+    if let Some(w) = writer {
+        sql.push_str(&format!(" WHERE writer_id = '{w}'"));
+    }
+    sql
+}
+
+fn linked_from_sql(database: &str, table: &str, writer: Option<&str>) -> String {
+    let mut sql = format!(
+        "SELECT writer_id, min(seq) FROM {database}.{table}_chain WHERE link != unhex('{}')",
+        "00".repeat(32)
+    );
+    if let Some(w) = writer {
+        sql.push_str(&format!(" AND writer_id = '{w}'"));
+    }
+    sql.push_str(" GROUP BY writer_id");
+    sql
+}
+
+/// The part of a writer's chain a window checks: after the last signed
+/// checkpoint at or before `--from` (whose link anchors it), up to the
+/// first at or after `--to`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Range {
+    /// The anchoring checkpoint: `seq` and link (none: from the start).
+    after: Option<(u64, Hash)>,
+    /// The closing checkpoint's `seq` (none: to the chain's end).
+    upto: Option<u64>,
+}
+
+impl Range {
+    fn contains(&self, seq: u64) -> bool {
+        self.after.is_none_or(|(a, _)| seq > a) && self.upto.is_none_or(|u| seq <= u)
+    }
+
+    fn sql(&self, writer: &str) -> String {
+        let mut c = format!("(writer_id = '{writer}'");
+        if let Some((a, _)) = self.after {
+            c.push_str(&format!(" AND seq > {a}"));
+        }
+        if let Some(u) = self.upto {
+            c.push_str(&format!(" AND seq <= {u}"));
+        }
+        c.push(')');
+        c
+    }
+}
+
+/// The range of each writer with valid checkpoints, in a window (a full
+/// verify reads every writer whole).
+fn ranges(opts: &Options, signed: &Signed) -> BTreeMap<String, Range> {
+    if opts.from_ms.is_none() && opts.to_ms.is_none() {
+        return BTreeMap::new();
+    }
+    signed
+        .iter()
+        .map(|(w, cps)| {
+            let after = opts.from_ms.and_then(|from| {
+                cps.iter()
+                    .filter(|(_, (_, t, _))| *t <= from)
+                    .map(|(seq, (h, _, _))| (*seq, *h))
+                    .next_back()
+            });
+            let upto = opts.to_ms.and_then(|to| {
+                cps.iter()
+                    .find(|(_, (_, t, _))| *t >= to)
+                    .map(|(seq, _)| *seq)
+            });
+            (w.clone(), Range { after, upto })
+        })
+        .collect()
+}
+
+/// Where each writer's links begin: its first entry with a link.
+async fn linked_from(target: &Target<'_>, opts: &Options) -> anyhow::Result<HashMap<String, u64>> {
+    let sql = linked_from_sql(target.database, target.table, opts.writer.as_deref());
+    let mut out = HashMap::new();
+    stream(target.client, &sql, |data| {
+        let (len, at) = super::record::leb128(data, 0)?;
+        let end = at.checked_add(usize::try_from(len).ok()?)?;
+        let writer = String::from_utf8(data.get(at..end)?.to_vec()).ok()?;
+        let seq = u64::from_le_bytes(data.get(end..end + 8)?.try_into().ok()?);
+        out.insert(writer, seq);
+        Some(end + 8)
+    })
+    .await
+    .context("reading where each chain's links begin")?;
+    Ok(out)
+}
+
+/// The conditions on chain entries: the writer; in a window, each anchored
+/// writer's range, and the window's time for writers no checkpoint
+/// anchors.
+fn chain_filter(opts: &Options, ranges: &BTreeMap<String, Range>) -> Vec<String> {
     let mut conds = Vec::new();
     if let Some(w) = &opts.writer {
         conds.push(format!("writer_id = '{w}'"));
     }
-    if let Some(from) = opts.from_ms {
-        conds.push(format!("chained >= toDateTime({})", from / 1000));
+    if opts.from_ms.is_none() && opts.to_ms.is_none() {
+        return conds;
     }
-    if let Some(to) = opts.to_ms {
-        conds.push(format!("chained <= toDateTime({})", to / 1000));
+    let mut unanchored = vec![format!(
+        "chained >= toDateTime({}) AND chained <= toDateTime({})",
+        opts.from_ms.unwrap_or(0) / 1000,
+        opts.to_ms.map_or(u64::from(u32::MAX), |t| t / 1000)
+    )];
+    if !ranges.is_empty() {
+        let names: Vec<String> = ranges.keys().map(|w| format!("'{w}'")).collect();
+        unanchored.push(format!("writer_id NOT IN ({})", names.join(", ")));
     }
+    let mut any: Vec<String> = ranges.iter().map(|(w, r)| r.sql(w)).collect();
+    any.push(format!("({})", unanchored.join(" AND ")));
+    conds.push(format!("({})", any.join(" OR ")));
     conds
 }
 
-fn chain_sql(target: &Target<'_>, opts: &Options) -> String {
-    let conds = chain_filter(opts);
+fn chain_sql(target: &Target<'_>, opts: &Options, ranges: &BTreeMap<String, Range>) -> String {
+    chain_sql_of(target.database, target.table, opts, ranges)
+}
+
+fn chain_sql_of(
+    database: &str,
+    table: &str,
+    opts: &Options,
+    ranges: &BTreeMap<String, Range>,
+) -> String {
+    let conds = chain_filter(opts, ranges);
     format!(
-        "SELECT {} FROM {}.{}_chain{} ORDER BY writer_id, seq",
+        "SELECT {} FROM {database}.{table}_chain{} ORDER BY writer_id, seq",
         CHAIN_COLUMNS.join(", "),
-        target.database,
-        target.table,
         where_clause(&conds)
     )
 }
@@ -426,17 +543,27 @@ fn where_clause(conds: &[String]) -> String {
     }
 }
 
-/// The rows to check: all of them; or those of the chain entries in range
-/// and, in a time range, those in no chain at all.
-fn rows_sql(target: &Target<'_>, opts: &Options) -> String {
-    let t = format!("{}.{}", target.database, target.table);
-    let conds = chain_filter(opts);
+/// The rows to check: all of them; or the rows of the chain entries
+/// checked and, in a window, every row of its time that no entry of any
+/// chain names (whatever its `row_version`).
+fn rows_sql(target: &Target<'_>, opts: &Options, ranges: &BTreeMap<String, Range>) -> String {
+    rows_sql_of(target.database, target.table, opts, ranges)
+}
+
+fn rows_sql_of(
+    database: &str,
+    table: &str,
+    opts: &Options,
+    ranges: &BTreeMap<String, Range>,
+) -> String {
+    let t = format!("{database}.{table}");
+    let conds = chain_filter(opts, ranges);
     let mut sql = format!("SELECT {} FROM {t}", COLUMNS.join(", "));
     if conds.is_empty() {
         return sql;
     }
     sql.push_str(&format!(
-        " WHERE event_id IN (SELECT event_id FROM {t}_chain{})",
+        " WHERE (event_id, row_version) IN (SELECT event_id, row_version FROM {t}_chain{})",
         where_clause(&conds)
     ));
     if opts.from_ms.is_some() || opts.to_ms.is_some() {
@@ -488,15 +615,23 @@ async fn stream(
 /// The chains as they stream by, then the rows.
 struct Chains {
     windowed: bool,
-    open_end: bool,
     signed: Signed,
+    ranges: BTreeMap<String, Range>,
+    linked_from: HashMap<String, u64>,
     writers: Vec<WriterReport>,
     ids: HashMap<String, u32>,
     links: Links,
+    /// The current writer's range, where its links begin, whether its
+    /// chain is read to its end.
+    range: Range,
+    first_linked: u64,
+    open_end: bool,
     /// The current writer's checkpoints not yet met, and the last met
     /// (`seq`, time, final).
     pending: BTreeMap<u64, (Hash, u64, bool)>,
     last_met: Option<(u64, u64, bool)>,
+    /// Links of the checkpoints met: where a writer may resume.
+    met_links: HashMap<Hash, u64>,
     /// When the first entry after the last met checkpoint was chained.
     tail_since_s: Option<u32>,
     require_signed: Option<(u64, u64)>,
@@ -507,8 +642,6 @@ struct Chains {
     export_error: Option<std::io::Error>,
     entries: u64,
     chain_start_ms: u64,
-    from_ms: u64,
-    to_ms: u64,
 }
 
 fn row_ref(seq: Option<u64>, event_id: u128, row_version: u8, time_ms: u64) -> RowRef {
@@ -531,16 +664,26 @@ fn key_of(event_id: [u8; 16]) -> u128 {
 }
 
 impl Chains {
-    fn new(opts: &Options, signed: Signed) -> Chains {
+    fn new(
+        opts: &Options,
+        signed: Signed,
+        ranges: BTreeMap<String, Range>,
+        linked_from: HashMap<String, u64>,
+    ) -> Chains {
         Chains {
             windowed: opts.from_ms.is_some() || opts.to_ms.is_some(),
-            open_end: opts.to_ms.is_none(),
             signed,
+            ranges,
+            linked_from,
             writers: Vec::new(),
             ids: HashMap::new(),
             links: Links::from_genesis(),
+            range: Range::default(),
+            first_linked: u64::MAX,
+            open_end: true,
             pending: BTreeMap::new(),
             last_met: None,
+            met_links: HashMap::new(),
             tail_since_s: None,
             require_signed: opts.require_signed,
             recs: HashMap::new(),
@@ -549,13 +692,49 @@ impl Chains {
             export_error: None,
             entries: 0,
             chain_start_ms: u64::MAX,
-            from_ms: opts.from_ms.unwrap_or(0),
-            to_ms: opts.to_ms.unwrap_or(u64::MAX),
         }
     }
 
     fn current(&mut self) -> Option<&mut WriterReport> {
         self.writers.last_mut()
+    }
+
+    /// A writer's chain begins: its range, anchor and checkpoints.
+    fn begin_writer(&mut self, writer_id: &str, first_seq: u64) {
+        self.finish_writer();
+        let idx = u32::try_from(self.writers.len()).unwrap_or(u32::MAX);
+        self.ids.insert(writer_id.to_owned(), idx);
+        let anchored = self.ranges.get(writer_id).copied();
+        self.range = anchored.unwrap_or_default();
+        let range = self.range;
+        self.pending = self
+            .signed
+            .remove(writer_id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(seq, _)| range.contains(*seq))
+            .collect();
+        self.open_end = range.upto.is_none();
+        self.first_linked = self.linked_from.get(writer_id).copied().unwrap_or(u64::MAX);
+        self.last_met = None;
+        self.met_links.clear();
+        self.tail_since_s = None;
+        self.links = match (range.after, anchored.is_some() || !self.windowed) {
+            // Anchored at a signed checkpoint: the next entry must follow
+            // its link.
+            (Some((seq, link)), _) => {
+                self.met_links.insert(link, seq);
+                Links::after(seq, link)
+            }
+            (None, true) => Links::from_genesis(),
+            // A window of a writer no checkpoint anchors: taken as found.
+            (None, false) => Links::anchored(),
+        };
+        self.writers.push(WriterReport {
+            writer_id: writer_id.to_owned(),
+            first_seq,
+            ..WriterReport::default()
+        });
     }
 
     /// The next chain entry (sorted by writer, then `seq`).
@@ -566,27 +745,27 @@ impl Chains {
             .last()
             .is_none_or(|w| w.writer_id != e.writer_id)
         {
-            self.finish_writer();
-            let idx = u32::try_from(self.writers.len()).unwrap_or(u32::MAX);
-            self.ids.insert(e.writer_id.clone(), idx);
-            self.pending = self.signed.remove(&e.writer_id).unwrap_or_default();
-            self.last_met = None;
-            self.tail_since_s = None;
-            self.links = if self.windowed {
-                Links::anchored()
-            } else {
-                Links::from_genesis()
-            };
-            self.writers.push(WriterReport {
-                writer_id: e.writer_id.clone(),
-                first_seq: e.link.seq,
-                ..WriterReport::default()
-            });
+            self.begin_writer(&e.writer_id, e.link.seq);
         }
         let writer = u32::try_from(self.writers.len() - 1).unwrap_or(u32::MAX);
         let step = self.links.push(&e.link);
         let seq = e.link.seq;
         let key = (key_of(e.event_id), e.row_version);
+        // Its own hashes: a link that is not the link of its fields, or an
+        // entry of the older kind where the chain links, was rewritten.
+        let own = if e.link.legacy {
+            seq < self.first_linked
+        } else {
+            seq >= self.first_linked && e.link.holds(&e.writer_id, self.first_linked)
+        };
+        let resumed = match step {
+            Step::Broken => self
+                .met_links
+                .get(&e.link.prev_hash)
+                .copied()
+                .filter(|cp| *cp + 1 < seq),
+            _ => None,
+        };
         let Some(w) = self.writers.last_mut() else {
             return;
         };
@@ -600,8 +779,17 @@ impl Chains {
                 return;
             }
             Step::Gap { from, to } => w.gaps.push(SeqRange { from, to }),
-            Step::Broken => w.broken_links.push(seq),
+            Step::Broken => match resumed {
+                Some(cp) => w.outside.push(SeqRange {
+                    from: cp + 1,
+                    to: seq - 1,
+                }),
+                None => w.broken_links.push(seq),
+            },
             Step::Linked => {}
+        }
+        if !own && !matches!(step, Step::Broken) {
+            w.broken_links.push(seq);
         }
         w.last_seq = seq;
         self.tail_since_s.get_or_insert(e.chained_s);
@@ -612,18 +800,18 @@ impl Chains {
             }
             self.pending.pop_first();
             if cseq < seq {
-                // Its entry was deleted: the gap says so; or it lies
-                // before the window.
+                // Its entry was deleted: the gap says so.
                 continue;
             }
-            if hash == e.link.row_hash {
+            if hash == e.link.link {
                 w.checkpoints += 1;
                 self.last_met = Some((cseq, time, last));
+                self.met_links.insert(hash, cseq);
                 self.tail_since_s = None;
             } else {
                 w.bad_checkpoints.push(BadCheckpoint {
                     seq: cseq,
-                    why: "the chain's hash at this seq is not the signed one: the chain was rewritten".into(),
+                    why: "the chain's link at this seq is not the signed one: the chain was rewritten".into(),
                 });
             }
         }
@@ -633,6 +821,7 @@ impl Chains {
             seq,
             prev: e.link.prev_hash,
             hash: e.link.row_hash,
+            legacy: e.link.legacy,
             time_ms: e.time_ms,
             state: 0,
         };
@@ -654,13 +843,13 @@ impl Chains {
         let Some(w) = self.current() else {
             return;
         };
+        // Signed entries past the end of what is left: a cut tail (of the
+        // chain, or of a window: the closing checkpoint's entry is gone).
         if let Some((&signed_end, _)) = pending.last_key_value() {
-            if open_end {
-                w.truncated = Some(SeqRange {
-                    from: w.last_seq + 1,
-                    to: signed_end,
-                });
-            }
+            w.truncated = Some(SeqRange {
+                from: w.last_seq + 1,
+                to: signed_end,
+            });
         }
         match last_met {
             Some((seq, time, last)) => {
@@ -707,17 +896,18 @@ impl Chains {
 
     fn finish_chains(&mut self) {
         self.finish_writer();
-        if !self.open_end {
-            return;
-        }
-        // Writers whose every entry is gone but whose checkpoints remain.
+        // Writers with checkpoints in range whose every entry there is gone.
         let mut gone: Vec<_> = self.signed.drain().collect();
         gone.sort_by(|a, b| a.0.cmp(&b.0));
         for (writer_id, cps) in gone {
-            if let Some((&last, _)) = cps.last_key_value() {
+            let range = self.ranges.get(&writer_id).copied().unwrap_or_default();
+            if let Some(&last) = cps.keys().rfind(|s| range.contains(**s)) {
                 let mut w = WriterReport {
                     writer_id,
-                    truncated: Some(SeqRange { from: 1, to: last }),
+                    truncated: Some(SeqRange {
+                        from: range.after.map_or(1, |(a, _)| a + 1),
+                        to: last,
+                    }),
                     ..WriterReport::default()
                 };
                 w.judge();
@@ -735,21 +925,22 @@ impl Chains {
         let version = row_version(row).unwrap_or(u8::MAX);
         let time_ms = payload_time_ms(row).unwrap_or(0);
         let Some(rec) = self.recs.get_mut(&(key, version)) else {
-            let chained_otherwise =
-                self.recs.contains_key(&(key, 0)) || self.recs.contains_key(&(key, 1));
-            if self.windowed
-                && (chained_otherwise || time_ms < self.from_ms || time_ms > self.to_ms)
-            {
-                // Another version of a call whose entry lies outside the window.
-                return;
-            }
+            // In a window only rows no chain names at all are read besides
+            // the entries' own: each is forged, whatever its version.
             self.unchained.push((key, version, time_ms));
             return;
         };
         let Some(w) = self.writers.get(rec.writer as usize) else {
             return;
         };
-        let ok = row_hash(&w.writer_id, rec.seq, &rec.prev, row) == rec.hash;
+        let link = Link {
+            seq: rec.seq,
+            prev_hash: rec.prev,
+            row_hash: rec.hash,
+            link: rec.hash,
+            legacy: rec.legacy,
+        };
+        let ok = link.covers(&w.writer_id, row);
         let first = rec.state == 0;
         rec.state = match (rec.state, ok) {
             (_, false) => 2,
@@ -825,6 +1016,52 @@ impl Chains {
     }
 }
 
+/// Every statement `verify` runs, for a full verify and for a window with
+/// writer `writer` anchored at `seq` 1..=2 (a fixture runs them on a current
+/// ClickHouse).
+pub fn queries(database: &str, table: &str, writer: &str) -> Vec<(&'static str, String)> {
+    let full = Options::default();
+    let window = Options {
+        from_ms: Some(1),
+        to_ms: Some(u64::from(u32::MAX) * 1000),
+        ..Options::default()
+    };
+    let mut ranges = BTreeMap::new();
+    ranges.insert(
+        writer.to_owned(),
+        Range {
+            after: Some((1, [0; 32])),
+            upto: Some(2),
+        },
+    );
+    vec![
+        (
+            "verify: checkpoints",
+            checkpoints_sql(database, table, None),
+        ),
+        (
+            "verify: where links begin",
+            linked_from_sql(database, table, None),
+        ),
+        (
+            "verify: the chain",
+            chain_sql_of(database, table, &full, &BTreeMap::new()),
+        ),
+        (
+            "verify: the rows",
+            rows_sql_of(database, table, &full, &BTreeMap::new()),
+        ),
+        (
+            "verify: a window's chain",
+            chain_sql_of(database, table, &window, &ranges),
+        ),
+        (
+            "verify: a window's rows",
+            rows_sql_of(database, table, &window, &ranges),
+        ),
+    ]
+}
+
 /// The report for people.
 pub fn render(r: &Report) -> String {
     use std::fmt::Write as _;
@@ -885,6 +1122,15 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(
                 o,
                 "  BROKEN    seq {s}: prev_hash is not the hash of the entry before"
+            );
+        }
+        for r in &w.outside.first {
+            let _ = writeln!(
+                o,
+                "  OUTSIDE   seq {}..{}: not in the signed chain (the writer went on from its checkpoint at seq {})",
+                r.from,
+                r.to,
+                r.from - 1
             );
         }
         for s in &w.conflicts.first {
@@ -948,3 +1194,7 @@ pub fn render(r: &Report) -> String {
     );
     o
 }
+
+#[cfg(test)]
+#[path = "verify_tests.rs"]
+mod tests;

@@ -384,8 +384,8 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
         .as_str()
         .is_some_and(|w| w.contains("no checkpoint")));
 
-    // A rewritten chain: an altered row re-hashed into its entry breaks the
-    // link to the next one, and a checkpoint over it no longer matches.
+    // A rewritten chain: an entry whose content hash was changed no longer
+    // gives its own link (and a re-linked one breaks the next).
     let copy5 = copy(ch, &db);
     let (rewritten, seq) = refusal(ch, &db, 3);
     mutate(
@@ -398,7 +398,7 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     let (ok, report) = verify(&config_for(dir.path(), &text, &copy5, "c5.toml"), &[]);
     assert!(!ok);
     let w = writer(&report, "fw-a");
-    assert_eq!(w["broken_links"]["first"][0], seq + 1, "{w:#}");
+    assert_eq!(w["broken_links"]["first"][0], seq, "{w:#}");
     assert_eq!(w["altered"]["first"][0]["event_id"], rewritten.as_str());
 
     // A checkpoint signed by another key does not count.
@@ -658,7 +658,8 @@ fn urlencode(s: &str) -> String {
 /// write access (and no key) would, and inserts the row and its entry.
 async fn plant(ch: &ClickHouse, db: &str, writer: &str, after: (u64, [u8; 32]), row: Vec<u8>) {
     use mcp_firewall::audit::chain::{encode_entry, Chain, CHAIN_COLUMNS};
-    let mut chain = Chain::resume(writer, after.0, after.1);
+    // A chain linked from its start (this release's).
+    let mut chain = Chain::resume(writer, after.0, after.1, 1);
     let link = chain.link(&row);
     let mut entry = Vec::new();
     let now = u32::try_from(
@@ -811,7 +812,7 @@ async fn checkpoints_are_required_where_a_key_is_configured() {
     // chained to its head with valid hashes.
     let c3 = copy(ch, &db);
     let head = ch.query(&format!(
-        "SELECT seq, hex(row_hash) FROM {c3}.audit_events_chain WHERE writer_id = 'fw-r' ORDER BY seq DESC LIMIT 1"
+        "SELECT seq, hex(link) FROM {c3}.audit_events_chain WHERE writer_id = 'fw-r' ORDER BY seq DESC LIMIT 1"
     ));
     let (seq, hash) = head.trim().split_once('\t').unwrap();
     let hash: [u8; 32] = hex::decode(hash).unwrap().try_into().unwrap();
@@ -828,5 +829,318 @@ async fn checkpoints_are_required_where_a_key_is_configured() {
             .unwrap()
             .contains("after the final checkpoint"),
         "{w:#}"
+    );
+}
+
+/// A writer's chain entries in `db`, in `seq` order.
+async fn chain_of(
+    ch: &ClickHouse,
+    db: &str,
+    writer: &str,
+) -> Vec<mcp_firewall::audit::chain::Entry> {
+    use mcp_firewall::audit::chain::{Entry, CHAIN_COLUMNS};
+    let bytes = fetch_binary(
+        ch,
+        &format!(
+            "SELECT {} FROM {db}.audit_events_chain WHERE writer_id = '{writer}' ORDER BY seq",
+            CHAIN_COLUMNS.join(", ")
+        ),
+    )
+    .await;
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some((e, n)) = bytes.get(at..).and_then(Entry::decode) {
+        out.push(e);
+        at += n;
+    }
+    assert_eq!(at, bytes.len());
+    out
+}
+
+/// The row of `(event_id, row_version)` in `db`, as `RowBinary`.
+async fn row_bytes(ch: &ClickHouse, db: &str, event_id: &str, version: u8) -> Vec<u8> {
+    fetch_binary(
+        ch,
+        &format!(
+            "SELECT {} FROM {db}.audit_events WHERE event_id = toUUID('{event_id}') AND row_version = {version} LIMIT 1",
+            mcp_firewall::audit::COLUMNS.join(", ")
+        ),
+    )
+    .await
+}
+
+fn uuid_text(e: &mcp_firewall::audit::chain::Entry) -> String {
+    // ClickHouse keeps a UUID as two little-endian halves.
+    let mut b = e.event_id;
+    b[..8].reverse();
+    b[8..].reverse();
+    uuid::Uuid::from_bytes(b).to_string()
+}
+
+/// Replaces a writer's entries from `seq` on with `entries`.
+async fn replace_entries(
+    ch: &ClickHouse,
+    db: &str,
+    writer: &str,
+    from: u64,
+    entries: &[mcp_firewall::audit::chain::Entry],
+) {
+    use mcp_firewall::audit::chain::{encode_entry, CHAIN_COLUMNS};
+    mutate(
+        ch,
+        db,
+        &format!("ALTER TABLE {db}.audit_events_chain DELETE WHERE writer_id = '{writer}' AND seq >= {from}"),
+    );
+    let mut body = Vec::new();
+    for e in entries {
+        let mut row = e.event_id.to_vec();
+        row.extend_from_slice(&[0; 4]);
+        row.extend_from_slice(&e.time_ms.to_le_bytes());
+        encode_entry(writer, &e.link, &row, e.row_version, e.chained_s, &mut body);
+    }
+    insert_binary(ch, db, "audit_events_chain", CHAIN_COLUMNS, body).await;
+}
+
+/// The attacks of someone with write access to ClickHouse and no key, on
+/// a trail whose intents a merge folded into their completions: an
+/// altered completion re-hashed with the next entry's `prev_hash`
+/// rewritten (and, harder, with every link after it rewritten); and in a
+/// window (`--from/--to`): a forged `row_version = 2` copy of a real call,
+/// its first entries deleted, its tail cut. Each passed before (exit 0);
+/// each is named now and exits non-zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_database_administrator_without_the_key_can_do_is_named() {
+    use mcp_firewall::audit::chain::{content_hash, link_hash};
+    let Setup {
+        ch,
+        db,
+        dir,
+        key,
+        upstream,
+        ..
+    } = setup().await;
+    let spool = dir.path().join("spool");
+    let text = config(&spool, ch, &db, &upstream.url(), "fw-d", &key).text();
+    let fw = common::firewall(&text).await;
+    load(&fw.mcp_url("incidents"), 160).await;
+    fw.stop().await;
+    ch.query(&format!("OPTIMIZE TABLE {db}.audit_events FINAL"));
+    let cfg = config_for(dir.path(), &text, &db, "fw.toml");
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(ok, "{report:#}");
+    let chain = chain_of(ch, &db, "fw-d").await;
+    // A completion whose intent the merge folded into it.
+    let intents: std::collections::HashSet<[u8; 16]> = chain
+        .iter()
+        .filter(|e| e.row_version == 0)
+        .map(|e| e.event_id)
+        .collect();
+    let k = chain
+        .iter()
+        .position(|e| e.row_version == 1 && intents.contains(&e.event_id) && e.link.seq > 20)
+        .unwrap();
+    let target = uuid_text(&chain[k]);
+
+    // 1. Altered, re-hashed, and the next entry's prev_hash rewritten.
+    let c1 = copy(ch, &db);
+    mutate(ch, &c1, &format!(
+        "ALTER TABLE {c1}.audit_events UPDATE arguments = '{{\"n\":424242}}' WHERE event_id = toUUID('{target}')"
+    ));
+    let altered = row_bytes(ch, &c1, &target, 1).await;
+    let mut two = chain[k..].to_vec();
+    two[0].link.row_hash = content_hash(&altered);
+    two[0].link.link = link_hash(
+        "fw-d",
+        two[0].link.seq,
+        1,
+        &two[0].link.prev_hash,
+        &two[0].link.row_hash,
+    );
+    two[1].link.prev_hash = two[0].link.link;
+    replace_entries(ch, &c1, "fw-d", chain[k].link.seq, &two).await;
+    let (ok, report) = verify(&config_for(dir.path(), &text, &c1, "c1.toml"), &[]);
+    assert!(!ok, "{report:#}");
+    let w = writer(&report, "fw-d");
+    assert_eq!(
+        w["broken_links"]["first"][0],
+        chain[k].link.seq + 1,
+        "{w:#}"
+    );
+
+    // The same, every link after it rewritten to match: the next signed
+    // checkpoint no longer matches.
+    let c2 = copy(ch, &db);
+    mutate(ch, &c2, &format!(
+        "ALTER TABLE {c2}.audit_events UPDATE arguments = '{{\"n\":424242}}' WHERE event_id = toUUID('{target}')"
+    ));
+    let mut all = chain[k..].to_vec();
+    let mut prev = chain[k - 1].link.link;
+    for e in &mut all {
+        let row = row_bytes(ch, &c2, &uuid_text(e), e.row_version).await;
+        if !row.is_empty() {
+            e.link.row_hash = content_hash(&row);
+        }
+        e.link.prev_hash = prev;
+        e.link.link = link_hash("fw-d", e.link.seq, 1, &prev, &e.link.row_hash);
+        prev = e.link.link;
+    }
+    replace_entries(ch, &c2, "fw-d", chain[k].link.seq, &all).await;
+    let (ok, report) = verify(&config_for(dir.path(), &text, &c2, "c2.toml"), &[]);
+    assert!(!ok, "{report:#}");
+    let w = writer(&report, "fw-d");
+    assert!(
+        w["bad_checkpoints"]["count"].as_u64().unwrap() >= 1,
+        "{w:#}"
+    );
+    assert_eq!(w["broken_links"]["count"], 0, "{w:#}");
+
+    // Windows: anchored at signed checkpoints.
+    let cps: Vec<(u64, u64)> = ch
+        .query(&format!(
+            "SELECT seq, time_ms FROM {db}.audit_events_checkpoints WHERE writer_id = 'fw-d' ORDER BY seq"
+        ))
+        .lines()
+        .map(|l| {
+            let (s, t) = l.split_once('\t').unwrap();
+            (s.parse().unwrap(), t.parse().unwrap())
+        })
+        .collect();
+    assert!(cps.len() >= 4, "{cps:?}");
+    let (a, b) = (cps[1], cps[cps.len() - 2]);
+    let window = [
+        "--from".to_owned(),
+        (a.1 + 1).to_string(),
+        "--to".to_owned(),
+        b.1.to_string(),
+    ];
+    let window: Vec<&str> = window.iter().map(String::as_str).collect();
+    let (ok, report) = verify(&cfg, &window);
+    assert!(ok, "the untouched window holds: {report:#}");
+
+    // 4. A forged row_version = 2 copy of a real call in the window.
+    let c3 = copy(ch, &db);
+    let inside = chain
+        .iter()
+        .find(|e| e.link.seq > a.0 + 2 && e.link.seq < b.0 && e.row_version == 1)
+        .unwrap();
+    let cols: Vec<String> = mcp_firewall::audit::COLUMNS
+        .iter()
+        .map(|c| {
+            if *c == "row_version" {
+                "toUInt8(2)".to_owned()
+            } else {
+                (*c).to_owned()
+            }
+        })
+        .collect();
+    ch.query(&format!(
+        "INSERT INTO {c3}.audit_events ({}) SELECT {} FROM {c3}.audit_events WHERE event_id = toUUID('{}') AND row_version = 1 LIMIT 1",
+        mcp_firewall::audit::COLUMNS.join(", "),
+        cols.join(", "),
+        uuid_text(inside)
+    ));
+    let (ok, report) = verify(&config_for(dir.path(), &text, &c3, "c3.toml"), &window);
+    assert!(!ok, "{report:#}");
+    assert_eq!(report["forged"]["count"], 1, "{report:#}");
+    assert_eq!(report["forged"]["first"][0]["row_version"], 2);
+
+    // 5. The window's first entries (and rows) deleted.
+    let c4 = copy(ch, &db);
+    let first: Vec<String> = chain
+        .iter()
+        .filter(|e| e.link.seq == a.0 + 1 || e.link.seq == a.0 + 2)
+        .map(uuid_text)
+        .collect();
+    mutate(
+        ch,
+        &c4,
+        &format!(
+        "ALTER TABLE {c4}.audit_events_chain DELETE WHERE writer_id = 'fw-d' AND seq IN ({}, {})",
+        a.0 + 1,
+        a.0 + 2
+    ),
+    );
+    mutate(
+        ch,
+        &c4,
+        &format!(
+            "ALTER TABLE {c4}.audit_events DELETE WHERE event_id IN (toUUID('{}'), toUUID('{}'))",
+            first[0], first[1]
+        ),
+    );
+    let (ok, report) = verify(&config_for(dir.path(), &text, &c4, "c4.toml"), &window);
+    assert!(!ok, "{report:#}");
+    let w = writer(&report, "fw-d");
+    assert_eq!(w["gaps"]["first"][0]["from"], a.0 + 1, "{w:#}");
+
+    // 6. The window's tail cut up to the checkpoint that closes it.
+    let c5 = copy(ch, &db);
+    mutate(ch, &c5, &format!(
+        "ALTER TABLE {c5}.audit_events_chain DELETE WHERE writer_id = 'fw-d' AND seq > {} AND seq <= {}",
+        b.0 - 3,
+        b.0
+    ));
+    let (ok, report) = verify(&config_for(dir.path(), &text, &c5, "c5.toml"), &window);
+    assert!(!ok, "{report:#}");
+    let w = writer(&report, "fw-d");
+    assert_eq!(w["truncated"]["to"], b.0, "{w:#}");
+}
+
+/// A writer that lost its chain head resumes only from what it can prove
+/// (its last checkpoint): an entry planted after its last one is never
+/// continued from nor signed; the writer counts it and verify names it
+/// (it passed before: the writer went on after the forged entry and its
+/// next checkpoint signed it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_without_its_head_goes_on_only_from_what_it_signed() {
+    let Setup {
+        ch,
+        db,
+        dir,
+        key,
+        upstream,
+        ..
+    } = setup().await;
+    let spool = dir.path().join("spool");
+    let text = config(&spool, ch, &db, &upstream.url(), "fw-h", &key).text();
+    let fw = common::firewall(&text).await;
+    load(&fw.mcp_url("incidents"), 40).await;
+    fw.stop().await;
+    let chain = chain_of(ch, &db, "fw-h").await;
+    let last = chain.last().unwrap().link;
+    let row = forged_row(ch, &db).await;
+    plant(ch, &db, "fw-h", (last.seq, last.link), row).await;
+    let planted = last.seq + 1;
+    std::fs::remove_file(spool.join("chain")).unwrap();
+    let fw = common::firewall(&text).await;
+    load(&fw.mcp_url("incidents"), 20).await;
+    // The shipper learns where to go on when it ships its first batch.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut m = fw.metrics().await;
+    while !m.contains("mcp_firewall_audit_chain_unproven_entries 1") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        m = fw.metrics().await;
+    }
+    assert!(
+        m.contains("mcp_firewall_audit_chain_unproven_entries 1"),
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("chain"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    fw.stop().await;
+    let cfg = config_for(dir.path(), &text, &db, "fw.toml");
+    let (ok, report) = verify(&cfg, &[]);
+    assert!(!ok, "{report:#}");
+    let w = writer(&report, "fw-h");
+    assert_eq!(w["outside"]["first"][0]["from"], planted, "{w:#}");
+    assert_eq!(w["outside"]["first"][0]["to"], planted, "{w:#}");
+    assert_eq!(w["broken_links"]["count"], 0, "{w:#}");
+    assert_eq!(w["last_checkpoint_final"], true, "{w:#}");
+    let (_, people) = verify_text(&cfg, &[]);
+    assert!(
+        people.contains(&format!("OUTSIDE   seq {planted}..{planted}")),
+        "{people}"
     );
 }

@@ -175,6 +175,37 @@ async fn a_fixture_for_a_current_clickhouse() {
         "retention: partitions".into(),
         mcp_firewall::audit::partitions_sql(DATABASE, TABLE),
     ));
+    // `audit verify`'s statements (a full verify and an anchored window),
+    // and what a writer without its chain head asks.
+    for (name, sql) in mcp_firewall::audit::verify::queries(DATABASE, TABLE, "fw-modern") {
+        queries.push((name.into(), sql));
+    }
+    let first = Some((uuid::Uuid::nil(), 1));
+    for (i, sql) in mcp_firewall::audit::chain_state_sql(DATABASE, TABLE, "fw-modern", first)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        queries.push((format!("chain head lost: question {}", i + 1), sql));
+    }
+    // A chain table of a release before links, migrated as at start.
+    let old_chain = mcp_firewall::audit::schema_statements(DATABASE, "old")
+        .into_iter()
+        .find(|s| s.contains("old_chain"))
+        .unwrap()
+        .replace(",\n    link        FixedString(32)", "");
+    assert!(!old_chain.contains("link"), "{old_chain}");
+    queries.push(("chain migration: a table before links".into(), old_chain));
+    for (_, alter) in mcp_firewall::audit::added_chain_columns_sql(DATABASE, "old") {
+        queries.push(("chain migration: add link".into(), alter));
+    }
+    queries.push((
+        "chain migration: columns".into(),
+        format!(
+            "SELECT (SELECT groupArray(concat(name, ' ', type)) FROM (SELECT name, type FROM system.columns WHERE database = '{DATABASE}' AND table = 'old_chain' ORDER BY position)) \
+             = (SELECT groupArray(concat(name, ' ', type)) FROM (SELECT name, type FROM system.columns WHERE database = '{DATABASE}' AND table = '{TABLE}_chain' ORDER BY position)) AS same"
+        ),
+    ));
     std::fs::write(
         dir.join("queries.json"),
         Value::from(

@@ -102,8 +102,10 @@ pub(crate) fn write_cursor(dir: &Path, pos: Position) -> io::Result<()> {
     write_checked(dir, "cursor", &body)
 }
 
-/// Length of the chain head file's body.
-const HEAD_LEN: usize = 8 + 8 + 8 + 8 + 32;
+/// Length of the chain head file's body (a release before links wrote
+/// [`LEGACY_HEAD_LEN`] bytes: no `linked_from`).
+const HEAD_LEN: usize = 8 + 8 + 8 + 8 + 32 + 8;
+const LEGACY_HEAD_LEN: usize = HEAD_LEN - 8;
 
 /// The hash chain's head at an acknowledged spool position: the last row
 /// shipped before `at` was row `seq` of writer `writer_id` (only a digest of
@@ -116,8 +118,11 @@ pub(crate) struct ChainHead {
     pub writer_tag: [u8; 8],
     /// The last linked row.
     pub seq: u64,
-    /// Its hash.
+    /// Its link.
     pub hash: [u8; 32],
+    /// The first `seq` of the writer's chain that was linked (0: the head
+    /// of a release before links, whose chain so far is legacy).
+    pub linked_from: u64,
 }
 
 /// The chain head file (`chain`), written right after each cursor update:
@@ -126,7 +131,8 @@ pub(crate) struct ChainHead {
 /// a spool of an older release) asks ClickHouse. Same in-place, crc-checked
 /// write as the cursor.
 pub(crate) fn read_chain_head(dir: &Path) -> Option<ChainHead> {
-    let body = read_checked(dir, "chain", HEAD_LEN)?;
+    let body = read_checked(dir, "chain", HEAD_LEN)
+        .or_else(|| read_checked(dir, "chain", LEGACY_HEAD_LEN))?;
     Some(ChainHead {
         at: Position {
             seq: u64_at(&body, 0)?,
@@ -135,6 +141,7 @@ pub(crate) fn read_chain_head(dir: &Path) -> Option<ChainHead> {
         writer_tag: body.get(16..24)?.try_into().ok()?,
         seq: u64_at(&body, 24)?,
         hash: body.get(32..64)?.try_into().ok()?,
+        linked_from: u64_at(&body, 64).unwrap_or(0),
     })
 }
 
@@ -146,6 +153,7 @@ pub(crate) fn write_chain_head(dir: &Path, head: &ChainHead) -> io::Result<()> {
     body[16..24].copy_from_slice(&head.writer_tag);
     body[24..32].copy_from_slice(&head.seq.to_le_bytes());
     body[32..64].copy_from_slice(&head.hash);
+    body[64..72].copy_from_slice(&head.linked_from.to_le_bytes());
     write_checked(dir, "chain", &body)
 }
 

@@ -833,9 +833,24 @@ fn the_chain_head_is_kept_beside_the_cursor_and_a_torn_one_reads_as_none() {
         writer_tag: [1, 2, 3, 4, 5, 6, 7, 8],
         seq: 77,
         hash: [9; 32],
+        linked_from: 5,
     };
     write_chain_head(dir.path(), &head).unwrap();
     assert_eq!(read_chain_head(dir.path()), Some(head));
+    // A release before links kept no `linked_from`: read as 0.
+    let mut old = std::fs::read(dir.path().join("chain")).unwrap();
+    old.truncate(64);
+    let crc = crc32fast::hash(&old);
+    old.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(dir.path().join("chain"), &old).unwrap();
+    assert_eq!(
+        read_chain_head(dir.path()),
+        Some(ChainHead {
+            linked_from: 0,
+            ..head
+        })
+    );
+    write_chain_head(dir.path(), &head).unwrap();
     // The cursor is its own file.
     write_cursor(
         dir.path(),
