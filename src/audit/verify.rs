@@ -290,6 +290,15 @@ pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Repor
     .context("reading the chain")?;
     state.finish_chains();
     report.entries_read = state.entries;
+    if let Some(sql) = completions_sql(target.database, target.table, opts, &ranges) {
+        stream(target.client, &sql, |data| {
+            let id: [u8; 16] = data.get(..16)?.try_into().ok()?;
+            state.completed_later.insert(key_of(id));
+            Some(16)
+        })
+        .await
+        .context("reading the completions of the window's intents")?;
+    }
     let mut rows_read = 0u64;
     stream(target.client, &rows_sql(target, opts, &ranges), |data| {
         let len = row_len(data)?;
@@ -577,6 +586,26 @@ fn rows_sql_of(
     sql
 }
 
+/// In a window: the calls whose intent is in it and whose completion is
+/// chained outside it (at its end, an intent's completion may come after
+/// the closing checkpoint; its own window verifies it).
+fn completions_sql(
+    database: &str,
+    table: &str,
+    opts: &Options,
+    ranges: &BTreeMap<String, Range>,
+) -> Option<String> {
+    if opts.from_ms.is_none() && opts.to_ms.is_none() {
+        return None;
+    }
+    let conds = chain_filter(opts, ranges);
+    Some(format!(
+        "SELECT event_id FROM {database}.{table}_chain WHERE row_version = 1 AND event_id IN \
+         (SELECT event_id FROM {database}.{table}_chain{} AND row_version = 0)",
+        where_clause(&conds)
+    ))
+}
+
 /// Streams `sql`'s `RowBinary` answer through `each`, which takes the
 /// record the bytes start with and says its length (`None`: not whole yet).
 async fn stream(
@@ -636,6 +665,9 @@ struct Chains {
     tail_since_s: Option<u32>,
     require_signed: Option<(u64, u64)>,
     recs: HashMap<(u128, u8), Rec>,
+    /// In a window: calls whose intent is in it and whose completion is
+    /// chained after it (the merge may have folded the intent into it).
+    completed_later: std::collections::HashSet<u128>,
     /// Rows no entry in range names: `(event_id, row_version, time_ms)`.
     unchained: Vec<(u128, u8, u64)>,
     export: Option<std::io::BufWriter<std::fs::File>>,
@@ -687,6 +719,7 @@ impl Chains {
             tail_since_s: None,
             require_signed: opts.require_signed,
             recs: HashMap::new(),
+            completed_later: std::collections::HashSet::new(),
             unchained: Vec::new(),
             export: None,
             export_error: None,
@@ -978,8 +1011,13 @@ impl Chains {
                 1 => w.verified += 1,
                 2 => altered.push(found),
                 _ => {
-                    let completed =
-                        *version == 0 && self.recs.get(&(*key, 1)).is_some_and(|c| c.state == 1);
+                    // Its completion verified here, or chained after the
+                    // window (its own window verifies it).
+                    let completed = *version == 0
+                        && match self.recs.get(&(*key, 1)) {
+                            Some(c) => c.state == 1,
+                            None => self.completed_later.contains(key),
+                        };
                     if completed {
                         w.superseded += 1;
                     } else {
@@ -1058,6 +1096,10 @@ pub fn queries(database: &str, table: &str, writer: &str) -> Vec<(&'static str, 
         (
             "verify: a window's rows",
             rows_sql_of(database, table, &window, &ranges),
+        ),
+        (
+            "verify: a window's completions",
+            completions_sql(database, table, &window, &ranges).unwrap_or_default(),
         ),
     ]
 }

@@ -922,7 +922,12 @@ async fn what_a_database_administrator_without_the_key_can_do_is_named() {
     let spool = dir.path().join("spool");
     let text = config(&spool, ch, &db, &upstream.url(), "fw-d", &key).text();
     let fw = common::firewall(&text).await;
-    load(&fw.mcp_url("incidents"), 160).await;
+    // In rounds more than checkpoint_every's second apart: checkpoints
+    // between them, whatever the batches.
+    for _ in 0..5 {
+        load(&fw.mcp_url("incidents"), 40).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
     fw.stop().await;
     ch.query(&format!("OPTIMIZE TABLE {db}.audit_events FINAL"));
     let cfg = config_for(dir.path(), &text, &db, "fw.toml");
@@ -1005,6 +1010,9 @@ async fn what_a_database_administrator_without_the_key_can_do_is_named() {
             (s.parse().unwrap(), t.parse().unwrap())
         })
         .collect();
+    let mut cps = cps;
+    // A clean stop signs its last checkpoint again, as final.
+    cps.dedup_by_key(|c| c.0);
     assert!(cps.len() >= 4, "{cps:?}");
     let (a, b) = (cps[1], cps[cps.len() - 2]);
     let window = [

@@ -9,7 +9,10 @@
 //! it, the firewall's migration of it (its `ALTER TABLE … ADD COLUMN`
 //! statements, run for each column the table lacks, as at start), and a row
 //! with those columns filled: the migrated table must take it and give it
-//! back, byte for byte.
+//! back, byte for byte. And every statement `audit verify` (and a writer
+//! without its chain head) runs, answered by the ClickHouse the tests run on
+//! the same rows, chain and a forged row, for `run.py` to compare with the
+//! current engine's answers.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -109,7 +112,7 @@ async fn a_fixture_for_a_current_clickhouse() {
             &mut entries,
         );
     }
-    std::fs::write(dir.join("chain.rowbinary"), entries).unwrap();
+    std::fs::write(dir.join("chain.rowbinary"), &entries).unwrap();
     std::fs::write(
         dir.join("chain_columns.txt"),
         mcp_firewall::audit::chain::CHAIN_COLUMNS.join(", "),
@@ -224,6 +227,7 @@ async fn a_fixture_for_a_current_clickhouse() {
     .unwrap();
 
     migration_fixture(&dir).await;
+    verify_fixture(&dir, &payloads.concat(), &entries).await;
 
     if let Ok(python) = std::env::var("MCPFW_CHDB_PYTHON") {
         let out = std::process::Command::new(python)
@@ -318,4 +322,115 @@ async fn migration_fixture(dir: &std::path::Path) {
         },
     });
     std::fs::write(dir.join("migration.json"), migration.to_string()).unwrap();
+}
+
+/// The statement that forges a `row_version = 2` copy of a real call (what
+/// a windowed verify must name), with `{database}` for the database.
+fn forge_sql() -> String {
+    let cols: Vec<String> = mcp_firewall::audit::COLUMNS
+        .iter()
+        .map(|c| {
+            if *c == "row_version" {
+                "toUInt8(2)".to_owned()
+            } else {
+                (*c).to_owned()
+            }
+        })
+        .collect();
+    format!(
+        "INSERT INTO {{database}}.audit_events ({}) SELECT {} FROM {{database}}.audit_events WHERE row_version = 1 ORDER BY event_id LIMIT 1",
+        mcp_firewall::audit::COLUMNS.join(", "),
+        cols.join(", ")
+    )
+}
+
+/// `verify` on a current ClickHouse reads what it reads on 18.16: the same
+/// rows and chain (and a forged `row_version = 2` row) loaded into the
+/// ClickHouse the tests run, every statement of `verify` and of a writer
+/// without its head answered there; `run.py` loads the same into chdb,
+/// runs the same statements and compares the answers (the chain's byte for
+/// byte, the rows' as sets). Since `verify` is a function of these
+/// answers, its verdicts (the attacks of `audit_chain.rs`) are the same on
+/// both.
+async fn verify_fixture(dir: &std::path::Path, rows: &[u8], chain: &[u8]) {
+    let ch = crate::common::clickhouse::ClickHouse::shared().await;
+    let db = ch.create_database();
+    for stmt in mcp_firewall::audit::schema_statements(&db, TABLE) {
+        ch.query(&stmt);
+    }
+    let insert = |table: &str, cols: String, body: Vec<u8>| {
+        let sql = format!("INSERT INTO {db}.{table} ({cols}) FORMAT RowBinary");
+        let url = format!("{}/?query={}", ch.http_url, urlencoding(&sql));
+        async move {
+            let r = crate::common::http()
+                .post(url)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+        }
+    };
+    insert(
+        TABLE,
+        mcp_firewall::audit::COLUMNS.join(", "),
+        rows.to_vec(),
+    )
+    .await;
+    insert(
+        "audit_events_chain",
+        mcp_firewall::audit::chain::CHAIN_COLUMNS.join(", "),
+        chain.to_vec(),
+    )
+    .await;
+    ch.query(&forge_sql().replace("{database}", &db));
+    // Merged (each intent folded into its completion), as the table ends
+    // up: the same rows on both engines, whatever merges ran meanwhile.
+    ch.query(&format!("OPTIMIZE TABLE {db}.{TABLE} FINAL"));
+    let first = Some((uuid::Uuid::nil(), 1));
+    let mut statements: Vec<(String, String)> =
+        mcp_firewall::audit::verify::queries(&db, TABLE, "fw-modern")
+            .into_iter()
+            .map(|(n, q)| (n.to_owned(), q))
+            .collect();
+    for (i, q) in mcp_firewall::audit::chain_state_sql(&db, TABLE, "fw-modern", first)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        statements.push((format!("chain head lost: question {}", i + 1), q));
+    }
+    let answers = dir.join("verify-answers");
+    std::fs::create_dir_all(&answers).unwrap();
+    let mut index = Vec::new();
+    for (i, (name, sql)) in statements.iter().enumerate() {
+        let r = crate::common::http()
+            .post(&ch.http_url)
+            .body(format!("{sql} FORMAT RowBinary"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{name}: {sql}");
+        std::fs::write(answers.join(format!("{i}.bin")), r.bytes().await.unwrap()).unwrap();
+        index.push(json!({
+            "name": name,
+            "sql": sql.replace(&db, "{database}"),
+            "file": format!("{i}.bin"),
+            "rows": name.contains("rows"),
+        }));
+    }
+    std::fs::write(
+        dir.join("verify.json"),
+        json!({"forge": forge_sql(), "statements": index}).to_string(),
+    )
+    .unwrap();
+}
+
+fn urlencoding(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

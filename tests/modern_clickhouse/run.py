@@ -162,6 +162,25 @@ assert answers["verify: where links begin"][0]["writer_id"] == "fw-modern", answ
 assert answers["verify: the chain"] == chain_back, "verify reads the chain as written"
 print("chain: the verifier's and the writer's statements run; a chain table before links migrates to today's")
 
+# The same statements on the same data (and a forged row_version = 2 copy
+# of a call) answer here exactly as on the ClickHouse the tests ran: the
+# chain byte for byte, the rows as sets. `verify` is a function of these
+# answers, so its verdicts on every attack are the same on both.
+with open(os.path.join(fixture, "verify.json")) as f:
+    vfix = json.load(f)
+s.query(vfix["forge"].replace("{database}", "mcp_firewall"))
+s.query("OPTIMIZE TABLE mcp_firewall.audit_events FINAL")
+for st in vfix["statements"]:
+    here = s.query(st["sql"].replace("{database}", "mcp_firewall"), "RowBinary").bytes()
+    with open(os.path.join(fixture, "verify-answers", st["file"]), "rb") as f:
+        there = f.read()
+    if st["rows"]:
+        types = types_of("audit_events", columns)
+        assert sorted(split_rows(here, types)) == sorted(split_rows(there, types)), st["name"]
+    else:
+        assert here == there, f"{st['name']}: {len(here)} bytes here, {len(there)} on 18.16"
+    print(f"same answer as 18.16: {st['name']} ({len(here)} bytes)")
+
 parts = answers["retention: partitions"]
 assert parts, "day partitions"
 for p in parts:
