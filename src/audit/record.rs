@@ -550,16 +550,23 @@ fn skip_str(data: &[u8], at: usize) -> Option<usize> {
     start.checked_add(usize::try_from(len).ok()?)
 }
 
-/// The LEB128 number at `at` and where it ends.
+/// The LEB128 number at `at` and where it ends. Only the one encoding
+/// ClickHouse and [`put_str`] write is read: an over-long form (a last byte
+/// of 0 after the first) or one past 64 bits is refused, so a length has
+/// exactly one spelling (found by the `audit_entry` fuzz target).
 pub(crate) fn leb128(data: &[u8], mut at: usize) -> Option<(u64, usize)> {
     let mut value = 0u64;
     let mut shift = 0u32;
     loop {
         let byte = *data.get(at)?;
         at += 1;
-        value |= u64::from(byte & 0x7f) << shift;
+        let bits = u64::from(byte & 0x7f);
+        if shift == 63 && bits > 1 {
+            return None;
+        }
+        value |= bits << shift;
         if byte & 0x80 == 0 {
-            return Some((value, at));
+            return (byte != 0 || shift == 0).then_some((value, at));
         }
         shift += 7;
         if shift > 63 {

@@ -374,3 +374,24 @@ fn a_row_chained_before_the_shadow_columns_hashes_the_same_with_them_empty() {
         crate::audit::chain::row_hash("w", 1, &[0; 32], before)
     );
 }
+
+#[test]
+fn a_length_has_one_spelling() {
+    // Found by the `audit_entry` fuzz target: 0x81 0x00 also read as 1.
+    assert_eq!(leb128(&[0x01], 0), Some((1, 1)));
+    assert_eq!(leb128(&[0x00], 0), Some((0, 1)));
+    assert_eq!(leb128(&[0x81, 0x00], 0), None, "over-long");
+    assert_eq!(leb128(&[0x80, 0x80, 0x00], 0), None, "over-long");
+    assert_eq!(leb128(&[0x80, 0x01], 0), Some((128, 2)));
+    let mut max = vec![0xff; 9];
+    max.push(0x01);
+    assert_eq!(leb128(&max, 0), Some((u64::MAX, 10)));
+    let mut over = vec![0xff; 9];
+    over.push(0x02);
+    assert_eq!(leb128(&over, 0), None, "past 64 bits");
+    for len in [0usize, 1, 127, 128, 300, 70_000] {
+        let mut out = Vec::new();
+        put_str(&mut out, &"x".repeat(len));
+        assert_eq!(leb128(&out, 0).map(|(v, _)| v), Some(len as u64));
+    }
+}
