@@ -43,7 +43,16 @@ fuzz_target!(|data: &[u8]| {
     chunks.push(&rest[at..]);
     let (split, split_failed, split_tail) = decode(&chunks, limit);
     assert_eq!(failed, split_failed, "an error depends on how the stream was split");
-    assert_eq!(whole, split, "events depend on how the stream was split");
+    assert_eq!(whole.len(), split.len(), "events depend on how the stream was split");
+    for (w, s) in whole.iter().zip(&split) {
+        let fields = |e: &Event| (e.id.clone(), e.event.clone(), e.data.clone(), e.retry, e.comments.clone(), e.has_data);
+        assert_eq!(fields(w), fields(s), "an event's fields depend on how the stream was split");
+        // By design an event ended by a CR at the end of a chunk is
+        // dispatched at once (a lone CR ends a line): only the LF of a final
+        // CRLF split there may be missing from its raw bytes.
+        let same = w.raw == s.raw || (w.raw.ends_with(b"\r\n") && s.raw[..] == w.raw[..w.raw.len() - 1]);
+        assert!(same, "raw {:?} vs {:?}", w.raw, s.raw);
+    }
     if !failed {
         assert_eq!(tail, split_tail);
     }
