@@ -298,7 +298,7 @@ pub struct ChainState {
 }
 
 /// An empty link (entries of releases before links), as SQL.
-const EMPTY_LINK_SQL: &str =
+pub(crate) const EMPTY_LINK_SQL: &str =
     "unhex('0000000000000000000000000000000000000000000000000000000000000000')";
 
 /// The statements [`chain_state`] runs: the entry of the first row to send

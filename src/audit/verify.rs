@@ -281,11 +281,15 @@ pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Repor
             .with_context(|| format!("creating the export file {}", path.display()))?;
         state.export = Some(std::io::BufWriter::new(f));
     }
-    stream(target.client, &chain_sql(target, opts, &ranges), |data| {
-        let (entry, len) = Entry::decode(data)?;
-        state.entry(entry);
-        Some(len)
-    })
+    stream(
+        target.client,
+        &chain_sql_of(target.database, target.table, opts, &ranges),
+        |data| {
+            let (entry, len) = Entry::decode(data)?;
+            state.entry(entry);
+            Some(len)
+        },
+    )
     .await
     .context("reading the chain")?;
     state.finish_chains();
@@ -300,12 +304,16 @@ pub async fn verify(target: &Target<'_>, opts: &Options) -> anyhow::Result<Repor
         .context("reading the completions of the window's intents")?;
     }
     let mut rows_read = 0u64;
-    stream(target.client, &rows_sql(target, opts, &ranges), |data| {
-        let len = row_len(data)?;
-        rows_read += 1;
-        state.row(&data[..len]);
-        Some(len)
-    })
+    stream(
+        target.client,
+        &rows_sql_of(target.database, target.table, opts, &ranges),
+        |data| {
+            let len = row_len(data)?;
+            rows_read += 1;
+            state.row(&data[..len]);
+            Some(len)
+        },
+    )
     .await
     .context("reading the audit rows")?;
     report.rows_read = rows_read;
@@ -419,8 +427,8 @@ fn checkpoints_sql(database: &str, table: &str, writer: Option<&str>) -> String 
 
 fn linked_from_sql(database: &str, table: &str, writer: Option<&str>) -> String {
     let mut sql = format!(
-        "SELECT writer_id, min(seq) FROM {database}.{table}_chain WHERE link != unhex('{}')",
-        "00".repeat(32)
+        "SELECT writer_id, min(seq) FROM {database}.{table}_chain WHERE link != {}",
+        super::clickhouse::EMPTY_LINK_SQL
     );
     if let Some(w) = writer {
         sql.push_str(&format!(" AND writer_id = '{w}'"));
@@ -526,10 +534,6 @@ fn chain_filter(opts: &Options, ranges: &BTreeMap<String, Range>) -> Vec<String>
     conds
 }
 
-fn chain_sql(target: &Target<'_>, opts: &Options, ranges: &BTreeMap<String, Range>) -> String {
-    chain_sql_of(target.database, target.table, opts, ranges)
-}
-
 fn chain_sql_of(
     database: &str,
     table: &str,
@@ -555,10 +559,6 @@ fn where_clause(conds: &[String]) -> String {
 /// The rows to check: all of them; or the rows of the chain entries
 /// checked and, in a window, every row of its time that no entry of any
 /// chain names (whatever its `row_version`).
-fn rows_sql(target: &Target<'_>, opts: &Options, ranges: &BTreeMap<String, Range>) -> String {
-    rows_sql_of(target.database, target.table, opts, ranges)
-}
-
 fn rows_sql_of(
     database: &str,
     table: &str,

@@ -244,13 +244,8 @@ fn relink(t: &mut Trail, from: usize) {
     let mut chain = Chain::resume(WRITER, seq, prev, 1);
     for i in from..t.entries.len() {
         let key = (key_of(t.entries[i].event_id), t.entries[i].row_version);
-        let row = t
-            .rows
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, r)| r.clone())
-            // A merged intent: its row is gone, its old content hash kept.
-            .unwrap_or_default();
+        // A merged intent: its row is gone, its old content hash kept.
+        let row = row_for(t, key);
         let mut link = chain.link(&row);
         if row.is_empty() {
             link.row_hash = t.entries[i].link.row_hash;
@@ -265,6 +260,15 @@ fn relink(t: &mut Trail, from: usize) {
         }
         t.entries[i].link = link;
     }
+}
+
+/// The row of `key` (empty when it is gone).
+fn row_for(t: &Trail, key: (u128, u8)) -> Vec<u8> {
+    t.rows
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, r)| r.clone())
+        .unwrap_or_default()
 }
 
 /// Alters row `i`'s arguments (a byte of its hashed part).
@@ -302,12 +306,7 @@ fn apply(t: &mut Trail, chain: &mut Chain, how: Tamper) {
                 relink(t, k);
             } else {
                 // That entry re-hashed, and the next one's prev_hash.
-                let row = t
-                    .rows
-                    .iter()
-                    .find(|(kk, _)| *kk == key)
-                    .map(|(_, r)| r.clone())
-                    .unwrap_or_default();
+                let row = row_for(t, key);
                 let e = &mut t.entries[k].link;
                 e.row_hash = crate::audit::chain::content_hash(&row);
                 e.link =

@@ -193,14 +193,7 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
     };
     // The server's stdin and stdout are the init's: this process keeps no
     // copy (the server's end of stdout closes when the server's does).
-    if let Ok(null) = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        let _ = nix::unistd::dup2_stdin(&null);
-        let _ = nix::unistd::dup2_stdout(&null);
-    }
+    drop_stdio();
     let status = child.wait();
     if let Some(d) = temp_root {
         let _ = std::fs::remove_dir(d);
@@ -223,6 +216,26 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
 fn root_identity(args: &Args) -> Identity {
     let uid = args.uid.unwrap_or(super::NOBODY);
     Identity::Uid(uid, args.gid.unwrap_or(uid))
+}
+
+/// Points this process's stdin and stdout at `/dev/null`: the server's are
+/// its own, and a copy kept here would hold its stdout open.
+fn drop_stdio() {
+    if let Ok(null) = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = nix::unistd::dup2_stdin(&null);
+        let _ = nix::unistd::dup2_stdout(&null);
+    }
+}
+
+/// What the server reads: the runtime, its program's package and `read`.
+fn read_list(spec: &Spec, program: &Path) -> Vec<PathBuf> {
+    let mut r = super::runtime_read(super::program_dir(program).as_deref());
+    r.extend(spec.read.iter().cloned());
+    r
 }
 
 /// A new empty directory (mode 0700, a name nobody can guess) under the
@@ -255,11 +268,7 @@ fn confine_rest(
         Layer::NoNewPrivs,
         nix::sys::prctl::set_no_new_privs().map_err(|e| e.to_string()),
     )?;
-    let read = {
-        let mut r = super::runtime_read(super::program_dir(program).as_deref());
-        r.extend(spec.read.iter().cloned());
-        r
-    };
+    let read = read_list(spec, program);
     let write: Vec<PathBuf> = super::RUNTIME_WRITE
         .iter()
         .map(PathBuf::from)
@@ -288,11 +297,7 @@ fn init(args: &Args, spec: &Spec, program: &Path, outer: &str) -> u8 {
         Err("not the first process of a PID namespace".to_owned())
     };
     let view = root::View {
-        read: {
-            let mut r = super::runtime_read(super::program_dir(program).as_deref());
-            r.extend(spec.read.iter().cloned());
-            r
-        },
+        read: read_list(spec, program),
         write: spec.write.clone(),
         root: args.root.as_deref().unwrap_or(Path::new("/nonexistent")),
     };
@@ -372,14 +377,7 @@ fn finish(args: &Args, program: &Path, report: Report, as_init: Option<u32>) -> 
         }
     };
     // This process keeps no copy of the server's stdin and stdout.
-    if let Ok(null) = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        let _ = nix::unistd::dup2_stdin(&null);
-        let _ = nix::unistd::dup2_stdout(&null);
-    }
+    drop_stdio();
     reap_until(child.id())
 }
 

@@ -29,7 +29,7 @@ use seccompiler::{
 
 /// A condition on one argument of a refused call (all of an entry's
 /// conditions hold for it to be refused).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cond {
     /// `arg & mask == mask`: the flags are set.
     Has(u8, u64),
@@ -124,6 +124,27 @@ const AF_NETLINK: u64 = libc::AF_NETLINK as u64;
 const SOCK_RAW: u64 = libc::SOCK_RAW as u64;
 const SOCK_DGRAM: u64 = libc::SOCK_DGRAM as u64;
 
+const IO_URING: &str = "io_uring runs socket and file operations this filter cannot see";
+const PERSONALITY: &str =
+    "an execution domain changes how the kernel reads system calls and lays out memory";
+/// `personality` with anything but the query and the default.
+const PERSONALITY_CHANGE: &[Cond] = &[Cond::Not(0, 0), Cond::Not(0, 0xffff_ffff)];
+const OTHER_FAMILY: &str =
+    "a socket family an MCP server never needs (packet, Bluetooth, vsock, crypto, XDP, …)";
+/// A socket family but UNIX, IPv4, IPv6 and netlink.
+const NOT_A_KNOWN_FAMILY: &[Cond] = &[
+    Cond::Not(0, AF_UNIX),
+    Cond::Not(0, AF_INET),
+    Cond::Not(0, AF_INET6),
+    Cond::Not(0, AF_NETLINK),
+];
+const NETLINK: &str = "netlink beyond routing reaches nf_tables, audit, crypto and kernel events";
+/// Netlink but routing.
+const NETLINK_NOT_ROUTE: &[Cond] = &[
+    Cond::Is(0, AF_NETLINK),
+    Cond::Not(2, libc::NETLINK_ROUTE as u64),
+];
+
 /// The refusals: one entry per refused call or use, each made by the tests.
 pub const REFUSED: &[Refusal] = &[
     // Namespaces.
@@ -146,71 +167,56 @@ pub const REFUSED: &[Refusal] = &[
         "io_uring_setup",
         libc::SYS_io_uring_setup,
         [8, 0, 0, 0],
-        "io_uring runs socket and file operations this filter cannot see",
+        IO_URING,
     ),
     r(
         "io_uring_enter",
         libc::SYS_io_uring_enter,
         [0, 0, 0, 0],
-        "io_uring runs socket and file operations this filter cannot see",
+        IO_URING,
     ),
     r(
         "io_uring_register",
         libc::SYS_io_uring_register,
         [0, 0, 0, 0],
-        "io_uring runs socket and file operations this filter cannot see",
+        IO_URING,
     ),
     // Execution domains: only the query and the default.
     when(
         "personality(PER_LINUX32)",
         libc::SYS_personality,
-        &[Cond::Not(0, 0), Cond::Not(0, 0xffff_ffff)],
+        PERSONALITY_CHANGE,
         [0x0008, 0, 0, 0],
-        "an execution domain changes how the kernel reads system calls and lays out memory",
+        PERSONALITY,
     ),
     when(
         "personality(READ_IMPLIES_EXEC)",
         libc::SYS_personality,
-        &[Cond::Not(0, 0), Cond::Not(0, 0xffff_ffff)],
+        PERSONALITY_CHANGE,
         [0x0040_0000, 0, 0, 0],
-        "an execution domain changes how the kernel reads system calls and lays out memory",
+        PERSONALITY,
     ),
     // Sockets: UNIX, IPv4, IPv6 and netlink's routing only; no raw sockets.
     when(
         "socket(AF_PACKET)",
         libc::SYS_socket,
-        &[
-            Cond::Not(0, AF_UNIX),
-            Cond::Not(0, AF_INET),
-            Cond::Not(0, AF_INET6),
-            Cond::Not(0, AF_NETLINK),
-        ],
+        NOT_A_KNOWN_FAMILY,
         [libc::AF_PACKET as u64, SOCK_RAW, 0, 0],
-        "a socket family an MCP server never needs (packet, Bluetooth, vsock, crypto, XDP, …)",
+        OTHER_FAMILY,
     ),
     when(
         "socket(AF_VSOCK)",
         libc::SYS_socket,
-        &[
-            Cond::Not(0, AF_UNIX),
-            Cond::Not(0, AF_INET),
-            Cond::Not(0, AF_INET6),
-            Cond::Not(0, AF_NETLINK),
-        ],
+        NOT_A_KNOWN_FAMILY,
         [libc::AF_VSOCK as u64, libc::SOCK_STREAM as u64, 0, 0],
-        "a socket family an MCP server never needs (packet, Bluetooth, vsock, crypto, XDP, …)",
+        OTHER_FAMILY,
     ),
     when(
         "socket(AF_ALG)",
         libc::SYS_socket,
-        &[
-            Cond::Not(0, AF_UNIX),
-            Cond::Not(0, AF_INET),
-            Cond::Not(0, AF_INET6),
-            Cond::Not(0, AF_NETLINK),
-        ],
+        NOT_A_KNOWN_FAMILY,
         [libc::AF_ALG as u64, libc::SOCK_SEQPACKET as u64, 0, 0],
-        "a socket family an MCP server never needs (packet, Bluetooth, vsock, crypto, XDP, …)",
+        OTHER_FAMILY,
     ),
     when(
         "socket(AF_INET, SOCK_RAW)",
@@ -222,22 +228,16 @@ pub const REFUSED: &[Refusal] = &[
     when(
         "socket(AF_NETLINK, NETLINK_NETFILTER)",
         libc::SYS_socket,
-        &[
-            Cond::Is(0, AF_NETLINK),
-            Cond::Not(2, libc::NETLINK_ROUTE as u64),
-        ],
+        NETLINK_NOT_ROUTE,
         [AF_NETLINK, SOCK_RAW, libc::NETLINK_NETFILTER as u64, 0],
-        "netlink beyond routing reaches nf_tables, audit, crypto and kernel events",
+        NETLINK,
     ),
     when(
         "socket(AF_NETLINK, NETLINK_AUDIT)",
         libc::SYS_socket,
-        &[
-            Cond::Is(0, AF_NETLINK),
-            Cond::Not(2, libc::NETLINK_ROUTE as u64),
-        ],
+        NETLINK_NOT_ROUTE,
         [AF_NETLINK, SOCK_DGRAM, libc::NETLINK_AUDIT as u64, 0],
-        "netlink beyond routing reaches nf_tables, audit, crypto and kernel events",
+        NETLINK,
     ),
     when(
         "socketpair(AF_INET)",
@@ -861,6 +861,7 @@ fn condition(c: Cond) -> Result<SeccompCondition, String> {
 /// entries (any matching refuses it; no rules refuses every call).
 fn refusal_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
     let mut rules: BTreeMap<i64, Option<Vec<SeccompRule>>> = BTreeMap::new();
+    let mut seen: Vec<(i64, &[Cond])> = Vec::new();
     for entry in REFUSED {
         let slot = rules.entry(entry.nr).or_insert_with(|| Some(Vec::new()));
         if entry.when.is_empty() {
@@ -868,6 +869,12 @@ fn refusal_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
             *slot = None;
             continue;
         }
+        // Several entries may probe one rule (three families, one
+        // condition): it is compiled once.
+        if seen.contains(&(entry.nr, entry.when)) {
+            continue;
+        }
+        seen.push((entry.nr, entry.when));
         if let Some(list) = slot {
             let conditions = entry
                 .when

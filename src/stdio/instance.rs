@@ -382,16 +382,6 @@ impl Instance {
 
     /// Routes one message the process wrote.
     async fn route(&self, msg: Value, generation: u64) {
-        let first = {
-            let mut s = self.state.lock();
-            let first = s.generation == generation && !s.spoke;
-            s.spoke |= first;
-            first
-        };
-        if first {
-            // It started: a failed start before it is forgotten.
-            self.shared.start_failed.lock().take();
-        }
         let has_method = msg.get("method").is_some();
         let id = msg.get("id").cloned();
         match (has_method, id) {
@@ -485,6 +475,18 @@ impl Instance {
         }
     }
 
+    /// The process of `generation` wrote its first message: it started, and
+    /// a failed start before it is forgotten.
+    fn started(&self, generation: u64) {
+        {
+            let mut s = self.state.lock();
+            if s.generation == generation {
+                s.spoke = true;
+            }
+        }
+        self.shared.start_failed.lock().take();
+    }
+
     /// The process ended: every call in flight is answered with an error.
     fn ended(&self, generation: u64, why: &str) {
         let (pending, listeners, closing, spoke) = {
@@ -569,8 +571,13 @@ pub(super) fn error_answer(id: &Value, message: &str) -> Bytes {
 
 /// Reads what one process writes until it ends.
 async fn dispatch(me: std::sync::Weak<Instance>, generation: u64, mut out: mpsc::Receiver<Out>) {
+    let mut spoke = false;
     while let Some(o) = out.recv().await {
         let Some(instance) = me.upgrade() else { return };
+        if !spoke && matches!(o, Out::Message(_)) {
+            spoke = true;
+            instance.started(generation);
+        }
         match o {
             Out::Message(Value::Array(batch)) => {
                 for m in batch {

@@ -617,43 +617,6 @@ async fn two_writers_are_verified_independently() {
     );
 }
 
-/// The `RowBinary` answer of `sql` (ClickHouse's HTTP interface).
-async fn fetch_binary(ch: &ClickHouse, sql: &str) -> Vec<u8> {
-    let resp = common::http()
-        .post(&ch.http_url)
-        .body(format!("{sql} FORMAT RowBinary"))
-        .send()
-        .await
-        .unwrap();
-    assert!(resp.status().is_success(), "{sql}");
-    resp.bytes().await.unwrap().to_vec()
-}
-
-/// Inserts `body` (`RowBinary` of `columns`) into `db.table`.
-async fn insert_binary(ch: &ClickHouse, db: &str, table: &str, columns: &[&str], body: Vec<u8>) {
-    let sql = format!(
-        "INSERT INTO {db}.{table} ({}) FORMAT RowBinary",
-        columns.join(", ")
-    );
-    let resp = common::http()
-        .post(format!("{}/?query={}", ch.http_url, urlencode(&sql)))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status();
-    assert!(status.is_success(), "{sql}: {}", resp.text().await.unwrap());
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Chains `row` under `writer` after `(seq, hash)` as an attacker with
 /// write access (and no key) would, and inserts the row and its entry.
 async fn plant(ch: &ClickHouse, db: &str, writer: &str, after: (u64, [u8; 32]), row: Vec<u8>) {
@@ -670,20 +633,20 @@ async fn plant(ch: &ClickHouse, db: &str, writer: &str, after: (u64, [u8; 32]), 
     )
     .unwrap();
     encode_entry(writer, &link, &row, 1, now, &mut entry);
-    insert_binary(ch, db, "audit_events_chain", CHAIN_COLUMNS, entry).await;
-    insert_binary(ch, db, "audit_events", mcp_firewall::audit::COLUMNS, row).await;
+    ch.insert_rowbinary(db, "audit_events_chain", CHAIN_COLUMNS, entry)
+        .await;
+    ch.insert_rowbinary(db, "audit_events", mcp_firewall::audit::COLUMNS, row)
+        .await;
 }
 
 /// A copy of a refused call's row under a new `event_id`.
 async fn forged_row(ch: &ClickHouse, db: &str) -> Vec<u8> {
-    let mut row = fetch_binary(
-        ch,
-        &format!(
+    let mut row = ch
+        .fetch_rowbinary(&format!(
             "SELECT {} FROM {db}.audit_events WHERE tool = 'not_a_tool' LIMIT 1",
             mcp_firewall::audit::COLUMNS.join(", ")
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(row.len() > 16);
     row[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
     row
@@ -839,14 +802,12 @@ async fn chain_of(
     writer: &str,
 ) -> Vec<mcp_firewall::audit::chain::Entry> {
     use mcp_firewall::audit::chain::{Entry, CHAIN_COLUMNS};
-    let bytes = fetch_binary(
-        ch,
-        &format!(
+    let bytes = ch
+        .fetch_rowbinary(&format!(
             "SELECT {} FROM {db}.audit_events_chain WHERE writer_id = '{writer}' ORDER BY seq",
             CHAIN_COLUMNS.join(", ")
-        ),
-    )
-    .await;
+        ))
+        .await;
     let mut out = Vec::new();
     let mut at = 0;
     while let Some((e, n)) = bytes.get(at..).and_then(Entry::decode) {
@@ -859,8 +820,7 @@ async fn chain_of(
 
 /// The row of `(event_id, row_version)` in `db`, as `RowBinary`.
 async fn row_bytes(ch: &ClickHouse, db: &str, event_id: &str, version: u8) -> Vec<u8> {
-    fetch_binary(
-        ch,
+    ch.fetch_rowbinary(
         &format!(
             "SELECT {} FROM {db}.audit_events WHERE event_id = toUUID('{event_id}') AND row_version = {version} LIMIT 1",
             mcp_firewall::audit::COLUMNS.join(", ")
@@ -898,7 +858,8 @@ async fn replace_entries(
         row.extend_from_slice(&e.time_ms.to_le_bytes());
         encode_entry(writer, &e.link, &row, e.row_version, e.chained_s, &mut body);
     }
-    insert_binary(ch, db, "audit_events_chain", CHAIN_COLUMNS, body).await;
+    ch.insert_rowbinary(db, "audit_events_chain", CHAIN_COLUMNS, body)
+        .await;
 }
 
 /// The attacks of someone with write access to ClickHouse and no key, on

@@ -358,28 +358,12 @@ async fn verify_fixture(dir: &std::path::Path, rows: &[u8], chain: &[u8]) {
     for stmt in mcp_firewall::audit::schema_statements(&db, TABLE) {
         ch.query(&stmt);
     }
-    let insert = |table: &str, cols: String, body: Vec<u8>| {
-        let sql = format!("INSERT INTO {db}.{table} ({cols}) FORMAT RowBinary");
-        let url = format!("{}/?query={}", ch.http_url, urlencoding(&sql));
-        async move {
-            let r = crate::common::http()
-                .post(url)
-                .body(body)
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-        }
-    };
-    insert(
-        TABLE,
-        mcp_firewall::audit::COLUMNS.join(", "),
-        rows.to_vec(),
-    )
-    .await;
-    insert(
+    ch.insert_rowbinary(&db, TABLE, mcp_firewall::audit::COLUMNS, rows.to_vec())
+        .await;
+    ch.insert_rowbinary(
+        &db,
         "audit_events_chain",
-        mcp_firewall::audit::chain::CHAIN_COLUMNS.join(", "),
+        mcp_firewall::audit::chain::CHAIN_COLUMNS,
         chain.to_vec(),
     )
     .await;
@@ -404,14 +388,8 @@ async fn verify_fixture(dir: &std::path::Path, rows: &[u8], chain: &[u8]) {
     std::fs::create_dir_all(&answers).unwrap();
     let mut index = Vec::new();
     for (i, (name, sql)) in statements.iter().enumerate() {
-        let r = crate::common::http()
-            .post(&ch.http_url)
-            .body(format!("{sql} FORMAT RowBinary"))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{name}: {sql}");
-        std::fs::write(answers.join(format!("{i}.bin")), r.bytes().await.unwrap()).unwrap();
+        let answer = ch.fetch_rowbinary(sql).await;
+        std::fs::write(answers.join(format!("{i}.bin")), answer).unwrap();
         index.push(json!({
             "name": name,
             "sql": sql.replace(&db, "{database}"),
@@ -424,13 +402,4 @@ async fn verify_fixture(dir: &std::path::Path, rows: &[u8], chain: &[u8]) {
         json!({"forge": forge_sql(), "statements": index}).to_string(),
     )
     .unwrap();
-}
-
-fn urlencoding(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

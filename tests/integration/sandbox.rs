@@ -312,6 +312,28 @@ pub fn firewall_as(user: Option<u32>, args: &[&str], stdin: &[u8]) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `code` run by Python in a `network = "none"` sandbox launched by
+/// `user`: the JSON it printed, and everything it printed.
+fn python_report(user: Option<u32>, code: &str) -> (serde_json::Value, String) {
+    let o = firewall_as(
+        user,
+        &[
+            "sandbox-exec",
+            "--spec",
+            r#"{"network":"none"}"#,
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            code,
+        ],
+        b"",
+    );
+    let out = text(&o);
+    let got =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("as {user:?}: {e}: {out}"));
+    (got, out)
+}
+
 /// A directory of /tmp every user may enter, with mode `mode`.
 fn open_tmp(mode: u32) -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
@@ -385,22 +407,7 @@ print(json.dumps(out))
         unlisted = serde_json::json!(UNLISTED),
     );
     for user in launcher_users() {
-        let o = firewall_as(
-            user,
-            &[
-                "sandbox-exec",
-                "--spec",
-                r#"{"network":"none"}"#,
-                "--",
-                "/usr/bin/python3",
-                "-c",
-                &code,
-            ],
-            b"",
-        );
-        let out = text(&o);
-        let got: serde_json::Value =
-            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("as {user:?}: {e}: {out}"));
+        let (got, out) = python_report(user, &code);
         for r in REFUSED {
             assert_eq!(
                 got[r.name], "Operation not permitted",
@@ -465,22 +472,7 @@ print(json.dumps(out))
         path = path.display().to_string()
     );
     for user in launcher_users() {
-        let o = firewall_as(
-            user,
-            &[
-                "sandbox-exec",
-                "--spec",
-                r#"{"network":"none"}"#,
-                "--",
-                "/usr/bin/python3",
-                "-c",
-                &code,
-            ],
-            b"",
-        );
-        let out = text(&o);
-        let got: serde_json::Value =
-            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("as {user:?}: {e}: {out}"));
+        let (got, out) = python_report(user, &code);
         assert_eq!(
             got["socket"], "No such file or directory",
             "as {user:?}: {out}"

@@ -221,6 +221,43 @@ impl ClickHouse {
         }
     }
 
+    /// The `RowBinary` answer of `sql`.
+    pub async fn fetch_rowbinary(&self, sql: &str) -> Vec<u8> {
+        let resp = crate::common::http()
+            .post(&self.http_url)
+            .body(format!("{sql} FORMAT RowBinary"))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{sql}");
+        resp.bytes().await.unwrap().to_vec()
+    }
+
+    /// Inserts `body` (`RowBinary` of `columns`) into `db.table`.
+    pub async fn insert_rowbinary(&self, db: &str, table: &str, columns: &[&str], body: Vec<u8>) {
+        let sql = format!(
+            "INSERT INTO {db}.{table} ({}) FORMAT RowBinary",
+            columns.join(", ")
+        );
+        let query: String = sql
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let resp = crate::common::http()
+            .post(format!("{}/?query={query}", self.http_url))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        assert!(status.is_success(), "{sql}: {}", resp.text().await.unwrap());
+    }
+
     /// Runs `sql` and parses its single numeric result.
     pub fn query_u64(&self, sql: &str) -> u64 {
         let out = self.query(sql);
