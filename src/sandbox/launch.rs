@@ -334,6 +334,9 @@ fn init(args: &Args, spec: &Spec, program: &Path, outer: &str) -> u8 {
     if let Err(e) = confine_rest(spec, program, egress, identity, &private, &mut report) {
         return refuse(&e.to_string());
     }
+    // Changing credentials cleared the parent-death signal: set it again,
+    // so the launcher's end still ends the namespace.
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
     let uid = nix::unistd::getuid();
     finish(args, program, report, Some(uid.as_raw()))
 }
