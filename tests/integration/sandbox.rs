@@ -655,3 +655,57 @@ fn one_servers_fork_bomb_does_not_stop_another() {
         let _ = bomb.wait();
     }
 }
+
+/// A launcher that dies takes its sandbox with it: the init's
+/// parent-death signal survives its change of user, and the kernel ends
+/// the namespace with its init.
+#[test]
+fn a_dead_launcher_leaves_no_server_behind() {
+    if !layers_here_or_refused() || !nix::unistd::getuid().is_root() {
+        return;
+    }
+    const UID: u32 = 1_700_100_099;
+    let alive = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+            .filter(|s| {
+                s.lines().any(|l| {
+                    l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&UID.to_string())
+                }) && !s
+                    .lines()
+                    .any(|l| l.starts_with("State:") && l.contains('Z'))
+            })
+            .count()
+    };
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_mcp-firewall"))
+        .args([
+            "sandbox-exec",
+            "--spec",
+            r#"{"network":"none"}"#,
+            "--uid",
+            &UID.to_string(),
+        ])
+        .args(["--", "/bin/sleep", "30"])
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while alive() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while alive() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the init and server outlived their launcher"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
