@@ -167,8 +167,70 @@ fn bench_inspection(c: &mut Criterion) {
     group.finish();
 }
 
+/// The three JSON readers on the same bodies, each alone: whether one
+/// could serve another's role at the same speed (issue 56). The scanner
+/// reads in 4 KiB chunks, as a streamed answer arrives.
+fn bench_readers(c: &mut Criterion) {
+    use mcp_firewall::mcp::jsonrpc::readers;
+    use mcp_firewall::mcp::scan::Scan;
+    let answer = r#"{"jsonrpc":"2.0","id":42,"result":{"content":[{"type":"text","text":"id,name\n1,alice\n2,bob\n3,carol\n4,dave\n5,erin"}],"structuredContent":{"rows":5},"isError":false}}"#;
+    let tools: Vec<String> = (0..100)
+        .map(|i| format!(r#"{{"name":"tool_{i}","description":"Does thing {i} to the cluster","inputSchema":{{"type":"object","properties":{{"namespace":{{"type":"string"}},"limit":{{"type":"integer"}}}}}},"annotations":{{"title":"Tool {i}","readOnlyHint":true}}}}"#))
+        .collect();
+    let list = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"result":{{"tools":[{}]}}}}"#,
+        tools.join(",")
+    );
+    let mut group = c.benchmark_group("readers");
+    for (name, body) in [
+        ("request", CALL),
+        ("answer", answer),
+        ("list_100", list.as_str()),
+    ] {
+        let b_ = body.as_bytes();
+        group.throughput(Throughput::Bytes(b_.len() as u64));
+        group.bench_function(format!("{name}_validator"), |b| {
+            b.iter(|| {
+                if name == "request" {
+                    readers::request_validated(black_box(b_))
+                } else {
+                    readers::answer_validated(black_box(b_))
+                }
+            })
+        });
+        group.bench_function(format!("{name}_tape"), |b| {
+            b.iter(|| {
+                if name == "request" {
+                    readers::request_on_tape(black_box(b_))
+                } else {
+                    readers::answer_on_tape(black_box(b_))
+                }
+            })
+        });
+        group.bench_function(format!("{name}_scanner"), |b| {
+            b.iter(|| {
+                let mut s = Scan::new("mcp-firewall/cost");
+                for chunk in black_box(b_).chunks(4096) {
+                    let _ = s.push(chunk);
+                }
+                s.finish()
+            })
+        });
+        if name != "request" {
+            group.bench_function(format!("{name}_parse_validator"), |b| {
+                b.iter(|| readers::answer_by_validator(black_box(b_)))
+            });
+            group.bench_function(format!("{name}_parse_tape"), |b| {
+                b.iter(|| jsonrpc::parse_upstream(black_box(b_)))
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    bench_readers,
     bench_jsonrpc,
     bench_sse,
     bench_headers,

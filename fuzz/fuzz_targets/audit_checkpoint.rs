@@ -11,7 +11,11 @@ fuzz_target!(|data: &[u8]| {
         let mut back = Vec::new();
         cp.encode(&mut back);
         // The trailing DateTime is derived from time_ms on encode.
-        assert_eq!(back[..back.len() - 4], data[..n - 4], "a checkpoint does not encode back");
+        assert_eq!(
+            back[..back.len() - 4],
+            data[..n - 4],
+            "a checkpoint does not encode back"
+        );
     }
     if let Ok(line) = std::str::from_utf8(data) {
         if let Some(cp) = SignedCheckpoint::from_line(line) {

@@ -12,12 +12,23 @@ fuzz_target!(|data: &[u8]| {
         row.extend_from_slice(&[0; 4]);
         row.extend_from_slice(&e.time_ms.to_le_bytes());
         let mut back = Vec::new();
-        encode_entry(&e.writer_id, &e.link, &row, e.row_version, e.chained_s, &mut back);
+        encode_entry(
+            &e.writer_id,
+            &e.link,
+            &row,
+            e.row_version,
+            e.chained_s,
+            &mut back,
+        );
         // A legacy entry's link reads back as its row hash: its stored link
         // is empty.
         if e.link.legacy {
             assert!(data[..n].ends_with(&[0; 32]));
         }
-        assert_eq!(back, data[..n], "an entry does not encode back to its bytes");
+        assert_eq!(
+            back,
+            data[..n],
+            "an entry does not encode back to its bytes"
+        );
     }
 });

@@ -31,7 +31,11 @@ fuzz_target!(|data: &[u8]| {
     let limit = 16 + usize::from(head) * 4;
     let (whole, failed, tail) = decode(&[rest], limit);
     // Split at positions the input's own bytes choose.
-    let mut cuts: Vec<usize> = rest.iter().step_by(7).map(|b| usize::from(*b) % (rest.len() + 1)).collect();
+    let mut cuts: Vec<usize> = rest
+        .iter()
+        .step_by(7)
+        .map(|b| usize::from(*b) % (rest.len() + 1))
+        .collect();
     cuts.sort_unstable();
     cuts.dedup();
     let mut chunks = Vec::new();
@@ -42,21 +46,44 @@ fuzz_target!(|data: &[u8]| {
     }
     chunks.push(&rest[at..]);
     let (split, split_failed, split_tail) = decode(&chunks, limit);
-    assert_eq!(failed, split_failed, "an error depends on how the stream was split");
-    assert_eq!(whole.len(), split.len(), "events depend on how the stream was split");
+    assert_eq!(
+        failed, split_failed,
+        "an error depends on how the stream was split"
+    );
+    assert_eq!(
+        whole.len(),
+        split.len(),
+        "events depend on how the stream was split"
+    );
     for (w, s) in whole.iter().zip(&split) {
-        let fields = |e: &Event| (e.id.clone(), e.event.clone(), e.data.clone(), e.retry, e.comments.clone(), e.has_data);
-        assert_eq!(fields(w), fields(s), "an event's fields depend on how the stream was split");
+        let fields = |e: &Event| {
+            (
+                e.id.clone(),
+                e.event.clone(),
+                e.data.clone(),
+                e.retry,
+                e.comments.clone(),
+                e.has_data,
+            )
+        };
+        assert_eq!(
+            fields(w),
+            fields(s),
+            "an event's fields depend on how the stream was split"
+        );
         // By design an event ended by a CR at the end of a chunk is
         // dispatched at once (a lone CR ends a line): only the LF of a final
         // CRLF split there may be missing from its raw bytes.
-        let same = w.raw == s.raw || (w.raw.ends_with(b"\r\n") && s.raw[..] == w.raw[..w.raw.len() - 1]);
+        let same =
+            w.raw == s.raw || (w.raw.ends_with(b"\r\n") && s.raw[..] == w.raw[..w.raw.len() - 1]);
         assert!(same, "raw {:?} vs {:?}", w.raw, s.raw);
     }
     if !failed {
         assert_eq!(tail, split_tail);
     }
-    let body = rest.strip_prefix(b"\xEF\xBB\xBF".as_slice()).unwrap_or(rest);
+    let body = rest
+        .strip_prefix(b"\xEF\xBB\xBF".as_slice())
+        .unwrap_or(rest);
     let mut at = 0;
     for e in &whole {
         let found = body[at..]

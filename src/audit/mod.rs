@@ -72,6 +72,9 @@ mod record;
 mod redact;
 mod shipper;
 mod spool;
+/// The spool written, torn and recovered (fuzz targets).
+#[cfg(fuzzing)]
+pub use spool::torn as spool_torn;
 pub mod verify;
 
 use std::cell::RefCell;
@@ -92,14 +95,15 @@ pub use self::clickhouse::{
     partitions_sql, schema_statements, ClickHouseError, SCHEMA_SQL,
 };
 pub use self::config::*;
-pub use self::record::{row_len, row_version, AuditRow, JsonPayload, Label, COLUMNS};
+pub use self::record::{
+    decode_row, hashed_part, row_len, row_version, AuditRow, JsonPayload, Label, COLUMNS,
+};
 pub use self::redact::{redact_json, truncate_utf8, RedactError, Redactor, REDACTED};
 pub use self::shipper::ShipperError;
 pub use self::spool::SpoolError;
 // What `mcp-firewall audit` (`crate::cli::audit`) reads with.
 pub(crate) use self::clickhouse::build_client;
 pub(crate) use self::config::{is_identifier, is_writer_id};
-pub(crate) use self::record::decode_row;
 pub(crate) use self::spool::{list_segments, payloads, segment_path};
 
 use self::metrics::Metrics;

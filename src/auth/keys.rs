@@ -434,9 +434,18 @@ struct RawJwk {
 /// are returned in [`ParsedJwks::skipped`] rather than failing the whole set,
 /// because one exotic key published by an IdP must not take the others down.
 pub fn parse_jwks(doc: &[u8], rsa_alg: Alg, key: &str) -> Result<ParsedJwks, KeyError> {
-    let raw: RawJwks = serde_json::from_slice(doc).map_err(|_| KeyError::NotJwks {
+    let not_jwks = || KeyError::NotJwks {
         key: key.to_owned(),
-    })?;
+    };
+    // A JSON object only: serde would also read a struct from an array
+    // (`[[…]]` as `{"keys": […]}`), found by the `token_verify` fuzz target.
+    let first = doc
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    if first != Some(&b'{') {
+        return Err(not_jwks());
+    }
+    let raw: RawJwks = serde_json::from_slice(doc).map_err(|_| not_jwks())?;
     let mut parsed = ParsedJwks {
         keys: Vec::with_capacity(raw.keys.len()),
         skipped: Vec::new(),

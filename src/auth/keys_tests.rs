@@ -286,3 +286,25 @@ fn alg_index_matches_its_position_in_all() {
         assert_eq!(Alg::from_name(alg.name()), Some(*alg));
     }
 }
+
+#[test]
+fn a_key_set_is_an_object() {
+    // serde reads a struct from an array too; a key set is refused unless
+    // it is a JSON object (found by the `token_verify` fuzz target).
+    for doc in [
+        &b"[[[[]]]]"[..],
+        b"[[]]",
+        b" [[{\"kty\":\"oct\"}]]",
+        b"\"keys\"",
+    ] {
+        assert!(
+            matches!(
+                parse_jwks(doc, Alg::RS256, "k"),
+                Err(KeyError::NotJwks { .. })
+            ),
+            "{}",
+            String::from_utf8_lossy(doc)
+        );
+    }
+    assert!(parse_jwks(b" {\"keys\":[]}", Alg::RS256, "k").is_ok());
+}

@@ -40,7 +40,9 @@ mod testkit;
 pub use config::{Alg, AuthConfig, ConfigError, JwksSourceConfig, KeyConfig, SecretString};
 pub use jwks::JwksError;
 pub use jwks::{FETCH_TIMEOUT, MAX_JWKS_BYTES, UNKNOWN_KID_WAIT};
-pub use keys::{JwkProblem, KeyError, MIN_HS256_SECRET_BYTES, MIN_RSA_BITS};
+pub use keys::{
+    parse_jwks, JwkProblem, KeyError, ParsedJwks, MIN_HS256_SECRET_BYTES, MIN_RSA_BITS,
+};
 pub use mint::{inspect, mint, mint_with, Inspection, MintClaims, MintError, SigningKey};
 pub use token::{extract, ClaimProblem, Malformed, TokenError};
 pub use verify::{Verifier, VerifierError};

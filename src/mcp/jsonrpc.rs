@@ -1067,7 +1067,8 @@ impl Shape for Role {
 }
 
 /// Members of a JSON-RPC message.
-const MESSAGE_MEMBERS: &[&str] = &["jsonrpc", "id", "method", "params", "result", "error"];
+pub(crate) const MESSAGE_MEMBERS: &[&str] =
+    &["jsonrpc", "id", "method", "params", "result", "error"];
 
 /// Members the MCP schema defines for request and notification `params`
 /// (2025-03-26 to 2026-07-28). Keys outside this set are the method's or the
@@ -1106,7 +1107,7 @@ const PARAMS_MEMBERS: &[&str] = &[
 /// Members of MCP results a client acts on (2025-03-26 to 2026-07-28): the
 /// firewall filters, settles or polices them, so a differently cased twin
 /// that a case-insensitive client would read instead is refused.
-const RESULT_MEMBERS: &[&str] = &[
+pub(crate) const RESULT_MEMBERS: &[&str] = &[
     "_meta",
     "tools",
     "prompts",
@@ -1694,3 +1695,69 @@ fn is_invisible(c: char) -> bool {
 #[cfg(test)]
 #[path = "jsonrpc_tests.rs"]
 mod tests;
+
+#[cfg(any(test, fuzzing))]
+#[path = "differential.rs"]
+pub mod differential;
+
+/// Each JSON reader alone, for the bench that compares them
+/// (`benches/wire.rs`, group `readers`): what merging two of them would
+/// cost or save. Not part of the firewall's API.
+#[doc(hidden)]
+pub mod readers {
+    use super::{tape, validate, Envelope, ParseError, Role, TAPE_DEPTH, UPSTREAM_LIMITS};
+
+    /// An answer the long way: the serde validator, then the typed pass.
+    ///
+    /// # Errors
+    /// As [`super::parse_upstream`].
+    pub fn answer_by_validator(body: &[u8]) -> Result<Envelope, ParseError> {
+        let text = std::str::from_utf8(body).map_err(|e| ParseError::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        })?;
+        super::parse_upstream_serde(text)
+    }
+
+    /// Whether the tape accepts `body` as a request (client limits): what
+    /// serving requests from the tape would start with.
+    pub fn request_on_tape(body: &[u8]) -> bool {
+        let limits = super::Limits::default();
+        std::str::from_utf8(body).is_ok_and(|text| {
+            tape::read_known(
+                text,
+                Role::Root,
+                limits.max_depth,
+                limits.max_batch,
+                TAPE_DEPTH,
+                None,
+            )
+            .is_some()
+        })
+    }
+
+    /// Whether the serde validator alone accepts `body` as a request.
+    pub fn request_validated(body: &[u8]) -> bool {
+        std::str::from_utf8(body)
+            .is_ok_and(|text| validate(text, &super::Limits::default()).is_ok())
+    }
+
+    /// Whether the tape accepts `body` as an answer.
+    pub fn answer_on_tape(body: &[u8]) -> bool {
+        std::str::from_utf8(body).is_ok_and(|text| {
+            tape::read_known(
+                text,
+                Role::Root,
+                UPSTREAM_LIMITS.max_depth,
+                UPSTREAM_LIMITS.max_batch,
+                TAPE_DEPTH,
+                None,
+            )
+            .is_some()
+        })
+    }
+
+    /// Whether the serde validator alone accepts `body` as an answer.
+    pub fn answer_validated(body: &[u8]) -> bool {
+        std::str::from_utf8(body).is_ok_and(|text| validate(text, &UPSTREAM_LIMITS).is_ok())
+    }
+}

@@ -5,14 +5,23 @@
 //! what cost the upstream reported. The bytes pass on unchanged; what they
 //! say is known at the end, before the last chunk is let go.
 //!
-//! At the message and `result` levels, keys that repeat or imitate a known
-//! member in another letter case are refused, as for answers read whole.
+//! It refuses what the whole-answer reader ([`super::jsonrpc`]) refuses at
+//! the levels decisions read, with the same member lists and the same key
+//! comparison: keys that repeat or imitate a known member in another letter
+//! case in a message, its `result` and its input requests; numbers
+//! `serde_json` cannot hold (and reads the cost as it does); nesting past
+//! its limit; a body that is no message or batch of messages; input
+//! requests the held decision could not read. Deeper keys are the tool's
+//! own business, as they are to the decisions. Its agreement with the other
+//! readers is checked by [`super::jsonrpc::differential`] (tests, fuzzing).
+//!
 //! The push parser is `actson`'s: bounded memory whatever the size.
 
 use actson::feeder::PushJsonFeeder;
 use actson::{JsonEvent, JsonParser};
 
-use super::jsonrpc::Id;
+use super::jsonrpc::{Id, MESSAGE_MEMBERS, RESULT_MEMBERS};
+use super::tape::Folded;
 
 /// What one message of the answer said.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -36,8 +45,10 @@ struct Frame {
     object: bool,
     /// The last member name read (objects).
     key: Option<String>,
-    /// Folded keys seen at a checked level.
+    /// Keys seen at a checked level.
     seen: Vec<String>,
+    /// An input request's `method` string was read (`result.inputRequests.*`).
+    method: bool,
 }
 
 /// A streaming scanner of one JSON-RPC answer (a message or a batch).
@@ -49,21 +60,82 @@ pub struct Scan {
     facts: Vec<Facts>,
     cost_key: String,
     bytes: usize,
+    escapes: Escapes,
 }
 
-const MESSAGE_MEMBERS: &[&str] = &["jsonrpc", "id", "result", "error"];
-const RESULT_MEMBERS: &[&str] = &[
-    "isError",
-    "resultType",
-    "inputRequests",
-    "requestState",
-    "_meta",
-    "content",
-    "structuredContent",
-    "tools",
-    "contents",
-    "messages",
-];
+/// The `\u` escapes of the strings in the answer, followed byte by byte:
+/// `actson` lets a lone surrogate through (as the escape's own text), which
+/// the whole-answer reader and a client's decoder refuse or read otherwise.
+#[derive(Default)]
+struct Escapes {
+    in_string: bool,
+    /// After a backslash.
+    escape: bool,
+    /// Hex digits of a `\u` escape read so far, and their value.
+    hex: Option<(u8, u32)>,
+    /// A high surrogate waits for its low half (the very next escape).
+    high: bool,
+}
+
+impl Escapes {
+    fn push(&mut self, chunk: &[u8]) -> Result<(), String> {
+        const LONE: &str = "the answer has a lone surrogate escape";
+        for &b in chunk {
+            if !self.in_string {
+                self.in_string = b == b'"';
+                continue;
+            }
+            if let Some((n, v)) = self.hex {
+                let digit = char::from(b).to_digit(16).unwrap_or(0);
+                let v = (v << 4) | digit;
+                if n < 3 {
+                    self.hex = Some((n + 1, v));
+                    continue;
+                }
+                self.hex = None;
+                match v {
+                    0xD800..=0xDBFF if !self.high => self.high = true,
+                    0xDC00..=0xDFFF if self.high => self.high = false,
+                    0xD800..=0xDFFF => return Err(LONE.to_owned()),
+                    _ if self.high => return Err(LONE.to_owned()),
+                    _ => {}
+                }
+            } else if self.escape {
+                self.escape = false;
+                if b == b'u' {
+                    self.hex = Some((0, 0));
+                } else if self.high {
+                    return Err(LONE.to_owned());
+                }
+            } else if b == b'\\' {
+                self.escape = true;
+            } else if self.high {
+                return Err(LONE.to_owned());
+            } else if b == b'"' {
+                self.in_string = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Nesting the whole-answer reader allows (`serde_json`'s own limit).
+const MAX_DEPTH: usize = 127;
+
+/// Where a value is, by the member names from the message down.
+#[derive(Clone, Copy, PartialEq)]
+enum Level {
+    /// A message object's members.
+    Message,
+    /// `result`'s members.
+    Result,
+    /// `result.inputRequests`' members (one per request).
+    InputRequests,
+    /// The members of one input request.
+    InputRequest,
+    /// Anything else: the tool's own business.
+    Other,
+}
 
 impl Scan {
     /// A scanner reading the reported cost under `cost_key` of `_meta`.
@@ -76,6 +148,7 @@ impl Scan {
             facts: Vec::new(),
             cost_key: cost_key.to_owned(),
             bytes: 0,
+            escapes: Escapes::default(),
         }
     }
 
@@ -87,6 +160,7 @@ impl Scan {
     /// Scans the next bytes of the answer.
     pub fn push(&mut self, mut chunk: &[u8]) -> Result<(), String> {
         self.bytes += chunk.len();
+        self.escapes.push(chunk)?;
         while !chunk.is_empty() {
             let n = self.parser.feeder.push_bytes(chunk);
             chunk = &chunk[n..];
@@ -99,7 +173,10 @@ impl Scan {
     pub fn finish(mut self) -> Result<Vec<Facts>, String> {
         self.parser.feeder.done();
         self.drain()?;
-        if !self.stack.is_empty() || self.batch.is_none() {
+        if self.batch.is_none() {
+            return Err("the answer is not a JSON-RPC message or batch".to_owned());
+        }
+        if !self.stack.is_empty() {
             return Err("the answer ended inside a JSON value".to_owned());
         }
         Ok(self.facts)
@@ -136,26 +213,59 @@ impl Scan {
             .collect()
     }
 
+    /// What the members of the innermost open object are.
+    fn level(&self) -> Level {
+        let md = self.message_depth();
+        let depth = self.stack.len();
+        if depth < md || !self.stack.last().is_some_and(|f| f.object) {
+            return Level::Other;
+        }
+        let key = |d: usize| self.stack.get(d - 1).and_then(|f| f.key.as_deref());
+        match depth - md {
+            0 => Level::Message,
+            1 if key(md) == Some("result") => Level::Result,
+            2 if key(md) == Some("result") && key(md + 1) == Some("inputRequests") => {
+                Level::InputRequests
+            }
+            3 if key(md) == Some("result") && key(md + 1) == Some("inputRequests") => {
+                Level::InputRequest
+            }
+            _ => Level::Other,
+        }
+    }
+
     fn on(&mut self, event: JsonEvent) -> Result<(), String> {
         match event {
             JsonEvent::StartObject | JsonEvent::StartArray => {
                 let object = event == JsonEvent::StartObject;
+                if self.stack.len() >= MAX_DEPTH {
+                    return Err(format!("the answer nests deeper than {MAX_DEPTH}"));
+                }
                 if self.batch.is_none() {
                     self.batch = Some(!object);
                 }
-                if object && self.stack.len() + 1 == self.message_depth() {
+                if self.stack.len() + 1 == self.message_depth() {
+                    if !object {
+                        return Err("a batch element is not a message object".to_owned());
+                    }
                     self.current = Facts::default();
                 }
                 if self.stack.len() + 1 > self.message_depth() {
-                    self.value_at(None)?;
+                    self.value_at(None, object)?;
                 }
                 self.stack.push(Frame {
                     object,
                     key: None,
                     seen: Vec::new(),
+                    method: false,
                 });
             }
             JsonEvent::EndObject | JsonEvent::EndArray => {
+                if self.level() == Level::InputRequest
+                    && !self.stack.last().is_some_and(|f| f.method)
+                {
+                    return Err("an input request without a method".to_owned());
+                }
                 self.stack.pop();
                 if event == JsonEvent::EndObject && self.stack.len() + 1 == self.message_depth() {
                     self.facts.push(std::mem::take(&mut self.current));
@@ -178,84 +288,91 @@ impl Scan {
                     .current_str()
                     .map_err(|e| e.to_string())?
                     .to_owned();
-                self.value_at(Some(Scalar::Str(v)))?;
+                self.value_at(Some(Scalar::Str(v)), false)?;
             }
-            JsonEvent::ValueInt => {
-                let text = self
-                    .parser
-                    .current_str()
-                    .map_err(|e| e.to_string())?
-                    .to_owned();
-                self.value_at(Some(Scalar::Num(text)))?;
+            JsonEvent::ValueInt | JsonEvent::ValueFloat => {
+                let text = self.parser.current_str().map_err(|e| e.to_string())?;
+                // Read as the whole-answer reader reads it: serde_json's
+                // double (a number out of its range is not JSON to it).
+                let n: f64 = serde_json::from_str(text)
+                    .map_err(|e| format!("a number the answer cannot hold: {e}"))?;
+                let int = (event == JsonEvent::ValueInt)
+                    .then(|| text.parse::<i64>().ok())
+                    .flatten();
+                self.value_at(Some(Scalar::Num(n, int)), false)?;
             }
-            JsonEvent::ValueFloat => {
-                let text = self
-                    .parser
-                    .current_str()
-                    .map_err(|e| e.to_string())?
-                    .to_owned();
-                self.value_at(Some(Scalar::Num(text)))?;
-            }
-            JsonEvent::ValueTrue => self.value_at(Some(Scalar::Bool(true)))?,
-            JsonEvent::ValueFalse => self.value_at(Some(Scalar::Bool(false)))?,
-            JsonEvent::ValueNull => self.value_at(Some(Scalar::Null))?,
+            JsonEvent::ValueTrue => self.value_at(Some(Scalar::Bool(true)), false)?,
+            JsonEvent::ValueFalse => self.value_at(Some(Scalar::Bool(false)), false)?,
+            JsonEvent::ValueNull => self.value_at(Some(Scalar::Null), false)?,
             JsonEvent::NeedMoreInput => {}
         }
         Ok(())
     }
 
-    /// Refuses repeated or case-imitating keys at the message and result levels.
+    /// Refuses repeated or case-imitating keys where the decisions read:
+    /// a message, its `result`, and the input requests; the same keys and
+    /// the same comparison as the whole-answer reader.
     fn check_key(&mut self, key: &str) -> Result<(), String> {
-        let depth = self.stack.len();
-        let md = self.message_depth();
-        let known = if depth == md {
-            MESSAGE_MEMBERS
-        } else if depth == md + 1
-            && self.stack.get(depth - 2).and_then(|f| f.key.as_deref()) == Some("result")
-        {
-            RESULT_MEMBERS
-        } else {
-            return Ok(());
+        let known: &[&str] = match self.level() {
+            Level::Message => MESSAGE_MEMBERS,
+            Level::Result => RESULT_MEMBERS,
+            Level::InputRequests | Level::InputRequest => &[],
+            Level::Other => return Ok(()),
         };
-        let folded = key.to_lowercase().replace('\u{17F}', "s");
-        if let Some(m) = known
-            .iter()
-            .find(|m| m.to_ascii_lowercase() == folded && **m != key)
-        {
+        if let Some(m) = known.iter().find(|m| Folded::eq_str(m, key) && **m != key) {
             return Err(format!("the answer has a member {key:?} imitating {m:?}"));
         }
         let Some(top) = self.stack.last_mut() else {
             return Ok(());
         };
-        if top.seen.contains(&folded) {
+        if top.seen.iter().any(|k| Folded::eq_str(k, key)) {
             return Err(format!("the answer repeats the member {key:?}"));
         }
-        top.seen.push(folded);
+        top.seen.push(key.to_owned());
         Ok(())
     }
 
     /// A value (scalar, or a container when `None`) at the current path.
-    fn value_at(&mut self, scalar: Option<Scalar>) -> Result<(), String> {
+    fn value_at(&mut self, scalar: Option<Scalar>, object: bool) -> Result<(), String> {
+        if self.batch == Some(true) && self.stack.len() == 1 {
+            return Err("a batch element is not a message object".to_owned());
+        }
         if !self.stack.last().is_some_and(|f| f.object) {
             return Ok(());
+        }
+        match self.level() {
+            Level::InputRequests if !object => {
+                return Err("an input request that is not an object".to_owned());
+            }
+            Level::InputRequest
+                if self.stack.last().and_then(|f| f.key.as_deref()) == Some("method") =>
+            {
+                let Some(Scalar::Str(s)) = scalar else {
+                    return Err("an input request whose method is not a string".to_owned());
+                };
+                if let Some(top) = self.stack.last_mut() {
+                    top.method = true;
+                }
+                self.current.input_methods.push(s);
+                return Ok(());
+            }
+            _ => {}
         }
         let path = self.path();
         let cost_key = self.cost_key.as_str();
         match (path.as_slice(), scalar) {
-            (["id"], Some(Scalar::Num(n))) => {
-                self.current.id = n.parse().ok().map(Id::Number);
-            }
+            (["id"], Some(Scalar::Num(_, Some(n)))) => self.current.id = Some(Id::Number(n)),
             (["id"], Some(Scalar::Str(s))) => self.current.id = Some(Id::String(s)),
             (["error"], _) => self.current.error = true,
             (["result", "isError"], Some(Scalar::Bool(b))) => self.current.is_error = b,
             (["result", "resultType"], Some(Scalar::Str(s))) => {
                 self.current.result_type = Some(s);
             }
-            (["result", "inputRequests", _, "method"], Some(Scalar::Str(s))) => {
-                self.current.input_methods.push(s);
+            (["result", "inputRequests"], s) if s.is_some() || !object => {
+                return Err("input requests that are not an object".to_owned());
             }
-            (["result", "_meta", k], Some(Scalar::Num(n))) if *k == cost_key => {
-                self.current.cost = n.parse().ok();
+            (["result", "_meta", k], Some(Scalar::Num(n, _))) if *k == cost_key => {
+                self.current.cost = Some(n);
             }
             _ => {}
         }
@@ -265,7 +382,8 @@ impl Scan {
 
 enum Scalar {
     Str(String),
-    Num(String),
+    /// serde_json's double, and the integer when the text is one in `i64`.
+    Num(f64, Option<i64>),
     Bool(bool),
     Null,
 }

@@ -816,9 +816,11 @@ impl<'de> ObjectKeys<'de> {
         // Keys are compared folded (without allocating): two keys equal
         // but for letter case are one key to a case-insensitive decoder.
         let folded = Folded::new(key);
-        let cased = !folded.ascii || folded.key.bytes().any(|b| b.is_ascii_uppercase());
         let key = &folded.key;
-        if let Some((names, scope)) = self.members.filter(|_| cased) {
+        // Every spelling is looked at, lower case too: `iserror` is
+        // `isError` to a case-insensitive decoder (found by the
+        // `json_differential` fuzz target).
+        if let Some((names, scope)) = self.members {
             if let Some(member) = names
                 .iter()
                 .find(|m| folded.eq_member(m) && **m != key.as_ref())

@@ -483,8 +483,12 @@ impl Scanner {
         }
         let bytes = text.as_bytes();
         let pem = rules::RULES.len();
+        // Where the last token ended: a token may start right there, glued
+        // to it (otherwise the second is found only once the first is
+        // redacted: found by the `screen_planted` fuzz target).
+        let mut after = None;
         for m in self.prefixes.find_iter(text) {
-            if !starts_word(bytes, m.start()) {
+            if !starts_word(bytes, m.start()) && after != Some(m.start()) {
                 continue;
             }
             let hit = match m.pattern().as_usize() {
@@ -495,6 +499,7 @@ impl Scanner {
                 _ => jwt(bytes, m.start()).map(|end| (Kind::Jwt, end)),
             };
             if let Some((kind, end)) = hit {
+                after = Some(end);
                 found.push(Finding {
                     kind,
                     range: m.start()..end,
@@ -1213,8 +1218,24 @@ fn osc_end(bytes: &[u8], from: usize) -> usize {
     bytes.len()
 }
 
-/// Sorts findings by where they start and drops any that overlaps one
-/// kept before it (the earlier, then the longer, wins).
+/// Findings whose actions can differ: a family's, with e-mail addresses
+/// and phone numbers apart (they are only ever flagged).
+fn action_class(kind: Kind) -> usize {
+    match (kind.family(), kind) {
+        (Family::Secrets, _) => 0,
+        (Family::Pii, Kind::Email | Kind::Phone) => 1,
+        (Family::Pii, _) => 2,
+        (Family::Injection, _) => 3,
+    }
+}
+
+/// Sorts findings by where they start; overlapping findings of one
+/// [`action_class`] become one (the earlier, then the longer, gives its
+/// kind; the span is their union). Findings of classes whose actions can
+/// differ are all kept, overlapping or not: an unterminated terminal
+/// escape (flagged) spanning a key (redacted) must not shadow the key
+/// (found by the `screen_planted` fuzz target), nor a finding's tail pass
+/// because a shorter one of its class started first.
 pub(crate) fn settle(mut found: Vec<Finding>) -> Vec<Finding> {
     found.sort_by(|a, b| {
         a.range
@@ -1223,26 +1244,38 @@ pub(crate) fn settle(mut found: Vec<Finding>) -> Vec<Finding> {
             .then(b.range.end.cmp(&a.range.end))
     });
     let mut kept: Vec<Finding> = Vec::with_capacity(found.len());
+    let mut last = [None::<usize>; 4];
     for f in found {
-        if kept.last().is_none_or(|k| k.range.end <= f.range.start) {
-            kept.push(f);
+        let class = action_class(f.kind);
+        let open = last[class]
+            .and_then(|i| kept.get_mut(i))
+            .filter(|k| f.range.start < k.range.end);
+        match open {
+            Some(k) => k.range.end = k.range.end.max(f.range.end),
+            None => {
+                last[class] = Some(kept.len());
+                kept.push(f);
+            }
         }
     }
     kept
 }
 
-/// `text` with each of `findings` (from [`Scanner::scan`] of that text)
-/// replaced by `[redacted:<name>]`, or removed where it hides content.
+/// `text` with each of `findings` (from [`Scanner::scan`] of that text,
+/// in order of their starts; they may overlap) replaced by
+/// `[redacted:<name>]`, or removed where it hides content: every byte of
+/// every finding is gone.
 pub fn redact(text: &str, findings: &[Finding]) -> String {
     let mut out = String::with_capacity(text.len());
     let mut at = 0;
     for f in findings {
-        let Some(before) = text.get(at..f.range.start) else {
-            continue;
-        };
-        if f.range.end > text.len() {
+        if f.range.end <= at || f.range.end > text.len() {
             continue;
         }
+        let start = f.range.start.max(at);
+        let Some(before) = text.get(at..start) else {
+            continue;
+        };
         out.push_str(before);
         if !f.kind.removed_when_redacted() {
             out.push_str("[redacted:");

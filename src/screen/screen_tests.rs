@@ -258,7 +258,7 @@ fn redaction_replaces_secrets_and_removes_hidden_content() {
 }
 
 #[test]
-fn findings_never_overlap_and_keep_the_earlier_longer_one() {
+fn findings_of_one_class_merge_and_other_classes_are_all_kept() {
     let found = settle(vec![
         Finding {
             kind: Kind::Card,
@@ -273,12 +273,62 @@ fn findings_never_overlap_and_keep_the_earlier_longer_one() {
             range: 0..3,
         },
         Finding {
+            kind: Kind::Iban,
+            range: 2..6,
+        },
+        Finding {
             kind: Kind::TerminalEscape,
             range: 10..12,
         },
     ]);
-    let ranges: Vec<_> = found.iter().map(|f| f.range.clone()).collect();
-    assert_eq!(ranges, vec![0..8, 10..12]);
+    let ranges: Vec<_> = found.iter().map(|f| (f.kind, f.range.clone())).collect();
+    assert_eq!(
+        ranges,
+        vec![
+            (Kind::Jwt, 0..8),
+            // The two IBAN spans are one; the card number that overlaps
+            // them is of the same class and joins it.
+            (Kind::Iban, 0..10),
+            (Kind::TerminalEscape, 10..12),
+        ]
+    );
+}
+
+/// An unterminated terminal escape (an operating-system command runs to
+/// the end of the text) is flagged; the key inside it is still redacted
+/// (found by the `screen_planted` fuzz target: the escape used to shadow
+/// the key, which then passed).
+#[test]
+fn a_flagged_finding_does_not_shadow_a_redacted_one() {
+    let s = scanner();
+    let key = "AKIAIOSFODNN7EXAMPLQ";
+    let text = format!("note \u{1b}]0;title {key} and more");
+    let found = s.scan(&text);
+    assert!(found.iter().any(|f| f.kind == Kind::TerminalEscape));
+    assert!(found.iter().any(|f| matches!(f.kind, Kind::Secret(_))));
+    let json = serde_json::json!({"content": [{"type": "text", "text": text}]}).to_string();
+    let actions = content::Actions {
+        secrets: content::Action::Redact,
+        pii: content::Action::Redact,
+        injection: content::Action::Flag,
+    };
+    let screened = content::screen_json(&s, actions, &json).expect("JSON");
+    let redacted = screened.redacted.expect("the key is redacted");
+    assert!(!redacted.contains(key), "{redacted}");
+    assert!(
+        redacted.contains("]0;title"),
+        "the flagged escape stays: {redacted}"
+    );
+    // Overlapping findings redact their union, once.
+    let f = |kind, range| Finding { kind, range };
+    let text = "0123456789abcdef";
+    assert_eq!(
+        redact(
+            text,
+            &[f(Kind::Jwt, 2..6), f(Kind::Card, 4..9), f(Kind::Iban, 5..7)]
+        ),
+        "01[redacted:jwt][redacted:card_number]9abcdef"
+    );
 }
 
 /// Benign tool results of the kinds an agent reads all day: none of them is
@@ -392,9 +442,11 @@ fn images_and_links_to_hosts_outside_the_allowed_ones_are_found() {
         kinds("![x](//cdn.attacker.test/p.png)"),
         vec!["foreign_link"]
     );
+    // The link's user part reads as an address too: findings whose actions
+    // can differ are all kept, overlapping or not.
     assert_eq!(
         kinds("![x](https://user@evil.test:8443/p.png)"),
-        vec!["foreign_link"]
+        vec!["foreign_link", "email"]
     );
     // The allowed hosts, relative URLs, and bare URLs in prose are not.
     for benign in [
@@ -567,4 +619,26 @@ fn the_benign_corpus_read_as_one_message_has_no_redact_or_block_findings() {
         .map(|k| k.name())
         .collect();
     assert!(strong.is_empty(), "{strong:?}");
+}
+
+/// A token glued to the end of another is found with it, not only once
+/// the first is redacted: redaction takes one pass (found by the
+/// `screen_planted` fuzz target).
+#[test]
+fn a_token_glued_to_another_is_found_in_the_same_pass() {
+    let s = scanner();
+    let actions = content::Actions {
+        secrets: content::Action::Redact,
+        pii: content::Action::Redact,
+        injection: content::Action::Flag,
+    };
+    let json = r#"["AKIA","AKYA","IOSFFFFFFFASIAIAxoxr-SF66xoxr66","IOSFFFFFFFASIAFI6F2NQ"]"#;
+    let once = content::screen_json(&s, actions, json).expect("JSON");
+    let redacted = once.redacted.expect("redacted");
+    assert!(!redacted.contains("xoxr-"), "{redacted}");
+    let twice = content::screen_json(&s, actions, &redacted).expect("JSON");
+    assert!(twice.redacted.is_none_or(|r| r == redacted));
+    let glued = "AKIAIOSFODNN7EXAMPLQxoxb-123456789012-abcdefghij";
+    let kinds: Vec<_> = s.scan(glued).iter().map(|f| f.kind.name()).collect();
+    assert_eq!(kinds, vec!["aws_access_key_id", "slack_token"]);
 }

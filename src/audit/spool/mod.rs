@@ -74,6 +74,8 @@ use super::metrics::Metrics;
 mod format;
 mod reader;
 mod recovery;
+#[cfg(any(test, fuzzing))]
+pub mod torn;
 
 pub(crate) use format::*;
 pub(crate) use reader::*;
