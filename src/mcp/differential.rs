@@ -27,8 +27,7 @@ use super::super::scan::{Facts, Scan};
 use super::super::tape::{self, Tape};
 use super::{
     envelope_from_tape, parse, parse_upstream_serde, Envelope, Id, Limits, Message, ParseError,
-    Role, MESSAGE_MEMBERS, META_MEMBERS, PARAMS_MEMBERS, RESULT_MEMBERS, TAPE_DEPTH,
-    UPSTREAM_LIMITS,
+    MESSAGE_MEMBERS, META_MEMBERS, PARAMS_MEMBERS, RESULT_MEMBERS, UPSTREAM_LIMITS,
 };
 
 /// A JSON value as `serde_json` decodes it, members in order, duplicates kept.
@@ -565,14 +564,7 @@ pub fn check_answer(body: &[u8], split: usize) -> Result<(), String> {
     let reference = reference(text, UPSTREAM_LIMITS.max_depth);
     let read = parse_upstream_serde(text);
     validator_agrees(text, &read, &reference)?;
-    if let Some((t, _)) = tape::read_known(
-        text,
-        Role::Root,
-        UPSTREAM_LIMITS.max_depth,
-        UPSTREAM_LIMITS.max_batch,
-        TAPE_DEPTH,
-        None,
-    ) {
+    if let Some((t, _)) = super::answer_tape(text, None) {
         let tree = reference
             .as_ref()
             .map_err(|why| format!("the tape accepted what the reference refuses: {why}"))?;

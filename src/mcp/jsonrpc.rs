@@ -702,14 +702,7 @@ pub fn parse_upstream_known(
     let text = std::str::from_utf8(body).map_err(|e| ParseError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
-    if let Some((tape, learned)) = tape::read_known(
-        text,
-        Role::Root,
-        UPSTREAM_LIMITS.max_depth,
-        UPSTREAM_LIMITS.max_batch,
-        TAPE_DEPTH,
-        known,
-    ) {
+    if let Some((tape, learned)) = answer_tape(text, known) {
         debug_assert!(
             validate(text, &UPSTREAM_LIMITS).is_ok(),
             "the tape accepted an answer the validator refuses: {text}"
@@ -717,6 +710,19 @@ pub fn parse_upstream_known(
         return Ok((envelope_from_tape(text, tape)?, learned));
     }
     Ok((parse_upstream_serde(text)?, None))
+}
+
+/// The tape of an answer under the upstream limits, or `None` where the
+/// tape's reader declines (then the validator decides).
+fn answer_tape(text: &str, known: Option<&tape::Known>) -> Option<(Tape, Option<tape::Known>)> {
+    tape::read_known(
+        text,
+        Role::Root,
+        UPSTREAM_LIMITS.max_depth,
+        UPSTREAM_LIMITS.max_batch,
+        TAPE_DEPTH,
+        known,
+    )
 }
 
 /// [`parse_upstream`] the long way: the serde validator, then each message
@@ -1743,17 +1749,7 @@ pub mod readers {
 
     /// Whether the tape accepts `body` as an answer.
     pub fn answer_on_tape(body: &[u8]) -> bool {
-        std::str::from_utf8(body).is_ok_and(|text| {
-            tape::read_known(
-                text,
-                Role::Root,
-                UPSTREAM_LIMITS.max_depth,
-                UPSTREAM_LIMITS.max_batch,
-                TAPE_DEPTH,
-                None,
-            )
-            .is_some()
-        })
+        std::str::from_utf8(body).is_ok_and(|text| super::answer_tape(text, None).is_some())
     }
 
     /// Whether the serde validator alone accepts `body` as an answer.
