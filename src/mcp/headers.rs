@@ -47,6 +47,7 @@ use http::{HeaderMap, HeaderName, StatusCode};
 use serde_json::Value;
 
 use crate::mcp::jsonrpc::{Kind, Message};
+use crate::mcp::numbers::Decimal;
 
 /// `MCP-Protocol-Version`.
 pub const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
@@ -63,8 +64,6 @@ pub const HEADER_MISMATCH: i32 = -32020;
 
 const BASE64_PREFIX: &str = "=?base64?";
 const BASE64_SUFFIX: &str = "?=";
-/// Largest integer an `x-mcp-header` integer may hold (JavaScript's safe range).
-const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
 /// Which mirrored header a problem is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -679,58 +678,16 @@ fn mirrors(header: &str, body: &Value) -> bool {
     }
 }
 
-/// Numeric comparison (the spec: `42.0` matches `42`). The header must look
-/// like a JSON number; integers compare exactly, anything else as `f64`
-/// within the safe-integer range where `f64` is exact for integers.
+/// Numeric comparison (the spec: `42.0` matches `42`): the header must be
+/// a JSON number of exactly the body's value, compared as decimals (a
+/// double would let `0.10000000000000001` mirror `0.1`, and
+/// `4503599627370495.5` mirror `4503599627370496`), within the range every
+/// reader holds exactly (the spec: mirrored integers lie within ±(2^53 - 1)).
 fn numbers_equal(header: &str, body: &serde_json::Number) -> bool {
-    if !is_json_number(header) {
-        return false;
-    }
-    let body_int = body
-        .as_i64()
-        .map(i128::from)
-        .or_else(|| body.as_u64().map(i128::from));
-    if let (Ok(h), Some(b)) = (header.parse::<i128>(), body_int) {
-        return h == b;
-    }
-    match (header.parse::<f64>(), body.as_f64()) {
-        (Ok(h), Some(b)) => h.is_finite() && h.abs() <= MAX_SAFE_INTEGER && h == b,
+    match (Decimal::parse(header), Decimal::of(body)) {
+        (Some(h), Some(b)) => h == b && b.within_safe_range(),
         _ => false,
     }
-}
-
-/// `-?digits(.digits)?([eE][+-]?digits)?`: rejects `+5`, `inf`, `0x1`, which
-/// Rust's parsers would accept but no client would send.
-fn is_json_number(s: &str) -> bool {
-    fn digits(b: &[u8]) -> usize {
-        b.iter().take_while(|c| c.is_ascii_digit()).count()
-    }
-    let b = s.as_bytes();
-    let mut i = usize::from(b.first() == Some(&b'-'));
-    let n = digits(&b[i..]);
-    if n == 0 {
-        return false;
-    }
-    i += n;
-    if b.get(i) == Some(&b'.') {
-        let n = digits(&b[i + 1..]);
-        if n == 0 {
-            return false;
-        }
-        i += 1 + n;
-    }
-    if matches!(b.get(i), Some(b'e' | b'E')) {
-        i += 1;
-        if matches!(b.get(i), Some(b'+' | b'-')) {
-            i += 1;
-        }
-        let n = digits(&b[i..]);
-        if n == 0 {
-            return false;
-        }
-        i += n;
-    }
-    i == b.len()
 }
 
 #[cfg(test)]
