@@ -167,7 +167,7 @@ FROM {database}.{table}
 WHERE row_version = 1
 GROUP BY day, tenant, upstream, tool, decision, agent_role, stop_reason;
 
--- The hash chain (see README, "Proving the audit trail"): one entry per row
+-- The hash chain (see docs/auditors.md, "Proving the audit trail"): one entry per row
 -- the firewall shipped, per writer (replica) numbered seq = 1, 2, 3...,
 -- row_hash = SHA-256 over the row's RowBinary bytes, link = SHA-256 over
 -- the writer, seq, where its links begin, prev_hash (the link before) and

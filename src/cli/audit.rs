@@ -12,8 +12,9 @@
 //! candidate ([`super::replay`]).
 //! Tables for people, `--json` for scripts.
 //!
-//! Invariants: the SQL each command runs is [`query`]'s, and the README's
-//! auditor queries are these texts (a test holds them together); values are
+//! Invariants: the SQL each command runs is [`query`]'s, and the auditor's
+//! guide's queries (`docs/auditors.md`) are these texts (a test holds them
+//! together); values are
 //! bound by the client library (escaped), never spliced; a spool is read,
 //! never written or locked, so it can be read while the firewall runs.
 
@@ -852,10 +853,10 @@ fn parse_since(s: &str) -> Option<Duration> {
 mod tests {
     use super::*;
 
-    /// The README's auditor queries are what the commands run.
+    /// The auditor's guide's queries are what the commands run.
     #[test]
-    fn the_readme_shows_the_sql_each_command_runs() {
-        let readme = include_str!("../../README.md");
+    fn the_auditors_guide_shows_the_sql_each_command_runs() {
+        let guide = include_str!("../../docs/auditors.md");
         for (q, value) in [
             (Question::Tail, "{from_ms}"),
             (Question::Run, "'RUN_ID'"),
@@ -870,8 +871,8 @@ mod tests {
                 .replacen('?', value, 1)
                 .replace('?', "{limit}");
             assert!(
-                readme.contains(&sql),
-                "README lacks the {q:?} query:\n{sql}"
+                guide.contains(&sql),
+                "docs/auditors.md lacks the {q:?} query:\n{sql}"
             );
         }
     }

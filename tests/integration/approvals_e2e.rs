@@ -639,11 +639,11 @@ async fn an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli(b: 
          WHERE method = 'approval' AND decision = 'approved' AND approval_id = '{id}' FORMAT TSV"
     ));
     assert_eq!(transition.trim(), format!("oncall\t{approved_ms}"));
-    // The README's question "who approved which call" finds it.
-    let who = crate::modern_clickhouse::readme_sql_after("More questions in SQL:")
+    // The auditor's guide's question "who approved which call" finds it.
+    let who = crate::modern_clickhouse::auditors_sql_after("More questions in SQL:")
         .into_iter()
         .find(|q| q.contains("approval_id != ''"))
-        .expect("the README asks who approved which call")
+        .expect("the auditor's guide asks who approved which call")
         .replace("mcp_firewall.", &format!("{db}."));
     let answer = ch.query(&format!("{who} FORMAT JSONEachRow"));
     assert!(

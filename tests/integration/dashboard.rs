@@ -172,10 +172,10 @@ async fn every_clickhouse_panel_runs_against_the_schema() {
     }
     let sqls = targets(&dashboard("mcp-firewall-audit.json"), "rawSql");
     assert!(sqls.len() >= 6);
-    // The README's other questions too, on this (18.16) ClickHouse.
-    let readme = crate::modern_clickhouse::readme_sql_after("More questions in SQL:");
-    assert!(readme.len() >= 3);
-    for sql in sqls.into_iter().chain(readme) {
+    // The auditor's guide's other questions too, on this (18.16) ClickHouse.
+    let guide = crate::modern_clickhouse::auditors_sql_after("More questions in SQL:");
+    assert!(guide.len() >= 3);
+    for sql in sqls.into_iter().chain(guide) {
         let sql = sql
             .replace("${database}", &db)
             .replace("mcp_firewall.", &format!("{db}."));

@@ -20,6 +20,7 @@ mod dashboard;
 mod demo_command;
 mod demo_upstream;
 mod deploy;
+mod docs;
 mod holds;
 mod input;
 mod lifecycle;

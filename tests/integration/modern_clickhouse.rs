@@ -1,5 +1,5 @@
-//! The audit schema, the retention job's statements, the README's and the
-//! dashboard's queries on a current ClickHouse: this test writes a fixture
+//! The audit schema, the retention job's statements, the auditor's guide's
+//! (`docs/auditors.md`) and the dashboard's queries on a current ClickHouse: this test writes a fixture
 //! (the schema statements, rows encoded by the firewall's own encoder, taken
 //! from a real spool, and every query) into `target/modern-clickhouse/`, and
 //! `tests/modern_clickhouse/run.sh` (run by `.ci/run`) loads it into the
@@ -30,13 +30,14 @@ fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/modern-clickhouse")
 }
 
-/// The statements of a fenced `sql` block after `marker` in the README.
-pub fn readme_sql_after(marker: &str) -> Vec<String> {
-    let readme = include_str!("../../README.md");
-    let at = readme
+/// The statements of a fenced `sql` block after `marker` in the auditor's
+/// guide (`docs/auditors.md`).
+pub fn auditors_sql_after(marker: &str) -> Vec<String> {
+    let guide = include_str!("../../docs/auditors.md");
+    let at = guide
         .find(marker)
-        .unwrap_or_else(|| panic!("README lacks {marker:?}"));
-    let rest = &readme[at..];
+        .unwrap_or_else(|| panic!("docs/auditors.md lacks {marker:?}"));
+    let rest = &guide[at..];
     let start = rest.find("```sql\n").expect("a sql block") + 7;
     let block = &rest[start..];
     let block = &block[..block.find("```").expect("end of the block")];
@@ -121,8 +122,8 @@ async fn a_fixture_for_a_current_clickhouse() {
     let schema = mcp_firewall::audit::schema_statements(DATABASE, TABLE);
     std::fs::write(dir.join("schema.json"), Value::from(schema).to_string()).unwrap();
 
-    // Every query: the audit CLI's (as the README shows them), the README's
-    // other questions, the dashboard's ClickHouse panels, and retention.
+    // Every query: the audit CLI's (as the auditor's guide shows them), the
+    // guide's other questions, the dashboard's ClickHouse panels, and retention.
     use mcp_firewall::cli::audit::{query, Question};
     let mut queries: Vec<(String, String)> = vec![
         (
@@ -156,11 +157,11 @@ async fn a_fixture_for_a_current_clickhouse() {
                 .replace('?', "1000"),
         ),
     ];
-    for (i, q) in readme_sql_after("More questions in SQL:")
+    for (i, q) in auditors_sql_after("More questions in SQL:")
         .into_iter()
         .enumerate()
     {
-        queries.push((format!("README question {}", i + 1), q));
+        queries.push((format!("auditors' guide question {}", i + 1), q));
     }
     let dash: Value =
         serde_json::from_str(include_str!("../../config/grafana/mcp-firewall-audit.json")).unwrap();

@@ -1,7 +1,8 @@
 """The audit schema and every query on a current ClickHouse (the engine chdb
 embeds). Reads the fixture tests/integration/modern_clickhouse.rs wrote:
 schema statements, rows encoded by the firewall itself (RowBinary), the
-queries of the audit CLI, the README, the dashboard, and the retention job;
+queries of the audit CLI, the auditor's guide (docs/auditors.md), the
+dashboard, and the retention job;
 and a table of an earlier release with the firewall's migration of it.
 Fails on any statement the current engine refuses, and checks the answers.
 

@@ -9,7 +9,8 @@
 # py_server.py (Python SDK) as `py`; the official server-filesystem (npm) as
 # `docs`, given srv/docs and srv/other in its arguments but only srv/docs
 # readable in its sandbox. client.py, the Python SDK's own client, checks
-# each over streamable HTTP (README.md; tests/stdio/client.py). Fails (exit
+# each over streamable HTTP (docs/operators.md, "Stdio servers";
+# tests/stdio/client.py). Fails (exit
 # 1) on any check that does not hold.
 #
 # FIREWALL_BINARY  default: target/debug/mcp-firewall under the repo root

@@ -9,7 +9,8 @@
 # Python SDK's own client, talks to /mcp/mix only: lists tools, calls a tool
 # of each member, reads server-everything resources, answers member.py's
 # sampling request, and gets member.py's tools/list_changed (then lists the
-# new tool). Fails (exit 1) on any check that does not hold; README.md.
+# new tool). Fails (exit 1) on any check that does not hold; see
+# tests/virtual/README.md.
 #
 # FIREWALL_BINARY  default: target/debug/mcp-firewall under the repo root
 # WORK_DIR         default: a fresh mktemp dir (config, logs)

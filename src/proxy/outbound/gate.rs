@@ -10,7 +10,8 @@
 //! gate cannot hold whole is not relayed ([`holds_whole`]).
 //!
 //! Where each model-visible field is, and how it is treated, is
-//! [`FIELDS`]: the README's table is this one.
+//! [`FIELDS`]: the screening table of `docs/security.md` is this one (a
+//! test in `tests/integration/docs.rs` holds them together).
 
 use crate::mcp::jsonrpc::{Kind, Message};
 use crate::mcp::methods::Class;
