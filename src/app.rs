@@ -141,10 +141,10 @@ pub async fn start_with(
         // Reported at start; a required layer missing refuses its starts.
         let _ = b.check_sandbox().await;
     }
-    crate::proxy::approvals::wire_pins(&state, &pins);
+    crate::proxy::approval_flow::wire_pins(&state, &pins);
 
     if let Some(approvals) = &state.approvals {
-        crate::proxy::approvals::wire(&state, approvals);
+        crate::proxy::approval_flow::wire(&state, approvals);
     }
     let mut background = vec![
         tokio::spawn(policy.clone().watch(config.policy_reload)),

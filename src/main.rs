@@ -21,55 +21,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Confine this process as the JSON sandbox spec says, then execute
-    /// COMMAND (how the firewall starts a stdio server); with `--probe`,
-    /// print which layers applied instead. Exits 126 when a required layer
-    /// is unavailable, 127 when COMMAND cannot be executed.
-    SandboxExec {
-        /// The sandbox spec (`[upstream.sandbox]` as JSON).
-        #[arg(long)]
-        spec: String,
-        /// Apply the layers, print the report as JSON, and exit.
-        #[arg(long)]
-        probe: bool,
-        /// With a network allow-list: the firewall's egress proxy (a UNIX
-        /// socket), the server's only way out of its network namespace.
-        #[arg(long)]
-        egress_socket: Option<PathBuf>,
-        /// A root firewall: the uid (and gid) the server runs as (default
-        /// `nobody`).
-        #[arg(long)]
-        uid: Option<u32>,
-        /// A root firewall: the gid the server runs as (default: the uid).
-        #[arg(long)]
-        gid: Option<u32>,
-        /// An empty directory the private root is mounted on (default: a
-        /// new temporary one).
-        #[arg(long)]
-        root: Option<PathBuf>,
-        /// The server's environment is the first line of stdin (a JSON
-        /// object), applied only when the server starts.
-        #[arg(long)]
-        env_stdin: bool,
-        /// Internal: the init step inside the new PID namespace.
-        #[arg(long, hide = true)]
-        init_of: Option<String>,
-        /// Internal: the firewall's uid when it is not root.
-        #[arg(long, hide = true)]
-        outer_uid: Option<u32>,
-        /// The server's command and its arguments.
-        #[arg(last = true)]
-        command: Vec<String>,
-    },
-    /// Inside a sandbox's network namespace: join connections on the
-    /// listener given as stdin to the firewall's egress proxy (started by
-    /// `sandbox-exec`; not for direct use).
-    #[command(hide = true)]
-    EgressForward {
-        /// The egress proxy's UNIX socket.
-        #[arg(long)]
-        to: PathBuf,
-    },
     /// Serve with a config file.
     Serve {
         /// The TOML config file.
@@ -103,13 +54,6 @@ enum Command {
         #[arg(long)]
         spool_only: bool,
     },
-    /// Approvals on a running firewall: list, show, approve, deny.
-    Approvals(mcp_firewall::approval::client::ApprovalsArgs),
-    /// Tool-definition pins: review drift on a running firewall (diff,
-    /// accept, reject), or pin a live upstream's tools (record).
-    Pins(mcp_firewall::cli::pins::PinsArgs),
-    /// The audit trail for people: tail, a run's timeline, denials, stats.
-    Audit(mcp_firewall::cli::audit::AuditArgs),
     /// Validate a config file and its policies without serving; print what
     /// each role may call.
     Check {
@@ -120,13 +64,6 @@ enum Command {
         /// with the pins.
         #[arg(long)]
         live: bool,
-    },
-    /// Create or upgrade the PostgreSQL approvals schema (`serve` does it
-    /// too at start) and exit.
-    Migrate {
-        /// The TOML config file.
-        #[arg(long, short)]
-        config: PathBuf,
     },
     /// Explain the decision for one call and the rules that produced it.
     Explain {
@@ -174,9 +111,73 @@ enum Command {
         /// Test files or directories; default `<policy dir>/tests/*.toml`.
         paths: Vec<PathBuf>,
     },
+    /// The audit trail for people: tail, a run's timeline, denials, stats.
+    Audit(mcp_firewall::cli::audit::AuditArgs),
+    /// Approvals on a running firewall: list, show, approve, deny.
+    Approvals(mcp_firewall::approval::client::ApprovalsArgs),
+    /// Tool-definition pins: review drift on a running firewall (diff,
+    /// accept, reject), or pin a live upstream's tools (record).
+    Pins(mcp_firewall::cli::pins::PinsArgs),
     /// Development tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Create or upgrade the PostgreSQL approvals schema (`serve` does it
+    /// too at start) and exit.
+    Migrate {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Confine this process as the JSON sandbox spec says, then execute
+    /// COMMAND (how the firewall starts a stdio server); with `--probe`,
+    /// print which layers applied instead. Exits 126 when a required layer
+    /// is unavailable, 127 when COMMAND cannot be executed.
+    #[command(hide = true)]
+    SandboxExec {
+        /// The sandbox spec (`[upstream.sandbox]` as JSON).
+        #[arg(long)]
+        spec: String,
+        /// Apply the layers, print the report as JSON, and exit.
+        #[arg(long)]
+        probe: bool,
+        /// With a network allow-list: the firewall's egress proxy (a UNIX
+        /// socket), the server's only way out of its network namespace.
+        #[arg(long)]
+        egress_socket: Option<PathBuf>,
+        /// A root firewall: the uid (and gid) the server runs as (default
+        /// `nobody`).
+        #[arg(long)]
+        uid: Option<u32>,
+        /// A root firewall: the gid the server runs as (default: the uid).
+        #[arg(long)]
+        gid: Option<u32>,
+        /// An empty directory the private root is mounted on (default: a
+        /// new temporary one).
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// The server's environment is the first line of stdin (a JSON
+        /// object), applied only when the server starts.
+        #[arg(long)]
+        env_stdin: bool,
+        /// Internal: the init step inside the new PID namespace.
+        #[arg(long, hide = true)]
+        init_of: Option<String>,
+        /// Internal: the firewall's uid when it is not root.
+        #[arg(long, hide = true)]
+        outer_uid: Option<u32>,
+        /// The server's command and its arguments.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// Inside a sandbox's network namespace: join connections on the
+    /// listener given as stdin to the firewall's egress proxy (started by
+    /// `sandbox-exec`; not for direct use).
+    #[command(hide = true)]
+    EgressForward {
+        /// The egress proxy's UNIX socket.
+        #[arg(long)]
+        to: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]

@@ -20,6 +20,7 @@
 //! `<approval id>.<status>`) that stays the same across retries, so
 //! receivers can drop duplicates.
 
+use crate::backoff::Backoff;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -208,17 +209,20 @@ async fn deliver(s: &Settings, d: Delivery) {
             }
         }
         if attempt < s.max_retries {
-            tokio::time::sleep(backoff(s.backoff, attempt)).await;
+            tokio::time::sleep(schedule(s.backoff).delay(attempt.saturating_add(1))).await;
         }
     }
     s.metrics.webhook_dropped();
     tracing::warn!(delivery = %d.delivery_id, url = %s.url, error = %last, "approval webhook notification dropped");
 }
 
-/// `base * 2^attempt`, capped at [`MAX_BACKOFF`].
-pub(crate) fn backoff(base: Duration, attempt: u32) -> Duration {
-    base.saturating_mul(1u32 << attempt.min(16))
-        .min(MAX_BACKOFF)
+/// The webhook's retry schedule: `backoff_ms` doubled per retry, capped at
+/// [`MAX_BACKOFF`].
+pub(crate) fn schedule(first: Duration) -> Backoff {
+    Backoff {
+        first,
+        max: MAX_BACKOFF,
+    }
 }
 
 async fn once(s: &Settings, d: &Delivery) -> Attempt {

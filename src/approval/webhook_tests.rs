@@ -263,10 +263,10 @@ async fn a_hanging_receiver_never_slows_requests_or_decisions() {
 
 #[test]
 fn backoff_doubles_and_is_capped() {
-    let base = Duration::from_millis(250);
-    assert_eq!(backoff(base, 0), Duration::from_millis(250));
-    assert_eq!(backoff(base, 1), Duration::from_millis(500));
-    assert_eq!(backoff(base, 3), Duration::from_secs(2));
-    assert_eq!(backoff(base, 10), MAX_BACKOFF);
-    assert_eq!(backoff(base, u32::MAX), MAX_BACKOFF);
+    let s = schedule(Duration::from_millis(250));
+    assert_eq!(s.delay(1), Duration::from_millis(250));
+    assert_eq!(s.delay(2), Duration::from_millis(500));
+    assert_eq!(s.delay(4), Duration::from_secs(2));
+    assert_eq!(s.delay(11), MAX_BACKOFF);
+    assert_eq!(s.delay(u32::MAX), MAX_BACKOFF);
 }

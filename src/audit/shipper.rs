@@ -18,6 +18,7 @@
 //! * File reads run on the blocking pool; the task itself never blocks. In-flight
 //!   inserts are futures owned by the task, so aborting it stops them too.
 
+use crate::backoff::Backoff;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -80,6 +81,17 @@ pub(crate) struct ShipperSettings {
     pub database: String,
     pub table: String,
     pub create_schema: bool,
+}
+
+impl ShipperSettings {
+    /// Retries of inserts and of the schema: `retry_min` doubled up to
+    /// `retry_max`, jittered.
+    fn retry_schedule(&self) -> Backoff {
+        Backoff {
+            first: self.retry_min,
+            max: self.retry_max,
+        }
+    }
 }
 
 /// What every insert needs; shared by the in-flight insert futures.
@@ -278,7 +290,7 @@ impl Shipper {
                 Err(e) => {
                     read_failures = read_failures.saturating_add(1);
                     let s = &self.ctx.settings;
-                    let delay = backoff(read_failures, s.retry_min, s.retry_max, rand::random());
+                    let delay = s.retry_schedule().jittered(read_failures, rand::random());
                     tracing::error!(error = %e, attempt = read_failures, "audit shipper: reading the spool failed; retrying");
                     self.wait(Some(Instant::now() + delay), &batch).await;
                     continue;
@@ -389,7 +401,7 @@ impl Shipper {
                 }
                 Err(e) => {
                     attempt = attempt.saturating_add(1);
-                    let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+                    let delay = s.retry_schedule().jittered(attempt, rand::random());
                     if attempt == 1 {
                         tracing::error!(error = %e, "audit chain: the spool does not say where this writer's chain continues and ClickHouse cannot be asked; rows wait in the spool");
                     }
@@ -671,7 +683,7 @@ async fn insert_until_done(
         attempt = attempt.saturating_add(1);
         ctx.metrics.retry();
         let s = &ctx.settings;
-        let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+        let delay = s.retry_schedule().jittered(attempt, rand::random());
         tracing::debug!(
             rows,
             attempt,
@@ -743,7 +755,7 @@ where
         attempt = attempt.saturating_add(1);
         ctx.metrics.send_error();
         let s = &ctx.settings;
-        let delay = backoff(attempt, s.retry_min, s.retry_max, rand::random());
+        let delay = s.retry_schedule().jittered(attempt, rand::random());
         tracing::warn!(attempt, error = %e, "audit: {what} failed; retrying");
         tokio::time::sleep(delay).await;
     }
@@ -764,15 +776,6 @@ async fn try_insert(
             let d = ch::classify(&e);
             (e, d)
         })
-}
-
-/// Pure: delay before retry number `attempt` (1-based): `min · 2^(attempt-1)`
-/// capped at `max`, then scaled into `[½, 1]` by `jitter ∈ [0, 1)` so many
-/// firewalls recovering together do not retry in lockstep.
-pub(crate) fn backoff(attempt: u32, min: Duration, max: Duration, jitter: f64) -> Duration {
-    let exp = attempt.saturating_sub(1).min(30);
-    let base = min.saturating_mul(1u32 << exp).min(max);
-    base.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
 }
 
 /// Drops expired day partitions hourly until `phase` leaves `Running` (a dropped

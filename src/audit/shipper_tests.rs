@@ -1,41 +1,6 @@
-//! Tests of the retry backoff schedule.
+//! Tests of the shipper's parts (the retry schedule is `crate::backoff`'s).
 
 use super::*;
-
-const MIN: Duration = Duration::from_millis(200);
-const MAX: Duration = Duration::from_secs(30);
-
-#[test]
-fn backoff_doubles_per_attempt_up_to_the_ceiling() {
-    // jitter 1.0 gives the full (unjittered) delay.
-    let full = |a| backoff(a, MIN, MAX, 1.0);
-    assert_eq!(full(1), Duration::from_millis(200));
-    assert_eq!(full(2), Duration::from_millis(400));
-    assert_eq!(full(5), Duration::from_millis(3_200));
-    assert_eq!(full(8), Duration::from_millis(25_600));
-    assert_eq!(full(9), MAX);
-    assert_eq!(full(u32::MAX), MAX);
-}
-
-#[test]
-fn jitter_keeps_the_delay_between_half_and_full() {
-    for j in [0.0, 0.25, 0.5, 0.999] {
-        let d = backoff(3, MIN, MAX, j);
-        assert!(
-            d >= Duration::from_millis(400) && d <= Duration::from_millis(800),
-            "{d:?}"
-        );
-    }
-    assert_eq!(backoff(3, MIN, MAX, 0.0), Duration::from_millis(400));
-    // Out-of-range jitter is clamped, never negative or above the full delay.
-    assert_eq!(backoff(3, MIN, MAX, -5.0), Duration::from_millis(400));
-    assert_eq!(backoff(3, MIN, MAX, 7.0), Duration::from_millis(800));
-}
-
-#[test]
-fn attempt_zero_is_treated_as_the_first() {
-    assert_eq!(backoff(0, MIN, MAX, 1.0), MIN);
-}
 
 #[test]
 fn buffer_pool_reuses_unshared_bodies_up_to_its_size() {

@@ -178,7 +178,7 @@ pub fn check_sandboxes(cfg: &Config) -> (String, bool) {
 /// their full lists: what each exposed name reaches, what is left out and
 /// why, which members could not be listed.
 pub async fn check_virtual_servers(cfg: &Config) -> String {
-    use crate::proxy::vserver::index::Space;
+    use crate::upstream::members::Space;
     let mut out = String::new();
     for vs in &cfg.virtual_servers {
         let _ = writeln!(
@@ -239,7 +239,7 @@ pub async fn check_virtual_servers(cfg: &Config) -> String {
 async fn live_names(
     cfg: &Config,
     vs: &std::sync::Arc<crate::virtual_server::VirtualServer>,
-) -> anyhow::Result<std::sync::Arc<crate::proxy::vserver::index::Resolved>> {
+) -> anyhow::Result<std::sync::Arc<crate::upstream::members::Resolved>> {
     let mut clients = Vec::new();
     for m in &vs.members {
         let client = self::pins::upstream_client(cfg, m).with_context(|| format!("member {m}"))?;
@@ -247,7 +247,7 @@ async fn live_names(
     }
     let metrics =
         crate::telemetry::Metrics::register(&mut prometheus_client::registry::Registry::default());
-    let index = crate::proxy::vserver::index::Index::new(vs.clone(), metrics);
+    let index = crate::upstream::members::Index::new(vs.clone(), metrics);
     let auditor = crate::audit::Auditor::disabled();
     Ok(index
         .refresh(&clients, &auditor, None, true, vs.list_timeout)
@@ -262,7 +262,7 @@ async fn virtual_route(
     tool: &str,
     out: &mut String,
 ) -> anyhow::Result<Option<(String, String)>> {
-    use crate::proxy::vserver::index::Space;
+    use crate::upstream::members::Space;
     let resolved = live_names(cfg, vs).await?;
     let names = resolved.names(Space::Tools);
     if let Some(r) = names.route(tool) {
@@ -480,7 +480,7 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
         None => Value::Object(Default::default()),
     };
     let service_issuer = cfg.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
-    let identity: Identity<'_> = crate::proxy::decide::identity(&claims, service_issuer);
+    let identity: Identity<'_> = crate::verdict::identity(&claims, service_issuer);
     let authority = match policy.authority(&identity) {
         Ok(a) => a,
         Err(e) => {

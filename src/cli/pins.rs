@@ -172,14 +172,14 @@ pub async fn record(cfg: &Config, upstream: &str, by: &str) -> anyhow::Result<St
 pub(crate) fn upstream_client(
     cfg: &Config,
     upstream: &str,
-) -> anyhow::Result<crate::proxy::upstream::UpstreamClient> {
+) -> anyhow::Result<crate::upstream::client::UpstreamClient> {
     let up = cfg
         .upstreams
         .iter()
         .find(|u| u.name == upstream)
         .ok_or_else(|| anyhow::anyhow!("no upstream {upstream:?} in the config"))?;
     let metrics = crate::telemetry::Metrics::register(&mut Default::default());
-    Ok(crate::proxy::upstream::UpstreamClient::new(
+    Ok(crate::upstream::client::UpstreamClient::new(
         up.clone(),
         metrics,
     )?)
@@ -193,7 +193,7 @@ pub async fn live_tools(cfg: &Config, upstream: &str) -> anyhow::Result<Vec<(Str
 /// Every definition of `subject` the live upstream lists (all pages), by
 /// name.
 async fn live(
-    client: &crate::proxy::upstream::UpstreamClient,
+    client: &crate::upstream::client::UpstreamClient,
     subject: Subject,
 ) -> anyhow::Result<Vec<(String, Value)>> {
     let (method, array) = match subject {
@@ -204,14 +204,14 @@ async fn live(
     // The operator's command, not the serving firewall: no audit pipeline
     // runs here.
     let auditor = crate::audit::Auditor::disabled();
-    let on_behalf = crate::proxy::own_client::OnBehalf {
+    let on_behalf = crate::upstream::own_client::OnBehalf {
         auditor: &auditor,
         tenant: "",
         subject: "mcp-firewall pins",
         run_id: "",
         reason: "pins record",
     };
-    let pages = crate::proxy::own_client::list_pages(client, on_behalf, method)
+    let pages = crate::upstream::own_client::list_pages(client, on_behalf, method)
         .await
         .map_err(|e| anyhow::anyhow!("{method}: {e}"))?;
     let mut out = Vec::new();

@@ -3,7 +3,7 @@
 //! verdict it must get (`allow`, `approve`, `deny`; `hidden` and `invalid`
 //! are stricter kinds of `deny`) or a list with the tools it must hide or
 //! show. Verdicts are made by the code `serve` makes them with
-//! ([`crate::proxy::judge`] for calls, [`crate::proxy::outbound::decide`] for
+//! ([`crate::verdict::call`] for calls, [`crate::verdict::answer`] for
 //! lists); each tool's definition comes from the pins file when there is
 //! one, else from the case's `tool = { annotations, inputSchema }`, else it
 //! is an empty one. Output reads like `cargo test`; `--junit` writes JUnit
@@ -23,7 +23,7 @@ use crate::catalog::ToolEntry;
 use crate::config::{Config, Upstream};
 use crate::pins::{PinStore, Subject};
 use crate::policy::{self, Labels, Policy, RuleId};
-use crate::proxy::judge::{Judge, Kind, Verdict};
+use crate::verdict::call::{Judge, Kind, Verdict};
 
 /// What `mcp-firewall test` runs.
 pub struct TestArgs {
@@ -204,7 +204,7 @@ struct Bench<'a> {
     pins: &'a PinStore,
     definitions: Definitions,
     /// No task is anyone's here (a list's scope asks).
-    tasks: crate::proxy::tasks::Tasks,
+    tasks: crate::tasks::Tasks,
 }
 
 impl Bench<'_> {
@@ -223,7 +223,7 @@ impl Bench<'_> {
             .with_context(|| format!("no upstream named {:?} in the config", case.upstream))?;
         let claims = super::claims_from_value(&to_json(&case.claims)?);
         let service_issuer = self.cfg.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
-        let identity = crate::proxy::decide::identity(&claims, service_issuer);
+        let identity = crate::verdict::identity(&claims, service_issuer);
         let authority = self.policy.authority(&identity);
         match (&case.call, case.list) {
             (Some(call), false) => {
@@ -347,7 +347,7 @@ impl Bench<'_> {
         name: &str,
         entry: &ToolEntry,
     ) -> Option<(policy::Risk, policy::Gate)> {
-        use crate::proxy::outbound::decide::{listed_screen, tool_visible, Scope};
+        use crate::verdict::answer::{listed_screen, tool_visible, Scope};
         let scope = Scope {
             policy: self.policy,
             authority,

@@ -1,6 +1,6 @@
 //! `mcp-firewall audit replay`: the recorded `tools/call` decisions
 //! re-decided under a candidate policy directory, by the code `serve`
-//! decides with ([`crate::proxy::judge`]), with each call's principal
+//! decides with ([`crate::verdict::call`]), with each call's principal
 //! claims, tool and arguments as recorded and each tool's definition as
 //! `mcp-firewall test` takes it (the candidate's pins, else an empty one).
 //! A call whose arguments were redacted or cut, or whose row lacks the
@@ -20,7 +20,7 @@ use crate::audit::REDACTED;
 use crate::config::Config;
 use crate::pins::PinStore;
 use crate::policy;
-use crate::proxy::judge::{Judge, Kind};
+use crate::verdict::call::{Judge, Kind};
 
 /// What replay found.
 #[derive(Debug, Default)]
@@ -136,7 +136,7 @@ fn redecide(
     pins: &PinStore,
     definitions: &super::policy_test::Definitions,
     row: &Map<String, Value>,
-) -> Result<(Kind, crate::proxy::judge::Verdict), String> {
+) -> Result<(Kind, crate::verdict::call::Verdict), String> {
     let s = |k: &str| row.get(k).and_then(Value::as_str).unwrap_or("");
     if !s("approval_id").is_empty() {
         return Err("the run of an approved call (its approval request is re-decided)".to_owned());
@@ -178,7 +178,7 @@ fn redecide(
         .ok_or_else(|| format!("upstream {:?} is not in the config", s("upstream")))?;
     let claims = super::claims_from_value(&Value::Object(claims));
     let service_issuer = cfg.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
-    let identity = crate::proxy::decide::identity(&claims, service_issuer);
+    let identity = crate::verdict::identity(&claims, service_issuer);
     let tool = s("tool");
     let entry = definitions.get(up, tool, None).map_err(|e| e.to_string())?;
     let verdict = match candidate.authority(&identity) {

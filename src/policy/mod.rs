@@ -1289,5 +1289,5 @@ impl NamedRule {
 }
 
 #[cfg(test)]
-#[path = "policy_tests.rs"]
+#[path = "shipped_tests.rs"]
 mod tests;

@@ -15,7 +15,7 @@ use crate::mcp::version::ProtocolVersion;
 use crate::outcome::StopReason;
 
 use super::decide::{NotPermitted, Outcome};
-use super::failure::UpstreamFailure;
+use crate::upstream::failure::UpstreamFailure;
 
 /// Codes the firewall itself answers with, outside the JSON-RPC reserved range
 /// (-32768..-32000) as MCP asks of application errors. Stable: clients may

@@ -36,9 +36,10 @@ use crate::outcome::{DecisionKind, StopReason};
 use crate::policy::{self, Authority, Decision, Gate, Hidden, Identity, Policy, Risk};
 use crate::telemetry::Metrics;
 
-use super::holds::{HoldKey, Holds};
-use super::upstream::UpstreamClient;
+use super::held_calls::{HoldKey, Holds};
 use crate::session::{Principal, Sessions, STATE_PREFIX};
+use crate::upstream::client::UpstreamClient;
+use crate::verdict::identity;
 
 /// Everything a decision needs about the run and the upstream.
 pub struct RunContext {
@@ -75,9 +76,9 @@ pub struct RunContext {
     /// Reviewed tool definitions.
     pub pins: Arc<crate::pins::PinStore>,
     /// Catalog refills (a `list_changed` re-lists at once).
-    pub refills: Arc<super::refill::Refills>,
+    pub refills: Arc<crate::upstream::refill::Refills>,
     /// The tasks this replica saw created.
-    pub tasks: Arc<super::tasks::Tasks>,
+    pub tasks: Arc<crate::tasks::Tasks>,
     /// This request's trace, when traces are on.
     pub trace: Option<Arc<crate::trace::RequestTrace>>,
     /// The virtual server this message came through, if any (on record
@@ -178,7 +179,7 @@ pub struct Forwarding {
     pub rewrite: Option<String>,
     /// The run's own task a `tasks/*` request names (opened from its sealed
     /// id); the upstream gets its own id, in the body and in `Mcp-Name`.
-    pub task: Option<super::tasks::TaskRef>,
+    pub task: Option<crate::tasks::TaskRef>,
     /// The pin the called tool's (or got prompt's) definition matched
     /// (SHA-256), if it matched one.
     pub pin: Option<[u8; 32]>,
@@ -296,9 +297,9 @@ pub enum Outcome {
     },
 }
 
-impl From<super::judge::Refused> for Outcome {
-    fn from(r: super::judge::Refused) -> Outcome {
-        use super::judge::Refused;
+impl From<crate::verdict::call::Refused> for Outcome {
+    fn from(r: crate::verdict::call::Refused) -> Outcome {
+        use crate::verdict::call::Refused;
         match r {
             Refused::Unknown(h) => Outcome::UnknownTool(h),
             Refused::Pin(p) => Outcome::PinRefused(p),
@@ -307,8 +308,8 @@ impl From<super::judge::Refused> for Outcome {
     }
 }
 
-impl From<super::judge::Refused> for Ruling {
-    fn from(r: super::judge::Refused) -> Ruling {
+impl From<crate::verdict::call::Refused> for Ruling {
+    fn from(r: crate::verdict::call::Refused) -> Ruling {
         Outcome::from(r).into()
     }
 }
@@ -598,9 +599,9 @@ impl RunContext {
         self.policy.generation() ^ self.pins.generation().rotate_left(32)
     }
 
-    /// What a `tools/call` of this run is judged with ([`super::judge`]).
-    pub fn judge<'a>(&'a self, identity: &'a Identity<'a>) -> super::judge::Judge<'a> {
-        super::judge::Judge {
+    /// What a `tools/call` of this run is judged with ([`crate::verdict::call`]).
+    pub fn judge<'a>(&'a self, identity: &'a Identity<'a>) -> crate::verdict::call::Judge<'a> {
+        crate::verdict::call::Judge {
             policy: &self.policy,
             identity,
             authority: &self.authority,
@@ -614,7 +615,7 @@ impl RunContext {
     /// (`shadow_differences`) and returned for the audit row's
     /// `shadow_decision`. The live answer is not touched.
     pub fn shadow(&self, msg: &Message, ruling: &Ruling) -> Option<&'static str> {
-        use super::judge::Kind;
+        use crate::verdict::call::Kind;
         let shadow = self.shadow.as_deref()?;
         let call = msg.call.as_ref()?;
         let live = match ruling {
@@ -639,7 +640,7 @@ impl RunContext {
                     Some(raw) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
                     None => Value::Object(Default::default()),
                 };
-                let judge = super::judge::Judge {
+                let judge = crate::verdict::call::Judge {
                     policy: shadow,
                     identity: &identity,
                     authority: &authority,
@@ -857,8 +858,8 @@ impl RunContext {
 
     /// The run's own task by the sealed id the firewall handed out, while
     /// the run may still use the tool whose call created it.
-    fn own_task(&self, sealed: &str) -> Option<super::tasks::TaskRef> {
-        let task = super::tasks::open(&self.sessions, &self.principal(), sealed)?;
+    fn own_task(&self, sealed: &str) -> Option<crate::tasks::TaskRef> {
+        let task = crate::tasks::open(&self.sessions, &self.principal(), sealed)?;
         let hints = self
             .catalogs
             .get(&self.upstream.config.name, &task.tool)
@@ -948,7 +949,7 @@ impl RunContext {
             Decision::Approve { risk } | Decision::Allow { risk } => risk,
             Decision::Unknown(h) => return unknown(Some(h)),
         };
-        if let Err(o) = super::judge::check_arguments(
+        if let Err(o) = crate::verdict::call::check_arguments(
             call.arguments.as_deref().map(RawValue::get),
             &entry,
             &arguments,
@@ -1079,23 +1080,5 @@ fn completion_ref(msg: &Message) -> Option<CompletionRef> {
         ("ref/prompt", Some(name), _) => Some(CompletionRef::Prompt(name)),
         ("ref/resource", _, Some(uri)) => Some(CompletionRef::Resource(uri)),
         _ => None,
-    }
-}
-
-/// The policy's view of verified claims.
-pub fn identity(claims: &Claims, service_issuer: bool) -> Identity<'_> {
-    Identity {
-        subject: &claims.sub,
-        tenant: &claims.tenant_id,
-        agent: &claims.agent,
-        run_id: &claims.run_id,
-        mode: match claims.mode {
-            crate::auth::Mode::Caller => policy::Mode::Caller,
-            crate::auth::Mode::Agent => policy::Mode::Agent,
-            crate::auth::Mode::ServiceAccount => policy::Mode::ServiceAccount,
-        },
-        projects: &claims.projects,
-        ceiling: claims.project_ceiling.as_deref(),
-        service_issuer,
     }
 }

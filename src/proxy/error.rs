@@ -23,7 +23,7 @@ use crate::http_util::{full, Body};
 use crate::mcp::jsonrpc::{self, Id, ParseError};
 
 use super::answer::codes;
-use super::failure::UpstreamFailure;
+use crate::upstream::failure::UpstreamFailure;
 
 /// An error on the request path.
 #[derive(Debug, thiserror::Error)]

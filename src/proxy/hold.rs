@@ -43,12 +43,12 @@ use crate::server::listener::ConnInfo;
 use super::answer;
 use super::decide::{ApprovalNote, Gated, Granted, Outcome, RunContext};
 use super::error::ProxyError;
-use super::failure::UpstreamFailure;
-use super::holds::{HoldKey, Holds};
-use super::outbound::{Due, Exchange, Kind2};
+use super::held_calls::{HoldKey, Holds};
+use super::outbound::{Due, Exchange, ExchangeKind};
 use super::record::Recorder;
-use super::upstream::Forward;
 use crate::http_util::{Body, BoxError};
+use crate::upstream::client::Forward;
+use crate::upstream::failure::UpstreamFailure;
 
 /// A call held for approval, with what forwarding it needs later.
 pub struct Held {
@@ -351,7 +351,7 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
         let exchange = Exchange::new(
             run.clone(),
             held.recorder.clone(),
-            Kind2::Post,
+            ExchangeKind::Post,
             vec![due],
             held.session.clone(),
             held.max_sse_event_bytes,

@@ -69,36 +69,29 @@ use crate::telemetry::Metrics;
 
 pub mod admit;
 pub mod answer;
-pub mod approvals;
-pub mod body;
+pub mod approval_flow;
 pub mod decide;
 pub mod error;
-pub mod failure;
-pub mod h2pool;
+pub mod held_calls;
 pub mod hold;
-pub mod holds;
-pub mod judge;
-pub mod opening;
 pub mod outbound;
-pub mod own_client;
 pub mod record;
-pub mod refill;
 pub mod stack;
 pub mod stage;
-pub mod tasks;
-pub mod upstream;
 pub mod vserver;
 
 use crate::http_util::Body;
 use crate::session::Sessions;
-use body::ClientBody;
+use crate::tasks;
+use crate::upstream::body::{self, ClientBody};
+use crate::upstream::client::{Forward, UpstreamClient};
+use crate::upstream::{failure, opening, refill};
 use decide::RunContext;
 use error::ProxyError;
-use holds::Holds;
-use outbound::{Due, Exchange, Kind2};
+use held_calls::Holds;
+use outbound::{Due, Exchange, ExchangeKind};
 use record::Recorder;
 use stage::{Decided, Next, Parsed};
-use upstream::{Forward, UpstreamClient};
 
 /// Shared state of the request path.
 pub struct State {
@@ -162,7 +155,7 @@ fn refused_rows_quota() -> governor::Quota {
 pub enum StateError {
     /// An upstream client.
     #[error(transparent)]
-    Client(#[from] upstream::ClientError),
+    Client(#[from] crate::upstream::client::ClientError),
     /// No random session key could be made.
     #[error("cannot generate a session key: the system's random source failed")]
     SessionKey,
@@ -455,7 +448,7 @@ async fn post(
     let exchange = Exchange::new(
         run.clone(),
         outgoing.recorder,
-        Kind2::Post,
+        ExchangeKind::Post,
         outgoing.due,
         session,
         state.config.server.max_sse_event_bytes,
@@ -697,9 +690,9 @@ async fn transport(
     due.insert(0, Due::transport(&method, row));
     let identity = identity_headers(&run);
     let kind = if method == Method::GET {
-        Kind2::Get
+        ExchangeKind::Get
     } else {
-        Kind2::Delete
+        ExchangeKind::Delete
     };
     let fwd = Forward {
         method,
@@ -795,7 +788,7 @@ fn authority(
 ) -> Option<(Arc<crate::policy::Policy>, crate::policy::Authority, bool)> {
     let policy = state.policy.load_full();
     let service_issuer = state.config.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
-    let identity = decide::identity(claims, service_issuer);
+    let identity = crate::verdict::identity(claims, service_issuer);
     match policy.authority(&identity) {
         Ok(a) => Some((policy, a, service_issuer)),
         Err(why) => {

@@ -14,6 +14,12 @@
 //!    per-address limit, before anything is spent on a token signature.
 //! 4. **Catch panic**: a panic in the handler becomes a 500 answer instead of
 //!    a reset connection (there should be none: no `unwrap` in the crate).
+//!    Written here rather than `tower_http::catch_panic`: the crate's layer
+//!    answers with `Response<UnsyncBoxBody>`, boxing every response body
+//!    (an allocation and a dynamic call per frame on every answer, SSE
+//!    streams included), and wraps a `Service<Request<B>>`, where this
+//!    handler takes the connection's facts with the request; the permit
+//!    (step 2) must stay in the one body type the connection sees.
 //! 5. **The handler** ([`crate::proxy::handle`]), which runs the MCP steps in
 //!    their fixed order.
 

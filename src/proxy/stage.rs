@@ -91,7 +91,7 @@ impl Parsed {
     pub async fn read(
         state: &State,
         run: &mut RunContext,
-        req: Request<super::body::ClientBody>,
+        req: Request<crate::upstream::body::ClientBody>,
     ) -> Result<Parsed, ProxyError> {
         let (head, body) = req.into_parts();
         check_content_type(&head.headers)?;
@@ -211,7 +211,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ProxyError> {
 
 /// Reads the body, refusing it as soon as it is known to exceed `limit`.
 async fn read_bounded(
-    body: super::body::ClientBody,
+    body: crate::upstream::body::ClientBody,
     headers: &HeaderMap,
     limit: usize,
 ) -> Result<Bytes, ProxyError> {

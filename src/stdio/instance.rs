@@ -27,6 +27,12 @@ use tokio::sync::mpsc;
 use super::process::{Out, Process};
 use super::Shared;
 
+/// The delay before a restart after crashes in a row.
+const RESTART_AFTER_CRASHES: crate::backoff::Backoff = crate::backoff::Backoff {
+    first: Duration::from_millis(250),
+    max: Duration::from_millis(250 << 6),
+};
+
 /// What a stream of the bridge carries.
 #[derive(Debug)]
 pub enum Item {
@@ -155,10 +161,11 @@ impl Instance {
             }
             let delay = match s.last_crash {
                 // Backoff after crashes in a row: 250 ms, doubling, at
-                // most 30 s; a minute of health forgets them.
+                // most 16 s; a minute of health forgets them.
                 Some(at) if at.elapsed() < Duration::from_secs(60) && s.crashes > 0 => {
-                    let d = Duration::from_millis(250u64 << s.crashes.min(7).saturating_sub(1));
-                    d.min(Duration::from_secs(30)).saturating_sub(at.elapsed())
+                    RESTART_AFTER_CRASHES
+                        .delay(s.crashes)
+                        .saturating_sub(at.elapsed())
                 }
                 _ => Duration::ZERO,
             };

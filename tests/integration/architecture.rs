@@ -418,3 +418,44 @@ fn named_modules(text: &str) -> Vec<String> {
         .map(|(_, part)| part.to_owned())
         .collect()
 }
+
+/// The command line (`test`, `explain`, `audit replay`, `pins`) and the
+/// shadow policy decide with the verdicts and reach upstreams with the
+/// upstream client; none of them depends on the request path, so neither
+/// can drift into being a second evaluator inside it.
+#[test]
+fn the_command_line_imports_nothing_from_the_request_path() {
+    let mods = modules(&root().join("src"));
+    let mut into_proxy = Vec::new();
+    for (me, code) in &mods {
+        if me.first().map(String::as_str) != Some("cli") {
+            continue;
+        }
+        for to in references(me, code, &mods) {
+            if to.first().map(String::as_str) == Some("proxy") {
+                into_proxy.push(format!("{} -> {}", me.join("::"), to.join("::")));
+            }
+        }
+    }
+    assert!(
+        into_proxy.is_empty(),
+        "src/cli/ imports from src/proxy/: {into_proxy:?}"
+    );
+    // The check sees an import when there is one.
+    let planted: BTreeMap<Vec<String>, String> = BTreeMap::from([
+        (
+            vec!["cli".to_owned()],
+            "use crate::proxy::decide::X;".to_owned(),
+        ),
+        (vec!["proxy".to_owned()], String::new()),
+        (vec!["proxy".to_owned(), "decide".to_owned()], String::new()),
+    ]);
+    let found = references(
+        &["cli".to_owned()],
+        &planted[&vec!["cli".to_owned()]],
+        &planted,
+    );
+    assert!(found
+        .iter()
+        .any(|m| m.first().map(String::as_str) == Some("proxy")));
+}

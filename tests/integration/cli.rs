@@ -291,3 +291,36 @@ fn audit_keygen_writes_a_private_key_once_and_pubkey_prints_its_public_half() {
         "{out}"
     );
 }
+
+#[test]
+fn the_help_leads_with_what_people_run_and_hides_the_sandbox_launcher() {
+    let (ok, help) = run(firewall().arg("--help"));
+    assert!(ok, "{help}");
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        commands[..8],
+        [
+            "serve",
+            "demo",
+            "check",
+            "explain",
+            "test",
+            "audit",
+            "approvals",
+            "pins"
+        ],
+        "{help}"
+    );
+    // How the firewall starts a stdio server: not a command for people,
+    // yet still there for the firewall.
+    assert!(!commands.contains(&"sandbox-exec"), "{help}");
+    assert!(!commands.contains(&"egress-forward"), "{help}");
+    let (ok, launcher) = run(firewall().args(["sandbox-exec", "--help"]));
+    assert!(ok && launcher.contains("--spec"), "{launcher}");
+}

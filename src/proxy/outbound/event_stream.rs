@@ -160,7 +160,7 @@ impl SseRelay {
         let stateless = self.ex.run.version.is_stateless();
         let waiting: Vec<Id> = self.ex.due.iter().filter_map(|d| d.id.clone()).collect();
         let (stop, cause) = match self.ex.kind {
-            Kind2::Get => (StopReason::Done, "the upstream closed the stream"),
+            ExchangeKind::Get => (StopReason::Done, "the upstream closed the stream"),
             _ => (
                 StopReason::UpstreamIncomplete,
                 "the stream ended before the answer",

@@ -18,11 +18,11 @@ use crate::mcp::methods::Class;
 use crate::policy::Labels;
 use crate::screen::content::{self, Action, Carry};
 
-use super::decide::{result_text, Answering, Content, Scope};
 use super::{stamp, Exchange, Pass};
 use crate::audit::AuditRow;
 use crate::proxy::answer;
-use crate::proxy::failure::UpstreamFailure;
+use crate::upstream::failure::UpstreamFailure;
+use crate::verdict::answer::{result_text, Answering, Content, Scope};
 
 /// How the gate treats a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -51,7 +51,7 @@ impl Exchange {
                 tool: self.due[p].tool.as_deref(),
                 approved: self.due[p].granted.is_some(),
             });
-            decide::streamed(self.run.answer_scope(), f, answering)?;
+            verdict::answer::streamed(self.run.answer_scope(), f, answering)?;
             let Some(pos) = pos else {
                 return Err("the answer answers a request this exchange did not send".to_owned());
             };

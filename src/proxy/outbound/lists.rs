@@ -1,6 +1,6 @@
 //! List answers (`tools/list`, `prompts/list`, `resources/list`,
 //! `resources/templates/list`) kept to the run's view: each item decided
-//! ([`super::decide::tool_visible`], [`super::decide::item_visible`]),
+//! ([`crate::verdict::answer::tool_visible`], [`crate::verdict::answer::item_visible`]),
 //! compared with its pin, and hidden where its definition carries a kind
 //! `[screen]` blocks.
 
@@ -84,7 +84,7 @@ impl Exchange {
 
     /// Records one listed tool in the catalog and compares it with its pin;
     /// the decision whether (and with which risk and gate) the run sees it
-    /// is [`decide::tool_visible`].
+    /// is [`verdict::answer::tool_visible`].
     pub(super) fn listed_tool(
         &self,
         t: &rewrite::ListedTool<'_>,
@@ -113,7 +113,7 @@ impl Exchange {
             )
             .is_ok();
         let valid_headers = entry.param_headers().violation().is_none();
-        let mut shown = decide::tool_visible(
+        let mut shown = verdict::answer::tool_visible(
             cx.answer_scope(),
             t.name,
             entry.hints,
@@ -123,7 +123,8 @@ impl Exchange {
         // What the model would read in the definition (poisoning cues):
         // reported, and the tool hidden where `block` applies.
         if shown.is_some() {
-            let found = decide::listed_screen(cx.answer_scope(), Some(t.name), &entry.definition);
+            let found =
+                verdict::answer::listed_screen(cx.answer_scope(), Some(t.name), &entry.definition);
             if !found.is_empty() {
                 let hidden = found.action == Action::Block;
                 let action = if hidden { Action::Block } else { Action::Flag };
@@ -146,7 +147,7 @@ impl Exchange {
     }
 
     /// A prompts, resources or resource templates list, kept to the run's
-    /// view ([`decide::item_visible`]); prompts and templates are
+    /// view ([`verdict::answer::item_visible`]); prompts and templates are
     /// compared with their pins like tools (their descriptions reach the
     /// model too).
     pub(super) fn filter_named(
@@ -175,7 +176,7 @@ impl Exchange {
                     })
                 }
             };
-            decide::item_visible(cx.answer_scope(), kind, name, pinned)
+            verdict::answer::item_visible(cx.answer_scope(), kind, name, pinned)
                 && !self.item_blocked(kind, name, item)
         })
         .map_err(|e| UpstreamFailure::Invalid(e.to_string()))
@@ -193,7 +194,7 @@ impl Exchange {
         let Ok(definition) = serde_json::from_str::<Value>(item.get()) else {
             return false;
         };
-        let found = decide::listed_screen(cx.answer_scope(), None, &definition);
+        let found = verdict::answer::listed_screen(cx.answer_scope(), None, &definition);
         if found.action != Action::Block {
             return false;
         }

@@ -42,7 +42,6 @@
 //! drop guard completes the rows still open as `client_gone` and settles
 //! their budgets (the upstream may have acted).
 
-pub mod decide;
 mod event_stream;
 pub mod gate;
 mod large;
@@ -74,17 +73,18 @@ use crate::server::listener::ConnInfo;
 use crate::http_util::{full, Body, BoxError};
 use crate::policy::Labels;
 use crate::proxy::answer;
-use crate::proxy::body::{Collected, UpstreamBody, UpstreamIncoming};
 use crate::proxy::decide::Granted;
 use crate::proxy::decide::RunContext;
 use crate::proxy::error::ProxyError;
-use crate::proxy::failure::UpstreamFailure;
 use crate::proxy::record::{write_rows, AnswerParts, Recorder};
-use crate::proxy::tasks;
-use crate::proxy::upstream::{response_headers, Forward};
 use crate::screen::content::{Action, Carry};
 use crate::session::EventContext;
-use decide::{result_text, Answering, Content, NewTask, TaskIds, Verdict};
+use crate::tasks;
+use crate::upstream::body::{Collected, UpstreamBody, UpstreamIncoming};
+use crate::upstream::client::{response_headers, Forward};
+use crate::upstream::failure::UpstreamFailure;
+use crate::verdict;
+use crate::verdict::answer::{result_text, Answering, Content, NewTask, TaskIds, Verdict};
 
 /// Most bytes of an upstream 4xx body relayed to the client.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -112,12 +112,12 @@ pub struct Due {
     /// stream (its budget and intent were settled on the original stream).
     pub resumed: bool,
     /// The run's own task a `tasks/*` request names.
-    pub task: Option<crate::proxy::tasks::TaskRef>,
+    pub task: Option<crate::tasks::TaskRef>,
 }
 
 /// What kind of HTTP exchange this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind2 {
+pub enum ExchangeKind {
     /// A POST of messages.
     Post,
     /// A GET stream (new or resumed).
@@ -146,7 +146,7 @@ struct ProgressShift {
 pub struct Exchange {
     run: Arc<RunContext>,
     recorder: Recorder,
-    kind: Kind2,
+    kind: ExchangeKind,
     due: Vec<Due>,
     /// The firewall's own answers for parts of a batch, merged in.
     local: Vec<Bytes>,
@@ -257,7 +257,7 @@ impl Exchange {
     pub fn new(
         run: Arc<RunContext>,
         recorder: Recorder,
-        kind: Kind2,
+        kind: ExchangeKind,
         due: Vec<Due>,
         session: Option<Vec<u8>>,
         max_sse_event_bytes: usize,
@@ -305,7 +305,7 @@ impl Exchange {
         conn: ConnInfo,
         identity: Vec<(HeaderName, HeaderValue)>,
     ) -> Self {
-        let mut headers = crate::proxy::upstream::own_post_headers();
+        let mut headers = crate::upstream::client::own_post_headers();
         if let Some(v) = client
             .get(crate::mcp::headers::PROTOCOL_VERSION)
             .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
@@ -512,7 +512,7 @@ impl Exchange {
 
         if status == StatusCode::ACCEPTED
             || status == StatusCode::NO_CONTENT
-            || self.kind == Kind2::Delete
+            || self.kind == ExchangeKind::Delete
         {
             let _ = body.collect_bounded(64 * 1024).await;
             return self.accepted(status, headers).await;
@@ -522,7 +522,7 @@ impl Exchange {
         }
         if !is_json {
             // An empty answer to notifications and responses is an acceptance.
-            if !self.requests_due() && self.kind == Kind2::Post {
+            if !self.requests_due() && self.kind == ExchangeKind::Post {
                 if let Ok(Collected::Complete(b)) = body.collect_bounded(1024).await {
                     if b.is_empty() {
                         return self.accepted(status, headers).await;
@@ -896,7 +896,7 @@ impl Exchange {
             tool: self.due[p].tool.as_deref(),
             approved: self.due[p].granted.is_some(),
         });
-        let verdict = decide::decide(run.answer_scope(), m, raw, answering)?;
+        let verdict = verdict::answer::decide(run.answer_scope(), m, raw, answering)?;
         let lists = matches!(verdict, Verdict::Filter(_));
         // Where a filtered list's view is in what is relayed.
         let mut view_at = None;
@@ -1154,11 +1154,11 @@ impl Drop for Exchange {
             return;
         }
         let stop = match self.kind {
-            Kind2::Get => StopReason::Done,
+            ExchangeKind::Get => StopReason::Done,
             _ => StopReason::ClientGone,
         };
         let cause = match self.kind {
-            Kind2::Get => "the client closed the stream",
+            ExchangeKind::Get => "the client closed the stream",
             _ => "the client went away before the answer reached it",
         };
         let rows = self.end_all(stop, cause, Settle::Executed { reported: None });
@@ -1265,4 +1265,18 @@ fn merge_json(upstream: &Bytes, local: &[Bytes]) -> Bytes {
     }
     out.push(b']');
     Bytes::from(out)
+}
+
+impl RunContext {
+    /// What the upstream's answers to this run are decided against.
+    pub fn answer_scope(&self) -> crate::verdict::answer::Scope<'_> {
+        crate::verdict::answer::Scope {
+            policy: &self.policy,
+            authority: &self.authority,
+            upstream: &self.upstream.config,
+            stateless: self.version.is_stateless(),
+            tasks: &self.tasks,
+            principal: self.principal(),
+        }
+    }
 }

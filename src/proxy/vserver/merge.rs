@@ -77,7 +77,7 @@ pub fn page<'a>(member: usize, result: &'a RawValue, key: &str) -> Option<Page<'
             let name = field.and_then(|f| {
                 let n: Named = serde_json::from_str(raw.get()).ok()?;
                 if f == "uri" {
-                    n.uri.map(|u| super::index::normal_uri(&u))
+                    n.uri.map(|u| crate::upstream::members::normal_uri(&u))
                 } else {
                     n.name.map(|n| n.into_owned())
                 }

@@ -27,7 +27,6 @@
 //!   members' streams merged. `list_changed` of a member is the virtual
 //!   server's (and re-lists the member's names).
 
-pub mod index;
 pub mod merge;
 pub mod rewrite;
 
@@ -52,10 +51,10 @@ use crate::server::listener::ConnInfo;
 use crate::session::VirtualKind;
 use crate::virtual_server::VirtualServer;
 
-use super::body::ClientBody;
 use super::error::{json_response, ProxyError};
 use super::State;
-use index::{Index, Space};
+use crate::upstream::body::ClientBody;
+use crate::upstream::members::{self, Index, Space};
 use rewrite::{Outward, Seal};
 
 /// Most client sessions a virtual server keeps on this replica; past it the
@@ -78,7 +77,7 @@ pub struct Virtual {
     pub index: Index,
     /// The members' upstream clients, in member order (what the firewall
     /// lists them with).
-    clients: Vec<Arc<super::upstream::UpstreamClient>>,
+    clients: Vec<Arc<crate::upstream::client::UpstreamClient>>,
     sessions: DashMap<[u8; 16], Arc<VSession>>,
     /// Sessions the client ended here (DELETE): 404 from then on.
     ended: DashMap<[u8; 16], ()>,
@@ -101,7 +100,7 @@ impl Virtual {
     /// configured upstreams' clients.
     pub fn new(
         config: Arc<VirtualServer>,
-        upstreams: &HashMap<String, Arc<super::upstream::UpstreamClient>>,
+        upstreams: &HashMap<String, Arc<crate::upstream::client::UpstreamClient>>,
         metrics: Arc<crate::telemetry::Metrics>,
     ) -> Virtual {
         Virtual {
@@ -563,7 +562,7 @@ impl Cx<'_> {
         }
     }
 
-    async fn refresh(&self, force: bool) -> Arc<index::Resolved> {
+    async fn refresh(&self, force: bool) -> Arc<members::Resolved> {
         self.vs
             .index
             .refresh(
@@ -812,7 +811,7 @@ impl Cx<'_> {
             self.vs.index.set_up(m, false);
             ProxyError::Upstream {
                 upstream: self.member_name(m).to_owned(),
-                failure: super::failure::UpstreamFailure::Invalid(why),
+                failure: crate::upstream::failure::UpstreamFailure::Invalid(why),
                 ids: Vec::new(),
             }
         };
@@ -1389,7 +1388,7 @@ impl Cx<'_> {
         }
     }
 
-    fn known(&self, r: &index::Resolved, key: &str, m: usize, name: &str) -> bool {
+    fn known(&self, r: &members::Resolved, key: &str, m: usize, name: &str) -> bool {
         let Some(space) = Self::space(key) else {
             return true;
         };
@@ -1406,7 +1405,7 @@ impl Cx<'_> {
     /// `None` when the virtual server does not expose it.
     fn exposed_item<'a>(
         &self,
-        r: &index::Resolved,
+        r: &members::Resolved,
         key: &str,
         m: usize,
         item: &merge::Item<'a>,
@@ -1438,7 +1437,7 @@ impl Cx<'_> {
                 let t: Task = serde_json::from_str(item.raw.get()).ok()?;
                 match t.task_id {
                     Some(tid) => {
-                        let sealed = self.seal.wrap(VirtualKind::Task, m, &tid);
+                        let sealed = self.seal.seal_for_client(VirtualKind::Task, m, &tid);
                         merge::with_field(item.raw, "taskId", &sealed).map(Cow::Owned)
                     }
                     None => Some(Cow::Borrowed(item.raw.get())),
@@ -1524,7 +1523,7 @@ impl Cx<'_> {
         mut v: Value,
     ) -> Result<Response<Body>, ProxyError> {
         let id = v.get("id").cloned().unwrap_or(Value::Null);
-        let Some((m, own)) = self.seal.unwrap(VirtualKind::Request, &id) else {
+        let Some((m, own)) = self.seal.open_from_client(VirtualKind::Request, &id) else {
             return Err(ProxyError::InvalidRequest {
                 message: "the response answers no request of this virtual server's members"
                     .to_owned(),

@@ -58,14 +58,14 @@ impl Seal {
 
     /// A member's JSON value (an id, a task id, a token) as the client
     /// sees it.
-    pub fn wrap(&self, kind: VirtualKind, member: usize, value: &Value) -> Value {
+    pub fn seal_for_client(&self, kind: VirtualKind, member: usize, value: &Value) -> Value {
         let mut payload = (member as u32).to_be_bytes().to_vec();
         payload.extend_from_slice(value.to_string().as_bytes());
         Value::String(self.seal(kind, &payload))
     }
 
-    /// The member and its own value inside a value [`Seal::wrap`] made.
-    pub fn unwrap(&self, kind: VirtualKind, value: &Value) -> Option<(usize, Value)> {
+    /// The member and its own value inside a value [`Seal::seal_for_client`] made.
+    pub fn open_from_client(&self, kind: VirtualKind, value: &Value) -> Option<(usize, Value)> {
         let payload = self.open(kind, value.as_str()?)?;
         let (m, rest) = payload.split_first_chunk::<4>()?;
         let member = u32::from_be_bytes(*m) as usize;
@@ -92,7 +92,7 @@ pub fn outward(v: &mut Value, member: usize, seal: &Seal) -> Outward {
     match method.as_deref() {
         Some(_) if has_id => {
             if let Some(id) = v.get_mut("id") {
-                *id = seal.wrap(VirtualKind::Request, member, id);
+                *id = seal.seal_for_client(VirtualKind::Request, member, id);
             }
             wrap_related_task(v.get_mut("params"), member, seal);
             Outward::Relay
@@ -102,7 +102,7 @@ pub fn outward(v: &mut Value, member: usize, seal: &Seal) -> Outward {
             let Some(token) = token else {
                 return Outward::Drop;
             };
-            match seal.unwrap(VirtualKind::Progress, token) {
+            match seal.open_from_client(VirtualKind::Progress, token) {
                 Some((m, own)) if m == member => {
                     *token = own;
                     Outward::Relay
@@ -112,14 +112,14 @@ pub fn outward(v: &mut Value, member: usize, seal: &Seal) -> Outward {
         }
         Some("notifications/cancelled") => {
             if let Some(id) = v.pointer_mut("/params/requestId") {
-                *id = seal.wrap(VirtualKind::Request, member, id);
+                *id = seal.seal_for_client(VirtualKind::Request, member, id);
             }
             Outward::Relay
         }
         Some(m) if m.ends_with("/list_changed") => Outward::ListChanged,
         Some(_) => {
             if let Some(id) = v.pointer_mut("/params/taskId") {
-                *id = seal.wrap(VirtualKind::Task, member, id);
+                *id = seal.seal_for_client(VirtualKind::Task, member, id);
             }
             wrap_related_task(v.get_mut("params"), member, seal);
             Outward::Relay
@@ -136,15 +136,15 @@ pub fn outward(v: &mut Value, member: usize, seal: &Seal) -> Outward {
 /// Task ids in a result: a created task, a task's status, a task list.
 fn wrap_result_tasks(r: &mut Value, member: usize, seal: &Seal) {
     if let Some(id) = r.pointer_mut("/task/taskId") {
-        *id = seal.wrap(VirtualKind::Task, member, id);
+        *id = seal.seal_for_client(VirtualKind::Task, member, id);
     }
     if let Some(id) = r.get_mut("taskId") {
-        *id = seal.wrap(VirtualKind::Task, member, id);
+        *id = seal.seal_for_client(VirtualKind::Task, member, id);
     }
     if let Some(tasks) = r.get_mut("tasks").and_then(Value::as_array_mut) {
         for t in tasks {
             if let Some(id) = t.get_mut("taskId") {
-                *id = seal.wrap(VirtualKind::Task, member, id);
+                *id = seal.seal_for_client(VirtualKind::Task, member, id);
             }
         }
     }
@@ -159,7 +159,7 @@ fn wrap_related_task(v: Option<&mut Value>, member: usize, seal: &Seal) {
     else {
         return;
     };
-    *id = seal.wrap(VirtualKind::Task, member, id);
+    *id = seal.seal_for_client(VirtualKind::Task, member, id);
 }
 
 /// Why a client's message cannot go to a member.
@@ -181,7 +181,7 @@ pub fn inward_tasks(
     let mut owner = member;
     let mut put = |slot: &mut Value| -> Result<(), InwardError> {
         let (m, own) = seal
-            .unwrap(VirtualKind::Task, slot)
+            .open_from_client(VirtualKind::Task, slot)
             .ok_or(InwardError::UnknownTask)?;
         if owner.is_some_and(|o| o != m) {
             return Err(InwardError::UnknownTask);
@@ -207,7 +207,7 @@ pub fn inward_tasks(
 /// makes comes back only for its own requests.
 pub fn inward_progress(v: &mut Value, member: usize, seal: &Seal) {
     if let Some(t) = v.pointer_mut("/params/_meta/progressToken") {
-        *t = seal.wrap(VirtualKind::Progress, member, t);
+        *t = seal.seal_for_client(VirtualKind::Progress, member, t);
     }
 }
 
@@ -268,9 +268,12 @@ mod tests {
         assert_eq!(outward(&mut req, 2, &s), Outward::Relay);
         let id = req["id"].clone();
         assert!(id.is_string());
-        assert_eq!(s.unwrap(VirtualKind::Request, &id), Some((2, json!(7))));
+        assert_eq!(
+            s.open_from_client(VirtualKind::Request, &id),
+            Some((2, json!(7)))
+        );
         // Not a task id, not another kind.
-        assert_eq!(s.unwrap(VirtualKind::Task, &id), None);
+        assert_eq!(s.open_from_client(VirtualKind::Task, &id), None);
         // Another member's id for the same request differs.
         let mut other = json!({"jsonrpc":"2.0","id":7,"method":"ping"});
         outward(&mut other, 1, &s);

@@ -1,7 +1,7 @@
 //! Why a forwarded request failed at or on the way to the upstream: the
 //! transport's failures as one type, below everything that forwards (the
 //! upstream client, its bodies, the HTTP/2 pool) and everything that answers
-//! for them (`super::answer`, `super::error`).
+//! for them (`crate::proxy::answer`, `crate::proxy::error`).
 
 /// Why a forwarded request failed at or on the way to the upstream.
 #[derive(Debug, Clone, thiserror::Error)]

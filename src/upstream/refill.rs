@@ -24,8 +24,8 @@ use tokio::sync::Mutex;
 use crate::catalog::Catalogs;
 use crate::mcp::rewrite;
 
+use super::client::UpstreamClient;
 use super::own_client;
-use super::upstream::UpstreamClient;
 
 /// Least time between two refills of one upstream.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(10);

@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 use super::*;
 use crate::auth::{Audience, Claims, Mode};
 use crate::config::{self, Upstream};
-use crate::proxy::outbound::decide::{tool_visible, Scope};
-use crate::proxy::tasks::Tasks;
 use crate::session::Principal;
+use crate::tasks::Tasks;
+use crate::verdict::answer::{tool_visible, Scope};
 
 const PROJECTS: [&str; 3] = ["sre", "platform", "data"];
 const TOOLS: [&str; 8] = [
@@ -248,7 +248,7 @@ proptest! {
         let pins = crate::pins::PinStore::empty();
         let tasks = Tasks::default();
         let claims = claims(&run);
-        let identity = crate::proxy::decide::identity(&claims, true);
+        let identity = crate::verdict::identity(&claims, true);
         let authority = match policy.authority(&identity) {
             Ok(a) => a,
             // No authority: nothing is listed and every upstream is a 404.

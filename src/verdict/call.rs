@@ -2,7 +2,7 @@
 //! made without I/O or run state: the pin check, the definition's
 //! `x-mcp-header` annotations, screening's `block`, the
 //! policy's decision ([`Policy::decide`]) and the arguments' check. `serve`
-//! makes it here ([`super::decide`]); `mcp-firewall test`, `audit replay` and
+//! makes it here ([`crate::proxy::decide`]); `mcp-firewall test`, `audit replay` and
 //! the shadow policy re-make it here, so none of them is a second evaluator.
 //!
 //! What is left to admission (the approval itself, budgets, rate limits,
@@ -351,5 +351,5 @@ pub fn refusal(r: &Refused) -> Verdict {
 }
 
 #[cfg(test)]
-#[path = "judge_tests.rs"]
+#[path = "call_tests.rs"]
 mod tests;

@@ -6,7 +6,7 @@
 //! name to the other.
 //!
 //! A member's lists are fetched by the firewall's own client (on record as
-//! its own requests, [`super::super::own_client`]) when first needed, when
+//! its own requests, [`crate::upstream::own_client`]) when first needed, when
 //! the member announces `notifications/*/list_changed`, and when a name or
 //! item is met that the lists do not know (at most once per
 //! [`MIN_INTERVAL`] per member). A member that cannot be listed keeps its
@@ -22,8 +22,8 @@ use serde_json::Value;
 use crate::audit::Auditor;
 use crate::virtual_server::{Collisions, Dropped, Member, Names, VirtualServer};
 
-use super::super::own_client::{self, OnBehalf};
-use super::super::upstream::UpstreamClient;
+use crate::upstream::client::UpstreamClient;
+use crate::upstream::own_client::{self, OnBehalf};
 
 /// Least time between two fetches of one member's lists (a `list_changed`
 /// is let through at once).

@@ -3,7 +3,7 @@
 //! strict reader accepted (`jsonrpc::parse_upstream`: duplicate and
 //! case-variant members refused, escapes decoded) against the run's policy
 //! snapshot. Nothing here does I/O or changes state: the relay
-//! ([`super`]) carries the verdict out (rewrites the bytes, settles
+//! ([`crate::proxy::outbound`]) carries the verdict out (rewrites the bytes, settles
 //! budgets, completes rows, answers a refused request upstream).
 //!
 //! | upstream message | verdict |
@@ -23,7 +23,7 @@
 //! | anything else | relayed |
 //!
 //! Whatever the verdict, what is to leave then passes the gate
-//! ([`super::gate`]): screened whole, the run labelled by its
+//! ([`crate::proxy::outbound::gate`]): screened whole, the run labelled by its
 //! source, withheld or redacted.
 
 use std::borrow::Cow;
@@ -41,8 +41,8 @@ use crate::policy::{Access, Authority, Gate, Labels, Policy, Risk};
 use crate::screen::content::{self, Actions, Report};
 use crate::session::Principal;
 
-use crate::proxy::failure::UpstreamFailure;
-use crate::proxy::tasks::{self, Tasks};
+use crate::tasks::{self, Tasks};
+use crate::upstream::failure::UpstreamFailure;
 
 /// What an answer is decided against: one policy snapshot, the run's
 /// authority, the upstream, the era.
@@ -68,20 +68,6 @@ impl Scope<'_> {
         self.tasks
             .tool_of(&self.upstream.name, id, &tasks::owner(&self.principal))
             .is_some()
-    }
-}
-
-impl crate::proxy::decide::RunContext {
-    /// What the upstream's answers to this run are decided against.
-    pub fn answer_scope(&self) -> Scope<'_> {
-        Scope {
-            policy: &self.policy,
-            authority: &self.authority,
-            upstream: &self.upstream.config,
-            stateless: self.version.is_stateless(),
-            tasks: &self.tasks,
-            principal: self.principal(),
-        }
     }
 }
 
@@ -500,7 +486,7 @@ fn created_task(result: &str) -> Option<NewTask> {
         return None;
     }
     let v = serde_json::from_str::<Value>(result).ok()?;
-    let (upstream_id, ttl_ms) = crate::proxy::tasks::created(&v)?;
+    let (upstream_id, ttl_ms) = crate::tasks::created(&v)?;
     Some(NewTask {
         upstream_id,
         ttl_ms,

@@ -246,21 +246,22 @@ async fn preview(state: &State, approval: &Approval, by: &str) -> Result<Value, 
         .catalogs
         .get(&up.config.name, tool)
         .map(|e| e.input_schema.clone());
-    let arguments = super::own_client::arguments(&approval.arguments, schema.as_ref(), fixed);
+    let arguments =
+        crate::upstream::own_client::arguments(&approval.arguments, schema.as_ref(), fixed);
     // The approvals side shows the reason to the approver as text.
     let reason = format!(
         "preview {tool} of approval {} ({}), opened by {by}",
         approval.id.as_str(),
         approval.key.tool
     );
-    let on_behalf = super::own_client::OnBehalf {
+    let on_behalf = crate::upstream::own_client::OnBehalf {
         auditor: &state.auditor,
         tenant: &approval.key.tenant,
         subject: by,
         run_id: &approval.key.run_id,
         reason: &reason,
     };
-    super::own_client::call_tool(up, on_behalf, tool, arguments)
+    crate::upstream::own_client::call_tool(up, on_behalf, tool, arguments)
         .await
         .map_err(|e| e.to_string())
 }

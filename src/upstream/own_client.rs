@@ -30,8 +30,8 @@ use crate::outcome::{DecisionKind, StopReason};
 use crate::server::listener::ConnInfo;
 
 use super::body::{Collected, UpstreamBody};
+use super::client::{Forward, UpstreamClient};
 use super::failure::UpstreamFailure;
-use super::upstream::{Forward, UpstreamClient};
 use crate::http_util::mime_is;
 
 /// Why one of the firewall's own requests to an upstream failed.
@@ -335,7 +335,7 @@ fn completed(mut row: AuditRow, status: u16, failed: bool, answer: Option<&Value
 }
 
 fn base_headers(version: &'static str) -> HeaderMap {
-    let mut h = super::upstream::own_post_headers();
+    let mut h = super::client::own_post_headers();
     h.insert(
         HeaderName::from_static("mcp-protocol-version"),
         HeaderValue::from_static(version),
