@@ -15,6 +15,8 @@ use tokio_rustls::TlsAcceptor;
 
 use std::time::Duration;
 
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::admin::{self, Admin};
@@ -93,107 +95,29 @@ pub async fn start_with(
     mut registry: Registry,
 ) -> anyhow::Result<Running> {
     let (auditor, audit_handle) = start_audit(&config, &mut registry).await?;
-    let mcp_listener = TcpListener::bind(config.server.listen)
-        .await
-        .with_context(|| format!("binding the MCP listener on {}", config.server.listen))?;
-    let admin_listener = TcpListener::bind(config.admin_listen)
-        .await
-        .with_context(|| format!("binding the admin listener on {}", config.admin_listen))?;
+    let (mcp_listener, admin_listener) = bind_listeners(&config).await?;
     let mcp_addr = mcp_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
-    let config = if config.server.public_url_explicit {
-        config
-    } else {
-        // Derived from the address actually bound (port 0 in tests).
-        let mut c = (*config).clone();
-        let scheme = if c.server.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        c.server.public_url = format!("{scheme}://{mcp_addr}");
-        if c.server.origins_from_public_url {
-            c.server.allowed_origins = crate::http_util::origin_of(&c.server.public_url, false)
-                .into_iter()
-                .collect();
-        }
-        Arc::new(c)
-    };
+    let config = with_bound_url(config, mcp_addr);
     let approvals = start_approvals(&config, &mut registry, admin_addr).await?;
     let pins = crate::pins::PinStore::open(&config.policy_dir, &mut registry)
         .context("loading the tool pins")?;
-    let mut state = State::new(
-        config.clone(),
+    let parts = StateParts {
         verifier,
-        policy.clone(),
+        policy: policy.clone(),
         auditor,
-        Metrics::register(&mut registry),
         approvals,
-        pins.clone(),
-    )
-    .context("building upstream clients")?;
-    if let Some(otlp) = &config.telemetry.otlp {
-        state.traces = Some(crate::trace::Traces::start(otlp)?);
-        tracing::info!(endpoint = %otlp.endpoint, "traces: exporting spans over OTLP/HTTP");
-    }
-    let state = Arc::new(state);
-    for b in stdio_bridges(&state) {
-        // Reported at start; a required layer missing refuses its starts.
-        let _ = b.check_sandbox().await;
-    }
-    crate::proxy::approval_flow::wire_pins(&state, &pins);
-
-    if let Some(approvals) = &state.approvals {
-        crate::proxy::approval_flow::wire(&state, approvals);
-    }
-    let mut background = vec![
-        tokio::spawn(policy.clone().watch(config.policy_reload)),
-        tokio::spawn(sweep_budgets(state.clone())),
-        tokio::spawn(watch_pins(pins.clone(), config.policy_reload)),
-        tokio::spawn(expire_catalogs(
-            state.catalogs.clone(),
-            Duration::from_secs(config.state.catalog_ttl_s),
-        )),
-    ];
-    if !state.virtuals.is_empty() {
-        background.push(tokio::spawn(watch_virtual_servers(state.clone())));
-    }
-    let acceptor = match &config.server.tls {
-        Some(tls_cfg) => {
-            let resolver = tls::ReloadingCert::load(tls_cfg)?;
-            background.push(tokio::spawn(tls::watch(resolver.clone(), tls_cfg.clone())));
-            Some(TlsAcceptor::from(Arc::new(tls::server_config(resolver))))
-        }
-        None => None,
+        pins: pins.clone(),
     };
+    let state = build_state(&config, parts, &mut registry).await?;
+    let mut background = spawn_watchers(&config, &state, &policy, &pins);
+    let acceptor = tls_acceptor(&config, &mut background)?;
 
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
-    let not_ready = prometheus_client::metrics::family::Family::default();
-    registry.register(
-        "not_ready",
-        "1 while /readyz answers 503 for this reason (draining, audit_spool_refusing, audit_backlog)",
-        not_ready.clone(),
-    );
-    let degraded = prometheus_client::metrics::family::Family::default();
-    registry.register(
-        "degraded",
-        "1 while a shared store cannot be asked (budget_store_unavailable, approvals_store_unavailable); /readyz still answers 200",
-        degraded.clone(),
-    );
+    let (not_ready, degraded) = register_readiness(&mut registry);
     let budget_store = state.budgets.store().map(|s| s.redis().clone());
-    if let Some(shared) = state.budgets.store() {
-        match shared.load().await {
-            Ok(()) => tracing::info!("budgets and rate limits shared in Redis"),
-            Err(e) => {
-                tracing::error!(error = %e, "Redis not reachable at start; calls take their on_store_unavailable fallback until it is")
-            }
-        }
-        background.push(tokio::spawn(crate::catalog::follow_list_changed(
-            shared.redis().clone(),
-            state.catalogs.clone(),
-        )));
-    }
+    background.extend(share_budgets(&state).await);
     background.push(tokio::spawn(publish_policy_hash(
         policy.clone(),
         state.metrics.clone(),
@@ -214,11 +138,181 @@ pub async fn start_with(
     // The gauges follow the state even when nobody probes /readyz.
     background.push(tokio::spawn(watch_readiness(admin.clone())));
 
-    let permits = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
     let drain = config.server.drain_timeout;
-    let shared = stack::Shared::new(state.clone(), permits);
-    let metrics = state.metrics.clone();
-    let limits = listener::ConnLimits {
+    let mcp = serve_mcp(&config, &state, acceptor, mcp_listener, rx)?;
+    let admin_task = serve_admin(admin.clone(), admin_listener, admin_rx, drain);
+
+    tracing::info!(%mcp_addr, %admin_addr, tls = config.server.tls.is_some(), upstreams = config.upstreams.len(), "mcp-firewall listening");
+    Ok(Running {
+        mcp_addr,
+        admin_addr,
+        state,
+        shutdown,
+        admin_shutdown,
+        drain,
+        admin,
+        servers: vec![mcp, admin_task],
+        background,
+        audit: audit_handle,
+    })
+}
+
+/// Binds the MCP listener, then the admin listener.
+async fn bind_listeners(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
+    let mcp_listener = TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("binding the MCP listener on {}", config.server.listen))?;
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener on {}", config.admin_listen))?;
+    Ok((mcp_listener, admin_listener))
+}
+
+/// The config with `public_url` (and the origins it implies) derived from
+/// the address actually bound (port 0 in tests), unless it was set.
+fn with_bound_url(config: Arc<Config>, mcp_addr: SocketAddr) -> Arc<Config> {
+    if config.server.public_url_explicit {
+        return config;
+    }
+    let mut c = (*config).clone();
+    let scheme = if c.server.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    c.server.public_url = format!("{scheme}://{mcp_addr}");
+    if c.server.origins_from_public_url {
+        c.server.allowed_origins = crate::http_util::origin_of(&c.server.public_url, false)
+            .into_iter()
+            .collect();
+    }
+    Arc::new(c)
+}
+
+/// What the request-path state is built from, besides the config.
+struct StateParts {
+    verifier: Verifier,
+    policy: Arc<PolicyStore>,
+    auditor: Auditor,
+    approvals: Option<Arc<Approvals>>,
+    pins: Arc<crate::pins::PinStore>,
+}
+
+/// The request-path state: its metrics registered, traces exported when
+/// configured, the stdio sandboxes checked, approvals and pins wired.
+async fn build_state(
+    config: &Arc<Config>,
+    parts: StateParts,
+    registry: &mut Registry,
+) -> anyhow::Result<Arc<State>> {
+    let pins = parts.pins.clone();
+    let mut state = State::new(
+        config.clone(),
+        parts.verifier,
+        parts.policy,
+        parts.auditor,
+        Metrics::register(registry),
+        parts.approvals,
+        parts.pins,
+    )
+    .context("building upstream clients")?;
+    if let Some(otlp) = &config.telemetry.otlp {
+        state.traces = Some(crate::trace::Traces::start(otlp)?);
+        tracing::info!(endpoint = %otlp.endpoint, "traces: exporting spans over OTLP/HTTP");
+    }
+    let state = Arc::new(state);
+    for b in stdio_bridges(&state) {
+        // Reported at start; a required layer missing refuses its starts.
+        let _ = b.check_sandbox().await;
+    }
+    crate::proxy::approval_flow::wire_pins(&state, &pins);
+
+    if let Some(approvals) = &state.approvals {
+        crate::proxy::approval_flow::wire(&state, approvals);
+    }
+    Ok(state)
+}
+
+/// Spawns the tasks that follow files and clocks: policy and pin reload,
+/// budget sweeps, catalog expiry, virtual servers' members.
+fn spawn_watchers(
+    config: &Config,
+    state: &Arc<State>,
+    policy: &Arc<PolicyStore>,
+    pins: &Arc<crate::pins::PinStore>,
+) -> Vec<JoinHandle<()>> {
+    let mut background = vec![
+        tokio::spawn(policy.clone().watch(config.policy_reload)),
+        tokio::spawn(sweep_budgets(state.clone())),
+        tokio::spawn(watch_pins(pins.clone(), config.policy_reload)),
+        tokio::spawn(expire_catalogs(
+            state.catalogs.clone(),
+            Duration::from_secs(config.state.catalog_ttl_s),
+        )),
+    ];
+    if !state.virtuals.is_empty() {
+        background.push(tokio::spawn(watch_virtual_servers(state.clone())));
+    }
+    background
+}
+
+/// The TLS acceptor when `[server.tls]` is set, its certificate reloaded by
+/// a task pushed onto `background`.
+fn tls_acceptor(
+    config: &Config,
+    background: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<Option<TlsAcceptor>> {
+    let Some(tls_cfg) = &config.server.tls else {
+        return Ok(None);
+    };
+    let resolver = tls::ReloadingCert::load(tls_cfg)?;
+    background.push(tokio::spawn(tls::watch(resolver.clone(), tls_cfg.clone())));
+    Ok(Some(TlsAcceptor::from(Arc::new(tls::server_config(
+        resolver,
+    )))))
+}
+
+/// The `not_ready` and `degraded` gauge families, registered.
+fn register_readiness(
+    registry: &mut Registry,
+) -> (
+    Family<admin::ReasonLabel, Gauge>,
+    Family<admin::ReasonLabel, Gauge>,
+) {
+    let not_ready = Family::default();
+    registry.register(
+        "not_ready",
+        "1 while /readyz answers 503 for this reason (draining, audit_spool_refusing, audit_backlog)",
+        not_ready.clone(),
+    );
+    let degraded = Family::default();
+    registry.register(
+        "degraded",
+        "1 while a shared store cannot be asked (budget_store_unavailable, approvals_store_unavailable); /readyz still answers 200",
+        degraded.clone(),
+    );
+    (not_ready, degraded)
+}
+
+/// When budgets are shared in Redis: loads them (logged either way) and
+/// returns the task that follows other replicas' `list_changed`.
+async fn share_budgets(state: &State) -> Option<JoinHandle<()>> {
+    let shared = state.budgets.store()?;
+    match shared.load().await {
+        Ok(()) => tracing::info!("budgets and rate limits shared in Redis"),
+        Err(e) => {
+            tracing::error!(error = %e, "Redis not reachable at start; calls take their on_store_unavailable fallback until it is")
+        }
+    }
+    Some(tokio::spawn(crate::catalog::follow_list_changed(
+        shared.redis().clone(),
+        state.catalogs.clone(),
+    )))
+}
+
+/// The connection limits of the MCP listener, refusals counted in `metrics`.
+fn conn_limits(config: &Config, metrics: Arc<Metrics>) -> listener::ConnLimits {
+    listener::ConnLimits {
         connections: Arc::new(Semaphore::new(config.server.max_connections)),
         write_idle: config.server.write_idle_timeout,
         max_header_bytes: config.server.max_header_bytes,
@@ -230,18 +324,26 @@ pub async fn start_with(
             };
             counter.inc();
         }),
-    };
-    // The MCP listener on its serving threads (`server.threads`), each
-    // with its own accept loop on the one socket.
+    }
+}
+
+/// Serves MCP on its serving threads (`server.threads`), each with its own
+/// accept loop on the one socket.
+fn serve_mcp(
+    config: &Config,
+    state: &Arc<State>,
+    acceptor: Option<TlsAcceptor>,
+    mcp_listener: TcpListener,
+    rx: watch::Receiver<bool>,
+) -> anyhow::Result<JoinHandle<()>> {
+    let permits = Arc::new(Semaphore::new(config.server.max_concurrent_requests));
+    let drain = config.server.drain_timeout;
+    let shared = stack::Shared::new(state.clone(), permits);
+    let limits = conn_limits(config, state.metrics.clone());
     let mcp_listener = Arc::new(mcp_listener.into_std()?);
-    let mcp_rx = rx.clone();
     let serving = crate::server::shards::spawn(config.server.threads, move |_shard| {
-        let (shared, acceptor, rx, limits) = (
-            shared.clone(),
-            acceptor.clone(),
-            mcp_rx.clone(),
-            limits.clone(),
-        );
+        let (shared, acceptor, rx, limits) =
+            (shared.clone(), acceptor.clone(), rx.clone(), limits.clone());
         let listener = mcp_listener.try_clone().and_then(TcpListener::from_std);
         async move {
             match listener {
@@ -261,33 +363,27 @@ pub async fn start_with(
         }
     })
     .context("starting the serving threads")?;
-    let mcp = tokio::spawn(serving);
-    let admin_state = admin.clone();
-    let admin_task = tokio::spawn(listener::serve(
+    Ok(tokio::spawn(serving))
+}
+
+/// Serves the admin endpoints, without connection limits.
+fn serve_admin(
+    admin: Arc<Admin>,
+    admin_listener: TcpListener,
+    admin_rx: watch::Receiver<bool>,
+    drain: Duration,
+) -> JoinHandle<()> {
+    tokio::spawn(listener::serve(
         admin_listener,
         None,
         move |_conn| {
-            let admin = admin_state.clone();
+            let admin = admin.clone();
             hyper::service::service_fn(move |req| admin::handle(admin.clone(), req))
         },
         admin_rx,
         drain,
         listener::ConnLimits::unlimited(),
-    ));
-
-    tracing::info!(%mcp_addr, %admin_addr, tls = config.server.tls.is_some(), upstreams = config.upstreams.len(), "mcp-firewall listening");
-    Ok(Running {
-        mcp_addr,
-        admin_addr,
-        state,
-        shutdown,
-        admin_shutdown,
-        drain,
-        admin,
-        servers: vec![mcp, admin_task],
-        background,
-        audit: audit_handle,
-    })
+    ))
 }
 
 // === impl Running ===

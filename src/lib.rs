@@ -5,6 +5,7 @@
 //! reader finds every decision in one place. Everything else is either a step used
 //! there or a background task started by [`app`].
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 pub mod admin;
 pub mod app;

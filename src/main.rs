@@ -1,5 +1,6 @@
 //! The `mcp-firewall` command: parse the command line, load the config, run.
 //! Nothing else lives here.
+#![warn(clippy::too_many_lines)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -304,17 +305,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             upstream_bin,
             data_dir,
             spool_only,
-        } => {
-            use mcp_firewall::demo::run::{self, Options, UpstreamSource};
-            let mut opts = Options::new(listen, admin);
-            opts.upstream = match upstream {
-                Some(url) => UpstreamSource::Url(url),
-                None => UpstreamSource::Binary(upstream_bin),
-            };
-            opts.data_dir = data_dir;
-            opts.clickhouse = !spool_only;
-            run::run(opts).await
-        }
+        } => demo(listen, admin, upstream, upstream_bin, data_dir, spool_only).await,
         Command::Audit(args) => {
             let mut out = std::io::stdout();
             mcp_firewall::cli::audit::run(&args, &mut out).await
@@ -323,29 +314,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", mcp_firewall::approval::client::run(&args).await?);
             Ok(())
         }
-        Command::Check { config, live } => {
-            let cfg = config::load(&config)?;
-            print!("{}", cli::check(&cfg)?);
-            let (report, reachable) = cli::check_stores(&cfg).await;
-            print!("{report}");
-            let (report, pins_ok) = cli::check_pins(&cfg, live).await;
-            print!("{report}");
-            print!("{}", cli::check_virtual_servers(&cfg).await);
-            let (report, sandboxes_ok) = cli::check_sandboxes(&cfg);
-            print!("{report}");
-            if !sandboxes_ok {
-                anyhow::bail!(
-                    "a stdio upstream's required sandbox cannot be applied on this machine"
-                );
-            }
-            if !reachable {
-                anyhow::bail!("a configured store cannot be reached");
-            }
-            if !pins_ok {
-                anyhow::bail!("pins do not match the live upstreams");
-            }
-            Ok(())
-        }
+        Command::Check { config, live } => check(&config, live).await,
         Command::Pins(args) => {
             print!("{}", mcp_firewall::cli::pins::run(&args).await?);
             Ok(())
@@ -383,28 +352,83 @@ async fn run(command: Command) -> anyhow::Result<()> {
             coverage,
             paths,
         } => {
-            let cfg = config::load(&config)?;
-            let report = cli::policy_test::run(
-                &cfg,
-                &cli::policy_test::TestArgs {
-                    policy_dir,
-                    paths,
-                    junit,
-                    coverage,
-                },
-            )?;
-            print!("{}", report.text);
-            if report.failed > 0 {
-                anyhow::bail!("{} of {} policy cases failed", report.failed, report.total);
-            }
-            Ok(())
+            let args = cli::policy_test::TestArgs {
+                policy_dir,
+                paths,
+                junit,
+                coverage,
+            };
+            policy_tests(&config, &args)
         }
-        Command::Token(TokenCommand::Inspect { config, token }) => {
+        Command::Token(command) => token(command).await,
+    }
+}
+
+/// `mcp-firewall demo`: the sample estate with the firewall in front.
+async fn demo(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    upstream: Option<String>,
+    upstream_bin: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    spool_only: bool,
+) -> anyhow::Result<()> {
+    use mcp_firewall::demo::run::{self, Options, UpstreamSource};
+    let mut opts = Options::new(listen, admin);
+    opts.upstream = match upstream {
+        Some(url) => UpstreamSource::Url(url),
+        None => UpstreamSource::Binary(upstream_bin),
+    };
+    opts.data_dir = data_dir;
+    opts.clickhouse = !spool_only;
+    run::run(opts).await
+}
+
+/// `mcp-firewall check`: the config and its policies, the stores, the pins,
+/// the virtual servers and the sandboxes; fails on the first that cannot
+/// serve.
+async fn check(config: &std::path::Path, live: bool) -> anyhow::Result<()> {
+    let cfg = config::load(config)?;
+    print!("{}", cli::check(&cfg)?);
+    let (report, reachable) = cli::check_stores(&cfg).await;
+    print!("{report}");
+    let (report, pins_ok) = cli::check_pins(&cfg, live).await;
+    print!("{report}");
+    print!("{}", cli::check_virtual_servers(&cfg).await);
+    let (report, sandboxes_ok) = cli::check_sandboxes(&cfg);
+    print!("{report}");
+    if !sandboxes_ok {
+        anyhow::bail!("a stdio upstream's required sandbox cannot be applied on this machine");
+    }
+    if !reachable {
+        anyhow::bail!("a configured store cannot be reached");
+    }
+    if !pins_ok {
+        anyhow::bail!("pins do not match the live upstreams");
+    }
+    Ok(())
+}
+
+/// `mcp-firewall test`: the policy cases; fails when one fails.
+fn policy_tests(config: &std::path::Path, args: &cli::policy_test::TestArgs) -> anyhow::Result<()> {
+    let cfg = config::load(config)?;
+    let report = cli::policy_test::run(&cfg, args)?;
+    print!("{}", report.text);
+    if report.failed > 0 {
+        anyhow::bail!("{} of {} policy cases failed", report.failed, report.total);
+    }
+    Ok(())
+}
+
+/// `mcp-firewall token inspect|mint`.
+async fn token(command: TokenCommand) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::Inspect { config, token } => {
             let cfg = config::load(&config)?;
             println!("{}", cli::inspect(&cfg, &token).await?);
             Ok(())
         }
-        Command::Token(TokenCommand::Mint {
+        TokenCommand::Mint {
             config,
             audience,
             sub,
@@ -416,7 +440,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             ceiling,
             scope,
             lifetime_s,
-        }) => {
+        } => {
             let cfg = config::load(&config)?;
             let audience = match audience.as_str() {
                 "mcp" => Audience::Mcp,

@@ -325,132 +325,162 @@ impl Metrics {
             ),
             upstream_series: std::sync::OnceLock::new(),
         };
+        m.register_upstream(registry);
+        m.register_admission(registry);
+        m.register_refusals(registry);
+        m.register_calls(registry);
+        m.register_virtual_servers(registry);
+        m.register_stdio(registry);
+        Arc::new(m)
+    }
+
+    /// Registers the per-upstream request counts and latencies.
+    fn register_upstream(&self, registry: &mut Registry) {
         registry.register(
             "upstream_requests",
             "Requests sent to an upstream, by answer class (2xx, 4xx, 5xx; error: no answer)",
-            m.upstream_requests.clone(),
+            self.upstream_requests.clone(),
         );
         registry.register(
             "upstream_latency_seconds",
             "Time from sending a request to the upstream's response headers",
-            m.upstream_latency.clone(),
+            self.upstream_latency.clone(),
         );
+    }
+
+    /// Registers what admission relies on: shared stores, shadow policy, policy, budgets.
+    fn register_admission(&self, registry: &mut Registry) {
         registry.register(
             "store_fallback",
             "tools/call a shared store could not admit: fallback=open admitted by this replica's memory budgets, fallback=closed refused (-31006)",
-            m.store_fallback.clone(),
+            self.store_fallback.clone(),
         );
         registry.register(
             "shadow_differences",
             "tools/call the shadow policy ([policy] shadow_dir) would decide otherwise than the live one, by both decisions",
-            m.shadow_differences.clone(),
+            self.shadow_differences.clone(),
         );
         registry.register(
             "policy_info",
             "1 for the SHA-256 (first 16 bytes) of the policy this replica decides with",
-            m.policy.clone(),
+            self.policy.clone(),
         );
         registry.register(
             "budget_runs_evicted",
             "Runs whose budget state was evicted (the longest idle first) to stay under limits.max_tracked_runs",
-            m.budget_runs_evicted.clone(),
-        );
-        registry.register(
-            "refused_ip",
-            "Requests refused by the per-address limit (before token verification)",
-            m.refused_ip.clone(),
-        );
-        registry.register(
-            "refused_connections",
-            "Connections closed at once because server.max_connections were open",
-            m.refused_connections.clone(),
-        );
-        registry.register(
-            "write_idle_closed",
-            "Connections closed because the client stopped reading (server.write_idle_timeout_ms)",
-            m.write_idle_closed.clone(),
-        );
-        registry.register(
-            "refused_rows_dropped",
-            "Audit rows of messages refused before a decision that were not written (the principal sent more than 10 per second)",
-            m.refused_rows_dropped.clone(),
-        );
-        registry.register(
-            "tool_calls",
-            "tools/call messages by upstream, tool and stop reason",
-            m.calls.clone(),
-        );
-        registry.register(
-            "screen_findings",
-            "What content screening found in upstream answers, by upstream, kind and action (flag, redact, block)",
-            m.screen_findings.clone(),
-        );
-        registry.register(
-            "taint_gates",
-            "Calls a [taint] gate held for approval or refused, by rule (trifecta, after_untrusted) and gate",
-            m.taint_gates.clone(),
-        );
-        registry.register(
-            "run_labels",
-            "Answers that gave their run a label (untrusted, private)",
-            m.run_labels.clone(),
-        );
-        registry.register(
-            "label_store_errors",
-            "Run labels that could not be stored in or read from Redis (reads fail closed)",
-            m.label_store_errors.clone(),
-        );
-        registry.register(
-            "virtual_server_late_members",
-            "Members of a virtual server that answered a merged request (a list, initialize) later than list_timeout_ms",
-            m.virtual_late.clone(),
-        );
-        registry.register(
-            "virtual_server_member_up",
-            "1 when a virtual server's member answered when last asked, 0 when it is down",
-            m.virtual_member_up.clone(),
-        );
-        registry.register(
-            "virtual_server_names_dropped",
-            "Names a virtual server leaves out by its collision rule, by kind (tool, prompt, resource template, resource)",
-            m.virtual_dropped.clone(),
+            self.budget_runs_evicted.clone(),
         );
         registry.register(
             "budget_runs",
             "Runs whose step and cost budgets are tracked in memory",
-            m.budget_runs.clone(),
+            self.budget_runs.clone(),
         );
+    }
+
+    /// Registers what is refused or dropped before a decision.
+    fn register_refusals(&self, registry: &mut Registry) {
+        registry.register(
+            "refused_ip",
+            "Requests refused by the per-address limit (before token verification)",
+            self.refused_ip.clone(),
+        );
+        registry.register(
+            "refused_connections",
+            "Connections closed at once because server.max_connections were open",
+            self.refused_connections.clone(),
+        );
+        registry.register(
+            "write_idle_closed",
+            "Connections closed because the client stopped reading (server.write_idle_timeout_ms)",
+            self.write_idle_closed.clone(),
+        );
+        registry.register(
+            "refused_rows_dropped",
+            "Audit rows of messages refused before a decision that were not written (the principal sent more than 10 per second)",
+            self.refused_rows_dropped.clone(),
+        );
+    }
+
+    /// Registers what calls and answers did: stop reasons, findings, taint gates, labels.
+    fn register_calls(&self, registry: &mut Registry) {
+        registry.register(
+            "tool_calls",
+            "tools/call messages by upstream, tool and stop reason",
+            self.calls.clone(),
+        );
+        registry.register(
+            "screen_findings",
+            "What content screening found in upstream answers, by upstream, kind and action (flag, redact, block)",
+            self.screen_findings.clone(),
+        );
+        registry.register(
+            "taint_gates",
+            "Calls a [taint] gate held for approval or refused, by rule (trifecta, after_untrusted) and gate",
+            self.taint_gates.clone(),
+        );
+        registry.register(
+            "run_labels",
+            "Answers that gave their run a label (untrusted, private)",
+            self.run_labels.clone(),
+        );
+        registry.register(
+            "label_store_errors",
+            "Run labels that could not be stored in or read from Redis (reads fail closed)",
+            self.label_store_errors.clone(),
+        );
+    }
+
+    /// Registers virtual servers' members: late, up or down, names left out.
+    fn register_virtual_servers(&self, registry: &mut Registry) {
+        registry.register(
+            "virtual_server_late_members",
+            "Members of a virtual server that answered a merged request (a list, initialize) later than list_timeout_ms",
+            self.virtual_late.clone(),
+        );
+        registry.register(
+            "virtual_server_member_up",
+            "1 when a virtual server's member answered when last asked, 0 when it is down",
+            self.virtual_member_up.clone(),
+        );
+        registry.register(
+            "virtual_server_names_dropped",
+            "Names a virtual server leaves out by its collision rule, by kind (tool, prompt, resource template, resource)",
+            self.virtual_dropped.clone(),
+        );
+    }
+
+    /// Registers stdio server processes and their sandboxes.
+    fn register_stdio(&self, registry: &mut Registry) {
         registry.register(
             "stdio_instances",
             "Stdio server processes running, per upstream",
-            m.stdio_instances.clone(),
+            self.stdio_instances.clone(),
         );
         registry.register(
             "stdio_starts",
             "Stdio server processes started (first use, new session, restart after a crash)",
-            m.stdio_starts.clone(),
+            self.stdio_starts.clone(),
         );
         registry.register(
             "stdio_start_seconds",
             "Time to start a stdio server process, sandbox included",
-            m.stdio_start_seconds.clone(),
+            self.stdio_start_seconds.clone(),
         );
         registry.register(
             "stdio_exits",
             "Stdio server processes that ended, by reason (crashed, stopped)",
-            m.stdio_exits.clone(),
+            self.stdio_exits.clone(),
         );
         registry.register(
             "stdio_egress_refused",
             "Connections a stdio server's egress proxy refused (not in its network allow-list)",
-            m.stdio_egress_refused.clone(),
+            self.stdio_egress_refused.clone(),
         );
         registry.register(
             "sandbox_layer_missing",
             "1 for each sandbox layer a stdio upstream runs without (required = false)",
-            m.sandbox_layer_missing.clone(),
+            self.sandbox_layer_missing.clone(),
         );
-        Arc::new(m)
     }
 
     /// Counts a call a shared store could not admit.

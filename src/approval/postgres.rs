@@ -272,67 +272,12 @@ impl PgStore {
         inner
             .run(|c| async move {
                 // An overdue live approval of this call ends first.
-                let expired = c
-                    .query(
-                        &format!(
-                            "WITH old AS (SELECT id, status FROM mcp_firewall_approvals \
-                             WHERE {KEY_MATCH} AND status IN ('pending', 'approved') \
-                             AND expires_ms <= $7 FOR UPDATE) \
-                             UPDATE mcp_firewall_approvals a SET status = 'expired', ended_ms = a.expires_ms \
-                             FROM old WHERE a.id = old.id RETURNING {}, old.status AS from_status",
-                            prefixed("a")
-                        ),
-                        &[
-                            &key.tenant,
-                            &key.run_id,
-                            &key.subject,
-                            &key.upstream,
-                            &key.tool,
-                            &key.args_sha256.as_slice(),
-                            &now_i,
-                        ],
-                    )
-                    .await?;
-                let mut transitions = Vec::new();
-                for row in &expired {
-                    let a = approval(row)?;
-                    let from = from_status(row)?;
-                    transitions.push(Transition {
-                        at_ms: a.expires_ms,
-                        approval: a,
-                        from: Some(from),
-                        to: Status::Expired,
-                    });
-                }
+                let mut transitions = expire_overdue(&c, key, now_i).await?;
                 for _ in 0..3 {
-                    let live = c
-                        .query_opt(
-                            &format!(
-                                "SELECT {COLS} FROM mcp_firewall_approvals WHERE {KEY_MATCH} \
-                                 AND status IN ('pending', 'approved')"
-                            ),
-                            &[
-                                &key.tenant,
-                                &key.run_id,
-                                &key.subject,
-                                &key.upstream,
-                                &key.tool,
-                                &key.args_sha256.as_slice(),
-                            ],
-                        )
-                        .await?;
-                    if let Some(row) = live {
-                        return Ok((Ok(approval(&row)?), transitions));
+                    if let Some(a) = live_approval(&c, key).await? {
+                        return Ok((Ok(a), transitions));
                     }
-                    let pending: i64 = c
-                        .query_one(
-                            "SELECT count(*) FROM mcp_firewall_approvals WHERE tenant = $1 \
-                             AND status = 'pending' AND expires_ms > $2",
-                            &[&key.tenant, &now_i],
-                        )
-                        .await?
-                        .get(0);
-                    let pending = usize::try_from(pending).unwrap_or(usize::MAX);
+                    let pending = pending_count(&c, &key.tenant, now_i).await?;
                     if pending >= max_pending {
                         return Ok((
                             Err(ApprovalError::TooManyPending {
@@ -343,41 +288,8 @@ impl PgStore {
                             transitions,
                         ));
                     }
-                    let id = ApprovalId::generate().map_err(|e| Pg::Other(e.to_string()))?;
                     let expires = now.saturating_add(expiry_ms).min(token_exp_ms);
-                    let arguments = new.arguments.to_string();
-                    let inserted = c
-                        .query_opt(
-                            &format!(
-                                "INSERT INTO mcp_firewall_approvals (id, tenant, run_id, subject, \
-                                 upstream, tool, args_sha256, agent, risk, arguments, token_exp, \
-                                 preview_tool, self_approval, created_ms, expires_ms, status, why) \
-                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 'pending', $16) \
-                                 ON CONFLICT (tenant, run_id, subject, upstream, tool, args_sha256) \
-                                 WHERE status IN ('pending', 'approved') DO NOTHING RETURNING {COLS}"
-                            ),
-                            &[
-                                &id.as_str(),
-                                &key.tenant,
-                                &key.run_id,
-                                &key.subject,
-                                &key.upstream,
-                                &key.tool,
-                                &key.args_sha256.as_slice(),
-                                &new.agent,
-                                &new.risk.as_str(),
-                                &arguments,
-                                &to_i64(new.token_exp),
-                                &new.preview_tool,
-                                &new.self_approval,
-                                &now_i,
-                                &to_i64(expires),
-                                &new.why,
-                            ],
-                        )
-                        .await?;
-                    if let Some(row) = inserted {
-                        let a = approval(&row)?;
+                    if let Some(a) = insert_pending(&c, new, now_i, expires).await? {
                         transitions.push(Transition {
                             approval: a.clone(),
                             from: None,
@@ -1063,6 +975,128 @@ async fn poll(inner: Weak<Inner>) {
         drop(i);
         tokio::time::sleep(every).await;
     }
+}
+/// Expires the live approvals of call `key` that are overdue at `now`; their
+/// transitions.
+async fn expire_overdue(
+    c: &deadpool_postgres::Client,
+    key: &CallKey,
+    now: i64,
+) -> Result<Vec<Transition>, Pg> {
+    let expired = c
+        .query(
+            &format!(
+                "WITH old AS (SELECT id, status FROM mcp_firewall_approvals \
+                 WHERE {KEY_MATCH} AND status IN ('pending', 'approved') \
+                 AND expires_ms <= $7 FOR UPDATE) \
+                 UPDATE mcp_firewall_approvals a SET status = 'expired', ended_ms = a.expires_ms \
+                 FROM old WHERE a.id = old.id RETURNING {}, old.status AS from_status",
+                prefixed("a")
+            ),
+            &[
+                &key.tenant,
+                &key.run_id,
+                &key.subject,
+                &key.upstream,
+                &key.tool,
+                &key.args_sha256.as_slice(),
+                &now,
+            ],
+        )
+        .await?;
+    let mut transitions = Vec::new();
+    for row in &expired {
+        let a = approval(row)?;
+        let from = from_status(row)?;
+        transitions.push(Transition {
+            at_ms: a.expires_ms,
+            approval: a,
+            from: Some(from),
+            to: Status::Expired,
+        });
+    }
+    Ok(transitions)
+}
+
+/// The live (pending or approved) approval of call `key`, if any.
+async fn live_approval(
+    c: &deadpool_postgres::Client,
+    key: &CallKey,
+) -> Result<Option<Approval>, Pg> {
+    let live = c
+        .query_opt(
+            &format!(
+                "SELECT {COLS} FROM mcp_firewall_approvals WHERE {KEY_MATCH} \
+                 AND status IN ('pending', 'approved')"
+            ),
+            &[
+                &key.tenant,
+                &key.run_id,
+                &key.subject,
+                &key.upstream,
+                &key.tool,
+                &key.args_sha256.as_slice(),
+            ],
+        )
+        .await?;
+    live.as_ref().map(approval).transpose()
+}
+
+/// How many of `tenant`'s approvals are pending and not overdue at `now`.
+async fn pending_count(c: &deadpool_postgres::Client, tenant: &str, now: i64) -> Result<usize, Pg> {
+    let pending: i64 = c
+        .query_one(
+            "SELECT count(*) FROM mcp_firewall_approvals WHERE tenant = $1 \
+             AND status = 'pending' AND expires_ms > $2",
+            &[&tenant, &now],
+        )
+        .await?
+        .get(0);
+    Ok(usize::try_from(pending).unwrap_or(usize::MAX))
+}
+
+/// Files `new` as pending, filed at `now` and expiring at `expires`;
+/// `None` when a live approval of the same call is already there.
+async fn insert_pending(
+    c: &deadpool_postgres::Client,
+    new: &NewApproval,
+    now: i64,
+    expires: u64,
+) -> Result<Option<Approval>, Pg> {
+    let key = &new.key;
+    let id = ApprovalId::generate().map_err(|e| Pg::Other(e.to_string()))?;
+    let arguments = new.arguments.to_string();
+    let inserted = c
+        .query_opt(
+            &format!(
+                "INSERT INTO mcp_firewall_approvals (id, tenant, run_id, subject, \
+                 upstream, tool, args_sha256, agent, risk, arguments, token_exp, \
+                 preview_tool, self_approval, created_ms, expires_ms, status, why) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 'pending', $16) \
+                 ON CONFLICT (tenant, run_id, subject, upstream, tool, args_sha256) \
+                 WHERE status IN ('pending', 'approved') DO NOTHING RETURNING {COLS}"
+            ),
+            &[
+                &id.as_str(),
+                &key.tenant,
+                &key.run_id,
+                &key.subject,
+                &key.upstream,
+                &key.tool,
+                &key.args_sha256.as_slice(),
+                &new.agent,
+                &new.risk.as_str(),
+                &arguments,
+                &to_i64(new.token_exp),
+                &new.preview_tool,
+                &new.self_approval,
+                &now,
+                &to_i64(expires),
+                &new.why,
+            ],
+        )
+        .await?;
+    inserted.as_ref().map(approval).transpose()
 }
 
 fn prefixed(alias: &str) -> String {

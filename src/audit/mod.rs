@@ -76,6 +76,7 @@ mod spool;
 #[cfg(fuzzing)]
 pub use spool::torn as spool_torn;
 pub mod verify;
+mod verify_report;
 
 use std::cell::RefCell;
 use std::fmt;

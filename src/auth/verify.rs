@@ -272,55 +272,9 @@ impl Verifier {
         let raw: RawClaims<'_> = serde_json::from_slice(payload)
             .map_err(|_| TokenError::Malformed(Malformed::PayloadJson))?;
 
-        let iss = string(raw.iss, "iss")?;
-        if !inner.issuers.contains(&iss) {
-            return Err(TokenError::UntrustedIssuer {
-                iss: token::shown(&iss),
-            });
-        }
-
-        let aud = required(raw.aud, "aud")?;
-        let (has_mcp, has_admin) = audiences(aud, &inner.mcp_audience, &inner.admin_audience)?;
-        if has_mcp && has_admin {
-            return Err(TokenError::BothAudiences);
-        }
-        let has_expected = match audience {
-            Audience::Mcp => has_mcp,
-            Audience::Admin => has_admin,
-        };
-        if !has_expected {
-            return Err(TokenError::WrongAudience { expected: audience });
-        }
-
-        let exp = number(raw.exp, "exp")?;
-        let iat = number(raw.iat, "iat")?;
-        let nbf = raw.nbf.map(|v| number(Some(v), "nbf")).transpose()?;
-        let run_exp = match raw.run_exp {
-            Some(v) => Some(number(Some(v), "run_exp")?),
-            None => None,
-        };
-        let leeway = inner.leeway;
-        if now >= exp.saturating_add(leeway) {
-            return Err(TokenError::Expired { exp, now });
-        }
-        if let Some(nbf) = nbf.filter(|nbf| *nbf > now.saturating_add(leeway)) {
-            return Err(TokenError::NotYetValid { nbf, now });
-        }
-        if iat > now.saturating_add(leeway) {
-            return Err(TokenError::IssuedInFuture { iat, now });
-        }
-        if exp <= iat {
-            return Err(TokenError::InvalidClaim {
-                claim: "exp",
-                problem: ClaimProblem::NotAfterIat,
-            });
-        }
-        if exp - iat > inner.max_lifetime {
-            return Err(TokenError::LifetimeTooLong {
-                lifetime_s: exp - iat,
-                max_s: inner.max_lifetime,
-            });
-        }
+        let iss = inner.trusted_issuer(raw.iss)?;
+        inner.check_audience(raw.aud, audience)?;
+        let times = inner.check_times(&raw, now)?;
 
         let sub = string(raw.sub, "sub")?;
         let tenant_id = string(raw.tenant_id, "tenant_id")?;
@@ -354,15 +308,7 @@ impl Verifier {
                 iss: token::shown(&iss),
             });
         }
-        let needed = match audience {
-            Audience::Mcp => &inner.required_scope,
-            Audience::Admin => &inner.admin_scope,
-        };
-        if !scopes.iter().any(|s| s == needed) {
-            return Err(TokenError::MissingScope {
-                scope: needed.clone(),
-            });
-        }
+        inner.check_scope(&scopes, audience)?;
 
         // What tokens of one agent have in common is held once.
         let shared = &inner.shared;
@@ -377,14 +323,106 @@ impl Verifier {
             scopes: shared.list(scopes),
             jti,
             iss: shared.text(&iss),
-            exp,
-            iat,
-            nbf,
-            run_exp,
+            exp: times.exp,
+            iat: times.iat,
+            nbf: times.nbf,
+            run_exp: times.run_exp,
             audience,
             kid: header.kid,
             delegation: delegation.into(),
         })
+    }
+}
+
+/// A token's time claims, checked against the clock.
+struct Times {
+    exp: u64,
+    iat: u64,
+    nbf: Option<u64>,
+    run_exp: Option<u64>,
+}
+
+impl Inner {
+    /// `iss`, when it is one of the trusted issuers.
+    fn trusted_issuer(&self, raw: Option<&RawValue>) -> Result<String, TokenError> {
+        let iss = string(raw, "iss")?;
+        if !self.issuers.contains(&iss) {
+            return Err(TokenError::UntrustedIssuer {
+                iss: token::shown(&iss),
+            });
+        }
+        Ok(iss)
+    }
+
+    /// `aud` names the expected audience, and not both.
+    fn check_audience(&self, raw: Option<&RawValue>, audience: Audience) -> Result<(), TokenError> {
+        let aud = required(raw, "aud")?;
+        let (has_mcp, has_admin) = audiences(aud, &self.mcp_audience, &self.admin_audience)?;
+        if has_mcp && has_admin {
+            return Err(TokenError::BothAudiences);
+        }
+        let has_expected = match audience {
+            Audience::Mcp => has_mcp,
+            Audience::Admin => has_admin,
+        };
+        if !has_expected {
+            return Err(TokenError::WrongAudience { expected: audience });
+        }
+        Ok(())
+    }
+
+    /// `exp`, `iat`, `nbf` and `run_exp`: well-formed, valid at `now` within
+    /// the leeway, and a lifetime no longer than allowed.
+    fn check_times(&self, raw: &RawClaims<'_>, now: u64) -> Result<Times, TokenError> {
+        let exp = number(raw.exp, "exp")?;
+        let iat = number(raw.iat, "iat")?;
+        let nbf = raw.nbf.map(|v| number(Some(v), "nbf")).transpose()?;
+        let run_exp = match raw.run_exp {
+            Some(v) => Some(number(Some(v), "run_exp")?),
+            None => None,
+        };
+        let leeway = self.leeway;
+        if now >= exp.saturating_add(leeway) {
+            return Err(TokenError::Expired { exp, now });
+        }
+        if let Some(nbf) = nbf.filter(|nbf| *nbf > now.saturating_add(leeway)) {
+            return Err(TokenError::NotYetValid { nbf, now });
+        }
+        if iat > now.saturating_add(leeway) {
+            return Err(TokenError::IssuedInFuture { iat, now });
+        }
+        if exp <= iat {
+            return Err(TokenError::InvalidClaim {
+                claim: "exp",
+                problem: ClaimProblem::NotAfterIat,
+            });
+        }
+        if exp - iat > self.max_lifetime {
+            return Err(TokenError::LifetimeTooLong {
+                lifetime_s: exp - iat,
+                max_s: self.max_lifetime,
+            });
+        }
+        Ok(Times {
+            exp,
+            iat,
+            nbf,
+            run_exp,
+        })
+    }
+
+    /// `scopes` hold the scope `audience` needs.
+    fn check_scope(&self, scopes: &[String], audience: Audience) -> Result<(), TokenError> {
+        let needed = match audience {
+            Audience::Mcp => &self.required_scope,
+            Audience::Admin => &self.admin_scope,
+        };
+        if !scopes.iter().any(|s| s == needed) {
+            return Err(TokenError::MissingScope {
+                scope: needed.clone(),
+            });
+        }
+        Ok(())
     }
 }
 

@@ -306,95 +306,240 @@ pub async fn run(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> any
         return verify(args, out).await;
     }
     let source = source(args)?;
+    let json = args.json;
     match (&args.command, &source) {
-        (AuditCommand::Tail { lines, once }, _) => tail(&source, *lines, *once, args.json, out).await,
+        (AuditCommand::Tail { lines, once }, _) => tail(&source, *lines, *once, json, out).await,
         (_, Source::Spool(_)) => anyhow::bail!(
             "a spool holds rows not yet in ClickHouse; `run`, `denials`, `flagged` and `stats` ask ClickHouse (--clickhouse or --config)"
         ),
-        (AuditCommand::Run { run_id }, Source::ClickHouse { client, database, table }) => {
-            let rows = fetch(client.query(&query(Question::Run, database, table)).bind(run_id.as_str())).await?;
-            if rows.is_empty() && !args.json {
-                writeln!(out, "no rows for run {run_id:?}")?;
-                return Ok(());
-            }
-            print_rows(&rows, &["time_ms", "method", "tool", "risk", "decision", "stop_reason", "latency_us", "approver", "approved_ms", "approval_id", "policy_sha256", "pin_sha256", "delegation", "token_jti", "reason"], args.json, out)
-        }
-        (AuditCommand::Denials { since }, Source::ClickHouse { client, database, table }) => {
-            let back = parse_since(since)
-                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
-            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
-            let rows = fetch(client.query(&query(Question::Denials, database, table)).bind(from)).await?;
-            print_rows(&rows, &["n", "agent_role", "decision", "stop_reason", "reason"], args.json, out)
-        }
-        (AuditCommand::Flagged { since }, Source::ClickHouse { client, database, table }) => {
-            let back = parse_since(since)
-                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
-            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
-            let rows = fetch(client.query(&query(Question::Flagged, database, table)).bind(from)).await?;
-            print_rows(&rows, &["time_ms", "run_id", "upstream", "method", "tool", "screen_kinds", "screen_action", "run_labels"], args.json, out)
-        }
-        (AuditCommand::Shadow { since }, Source::ClickHouse { client, database, table }) => {
-            let back = parse_since(since)
-                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
-            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
-            let tools = fetch(client.query(&query(Question::ShadowTools, database, table)).bind(from)).await?;
-            let principals = fetch(client.query(&query(Question::ShadowPrincipals, database, table)).bind(from)).await?;
-            if !args.json {
-                writeln!(out, "calls the shadow policy would decide otherwise, since {since} (decision: live; shadow_decision: the shadow set's)")?;
-                if tools.is_empty() {
-                    writeln!(out, "none")?;
-                    return Ok(());
-                }
-                writeln!(out, "\nby tool:")?;
-            }
-            print_rows(&tools, &["calls", "principals", "upstream", "tool", "decision", "shadow_decision"], args.json, out)?;
-            if !args.json {
-                writeln!(out, "\nby principal:")?;
-            }
-            print_rows(&principals, &["calls", "tools", "tenant", "subject", "agent_role", "decision", "shadow_decision"], args.json, out)
-        }
-        (AuditCommand::Replay { policy_dir, since, limit }, Source::ClickHouse { client, database, table }) => {
-            let cfg = match &args.config {
-                Some(path) => crate::config::load(path)?,
-                None => anyhow::bail!("replay needs --config: the upstreams as `serve` sees them"),
+        (
+            command,
+            Source::ClickHouse {
+                client,
+                database,
+                table,
+            },
+        ) => {
+            let t = Table {
+                client,
+                database,
+                table,
             };
-            let back = parse_since(since)
-                .ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
-            let from = crate::clock::now_ms().saturating_sub(back.as_millis() as u64);
-            let mut replay = super::replay::Replay::new(policy_dir)?;
-            let rows = client
-                .query(&query(Question::Replay, database, table))
-                .bind(from)
-                .bind(*limit)
-                .fetch_bytes("JSONEachRow")?;
-            let mut lines = tokio::io::AsyncBufReadExt::lines(rows);
-            while let Some(line) = lines
-                .next_line()
-                .await
-                .map_err(|e| anyhow::anyhow!("ClickHouse: {e}"))?
-            {
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let row: Map<String, Value> = serde_json::from_str(&line)
-                    .map_err(|e| anyhow::anyhow!("ClickHouse answered {line:?}: {e}"))?;
-                replay.row(&cfg, &row);
-            }
-            let report = replay.finish();
-            if args.json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&report.json())?)?;
-            } else {
-                write!(out, "{}", report.render(since))?;
-            }
-            Ok(())
+            ask(args, command, &source, &t, out).await
         }
-        (AuditCommand::Stats { days }, Source::ClickHouse { client, database, table }) => {
-            let rows = fetch(client.query(&query(Question::Stats, database, table)).bind(*days)).await?;
-            print_rows(&rows, &["day", "tool", "calls", "denials", "errors", "runs", "p95_us"], args.json, out)
-        }
-        (AuditCommand::Keygen { .. } | AuditCommand::Pubkey { .. }, _) => keys(&args.command, out),
-        (AuditCommand::Verify { .. }, _) => verify(args, out).await,
     }
+}
+
+/// The table a question is asked of.
+struct Table<'a> {
+    client: &'a clickhouse::Client,
+    database: &'a str,
+    table: &'a str,
+}
+
+impl Table<'_> {
+    /// The query of question `q` on this table, values still to bind.
+    fn query(&self, q: Question) -> clickhouse::query::Query {
+        self.client.query(&query(q, self.database, self.table))
+    }
+}
+
+/// Runs a command that asks ClickHouse's table `t` (of `source`).
+async fn ask(
+    args: &AuditArgs,
+    command: &AuditCommand,
+    source: &Source,
+    t: &Table<'_>,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    let json = args.json;
+    match command {
+        AuditCommand::Run { run_id } => run_timeline(t, run_id, json, out).await,
+        AuditCommand::Denials { since } => {
+            let rows = fetch(t.query(Question::Denials).bind(since_ms(since)?)).await?;
+            print_rows(
+                &rows,
+                &["n", "agent_role", "decision", "stop_reason", "reason"],
+                json,
+                out,
+            )
+        }
+        AuditCommand::Flagged { since } => {
+            let rows = fetch(t.query(Question::Flagged).bind(since_ms(since)?)).await?;
+            print_rows(
+                &rows,
+                &[
+                    "time_ms",
+                    "run_id",
+                    "upstream",
+                    "method",
+                    "tool",
+                    "screen_kinds",
+                    "screen_action",
+                    "run_labels",
+                ],
+                json,
+                out,
+            )
+        }
+        AuditCommand::Shadow { since } => shadow(t, since, json, out).await,
+        AuditCommand::Replay {
+            policy_dir,
+            since,
+            limit,
+        } => replay(args, t, policy_dir, since, *limit, out).await,
+        AuditCommand::Stats { days } => {
+            let rows = fetch(t.query(Question::Stats).bind(*days)).await?;
+            print_rows(
+                &rows,
+                &[
+                    "day", "tool", "calls", "denials", "errors", "runs", "p95_us",
+                ],
+                json,
+                out,
+            )
+        }
+        AuditCommand::Tail { lines, once } => tail(source, *lines, *once, json, out).await,
+        AuditCommand::Keygen { .. } | AuditCommand::Pubkey { .. } => keys(command, out),
+        AuditCommand::Verify { .. } => verify(args, out).await,
+    }
+}
+
+/// The instant `since` (`30m`, `1h`, `7d`) before now, in ms.
+fn since_ms(since: &str) -> anyhow::Result<u64> {
+    let back =
+        parse_since(since).ok_or_else(|| anyhow::anyhow!("--since {since:?}: e.g. 30m, 1h, 7d"))?;
+    Ok(crate::clock::now_ms().saturating_sub(back.as_millis() as u64))
+}
+
+/// `audit run RUN_ID`: the run's timeline.
+async fn run_timeline(
+    t: &Table<'_>,
+    run_id: &str,
+    json: bool,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    let rows = fetch(t.query(Question::Run).bind(run_id)).await?;
+    if rows.is_empty() && !json {
+        writeln!(out, "no rows for run {run_id:?}")?;
+        return Ok(());
+    }
+    print_rows(
+        &rows,
+        &[
+            "time_ms",
+            "method",
+            "tool",
+            "risk",
+            "decision",
+            "stop_reason",
+            "latency_us",
+            "approver",
+            "approved_ms",
+            "approval_id",
+            "policy_sha256",
+            "pin_sha256",
+            "delegation",
+            "token_jti",
+            "reason",
+        ],
+        json,
+        out,
+    )
+}
+
+/// `audit shadow --since`: the calls the shadow policy would decide
+/// otherwise, by tool and by principal.
+async fn shadow(
+    t: &Table<'_>,
+    since: &str,
+    json: bool,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    let from = since_ms(since)?;
+    let tools = fetch(t.query(Question::ShadowTools).bind(from)).await?;
+    let principals = fetch(t.query(Question::ShadowPrincipals).bind(from)).await?;
+    if !json {
+        writeln!(out, "calls the shadow policy would decide otherwise, since {since} (decision: live; shadow_decision: the shadow set's)")?;
+        if tools.is_empty() {
+            writeln!(out, "none")?;
+            return Ok(());
+        }
+        writeln!(out, "\nby tool:")?;
+    }
+    print_rows(
+        &tools,
+        &[
+            "calls",
+            "principals",
+            "upstream",
+            "tool",
+            "decision",
+            "shadow_decision",
+        ],
+        json,
+        out,
+    )?;
+    if !json {
+        writeln!(out, "\nby principal:")?;
+    }
+    print_rows(
+        &principals,
+        &[
+            "calls",
+            "tools",
+            "tenant",
+            "subject",
+            "agent_role",
+            "decision",
+            "shadow_decision",
+        ],
+        json,
+        out,
+    )
+}
+
+/// `audit replay`: re-decides the recorded calls since `since` (at most
+/// `limit`, newest first) under the policy in `policy_dir`.
+async fn replay(
+    args: &AuditArgs,
+    t: &Table<'_>,
+    policy_dir: &Path,
+    since: &str,
+    limit: u64,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
+    let cfg = match &args.config {
+        Some(path) => crate::config::load(path)?,
+        None => anyhow::bail!("replay needs --config: the upstreams as `serve` sees them"),
+    };
+    let from = since_ms(since)?;
+    let mut replay = super::replay::Replay::new(policy_dir)?;
+    let rows = t
+        .query(Question::Replay)
+        .bind(from)
+        .bind(limit)
+        .fetch_bytes("JSONEachRow")?;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(rows);
+    while let Some(line) = lines
+        .next_line()
+        .await
+        .map_err(|e| anyhow::anyhow!("ClickHouse: {e}"))?
+    {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Map<String, Value> = serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("ClickHouse answered {line:?}: {e}"))?;
+        replay.row(&cfg, &row);
+    }
+    let report = replay.finish();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report.json())?)?;
+    } else {
+        write!(out, "{}", report.render(since))?;
+    }
+    Ok(())
 }
 
 /// `audit verify`: the report, then `Err` unless the trail holds.
@@ -412,68 +557,28 @@ async fn verify(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyh
     else {
         anyhow::bail!("not a verify command");
     };
-    let instant = |flag: &str, text: &Option<String>, end: bool| -> anyhow::Result<Option<u64>> {
-        text.as_deref()
-            .map(|t| {
-                crate::clock::parse_instant_ms(t, end).ok_or_else(|| {
-                    anyhow::anyhow!("{flag} {t:?}: RFC 3339, YYYY-MM-DD or ms since the epoch")
-                })
-            })
-            .transpose()
-    };
-    let mut keys = Vec::new();
-    for k in public_keys {
-        let text = if k.starts_with("ed25519:") {
-            k.clone()
-        } else {
-            std::fs::read_to_string(k).map_err(|e| anyhow::anyhow!("--public-key {k}: {e}"))?
-        };
-        keys.push(crate::audit::chain::parse_public_key(&text).ok_or_else(|| {
-            anyhow::anyhow!("--public-key {k}: not `ed25519:<base64 of 32 bytes>`")
-        })?);
-    }
+    let mut keys = read_public_keys(public_keys)?;
     let cfg = match &args.config {
         Some(path) => Some(crate::config::load(path)?),
         None => None,
     };
+    let audit = cfg.as_ref().and_then(|c| c.audit.as_ref());
     if keys.is_empty() {
-        if let Some(path) = cfg
-            .as_ref()
-            .and_then(|c| c.audit.as_ref())
-            .and_then(|a| a.signing_key_file.as_ref())
-        {
+        if let Some(path) = audit.and_then(|a| a.signing_key_file.as_ref()) {
             let signer = crate::audit::load_signer(path)?;
             keys.extend(crate::audit::chain::parse_public_key(
                 &signer.public_key_text(),
             ));
         }
     }
-    let audit = cfg.as_ref().and_then(|c| c.audit.as_ref());
-    // The writer's own copy of its checkpoints, unless the auditor names
-    // the files: a configured file that is missing is an error, not an
-    // empty list.
-    let mut files = checkpoint_files.clone();
-    if files.is_empty() {
-        if let Some(a) = audit.filter(|a| a.signing_key_file.is_some()) {
-            let path = a
-                .checkpoint_file
-                .clone()
-                .unwrap_or_else(|| a.spool.dir.join("checkpoints.jsonl"));
-            anyhow::ensure!(
-                path.is_file(),
-                "the config's checkpoint file {} is missing: pass the writer's copy with --checkpoints FILE",
-                path.display()
-            );
-            files.push(path);
-        }
-    }
+    let files = checkpoint_files_to_read(checkpoint_files, audit)?;
     let every = audit.map_or_else(
         || crate::audit::CheckpointEvery::default().limits(),
         |a| a.checkpoint_every.limits(),
     );
     let opts = Options {
-        from_ms: instant("--from", from, false)?,
-        to_ms: instant("--to", to, true)?,
+        from_ms: instant("--from", from.as_deref(), false)?,
+        to_ms: instant("--to", to.as_deref(), true)?,
         writer: writer.clone(),
         require_signed: (!keys.is_empty() && !allow_unsigned).then_some(every),
         keys,
@@ -507,6 +612,59 @@ async fn verify(args: &AuditArgs, out: &mut (dyn std::io::Write + Send)) -> anyh
         anyhow::bail!("the audit trail does not hold: see the findings above");
     }
     Ok(())
+}
+
+/// The instant `text` names (`end`: the end of a day it names), in ms;
+/// errors name `flag`.
+fn instant(flag: &str, text: Option<&str>, end: bool) -> anyhow::Result<Option<u64>> {
+    text.map(|t| {
+        crate::clock::parse_instant_ms(t, end).ok_or_else(|| {
+            anyhow::anyhow!("{flag} {t:?}: RFC 3339, YYYY-MM-DD or ms since the epoch")
+        })
+    })
+    .transpose()
+}
+
+/// The `--public-key` values: a key itself (`ed25519:…`) or a file that
+/// holds one.
+fn read_public_keys(public_keys: &[String]) -> anyhow::Result<Vec<[u8; 32]>> {
+    let mut keys = Vec::new();
+    for k in public_keys {
+        let text = if k.starts_with("ed25519:") {
+            k.clone()
+        } else {
+            std::fs::read_to_string(k).map_err(|e| anyhow::anyhow!("--public-key {k}: {e}"))?
+        };
+        keys.push(crate::audit::chain::parse_public_key(&text).ok_or_else(|| {
+            anyhow::anyhow!("--public-key {k}: not `ed25519:<base64 of 32 bytes>`")
+        })?);
+    }
+    Ok(keys)
+}
+
+/// The checkpoint files to read: the auditor's (`named`), else the
+/// writer's own copy when the config signs: a configured file that is
+/// missing is an error, not an empty list.
+fn checkpoint_files_to_read(
+    named: &[PathBuf],
+    audit: Option<&crate::audit::AuditConfig>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = named.to_vec();
+    if files.is_empty() {
+        if let Some(a) = audit.filter(|a| a.signing_key_file.is_some()) {
+            let path = a
+                .checkpoint_file
+                .clone()
+                .unwrap_or_else(|| a.spool.dir.join("checkpoints.jsonl"));
+            anyhow::ensure!(
+                path.is_file(),
+                "the config's checkpoint file {} is missing: pass the writer's copy with --checkpoints FILE",
+                path.display()
+            );
+            files.push(path);
+        }
+    }
+    Ok(files)
 }
 
 fn source(args: &AuditArgs) -> anyhow::Result<Source> {

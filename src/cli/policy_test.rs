@@ -197,6 +197,31 @@ fn test_files(dir: &Path, paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Who a case calls as, and where.
+struct Caller<'a> {
+    /// The upstream the case names.
+    up: &'a Upstream,
+    /// The case's claims.
+    claims: &'a auth::Claims,
+    /// Who the claims name.
+    identity: &'a policy::Identity<'a>,
+    /// What the policy lets them reach (or why nothing).
+    authority: &'a Result<policy::Authority, policy::NoAuthority>,
+}
+
+/// The case's `labels` (the run's labels before the call), when it sets them.
+fn case_labels(case: &RawCase) -> anyhow::Result<Option<Labels>> {
+    let Some(names) = &case.labels else {
+        return Ok(None);
+    };
+    let labels = names.iter().try_fold(Labels::NONE, |acc, n| {
+        Labels::named(n)
+            .map(|l| acc.union(l))
+            .with_context(|| format!("labels: unknown label {n:?} (private, untrusted)"))
+    })?;
+    Ok(Some(labels))
+}
+
 /// What every case is decided against.
 struct Bench<'a> {
     cfg: &'a Config,
@@ -225,103 +250,133 @@ impl Bench<'_> {
         let service_issuer = self.cfg.auth.service_account_issuer.as_deref() == Some(&*claims.iss);
         let identity = crate::verdict::identity(&claims, service_issuer);
         let authority = self.policy.authority(&identity);
+        let who = Caller {
+            up,
+            claims: &claims,
+            identity: &identity,
+            authority: &authority,
+        };
         match (&case.call, case.list) {
-            (Some(call), false) => {
-                let expect = case.expect.as_deref().context(
-                    "a call case needs `expect` (allow, approve, deny, hidden or invalid)",
-                )?;
-                let expected = Kind::parse(expect).with_context(|| {
-                    format!("expect = {expect:?}: not allow, approve, deny, hidden or invalid")
-                })?;
-                if !case.expect_hidden.is_empty() || !case.expect_listed.is_empty() {
-                    bail!("expect_hidden and expect_listed belong to a `list = true` case");
-                }
-                let labels = match &case.labels {
-                    None => None,
-                    Some(names) => Some(names.iter().try_fold(Labels::NONE, |acc, n| {
-                        Labels::named(n).map(|l| acc.union(l)).with_context(|| {
-                            format!("labels: unknown label {n:?} (private, untrusted)")
-                        })
-                    })?),
-                };
-                let arguments = match &call.arguments {
-                    Some(a) => to_json(a)?,
-                    None => Value::Object(Default::default()),
-                };
-                let entry = self.entry(up, &call.name, case.tool.as_ref())?;
-                let got = match &authority {
-                    Err(e) => no_authority(e),
-                    Ok(authority) => {
-                        exercised.extend(self.policy.exercised(
-                            authority,
-                            up.facts(),
-                            &call.name,
-                            entry.hints,
-                        ));
-                        let judge = Judge {
-                            policy: self.policy,
-                            identity: &identity,
-                            authority,
-                            upstream: up,
-                            pins: self.pins,
-                        };
-                        let raw = arguments.to_string();
-                        judge.verdict(&call.name, &entry, Some(&raw), &arguments, labels)
-                    }
-                };
-                Ok(compare(expected, case, &got))
-            }
-            (None, true) => {
-                if case.expect.is_some() || case.reason.is_some() || case.labels.is_some() {
-                    bail!("a `list = true` case takes expect_hidden / expect_listed, not expect, reason or labels");
-                }
-                if case.expect_hidden.is_empty() && case.expect_listed.is_empty() {
-                    bail!("a `list = true` case needs expect_hidden or expect_listed");
-                }
-                let mut diff = String::new();
-                let names = case.expect_hidden.iter().map(|n| (n, false));
-                let names = names.chain(case.expect_listed.iter().map(|n| (n, true)));
-                for (name, want) in names {
-                    let listed = match &authority {
-                        Err(_) => None,
-                        Ok(authority) => {
-                            let entry =
-                                self.entry(up, name, to_table(case.tools.get(name.as_str()))?)?;
-                            exercised.extend(self.policy.exercised(
-                                authority,
-                                up.facts(),
-                                name,
-                                entry.hints,
-                            ));
-                            self.listed(up, authority, &claims, name, &entry)
-                        }
-                    };
-                    if listed.is_some() != want {
-                        let _ = writeln!(
-                            diff,
-                            "  {name}: expected {}, got {}",
-                            if want { "listed" } else { "hidden" },
-                            match (listed, &authority) {
-                                (Some((risk, gate)), _) => format!("listed ({risk}, {gate})"),
-                                (None, Err(e)) => format!("hidden (no authority: {e})"),
-                                (None, Ok(a)) => format!(
-                                    "hidden ({})",
-                                    match self.policy.access(a, up.facts(), name, None) {
-                                        policy::Access::Hidden(h) => h.to_string(),
-                                        policy::Access::Visible { .. } =>
-                                            "unpinned, or its definition is blocked".to_owned(),
-                                    }
-                                ),
-                            }
-                        );
-                    }
-                }
-                Ok((!diff.is_empty()).then_some(diff))
-            }
+            (Some(call), false) => self.call_case(case, call, &who, exercised),
+            (None, true) => self.list_case(case, &who, exercised),
             (Some(_), true) => bail!("a case has either `call` or `list = true`, not both"),
             (None, false) => {
                 bail!("a case needs `call = {{ name = …, arguments = … }}` or `list = true`")
             }
+        }
+    }
+
+    /// A `call` case: the call's verdict against `expect` (and `reason`).
+    fn call_case(
+        &self,
+        case: &RawCase,
+        call: &RawCall,
+        who: &Caller<'_>,
+        exercised: &mut BTreeSet<RuleId>,
+    ) -> anyhow::Result<Option<String>> {
+        let expect = case
+            .expect
+            .as_deref()
+            .context("a call case needs `expect` (allow, approve, deny, hidden or invalid)")?;
+        let expected = Kind::parse(expect).with_context(|| {
+            format!("expect = {expect:?}: not allow, approve, deny, hidden or invalid")
+        })?;
+        if !case.expect_hidden.is_empty() || !case.expect_listed.is_empty() {
+            bail!("expect_hidden and expect_listed belong to a `list = true` case");
+        }
+        let labels = case_labels(case)?;
+        let arguments = match &call.arguments {
+            Some(a) => to_json(a)?,
+            None => Value::Object(Default::default()),
+        };
+        let up = who.up;
+        let entry = self.entry(up, &call.name, case.tool.as_ref())?;
+        let got = match who.authority {
+            Err(e) => no_authority(e),
+            Ok(authority) => {
+                exercised.extend(self.policy.exercised(
+                    authority,
+                    up.facts(),
+                    &call.name,
+                    entry.hints,
+                ));
+                let judge = Judge {
+                    policy: self.policy,
+                    identity: who.identity,
+                    authority,
+                    upstream: up,
+                    pins: self.pins,
+                };
+                let raw = arguments.to_string();
+                judge.verdict(&call.name, &entry, Some(&raw), &arguments, labels)
+            }
+        };
+        Ok(compare(expected, case, &got))
+    }
+
+    /// A `list = true` case: which tools `tools/list` shows the run against
+    /// `expect_hidden` and `expect_listed`.
+    fn list_case(
+        &self,
+        case: &RawCase,
+        who: &Caller<'_>,
+        exercised: &mut BTreeSet<RuleId>,
+    ) -> anyhow::Result<Option<String>> {
+        if case.expect.is_some() || case.reason.is_some() || case.labels.is_some() {
+            bail!("a `list = true` case takes expect_hidden / expect_listed, not expect, reason or labels");
+        }
+        if case.expect_hidden.is_empty() && case.expect_listed.is_empty() {
+            bail!("a `list = true` case needs expect_hidden or expect_listed");
+        }
+        let up = who.up;
+        let mut diff = String::new();
+        let names = case.expect_hidden.iter().map(|n| (n, false));
+        let names = names.chain(case.expect_listed.iter().map(|n| (n, true)));
+        for (name, want) in names {
+            let listed = match who.authority {
+                Err(_) => None,
+                Ok(authority) => {
+                    let entry = self.entry(up, name, to_table(case.tools.get(name.as_str()))?)?;
+                    exercised.extend(self.policy.exercised(
+                        authority,
+                        up.facts(),
+                        name,
+                        entry.hints,
+                    ));
+                    self.listed(up, authority, who.claims, name, &entry)
+                }
+            };
+            if listed.is_some() != want {
+                let _ = writeln!(
+                    diff,
+                    "  {name}: expected {}, got {}",
+                    if want { "listed" } else { "hidden" },
+                    self.shown_as(listed, who, name)
+                );
+            }
+        }
+        Ok((!diff.is_empty()).then_some(diff))
+    }
+
+    /// How a list case's tool `name` came out: listed with its risk and
+    /// gate, or hidden and why.
+    fn shown_as(
+        &self,
+        listed: Option<(policy::Risk, policy::Gate)>,
+        who: &Caller<'_>,
+        name: &str,
+    ) -> String {
+        match (listed, who.authority) {
+            (Some((risk, gate)), _) => format!("listed ({risk}, {gate})"),
+            (None, Err(e)) => format!("hidden (no authority: {e})"),
+            (None, Ok(a)) => format!(
+                "hidden ({})",
+                match self.policy.access(a, who.up.facts(), name, None) {
+                    policy::Access::Hidden(h) => h.to_string(),
+                    policy::Access::Visible { .. } =>
+                        "unpinned, or its definition is blocked".to_owned(),
+                }
+            ),
         }
     }
 

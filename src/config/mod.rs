@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 mod validate;
+mod validate_upstream;
 
 pub use crate::server::tls::TlsConfig;
 pub use crate::telemetry::LogFormat;

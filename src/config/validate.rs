@@ -11,8 +11,8 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
-use super::{LogFormat, RawConfig, RawExtraMethod, RawHeaderValue, RawUpstream, TlsConfig};
-use crate::http_util::{is_hop_by_hop, origin_of};
+use super::{LogFormat, RawConfig, RawHeaderValue, RawServer, RawTls, RawUpstream, TlsConfig};
+use crate::http_util::origin_of;
 use crate::mcp::methods::Shape;
 use crate::policy::Risk;
 use crate::session::{valid_key_id, RawSessionKey, SessionKey, MIN_KEY_BYTES};
@@ -209,7 +209,8 @@ pub enum IdentityClaim {
 }
 
 impl IdentityClaim {
-    fn parse(s: &str) -> Option<IdentityClaim> {
+    /// The claim a header's configured name (`sub`, `tenant_id`, ...) names.
+    pub(super) fn parse(s: &str) -> Option<IdentityClaim> {
         Some(match s {
             "sub" => IdentityClaim::Subject,
             "tenant_id" => IdentityClaim::Tenant,
@@ -329,14 +330,15 @@ pub fn load_str(
     Validator { file, base, env }.config(raw)
 }
 
-struct Validator<'a> {
-    file: &'a Path,
-    base: &'a Path,
-    env: &'a dyn Fn(&str) -> Option<String>,
+pub(super) struct Validator<'a> {
+    pub(super) file: &'a Path,
+    pub(super) base: &'a Path,
+    pub(super) env: &'a dyn Fn(&str) -> Option<String>,
 }
 
 impl Validator<'_> {
-    fn invalid(&self, key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    /// An error about `key` of this file.
+    pub(super) fn invalid(&self, key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
             file: self.file.to_owned(),
             key: key.into(),
@@ -344,7 +346,8 @@ impl Validator<'_> {
         }
     }
 
-    fn path(&self, p: &Path) -> PathBuf {
+    /// `p`, relative to the config file's directory unless absolute.
+    pub(super) fn path(&self, p: &Path) -> PathBuf {
         if p.is_absolute() {
             p.to_owned()
         } else {
@@ -353,22 +356,106 @@ impl Validator<'_> {
     }
 
     fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
-        let s = raw.server;
-        let s_authorization_servers = s.authorization_servers.clone();
-        let tls = match (s.plaintext, s.tls) {
-            (true, Some(_)) => {
-                return Err(self.invalid(
-                    "server.plaintext",
-                    "`plaintext = true` and a [server.tls] section exclude each other",
-                ))
-            }
-            (false, None) => {
-                return Err(self.invalid(
-                    "server.tls",
-                    "missing: TLS is required unless `plaintext = true` is set explicitly (local development only)",
-                ))
-            }
-            (true, None) => None,
+        let mut s = raw.server;
+        let s_authorization_servers = s.authorization_servers.take();
+        let server = self.server(s)?;
+        let (auth, token_header) = self.auth(raw.auth)?;
+        let authorization_servers = s_authorization_servers.unwrap_or_else(|| auth.issuers.clone());
+        let approvals = self.approvals(raw.approvals)?;
+        let audit = self.audit(raw.audit)?;
+
+        let session_keys = self.session_keys(raw.sessions.keys)?;
+        let mut state = raw.state;
+        state.resolve_paths(self.base);
+        state
+            .validate()
+            .map_err(|(key, why)| self.invalid(key, why))?;
+
+        let mut host = raw.stdio;
+        host.validate()
+            .map_err(|(key, why)| self.invalid(key, why))?;
+        host.runtime_dir = host.runtime_dir.map(|d| self.path(&d));
+        let mut names = HashSet::new();
+        let upstreams = self.upstreams(raw.upstreams, &mut names, &server, &token_header, &host)?;
+        let virtual_servers = self.virtual_servers(raw.virtual_servers, &mut names, &upstreams)?;
+
+        Ok(Config {
+            source: self.file.to_owned(),
+            server,
+            admin_listen: raw.admin.listen,
+            admin_allowed_hosts: match &raw.admin.allowed_hosts {
+                Some(list) => list.iter().map(|h| h.trim().to_ascii_lowercase()).collect(),
+                None => vec!["localhost".to_owned()],
+            },
+            log_format: raw.log.format,
+            log_level: raw.log.level,
+            upstreams,
+            virtual_servers,
+            auth,
+            authorization_servers,
+            limits: raw.limits,
+            approvals,
+            audit,
+            policy_dir: self.path(&raw.policy.dir),
+            shadow_dir: raw.policy.shadow_dir.as_deref().map(|d| self.path(d)),
+            policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
+            session_keys,
+            state,
+            telemetry: raw.telemetry,
+        })
+    }
+
+    /// `[server]`: TLS or plaintext, the limits, the public URL and who may
+    /// reach it (origins, hosts, trusted proxies).
+    fn server(&self, s: RawServer) -> Result<ServerConfig, ConfigError> {
+        let tls = self.tls(s.plaintext, s.tls.as_ref())?;
+        self.check_server_limits(&s)?;
+        let public_url_explicit = s.public_url.is_some();
+        let public_url = self.public_url(s.public_url.as_deref(), tls.is_some(), s.listen)?;
+        let allowed_origins = match &s.allowed_origins {
+            Some(list) => self.allowed_origins(list)?,
+            None => origin_of(&public_url, false).into_iter().collect(),
+        };
+        let trusted_proxies = self.trusted_proxies(&s.trusted_proxies)?;
+        let allowed_hosts = match &s.allowed_hosts {
+            Some(list) => list.iter().map(|h| h.trim().to_ascii_lowercase()).collect(),
+            None => default_allowed_hosts(&public_url, public_url_explicit, s.listen),
+        };
+        Ok(ServerConfig {
+            allowed_hosts,
+            max_connections: s.max_connections,
+            write_idle_timeout: Duration::from_millis(s.write_idle_timeout_ms),
+            origins_from_public_url: s.allowed_origins.is_none(),
+            allowed_origins,
+            trusted_proxies,
+            listen: s.listen,
+            tls,
+            public_url,
+            public_url_explicit,
+            max_request_bytes: s.max_request_bytes,
+            max_response_bytes: s.max_response_bytes,
+            max_sse_event_bytes: s.max_sse_event_bytes,
+            max_header_bytes: s.max_header_bytes,
+            threads: crate::server::shards::count(s.threads),
+            max_json_depth: s.max_json_depth,
+            max_batch: s.max_batch,
+            drain_timeout: Duration::from_millis(s.drain_timeout_ms),
+            max_concurrent_requests: s.max_concurrent_requests,
+        })
+    }
+
+    /// `[server.tls]`, or none with an explicit `plaintext = true`.
+    fn tls(&self, plaintext: bool, tls: Option<&RawTls>) -> Result<Option<TlsConfig>, ConfigError> {
+        match (plaintext, tls) {
+            (true, Some(_)) => Err(self.invalid(
+                "server.plaintext",
+                "`plaintext = true` and a [server.tls] section exclude each other",
+            )),
+            (false, None) => Err(self.invalid(
+                "server.tls",
+                "missing: TLS is required unless `plaintext = true` is set explicitly (local development only)",
+            )),
+            (true, None) => Ok(None),
             (false, Some(t)) => {
                 let cert = self.path(&t.cert);
                 let key = self.path(&t.key);
@@ -377,13 +464,18 @@ impl Validator<'_> {
                         return Err(self.invalid(k, format!("{} is not a readable file", p.display())));
                     }
                 }
-                Some(TlsConfig {
+                Ok(Some(TlsConfig {
                     cert,
                     key,
                     reload_interval: Duration::from_millis(t.reload_interval_ms.max(100)),
-                })
+                }))
             }
-        };
+        }
+    }
+
+    /// The server's sizes, counts and timeouts are above 0, and its request
+    /// head cap is one HTTP/1.1 can be read with.
+    fn check_server_limits(&self, s: &RawServer) -> Result<(), ConfigError> {
         for (key, v) in [
             ("server.max_request_bytes", s.max_request_bytes),
             ("server.max_response_bytes", s.max_response_bytes),
@@ -410,42 +502,48 @@ impl Validator<'_> {
                 ),
             ));
         }
-        let public_url_explicit = s.public_url.is_some();
-        let public_url = match s.public_url {
-            Some(u) => {
-                let uri: Uri = u
-                    .parse()
-                    .map_err(|e| self.invalid("server.public_url", format!("not a URL: {e}")))?;
-                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-                    return Err(
-                        self.invalid("server.public_url", "must be an absolute http(s) URL")
-                    );
-                }
-                u.trim_end_matches('/').to_owned()
-            }
-            None => {
-                let scheme = if tls.is_some() { "https" } else { "http" };
-                format!("{scheme}://{}", s.listen)
-            }
+        Ok(())
+    }
+
+    /// `server.public_url` without its final `/`, or the one `listen` and
+    /// the scheme imply.
+    fn public_url(
+        &self,
+        explicit: Option<&str>,
+        tls: bool,
+        listen: SocketAddr,
+    ) -> Result<String, ConfigError> {
+        let Some(u) = explicit else {
+            let scheme = if tls { "https" } else { "http" };
+            return Ok(format!("{scheme}://{listen}"));
         };
-        let allowed_origins = match &s.allowed_origins {
-            Some(list) => list
-                .iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    origin_of(o, true).ok_or_else(|| {
-                        self.invalid(
-                            format!("server.allowed_origins[{i}]"),
-                            format!("{o:?} is not an origin (scheme://host[:port], no path)"),
-                        )
-                    })
+        let uri: Uri = u
+            .parse()
+            .map_err(|e| self.invalid("server.public_url", format!("not a URL: {e}")))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(self.invalid("server.public_url", "must be an absolute http(s) URL"));
+        }
+        Ok(u.trim_end_matches('/').to_owned())
+    }
+
+    /// `server.allowed_origins`, each an origin.
+    fn allowed_origins(&self, list: &[String]) -> Result<Vec<String>, ConfigError> {
+        list.iter()
+            .enumerate()
+            .map(|(i, o)| {
+                origin_of(o, true).ok_or_else(|| {
+                    self.invalid(
+                        format!("server.allowed_origins[{i}]"),
+                        format!("{o:?} is not an origin (scheme://host[:port], no path)"),
+                    )
                 })
-                .collect::<Result<Vec<_>, _>>()?,
-            None => origin_of(&public_url, false).into_iter().collect(),
-        };
-        let trusted_proxies = s
-            .trusted_proxies
-            .iter()
+            })
+            .collect()
+    }
+
+    /// `server.trusted_proxies`: addresses and CIDR networks.
+    fn trusted_proxies(&self, list: &[String]) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        list.iter()
             .enumerate()
             .map(|(i, p)| {
                 p.parse::<ipnet::IpNet>()
@@ -457,48 +555,15 @@ impl Validator<'_> {
                         )
                     })
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        let allowed_hosts = match &s.allowed_hosts {
-            Some(list) => list.iter().map(|h| h.trim().to_ascii_lowercase()).collect(),
-            None if public_url_explicit => public_url
-                .parse::<Uri>()
-                .ok()
-                .and_then(|u| {
-                    u.host()
-                        .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
-                })
-                .into_iter()
-                .collect(),
-            None if s.listen.ip().is_loopback() => vec![
-                "localhost".to_owned(),
-                "127.0.0.1".to_owned(),
-                "::1".to_owned(),
-            ],
-            None => Vec::new(),
-        };
-        let server = ServerConfig {
-            allowed_hosts,
-            max_connections: s.max_connections,
-            write_idle_timeout: Duration::from_millis(s.write_idle_timeout_ms),
-            origins_from_public_url: s.allowed_origins.is_none(),
-            allowed_origins,
-            trusted_proxies,
-            listen: s.listen,
-            tls,
-            public_url,
-            public_url_explicit,
-            max_request_bytes: s.max_request_bytes,
-            max_response_bytes: s.max_response_bytes,
-            max_sse_event_bytes: s.max_sse_event_bytes,
-            max_header_bytes: s.max_header_bytes,
-            threads: crate::server::shards::count(s.threads),
-            max_json_depth: s.max_json_depth,
-            max_batch: s.max_batch,
-            drain_timeout: Duration::from_millis(s.drain_timeout_ms),
-            max_concurrent_requests: s.max_concurrent_requests,
-        };
+            .collect()
+    }
 
-        let mut auth = raw.auth;
+    /// `[auth]`, its paths resolved and checked, and the token header it
+    /// names.
+    fn auth(
+        &self,
+        mut auth: crate::auth::AuthConfig,
+    ) -> Result<(crate::auth::AuthConfig, HeaderName), ConfigError> {
         auth.resolve_paths(self.base);
         auth.validate().map_err(|source| ConfigError::Auth {
             file: self.file.to_owned(),
@@ -507,51 +572,60 @@ impl Validator<'_> {
         let token_header = auth
             .header_name()
             .map_err(|e| self.invalid("auth.header", e.to_string()))?;
-        let authorization_servers = s_authorization_servers.unwrap_or_else(|| auth.issuers.clone());
+        Ok((auth, token_header))
+    }
 
-        let approvals = match raw.approvals {
-            Some(mut a) => {
-                a.resolve_paths(self.base);
-                a.validate()
-                    .map_err(|e| self.invalid("approvals", e.to_string()))?;
-                Some(a)
-            }
-            None => None,
+    /// `[approvals]`, its paths resolved and checked.
+    fn approvals(
+        &self,
+        raw: Option<crate::approval::ApprovalsConfig>,
+    ) -> Result<Option<crate::approval::ApprovalsConfig>, ConfigError> {
+        let Some(mut a) = raw else {
+            return Ok(None);
         };
-        let audit = match raw.audit {
-            Some(mut a) => {
-                a.spool.dir = self.path(&a.spool.dir);
-                // Like every other path of the config: relative to the
-                // config file's directory, whatever the working directory.
-                a.signing_key_file = a.signing_key_file.map(|p| self.path(&p));
-                a.checkpoint_file = a.checkpoint_file.map(|p| self.path(&p));
-                a.validate()
-                    .map_err(|e| self.invalid("audit", e.to_string()))?;
-                // A pattern that does not compile would turn redaction off:
-                // refuse the configuration instead (with audit on or off:
-                // approvers see redacted arguments too).
-                crate::audit::Redactor::new(&a.redact.key_patterns)
-                    .map_err(|e| self.invalid("audit.redact.key_patterns", e.to_string()))?;
-                Some(a)
-            }
-            None => None,
+        a.resolve_paths(self.base);
+        a.validate()
+            .map_err(|e| self.invalid("approvals", e.to_string()))?;
+        Ok(Some(a))
+    }
+
+    /// `[audit]`, its paths resolved and checked, its redaction patterns
+    /// compiled.
+    fn audit(
+        &self,
+        raw: Option<crate::audit::AuditConfig>,
+    ) -> Result<Option<crate::audit::AuditConfig>, ConfigError> {
+        let Some(mut a) = raw else {
+            return Ok(None);
         };
+        a.spool.dir = self.path(&a.spool.dir);
+        // Like every other path of the config: relative to the
+        // config file's directory, whatever the working directory.
+        a.signing_key_file = a.signing_key_file.map(|p| self.path(&p));
+        a.checkpoint_file = a.checkpoint_file.map(|p| self.path(&p));
+        a.validate()
+            .map_err(|e| self.invalid("audit", e.to_string()))?;
+        // A pattern that does not compile would turn redaction off:
+        // refuse the configuration instead (with audit on or off:
+        // approvers see redacted arguments too).
+        crate::audit::Redactor::new(&a.redact.key_patterns)
+            .map_err(|e| self.invalid("audit.redact.key_patterns", e.to_string()))?;
+        Ok(Some(a))
+    }
 
-        let session_keys = self.session_keys(raw.sessions.keys)?;
-        let mut state = raw.state;
-        state.resolve_paths(self.base);
-        state
-            .validate()
-            .map_err(|(key, why)| self.invalid(key, why))?;
-
-        let mut host = raw.stdio;
-        host.validate()
-            .map_err(|(key, why)| self.invalid(key, why))?;
-        host.runtime_dir = host.runtime_dir.map(|d| self.path(&d));
-        let mut names = HashSet::new();
-        let mut upstreams = Vec::with_capacity(raw.upstreams.len());
-        for (i, u) in raw.upstreams.into_iter().enumerate() {
-            let up = self.upstream(i, u, &server, &token_header, &host)?;
+    /// The `[[upstream]]`s, their names added to `names` (a name used twice
+    /// is an error).
+    fn upstreams(
+        &self,
+        raw: Vec<RawUpstream>,
+        names: &mut HashSet<String>,
+        server: &ServerConfig,
+        token_header: &HeaderName,
+        host: &crate::stdio::HostConfig,
+    ) -> Result<Vec<Arc<Upstream>>, ConfigError> {
+        let mut upstreams = Vec::with_capacity(raw.len());
+        for (i, u) in raw.into_iter().enumerate() {
+            let up = self.upstream(i, u, server, token_header, host)?;
             if !names.insert(up.name.clone()) {
                 return Err(self.invalid(
                     format!("upstream[{i}].name"),
@@ -560,9 +634,20 @@ impl Validator<'_> {
             }
             upstreams.push(Arc::new(up));
         }
+        Ok(upstreams)
+    }
+
+    /// The `[[virtual_server]]`s over `upstreams`, their names added to
+    /// `names` (a name an upstream or another one has is an error).
+    fn virtual_servers(
+        &self,
+        raw: Vec<crate::virtual_server::RawVirtualServer>,
+        names: &mut HashSet<String>,
+        upstreams: &[Arc<Upstream>],
+    ) -> Result<Vec<Arc<crate::virtual_server::VirtualServer>>, ConfigError> {
         let upstream_names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-        let mut virtual_servers = Vec::with_capacity(raw.virtual_servers.len());
-        for (i, v) in raw.virtual_servers.into_iter().enumerate() {
+        let mut virtual_servers = Vec::with_capacity(raw.len());
+        for (i, v) in raw.into_iter().enumerate() {
             let v = v
                 .validate(i, &upstream_names)
                 .map_err(|(key, why)| self.invalid(key, why))?;
@@ -574,31 +659,7 @@ impl Validator<'_> {
             }
             virtual_servers.push(Arc::new(v));
         }
-
-        Ok(Config {
-            source: self.file.to_owned(),
-            server,
-            admin_listen: raw.admin.listen,
-            admin_allowed_hosts: match &raw.admin.allowed_hosts {
-                Some(list) => list.iter().map(|h| h.trim().to_ascii_lowercase()).collect(),
-                None => vec!["localhost".to_owned()],
-            },
-            log_format: raw.log.format,
-            log_level: raw.log.level,
-            upstreams,
-            virtual_servers,
-            auth,
-            authorization_servers,
-            limits: raw.limits,
-            approvals,
-            audit,
-            policy_dir: self.path(&raw.policy.dir),
-            shadow_dir: raw.policy.shadow_dir.as_deref().map(|d| self.path(d)),
-            policy_reload: Duration::from_millis(raw.policy.reload_interval_ms.max(100)),
-            session_keys,
-            state,
-            telemetry: raw.telemetry,
-        })
+        Ok(virtual_servers)
     }
 
     fn session_keys(&self, raw: Vec<RawSessionKey>) -> Result<Vec<SessionKey>, ConfigError> {
@@ -639,354 +700,8 @@ impl Validator<'_> {
         Ok(out)
     }
 
-    fn upstream(
-        &self,
-        i: usize,
-        mut u: RawUpstream,
-        server: &ServerConfig,
-        token_header: &HeaderName,
-        host: &crate::stdio::HostConfig,
-    ) -> Result<Upstream, ConfigError> {
-        let key = |k: &str| format!("upstream[{i}].{k}");
-        let name_ok = !u.name.is_empty()
-            && u.name.len() <= 64
-            && u.name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !name_ok {
-            return Err(self.invalid(
-                key("name"),
-                format!("{:?} must be 1-64 characters of [A-Za-z0-9_-]", u.name),
-            ));
-        }
-        let stdio = self.stdio(&key, &mut u, host)?;
-        let url: Uri = u
-            .url
-            .parse()
-            .map_err(|e| self.invalid(key("url"), format!("{:?} is not a URL: {e}", u.url)))?;
-        let tls = match url.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            _ => {
-                return Err(self.invalid(
-                    key("url"),
-                    format!("{:?} must start with http:// or https://", u.url),
-                ))
-            }
-        };
-        if url.host().is_none() {
-            return Err(self.invalid(key("url"), format!("{:?} has no host", u.url)));
-        }
-        let ca_file = match u.ca_file {
-            Some(p) if !tls => {
-                return Err(self.invalid(
-                    key("ca_file"),
-                    format!("{} given for a plain http:// upstream", p.display()),
-                ))
-            }
-            Some(p) => {
-                let p = self.path(&p);
-                if !p.is_file() {
-                    return Err(self.invalid(
-                        key("ca_file"),
-                        format!("{} is not a readable file", p.display()),
-                    ));
-                }
-                Some(p)
-            }
-            None => None,
-        };
-        for (k, v) in [
-            ("connect_timeout_ms", u.connect_timeout_ms),
-            ("request_timeout_ms", u.request_timeout_ms),
-            ("idle_timeout_ms", u.idle_timeout_ms),
-            ("http2_max_streams", u.http2_max_streams as u64),
-        ] {
-            if v == 0 {
-                return Err(self.invalid(key(k), "must be greater than 0"));
-            }
-        }
-        let mut inject = Vec::with_capacity(u.headers.len());
-        for (h, v) in u.headers {
-            let hk = key(&format!("headers.{h}"));
-            let name = HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| self.invalid(&hk, "not a valid HTTP header name"))?;
-            if is_hop_by_hop(&name)
-                || name == http::header::HOST
-                || name == http::header::CONTENT_LENGTH
-            {
-                return Err(self.invalid(
-                    &hk,
-                    "this header is managed by the proxy and cannot be injected",
-                ));
-            }
-            if name == *token_header {
-                return Err(self.invalid(&hk, "the tool-token header is never sent upstream"));
-            }
-            inject.push((name, self.secret(&hk, v)?));
-        }
-        let mut identity_headers = Vec::with_capacity(u.identity_headers.len());
-        for (h, claim) in u.identity_headers {
-            let hk = key(&format!("identity_headers.{h}"));
-            let name = HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| self.invalid(&hk, "not a valid HTTP header name"))?;
-            if is_hop_by_hop(&name)
-                || name == http::header::HOST
-                || name == http::header::AUTHORIZATION
-                || name == *token_header
-            {
-                return Err(self.invalid(&hk, "this header cannot carry identity"));
-            }
-            if inject.iter().any(|(n, _)| *n == name) {
-                return Err(self.invalid(&hk, "also set under `headers`"));
-            }
-            let claim = IdentityClaim::parse(&claim).ok_or_else(|| {
-                self.invalid(
-                    &hk,
-                    format!("{claim:?} is not one of sub, tenant_id, agent, run_id, mode, jti, iss, projects"),
-                )
-            })?;
-            identity_headers.push((name, claim));
-        }
-        let mut forward_headers = Vec::with_capacity(u.forward_headers.len());
-        for (j, h) in u.forward_headers.iter().enumerate() {
-            let hk = key(&format!("forward_headers[{j}]"));
-            let name = HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| self.invalid(&hk, "not a valid HTTP header name"))?;
-            if is_hop_by_hop(&name)
-                || matches!(
-                    name.as_str(),
-                    "host"
-                        | "authorization"
-                        | "cookie"
-                        | "content-length"
-                        | "mcp-session-id"
-                        | "last-event-id"
-                        | "origin"
-                        | "forwarded"
-                        | "x-forwarded-for"
-                        | "x-forwarded-host"
-                        | "x-forwarded-proto"
-                        | crate::stdio::INSTANCE_HEADER
-                )
-                || name == *token_header
-                || identity_headers.iter().any(|(n, _)| *n == name)
-                || inject.iter().any(|(n, _)| *n == name)
-            {
-                return Err(self.invalid(
-                    &hk,
-                    "this header is managed by the firewall and cannot be forwarded from the client",
-                ));
-            }
-            forward_headers.push(name);
-        }
-        let mut extra_methods: Vec<ExtraMethod> = Vec::with_capacity(u.extra_methods.len());
-        for (j, m) in u.extra_methods.into_iter().enumerate() {
-            extra_methods.push(self.extra_method(&key(&format!("extra_methods[{j}]")), m)?);
-        }
-        Ok(Upstream {
-            pinning: u.pinning,
-            forward_headers,
-            forward_query: u.forward_query,
-            extra_methods,
-            name: u.name,
-            url,
-            tls,
-            ca_file,
-            connect_timeout: Duration::from_millis(u.connect_timeout_ms),
-            request_timeout: Duration::from_millis(u.request_timeout_ms),
-            idle_timeout: Duration::from_millis(u.idle_timeout_ms),
-            max_request_bytes: u.max_request_bytes.unwrap_or(server.max_request_bytes),
-            max_response_bytes: u.max_response_bytes.unwrap_or(server.max_response_bytes),
-            http2: u.http2,
-            http2_max_streams: u.http2_max_streams,
-            max_calls_per_s: u.max_calls_per_s,
-            inject,
-            identity_headers,
-            projects: sorted(u.projects),
-            categories: sorted(u.categories),
-            trust_annotations: u.trust_annotations,
-            untrusted: u.trust == super::Trust::Untrusted,
-            private: u.data == super::DataClass::Private,
-            egress: u.egress,
-            stdio,
-        })
-    }
-
-    /// The stdio part of an upstream: checked (the program found, the
-    /// sandbox's paths present, the allow-list parsed) or refused naming
-    /// the key; with `transport = "stdio"`, `url` becomes a placeholder.
-    fn stdio(
-        &self,
-        key: &dyn Fn(&str) -> String,
-        u: &mut RawUpstream,
-        host: &crate::stdio::HostConfig,
-    ) -> Result<Option<crate::stdio::Launch>, ConfigError> {
-        use super::UpstreamTransport;
-        let stdio_keys = [
-            ("command", !u.command.is_empty()),
-            ("env", !u.env.is_empty()),
-            ("env_from", !u.env_from.is_empty()),
-            ("instances", u.instances.is_some()),
-            ("max_instances", u.max_instances.is_some()),
-            ("idle_timeout_s", u.idle_timeout_s.is_some()),
-            ("sandbox", u.sandbox.is_some()),
-        ];
-        if u.transport == UpstreamTransport::Http {
-            if let Some((k, _)) = stdio_keys.iter().find(|(_, set)| *set) {
-                return Err(self.invalid(key(k), "only with transport = \"stdio\""));
-            }
-            return Ok(None);
-        }
-        if !u.url.is_empty() {
-            return Err(self.invalid(
-                key("url"),
-                "not used with transport = \"stdio\" (the firewall starts `command`)",
-            ));
-        }
-        if u.http2 || u.ca_file.is_some() {
-            let k = if u.http2 { "http2" } else { "ca_file" };
-            return Err(self.invalid(key(k), "not used with transport = \"stdio\""));
-        }
-        u.url = format!("http://{}.stdio.invalid/", u.name);
-        let program = u.command.first().cloned().unwrap_or_default();
-        if program.is_empty() {
-            return Err(self.invalid(key("command"), "must name the program to start"));
-        }
-        let Some(resolved) = crate::stdio::which(&program) else {
-            return Err(self.invalid(
-                key("command"),
-                format!("{program:?} is not an executable file nor on PATH"),
-            ));
-        };
-        let mut command = u.command.clone();
-        command[0] = resolved.display().to_string();
-        let reserved = ["PATH", "HOME", "TMPDIR"];
-        let mut env = Vec::with_capacity(u.env.len());
-        for (k, v) in &u.env {
-            let ok = !k.is_empty()
-                && !k.contains(['=', '\0'])
-                && !v.contains('\0')
-                && !reserved.contains(&k.as_str());
-            if !ok {
-                return Err(self.invalid(
-                    key(&format!("env.{k}")),
-                    "a variable name without `=`, not PATH, HOME or TMPDIR (set by the firewall)",
-                ));
-            }
-            env.push((k.clone(), v.clone()));
-        }
-        for (j, name) in u.env_from.iter().enumerate() {
-            if name.is_empty() || name.contains(['=', '\0']) || reserved.contains(&name.as_str()) {
-                return Err(self.invalid(
-                    key(&format!("env_from[{j}]")),
-                    "a variable name without `=`, not PATH, HOME or TMPDIR",
-                ));
-            }
-            if (self.env)(name).is_none() {
-                return Err(self.invalid(
-                    key(&format!("env_from[{j}]")),
-                    format!("{name} is not set in the firewall's environment"),
-                ));
-            }
-        }
-        let mut sandbox = u.sandbox.take().unwrap_or_default();
-        for (list, name) in [(&mut sandbox.read, "read"), (&mut sandbox.write, "write")] {
-            for (j, p) in list.iter_mut().enumerate() {
-                let full = self.path(p);
-                if !full.exists() {
-                    return Err(self.invalid(
-                        key(&format!("sandbox.{name}[{j}]")),
-                        format!("{} does not exist", full.display()),
-                    ));
-                }
-                *p = full;
-            }
-        }
-        if let crate::sandbox::Network::Allow(pairs) = &sandbox.network {
-            for (j, p) in pairs.iter().enumerate() {
-                if crate::stdio::egress::parse_pair(p).is_none() {
-                    return Err(self.invalid(
-                        key(&format!("sandbox.network[{j}]")),
-                        format!(
-                            "{p:?} is not host:port (a host name or IP address, a port 1-65535)"
-                        ),
-                    ));
-                }
-            }
-        }
-        for (k, v) in [
-            ("sandbox.memory_mb", sandbox.memory_mb),
-            ("sandbox.cpu_s", sandbox.cpu_s),
-            ("sandbox.processes", sandbox.processes),
-        ] {
-            if v == Some(0) {
-                return Err(self.invalid(key(k), "must be greater than 0"));
-            }
-        }
-        let max_instances = u.max_instances.unwrap_or(32);
-        if !(1..=4096).contains(&max_instances) {
-            return Err(self.invalid(key("max_instances"), "must be 1-4096"));
-        }
-        let idle = u.idle_timeout_s.unwrap_or(300);
-        if idle == 0 {
-            return Err(self.invalid(key("idle_timeout_s"), "must be greater than 0"));
-        }
-        Ok(Some(crate::stdio::Launch {
-            command,
-            env,
-            env_from: u.env_from.clone(),
-            instances: u.instances.unwrap_or_default(),
-            max_instances,
-            idle_timeout: Duration::from_secs(idle),
-            sandbox,
-            host: host.clone(),
-        }))
-    }
-
-    fn extra_method(&self, key: &str, m: RawExtraMethod) -> Result<ExtraMethod, ConfigError> {
-        let name_ok = !m.name.is_empty()
-            && m.name.len() <= 128
-            && m.name.bytes().all(|b| b.is_ascii_graphic());
-        if !name_ok {
-            return Err(self.invalid(
-                format!("{key}.name"),
-                format!("{:?} must be 1-128 visible ASCII characters", m.name),
-            ));
-        }
-        if crate::mcp::methods::METHODS
-            .iter()
-            .any(|k| k.name == m.name)
-        {
-            return Err(self.invalid(
-                format!("{key}.name"),
-                format!(
-                    "{:?} is an MCP method; it is decided by the firewall itself",
-                    m.name
-                ),
-            ));
-        }
-        let shape = match m.kind.as_str() {
-            "request" => Shape::Request,
-            "notification" => Shape::Notification,
-            other => {
-                return Err(self.invalid(
-                    format!("{key}.kind"),
-                    format!("{other:?} is not `request` or `notification`"),
-                ))
-            }
-        };
-        let risk: Risk = m.risk.parse().map_err(|e: crate::policy::UnknownRisk| {
-            self.invalid(format!("{key}.risk"), e.to_string())
-        })?;
-        Ok(ExtraMethod {
-            name: m.name,
-            shape,
-            risk,
-        })
-    }
-
-    fn secret(&self, key: &str, v: RawHeaderValue) -> Result<Secret, ConfigError> {
+    /// A header value injected upstream, from one of `value`, `env` or `file`.
+    pub(super) fn secret(&self, key: &str, v: RawHeaderValue) -> Result<Secret, ConfigError> {
         let prefix = v.prefix.clone();
         let (raw, source) = self.secret_text(key, v)?;
         let mut value = HeaderValue::from_str(&format!("{prefix}{raw}")).map_err(|_| {
@@ -1031,7 +746,33 @@ impl Validator<'_> {
     }
 }
 
-fn sorted(mut v: Vec<String>) -> Vec<String> {
+/// The `Host` names accepted when `server.allowed_hosts` is not set: the
+/// public URL's host when it was set (`explicit`), the loopback names on a
+/// loopback listener, else any (empty).
+fn default_allowed_hosts(public_url: &str, explicit: bool, listen: SocketAddr) -> Vec<String> {
+    if explicit {
+        public_url
+            .parse::<Uri>()
+            .ok()
+            .and_then(|u| {
+                u.host()
+                    .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+            })
+            .into_iter()
+            .collect()
+    } else if listen.ip().is_loopback() {
+        vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            "::1".to_owned(),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+/// `v` sorted, without duplicates.
+pub(super) fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v.dedup();
     v

@@ -151,14 +151,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Demo> {
         clickhouse,
         data_dir,
     } = opts;
-    let (upstream_url, process) = match upstream {
-        UpstreamSource::Url(url) => (url, None),
-        UpstreamSource::Binary(bin) => {
-            let bin = upstream::locate(bin.as_deref())?;
-            let process = upstream::launch(&bin).await?;
-            (process.url().to_owned(), Some(process))
-        }
-    };
+    let (upstream_url, process) = start_estate(upstream).await?;
     let data_dir = match data_dir {
         Some(dir) => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -166,59 +159,16 @@ pub async fn start(opts: Options) -> anyhow::Result<Demo> {
         }
         None => fresh_data_dir()?,
     };
-
-    let mut secret = [0u8; 32];
-    rand::rng().fill_bytes(&mut secret);
-    let secret = hex::encode(secret);
-    let approvals_dir = data_dir.join("approvals");
-    std::fs::create_dir_all(&approvals_dir).context("a directory for approvals")?;
-    let text = DEMO_CONFIG
-        .replace("{{APPROVALS_DIR}}", &approvals_dir.display().to_string())
-        .replace("{{LISTEN}}", &listen.to_string())
-        .replace("{{ADMIN}}", &admin.to_string())
-        .replace("{{SECRET}}", &secret)
-        .replace("{{UPSTREAM_URL}}", &upstream_url);
-    // The audit trail: into a throwaway ClickHouse when one is installed,
-    // else kept in the local spool.
-    let started = if clickhouse {
-        let dir = data_dir.join("clickhouse");
-        tokio::task::spawn_blocking(move || super::clickhouse::ThrowawayClickHouse::start(dir))
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()))
-    } else {
-        Err("asked to keep the rows in the spool".to_owned())
-    };
-    let spool = data_dir.join("audit-spool");
-    let (clickhouse, why_not) = match started {
-        Ok(ch) => (Some(ch), None),
-        Err(why) => (None, Some(why)),
-    };
-    let text = format!(
-        "{text}\n[audit]\nenabled = true\ninstance = \"demo\"\n{}\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{AUDIT_DATABASE}\"\n[audit.spool]\ndir = \"{}\"\n[audit.batch]\nmax_age_ms = 200\n",
-        // Without a ClickHouse the backlog only grows: not a reason to
-        // call the demo unready.
-        if clickhouse.is_some() { "" } else { "max_backlog_age_s = 0" },
-        clickhouse
-            .as_ref()
-            .map_or_else(|| "http://127.0.0.1:9".to_owned(), |c| c.http_url.clone()),
-        spool.display()
-    );
+    let text = config_text(listen, admin, &upstream_url, &data_dir)?;
+    let audit = start_audit_sink(clickhouse, &data_dir).await;
+    let text = with_audit(&text, &audit);
     let mut cfg = config::load_str(
         &text,
         Path::new("config/demo.toml"),
         Path::new("config"),
         &|_| None,
     )?;
-    // The embedded pins, where accepting a change in the console writes.
-    let pins_dir = data_dir.join("policy");
-    std::fs::create_dir_all(pins_dir.join(crate::pins::PINS_DIR))
-        .context("a directory for the demo's pins")?;
-    std::fs::write(
-        pins_dir.join(crate::pins::PINS_DIR).join("incidents.toml"),
-        DEMO_PINS,
-    )
-    .context("writing the demo's pins")?;
-    cfg.policy_dir = pins_dir;
+    cfg.policy_dir = write_pins(&data_dir)?;
     telemetry::init_logging(cfg.log_format, &cfg.log_level);
 
     let sources: Vec<(PathBuf, String)> = POLICIES
@@ -229,67 +179,165 @@ pub async fn start(opts: Options) -> anyhow::Result<Demo> {
     let mut registry = telemetry::registry();
     let store = PolicyStore::fixed(policy, &mut registry);
     let verifier = Verifier::new(&cfg.auth).await?;
-
-    let lifetime = Duration::from_secs(3600);
-    let mint = |audience: Audience, sub: &str, agent: &str, projects: &[&str], run: &str| {
-        auth::mint(
-            &cfg.auth,
-            &MintClaims {
-                audience,
-                issuer: None,
-                sub: sub.to_owned(),
-                tenant_id: "demo".to_owned(),
-                agent: agent.to_owned(),
-                run_id: run.to_owned(),
-                mode: Mode::Caller,
-                projects: projects.iter().map(|p| (*p).to_owned()).collect(),
-                project_ceiling: None,
-                scopes: Vec::new(),
-                jti: None,
-                run_exp: None,
-            },
-            lifetime,
-        )
-    };
-    let investigator_token = mint(
-        Audience::Mcp,
-        "demo-user",
-        "incident-investigator",
-        &["sre"],
-        "run-investigate-1",
-    )?;
-    let operator_token = mint(
-        Audience::Mcp,
-        "demo-user",
-        "sre-lead",
-        &["sre", "platform"],
-        "run-operate-1",
-    )?;
-    // A different person: the run's own caller may not approve its calls.
-    let approver_token = mint(
-        Audience::Admin,
-        "on-call-engineer",
-        "sre-lead",
-        &["sre"],
-        "console",
-    )?;
+    let tokens = Tokens::mint(&cfg.auth)?;
 
     let firewall = app::start_with(Arc::new(cfg), verifier, store, registry).await?;
     Ok(Demo {
         firewall,
         upstream_url,
-        investigator_token,
-        operator_token,
-        approver_token,
-        audit: AuditSink {
-            clickhouse,
-            why_not,
-            spool,
-            database: AUDIT_DATABASE,
-        },
+        investigator_token: tokens.investigator,
+        operator_token: tokens.operator,
+        approver_token: tokens.approver,
+        audit,
         data_dir,
         process,
     })
+}
+
+/// The estate's MCP endpoint, and its process when the demo starts it.
+async fn start_estate(
+    upstream: UpstreamSource,
+) -> anyhow::Result<(String, Option<UpstreamProcess>)> {
+    match upstream {
+        UpstreamSource::Url(url) => Ok((url, None)),
+        UpstreamSource::Binary(bin) => {
+            let bin = upstream::locate(bin.as_deref())?;
+            let process = upstream::launch(&bin).await?;
+            Ok((process.url().to_owned(), Some(process)))
+        }
+    }
+}
+
+/// The demo config with its placeholders filled: the listeners, a fresh
+/// signing secret, the approvals directory (created) and the estate.
+fn config_text(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    upstream_url: &str,
+    data_dir: &Path,
+) -> anyhow::Result<String> {
+    let mut secret = [0u8; 32];
+    rand::rng().fill_bytes(&mut secret);
+    let secret = hex::encode(secret);
+    let approvals_dir = data_dir.join("approvals");
+    std::fs::create_dir_all(&approvals_dir).context("a directory for approvals")?;
+    Ok(DEMO_CONFIG
+        .replace("{{APPROVALS_DIR}}", &approvals_dir.display().to_string())
+        .replace("{{LISTEN}}", &listen.to_string())
+        .replace("{{ADMIN}}", &admin.to_string())
+        .replace("{{SECRET}}", &secret)
+        .replace("{{UPSTREAM_URL}}", upstream_url))
+}
+
+/// The audit trail: into a throwaway ClickHouse when one is installed and
+/// `clickhouse` asks for it, else kept in the local spool.
+async fn start_audit_sink(clickhouse: bool, data_dir: &Path) -> AuditSink {
+    let started = if clickhouse {
+        let dir = data_dir.join("clickhouse");
+        tokio::task::spawn_blocking(move || super::clickhouse::ThrowawayClickHouse::start(dir))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+    } else {
+        Err("asked to keep the rows in the spool".to_owned())
+    };
+    let (clickhouse, why_not) = match started {
+        Ok(ch) => (Some(ch), None),
+        Err(why) => (None, Some(why)),
+    };
+    AuditSink {
+        clickhouse,
+        why_not,
+        spool: data_dir.join("audit-spool"),
+        database: AUDIT_DATABASE,
+    }
+}
+
+/// The config `text` with the `[audit]` sections that write to `audit`.
+fn with_audit(text: &str, audit: &AuditSink) -> String {
+    format!(
+        "{text}\n[audit]\nenabled = true\ninstance = \"demo\"\n{}\n[audit.clickhouse]\nurl = \"{}\"\ndatabase = \"{AUDIT_DATABASE}\"\n[audit.spool]\ndir = \"{}\"\n[audit.batch]\nmax_age_ms = 200\n",
+        // Without a ClickHouse the backlog only grows: not a reason to
+        // call the demo unready.
+        if audit.clickhouse.is_some() { "" } else { "max_backlog_age_s = 0" },
+        audit
+            .clickhouse
+            .as_ref()
+            .map_or_else(|| "http://127.0.0.1:9".to_owned(), |c| c.http_url.clone()),
+        audit.spool.display()
+    )
+}
+
+/// Writes the embedded pins, where accepting a change in the console
+/// writes; the policy directory that holds them.
+fn write_pins(data_dir: &Path) -> anyhow::Result<PathBuf> {
+    let pins_dir = data_dir.join("policy");
+    std::fs::create_dir_all(pins_dir.join(crate::pins::PINS_DIR))
+        .context("a directory for the demo's pins")?;
+    std::fs::write(
+        pins_dir.join(crate::pins::PINS_DIR).join("incidents.toml"),
+        DEMO_PINS,
+    )
+    .context("writing the demo's pins")?;
+    Ok(pins_dir)
+}
+
+/// The tokens the demo prints.
+struct Tokens {
+    investigator: String,
+    operator: String,
+    approver: String,
+}
+
+impl Tokens {
+    /// Mints the investigator's, the operator's and the approver's tokens,
+    /// valid for an hour.
+    fn mint(auth_cfg: &auth::AuthConfig) -> anyhow::Result<Tokens> {
+        let lifetime = Duration::from_secs(3600);
+        let mint = |audience: Audience, sub: &str, agent: &str, projects: &[&str], run: &str| {
+            auth::mint(
+                auth_cfg,
+                &MintClaims {
+                    audience,
+                    issuer: None,
+                    sub: sub.to_owned(),
+                    tenant_id: "demo".to_owned(),
+                    agent: agent.to_owned(),
+                    run_id: run.to_owned(),
+                    mode: Mode::Caller,
+                    projects: projects.iter().map(|p| (*p).to_owned()).collect(),
+                    project_ceiling: None,
+                    scopes: Vec::new(),
+                    jti: None,
+                    run_exp: None,
+                },
+                lifetime,
+            )
+        };
+        Ok(Tokens {
+            investigator: mint(
+                Audience::Mcp,
+                "demo-user",
+                "incident-investigator",
+                &["sre"],
+                "run-investigate-1",
+            )?,
+            operator: mint(
+                Audience::Mcp,
+                "demo-user",
+                "sre-lead",
+                &["sre", "platform"],
+                "run-operate-1",
+            )?,
+            // A different person: the run's own caller may not approve its calls.
+            approver: mint(
+                Audience::Admin,
+                "on-call-engineer",
+                "sre-lead",
+                &["sre"],
+                "console",
+            )?,
+        })
+    }
 }
 
 /// What the demo says about its audit trail: where rows go and the

@@ -25,9 +25,10 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::super::scan::{Facts, Scan};
 use super::super::tape::{self, Tape};
+use super::super::validator::{META_MEMBERS, PARAMS_MEMBERS};
 use super::{
     envelope_from_tape, parse, parse_upstream_serde, Envelope, Id, Limits, Message, ParseError,
-    MESSAGE_MEMBERS, META_MEMBERS, PARAMS_MEMBERS, RESULT_MEMBERS, UPSTREAM_LIMITS,
+    MESSAGE_MEMBERS, RESULT_MEMBERS, UPSTREAM_LIMITS,
 };
 
 /// A JSON value as `serde_json` decodes it, members in order, duplicates kept.

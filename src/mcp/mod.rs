@@ -2,12 +2,16 @@
 //! Server-Sent Events framing of streamable HTTP, and the HTTP headers that
 //! mirror the body in the 2026-07-28 revision.
 
+mod extract;
 pub mod headers;
 pub mod jsonrpc;
+mod message;
 pub mod methods;
 pub mod numbers;
+mod parse_error;
 pub mod rewrite;
 pub mod scan;
 pub mod sse;
 pub mod tape;
+mod validator;
 pub mod version;

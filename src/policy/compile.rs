@@ -12,7 +12,7 @@ use toml::Spanned;
 use super::content::{ScreenRule, Screening};
 use super::file::{
     GateName, LabelName, RawAgent, RawCondition, RawGates, RawMatch, RawNameMatch, RawNamedAccess,
-    RawPolicyFile, RawScreen, RawTaint, RiskName,
+    RawPolicyFile, RawScreen, RawServiceAccount, RawTaint, RawToolRule, RiskName,
 };
 use super::{
     Agent, Condition, Gate, Gates, Labels, Matcher, NameSet, NamedAccess, NamedRule, Policy, Risk,
@@ -90,7 +90,36 @@ fn content_hash(sources: &[(PathBuf, String)]) -> String {
 
 /// Compiles policy sources given as (file name, text).
 pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
-    let mut policy = Policy {
+    let mut policy = empty_policy(sources)?;
+    let mut once = SetIn::default();
+    let mut raw_agents: Vec<(PathBuf, String, RawAgent)> = Vec::new();
+    for (file, text) in sources {
+        let raw: RawPolicyFile = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            file: file.clone(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let cx = Cx { file, text };
+        cx.add_file(raw, &mut policy, &mut once, &mut raw_agents)?;
+    }
+    // Agents last: their gates default to the (possibly later-file) [gates].
+    for (file, name, a) in raw_agents {
+        let text = sources
+            .iter()
+            .find(|(p, _)| *p == file)
+            .map(|(_, t)| t.as_str())
+            .unwrap_or("");
+        let cx = Cx { file: &file, text };
+        let agent = cx.agent(a, policy.gates)?;
+        policy.agents.insert(name, agent);
+    }
+    check_service_account_agents(&policy)?;
+    Ok(policy)
+}
+
+/// The policy before any file: default gates, screening and taint, no
+/// rules, and the sources' names and hash.
+fn empty_policy(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
+    Ok(Policy {
         gates: Gates::DEFAULT,
         tool_rules: Vec::new(),
         agents: HashMap::new(),
@@ -108,128 +137,11 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
         content_hash: content_hash(sources),
         memo: Default::default(),
         generation: super::next_generation(),
-    };
-    let mut gates_from: Option<PathBuf> = None;
-    let mut screen_from: Option<PathBuf> = None;
-    let mut taint_from: Option<PathBuf> = None;
-    let mut raw_agents: Vec<(PathBuf, String, RawAgent)> = Vec::new();
-    for (file, text) in sources {
-        let raw: RawPolicyFile = toml::from_str(text).map_err(|e| PolicyError::Parse {
-            file: file.clone(),
-            message: e.to_string().trim_end().to_owned(),
-        })?;
-        let cx = Cx { file, text };
-        if let Some(g) = raw.gates {
-            if let Some(prev) = &gates_from {
-                return Err(cx.err(
-                    0..0,
-                    format!("[gates] is already set in {}", prev.display()),
-                ));
-            }
-            gates_from = Some(file.clone());
-            policy.gates = Gates::DEFAULT.overridden(&g);
-        }
-        for rule in raw.tools {
-            let names = cx.name_set(&rule.names)?;
-            if rule.names.is_empty() {
-                return Err(cx.err(
-                    rule.upstream.span(),
-                    "[[tools]] needs at least one name in `match`",
-                ));
-            }
-            if let Some(p) = rule.price {
-                if !(p.is_finite() && p >= 0.0) {
-                    return Err(cx.err(rule.upstream.span(), "price must be a finite number >= 0"));
-                }
-            }
-            let origin = format!(
-                "{}:{}",
-                file.display(),
-                cx.line(rule.names.first().map_or(0, |n| n.span().start))
-            );
-            policy.tool_rules.push(ToolRule {
-                origin,
-                upstream: cx.glob(&rule.upstream)?,
-                names,
-                risk: rule.risk.into(),
-                preview: rule.preview,
-                preview_arguments: rule
-                    .preview_arguments
-                    .map(|t| serde_json::to_value(t).unwrap_or(serde_json::Value::Null)),
-                price: rule.price,
-                labels: rule.labels.iter().fold(Labels::NONE, |l, n| {
-                    l.union(match n {
-                        LabelName::Untrusted => Labels::UNTRUSTED,
-                        LabelName::Private => Labels::PRIVATE,
-                    })
-                }),
-                egress: rule.egress,
-            });
-        }
-        for a in raw.agents {
-            let name = a.name.get_ref().clone();
-            if raw_agents.iter().any(|(_, n, _)| *n == name) {
-                return Err(cx.err(a.name.span(), format!("agent {name:?} is defined twice")));
-            }
-            raw_agents.push((file.clone(), name, a));
-        }
-        for sa in raw.service_accounts {
-            let name = sa.name.get_ref().clone();
-            if policy.service_accounts.contains_key(&name) {
-                return Err(cx.err(
-                    sa.name.span(),
-                    format!("service account {name:?} is defined twice"),
-                ));
-            }
-            policy.service_accounts.insert(
-                name.clone(),
-                ServiceAccount {
-                    name,
-                    agent: sa.agent,
-                    projects: sorted(sa.projects),
-                    line: cx.line(sa.name.span().start),
-                    file: file.clone(),
-                },
-            );
-        }
-        for c in raw.conditions {
-            policy.conditions.push(cx.condition(c)?);
-        }
-        if let Some(screen) = raw.screen {
-            if let Some(prev) = &screen_from {
-                return Err(cx.err(
-                    0..0,
-                    format!("[screen] is already set in {}", prev.display()),
-                ));
-            }
-            screen_from = Some(file.clone());
-            policy.screening = cx.screening(screen)?;
-        }
-        if let Some(taint) = raw.taint {
-            if let Some(prev) = &taint_from {
-                return Err(cx.err(
-                    0..0,
-                    format!("[taint] is already set in {}", prev.display()),
-                ));
-            }
-            taint_from = Some(file.clone());
-            policy.taint = taint_gates(&taint);
-        }
-        if let Some(sr) = raw.server_requests {
-            policy.server_requests = server_requests(sr, file)?;
-        }
-    }
-    // Agents last: their gates default to the (possibly later-file) [gates].
-    for (file, name, a) in raw_agents {
-        let text = sources
-            .iter()
-            .find(|(p, _)| *p == file)
-            .map(|(_, t)| t.as_str())
-            .unwrap_or("");
-        let cx = Cx { file: &file, text };
-        let agent = cx.agent(a, policy.gates)?;
-        policy.agents.insert(name, agent);
-    }
+    })
+}
+
+/// Every service account names an agent that is defined.
+fn check_service_account_agents(policy: &Policy) -> Result<(), PolicyError> {
     for sa in policy.service_accounts.values() {
         if !policy.agents.contains_key(&sa.agent) {
             return Err(PolicyError::Invalid {
@@ -242,7 +154,15 @@ pub fn compile(sources: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
             });
         }
     }
-    Ok(policy)
+    Ok(())
+}
+
+/// The file that set each section at most one file may set.
+#[derive(Default)]
+struct SetIn {
+    gates: Option<PathBuf>,
+    screen: Option<PathBuf>,
+    taint: Option<PathBuf>,
 }
 
 /// `[taint]`, defaults filled in.
@@ -280,6 +200,128 @@ impl Cx<'_> {
             },
             message: message.into(),
         }
+    }
+
+    /// Adds one parsed file to `policy`; its agents are kept in
+    /// `raw_agents`, compiled once every file's `[gates]` is known.
+    fn add_file(
+        &self,
+        raw: RawPolicyFile,
+        policy: &mut Policy,
+        once: &mut SetIn,
+        raw_agents: &mut Vec<(PathBuf, String, RawAgent)>,
+    ) -> Result<(), PolicyError> {
+        if let Some(g) = raw.gates {
+            self.set_once(&mut once.gates, "gates")?;
+            policy.gates = Gates::DEFAULT.overridden(&g);
+        }
+        for rule in raw.tools {
+            policy.tool_rules.push(self.tool_rule(rule)?);
+        }
+        for a in raw.agents {
+            let name = a.name.get_ref().clone();
+            if raw_agents.iter().any(|(_, n, _)| *n == name) {
+                return Err(self.err(a.name.span(), format!("agent {name:?} is defined twice")));
+            }
+            raw_agents.push((self.file.to_owned(), name, a));
+        }
+        for sa in raw.service_accounts {
+            self.add_service_account(sa, &mut policy.service_accounts)?;
+        }
+        for c in raw.conditions {
+            policy.conditions.push(self.condition(c)?);
+        }
+        if let Some(screen) = raw.screen {
+            self.set_once(&mut once.screen, "screen")?;
+            policy.screening = self.screening(screen)?;
+        }
+        if let Some(taint) = raw.taint {
+            self.set_once(&mut once.taint, "taint")?;
+            policy.taint = taint_gates(&taint);
+        }
+        if let Some(sr) = raw.server_requests {
+            policy.server_requests = server_requests(sr, self.file)?;
+        }
+        Ok(())
+    }
+
+    /// Records that this file sets `[section]`; an error when another file
+    /// (`from`) already did.
+    fn set_once(&self, from: &mut Option<PathBuf>, section: &str) -> Result<(), PolicyError> {
+        if let Some(prev) = from {
+            return Err(self.err(
+                0..0,
+                format!("[{section}] is already set in {}", prev.display()),
+            ));
+        }
+        *from = Some(self.file.to_owned());
+        Ok(())
+    }
+
+    /// One `[[tools]]` rule.
+    fn tool_rule(&self, rule: RawToolRule) -> Result<ToolRule, PolicyError> {
+        let names = self.name_set(&rule.names)?;
+        if rule.names.is_empty() {
+            return Err(self.err(
+                rule.upstream.span(),
+                "[[tools]] needs at least one name in `match`",
+            ));
+        }
+        if let Some(p) = rule.price {
+            if !(p.is_finite() && p >= 0.0) {
+                return Err(self.err(rule.upstream.span(), "price must be a finite number >= 0"));
+            }
+        }
+        let origin = format!(
+            "{}:{}",
+            self.file.display(),
+            self.line(rule.names.first().map_or(0, |n| n.span().start))
+        );
+        Ok(ToolRule {
+            origin,
+            upstream: self.glob(&rule.upstream)?,
+            names,
+            risk: rule.risk.into(),
+            preview: rule.preview,
+            preview_arguments: rule
+                .preview_arguments
+                .map(|t| serde_json::to_value(t).unwrap_or(serde_json::Value::Null)),
+            price: rule.price,
+            labels: rule.labels.iter().fold(Labels::NONE, |l, n| {
+                l.union(match n {
+                    LabelName::Untrusted => Labels::UNTRUSTED,
+                    LabelName::Private => Labels::PRIVATE,
+                })
+            }),
+            egress: rule.egress,
+        })
+    }
+
+    /// One `[[service_accounts]]` entry, added to `accounts`; an error when
+    /// its name is already there.
+    fn add_service_account(
+        &self,
+        sa: RawServiceAccount,
+        accounts: &mut HashMap<String, ServiceAccount>,
+    ) -> Result<(), PolicyError> {
+        let name = sa.name.get_ref().clone();
+        if accounts.contains_key(&name) {
+            return Err(self.err(
+                sa.name.span(),
+                format!("service account {name:?} is defined twice"),
+            ));
+        }
+        accounts.insert(
+            name.clone(),
+            ServiceAccount {
+                name,
+                agent: sa.agent,
+                projects: sorted(sa.projects),
+                line: self.line(sa.name.span().start),
+                file: self.file.to_owned(),
+            },
+        );
+        Ok(())
     }
 
     /// `[screen]` and its rules.
@@ -375,8 +417,11 @@ impl Cx<'_> {
         })
     }
 
-    fn matcher(&self, m: &RawMatch) -> Result<Matcher, PolicyError> {
+    fn matcher(&self, m: &Spanned<RawMatch>) -> Result<Matcher, PolicyError> {
+        let origin = format!("{}:{}", self.file.display(), self.line(m.span().start));
+        let m = m.get_ref();
         Ok(Matcher {
+            origin,
             upstream: m.upstream.as_ref().map(|u| self.glob(u)).transpose()?,
             category: m.category.clone(),
             tools: m.tools.as_deref().map(|t| self.name_set(t)).transpose()?,

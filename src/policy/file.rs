@@ -178,10 +178,10 @@ pub struct RawAgent {
     /// What the role may use; a tool must match at least one rule. Default:
     /// nothing.
     #[serde(default)]
-    pub allow: Vec<RawMatch>,
+    pub allow: Vec<Spanned<RawMatch>>,
     /// What the role may never use; wins over `allow`.
     #[serde(default)]
-    pub deny: Vec<RawMatch>,
+    pub deny: Vec<Spanned<RawMatch>>,
     /// Gate overrides for this role.
     #[serde(default)]
     pub gates: RawGates,

@@ -28,11 +28,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cel::{Context, Program, Value as CelValue};
 use globset::{GlobMatcher, GlobSet};
 use serde_json::Value;
 
 pub mod compile;
+mod condition;
 pub mod content;
 pub mod diff;
 pub mod file;
@@ -41,6 +41,8 @@ pub mod uri;
 
 pub use compile::{compile, load_dir, PolicyError};
 pub use content::{Labels, Screening, Taint, TaintRule, Traits};
+
+use condition::{cel_context, evaluate, referenced, Condition, CEL_ROOT};
 
 /// How much harm a tool can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
@@ -375,19 +377,6 @@ struct ServiceAccount {
     line: usize,
 }
 
-struct Condition {
-    /// Which variables its expressions read ([`VAR_ARGUMENTS`], ...).
-    vars: u8,
-    upstream: GlobMatcher,
-    tools: NameSet,
-    agents: Option<NameSet>,
-    when: Option<Program>,
-    require: Program,
-    require_text: String,
-    reason: String,
-    origin: String,
-}
-
 /// Which server-to-client requests upstreams may send: none unless the
 /// policy allows them, for every upstream or for one by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -421,6 +410,8 @@ struct NameSet {
 }
 
 struct Matcher {
+    /// Where it is written (`file:line`).
+    origin: String,
     upstream: Option<GlobMatcher>,
     category: Option<String>,
     tools: Option<NameSet>,
@@ -942,6 +933,57 @@ impl Policy {
         v
     }
 
+    /// Where a role's `allow` (or `deny`) rule number `i` is written.
+    fn rule_origin(&self, role: &str, i: usize, deny: bool) -> Option<&str> {
+        let agent = self.agents.get(role)?;
+        let rules = if deny { &agent.deny } else { &agent.allow };
+        rules.get(i).map(|m| m.origin.as_str())
+    }
+
+    /// The rule, role or gate that hid `tool` from a run of `auth`, for
+    /// people (`explain`, `mcp-firewall test`, the audit row's rule): a
+    /// role's `deny` rule with its `file:line`, the role whose `allow`
+    /// rules all missed, the role's gate that is `deny`; else why it is
+    /// hidden.
+    pub fn hiding_rule(
+        &self,
+        auth: &Authority,
+        up: UpstreamFacts<'_>,
+        tool: &str,
+        hints: Option<Hints>,
+        hidden: &Hidden,
+    ) -> String {
+        let Some(agent) = self.agents.get(&auth.agent) else {
+            return format!("hidden: {hidden}");
+        };
+        match hidden {
+            Hidden::Denied => match agent.deny.iter().position(|m| m.matches(up, tool)) {
+                Some(i) => format!(
+                    "hidden: {}",
+                    self.describe(&RuleId::Deny(agent.name.clone(), i))
+                ),
+                None => format!("hidden: {hidden}"),
+            },
+            Hidden::NotAllowed => format!(
+                "hidden: no allow rule of role {} ({}) matches",
+                agent.name, agent.origin
+            ),
+            Hidden::GateDeny(_) => {
+                let (risk, _) = self.risk(up, tool, hints);
+                format!(
+                    "hidden: {} ({})",
+                    self.describe(&RuleId::Gate(agent.name.clone(), risk)),
+                    agent.origin
+                )
+            }
+            Hidden::Risk(r) => format!(
+                "hidden: role {} ({}) may not use {r} tools",
+                agent.name, agent.origin
+            ),
+            _ => format!("hidden: {hidden}"),
+        }
+    }
+
     /// A rule, role or gate for people.
     pub fn describe(&self, id: &RuleId) -> String {
         let role_origin = |name: &str| self.agents.get(name).map_or("", |a| a.origin.as_str());
@@ -960,10 +1002,18 @@ impl Policy {
                 "gate {r} = {} of role {a}",
                 self.agents.get(a).map_or(Gate::Deny, |x| x.gates.get(*r))
             ),
-            RuleId::Allow(a, i) => {
-                format!("rule allow #{} of role {a} ({})", i + 1, role_origin(a))
-            }
-            RuleId::Deny(a, i) => format!("rule deny #{} of role {a} ({})", i + 1, role_origin(a)),
+            RuleId::Allow(a, i) => format!(
+                "rule allow #{} of role {a} at {}",
+                i + 1,
+                self.rule_origin(a, *i, false)
+                    .unwrap_or_else(|| role_origin(a))
+            ),
+            RuleId::Deny(a, i) => format!(
+                "rule deny #{} of role {a} at {}",
+                i + 1,
+                self.rule_origin(a, *i, true)
+                    .unwrap_or_else(|| role_origin(a))
+            ),
             RuleId::Condition(i) => match self.conditions.get(*i) {
                 Some(c) => format!("rule [[conditions]] at {} ({})", c.origin, c.require_text),
                 None => format!("rule [[conditions]] #{}", i + 1),
@@ -1018,128 +1068,6 @@ fn elicitation_target(rules: &ServerRequestRules, params: Option<&str>) -> Resul
             "elicitation mode {other:?} is not one the firewall knows"
         )),
     }
-}
-
-thread_local! {
-    /// The CEL standard environment (functions), built once per thread: each
-    /// evaluation only adds its variables in an inner scope.
-    static CEL_ROOT: Context<'static, 'static> = Context::default();
-}
-
-/// Bits of [`Condition::vars`]: which variables an expression reads.
-const VAR_ARGUMENTS: u8 = 1;
-const VAR_TOKEN: u8 = 2;
-const VAR_UPSTREAM: u8 = 4;
-const VAR_PROJECTS: u8 = 8;
-const VAR_TOOL: u8 = 16;
-
-/// The variables a program references.
-fn referenced(p: &Program) -> u8 {
-    let r = p.references();
-    [
-        ("arguments", VAR_ARGUMENTS),
-        ("token", VAR_TOKEN),
-        ("upstream", VAR_UPSTREAM),
-        ("projects", VAR_PROJECTS),
-        ("tool", VAR_TOOL),
-    ]
-    .iter()
-    .filter(|(name, _)| r.has_variable(name))
-    .fold(0, |acc, (_, bit)| acc | bit)
-}
-
-/// Evaluates conditions in order; the first that refuses gives its reason and rule.
-fn evaluate(
-    conditions: &[&Condition],
-    cx: &Context<'_, '_>,
-    note: &mut impl FnMut(&dyn Fn() -> String),
-) -> Option<(String, String)> {
-    for c in conditions {
-        if let Some(when) = &c.when {
-            match when.execute(cx) {
-                Ok(CelValue::Bool(true)) => {}
-                Ok(CelValue::Bool(false)) => {
-                    note(&|| format!("condition {} does not apply (`when` is false)", c.origin));
-                    continue;
-                }
-                other => {
-                    note(&|| {
-                        format!(
-                            "condition {}: `when` did not evaluate to a boolean: {other:?}",
-                            c.origin
-                        )
-                    });
-                    return Some((
-                        format!("{} (condition could not be evaluated)", c.reason),
-                        c.origin.clone(),
-                    ));
-                }
-            }
-        }
-        match c.require.execute(cx) {
-            Ok(CelValue::Bool(true)) => {
-                note(&|| format!("condition {} holds: {}", c.origin, c.require_text))
-            }
-            outcome => {
-                let why = match outcome {
-                    Ok(CelValue::Bool(false)) => "is false".to_owned(),
-                    Ok(v) => format!("is not a boolean ({v:?})"),
-                    Err(e) => format!("failed: {e}"),
-                };
-                note(&|| format!("condition {} {why}: {}", c.origin, c.require_text));
-                return Some((c.reason.clone(), c.origin.clone()));
-            }
-        }
-    }
-    None
-}
-
-/// Variables CEL expressions see: `arguments`, `tool`, `upstream`
-/// (`name`, `projects`, `categories`), `projects` (effective) and `token`
-/// (`sub`, `tenant_id`, `agent`, `run_id`, `mode`, `projects`, `project_ceiling`).
-fn cel_context<'a>(
-    root: &'a Context<'static, 'static>,
-    call: &Call<'_>,
-    needs: u8,
-) -> Context<'a, 'static> {
-    let mut cx = root.new_inner_scope();
-    let mut add =
-        |bit: u8, name: &str, make: &dyn Fn() -> Result<CelValue, cel::SerializationError>| {
-            if needs & bit == 0 {
-                return;
-            }
-            // A value CEL cannot represent leaves the variable unset, so any
-            // expression using it fails and the call is denied.
-            if let Ok(cv) = make() {
-                cx.add_variable_from_value(name, cv);
-            }
-        };
-    add(VAR_ARGUMENTS, "arguments", &|| {
-        cel::to_value(call.arguments)
-    });
-    add(VAR_TOKEN, "token", &|| {
-        cel::to_value(serde_json::json!({
-            "sub": call.identity.subject,
-            "tenant_id": call.identity.tenant,
-            "agent": call.identity.agent,
-            "run_id": call.identity.run_id,
-            "mode": call.identity.mode.as_str(),
-            "projects": call.identity.projects,
-            "project_ceiling": call.identity.ceiling,
-        }))
-    });
-    add(VAR_UPSTREAM, "upstream", &|| {
-        cel::to_value(serde_json::json!({
-            "name": call.upstream.name,
-            "projects": call.upstream.projects,
-            "categories": call.upstream.categories,
-        }))
-    });
-    add(VAR_PROJECTS, "projects", &|| {
-        cel::to_value(&call.authority.projects)
-    });
-    add(VAR_TOOL, "tool", &|| cel::to_value(call.tool));
-    cx
 }
 
 // === impl Risk / Gate / Gates / Mode / Hints ===

@@ -150,171 +150,227 @@ fn policy_is_send_and_sync() {
     check::<Policy>();
 }
 
-#[test]
-fn four_role_matrix_over_shipped_policies() {
+/// One case of the four-role matrix: upstream, tool, arguments, and the
+/// decision wanted.
+type Case = (&'static str, &'static str, Value, Want);
+
+/// The matrix's cases of the sre-lead: every tool under the gates.
+fn sre_lead_cases() -> Vec<Case> {
     use super::Hidden as H;
     use Want::*;
-    let p = shipped();
-    let lead = caller("sre-lead", &["sre", "platform"]);
-    let obs = caller("observability", &["sre", "platform"]);
-    let data = caller("data-analyst", &["data", "sre"]);
-    let auditor = caller("auditor", &["sre", "platform", "data"]);
-    let dep = json!({"deployment_id": "dep-42"});
-    let ns = json!({"namespace": "platform"});
-    let none = json!({});
-    let table: Vec<(&Run, &str, &str, &Value, Want)> = vec![
-        // sre-lead: every tool under the gates.
-        (&lead, "incidents", "get_incident", &none, Allow(Risk::Read)),
+    vec![
+        ("incidents", "get_incident", json!({}), Allow(Risk::Read)),
         (
-            &lead,
             "incidents",
             "post_incident_note",
-            &none,
+            json!({}),
             Approve(Risk::Write),
         ),
         (
-            &lead,
             "incidents",
             "rollback_deployment",
-            &dep,
+            json!({"deployment_id": "dep-42"}),
             Approve(Risk::Destructive),
         ),
         (
-            &lead,
             "incidents",
             "rollback_deployment_unsafe",
-            &dep,
+            json!({"deployment_id": "dep-42"}),
             Approve(Risk::Destructive),
         ),
-        (&lead, "k8s-prod", "get_pods", &ns, Allow(Risk::Read)),
         (
-            &lead,
             "k8s-prod",
-            "scale_deployment",
-            &ns,
-            Approve(Risk::Write),
-        ),
-        (
-            &lead,
-            "k8s-prod",
-            "delete_pod",
-            &ns,
-            Approve(Risk::Destructive),
-        ),
-        (
-            &lead,
-            "bastion",
-            "run_command",
-            &none,
-            Approve(Risk::Destructive),
-        ),
-        (&lead, "warehouse", "query", &none, Hidden(H::Unreachable)),
-        // observability: metrics, dashboards, read-only cluster tools.
-        (&obs, "prometheus", "query", &none, Allow(Risk::Read)),
-        (
-            &obs,
-            "grafana",
-            "search_dashboards",
-            &none,
+            "get_pods",
+            json!({"namespace": "platform"}),
             Allow(Risk::Read),
         ),
         (
-            &obs,
-            "grafana",
-            "create_dashboard",
-            &none,
+            "k8s-prod",
+            "scale_deployment",
+            json!({"namespace": "platform"}),
             Approve(Risk::Write),
         ),
         (
-            &obs,
+            "k8s-prod",
+            "delete_pod",
+            json!({"namespace": "platform"}),
+            Approve(Risk::Destructive),
+        ),
+        (
+            "bastion",
+            "run_command",
+            json!({}),
+            Approve(Risk::Destructive),
+        ),
+        ("warehouse", "query", json!({}), Hidden(H::Unreachable)),
+    ]
+}
+
+/// The matrix's cases of the observability: metrics, dashboards, read-only cluster tools.
+fn observability_cases() -> Vec<Case> {
+    use super::Hidden as H;
+    use Want::*;
+    vec![
+        ("prometheus", "query", json!({}), Allow(Risk::Read)),
+        ("grafana", "search_dashboards", json!({}), Allow(Risk::Read)),
+        (
+            "grafana",
+            "create_dashboard",
+            json!({}),
+            Approve(Risk::Write),
+        ),
+        (
             "grafana",
             "delete_dashboard",
-            &none,
+            json!({}),
             Hidden(H::Risk(Risk::Destructive)),
         ),
-        (&obs, "k8s-prod", "get_pods", &ns, Allow(Risk::Read)),
-        (&obs, "k8s-prod", "logs", &ns, Allow(Risk::Read)),
-        (&obs, "k8s-prod", "scale_deployment", &ns, Hidden(H::Denied)),
-        (&obs, "k8s-prod", "apply_manifest", &ns, Hidden(H::Denied)),
-        (&obs, "k8s-prod", "patch_deployment", &ns, Hidden(H::Denied)),
         (
-            &obs,
+            "k8s-prod",
+            "get_pods",
+            json!({"namespace": "platform"}),
+            Allow(Risk::Read),
+        ),
+        (
+            "k8s-prod",
+            "logs",
+            json!({"namespace": "platform"}),
+            Allow(Risk::Read),
+        ),
+        (
+            "k8s-prod",
+            "scale_deployment",
+            json!({"namespace": "platform"}),
+            Hidden(H::Denied),
+        ),
+        (
+            "k8s-prod",
+            "apply_manifest",
+            json!({"namespace": "platform"}),
+            Hidden(H::Denied),
+        ),
+        (
+            "k8s-prod",
+            "patch_deployment",
+            json!({"namespace": "platform"}),
+            Hidden(H::Denied),
+        ),
+        (
             "k8s-prod",
             "restart_deployment",
-            &ns,
+            json!({"namespace": "platform"}),
             Hidden(H::Risk(Risk::Destructive)),
         ),
         (
-            &obs,
             "k8s-prod",
             "delete_pod",
-            &ns,
+            json!({"namespace": "platform"}),
             Hidden(H::Risk(Risk::Destructive)),
         ),
-        (&obs, "bastion", "list_hosts", &none, Hidden(H::NotAllowed)),
-        (&obs, "incidents", "get_incident", &none, Allow(Risk::Read)),
+        ("bastion", "list_hosts", json!({}), Hidden(H::NotAllowed)),
+        ("incidents", "get_incident", json!({}), Allow(Risk::Read)),
         (
-            &obs,
             "incidents",
             "rollback_deployment",
-            &dep,
+            json!({"deployment_id": "dep-42"}),
             Hidden(H::Risk(Risk::Destructive)),
         ),
-        // data-analyst: warehouse, docs, files, metrics; nothing on clusters or hosts.
-        (&data, "warehouse", "query", &none, Allow(Risk::Read)),
-        (&data, "warehouse", "execute", &none, Approve(Risk::Write)),
+    ]
+}
+
+/// The matrix's cases of the data-analyst: warehouse, docs, files, metrics; nothing on clusters or hosts.
+fn data_analyst_cases() -> Vec<Case> {
+    use super::Hidden as H;
+    use Want::*;
+    vec![
+        ("warehouse", "query", json!({}), Allow(Risk::Read)),
+        ("warehouse", "execute", json!({}), Approve(Risk::Write)),
         (
-            &data,
             "warehouse",
             "drop_table",
-            &none,
+            json!({}),
             Hidden(H::Risk(Risk::Destructive)),
         ),
-        (&data, "docs", "search", &none, Allow(Risk::Read)),
-        (&data, "files", "write_file", &none, Approve(Risk::Write)),
-        (&data, "prometheus", "query_range", &none, Allow(Risk::Read)),
-        (&data, "k8s-prod", "get_pods", &ns, Hidden(H::Unreachable)),
+        ("docs", "search", json!({}), Allow(Risk::Read)),
+        ("files", "write_file", json!({}), Approve(Risk::Write)),
+        ("prometheus", "query_range", json!({}), Allow(Risk::Read)),
         (
-            &data,
+            "k8s-prod",
+            "get_pods",
+            json!({"namespace": "platform"}),
+            Hidden(H::Unreachable),
+        ),
+        (
             "incidents",
             "get_incident",
-            &none,
+            json!({}),
             Hidden(H::NotAllowed),
         ),
-        // auditor: read-only everywhere.
-        (&auditor, "warehouse", "query", &none, Allow(Risk::Read)),
-        (&auditor, "k8s-prod", "get_pods", &ns, Allow(Risk::Read)),
+    ]
+}
+
+/// The matrix's cases of the auditor: read-only everywhere.
+fn auditor_cases() -> Vec<Case> {
+    use super::Hidden as H;
+    use Want::*;
+    vec![
+        ("warehouse", "query", json!({}), Allow(Risk::Read)),
         (
-            &auditor,
+            "k8s-prod",
+            "get_pods",
+            json!({"namespace": "platform"}),
+            Allow(Risk::Read),
+        ),
+        (
             "k8s-prod",
             "delete_pod",
-            &ns,
+            json!({"namespace": "platform"}),
             Hidden(H::Risk(Risk::Destructive)),
         ),
         (
-            &auditor,
             "incidents",
             "post_incident_note",
-            &none,
+            json!({}),
             Hidden(H::Risk(Risk::Write)),
         ),
         (
-            &auditor,
             "incidents",
             "rollback_deployment_unsafe",
-            &dep,
+            json!({"deployment_id": "dep-42"}),
             Hidden(H::Risk(Risk::Destructive)),
         ),
-        (&auditor, "files", "read_file", &none, Allow(Risk::Read)),
+        ("files", "read_file", json!({}), Allow(Risk::Read)),
+    ]
+}
+
+#[test]
+fn four_role_matrix_over_shipped_policies() {
+    let p = shipped();
+    let roles = [
+        (caller("sre-lead", &["sre", "platform"]), sre_lead_cases()),
+        (
+            caller("observability", &["sre", "platform"]),
+            observability_cases(),
+        ),
+        (
+            caller("data-analyst", &["data", "sre"]),
+            data_analyst_cases(),
+        ),
+        (
+            caller("auditor", &["sre", "platform", "data"]),
+            auditor_cases(),
+        ),
     ];
     let mut failures = Vec::new();
-    for (run, up, tool, args, want) in table {
-        let got = decide(&p, run, up, tool, args.clone());
-        if got != want {
-            failures.push(format!(
-                "{} {up}/{tool}: want {want:?}, got {got:?}",
-                run.agent
-            ));
+    for (run, cases) in &roles {
+        for (up, tool, args, want) in cases {
+            let got = decide(&p, run, up, tool, args.clone());
+            if got != *want {
+                failures.push(format!(
+                    "{} {up}/{tool}: want {want:?}, got {got:?}",
+                    run.agent
+                ));
+            }
         }
     }
     assert!(

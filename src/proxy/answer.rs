@@ -43,6 +43,8 @@ pub fn error(id: Option<&Id>, code: i32, message: &str, data: Option<&Value>) ->
 
 /// The answer to `msg` for an outcome the firewall decided itself; `None`
 /// for a notification (nothing to answer) and for a cancelled call.
+// An exhaustive match: every `Outcome` to its JSON-RPC answer.
+#[allow(clippy::too_many_lines)]
 pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -> Option<Bytes> {
     let id = msg.id.as_ref()?;
     let tool = msg.call.as_ref().map_or("", |c| c.name.as_str());

@@ -150,6 +150,8 @@ impl ProxyError {
     }
 
     /// The HTTP response for this error. The single status mapping.
+    // An exhaustive match: every `ProxyError` to its HTTP response.
+    #[allow(clippy::too_many_lines)]
     pub fn into_response(self) -> Response<Body> {
         let message = self.to_string();
         match self {
@@ -213,71 +215,13 @@ impl ProxyError {
                 upstream,
                 failure,
                 ids,
-            } => {
-                let answer = |id| super::answer::upstream_error(id, &upstream, &failure);
-                match ids.as_slice() {
-                    [] => json_response(StatusCode::BAD_GATEWAY, answer(None)),
-                    [one] => json_response(StatusCode::OK, answer(Some(one))),
-                    many => {
-                        let mut out = Vec::with_capacity(many.len() * 160);
-                        out.push(b'[');
-                        for (i, id) in many.iter().enumerate() {
-                            if i > 0 {
-                                out.push(b',');
-                            }
-                            out.extend_from_slice(&answer(Some(id)));
-                        }
-                        out.push(b']');
-                        json_response(StatusCode::OK, Bytes::from(out))
-                    }
-                }
-            }
+            } => upstream_failed(&upstream, &failure, &ids),
             ProxyError::Unauthorized {
                 resource_metadata,
                 scope,
                 error,
-            } => {
-                let status = error
-                    .as_ref()
-                    .map_or(StatusCode::UNAUTHORIZED, |e| e.status());
-                let mut challenge =
-                    format!("Bearer resource_metadata=\"{resource_metadata}\", scope=\"{scope}\"");
-                if let Some(e) = &error {
-                    // TokenError messages hold no quote or backslash.
-                    challenge.push_str(&format!(
-                        ", error=\"{}\", error_description=\"{}\"",
-                        e.oauth_error(),
-                        e
-                    ));
-                }
-                let body = json!({
-                    "error": error.as_ref().map_or("invalid_request", |e| e.oauth_error()),
-                    "error_description": message,
-                });
-                let mut r = plain_json(status, body);
-                if status != StatusCode::BAD_REQUEST {
-                    if let Ok(v) = HeaderValue::from_str(&challenge) {
-                        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
-                    }
-                }
-                r
-            }
-            ProxyError::RateLimited { retry_after } => {
-                let ms = retry_after.as_millis().max(1) as u64;
-                let mut r = rpc(
-                    StatusCode::OK,
-                    None,
-                    codes::RATE_LIMITED,
-                    &message,
-                    Some(
-                        &json!({ "stop_reason": crate::outcome::StopReason::RateLimited.as_str(), "scope": "client_ip", "retry_after_ms": ms }),
-                    ),
-                );
-                if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
-                    r.headers_mut().insert(header::RETRY_AFTER, v);
-                }
-                r
-            }
+            } => unauthorized(&resource_metadata, &scope, error.as_ref(), &message),
+            ProxyError::RateLimited { retry_after } => rate_limited(retry_after, &message),
             ProxyError::SessionNotFound => {
                 json_response(StatusCode::NOT_FOUND, super::answer::session_not_found())
             }
@@ -324,6 +268,80 @@ impl ProxyError {
             }
         }
     }
+}
+
+/// The upstream failed: a JSON-RPC error per request left unanswered
+/// (HTTP 200, a batch of them for several), or 502 when there is none.
+fn upstream_failed(upstream: &str, failure: &UpstreamFailure, ids: &[Id]) -> Response<Body> {
+    let answer = |id| super::answer::upstream_error(id, upstream, failure);
+    match ids {
+        [] => json_response(StatusCode::BAD_GATEWAY, answer(None)),
+        [one] => json_response(StatusCode::OK, answer(Some(one))),
+        many => {
+            let mut out = Vec::with_capacity(many.len() * 160);
+            out.push(b'[');
+            for (i, id) in many.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&answer(Some(id)));
+            }
+            out.push(b']');
+            json_response(StatusCode::OK, Bytes::from(out))
+        }
+    }
+}
+
+/// No token, or a refused one: the token error's status (401 without
+/// one), an OAuth error body, and the `WWW-Authenticate` challenge naming
+/// the protected-resource metadata (not on a 400).
+fn unauthorized(
+    resource_metadata: &str,
+    scope: &str,
+    error: Option<&crate::auth::TokenError>,
+    message: &str,
+) -> Response<Body> {
+    let status = error.map_or(StatusCode::UNAUTHORIZED, |e| e.status());
+    let mut challenge =
+        format!("Bearer resource_metadata=\"{resource_metadata}\", scope=\"{scope}\"");
+    if let Some(e) = error {
+        // TokenError messages hold no quote or backslash.
+        challenge.push_str(&format!(
+            ", error=\"{}\", error_description=\"{}\"",
+            e.oauth_error(),
+            e
+        ));
+    }
+    let body = json!({
+        "error": error.map_or("invalid_request", |e| e.oauth_error()),
+        "error_description": message,
+    });
+    let mut r = plain_json(status, body);
+    if status != StatusCode::BAD_REQUEST {
+        if let Ok(v) = HeaderValue::from_str(&challenge) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
+    }
+    r
+}
+
+/// The client's address is over its limit: a JSON-RPC error (HTTP 200)
+/// saying when to retry, and `Retry-After` in whole seconds.
+fn rate_limited(retry_after: std::time::Duration, message: &str) -> Response<Body> {
+    let ms = retry_after.as_millis().max(1) as u64;
+    let mut r = rpc(
+        StatusCode::OK,
+        None,
+        codes::RATE_LIMITED,
+        message,
+        Some(
+            &json!({ "stop_reason": crate::outcome::StopReason::RateLimited.as_str(), "scope": "client_ip", "retry_after_ms": ms }),
+        ),
+    );
+    if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }
 
 /// A JSON-RPC error response.

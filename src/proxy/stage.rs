@@ -14,6 +14,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use serde_json::Value;
 
+use crate::audit::AuditRow;
 use crate::http_util::accepts;
 use crate::mcp::headers;
 use crate::mcp::jsonrpc::{self, Envelope, Kind, Message};
@@ -21,7 +22,9 @@ use crate::mcp::methods::{self, Class, Shape};
 use crate::mcp::version::ProtocolVersion;
 use crate::server::listener::ConnInfo;
 
-use super::decide::{ApprovalNote, Around, Outcome, Ruling, RunContext, Verdict};
+use super::decide::{
+    ApprovalNote, Around, Forwarding, Gated, Outcome, Ruling, RunContext, Verdict,
+};
 use super::error::{json_response, ProxyError};
 use super::hold::Held;
 use super::outbound::Due;
@@ -336,53 +339,11 @@ impl Admitted {
             && accepts(&head.headers, "text/event-stream");
 
         // What each message becomes, before the intent rows are written.
-        enum Plan {
-            Send {
-                part: Part,
-                due: Box<Due>,
-                risk: Option<crate::policy::Risk>,
-            },
-            Answer(Outcome),
-            Hold(Box<super::decide::Gated>),
-        }
         let mut plans = Vec::with_capacity(env.messages.len());
         let mut mcp_name = None;
         for (i, (m, verdict)) in env.messages.iter().zip(verdicts).enumerate() {
             plans.push(match verdict {
-                Verdict::Forward(f) => {
-                    let class = class_of(m, run);
-                    if let Some(t) = &f.task {
-                        // Mcp-Name mirrors params.taskId (2026-07-28).
-                        mcp_name = Some(t.upstream_id.clone());
-                    }
-                    let row = recorder.enabled().then(|| {
-                        let mut row = recorder.intent(m, f.risk, String::new());
-                        if let Some(g) = &f.granted {
-                            g.stamp(&mut row);
-                        }
-                        row.pin_sha256 = f.pin.as_ref().map(hex::encode).unwrap_or_default();
-                        row.shadow_decision = shadow_of(i);
-                        row
-                    });
-                    let part = match f.rewrite {
-                        Some(t) => Part::Replaced(t),
-                        None => Part::Span(m.span.clone()),
-                    };
-                    let mut due = Due::message(m, class, f.reservation, f.granted, row);
-                    if let Some(t) = f.task {
-                        // On record as a step of its call's task.
-                        if let Some(row) = due.row.as_mut() {
-                            row.tool = t.tool.clone();
-                            row.reason = format!("task of a {} call", t.tool);
-                        }
-                        due.task = Some(t);
-                    }
-                    Plan::Send {
-                        part,
-                        due: Box::new(due),
-                        risk: f.risk,
-                    }
-                }
+                Verdict::Forward(f) => send_plan(m, f, run, &recorder, shadow_of(i), &mut mcp_name),
                 Verdict::Hold(g) if can_hold => Plan::Hold(g),
                 Verdict::Hold(g) => Plan::Answer(Outcome::ApprovalRequired {
                     risk: g.risk,
@@ -394,61 +355,18 @@ impl Admitted {
                 Verdict::Answer(o) => Plan::Answer(o),
             });
         }
+        write_intents(&recorder, run, &mut plans).await;
 
-        // The intent rows, all at once (group commit); a refused one turns
-        // its message into the firewall's answer.
-        let writes = plans.iter().map(|p| async {
-            match p {
-                Plan::Send { due, .. } => match &due.row {
-                    Some(row) => recorder.write_ahead(row).await,
-                    None => Ok(()),
-                },
-                _ => Ok(()),
-            }
-        });
-        let admitted = futures_util::future::join_all(writes).await;
-        for (plan, admitted) in plans.iter_mut().zip(admitted) {
-            if let Err(e) = admitted {
-                if let Plan::Send { due, risk, .. } = plan {
-                    if let Some(r) = due.reservation.take() {
-                        run.budgets
-                            .settle_now(&r, crate::budget::Settle::NotExecuted)
-                            .await;
-                    }
-                    let risk = risk.unwrap_or(crate::policy::Risk::Read);
-                    *plan = Plan::Answer(Outcome::AuditUnavailable {
-                        risk,
-                        error: e.into(),
-                    });
-                }
-            }
-        }
-
-        let mut parts = Vec::new();
-        let mut due = Vec::new();
-        let mut local = Vec::new();
-        let mut rows = Vec::new();
-        let mut held = None;
-        let mut refused_notification = false;
-        let mut unknown_method = false;
+        let mut out = Gathered::default();
         for (i, (m, plan)) in env.messages.iter().zip(plans).enumerate() {
             match plan {
-                Plan::Send { part, due: d, .. } => {
-                    parts.push(part);
-                    due.push(*d);
+                Plan::Send { part, due, .. } => {
+                    out.parts.push(part);
+                    out.due.push(*due);
                 }
                 Plan::Hold(gated) => {
-                    let mut row = recorder.answered(
-                        m,
-                        &Outcome::ApprovalRequired {
-                            risk: gated.risk,
-                            approval: None,
-                        },
-                    );
-                    row.pin_sha256 = gated.pin.as_ref().map(hex::encode).unwrap_or_default();
-                    row.shadow_decision = shadow_of(i);
-                    rows.push(row);
-                    held = Some(held_call(
+                    out.rows.push(held_row(&recorder, m, &gated, shadow_of(i)));
+                    out.held = Some(held_call(
                         run,
                         &recorder,
                         &head.headers,
@@ -460,39 +378,200 @@ impl Admitted {
                         state,
                     ));
                 }
-                Plan::Answer(outcome) => {
-                    if let (Some(call), stop) = (&m.call, outcome.audit().stop) {
-                        run.metrics.call(
-                            &run.upstream.config.name,
-                            &tool_label(run, &call.name),
-                            stop,
-                        );
-                    }
-                    tracing::info!(
-                        run = %run.claims.run_id,
-                        agent = %run.claims.agent,
-                        upstream = %run.upstream.config.name,
-                        method = m.method.as_deref().unwrap_or(""),
-                        tool = m.call.as_ref().map_or("", |c| c.name.as_str()),
-                        outcome = ?outcome,
-                        "answered by the firewall"
-                    );
-                    let mut row = recorder.answered(m, &outcome);
-                    row.shadow_decision = shadow_of(i);
-                    rows.push(row);
-                    unknown_method |= outcome == Outcome::UnknownMethod;
-                    match answer::for_outcome(m, &outcome, run.version) {
-                        Some(body) => local.push(body),
-                        None => {
-                            refused_notification |= m.kind == Kind::Notification
-                                && !matches!(outcome, Outcome::Cancelled { .. });
-                        }
-                    }
-                }
+                Plan::Answer(outcome) => out.answer(run, &recorder, m, outcome, shadow_of(i)),
             }
         }
         // The firewall's own answers are on record before any answer leaves.
-        recorder.write(rows).await;
+        recorder.write(std::mem::take(&mut out.rows)).await;
+        out.next(head, bytes, &env, recorder, run, mcp_name)
+    }
+}
+
+/// What a message of a recorded body becomes, before the intent rows are
+/// written.
+enum Plan {
+    /// Forwarded: its part of the body, what its answer completes.
+    Send {
+        part: Part,
+        due: Box<Due>,
+        risk: Option<crate::policy::Risk>,
+    },
+    /// Answered by the firewall.
+    Answer(Outcome),
+    /// Held for a person.
+    Hold(Box<Gated>),
+}
+
+/// A forwarded message's plan: its part of the body, and what its answer
+/// completes (its intent row, on record as a step of its task when it
+/// names one). A task's own id is what `Mcp-Name` says upstream.
+fn send_plan(
+    m: &Message,
+    f: Forwarding,
+    run: &RunContext,
+    recorder: &Recorder,
+    shadow: &'static str,
+    mcp_name: &mut Option<String>,
+) -> Plan {
+    let class = class_of(m, run);
+    if let Some(t) = &f.task {
+        // Mcp-Name mirrors params.taskId (2026-07-28).
+        *mcp_name = Some(t.upstream_id.clone());
+    }
+    let row = recorder.enabled().then(|| {
+        let mut row = recorder.intent(m, f.risk, String::new());
+        if let Some(g) = &f.granted {
+            g.stamp(&mut row);
+        }
+        row.pin_sha256 = f.pin.as_ref().map(hex::encode).unwrap_or_default();
+        row.shadow_decision = shadow;
+        row
+    });
+    let part = match f.rewrite {
+        Some(t) => Part::Replaced(t),
+        None => Part::Span(m.span.clone()),
+    };
+    let mut due = Due::message(m, class, f.reservation, f.granted, row);
+    if let Some(t) = f.task {
+        // On record as a step of its call's task.
+        if let Some(row) = due.row.as_mut() {
+            row.tool = t.tool.clone();
+            row.reason = format!("task of a {} call", t.tool);
+        }
+        due.task = Some(t);
+    }
+    Plan::Send {
+        part,
+        due: Box::new(due),
+        risk: f.risk,
+    }
+}
+
+/// The intent rows, all at once (group commit); a refused one turns its
+/// message into the firewall's answer, its budget released.
+async fn write_intents(recorder: &Recorder, run: &RunContext, plans: &mut [Plan]) {
+    let writes = plans.iter().map(|p| async {
+        match p {
+            Plan::Send { due, .. } => match &due.row {
+                Some(row) => recorder.write_ahead(row).await,
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    });
+    let admitted = futures_util::future::join_all(writes).await;
+    for (plan, admitted) in plans.iter_mut().zip(admitted) {
+        if let Err(e) = admitted {
+            if let Plan::Send { due, risk, .. } = plan {
+                if let Some(r) = due.reservation.take() {
+                    run.budgets
+                        .settle_now(&r, crate::budget::Settle::NotExecuted)
+                        .await;
+                }
+                let risk = risk.unwrap_or(crate::policy::Risk::Read);
+                *plan = Plan::Answer(Outcome::AuditUnavailable {
+                    risk,
+                    error: e.into(),
+                });
+            }
+        }
+    }
+}
+
+/// The row of a call held for a person: waiting for an approval.
+fn held_row(recorder: &Recorder, m: &Message, gated: &Gated, shadow: &'static str) -> AuditRow {
+    let mut row = recorder.answered(
+        m,
+        &Outcome::ApprovalRequired {
+            risk: gated.risk,
+            approval: None,
+        },
+    );
+    row.pin_sha256 = gated.pin.as_ref().map(hex::encode).unwrap_or_default();
+    row.shadow_decision = shadow;
+    row
+}
+
+/// What the messages of a body add up to once each has its plan.
+#[derive(Default)]
+struct Gathered {
+    /// The forwarded parts of the body.
+    parts: Vec<Part>,
+    /// What the relay completes.
+    due: Vec<Due>,
+    /// The firewall's own answers.
+    local: Vec<Bytes>,
+    /// The rows of what the firewall answered or holds.
+    rows: Vec<AuditRow>,
+    /// The single call held for a person.
+    held: Option<Held>,
+    /// A notification was refused (and has no answer to carry it).
+    refused_notification: bool,
+    /// A method the revision in use does not define was answered.
+    unknown_method: bool,
+}
+
+impl Gathered {
+    /// The firewall's own answer to `m`: counted, logged, its row kept for
+    /// the record, its answer (for a request) kept for the client.
+    fn answer(
+        &mut self,
+        run: &RunContext,
+        recorder: &Recorder,
+        m: &Message,
+        outcome: Outcome,
+        shadow: &'static str,
+    ) {
+        if let (Some(call), stop) = (&m.call, outcome.audit().stop) {
+            run.metrics.call(
+                &run.upstream.config.name,
+                &tool_label(run, &call.name),
+                stop,
+            );
+        }
+        tracing::info!(
+            run = %run.claims.run_id,
+            agent = %run.claims.agent,
+            upstream = %run.upstream.config.name,
+            method = m.method.as_deref().unwrap_or(""),
+            tool = m.call.as_ref().map_or("", |c| c.name.as_str()),
+            outcome = ?outcome,
+            "answered by the firewall"
+        );
+        let mut row = recorder.answered(m, &outcome);
+        row.shadow_decision = shadow;
+        self.rows.push(row);
+        self.unknown_method |= outcome == Outcome::UnknownMethod;
+        match answer::for_outcome(m, &outcome, run.version) {
+            Some(body) => self.local.push(body),
+            None => {
+                self.refused_notification |=
+                    m.kind == Kind::Notification && !matches!(outcome, Outcome::Cancelled { .. });
+            }
+        }
+    }
+
+    /// What follows once the rows are written: the held call, the
+    /// firewall's own answer when nothing goes upstream, else the body to
+    /// forward (a batch's denied elements cut out).
+    fn next(
+        self,
+        head: Parts,
+        bytes: Bytes,
+        env: &Envelope,
+        recorder: Recorder,
+        run: &RunContext,
+        mcp_name: Option<String>,
+    ) -> Next {
+        let Gathered {
+            mut parts,
+            due,
+            local,
+            held,
+            refused_notification,
+            unknown_method,
+            ..
+        } = self;
         if let Some(held) = held {
             return Next::Hold(Box::new(held));
         }
@@ -515,7 +594,7 @@ impl Admitted {
             bytes
         } else {
             // A denied element never travels upstream inside an allowed batch.
-            splice(text, &parts)
+            splice(&bytes, &parts)
         };
         Next::Forward(Box::new(Outgoing {
             head,
@@ -536,20 +615,21 @@ enum Part {
     Replaced(String),
 }
 
-/// The forwarded parts of a batch as a batch.
-fn splice(text: &str, parts: &[Part]) -> Bytes {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('[');
+/// The forwarded parts of a batch as a batch (spans of `body`, which the
+/// strict reader found on character boundaries).
+fn splice(body: &[u8], parts: &[Part]) -> Bytes {
+    let mut out = Vec::with_capacity(body.len() + 2);
+    out.push(b'[');
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
         match p {
-            Part::Span(s) => out.push_str(text.get(s.clone()).unwrap_or("")),
-            Part::Replaced(t) => out.push_str(t),
+            Part::Span(s) => out.extend_from_slice(body.get(s.clone()).unwrap_or(b"")),
+            Part::Replaced(t) => out.extend_from_slice(t.as_bytes()),
         }
     }
-    out.push(']');
+    out.push(b']');
     Bytes::from(out)
 }
 
@@ -569,7 +649,7 @@ fn held_call(
     client: &HeaderMap,
     text: &str,
     m: &Message,
-    gated: super::decide::Gated,
+    gated: Gated,
     conn: ConnInfo,
     session: Option<&[u8]>,
     state: &State,

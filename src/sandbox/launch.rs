@@ -80,21 +80,10 @@ fn refuse(why: &str) -> u8 {
 
 /// Step 1: the namespaces, then the init.
 fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
-    use nix::sched::{unshare, CloneFlags};
     let mut report = Report::default();
     let me = nix::unistd::getuid();
     let outer_uid = (!me.is_root()).then(|| me.as_raw());
-    // A firewall that is not root makes every namespace in a user
-    // namespace of the server's own, as its root.
-    let userns = match outer_uid {
-        None => Ok(()),
-        Some(uid) => {
-            let gid = nix::unistd::getgid().as_raw();
-            unshare(CloneFlags::CLONE_NEWUSER)
-                .map_err(|e| format!("unshare(CLONE_NEWUSER): {e} (are user namespaces allowed?)"))
-                .and_then(|()| access::write_id_maps(&format!("0 {uid} 1"), &format!("0 {gid} 1")))
-        }
-    };
+    let userns = enter_user_namespace(outer_uid);
     let egress = args.egress_socket.as_deref().map(|socket| net::Egress {
         socket,
         probe: args.probe,
@@ -106,33 +95,68 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
             return refuse(&e.to_string());
         }
     }
-    let made = userns.and_then(|()| {
-        unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS)
-            .map_err(|e| format!("unshare(CLONE_NEWPID|CLONE_NEWIPC|CLONE_NEWUTS): {e}"))
-    });
+    let made = userns.and_then(|()| enter_pid_namespace());
     if let Err(why) = made {
-        // No init: the layers this process can still apply, then the
-        // server in its place.
-        for l in [
-            Layer::PidNamespace,
-            Layer::MountNamespace,
-            Layer::IpcNamespace,
-        ] {
-            if let Err(e) = report.layer(spec, l, Err(why.clone())) {
-                return refuse(&e.to_string());
-            }
-        }
-        let identity = match outer_uid {
-            None => root_identity(args),
-            Some(_) => Identity::AsIs,
-        };
-        return match confine_rest(spec, program, egress.is_some(), identity, &[], &mut report) {
-            Ok(()) => finish(args, program, report, None),
-            Err(e) => refuse(&e.to_string()),
-        };
+        let confined = egress.is_some();
+        return run_without_init(args, spec, program, outer_uid, confined, &why, report);
     }
     report.applied.push(Layer::IpcNamespace);
-    // The init, first process of the new PID namespace.
+    start_init(args, outer_uid, &report)
+}
+
+/// A firewall that is not root (`outer_uid`) makes every namespace in a
+/// user namespace of the server's own, as its root.
+fn enter_user_namespace(outer_uid: Option<u32>) -> Result<(), String> {
+    use nix::sched::{unshare, CloneFlags};
+    let Some(uid) = outer_uid else {
+        return Ok(());
+    };
+    let gid = nix::unistd::getgid().as_raw();
+    unshare(CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("unshare(CLONE_NEWUSER): {e} (are user namespaces allowed?)"))
+        .and_then(|()| access::write_id_maps(&format!("0 {uid} 1"), &format!("0 {gid} 1")))
+}
+
+/// Makes the PID, IPC and UTS namespaces the init starts in.
+fn enter_pid_namespace() -> Result<(), String> {
+    use nix::sched::{unshare, CloneFlags};
+    unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS)
+        .map_err(|e| format!("unshare(CLONE_NEWPID|CLONE_NEWIPC|CLONE_NEWUTS): {e}"))
+}
+
+/// No init (the PID namespace could not be made, `why`): the layers this
+/// process can still apply, then the server in its place.
+fn run_without_init(
+    args: &Args,
+    spec: &Spec,
+    program: &Path,
+    outer_uid: Option<u32>,
+    egress: bool,
+    why: &str,
+    mut report: Report,
+) -> u8 {
+    for l in [
+        Layer::PidNamespace,
+        Layer::MountNamespace,
+        Layer::IpcNamespace,
+    ] {
+        if let Err(e) = report.layer(spec, l, Err(why.to_owned())) {
+            return refuse(&e.to_string());
+        }
+    }
+    let identity = match outer_uid {
+        None => root_identity(args),
+        Some(_) => Identity::AsIs,
+    };
+    match confine_rest(spec, program, egress, identity, &[], &mut report) {
+        Ok(()) => finish(args, program, report, None),
+        Err(e) => refuse(&e.to_string()),
+    }
+}
+
+/// Starts the init, first process of the new PID namespace, waits for it
+/// and exits as it did.
+fn start_init(args: &Args, outer_uid: Option<u32>, report: &Report) -> u8 {
     let temp_root = match &args.root {
         Some(_) => None,
         None => match fresh_dir() {
@@ -149,14 +173,44 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
         Ok(p) => p,
         Err(e) => return refuse(&format!("cannot find its own program: {e}")),
     };
+    let mut cmd = init_command(&me_exe, args, report, &root_dir, outer_uid);
+    // The firewall's SIGTERM is for the server: this process outlives it
+    // to report how the server ended.
+    block_termination_signals();
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return refuse(&format!("cannot start the sandbox's init: {e}")),
+    };
+    // The server's stdin and stdout are the init's: this process keeps no
+    // copy (the server's end of stdout closes when the server's does).
+    drop_stdio();
+    let status = child.wait();
+    if let Some(d) = temp_root {
+        let _ = std::fs::remove_dir(d);
+    }
+    match status {
+        Ok(s) => exit_code(s),
+        Err(e) => refuse(&format!("waiting for the sandbox's init: {e}")),
+    }
+}
+
+/// The command that starts this program again as the init, with the
+/// launcher's report so far and an empty environment.
+fn init_command(
+    me_exe: &Path,
+    args: &Args,
+    report: &Report,
+    root_dir: &Path,
+    outer_uid: Option<u32>,
+) -> std::process::Command {
     let mut cmd = std::process::Command::new(me_exe);
     cmd.arg("sandbox-exec")
         .arg("--spec")
         .arg(&args.spec)
         .arg("--init-of")
-        .arg(serde_json::to_string(&report).unwrap_or_default())
+        .arg(serde_json::to_string(report).unwrap_or_default())
         .arg("--root")
-        .arg(&root_dir);
+        .arg(root_dir);
     if let Some(uid) = args.uid {
         cmd.arg("--uid").arg(uid.to_string());
     }
@@ -176,8 +230,11 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
         cmd.arg("--egress-socket").arg(socket);
     }
     cmd.arg("--").args(&args.command).env_clear();
-    // The firewall's SIGTERM is for the server: this process outlives it
-    // to report how the server ended.
+    cmd
+}
+
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread.
+fn block_termination_signals() {
     let mut blocked = nix::sys::signal::SigSet::empty();
     for s in [
         nix::sys::signal::Signal::SIGTERM,
@@ -187,27 +244,16 @@ fn launcher(args: &Args, spec: &Spec, program: &Path) -> u8 {
         blocked.add(s);
     }
     let _ = blocked.thread_block();
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return refuse(&format!("cannot start the sandbox's init: {e}")),
-    };
-    // The server's stdin and stdout are the init's: this process keeps no
-    // copy (the server's end of stdout closes when the server's does).
-    drop_stdio();
-    let status = child.wait();
-    if let Some(d) = temp_root {
-        let _ = std::fs::remove_dir(d);
-    }
-    match status {
-        Ok(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            match (s.code(), s.signal()) {
-                (Some(c), _) => u8::try_from(c).unwrap_or(1),
-                (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
-                _ => 1,
-            }
-        }
-        Err(e) => refuse(&format!("waiting for the sandbox's init: {e}")),
+}
+
+/// The exit status that repeats how a child ended: its code, or 128 plus
+/// the signal that ended it.
+fn exit_code(s: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+        _ => 1,
     }
 }
 

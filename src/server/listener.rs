@@ -352,25 +352,12 @@ pub async fn serve<F, S, B>(
     let mut inbox = limits.spread.as_ref().and_then(|s| s.inbox(here));
 
     loop {
-        let Accepted {
-            stream,
-            remote,
-            slot,
-            _placed,
-        } = tokio::select! {
+        let accepted = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, remote)) => {
-                    let Ok(slot) = limits.connections.clone().try_acquire_owned() else {
-                        (limits.on_refused)(Refused::TooMany);
-                        drop(stream);
-                        continue;
-                    };
-                    let _ = stream.set_nodelay(true);
-                    match place(&limits, here, stream, remote, slot) {
-                        Some(a) => a,
-                        None => continue,
-                    }
-                }
+                Ok((stream, remote)) => match admit(&limits, here, stream, remote) {
+                    Some(a) => a,
+                    None => continue,
+                },
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -378,84 +365,161 @@ pub async fn serve<F, S, B>(
                     continue;
                 }
             },
-            Some(handed) = next_handed(&mut inbox) => {
-                match tokio::net::TcpStream::from_std(handed.stream) {
-                    Ok(stream) => Accepted {
-                        stream,
-                        remote: handed.remote,
-                        slot: handed.slot,
-                        _placed: Some(handed.placed),
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a handed-over connection could not be registered");
-                        continue;
-                    }
-                }
+            Some(handed) = next_handed(&mut inbox) => match handed.into_accepted() {
+                Some(a) => a,
+                None => continue,
             },
             _ = wait_true(&mut shutdown) => break,
         };
-        let write_idle = limits.write_idle;
-        let on_idle = limits.on_refused.clone();
         let info = ConnInfo {
-            remote,
-            client: remote.ip(),
+            remote: accepted.remote,
+            client: accepted.remote.ip(),
             tls: tls.is_some(),
         };
-        let svc = service(info);
-        let builders = builders.clone();
+        let conn = Conn {
+            svc: service(info),
+            builders: builders.clone(),
+            write_idle: limits.write_idle,
+            on_idle: limits.on_refused.clone(),
+            watcher: graceful.watcher(),
+            stop: shutdown.clone(),
+        };
         match &tls {
-            None => {
-                let watcher = graceful.watcher();
-                let mut stop = shutdown.clone();
-                tokio::spawn(async move {
-                    let _held = (slot, _placed);
-                    let Some(sniffed) = peek_protocol(&stream, &mut stop).await else {
-                        return;
-                    };
-                    let io = WriteIdle::new(stream, write_idle, on_idle);
-                    let conn = builders
-                        .for_protocol(sniffed)
-                        .serve_connection(TokioIo::new(io), svc)
-                        .into_owned();
-                    log_conn_end(watcher.watch(conn), remote).await;
-                });
-            }
-            Some(acceptor) => {
-                let acceptor = acceptor.clone();
-                let watcher = graceful.watcher();
-                let mut stop = shutdown.clone();
-                tokio::spawn(async move {
-                    let _held = (slot, _placed);
-                    let handshake =
-                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-                    let tls_stream = tokio::select! {
-                        done = handshake => match done {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                tracing::debug!(%remote, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => {
-                                tracing::debug!(%remote, "TLS handshake timed out");
-                                return;
-                            }
-                        },
-                        // Nothing sent yet that anyone waits for.
-                        () = wait_true(&mut stop) => return,
-                    };
-                    let alpn = tls_stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-                    let io = WriteIdle::new(tls_stream, write_idle, on_idle);
-                    let conn = builders
-                        .for_alpn(alpn.as_deref())
-                        .serve_connection(TokioIo::new(io), svc)
-                        .into_owned();
-                    log_conn_end(watcher.watch(conn), remote).await;
-                });
-            }
-        }
+            None => tokio::spawn(serve_plain(accepted, conn)),
+            Some(acceptor) => tokio::spawn(serve_tls(accepted, acceptor.clone(), conn)),
+        };
     }
 
     drop(listener);
+    drain_connections(graceful, drain).await;
+}
+
+/// A connection just accepted on serving thread `here`: refused past
+/// `max_connections` (`None`), else placed ([`place`]).
+fn admit(
+    limits: &ConnLimits,
+    here: usize,
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+) -> Option<Accepted> {
+    let Ok(slot) = limits.connections.clone().try_acquire_owned() else {
+        (limits.on_refused)(Refused::TooMany);
+        drop(stream);
+        return None;
+    };
+    let _ = stream.set_nodelay(true);
+    place(limits, here, stream, remote, slot)
+}
+
+impl Handed {
+    /// The connection, registered on this thread's runtime (`None`, logged:
+    /// it could not be).
+    fn into_accepted(self) -> Option<Accepted> {
+        match tokio::net::TcpStream::from_std(self.stream) {
+            Ok(stream) => Some(Accepted {
+                stream,
+                remote: self.remote,
+                slot: self.slot,
+                _placed: Some(self.placed),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "a handed-over connection could not be registered");
+                None
+            }
+        }
+    }
+}
+
+/// What a connection's task serves it with.
+struct Conn<S> {
+    /// The connection's service.
+    svc: S,
+    builders: Arc<Builders>,
+    write_idle: Duration,
+    on_idle: Arc<dyn Fn(Refused) + Send + Sync>,
+    /// Drained with the listener's other connections.
+    watcher: hyper_util::server::graceful::Watcher,
+    /// The listener's shutdown.
+    stop: watch::Receiver<bool>,
+}
+
+/// Serves a plain TCP connection, its protocol sniffed from its first bytes.
+async fn serve_plain<S, B>(accepted: Accepted, mut conn: Conn<S>)
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Accepted {
+        stream,
+        remote,
+        slot,
+        _placed,
+    } = accepted;
+    let _held = (slot, _placed);
+    let Some(sniffed) = peek_protocol(&stream, &mut conn.stop).await else {
+        return;
+    };
+    let io = WriteIdle::new(stream, conn.write_idle, conn.on_idle);
+    let served = conn
+        .builders
+        .for_protocol(sniffed)
+        .serve_connection(TokioIo::new(io), conn.svc)
+        .into_owned();
+    log_conn_end(conn.watcher.watch(served), remote).await;
+}
+
+/// Serves a TLS connection after its handshake, its protocol by ALPN.
+async fn serve_tls<S, B>(accepted: Accepted, acceptor: TlsAcceptor, mut conn: Conn<S>)
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Accepted {
+        stream,
+        remote,
+        slot,
+        _placed,
+    } = accepted;
+    let _held = (slot, _placed);
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+    let tls_stream = tokio::select! {
+        done = handshake => match done {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%remote, "TLS handshake timed out");
+                return;
+            }
+        },
+        // Nothing sent yet that anyone waits for.
+        () = wait_true(&mut conn.stop) => return,
+    };
+    let alpn = tls_stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let io = WriteIdle::new(tls_stream, conn.write_idle, conn.on_idle);
+    let served = conn
+        .builders
+        .for_alpn(alpn.as_deref())
+        .serve_connection(TokioIo::new(io), conn.svc)
+        .into_owned();
+    log_conn_end(conn.watcher.watch(served), remote).await;
+}
+
+/// Waits for the open connections to finish, at most `drain`; what is
+/// still open after that is dropped.
+async fn drain_connections(graceful: GracefulShutdown, drain: Duration) {
     tracing::info!(open = graceful.count(), "draining connections");
     if tokio::time::timeout(drain, graceful.shutdown())
         .await

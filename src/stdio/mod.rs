@@ -526,40 +526,13 @@ impl Bridge {
             Ok(_) => return plain(StatusCode::BAD_REQUEST, "one JSON-RPC message per POST"),
             Err(e) => return plain(StatusCode::BAD_REQUEST, &format!("not JSON: {e}")),
         };
-        let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
+        let method = msg.get("method").and_then(Value::as_str);
         let is_request = method.is_some() && msg.get("id").is_some();
-        let (number, instance, new_sid) = match sid {
-            Some(s) => match self.session(&s) {
-                Some((n, i)) => (n, i, None),
-                None => return plain(StatusCode::NOT_FOUND, "session not found"),
-            },
-            None if is_request && method.as_deref() == Some("initialize") => {
-                let number = self.next.fetch_add(1, Ordering::Relaxed);
-                let key = match self.shared.launch.instances {
-                    Instances::PerSession => Key::Session(number),
-                    Instances::Shared => Key::Shared,
-                };
-                match self.instance(key) {
-                    Ok(i) => (number, i, Some(new_session_id())),
-                    Err(why) => return refuse(&msg, &why),
-                }
-            }
-            None => {
-                let key = match self.shared.launch.instances {
-                    Instances::Shared => Key::Shared,
-                    Instances::PerSession => Key::Principal(
-                        headers
-                            .get(INSTANCE_HEADER)
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("")
-                            .to_owned(),
-                    ),
-                };
-                match self.instance(key) {
-                    Ok(i) => (0, i, None),
-                    Err(why) => return refuse(&msg, &why),
-                }
-            }
+        let initialize = is_request && method == Some("initialize");
+        let (number, instance, new_sid) = match self.instance_for(headers, sid, initialize) {
+            Ok(found) => found,
+            Err(Refusal::Plain(status, text)) => return plain(status, text),
+            Err(Refusal::Rpc(why)) => return refuse(&msg, &why),
         };
         if !is_request {
             return match instance.notify(number, msg).await {
@@ -582,49 +555,125 @@ impl Bridge {
             Some(Item::Event(_)) => true,
             None => false,
         };
-        let mut resp = match first {
-            Some(Item::Final(b)) => {
-                let mut r = Response::new(http_util::full(b));
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/json"),
-                );
-                r
+        let mut resp = answer(headers, first, rx).await;
+        if let Some(s) = new_sid {
+            self.settle_session(s, initialized, number, instance, &mut resp)
+                .await;
+        }
+        resp
+    }
+
+    /// The instance a POST goes to, with the client's number on it and,
+    /// when the POST is an `initialize` without a session (`initialize`),
+    /// the id of the session it would open.
+    fn instance_for(
+        &self,
+        headers: &HeaderMap,
+        sid: Option<String>,
+        initialize: bool,
+    ) -> Result<(u64, Arc<Instance>, Option<String>), Refusal> {
+        match sid {
+            Some(s) => match self.session(&s) {
+                Some((n, i)) => Ok((n, i, None)),
+                None => Err(Refusal::Plain(StatusCode::NOT_FOUND, "session not found")),
+            },
+            None if initialize => {
+                let number = self.next.fetch_add(1, Ordering::Relaxed);
+                let key = match self.shared.launch.instances {
+                    Instances::PerSession => Key::Session(number),
+                    Instances::Shared => Key::Shared,
+                };
+                let i = self.instance(key).map_err(Refusal::Rpc)?;
+                Ok((number, i, Some(new_session_id())))
             }
-            Some(Item::Event(b)) if http_util::accepts(headers, "text/event-stream") => {
-                sse_from(Some(b), rx)
+            None => {
+                let key = match self.shared.launch.instances {
+                    Instances::Shared => Key::Shared,
+                    Instances::PerSession => Key::Principal(
+                        headers
+                            .get(INSTANCE_HEADER)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned(),
+                    ),
+                };
+                let i = self.instance(key).map_err(Refusal::Rpc)?;
+                Ok((0, i, None))
             }
-            Some(Item::Event(_)) => {
-                // The client takes JSON only: what comes before the answer
-                // is dropped, the answer is the body.
-                loop {
-                    match rx.recv().await {
-                        Some(Item::Final(b)) => break Response::new(http_util::full(b)),
-                        Some(Item::Event(_)) => continue,
-                        None => {
-                            break plain(StatusCode::BAD_GATEWAY, "the stdio server did not answer")
-                        }
+        }
+    }
+
+    /// After an `initialize` without a session: opens session `sid` when it
+    /// was `initialized` (its id in `resp`), or else ends a per-session
+    /// process at once.
+    async fn settle_session(
+        &self,
+        sid: String,
+        initialized: bool,
+        number: u64,
+        instance: Arc<Instance>,
+        resp: &mut Response<Body>,
+    ) {
+        if initialized {
+            if let Ok(v) = http::HeaderValue::from_str(&sid) {
+                resp.headers_mut().insert("mcp-session-id", v);
+            }
+            self.sessions
+                .lock()
+                .insert(sid, Session { number, instance });
+        } else if self.shared.launch.instances == Instances::PerSession {
+            // No session: its process goes at once.
+            self.instances
+                .lock()
+                .retain(|_, i| i.number != instance.number);
+            self.gauge();
+            instance.close("initialize failed").await;
+        }
+    }
+}
+
+/// Why a POST found no instance: a plain answer, or a JSON-RPC error the
+/// client reads.
+enum Refusal {
+    /// A plain-text answer with this status.
+    Plain(StatusCode, &'static str),
+    /// Refused by the bridge (see [`refuse`]).
+    Rpc(String),
+}
+
+/// The response to a request whose first item is `first`, the rest on `rx`:
+/// the answer as JSON, or a stream when the client takes one.
+async fn answer(
+    headers: &HeaderMap,
+    first: Option<Item>,
+    mut rx: tokio::sync::mpsc::Receiver<Item>,
+) -> Response<Body> {
+    match first {
+        Some(Item::Final(b)) => {
+            let mut r = Response::new(http_util::full(b));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Some(Item::Event(b)) if http_util::accepts(headers, "text/event-stream") => {
+            sse_from(Some(b), rx)
+        }
+        Some(Item::Event(_)) => {
+            // The client takes JSON only: what comes before the answer
+            // is dropped, the answer is the body.
+            loop {
+                match rx.recv().await {
+                    Some(Item::Final(b)) => break Response::new(http_util::full(b)),
+                    Some(Item::Event(_)) => continue,
+                    None => {
+                        break plain(StatusCode::BAD_GATEWAY, "the stdio server did not answer")
                     }
                 }
             }
-            None => plain(StatusCode::BAD_GATEWAY, "the stdio server did not answer"),
-        };
-        if let Some(s) = new_sid {
-            if initialized {
-                if let Ok(v) = http::HeaderValue::from_str(&s) {
-                    resp.headers_mut().insert("mcp-session-id", v);
-                }
-                self.sessions.lock().insert(s, Session { number, instance });
-            } else if self.shared.launch.instances == Instances::PerSession {
-                // No session: its process goes at once.
-                self.instances
-                    .lock()
-                    .retain(|_, i| i.number != instance.number);
-                self.gauge();
-                instance.close("initialize failed").await;
-            }
         }
-        resp
+        None => plain(StatusCode::BAD_GATEWAY, "the stdio server did not answer"),
     }
 }
 

@@ -191,7 +191,7 @@ impl Judge<'_> {
     ) -> Result<(Risk, Gate), Verdict> {
         let (decision, _) = self
             .decide(tool, entry, arguments)
-            .map_err(|r| refusal(&r))?;
+            .map_err(|r| self.refusal(tool, entry, &r))?;
         let passed = match decision {
             Decision::Deny { risk, reason, rule } => {
                 return Err(Verdict {
@@ -203,13 +203,32 @@ impl Judge<'_> {
             }
             Decision::Approve { risk } => (risk, Gate::Approve),
             Decision::Allow { risk } => (risk, Gate::Allow),
-            Decision::Unknown(h) => return Err(refusal(&Refused::Unknown(Some(h)))),
+            Decision::Unknown(h) => {
+                return Err(self.refusal(tool, entry, &Refused::Unknown(Some(h))))
+            }
         };
         check_arguments(raw, entry, arguments).map_err(|r| Verdict {
             risk: Some(passed.0),
             ..refusal(&r)
         })?;
         Ok(passed)
+    }
+
+    /// [`refusal`], with the rule that hid the tool named where the policy
+    /// hid it (a role's `deny` rule and its `file:line`, the role whose
+    /// `allow` rules missed, the gate that is `deny`).
+    fn refusal(&self, tool: &str, entry: &ToolEntry, r: &Refused) -> Verdict {
+        let mut verdict = refusal(r);
+        if let Refused::Unknown(Some(hidden)) = r {
+            verdict.rule = self.policy.hiding_rule(
+                self.authority,
+                self.upstream.facts(),
+                tool,
+                entry.hints,
+                hidden,
+            );
+        }
+        verdict
     }
 
     /// What a call comes to without the run's labels, and without the

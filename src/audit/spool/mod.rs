@@ -729,15 +729,6 @@ pub(crate) struct SpoolSettings {
     pub reprobe_after: Duration,
 }
 
-/// What opening an existing spool found.
-#[derive(Debug, Default)]
-pub(crate) struct Recovery {
-    /// Segments found (not yet shipped), before a new one was started.
-    pub segments: usize,
-    /// Bytes cut from torn or corrupt tails (kept in `rejected/`).
-    pub cut_bytes: u64,
-}
-
 /// An opened spool: shared state, the spool thread, and where the reader starts.
 pub(crate) struct Spool {
     pub shared: Arc<Shared>,
@@ -754,122 +745,25 @@ pub(crate) struct Spool {
 /// starts a fresh segment and the spool thread.
 pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, SpoolError> {
     let dir = &settings.dir;
-    // Audit rows are sensitive even redacted: owner-only directories and files.
-    // (The mode applies to directories created here; an existing one is kept as
-    // the operator made it.)
-    for d in [dir.clone(), dir.join("rejected")] {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&d)
-            .map_err(|e| SpoolError::dir(&d, e))?;
-    }
-    let lock_path = dir.join("LOCK");
-    let lock = OpenOptions::new()
-        .mode(0o600)
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| SpoolError::dir(&lock_path, e))?;
-    // flock(2): released by the kernel when the process dies, even by SIGKILL.
-    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::WOULDBLOCK) => return Err(SpoolError::Locked { path: lock_path }),
-        Err(e) => return Err(SpoolError::dir(&lock_path, e.into())),
-    }
-
+    let lock = lock_dir(dir)?;
     // A cursor.tmp left by an older build's interrupted rename.
     let _ = fs::remove_file(dir.join("cursor.tmp"));
     let cursor = read_cursor(dir);
-    let mut recovery = Recovery::default();
-    let mut on_disk = 0u64;
-    // Numbering continues past the cursor too: if every segment was shipped and
-    // deleted, a new segment must not reuse a number the cursor points into.
-    let mut last_seq = cursor.map_or(0, |c| c.seq);
-    let mut remaining = Vec::new();
-    for seq in list_segments(dir)? {
-        last_seq = last_seq.max(seq);
-        let path = segment_path(dir, seq);
-        // Segments before the cursor were fully acknowledged; a crash between the
-        // cursor write and the delete leaves them behind.
-        if cursor.is_some_and(|c| seq < c.seq) {
-            fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
-            continue;
-        }
-        let (cut, len) = repair_segment(dir, seq)?;
-        recovery.cut_bytes += cut;
-        if let Some(len) = len {
-            on_disk += len;
-            recovery.segments += 1;
-            remaining.push(seq);
-        }
-    }
-    let start = match (cursor, remaining.first()) {
-        (Some(c), Some(&first)) if c.seq == first => c,
-        (_, Some(&first)) => Position {
-            seq: first,
-            offset: SEGMENT_HEADER_LEN,
-        },
-        (_, None) => Position {
-            seq: last_seq + 1,
-            offset: SEGMENT_HEADER_LEN,
-        },
-    };
+    let found = recover(dir, cursor)?;
+    let on_disk = found.on_disk;
 
     metrics.set_spool_bytes(on_disk);
-    metrics.corrupt_bytes(recovery.cut_bytes);
-    let mut log = Log {
-        active: None,
-        next_seq: last_seq + 1,
-        dirty: false,
-        unsynced: Vec::new(),
-        dir_dirty: false,
-        buf: Vec::with_capacity(1 << 16),
-        waiters: Vec::with_capacity(256),
-    };
-    let shared = Arc::new(Shared {
-        dir: dir.clone(),
-        queue: Mutex::new(Queue {
-            buf: Vec::with_capacity(1 << 16),
-            waiters: Vec::with_capacity(256),
-            writing: false,
-            handed_off: false,
-            closed: false,
-        }),
-        wake_syncer: Condvar::new(),
-        log: parking_lot::Mutex::new(Log::default()),
-        committed: Mutex::new(Position {
-            seq: last_seq,
-            offset: u64::MAX,
-        }),
-        new_data: Notify::new(),
-        bytes_on_disk: AtomicU64::new(on_disk),
-        max_bytes: settings.max_bytes,
-        segment_bytes: settings.segment_bytes,
-        fsync_interval: settings.fsync_interval,
-        healthy: AtomicBool::new(true),
-        failed_at: Mutex::new(None),
-        full: AtomicBool::new(false),
-        low_space: AtomicBool::new(false),
-        free_bytes: AtomicU64::new(u64::MAX),
-        min_free_bytes: settings.min_free_bytes,
-        writing_since: AtomicU64::new(0),
-        slow_until: AtomicU64::new(0),
-        epoch: Instant::now(),
-        write_timeout: settings.write_timeout,
-        reprobe_after: settings.reprobe_after,
-        failures: AtomicU64::new(0),
+    metrics.corrupt_bytes(found.recovery.cut_bytes);
+    let mut log = Log::starting_at(found.last_seq + 1);
+    let shared = Arc::new(Shared::new(
+        settings,
+        found.last_seq,
+        on_disk,
         metrics,
-        _lock: lock,
-    });
+        lock,
+    ));
     shared.check_free_space();
-    if let Ok(st) = rustix::fs::statvfs(dir) {
-        let room = st.f_bavail.saturating_mul(st.f_frsize);
-        if room < settings.max_bytes.saturating_sub(on_disk) {
-            tracing::warn!(free = room, max_bytes = settings.max_bytes, dir = %dir.display(), "audit spool: the filesystem has less free space than spool.max_bytes allows the spool to use; it may fill the disk first");
-        }
-    }
+    warn_if_short_of_room(dir, settings.max_bytes, on_disk);
     // The first segment is created (and synced) now, so a working disk is
     // ready for the first call. A full disk does not stop the start: what is
     // spooled still ships, and new rows meet the fail modes until the next
@@ -887,14 +781,102 @@ pub(crate) fn open(settings: &SpoolSettings, metrics: Metrics) -> Result<Spool, 
             .map_err(|e| SpoolError::dir(dir, e))?
     };
 
-    let reader = SpoolReader::new(Arc::clone(&shared), start);
+    let reader = SpoolReader::new(Arc::clone(&shared), found.start);
     Ok(Spool {
         shared,
         syncer,
         reader,
-        recovery,
+        recovery: found.recovery,
         cursor,
     })
+}
+
+/// Creates the spool directory and `rejected/` (owner-only), and takes the
+/// spool's lock: an error when another process holds it.
+fn lock_dir(dir: &Path) -> Result<fs::File, SpoolError> {
+    // Audit rows are sensitive even redacted: owner-only directories and files.
+    // (The mode applies to directories created here; an existing one is kept as
+    // the operator made it.)
+    for d in [dir.to_owned(), dir.join("rejected")] {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&d)
+            .map_err(|e| SpoolError::dir(&d, e))?;
+    }
+    let lock_path = dir.join("LOCK");
+    let lock = OpenOptions::new()
+        .mode(0o600)
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| SpoolError::dir(&lock_path, e))?;
+    // flock(2): released by the kernel when the process dies, even by SIGKILL.
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(lock),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(SpoolError::Locked { path: lock_path }),
+        Err(e) => Err(SpoolError::dir(&lock_path, e.into())),
+    }
+}
+
+/// Warns when the filesystem of `dir` has less free space than the spool
+/// may still grow by.
+fn warn_if_short_of_room(dir: &Path, max_bytes: u64, on_disk: u64) {
+    if let Ok(st) = rustix::fs::statvfs(dir) {
+        let room = st.f_bavail.saturating_mul(st.f_frsize);
+        if room < max_bytes.saturating_sub(on_disk) {
+            tracing::warn!(free = room, max_bytes = max_bytes, dir = %dir.display(), "audit spool: the filesystem has less free space than spool.max_bytes allows the spool to use; it may fill the disk first");
+        }
+    }
+}
+
+impl Shared {
+    /// The state of a spool just opened: segments up to `last_seq` hold
+    /// `on_disk` bytes, nothing is queued, the disk is taken as healthy.
+    fn new(
+        settings: &SpoolSettings,
+        last_seq: u64,
+        on_disk: u64,
+        metrics: Metrics,
+        lock: fs::File,
+    ) -> Shared {
+        Shared {
+            dir: settings.dir.clone(),
+            queue: Mutex::new(Queue {
+                buf: Vec::with_capacity(1 << 16),
+                waiters: Vec::with_capacity(256),
+                writing: false,
+                handed_off: false,
+                closed: false,
+            }),
+            wake_syncer: Condvar::new(),
+            log: parking_lot::Mutex::new(Log::default()),
+            committed: Mutex::new(Position {
+                seq: last_seq,
+                offset: u64::MAX,
+            }),
+            new_data: Notify::new(),
+            bytes_on_disk: AtomicU64::new(on_disk),
+            max_bytes: settings.max_bytes,
+            segment_bytes: settings.segment_bytes,
+            fsync_interval: settings.fsync_interval,
+            healthy: AtomicBool::new(true),
+            failed_at: Mutex::new(None),
+            full: AtomicBool::new(false),
+            low_space: AtomicBool::new(false),
+            free_bytes: AtomicU64::new(u64::MAX),
+            min_free_bytes: settings.min_free_bytes,
+            writing_since: AtomicU64::new(0),
+            slow_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+            write_timeout: settings.write_timeout,
+            reprobe_after: settings.reprobe_after,
+            failures: AtomicU64::new(0),
+            metrics,
+            _lock: lock,
+        }
+    }
 }
 
 /// An injected disk fault of the spool in `dir`, if any (test builds).
@@ -936,6 +918,19 @@ struct Log {
 }
 
 impl Log {
+    /// A log with no segment open yet, the next one numbered `next_seq`.
+    fn starting_at(next_seq: u64) -> Log {
+        Log {
+            active: None,
+            next_seq,
+            dirty: false,
+            unsynced: Vec::new(),
+            dir_dirty: false,
+            buf: Vec::with_capacity(1 << 16),
+            waiters: Vec::with_capacity(256),
+        }
+    }
+
     /// Appends one group of framed records with a single write.
     fn write_group(&mut self, shared: &Shared, buf: &[u8]) -> Result<(), SpoolError> {
         if self.active.is_none() {

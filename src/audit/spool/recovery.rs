@@ -1,5 +1,6 @@
-//! What survives a restart: at start, torn or corrupt segment tails are cut
-//! (the bytes kept in `rejected/`); the cursor file keeps the last position
+//! What survives a restart: at start, segments already acknowledged are
+//! deleted, torn or corrupt segment tails are cut (the bytes kept in
+//! `rejected/`) and the reader's start is found; the cursor file keeps the last position
 //! ClickHouse acknowledged, and the chain head file the hash chain's head
 //! there; batches ClickHouse refused as bad data are saved for replay.
 
@@ -8,8 +9,73 @@ use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::format::{segment_path, valid_prefix};
+use super::format::{list_segments, segment_path, valid_prefix, SEGMENT_HEADER_LEN};
 use super::{injected, Position, SpoolError};
+
+/// What opening an existing spool found.
+#[derive(Debug, Default)]
+pub(crate) struct Recovery {
+    /// Segments found (not yet shipped), before a new one was started.
+    pub segments: usize,
+    /// Bytes cut from torn or corrupt tails (kept in `rejected/`).
+    pub cut_bytes: u64,
+}
+
+/// What the segments a previous process left hold.
+pub(super) struct Found {
+    pub(super) recovery: Recovery,
+    /// Bytes of the segments kept.
+    pub(super) on_disk: u64,
+    /// The highest segment number seen (or the cursor's).
+    pub(super) last_seq: u64,
+    /// Where the reader starts.
+    pub(super) start: Position,
+}
+
+/// Deletes the segments before the `cursor`, repairs the others' tails, and
+/// finds where reading starts.
+pub(super) fn recover(dir: &Path, cursor: Option<Position>) -> Result<Found, SpoolError> {
+    let mut recovery = Recovery::default();
+    let mut on_disk = 0u64;
+    // Numbering continues past the cursor too: if every segment was shipped and
+    // deleted, a new segment must not reuse a number the cursor points into.
+    let mut last_seq = cursor.map_or(0, |c| c.seq);
+    let mut remaining = Vec::new();
+    for seq in list_segments(dir)? {
+        last_seq = last_seq.max(seq);
+        let path = segment_path(dir, seq);
+        // Segments before the cursor were fully acknowledged; a crash between the
+        // cursor write and the delete leaves them behind.
+        if cursor.is_some_and(|c| seq < c.seq) {
+            fs::remove_file(&path).map_err(|e| SpoolError::dir(&path, e))?;
+            continue;
+        }
+        let (cut, len) = repair_segment(dir, seq)?;
+        recovery.cut_bytes += cut;
+        if let Some(len) = len {
+            on_disk += len;
+            recovery.segments += 1;
+            remaining.push(seq);
+        }
+    }
+    let start = match (cursor, remaining.first()) {
+        (Some(c), Some(&first)) if c.seq == first => c,
+        (_, Some(&first)) => Position {
+            seq: first,
+            offset: SEGMENT_HEADER_LEN,
+        },
+        (_, None) => Position {
+            seq: last_seq + 1,
+            offset: SEGMENT_HEADER_LEN,
+        },
+    };
+    Ok(Found {
+        recovery,
+        on_disk,
+        last_seq,
+        start,
+    })
+}
 
 /// Scans a segment left by a previous process and cuts any torn or corrupt tail,
 /// saving the cut bytes to `rejected/`. Returns the bytes cut and the segment's

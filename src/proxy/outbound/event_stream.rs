@@ -2,6 +2,7 @@
 //! and passed through the gate as they arrive (the gate's carry reads
 //! consecutive events as one text), the upstream's event ids sealed.
 
+use super::settle::settle_for;
 use super::*;
 
 impl Exchange {
@@ -213,5 +214,31 @@ impl SseRelay {
         } else {
             Some(out.freeze())
         }
+    }
+}
+
+impl Exchange {
+    /// The sealed form of an upstream event id, carrying the requests still
+    /// due on this stream; `None`: relay the event without an id.
+    pub(super) fn seal_event_id(&self, id: &str) -> Option<String> {
+        if self.run.version.is_stateless() || id.is_empty() {
+            return None;
+        }
+        let context = EventContext {
+            due: self
+                .due
+                .iter()
+                .filter_map(|d| {
+                    Some(crate::session::Due {
+                        id: d.id.clone()?,
+                        method: d.method.clone(),
+                    })
+                })
+                .collect(),
+            upstream_event_id: id.to_owned(),
+        };
+        self.run
+            .sessions
+            .seal_event(&self.run.principal(), self.session.as_deref(), &context)
     }
 }
