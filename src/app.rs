@@ -225,10 +225,10 @@ async fn build_state(
         // Reported at start; a required layer missing refuses its starts.
         let _ = b.check_sandbox().await;
     }
-    crate::proxy::approval_flow::wire_pins(&state, &pins);
+    crate::proxy::request::approval_flow::wire_pins(&state, &pins);
 
     if let Some(approvals) = &state.approvals {
-        crate::proxy::approval_flow::wire(&state, approvals);
+        crate::proxy::request::approval_flow::wire(&state, approvals);
     }
     Ok(state)
 }

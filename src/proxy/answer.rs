@@ -14,7 +14,7 @@ use crate::mcp::jsonrpc::{self, Id, Message};
 use crate::mcp::version::ProtocolVersion;
 use crate::outcome::StopReason;
 
-use super::decide::{NotPermitted, Outcome};
+use super::decision::{NotPermitted, Outcome};
 use crate::upstream::failure::UpstreamFailure;
 
 /// Codes the firewall itself answers with, outside the JSON-RPC reserved range

@@ -1,7 +1,7 @@
 //! The calls held for approval right now: who holds which (principal,
 //! session, request id), so a `notifications/cancelled` from the same
 //! principal ends the hold and withdraws its approval. The hold stage itself
-//! is `super::hold`; this registry is below it and below the decision.
+//! is `super::request::hold`; this registry is below it and below the decision.
 //!
 //! A call's approval is filed (and visible to approvers) a moment before its
 //! hold is registered here, and a cancel served on another connection, on

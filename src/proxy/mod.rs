@@ -13,7 +13,7 @@
 //! 3. **Authenticate** ([`authenticate`]): a tool token for the MCP audience,
 //!    or 401 with `WWW-Authenticate`, before anything reveals which
 //!    upstreams exist.
-//! 4. **Authority** ([`authorize`] → [`decide::RunContext`]): the run's role
+//! 4. **Authority** ([`authorize`] → [`decision::RunContext`]): the run's role
 //!    and effective projects; an upstream outside them answers 404 exactly
 //!    like one that does not exist.
 //! 5. **Session** ([`session`]): a sealed `Mcp-Session-Id` opens only for the
@@ -25,9 +25,9 @@
 //!    without an id), the mirrored `Mcp-*` headers.
 //! 7. **Catalog**: a call naming a tool not seen listed refills the catalog
 //!    first ([`refill`]).
-//! 8. **Decide** each message ([`stage::Decided`], [`decide`]), without I/O:
+//! 8. **Decide** each message ([`stage::Decided`], [`request::decide`]), without I/O:
 //!    method table, policy, exact numbers, input schema, `Mcp-Param-*`.
-//! 9. **Admit** ([`stage::Admitted`], [`admit`]): the calls the policy let
+//! 9. **Admit** ([`stage::Admitted`], [`request::admit`]): the calls the policy let
 //!    through pass their approval gate (consumed or filed in the approvals
 //!    store), then their budget (reserved in memory or in Redis).
 //! 10. **On record** ([`stage::Admitted::record`], [`record`]): the
@@ -67,17 +67,14 @@ use crate::policy::reload::PolicyStore;
 use crate::server::listener::ConnInfo;
 use crate::telemetry::Metrics;
 
-pub mod admit;
 pub mod answer;
-pub mod approval_flow;
-pub mod decide;
+pub mod decision;
 pub mod error;
 pub mod held_calls;
-pub mod hold;
 pub mod outbound;
 pub mod record;
+pub mod request;
 pub mod stack;
-pub mod stage;
 pub mod vserver;
 
 use crate::http_util::Body;
@@ -86,11 +83,12 @@ use crate::tasks;
 use crate::upstream::body::{self, ClientBody};
 use crate::upstream::client::{Forward, UpstreamClient};
 use crate::upstream::{failure, opening, refill};
-use decide::RunContext;
+use decision::RunContext;
 use error::ProxyError;
 use held_calls::Holds;
 use outbound::{Due, Exchange, ExchangeKind};
 use record::Recorder;
+use request::{hold, stage};
 use stage::{Decided, Next, Parsed};
 
 /// Shared state of the request path.

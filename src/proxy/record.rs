@@ -28,7 +28,7 @@ use crate::mcp::jsonrpc::Message;
 use crate::outcome::{DecisionKind, StopReason};
 use crate::policy::Risk;
 
-use super::decide::{Outcome, RunContext};
+use super::decision::{Outcome, RunContext};
 
 /// The claims a decision used besides the row's own columns, as JSON
 /// (what `audit replay` re-decides with): one string, no tree.

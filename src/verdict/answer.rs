@@ -1,4 +1,4 @@
-//! The answer-side decision step, the mirror of [`crate::proxy::decide`]: what
+//! The answer-side decision step, the mirror of [`crate::proxy::request::decide`]: what
 //! happens to each upstream-to-client message, decided on the message the
 //! strict reader accepted (`jsonrpc::parse_upstream`: duplicate and
 //! case-variant members refused, escapes decoded) against the run's policy

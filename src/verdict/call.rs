@@ -2,7 +2,7 @@
 //! made without I/O or run state: the pin check, the definition's
 //! `x-mcp-header` annotations, screening's `block`, the
 //! policy's decision ([`Policy::decide`]) and the arguments' check. `serve`
-//! makes it here ([`crate::proxy::decide`]); `mcp-firewall test`, `audit replay` and
+//! makes it here ([`crate::proxy::request::decide`]); `mcp-firewall test`, `audit replay` and
 //! the shadow policy re-make it here, so none of them is a second evaluator.
 //!
 //! What is left to admission (the approval itself, budgets, rate limits,

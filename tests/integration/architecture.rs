@@ -445,7 +445,7 @@ fn the_command_line_imports_nothing_from_the_request_path() {
     let planted: BTreeMap<Vec<String>, String> = BTreeMap::from([
         (
             vec!["cli".to_owned()],
-            "use crate::proxy::decide::X;".to_owned(),
+            "use crate::proxy::request::decide::X;".to_owned(),
         ),
         (vec!["proxy".to_owned()], String::new()),
         (vec!["proxy".to_owned(), "decide".to_owned()], String::new()),

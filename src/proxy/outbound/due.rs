@@ -11,7 +11,7 @@ use crate::audit::AuditRow;
 use crate::budget::Reservation;
 use crate::mcp::jsonrpc::{Id, Kind, Message};
 use crate::mcp::methods::Class;
-use crate::proxy::decide::Granted;
+use crate::proxy::decision::Granted;
 
 /// Something forwarded whose end the exchange records: a request waiting for
 /// its answer, a notification or response the upstream must accept, or the

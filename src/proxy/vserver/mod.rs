@@ -253,7 +253,7 @@ impl Cx<'_> {
         // The same strict reader as every request path; the member's path
         // reads the rewritten message again.
         let env = jsonrpc::parse(&bytes, &self.state.limits)
-            .map_err(|e| super::stage::parse_error(e, &head.headers))?;
+            .map_err(|e| super::request::stage::parse_error(e, &head.headers))?;
         let [msg] = env.messages.as_slice() else {
             return Err(one_message_only());
         };

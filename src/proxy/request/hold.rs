@@ -40,12 +40,12 @@ use crate::mcp::methods::Class;
 use crate::mcp::sse;
 use crate::server::listener::ConnInfo;
 
-use super::answer;
-use super::decide::{ApprovalNote, Gated, Granted, Outcome, RunContext};
-use super::error::ProxyError;
-use super::held_calls::{HoldKey, Holds};
-use super::outbound::{Due, Exchange, ExchangeKind};
-use super::record::Recorder;
+use super::super::answer;
+use super::super::decision::{ApprovalNote, Gated, Granted, Outcome, RunContext};
+use super::super::error::ProxyError;
+use super::super::held_calls::{HoldKey, Holds};
+use super::super::outbound::{Due, Exchange, ExchangeKind};
+use super::super::record::Recorder;
 use crate::http_util::{Body, BoxError};
 use crate::upstream::client::Forward;
 use crate::upstream::failure::UpstreamFailure;

@@ -23,8 +23,8 @@ use crate::audit::{redact_json, AuditRow, JsonPayload};
 use crate::outcome::StopReason;
 use crate::policy::Risk;
 
-use super::decide::{Gated, Granted, RunContext};
-use super::State;
+use super::super::decision::{Gated, Granted, RunContext};
+use super::super::State;
 
 /// What the firewall seals into a `requestState` (see the module docs).
 #[derive(Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! verdict per message once gates and budgets were asked), and what
 //! [`Admitted::record`] makes of them once every decision is on record
 //! ([`Next`]: the firewall's own answer, a hold, or an [`Outgoing`] body for
-//! the upstream). The order is in [`super::post`].
+//! the upstream). The order is in [`super::super::post`].
 
 use std::sync::Arc;
 
@@ -22,14 +22,14 @@ use crate::mcp::methods::{self, Class, Shape};
 use crate::mcp::version::ProtocolVersion;
 use crate::server::listener::ConnInfo;
 
-use super::decide::{
+use super::super::decision::{
     ApprovalNote, Around, Forwarding, Gated, Outcome, Ruling, RunContext, Verdict,
 };
-use super::error::{json_response, ProxyError};
+use super::super::error::{json_response, ProxyError};
+use super::super::outbound::Due;
+use super::super::record::Recorder;
+use super::super::{answer, tool_label, State};
 use super::hold::Held;
-use super::outbound::Due;
-use super::record::Recorder;
-use super::{answer, tool_label, State};
 use crate::http_util::{self, Body};
 
 /// A POST body read once, parsed strictly, and checked as a whole.
@@ -135,8 +135,8 @@ impl Parsed {
 
 /// A body the strict reader refused: a method the revision does not define
 /// is unknown there, before anything its params might have been.
-pub(super) fn parse_error(e: jsonrpc::ParseError, headers: &HeaderMap) -> ProxyError {
-    let version = super::header_version(headers);
+pub(crate) fn parse_error(e: jsonrpc::ParseError, headers: &HeaderMap) -> ProxyError {
+    let version = super::super::header_version(headers);
     match e.method() {
         Some(m) if methods::lookup(m, version).is_none() => ProxyError::UnknownMethod {
             id: e.id().cloned(),
@@ -665,7 +665,7 @@ fn held_call(
         progress_token: progress_token(m),
         body: Bytes::copy_from_slice(text.get(m.span.clone()).unwrap_or("").as_bytes()),
         headers: copy_headers(client),
-        identity: super::identity_headers(run),
+        identity: super::super::identity_headers(run),
         conn,
         session: session.map(<[u8]>::to_vec),
         recorder: recorder.clone(),

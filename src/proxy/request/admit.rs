@@ -23,8 +23,10 @@
 
 use std::sync::Arc;
 
-use super::decide::Granted;
-use super::decide::{Admission, Forwarding, Outcome, Recheck, RunContext, TaintCheck, Verdict};
+use super::super::decision::Granted;
+use super::super::decision::{
+    Admission, Forwarding, Outcome, Recheck, RunContext, TaintCheck, Verdict,
+};
 use crate::policy::{Gate, Labels, Risk, TaintRule};
 
 impl Admission {
