@@ -681,7 +681,7 @@ fn mirrors(header: &str, body: &Value) -> bool {
 /// Numeric comparison (the spec: `42.0` matches `42`): the header must be
 /// a JSON number of exactly the body's value, compared as decimals (a
 /// double would let `0.10000000000000001` mirror `0.1`, and
-/// `4503599627370495.5` mirror `4503599627370496`), within the range every
+/// `4503599627370496.25` mirror `4503599627370496`), within the range every
 /// reader holds exactly (the spec: mirrored integers lie within ±(2^53 - 1)).
 fn numbers_equal(header: &str, body: &serde_json::Number) -> bool {
     match (Decimal::parse(header), Decimal::of(body)) {

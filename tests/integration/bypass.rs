@@ -458,6 +458,8 @@ async fn numbers_the_firewall_cannot_hold_exactly_are_invalid_arguments() {
         "10.0000000000000000001",
         "123456789012345678901234567890",
         "1e-400",
+        // Below the smallest normal double: fewer digits than written.
+        "9659199e-329",
     ] {
         let body = format!(
             r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"get_incident","arguments":{{"incident_id":"INC-1","n":{n}}}}}}}"#
@@ -810,6 +812,54 @@ async fn a_hidden_tool_answers_like_an_invented_one_whatever_its_headers() {
     assert_eq!(a.status, 400, "{}", a.text);
     assert_eq!(a.code(), -32020);
     assert_eq!(up.count("POST", "tools/call"), 0);
+    fw.stop().await;
+}
+
+#[tokio::test]
+async fn a_mirrored_number_passes_only_with_the_bodys_exact_value() {
+    let (fw, up) = setup(|c| c).await;
+    let call = |revision: &str, header: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"get_deployment","arguments":{{"deployment_id":"dep-1","revision":{revision}}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}}}}"#
+        );
+        let header = header.to_owned();
+        let fw = &fw;
+        async move {
+            common::post(
+                &url(fw),
+                &common::token(),
+                &[
+                    ("mcp-protocol-version", "2026-07-28"),
+                    ("mcp-method", "tools/call"),
+                    ("mcp-name", "get_deployment"),
+                    ("mcp-param-deployment", "dep-1"),
+                    ("mcp-param-revision", header.as_str()),
+                ],
+                &body,
+            )
+            .await
+        }
+    };
+    // Another spelling of the same value is the same value: forwarded once.
+    let a = call("42", "4.2e1").await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert!(a.json().get("error").is_none(), "{}", a.text);
+    assert_eq!(up.count("POST", "tools/call"), 1);
+    // Equal as doubles, not as decimals; past 2^53 - 1 a JavaScript reader
+    // holds another value: refused, never forwarded.
+    for (revision, header) in [
+        ("4503599627370496", "4503599627370496.25"),
+        ("9007199254740993", "9007199254740993"),
+    ] {
+        let a = call(revision, header).await;
+        assert_eq!(a.status, 400, "{revision} / {header}: {}", a.text);
+        assert_eq!(a.code(), -32020, "{}", a.text);
+    }
+    assert_eq!(
+        up.count("POST", "tools/call"),
+        1,
+        "the refused calls never arrived"
+    );
     fw.stop().await;
 }
 

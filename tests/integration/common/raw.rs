@@ -147,7 +147,7 @@ pub fn sse(chunks: Vec<Bytes>, gap: std::time::Duration, then_fail: bool) -> Res
 
 /// The tools the recording MCP upstream lists: one read tool, one
 /// destructive tool (in the shipped policy's table for `incidents`), one
-/// with an `x-mcp-header` parameter.
+/// with `x-mcp-header` parameters (a string and an integer).
 pub fn tools() -> serde_json::Value {
     serde_json::json!([
         {"name": "get_incident", "description": "Reads an incident",
@@ -155,7 +155,8 @@ pub fn tools() -> serde_json::Value {
         {"name": "restart_service", "description": "Restarts a service",
          "inputSchema": {"type": "object", "properties": {"service": {"type": "string", "x-mcp-header": "Service"}}}},
         {"name": "get_deployment", "description": "Reads a deployment",
-         "inputSchema": {"type": "object", "properties": {"deployment_id": {"type": "string", "x-mcp-header": "Deployment"}}}},
+         "inputSchema": {"type": "object", "properties": {"deployment_id": {"type": "string", "x-mcp-header": "Deployment"},
+                                                          "revision": {"type": "integer", "x-mcp-header": "Revision"}}}},
     ])
 }
 
