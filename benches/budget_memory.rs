@@ -3,7 +3,7 @@
 //! set growth per run for one million runs, with the default limits (per-run
 //! and per-run-and-tool rate limiters on, as in production).
 
-use mcp_firewall::budget::{CallBudget, LimitsConfig, Local};
+use mcp_firewall::internals::{CallBudget, LimitsConfig, Local};
 
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")

@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use mcp_firewall::catalog::Catalogs;
 use mcp_firewall::config::{self, Config};
+use mcp_firewall::internals::Catalogs;
 use mcp_firewall::mcp::rewrite;
 use mcp_firewall::policy::{self, Access, Call, Decision, Identity, Mode, Policy};
 use serde_json::{json, Value};

@@ -7,8 +7,8 @@
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use http::{HeaderMap, HeaderValue};
+use mcp_firewall::internals::{Due, EventContext, Principal, SessionKey, Sessions};
 use mcp_firewall::mcp::{headers, jsonrpc, numbers, sse};
-use mcp_firewall::session::{Due, EventContext, Principal, SessionKey, Sessions};
 use std::hint::black_box;
 
 /// A typical modern `tools/call` (about 300 bytes).

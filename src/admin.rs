@@ -39,7 +39,7 @@ use crate::auth::Verifier;
 use crate::http_util::{full, Body};
 
 /// What the admin endpoints read.
-pub struct Admin {
+pub(crate) struct Admin {
     /// All metrics.
     pub registry: Arc<Mutex<Registry>>,
     /// True from SIGTERM until exit (load balancers stop sending traffic).
@@ -59,7 +59,7 @@ pub struct Admin {
     /// Host names requests may name (IP addresses always pass).
     pub allowed_hosts: Vec<String>,
     /// The virtual servers, for the members that are down.
-    pub virtuals: Vec<Arc<crate::proxy::vserver::Virtual>>,
+    pub virtuals: Vec<Arc<crate::proxy::virtual_server::Virtual>>,
     /// The bridges of the stdio upstreams.
     pub stdio: Vec<Arc<crate::stdio::Bridge>>,
 }
@@ -73,16 +73,16 @@ fn admin_host(allowed: &[String], req: &Request<Incoming>) -> Result<(), String>
 
 /// Label of `mcp_firewall_not_ready`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
+pub(crate) struct ReasonLabel {
     /// The reason.
     pub reason: &'static str,
 }
 
 /// Every reason `/readyz` can give.
-pub const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
+pub(crate) const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
 
 /// Every way `/readyz` can be degraded.
-pub const DEGRADED: [&str; 5] = [
+pub(crate) const DEGRADED: [&str; 5] = [
     "budget_store_unavailable",
     "approvals_store_unavailable",
     "virtual_server_member_down",
@@ -93,7 +93,7 @@ pub const DEGRADED: [&str; 5] = [
 impl Admin {
     /// `<virtual server>/<member>` of every member that did not answer when
     /// last asked.
-    pub fn members_down(&self) -> Vec<String> {
+    pub(crate) fn members_down(&self) -> Vec<String> {
         self.virtuals
             .iter()
             .flat_map(|v| {
@@ -107,7 +107,7 @@ impl Admin {
 
     /// The reasons the firewall is not ready now (empty: ready); also sets
     /// the `not_ready` gauges.
-    pub fn not_ready(&self) -> Vec<&'static str> {
+    pub(crate) fn not_ready(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self.draining.load(Ordering::Relaxed) {
             out.push("draining");
@@ -123,7 +123,7 @@ impl Admin {
 
     /// The shared stores that cannot be asked now; also sets the
     /// `degraded` gauges.
-    pub fn degraded(&self) -> Vec<&'static str> {
+    pub(crate) fn degraded(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self
             .budget_store
@@ -158,7 +158,7 @@ impl Admin {
 }
 
 /// Serves one admin request.
-pub async fn handle(
+pub(crate) async fn handle(
     admin: Arc<Admin>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {

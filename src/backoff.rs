@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// A retry schedule: the first delay, doubled per retry up to a ceiling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// The delay before the first retry.
     pub first: Duration,
     /// The longest delay.
@@ -20,14 +20,14 @@ pub struct Backoff {
 impl Backoff {
     /// The delay before retry number `retry` (1-based; 0 is read as 1):
     /// `first · 2^(retry-1)`, capped at `max`.
-    pub fn delay(&self, retry: u32) -> Duration {
+    pub(crate) fn delay(&self, retry: u32) -> Duration {
         let exp = retry.saturating_sub(1).min(30);
         self.first.saturating_mul(1u32 << exp).min(self.max)
     }
 
     /// [`Backoff::delay`] scaled into `[½, 1]` by `jitter ∈ [0, 1)` (out of
     /// range values are clamped).
-    pub fn jittered(&self, retry: u32, jitter: f64) -> Duration {
+    pub(crate) fn jittered(&self, retry: u32, jitter: f64) -> Duration {
         self.delay(retry)
             .mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
     }

@@ -19,7 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// The canonical text of `value`.
-pub fn canonical(value: &Value) -> String {
+pub(crate) fn canonical(value: &Value) -> String {
     // A `Value` always canonicalizes (its keys are strings, its numbers
     // finite); should that ever change, serde_json's own deterministic text
     // still binds the value.
@@ -30,7 +30,7 @@ pub fn canonical(value: &Value) -> String {
 /// hold keep their exact digits: the form a pin file stores, so that reading
 /// it back gives the value (and so the [`sha256`]) that was pinned. For a
 /// value without such integers (nearly all) it is [`canonical`] itself.
-pub fn canonical_exact(value: &Value) -> String {
+pub(crate) fn canonical_exact(value: &Value) -> String {
     if !holds_inexact_integer(value) {
         return canonical(value);
     }
@@ -72,7 +72,7 @@ fn write_exact(value: &Value, out: &mut String) {
 
 /// SHA-256 of the canonical text, followed (only when the value holds
 /// integers a double cannot) by NUL and those integers' exact digits.
-pub fn sha256(value: &Value) -> [u8; 32] {
+pub(crate) fn sha256(value: &Value) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(canonical(value).as_bytes());
     if !holds_inexact_integer(value) {
@@ -128,12 +128,12 @@ fn inexact_integers(value: &Value, out: &mut Vec<String>) {
 }
 
 /// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     ::hex::encode(bytes)
 }
 
 /// Parses lower- or upper-case hex of exactly 32 bytes.
-pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+pub(crate) fn parse_hex32(s: &str) -> Option<[u8; 32]> {
     let mut out = [0u8; 32];
     ::hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)

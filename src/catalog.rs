@@ -583,11 +583,11 @@ fn spans(text: &str) -> Option<Spans> {
 }
 
 /// The Redis channel announcing that an upstream's tool list changed.
-pub const LIST_CHANGED_CHANNEL: &str = "list_changed";
+pub(crate) const LIST_CHANGED_CHANNEL: &str = "list_changed";
 
 /// Tells the other replicas that `upstream`'s tool list changed (they clear
 /// their catalog of it), off the caller's path.
-pub fn announce_list_changed(redis: &Arc<crate::state::Redis>, upstream: &str) {
+pub(crate) fn announce_list_changed(redis: &Arc<crate::state::Redis>, upstream: &str) {
     let redis = redis.clone();
     let channel = format!("{}:{LIST_CHANGED_CHANNEL}", redis.prefix());
     let upstream = upstream.to_owned();
@@ -609,7 +609,7 @@ pub fn announce_list_changed(redis: &Arc<crate::state::Redis>, upstream: &str) {
 
 /// Clears the local catalog of every upstream another replica announces as
 /// changed; resubscribes after a second when the connection is lost.
-pub async fn follow_list_changed(redis: Arc<crate::state::Redis>, catalogs: Arc<Catalogs>) {
+pub(crate) async fn follow_list_changed(redis: Arc<crate::state::Redis>, catalogs: Arc<Catalogs>) {
     use futures_util::StreamExt;
     let channel = format!("{}:{LIST_CHANGED_CHANNEL}", redis.prefix());
     loop {

@@ -25,7 +25,7 @@ pub fn fmt_ms(ms: u64) -> String {
 
 /// The calendar day `days` after 1970-01-01 as `YYYYMMDD` (0 when out of
 /// range).
-pub fn yyyymmdd_from_days(days: i64) -> u32 {
+pub(crate) fn yyyymmdd_from_days(days: i64) -> u32 {
     days.checked_mul(86_400)
         .and_then(|s| OffsetDateTime::UNIX_EPOCH.checked_add(Duration::seconds(s)))
         .and_then(|t| {
@@ -39,7 +39,7 @@ pub fn yyyymmdd_from_days(days: i64) -> u32 {
 /// An instant a person typed, as milliseconds since the epoch: RFC 3339
 /// (`2026-12-05T10:00:00Z`), a UTC day (`2026-12-05`: its first
 /// millisecond, or with `end_of_day` its last), or milliseconds.
-pub fn parse_instant_ms(text: &str, end_of_day: bool) -> Option<u64> {
+pub(crate) fn parse_instant_ms(text: &str, end_of_day: bool) -> Option<u64> {
     let text = text.trim();
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         return text.parse().ok();

@@ -9,10 +9,10 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 
 /// Errors a response body can end with.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body of every response the firewall sends.
-pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A complete body.
 pub fn full(b: impl Into<Bytes>) -> Body {
@@ -22,12 +22,12 @@ pub fn full(b: impl Into<Bytes>) -> Body {
 }
 
 /// An empty body.
-pub fn empty() -> Body {
+pub(crate) fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
 /// `true` when a Content-Type's media type (parameters ignored) is `expected`.
-pub fn mime_is(content_type: &str, expected: &str) -> bool {
+pub(crate) fn mime_is(content_type: &str, expected: &str) -> bool {
     content_type
         .split(';')
         .next()
@@ -35,7 +35,7 @@ pub fn mime_is(content_type: &str, expected: &str) -> bool {
 }
 
 /// Whether the `Accept` headers allow `media` (or anything, `*/*`).
-pub fn accepts(headers: &HeaderMap, media: &str) -> bool {
+pub(crate) fn accepts(headers: &HeaderMap, media: &str) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()
@@ -46,7 +46,7 @@ pub fn accepts(headers: &HeaderMap, media: &str) -> bool {
 
 /// The media type of a message's `Content-Type` (empty when absent or not
 /// text).
-pub fn content_type(headers: &HeaderMap) -> &str {
+pub(crate) fn content_type(headers: &HeaderMap) -> &str {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -54,7 +54,7 @@ pub fn content_type(headers: &HeaderMap) -> &str {
 }
 
 /// Connection-specific headers (RFC 9110 §7.6.1) that a proxy never forwards.
-pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
         "connection"
@@ -72,7 +72,7 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// `scheme://host[:port]` of an absolute http(s) URL, lower case, without
 /// the scheme's default port (the form browsers send in `Origin`).
 /// `origin_only`: refuse a URL with a path, query or fragment.
-pub fn origin_of(url: &str, origin_only: bool) -> Option<String> {
+pub(crate) fn origin_of(url: &str, origin_only: bool) -> Option<String> {
     let uri: Uri = url.parse().ok()?;
     let scheme = uri.scheme_str()?.to_ascii_lowercase();
     if !matches!(scheme.as_str(), "http" | "https") {
@@ -99,7 +99,7 @@ pub fn origin_of(url: &str, origin_only: bool) -> Option<String> {
 /// HTTP/1.1 absolute-form target). A browser made to resolve a foreign name
 /// to this listener (DNS rebinding) names that foreign host in one of them.
 /// `Err` carries the refused value.
-pub fn check_hosts(
+pub(crate) fn check_hosts(
     uri: &http::Uri,
     headers: &HeaderMap,
     allowed: impl Fn(&str) -> bool,
@@ -123,7 +123,7 @@ pub fn check_hosts(
 
 /// The host of a `Host` header value or an authority, without userinfo,
 /// port or IPv6 brackets.
-pub fn host_name(host: &str) -> &str {
+pub(crate) fn host_name(host: &str) -> &str {
     let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
     if let Some(rest) = host.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use mcp_firewall::auth::{Audience, Mode};
-use mcp_firewall::{app, cli, config, telemetry};
+use mcp_firewall::internals::init_logging;
+use mcp_firewall::{app, cli, config};
 
 /// A reverse proxy that decides what AI agents may do with MCP servers.
 #[derive(Parser)]
@@ -293,7 +294,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::SandboxExec { .. } | Command::EgressForward { .. } => Ok(()),
         Command::Serve { config } => {
             let cfg = config::load(&config)?;
-            telemetry::init_logging(cfg.log_format, &cfg.log_level);
+            init_logging(cfg.log_format, &cfg.log_level);
             let running = app::start(Arc::new(cfg)).await?;
             running.until_signal().await;
             Ok(())

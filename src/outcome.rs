@@ -42,7 +42,7 @@ pub enum StopReason {
 
 /// What the firewall decided about one message (the audit `decision` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DecisionKind {
+pub(crate) enum DecisionKind {
     /// Forwarded upstream.
     Allow,
     /// Refused by a condition or gate.
@@ -111,7 +111,7 @@ impl fmt::Display for StopReason {
 
 impl DecisionKind {
     /// The column value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DecisionKind::Allow => "allow",
             DecisionKind::Deny => "deny",

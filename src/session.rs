@@ -46,14 +46,12 @@ use crate::mcp::jsonrpc::Id;
 /// Bytes of the HMAC tag kept in a sealed value.
 const TAG_BYTES: usize = 16;
 /// Least length of a configured key.
-pub const MIN_KEY_BYTES: usize = 32;
+pub(crate) const MIN_KEY_BYTES: usize = 32;
 /// What every `requestState` the firewall seals starts with.
-pub const STATE_PREFIX: &str = "r1.";
-/// What every task id the firewall seals starts with.
-pub const TASK_PREFIX: &str = "t1.";
+pub(crate) const STATE_PREFIX: &str = "r1.";
 /// Largest stream context (pending requests and the upstream's event id)
 /// carried in a sealed event id.
-pub const MAX_EVENT_CONTEXT: usize = 512;
+pub(crate) const MAX_EVENT_CONTEXT: usize = 512;
 
 /// `[sessions]`: the keys that seal session and event ids.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -106,7 +104,7 @@ impl fmt::Debug for SessionKey {
 }
 
 /// Whether a key id is acceptable.
-pub fn valid_key_id(id: &str) -> bool {
+pub(crate) fn valid_key_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 16
         && id

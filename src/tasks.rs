@@ -33,7 +33,7 @@ use crate::session::{Principal, Sessions};
 
 /// What a sealed task id names: the upstream's task and its call's tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskRef {
+pub(crate) struct TaskRef {
     /// The upstream's task id.
     pub upstream_id: String,
     /// The tool whose call created it.
@@ -42,7 +42,7 @@ pub struct TaskRef {
 
 /// Longest the firewall remembers a task (and holds its call's budget)
 /// when the upstream names no ttl, or a longer one.
-pub const MAX_TASK_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_TASK_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Most tasks remembered at once; past it the oldest are let go (their
 /// budgets settled as run).
@@ -149,7 +149,7 @@ fn settle(budgets: &Budgets, r: Option<Reservation>, reported: Option<f64>) {
 }
 
 /// Who owns what a run creates: its principal and run.
-pub fn owner(who: &Principal<'_>) -> String {
+pub(crate) fn owner(who: &Principal<'_>) -> String {
     format!(
         "{}\u{0}{}\u{0}{}\u{0}{}",
         who.issuer, who.tenant, who.subject, who.run
@@ -158,7 +158,12 @@ pub fn owner(who: &Principal<'_>) -> String {
 
 /// The sealed id of the upstream's task `upstream_id`, created by a call of
 /// `tool`, for `who`.
-pub fn seal(sessions: &Sessions, who: &Principal<'_>, upstream_id: &str, tool: &str) -> String {
+pub(crate) fn seal(
+    sessions: &Sessions,
+    who: &Principal<'_>,
+    upstream_id: &str,
+    tool: &str,
+) -> String {
     let payload = Payload {
         v: 1,
         u: Cow::Borrowed(upstream_id),
@@ -170,7 +175,7 @@ pub fn seal(sessions: &Sessions, who: &Principal<'_>, upstream_id: &str, tool: &
 
 /// The task a sealed id names, if it was sealed for `who`; `None` is
 /// answered like a task that does not exist.
-pub fn open(sessions: &Sessions, who: &Principal<'_>, sealed: &str) -> Option<TaskRef> {
+pub(crate) fn open(sessions: &Sessions, who: &Principal<'_>, sealed: &str) -> Option<TaskRef> {
     let bytes = sessions.open_task(who, sealed.as_bytes()).ok()?;
     let p: Payload<'_> = serde_json::from_slice(&bytes).ok()?;
     (p.v == 1).then(|| TaskRef {
@@ -182,7 +187,7 @@ pub fn open(sessions: &Sessions, who: &Principal<'_>, sealed: &str) -> Option<Ta
 /// The upstream's task id of a `CreateTaskResult` (`result.task.taskId` in
 /// 2025-11-25, `result.taskId` with `resultType: "task"` in 2026-07-28),
 /// and the task's ttl in ms when it names one.
-pub fn created(result: &Value) -> Option<(String, Option<u64>)> {
+pub(crate) fn created(result: &Value) -> Option<(String, Option<u64>)> {
     if let Some(task) = result.get("task").filter(|t| t.is_object()) {
         let id = task.get("taskId")?.as_str()?.to_owned();
         return Some((id, task.get("ttl").and_then(Value::as_u64)));
@@ -196,7 +201,7 @@ pub fn created(result: &Value) -> Option<(String, Option<u64>)> {
 
 /// Replaces the string at `path` (object members) of `v` with `f` of it;
 /// false when there is none.
-pub fn replace_at(v: &mut Value, path: &[&str], f: impl FnOnce(&str) -> String) -> bool {
+pub(crate) fn replace_at(v: &mut Value, path: &[&str], f: impl FnOnce(&str) -> String) -> bool {
     let mut at = v;
     for key in path {
         match at.get_mut(*key) {
@@ -214,6 +219,6 @@ pub fn replace_at(v: &mut Value, path: &[&str], f: impl FnOnce(&str) -> String) 
 }
 
 /// The cost the upstream reported under `key` of a result's `_meta`.
-pub fn reported_cost(result: &Value, key: &str) -> Option<f64> {
+pub(crate) fn reported_cost(result: &Value, key: &str) -> Option<f64> {
     result.get("_meta")?.get(key)?.as_f64()
 }

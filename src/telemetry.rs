@@ -5,7 +5,7 @@
 //! `Debug` redacts them, and the request path logs names and reasons, not
 //! header values.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
@@ -36,11 +36,8 @@ pub fn init_logging(format: LogFormat, level: &str) {
     };
 }
 
-/// The registry behind `/metrics`, shared by everything that exports metrics.
-pub type SharedRegistry = Arc<Mutex<Registry>>;
-
 /// A new registry with the `mcp_firewall` prefix.
-pub fn registry() -> Registry {
+pub(crate) fn registry() -> Registry {
     Registry::with_prefix("mcp_firewall")
 }
 

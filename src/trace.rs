@@ -256,7 +256,7 @@ impl RequestTrace {
 }
 
 /// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), or `None`.
-pub fn parse_traceparent(v: &str) -> Option<SpanContext> {
+pub(crate) fn parse_traceparent(v: &str) -> Option<SpanContext> {
     let mut parts = v.trim().split('-');
     let (version, trace, span, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
@@ -289,7 +289,7 @@ pub fn parse_traceparent(v: &str) -> Option<SpanContext> {
 /// The exporter's HTTP client: hyper on the firewall's runtime, reached from
 /// the batch processor's thread through a spawned task.
 #[derive(Clone)]
-pub struct Exporter {
+pub(crate) struct Exporter {
     handle: tokio::runtime::Handle,
     client: hyper_util::client::legacy::Client<
         hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,

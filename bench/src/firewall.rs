@@ -316,7 +316,12 @@ impl Firewall {
             cmd.arg("serve").arg("--config").arg(&config);
             let mut process =
                 Managed::spawn("mcp-firewall", cmd, &own.join("firewall.log"), placement)?;
-            if probe::wait_ready(admin, "/readyz", START_TIMEOUT, || process.running()) {
+            if probe::wait_ready(
+                admin,
+                "/readyz",
+                START_TIMEOUT * placement.start_factor(),
+                || process.running(),
+            ) {
                 return Ok(Firewall {
                     addr: listen,
                     admin,

@@ -80,7 +80,7 @@ fn generated_configs_load_with_and_without_audit() {
 
 #[test]
 fn the_stdio_upstreams_load_per_run_and_shared() {
-    use mcp_firewall::stdio::Instances;
+    use mcp_firewall::internals::Instances;
     let dir = tempfile::tempdir().unwrap();
     let mut s = spec(false, None);
     s.stdio = Some(vec!["/bin/sh".into(), "-c".into(), "exit 0".into()]);
@@ -101,7 +101,7 @@ fn the_stdio_upstreams_load_per_run_and_shared() {
 
 #[test]
 fn the_redis_target_shares_budgets_in_redis_and_fails_closed() {
-    use mcp_firewall::state::{Backend, Fallback};
+    use mcp_firewall::internals::{Fallback, StateBackend as Backend};
     let dir = tempfile::tempdir().unwrap();
     let cfg = load(dir.path(), &spec(true, None));
     assert_eq!(cfg.state.backend, Backend::Memory);
@@ -142,7 +142,7 @@ fn tls_config_names_the_certificate() {
 
 #[test]
 fn virtual_servers_load_with_their_members_and_deadline() {
-    use mcp_firewall::virtual_server::Collisions;
+    use mcp_firewall::internals::Collisions;
     let dir = tempfile::tempdir().unwrap();
     let mut vs = spec(false, None);
     vs.virtual_servers = Some(Virtuals {
@@ -317,7 +317,7 @@ fn scenario_calls_get_the_decisions_the_scenarios_expect() {
 
 #[test]
 fn the_unscreened_target_turns_every_family_off_and_the_canned_result_is_clean() {
-    use mcp_firewall::screen::content::{screen_json, Action, Actions};
+    use mcp_firewall::internals::{screen_json, Action, Actions};
     let dir = tempfile::tempdir().unwrap();
     write_policies(dir.path()).unwrap();
     let shipped = policy::load_dir(dir.path()).unwrap();

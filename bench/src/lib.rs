@@ -26,6 +26,7 @@ pub mod catalog;
 pub mod clickhouse;
 pub mod firewall;
 pub mod idle;
+pub mod instructions;
 pub mod load;
 pub mod nginx;
 pub mod operator;

@@ -87,6 +87,12 @@ enum Command {
     /// the first call of fresh runs (a process start). Reports go into
     /// `stdio-<time>/` (and `stdio.md`/`stdio.json` with --publish).
     Stdio(VirtualArgs),
+    /// Instructions per request, counted by callgrind (valgrind): the
+    /// firewall and the hyper pass-through in front of the canned upstream,
+    /// per cell (`call`, `call-noaudit`, `list`, `list-cold`, `call-4k`)
+    /// and per stage. Repeatable where timings are not: the figure a change
+    /// is judged by, and the one `--check` guards.
+    Instructions(InstructionsArgs),
     /// Re-render report.md and report.svg (and judge the targets of issue
     /// 20 again) from a report.json.
     Render {
@@ -224,6 +230,46 @@ struct RunArgs {
 }
 
 #[derive(Args)]
+struct InstructionsArgs {
+    /// The mcp-firewall binary (default: next to this binary).
+    #[arg(long)]
+    firewall_bin: Option<PathBuf>,
+    /// Requests before counting (caches, pools, the verified token).
+    #[arg(long, default_value_t = 500)]
+    warmup: u64,
+    /// Requests counted per window.
+    #[arg(long, default_value_t = 2000)]
+    requests: u64,
+    /// Closed-loop workers.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Cells, comma-separated (default: all five).
+    #[arg(long, value_delimiter = ',')]
+    cells: Vec<String>,
+    /// Counted windows per cell, on the same processes (shows the count
+    /// repeats).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Audit into a closed port instead of a throwaway ClickHouse (rows
+    /// stay in the spool; shipping is not counted).
+    #[arg(long)]
+    no_clickhouse: bool,
+    /// Keep the callgrind dumps in this directory.
+    #[arg(long)]
+    keep: Option<PathBuf>,
+    /// Print the report as one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Fail when the audited call's count is over this baseline (a report
+    /// written by `--json`) by more than `--tolerance`.
+    #[arg(long)]
+    check: Option<PathBuf>,
+    /// Allowed growth over the baseline, a fraction.
+    #[arg(long, default_value_t = 0.10)]
+    tolerance: f64,
+}
+
+#[derive(Args)]
 struct VirtualArgs {
     /// The mcp-firewall binary (default: next to this binary).
     #[arg(long)]
@@ -319,6 +365,7 @@ fn main() -> ExitCode {
         Command::Load(args) => load(&args),
         Command::Virtual(args) => virtual_servers(&args),
         Command::Stdio(args) => stdio_upstreams(&args),
+        Command::Instructions(args) => instructions(&args),
     };
     match result {
         Ok(code) => code,
@@ -767,6 +814,55 @@ fn stdio_upstreams(args: &VirtualArgs) -> anyhow::Result<ExitCode> {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+fn instructions(args: &InstructionsArgs) -> anyhow::Result<ExitCode> {
+    use mcp_bench::instructions;
+    let firewall_bin = match &args.firewall_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .context("locating mcp-bench")?
+            .with_file_name("mcp-firewall"),
+    };
+    let cells = if args.cells.is_empty() {
+        instructions::CELLS
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect()
+    } else {
+        args.cells.clone()
+    };
+    let opts = instructions::Options {
+        firewall_bin,
+        warmup: args.warmup,
+        requests: args.requests,
+        concurrency: args.concurrency,
+        cells,
+        repeat: args.repeat,
+        clickhouse: !args.no_clickhouse,
+        keep: args.keep.clone(),
+    };
+    let report = harness_runtime()?.block_on(instructions::run(&opts))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", instructions::markdown(&report));
+    }
+    let Some(path) = &args.check else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let baseline: instructions::Report =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let (line, ok) = instructions::guard(&report, &baseline, "call", args.tolerance)
+        .map_err(anyhow::Error::msg)?;
+    eprintln!("mcp-bench instructions --check: {line}");
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }
 

@@ -64,7 +64,11 @@ impl Passthrough {
                 .arg("--upstream")
                 .arg(format!("http://{upstream}"));
             let mut process = Managed::spawn("passthrough", cmd, log, placement)?;
-            if crate::probe::wait_listening(addr, Duration::from_secs(10), || process.running()) {
+            if crate::probe::wait_listening(
+                addr,
+                Duration::from_secs(10) * placement.start_factor(),
+                || process.running(),
+            ) {
                 return Ok(Passthrough { addr, process });
             }
             last = process.log_tail(20);

@@ -51,7 +51,7 @@ pub struct Figures {
 
 /// Runs the three phases against a throwaway ClickHouse in `dir`.
 pub async fn run(spec: &Spec, dir: &Path) -> anyhow::Result<Figures> {
-    let mut ch = ClickHouse::start(&dir.join("clickhouse"), &Placement { cpus: None })?;
+    let mut ch = ClickHouse::start(&dir.join("clickhouse"), &Placement::default())?;
     let result = phases(spec, dir, &ch).await;
     ch.stop();
     result
@@ -136,7 +136,7 @@ pub struct VerifyFigures {
 /// throwaway ClickHouse (chained, checkpoints signed), then times
 /// `audit verify` over all of them.
 pub async fn verify_run(spec: &Spec, dir: &Path) -> anyhow::Result<VerifyFigures> {
-    let mut ch = ClickHouse::start(&dir.join("clickhouse"), &Placement { cpus: None })?;
+    let mut ch = ClickHouse::start(&dir.join("clickhouse"), &Placement::default())?;
     let result = verify_phases(spec, dir, &ch).await;
     ch.stop();
     result

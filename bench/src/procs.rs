@@ -91,6 +91,22 @@ pub struct Usage {
 pub struct Placement {
     /// `taskset -c` list, or `None` to start the child as is.
     pub cpus: Option<String>,
+    /// A command the child runs under (`valgrind --tool=callgrind …`):
+    /// the program and its arguments follow it. Empty: none.
+    pub wrap: Vec<String>,
+}
+
+impl Placement {
+    /// How much longer than usual a child may take to start: a child
+    /// under a wrapper (valgrind runs it about fifty times slower) gets
+    /// twenty times the time.
+    pub fn start_factor(&self) -> u32 {
+        if self.wrap.is_empty() {
+            1
+        } else {
+            20
+        }
+    }
 }
 
 // === impl Managed ===
@@ -116,6 +132,23 @@ impl Managed {
             let mut wrapped = Command::new("taskset");
             wrapped.arg("-c").arg(cpus).arg(cmd.get_program());
             wrapped.args(cmd.get_args());
+            if let Some(dir) = cmd.get_current_dir() {
+                wrapped.current_dir(dir);
+            }
+            for (k, v) in cmd.get_envs() {
+                match v {
+                    Some(v) => wrapped.env(k, v),
+                    None => wrapped.env_remove(k),
+                };
+            }
+            cmd = wrapped;
+        }
+        if let Some((first, rest)) = placement.wrap.split_first() {
+            let mut wrapped = Command::new(first);
+            wrapped
+                .args(rest)
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
             if let Some(dir) = cmd.get_current_dir() {
                 wrapped.current_dir(dir);
             }

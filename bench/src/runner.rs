@@ -672,9 +672,11 @@ impl World {
         match cpus {
             Some(c) => Placement {
                 cpus: Some(c.to_owned()),
+                wrap: Vec::new(),
             },
             None if self.opts.pin_loadgen.is_some() => Placement {
                 cpus: Some(format!("0-{}", self.cpus.saturating_sub(1))),
+                wrap: Vec::new(),
             },
             None => Placement::default(),
         }

@@ -9,7 +9,7 @@
 //! (`/mcp/bench-stdio-shared`) and once with a process per principal and
 //! run (`/mcp/bench-stdio`, the default `per_session`). The `call` scenario
 //! goes to the three columns in interleaved rounds, like `mcp-bench
-//! virtual` ([`crate::vserver::World`]). Before the rounds, the start
+//! virtual` ([`crate::vserver`]'s `World`). Before the rounds, the start
 //! latency: the first call of fresh runs (a process starts for each), the
 //! same runs' second call, and first calls over HTTP, one at a time.
 //!

@@ -81,7 +81,7 @@ pub enum UpstreamError {
     /// Reading the request body failed.
     #[error("reading the request body: {0}")]
     Body(#[source] hyper::Error),
-    /// The body is over [`MAX_BODY`].
+    /// The body is over `MAX_BODY`.
     #[error("request body over {limit} bytes")]
     TooLarge {
         /// The cap.

@@ -1238,6 +1238,7 @@ impl World {
         let placement = match (&opts.pin_loadgen, taskset) {
             (Some(_), true) => Placement {
                 cpus: Some(format!("0-{}", cpus.saturating_sub(1))),
+                wrap: Vec::new(),
             },
             _ => Placement::default(),
         };

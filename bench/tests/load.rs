@@ -330,7 +330,7 @@ async fn minted_runs_meet_their_step_cap_and_every_answered_call_is_audited() {
     let ch = mcp_bench::clickhouse::ClickHouse::available().then(|| {
         mcp_bench::clickhouse::ClickHouse::start(
             &dir.path().join("ch"),
-            &mcp_bench::procs::Placement { cpus: None },
+            &mcp_bench::procs::Placement::default(),
         )
         .expect("clickhouse starts")
     });

@@ -243,8 +243,9 @@ pub enum AuditSource {
         /// The model the client reported.
         model: String,
     },
-    /// The deterministic rule ([`Estate::rule_verdict`]), used when the
-    /// client's model could not be asked.
+    /// The deterministic rule
+    /// ([`Estate::rule_verdict`](crate::estate::Estate::rule_verdict)), used
+    /// when the client's model could not be asked.
     Rule {
         /// Why the model was not asked, e.g. "the client did not declare
         /// sampling".

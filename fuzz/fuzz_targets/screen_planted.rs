@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mcp_firewall::screen::content::{screen_json, Action, Actions};
-use mcp_firewall::screen::Scanner;
+use mcp_firewall::internals::Scanner;
+use mcp_firewall::internals::{screen_json, Action, Actions};
 
 /// Secrets of some of the rules' shapes.
 const SECRETS: &[&str] = &[

@@ -370,7 +370,7 @@ async fn list(
     Ok(json_response(
         StatusCode::OK,
         &ListView {
-            now_ms: approvals.clock.now_ms(),
+            now_ms: approvals.now_ms(),
             approvals: approvals_out,
         },
     ))

@@ -7,7 +7,7 @@ use std::time::Duration;
 use http_body_util::Full;
 use serde_json::json;
 
-use super::super::tests::{clock_at, key, new_approval, open_in, T0};
+use super::super::service::tests::{clock_at, key, new_approval, open_in, T0};
 use super::*;
 use crate::auth::{mint, AuthConfig, MintClaims, Mode};
 

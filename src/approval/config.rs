@@ -30,7 +30,7 @@ pub struct ApprovalsConfig {
     pub store_dir: PathBuf,
     /// Whether the run's own caller may approve its calls when the policy
     /// says nothing (the request path passes the result in
-    /// [`NewApproval::self_approval`]).
+    /// [`NewApproval::self_approval`](crate::approval::NewApproval::self_approval)).
     #[serde(default = "default_self_approval")]
     pub self_approval_default: bool,
     /// The admin listener's external base URL (status and console links);
@@ -41,8 +41,8 @@ pub struct ApprovalsConfig {
     #[serde(default = "default_history_s")]
     pub history_s: u64,
     /// Most pending approvals one tenant may have at once; beyond it
-    /// [`Approvals::request`] refuses, so a looping agent cannot flood the
-    /// approvers or the disk.
+    /// [`Approvals::request`](crate::approval::Approvals::request) refuses,
+    /// so a looping agent cannot flood the approvers or the disk.
     #[serde(default = "default_max_pending_per_tenant")]
     pub max_pending_per_tenant: usize,
     /// Optional notifications of created and decided approvals.

@@ -20,7 +20,8 @@ pub enum RoundRefused {
     Unavailable(String),
 }
 
-/// Why an approvals operation failed. [`api`] maps each to an HTTP status.
+/// Why an approvals operation failed. [`api`](crate::approval::api) maps
+/// each to an HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum ApprovalError {
     /// No approval with this id in the caller's tenant (404).
@@ -54,7 +55,8 @@ pub enum ApprovalError {
     /// A deny without a reason (400).
     #[error("a reason is required to deny an approval")]
     ReasonRequired,
-    /// A reason longer than [`MAX_REASON_BYTES`] (400).
+    /// A reason longer than
+    /// [`MAX_REASON_BYTES`](crate::approval::MAX_REASON_BYTES) (400).
     #[error("the reason is {len} bytes; at most {max} are allowed")]
     ReasonTooLong {
         /// Its length.

@@ -253,7 +253,9 @@ pub struct Approver {
     pub scopes: Vec<String>,
 }
 
-/// One status change, handed to [`Approvals::on_transition`] hooks.
+/// One status change, handed to
+/// [`Approvals::on_transition`](crate::approval::Approvals::on_transition)
+/// hooks.
 #[derive(Debug, Clone)]
 pub struct Transition {
     /// The approval after the change (who asked: `subject`; who decided:
@@ -308,11 +310,11 @@ pub fn args_sha256(value: &Value) -> [u8; 32] {
 mod hex32 {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(bytes: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&hex::encode(bytes))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
         // Owned: flattened and tagged containers buffer strings.
         let s = String::deserialize(d)?;
         let err = || serde::de::Error::custom("args_sha256 must be 64 lower-case hex digits");
@@ -330,11 +332,11 @@ mod risk_name {
 
     use crate::policy::Risk;
 
-    pub fn serialize<S: Serializer>(risk: &Risk, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(risk: &Risk, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(risk.as_str())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Risk, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Risk, D::Error> {
         Risk::deserialize(d)
     }
 }
@@ -345,11 +347,11 @@ mod arc_value {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use serde_json::Value;
 
-    pub fn serialize<S: Serializer>(v: &Arc<Value>, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(v: &Arc<Value>, s: S) -> Result<S::Ok, S::Error> {
         v.as_ref().serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Value>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Value>, D::Error> {
         Value::deserialize(d).map(Arc::new)
     }
 }

@@ -19,6 +19,10 @@
 //! once. Every statement has a deadline and a circuit breaker in front:
 //! with the database down, gated calls are answered "approval unavailable"
 //! at once, and nothing else on the request path waits on it.
+//!
+//! The service reaches it through [`ApprovalBackend`]; each `WHERE` states
+//! the checks it shares with the file store ([`rules`]), which also explain
+//! a refusal from the row read back.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -26,11 +30,15 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::future::BoxFuture;
 use tokio::sync::watch;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::state::breaker::{Breaker, Permit};
 
+use super::backend::{Answer, ApprovalBackend, Subscription};
+use super::rules;
 use super::{
     Approval, ApprovalError, ApprovalId, ApprovalsConfig, Approver, CallKey, Decision, NewApproval,
     RoundRefused, Status, Transition,
@@ -100,6 +108,36 @@ const COLS: &str = "id, tenant, run_id, subject, upstream, tool, args_sha256, ag
 
 const KEY_MATCH: &str = "tenant = $1 AND run_id = $2 AND subject = $3 AND upstream = $4 \
     AND tool = $5 AND args_sha256 = $6";
+
+/// The parameters `$1`–`$6` of [`KEY_MATCH`] for one call, bound here only.
+struct KeyParams<'a> {
+    key: &'a CallKey,
+    args_sha256: &'a [u8],
+}
+
+impl<'a> KeyParams<'a> {
+    fn new(key: &'a CallKey) -> KeyParams<'a> {
+        KeyParams {
+            key,
+            args_sha256: key.args_sha256.as_slice(),
+        }
+    }
+
+    /// `$1`–`$6`, then `extra` from `$7` on.
+    fn and<'b>(&'b self, extra: &[&'b (dyn ToSql + Sync)]) -> Vec<&'b (dyn ToSql + Sync)> {
+        let k = self.key;
+        let mut params: Vec<&'b (dyn ToSql + Sync)> = vec![
+            &k.tenant,
+            &k.run_id,
+            &k.subject,
+            &k.upstream,
+            &k.tool,
+            &self.args_sha256,
+        ];
+        params.extend_from_slice(extra);
+        params
+    }
+}
 
 /// The PostgreSQL side of [`super::Approvals`].
 pub(crate) struct PgStore {
@@ -234,330 +272,7 @@ impl PgStore {
         Ok(PgStore { inner })
     }
 
-    /// Pending approvals as of the last sweep.
-    pub(crate) fn pending(&self) -> usize {
-        self.inner.pending.load(Ordering::Relaxed)
-    }
-
-    /// When the oldest pending approval was filed, as of the last sweep.
-    pub(crate) fn oldest_pending_ms(&self) -> Option<u64> {
-        Some(self.inner.oldest_pending.load(Ordering::Relaxed)).filter(|ms| *ms > 0)
-    }
-
-    /// Whether the breaker is open.
-    pub(crate) fn unavailable(&self) -> bool {
-        self.inner.breaker.is_open() || !self.inner.migrated.load(Ordering::Relaxed)
-    }
-
-    /// See [`super::Approvals::request`].
-    pub(crate) async fn request(
-        &self,
-        new: NewApproval,
-        now: u64,
-        expiry_ms: u64,
-        max_pending: usize,
-        out: &mut Vec<Transition>,
-    ) -> Result<Approval, ApprovalError> {
-        let token_exp_ms = new.token_exp.saturating_mul(1000);
-        if token_exp_ms <= now {
-            return Err(ApprovalError::TokenExpired {
-                token_exp: new.token_exp,
-                now_s: now / 1000,
-            });
-        }
-        let new = &new;
-        let key = &new.key;
-        let now_i = to_i64(now);
-        let inner = &self.inner;
-        inner
-            .run(|c| async move {
-                // An overdue live approval of this call ends first.
-                let mut transitions = expire_overdue(&c, key, now_i).await?;
-                for _ in 0..3 {
-                    if let Some(a) = live_approval(&c, key).await? {
-                        return Ok((Ok(a), transitions));
-                    }
-                    let pending = pending_count(&c, &key.tenant, now_i).await?;
-                    if pending >= max_pending {
-                        return Ok((
-                            Err(ApprovalError::TooManyPending {
-                                tenant: key.tenant.clone(),
-                                pending,
-                                max: max_pending,
-                            }),
-                            transitions,
-                        ));
-                    }
-                    let expires = now.saturating_add(expiry_ms).min(token_exp_ms);
-                    if let Some(a) = insert_pending(&c, new, now_i, expires).await? {
-                        transitions.push(Transition {
-                            approval: a.clone(),
-                            from: None,
-                            to: Status::Pending,
-                            at_ms: now,
-                        });
-                        return Ok((Ok(a), transitions));
-                    }
-                    // Another replica filed the same call in between: take
-                    // its approval on the next round.
-                }
-                Err(Pg::Other(
-                    "the approval for this call kept changing; try again".into(),
-                ))
-            })
-            .await
-            .and_then(|(result, transitions)| {
-                self.wake_all(&transitions);
-                out.extend(transitions);
-                result
-            })
-    }
-
-    /// See [`super::Approvals::consume`]. `Err` when the database cannot be
-    /// asked (the call does not run).
-    /// See [`super::Approvals::spend_round`]: one `UPDATE` that moves
-    /// `rounds` from `round - 1` to `round`, so one retry wins.
-    pub(crate) async fn spend_round(
-        &self,
-        tenant: &str,
-        id: &ApprovalId,
-        round: u32,
-    ) -> Result<(), RoundRefused> {
-        let Ok(round_i) = i32::try_from(round) else {
-            return Err(RoundRefused::Spent);
-        };
-        if round_i < 1 {
-            return Err(RoundRefused::Spent);
-        }
-        let id_s = id.as_str().to_owned();
-        let tenant_s = tenant.to_owned();
-        let found = self
-            .inner
-            .run(|c| async move {
-                let spent = c
-                    .query_opt(
-                        "UPDATE mcp_firewall_approvals SET rounds = $3 WHERE id = $1 AND tenant = $2 \
-                         AND status = 'consumed' AND rounds = $3 - 1 RETURNING id",
-                        &[&id_s, &tenant_s, &round_i],
-                    )
-                    .await?;
-                if spent.is_some() {
-                    return Ok(Some(true));
-                }
-                let known = c
-                    .query_opt(
-                        "SELECT id FROM mcp_firewall_approvals WHERE id = $1 AND tenant = $2 \
-                         AND status = 'consumed'",
-                        &[&id_s, &tenant_s],
-                    )
-                    .await?;
-                Ok(known.map(|_| false))
-            })
-            .await
-            .map_err(|e: ApprovalError| RoundRefused::Unavailable(e.to_string()))?;
-        match found {
-            Some(true) => Ok(()),
-            Some(false) => Err(RoundRefused::Spent),
-            None => Err(RoundRefused::Unknown),
-        }
-    }
-
-    pub(crate) async fn consume(
-        &self,
-        key: &CallKey,
-        now: u64,
-        out: &mut Vec<Transition>,
-    ) -> Result<Option<Approval>, ApprovalError> {
-        let now_i = to_i64(now);
-        let row = self
-            .inner
-            .run(|c| async move {
-                c.query_opt(
-                    &format!(
-                        "UPDATE mcp_firewall_approvals SET status = 'consumed', consumed_ms = $7, \
-                         ended_ms = $7 WHERE {KEY_MATCH} AND status = 'approved' AND expires_ms > $7 \
-                         RETURNING {COLS}"
-                    ),
-                    &[
-                        &key.tenant,
-                        &key.run_id,
-                        &key.subject,
-                        &key.upstream,
-                        &key.tool,
-                        &key.args_sha256.as_slice(),
-                        &now_i,
-                    ],
-                )
-                .await?
-                .map(|r| approval(&r))
-                .transpose()
-            })
-            .await?;
-        Ok(row.inspect(|a| {
-            let t = Transition {
-                approval: a.clone(),
-                from: Some(Status::Approved),
-                to: Status::Consumed,
-                at_ms: now,
-            };
-            self.wake_all(std::slice::from_ref(&t));
-            out.push(t);
-        }))
-    }
-
-    /// See [`super::Approvals::decide`].
-    pub(crate) async fn decide(
-        &self,
-        id: &str,
-        by: &Approver,
-        approve: bool,
-        reason: &str,
-        now: u64,
-        out: &mut Vec<Transition>,
-    ) -> Result<Approval, ApprovalError> {
-        let now_i = to_i64(now);
-        let to = if approve {
-            Status::Approved
-        } else {
-            Status::Denied
-        };
-        let (updated, current) = self
-            .inner
-            .run(|c| async move {
-                let updated = c
-                    .query_opt(
-                        &format!(
-                            "UPDATE mcp_firewall_approvals SET status = $3, decided_approved = $4, \
-                             decided_by = $5, decided_ms = $6, reason = $7, \
-                             ended_ms = CASE WHEN $4 THEN NULL ELSE $6 END \
-                             WHERE id = $1 AND tenant = $2 AND status = 'pending' AND expires_ms > $6 \
-                             AND (self_approval OR subject <> $5) RETURNING {COLS}"
-                        ),
-                        &[
-                            &id,
-                            &by.tenant,
-                            &to.as_str(),
-                            &approve,
-                            &by.subject,
-                            &now_i,
-                            &reason,
-                        ],
-                    )
-                    .await?;
-                if let Some(row) = updated {
-                    return Ok((Some(approval(&row)?), None));
-                }
-                let current = c
-                    .query_opt(
-                        &format!(
-                            "SELECT {COLS} FROM mcp_firewall_approvals WHERE id = $1 AND tenant = $2"
-                        ),
-                        &[&id, &by.tenant],
-                    )
-                    .await?
-                    .map(|r| approval(&r))
-                    .transpose()?;
-                Ok((None, current))
-            })
-            .await?;
-        if let Some(a) = updated {
-            let t = Transition {
-                approval: a.clone(),
-                from: Some(Status::Pending),
-                to,
-                at_ms: now,
-            };
-            self.wake_all(std::slice::from_ref(&t));
-            out.push(t);
-            return Ok(a);
-        }
-        let Some(a) = current else {
-            return Err(ApprovalError::NotFound { id: id.to_owned() });
-        };
-        Err(match a.status_at(now) {
-            Status::Pending if by.subject == a.key.subject && !a.self_approval => {
-                ApprovalError::SelfApproval {
-                    subject: by.subject.clone(),
-                }
-            }
-            Status::Expired => ApprovalError::Expired {
-                id: a.id,
-                expires_ms: a.expires_ms,
-            },
-            status => ApprovalError::NotPending { id: a.id, status },
-        })
-    }
-
-    /// See [`super::Approvals::withdraw`].
-    pub(crate) async fn withdraw(
-        &self,
-        tenant: &str,
-        id: &ApprovalId,
-        now: u64,
-        out: &mut Vec<Transition>,
-    ) -> Result<Option<Approval>, ApprovalError> {
-        let now_i = to_i64(now);
-        let row = self
-            .inner
-            .run(|c| async move {
-                c.query_opt(
-                    &format!(
-                        "WITH old AS (SELECT id, status FROM mcp_firewall_approvals WHERE id = $1 \
-                         AND tenant = $2 AND status IN ('pending', 'approved') AND expires_ms > $3 \
-                         FOR UPDATE) \
-                         UPDATE mcp_firewall_approvals a SET status = 'withdrawn', consumed_ms = $3, \
-                         ended_ms = $3 FROM old WHERE a.id = old.id \
-                         RETURNING {}, old.status AS from_status",
-                        prefixed("a")
-                    ),
-                    &[&id.as_str(), &tenant, &now_i],
-                )
-                .await?
-                .map(|r| Ok::<_, Pg>((approval(&r)?, from_status(&r)?)))
-                .transpose()
-            })
-            .await?;
-        Ok(row.map(|(a, from)| {
-            let t = Transition {
-                approval: a.clone(),
-                from: Some(from),
-                to: Status::Withdrawn,
-                at_ms: now,
-            };
-            self.wake_all(std::slice::from_ref(&t));
-            out.push(t);
-            a
-        }))
-    }
-
-    /// A receiver that sees the status change and the deadline; or the
-    /// status when it is not pending.
-    pub(crate) async fn subscribe(
-        &self,
-        id: &ApprovalId,
-        now: u64,
-    ) -> Result<Result<(watch::Receiver<Status>, u64), Status>, ApprovalError> {
-        // Registered before the read: a change between the two is not lost.
-        let rx = self
-            .inner
-            .waiters
-            .entry(id.as_str().to_owned())
-            .or_insert_with(|| watch::channel(Status::Pending).0)
-            .subscribe();
-        let Some(a) = self.get_any(id.as_str()).await? else {
-            return Ok(Err(Status::Expired));
-        };
-        match a.status_at(now) {
-            Status::Pending => Ok(Ok((rx, a.expires_ms))),
-            other => Ok(Err(other)),
-        }
-    }
-
-    /// The status of `id` now, any tenant.
-    pub(crate) async fn status(&self, id: &str, now: u64) -> Result<Option<Status>, ApprovalError> {
-        Ok(self.get_any(id).await?.map(|a| a.status_at(now)))
-    }
-
+    /// One approval, any tenant, as stored.
     async fn get_any(&self, id: &str) -> Result<Option<Approval>, ApprovalError> {
         self.inner
             .run(|c| async move {
@@ -572,145 +287,7 @@ impl PgStore {
             .await
     }
 
-    /// One approval of `tenant`.
-    pub(crate) async fn get(
-        &self,
-        tenant: &str,
-        id: &str,
-        now: u64,
-    ) -> Result<Option<Approval>, ApprovalError> {
-        Ok(self
-            .get_any(id)
-            .await?
-            .filter(|a| a.key.tenant == tenant)
-            .map(|a| super::store::as_of(&a, now)))
-    }
-
-    /// The tenant's approvals, newest first (at most 1000).
-    pub(crate) async fn list(
-        &self,
-        tenant: &str,
-        status: Option<Status>,
-        now: u64,
-    ) -> Result<Vec<Approval>, ApprovalError> {
-        let now_i = to_i64(now);
-        let rows = self
-            .inner
-            .run(|c| async move {
-                let rows = match status {
-                    None => {
-                        c.query(
-                            &format!(
-                                "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
-                                 ORDER BY created_ms DESC, id DESC LIMIT 1000"
-                            ),
-                            &[&tenant],
-                        )
-                        .await?
-                    }
-                    // Live rows past their deadline read as expired.
-                    Some(Status::Expired) => {
-                        c.query(
-                            &format!(
-                                "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
-                                 AND (status = 'expired' OR (status IN ('pending', 'approved') \
-                                 AND expires_ms <= $2)) ORDER BY created_ms DESC, id DESC LIMIT 1000"
-                            ),
-                            &[&tenant, &now_i],
-                        )
-                        .await?
-                    }
-                    Some(s) if s.is_live() => {
-                        c.query(
-                            &format!(
-                                "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
-                                 AND status = $2 AND expires_ms > $3 \
-                                 ORDER BY created_ms DESC, id DESC LIMIT 1000"
-                            ),
-                            &[&tenant, &s.as_str(), &now_i],
-                        )
-                        .await?
-                    }
-                    Some(s) => {
-                        c.query(
-                            &format!(
-                                "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
-                                 AND status = $2 ORDER BY created_ms DESC, id DESC LIMIT 1000"
-                            ),
-                            &[&tenant, &s.as_str()],
-                        )
-                        .await?
-                    }
-                };
-                rows.iter().map(approval).collect::<Result<Vec<_>, _>>()
-            })
-            .await?;
-        Ok(rows.iter().map(|a| super::store::as_of(a, now)).collect())
-    }
-
-    /// Expires what is due (each row by exactly one replica), forgets
-    /// history older than `history_ms`, refreshes the pending count.
-    pub(crate) async fn sweep(
-        &self,
-        now: u64,
-        history_ms: u64,
-    ) -> Result<Vec<Transition>, ApprovalError> {
-        let now_i = to_i64(now);
-        let cutoff = to_i64(now.saturating_sub(history_ms));
-        let (expired, pending) = self
-            .inner
-            .run(|c| async move {
-                let rows = c
-                    .query(
-                        &format!(
-                            "WITH old AS (SELECT id, status FROM mcp_firewall_approvals \
-                             WHERE status IN ('pending', 'approved') AND expires_ms <= $1 \
-                             FOR UPDATE SKIP LOCKED) \
-                             UPDATE mcp_firewall_approvals a SET status = 'expired', ended_ms = a.expires_ms \
-                             FROM old WHERE a.id = old.id RETURNING {}, old.status AS from_status",
-                            prefixed("a")
-                        ),
-                        &[&now_i],
-                    )
-                    .await?;
-                c.execute(
-                    "DELETE FROM mcp_firewall_approvals WHERE ended_ms IS NOT NULL AND ended_ms < $1",
-                    &[&cutoff],
-                )
-                .await?;
-                let counted = c
-                    .query_one(
-                        "SELECT count(*), COALESCE(min(created_ms), 0) FROM mcp_firewall_approvals \
-                         WHERE status = 'pending' AND expires_ms > $1",
-                        &[&now_i],
-                    )
-                    .await?;
-                let pending: i64 = counted.get(0);
-                let oldest: i64 = counted.get(1);
-                let mut out = Vec::with_capacity(rows.len());
-                for r in &rows {
-                    let a = approval(r)?;
-                    out.push(Transition {
-                        at_ms: a.expires_ms,
-                        from: Some(from_status(r)?),
-                        to: Status::Expired,
-                        approval: a,
-                    });
-                }
-                Ok((out, (pending, oldest)))
-            })
-            .await?;
-        let (pending, oldest) = pending;
-        self.inner
-            .pending
-            .store(usize::try_from(pending).unwrap_or(0), Ordering::Relaxed);
-        self.inner
-            .oldest_pending
-            .store(u64::try_from(oldest).unwrap_or(0), Ordering::Relaxed);
-        self.wake_all(&expired);
-        Ok(expired)
-    }
-
+    /// Wakes the local waiters of `transitions`.
     fn wake_all(&self, transitions: &[Transition]) {
         for t in transitions {
             self.inner.wake(t.approval.id.as_str(), t.to);
@@ -718,8 +295,419 @@ impl PgStore {
     }
 }
 
-/// Runs `CREATE`/`ALTER` for every migration not yet applied.
-pub(crate) async fn migrate(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
+/// Every operation is one or a few statements through [`Inner::run`]; a
+/// transition is one conditional `UPDATE` whose `WHERE` states the rules
+/// ([`rules`]), so of racing replicas exactly one sees the row come back.
+impl ApprovalBackend for PgStore {
+    /// As of the last sweep.
+    fn pending(&self) -> usize {
+        self.inner.pending.load(Ordering::Relaxed)
+    }
+
+    /// Whether the breaker is open or the schema is not migrated yet.
+    fn unavailable(&self) -> bool {
+        self.inner.breaker.is_open() || !self.inner.migrated.load(Ordering::Relaxed)
+    }
+
+    /// As of the last sweep.
+    fn oldest_pending_ms(&self, _now: u64) -> Option<u64> {
+        Some(self.inner.oldest_pending.load(Ordering::Relaxed)).filter(|ms| *ms > 0)
+    }
+
+    /// Idempotent across replicas: the partial unique index over live rows
+    /// lets one filing of a call win; the others take its approval.
+    fn request<'a>(
+        &'a self,
+        new: NewApproval,
+        now: u64,
+        expiry_ms: u64,
+        max_pending: usize,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Approval> {
+        Box::pin(async move {
+            let expires = rules::deadline(&new, now, expiry_ms)?;
+            let (new, now_i) = (&new, to_i64(now));
+            let key = &new.key;
+            let (result, transitions) = self
+                .inner
+                .run(|c| async move {
+                    // An overdue live approval of this call ends first.
+                    let mut transitions = expire_overdue(&c, key, now_i).await?;
+                    for _ in 0..3 {
+                        if let Some(a) = live_approval(&c, key).await? {
+                            return Ok((Ok(a), transitions));
+                        }
+                        let pending = pending_count(&c, &key.tenant, now_i).await?;
+                        if let Err(e) = rules::check_room(&key.tenant, pending, max_pending) {
+                            return Ok((Err(e), transitions));
+                        }
+                        if let Some(a) = insert_pending(&c, new, now_i, expires).await? {
+                            transitions.push(Transition {
+                                approval: a.clone(),
+                                from: None,
+                                to: Status::Pending,
+                                at_ms: now,
+                            });
+                            return Ok((Ok(a), transitions));
+                        }
+                        // Another replica filed the same call in between:
+                        // take its approval on the next round.
+                    }
+                    Err(Pg::Other(
+                        "the approval for this call kept changing; try again".into(),
+                    ))
+                })
+                .await?;
+            self.wake_all(&transitions);
+            out.extend(transitions);
+            result
+        })
+    }
+
+    /// `Err` when the database cannot be asked (the call does not run).
+    fn consume<'a>(
+        &'a self,
+        key: &'a CallKey,
+        now: u64,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Option<Approval>> {
+        Box::pin(async move {
+            let now_i = to_i64(now);
+            let row = self
+                .inner
+                .run(|c| async move {
+                    c.query_opt(
+                        &format!(
+                            "UPDATE mcp_firewall_approvals SET status = 'consumed', consumed_ms = $7, \
+                             ended_ms = $7 WHERE {KEY_MATCH} AND status = 'approved' AND expires_ms > $7 \
+                             RETURNING {COLS}"
+                        ),
+                        &KeyParams::new(key).and(&[&now_i]),
+                    )
+                    .await?
+                    .map(|r| approval(&r))
+                    .transpose()
+                })
+                .await?;
+            Ok(row.inspect(|a| {
+                let t = Transition {
+                    approval: a.clone(),
+                    from: Some(Status::Approved),
+                    to: Status::Consumed,
+                    at_ms: now,
+                };
+                self.wake_all(std::slice::from_ref(&t));
+                out.push(t);
+            }))
+        })
+    }
+
+    /// One `UPDATE` that moves `rounds` from `round - 1` to `round`, so one
+    /// retry wins.
+    fn spend_round<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a ApprovalId,
+        round: u32,
+        _now: u64,
+    ) -> BoxFuture<'a, Result<(), RoundRefused>> {
+        Box::pin(async move {
+            rules::rounds_before(round)?;
+            let Ok(round_i) = i32::try_from(round) else {
+                return Err(RoundRefused::Spent);
+            };
+            let found = self
+                .inner
+                .run(|c| async move {
+                    let spent = c
+                        .query_opt(
+                            "UPDATE mcp_firewall_approvals SET rounds = $3 WHERE id = $1 AND tenant = $2 \
+                             AND status = 'consumed' AND rounds = $3 - 1 RETURNING id",
+                            &[&id.as_str(), &tenant, &round_i],
+                        )
+                        .await?;
+                    if spent.is_some() {
+                        return Ok(Some(true));
+                    }
+                    let known = c
+                        .query_opt(
+                            "SELECT id FROM mcp_firewall_approvals WHERE id = $1 AND tenant = $2 \
+                             AND status = 'consumed'",
+                            &[&id.as_str(), &tenant],
+                        )
+                        .await?;
+                    Ok(known.map(|_| false))
+                })
+                .await
+                .map_err(|e: ApprovalError| RoundRefused::Unavailable(e.to_string()))?;
+            match found {
+                Some(true) => Ok(()),
+                Some(false) => Err(RoundRefused::Spent),
+                None => Err(RoundRefused::Unknown),
+            }
+        })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a ApprovalId,
+        now: u64,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Option<Approval>> {
+        Box::pin(async move {
+            let now_i = to_i64(now);
+            let row = self
+                .inner
+                .run(|c| async move {
+                    c.query_opt(
+                        &format!(
+                            "WITH old AS (SELECT id, status FROM mcp_firewall_approvals WHERE id = $1 \
+                             AND tenant = $2 AND status IN ('pending', 'approved') AND expires_ms > $3 \
+                             FOR UPDATE) \
+                             UPDATE mcp_firewall_approvals a SET status = 'withdrawn', consumed_ms = $3, \
+                             ended_ms = $3 FROM old WHERE a.id = old.id \
+                             RETURNING {}, old.status AS from_status",
+                            prefixed("a")
+                        ),
+                        &[&id.as_str(), &tenant, &now_i],
+                    )
+                    .await?
+                    .map(|r| Ok::<_, Pg>((approval(&r)?, from_status(&r)?)))
+                    .transpose()
+                })
+                .await?;
+            Ok(row.map(|(a, from)| {
+                let t = Transition {
+                    approval: a.clone(),
+                    from: Some(from),
+                    to: Status::Withdrawn,
+                    at_ms: now,
+                };
+                self.wake_all(std::slice::from_ref(&t));
+                out.push(t);
+                a
+            }))
+        })
+    }
+
+    /// The `UPDATE` states [`rules::check_decidable`]; when it matches no
+    /// row, the approval as it reads now says why.
+    fn decide<'a>(
+        &'a self,
+        id: &'a str,
+        by: &'a Approver,
+        approve: bool,
+        reason: &'a str,
+        now: u64,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Approval> {
+        Box::pin(async move {
+            let now_i = to_i64(now);
+            let to = if approve {
+                Status::Approved
+            } else {
+                Status::Denied
+            };
+            let (updated, current) = self
+                .inner
+                .run(|c| async move {
+                    let updated = c
+                        .query_opt(
+                            &format!(
+                                "UPDATE mcp_firewall_approvals SET status = $3, decided_approved = $4, \
+                                 decided_by = $5, decided_ms = $6, reason = $7, \
+                                 ended_ms = CASE WHEN $4 THEN NULL ELSE $6 END \
+                                 WHERE id = $1 AND tenant = $2 AND status = 'pending' AND expires_ms > $6 \
+                                 AND (self_approval OR subject <> $5) RETURNING {COLS}"
+                            ),
+                            &[&id, &by.tenant, &to.as_str(), &approve, &by.subject, &now_i, &reason],
+                        )
+                        .await?;
+                    if let Some(row) = updated {
+                        return Ok((Some(approval(&row)?), None));
+                    }
+                    let current = c
+                        .query_opt(
+                            &format!(
+                                "SELECT {COLS} FROM mcp_firewall_approvals WHERE id = $1 AND tenant = $2"
+                            ),
+                            &[&id, &by.tenant],
+                        )
+                        .await?
+                        .map(|r| approval(&r))
+                        .transpose()?;
+                    Ok((None, current))
+                })
+                .await?;
+            if let Some(a) = updated {
+                let t = Transition {
+                    approval: a.clone(),
+                    from: Some(Status::Pending),
+                    to,
+                    at_ms: now,
+                };
+                self.wake_all(std::slice::from_ref(&t));
+                out.push(t);
+                return Ok(a);
+            }
+            match current {
+                Some(a) => Err(rules::refusal(a, by, now)),
+                None => Err(ApprovalError::NotFound { id: id.to_owned() }),
+            }
+        })
+    }
+
+    fn subscribe<'a>(&'a self, id: &'a ApprovalId, now: u64) -> Answer<'a, Subscription> {
+        Box::pin(async move {
+            // Registered before the read: a change between the two is not lost.
+            let rx = self
+                .inner
+                .waiters
+                .entry(id.as_str().to_owned())
+                .or_insert_with(|| watch::channel(Status::Pending).0)
+                .subscribe();
+            let a = self.get_any(id.as_str()).await?;
+            Ok(rules::wait_from(a.as_ref(), now).map(|expires_ms| (rx, expires_ms)))
+        })
+    }
+
+    fn status<'a>(&'a self, id: &'a str, now: u64) -> Answer<'a, Option<Status>> {
+        Box::pin(async move { Ok(self.get_any(id).await?.map(|a| a.status_at(now))) })
+    }
+
+    fn get<'a>(&'a self, tenant: &'a str, id: &'a str, now: u64) -> Answer<'a, Option<Approval>> {
+        Box::pin(async move {
+            Ok(self
+                .get_any(id)
+                .await?
+                .and_then(|a| rules::visible(&a, tenant, now)))
+        })
+    }
+
+    /// At most the newest 1000.
+    fn list<'a>(
+        &'a self,
+        tenant: &'a str,
+        status: Option<Status>,
+        now: u64,
+    ) -> Answer<'a, Vec<Approval>> {
+        Box::pin(async move {
+            let now_i = to_i64(now);
+            let rows = self
+                .inner
+                .run(|c| async move {
+                    let rows = match status {
+                        None => {
+                            c.query(
+                                &format!(
+                                    "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
+                                     ORDER BY created_ms DESC, id DESC LIMIT 1000"
+                                ),
+                                &[&tenant],
+                            )
+                            .await?
+                        }
+                        // Live rows past their deadline read as expired.
+                        Some(Status::Expired) => {
+                            c.query(
+                                &format!(
+                                    "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
+                                     AND (status = 'expired' OR (status IN ('pending', 'approved') \
+                                     AND expires_ms <= $2)) ORDER BY created_ms DESC, id DESC LIMIT 1000"
+                                ),
+                                &[&tenant, &now_i],
+                            )
+                            .await?
+                        }
+                        Some(s) if s.is_live() => {
+                            c.query(
+                                &format!(
+                                    "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
+                                     AND status = $2 AND expires_ms > $3 \
+                                     ORDER BY created_ms DESC, id DESC LIMIT 1000"
+                                ),
+                                &[&tenant, &s.as_str(), &now_i],
+                            )
+                            .await?
+                        }
+                        Some(s) => {
+                            c.query(
+                                &format!(
+                                    "SELECT {COLS} FROM mcp_firewall_approvals WHERE tenant = $1 \
+                                     AND status = $2 ORDER BY created_ms DESC, id DESC LIMIT 1000"
+                                ),
+                                &[&tenant, &s.as_str()],
+                            )
+                            .await?
+                        }
+                    };
+                    rows.iter().map(approval).collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
+            Ok(rows.iter().map(|a| rules::as_of(a, now)).collect())
+        })
+    }
+
+    /// Each due expiry is made by exactly one replica (`SKIP LOCKED`); also
+    /// refreshes the pending count and the oldest pending approval.
+    fn sweep(&self, now: u64, history_ms: u64) -> Answer<'_, Vec<Transition>> {
+        Box::pin(async move {
+            let now_i = to_i64(now);
+            let cutoff = to_i64(now.saturating_sub(history_ms));
+            let (expired, (pending, oldest)) = self
+                .inner
+                .run(|c| async move {
+                    let rows = c
+                        .query(
+                            &format!(
+                                "WITH old AS (SELECT id, status FROM mcp_firewall_approvals \
+                                 WHERE status IN ('pending', 'approved') AND expires_ms <= $1 \
+                                 FOR UPDATE SKIP LOCKED) \
+                                 UPDATE mcp_firewall_approvals a SET status = 'expired', ended_ms = a.expires_ms \
+                                 FROM old WHERE a.id = old.id RETURNING {}, old.status AS from_status",
+                                prefixed("a")
+                            ),
+                            &[&now_i],
+                        )
+                        .await?;
+                    c.execute(
+                        "DELETE FROM mcp_firewall_approvals WHERE ended_ms IS NOT NULL AND ended_ms < $1",
+                        &[&cutoff],
+                    )
+                    .await?;
+                    let counted = c
+                        .query_one(
+                            "SELECT count(*), COALESCE(min(created_ms), 0) FROM mcp_firewall_approvals \
+                             WHERE status = 'pending' AND expires_ms > $1",
+                            &[&now_i],
+                        )
+                        .await?;
+                    let pending: i64 = counted.get(0);
+                    let oldest: i64 = counted.get(1);
+                    Ok((expirations(&rows)?, (pending, oldest)))
+                })
+                .await?;
+            self.inner
+                .pending
+                .store(usize::try_from(pending).unwrap_or(0), Ordering::Relaxed);
+            self.inner
+                .oldest_pending
+                .store(u64::try_from(oldest).unwrap_or(0), Ordering::Relaxed);
+            self.wake_all(&expired);
+            Ok(expired)
+        })
+    }
+
+    #[cfg(test)]
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Creates or upgrades the PostgreSQL schema of `cfg` (every migration not
+/// yet applied); returns its version.
+pub async fn migrate(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
     let (pg, tls) = connection(cfg)?;
     let (mut client, conn) = pg
         .connect(tls)
@@ -732,8 +720,9 @@ pub(crate) async fn migrate(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
     version.map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// The schema version of the database of `cfg`, changing nothing.
-pub(crate) async fn probe(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
+/// Connects to the PostgreSQL store of `cfg` and reads its schema version
+/// (0: not created yet), changing nothing.
+pub async fn probe(cfg: &ApprovalsConfig) -> anyhow::Result<u32> {
     let (pg, tls) = connection(cfg)?;
     let (client, conn) = tokio::time::timeout(Duration::from_secs(5), pg.connect(tls))
         .await
@@ -785,7 +774,7 @@ async fn apply_migrations(client: &mut tokio_postgres::Client) -> Result<u32, Pg
         let v = i32::try_from(i + 1).unwrap_or(i32::MAX);
         tx.execute(
             "INSERT INTO mcp_firewall_schema (version, applied_ms) VALUES ($1, $2)",
-            &[&v, &to_i64(super::Clock::System.now_ms())],
+            &[&v, &to_i64(super::clock::Clock::System.now_ms())],
         )
         .await?;
         tracing::info!(version = v, "approvals schema migrated");
@@ -993,29 +982,25 @@ async fn expire_overdue(
                  FROM old WHERE a.id = old.id RETURNING {}, old.status AS from_status",
                 prefixed("a")
             ),
-            &[
-                &key.tenant,
-                &key.run_id,
-                &key.subject,
-                &key.upstream,
-                &key.tool,
-                &key.args_sha256.as_slice(),
-                &now,
-            ],
+            &KeyParams::new(key).and(&[&now]),
         )
         .await?;
-    let mut transitions = Vec::new();
-    for row in &expired {
-        let a = approval(row)?;
-        let from = from_status(row)?;
-        transitions.push(Transition {
-            at_ms: a.expires_ms,
-            approval: a,
-            from: Some(from),
-            to: Status::Expired,
-        });
-    }
-    Ok(transitions)
+    expirations(&expired)
+}
+
+/// The expiries an expiring `UPDATE … RETURNING` (with `from_status`) made.
+fn expirations(rows: &[Row]) -> Result<Vec<Transition>, Pg> {
+    rows.iter()
+        .map(|row| {
+            let a = approval(row)?;
+            Ok(Transition {
+                at_ms: a.expires_ms,
+                from: Some(from_status(row)?),
+                to: Status::Expired,
+                approval: a,
+            })
+        })
+        .collect()
 }
 
 /// The live (pending or approved) approval of call `key`, if any.
@@ -1029,14 +1014,7 @@ async fn live_approval(
                 "SELECT {COLS} FROM mcp_firewall_approvals WHERE {KEY_MATCH} \
                  AND status IN ('pending', 'approved')"
             ),
-            &[
-                &key.tenant,
-                &key.run_id,
-                &key.subject,
-                &key.upstream,
-                &key.tool,
-                &key.args_sha256.as_slice(),
-            ],
+            &KeyParams::new(key).and(&[]),
         )
         .await?;
     live.as_ref().map(approval).transpose()

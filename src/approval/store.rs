@@ -28,6 +28,10 @@
 //! and a hash lookup; a transition adds one `write(2)` and one fsync
 //! (0.1–10 ms by disk), taken under the lock because transitions happen at
 //! human rates, not request rates.
+//!
+//! The service reaches it through the `ApprovalBackend` trait: every
+//! operation does its work in the call and hands back a completed future;
+//! the checks it shares with PostgreSQL are in `rules`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -38,18 +42,21 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::backend::{Answer, ApprovalBackend, Subscription};
+use super::rules;
 use super::{
     Approval, ApprovalError, ApprovalId, Approver, CallKey, Decision, NewApproval, RoundRefused,
     Status, Transition,
 };
 
 /// The journal file inside `store_dir`.
-pub const JOURNAL_FILE: &str = "journal.jsonl";
+pub(crate) const JOURNAL_FILE: &str = "journal.jsonl";
 /// The lock file inside `store_dir`.
-pub const LOCK_FILE: &str = "LOCK";
+pub(crate) const LOCK_FILE: &str = "LOCK";
 /// Below this many records the journal is never compacted at runtime.
 const COMPACT_MIN_RECORDS: u64 = 1024;
 
@@ -480,13 +487,7 @@ impl Store {
         max_pending: usize,
         out: &mut Vec<Transition>,
     ) -> Result<Approval, ApprovalError> {
-        let token_exp_ms = new.token_exp.saturating_mul(1000);
-        if token_exp_ms <= now {
-            return Err(ApprovalError::TokenExpired {
-                token_exp: new.token_exp,
-                now_s: now / 1000,
-            });
-        }
+        let expires_ms = rules::deadline(&new, now, expiry_ms)?;
         let mut g = self.lock();
         let inner = &mut *g;
         if let Some(id) = inner.by_key.get(&new.key).cloned() {
@@ -506,13 +507,7 @@ impl Store {
             .filter(|e| e.approval.key.tenant == new.key.tenant)
             .filter(|e| e.approval.status_at(now) == Status::Pending)
             .count();
-        if pending >= max_pending {
-            return Err(ApprovalError::TooManyPending {
-                tenant: new.key.tenant,
-                pending,
-                max: max_pending,
-            });
-        }
+        rules::check_room(&new.key.tenant, pending, max_pending)?;
         let id = loop {
             let id = ApprovalId::generate()?;
             // 2^-128 per pair; checked anyway because the cost is one lookup.
@@ -531,7 +526,7 @@ impl Store {
             self_approval: new.self_approval,
             why: new.why,
             created_ms: now,
-            expires_ms: now.saturating_add(expiry_ms).min(token_exp_ms),
+            expires_ms,
             status: Status::Pending,
             decision: None,
             consumed_ms: None,
@@ -610,13 +605,7 @@ impl Store {
         let mut g = self.lock();
         let inner = &mut *g;
         let entry = inner.by_id.get(id).ok_or(RoundRefused::Unknown)?;
-        let a = &entry.approval;
-        if a.key.tenant != tenant || a.status != Status::Consumed {
-            return Err(RoundRefused::Unknown);
-        }
-        if round == 0 || a.rounds != round - 1 {
-            return Err(RoundRefused::Spent);
-        }
+        rules::check_round(&entry.approval, tenant, round)?;
         if let Err(e) = inner.journal.append(&RecordRef::Round {
             id,
             round,
@@ -651,19 +640,11 @@ impl Store {
             .filter(|e| e.approval.key.tenant == by.tenant)
             .ok_or_else(not_found)?;
         let id = entry.approval.id.clone();
-        match entry.approval.status_at(now) {
-            Status::Pending => {}
-            Status::Expired => {
-                let expires_ms = entry.approval.expires_ms;
+        if let Err(e) = rules::check_decidable(&entry.approval, by, now) {
+            if matches!(e, ApprovalError::Expired { .. }) {
                 self.expire_due(inner, &id, now, out);
-                return Err(ApprovalError::Expired { id, expires_ms });
             }
-            status => return Err(ApprovalError::NotPending { id, status }),
-        }
-        if by.subject == entry.approval.key.subject && !entry.approval.self_approval {
-            return Err(ApprovalError::SelfApproval {
-                subject: by.subject.clone(),
-            });
+            return Err(e);
         }
         let decision = Decision {
             approved: approve,
@@ -784,22 +765,16 @@ impl Store {
 
     /// A receiver that sees the status change, and the deadline; or the
     /// status if it is not pending (expired for an unknown id).
-    pub(crate) fn subscribe(
-        &self,
-        id: &ApprovalId,
-        now: u64,
-    ) -> Result<(watch::Receiver<Status>, u64), Status> {
+    pub(crate) fn subscribe(&self, id: &ApprovalId, now: u64) -> Subscription {
         let mut g = self.lock();
-        let entry = g.by_id.get_mut(id).ok_or(Status::Expired)?;
-        match entry.approval.status_at(now) {
-            Status::Pending => {}
-            other => return Err(other),
-        }
+        let entry = g.by_id.get_mut(id);
+        let expires_ms = rules::wait_from(entry.as_deref().map(|e| &e.approval), now)?;
         let rx = entry
+            .ok_or(Status::Expired)?
             .watch
             .get_or_insert_with(|| watch::channel(Status::Pending).0)
             .subscribe();
-        Ok((rx, entry.approval.expires_ms))
+        Ok((rx, expires_ms))
     }
 
     /// The status of `id` at `now`, any tenant (internal use).
@@ -810,11 +785,7 @@ impl Store {
     /// One approval of `tenant`, with its status as of `now`.
     pub(crate) fn get(&self, tenant: &str, id: &str, now: u64) -> Option<Approval> {
         let g = self.lock();
-        let e = g
-            .by_id
-            .get(id)
-            .filter(|e| e.approval.key.tenant == tenant)?;
-        Some(as_of(&e.approval, now))
+        rules::visible(&g.by_id.get(id)?.approval, tenant, now)
     }
 
     /// The tenant's approvals, newest first. O(all approvals held).
@@ -825,7 +796,7 @@ impl Store {
             .values()
             .filter(|e| e.approval.key.tenant == tenant)
             .filter(|e| status.is_none_or(|s| e.approval.status_at(now) == s))
-            .map(|e| as_of(&e.approval, now))
+            .map(|e| rules::as_of(&e.approval, now))
             .collect();
         drop(g);
         out.sort_by(|a, b| (b.created_ms, &b.id).cmp(&(a.created_ms, &a.id)));
@@ -890,10 +861,108 @@ impl Store {
     }
 }
 
-pub(crate) fn as_of(a: &Approval, now: u64) -> Approval {
-    let mut out = a.clone();
-    out.status = a.status_at(now);
-    out
+/// The journal behind the trait. Every operation does its work in the call
+/// (under the lock, fsync included) and returns a future that is already
+/// complete.
+impl ApprovalBackend for Store {
+    fn blocking(&self) -> bool {
+        true
+    }
+
+    fn pending(&self) -> usize {
+        Store::pending(self)
+    }
+
+    fn oldest_pending_ms(&self, now: u64) -> Option<u64> {
+        Store::oldest_pending_ms(self, now)
+    }
+
+    fn request<'a>(
+        &'a self,
+        new: NewApproval,
+        now: u64,
+        expiry_ms: u64,
+        max_pending: usize,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Approval> {
+        done(Store::request(self, new, now, expiry_ms, max_pending, out))
+    }
+
+    fn consume<'a>(
+        &'a self,
+        key: &'a CallKey,
+        now: u64,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Option<Approval>> {
+        done(Ok(Store::consume(self, key, now, out)))
+    }
+
+    fn spend_round<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a ApprovalId,
+        round: u32,
+        now: u64,
+    ) -> BoxFuture<'a, Result<(), RoundRefused>> {
+        done(Store::spend_round(self, tenant, id, round, now))
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a ApprovalId,
+        now: u64,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Option<Approval>> {
+        done(Ok(Store::withdraw(self, tenant, id, now, out)))
+    }
+
+    fn decide<'a>(
+        &'a self,
+        id: &'a str,
+        by: &'a Approver,
+        approve: bool,
+        reason: &'a str,
+        now: u64,
+        out: &'a mut Vec<Transition>,
+    ) -> Answer<'a, Approval> {
+        done(Store::decide(self, id, by, approve, reason, now, out))
+    }
+
+    fn subscribe<'a>(&'a self, id: &'a ApprovalId, now: u64) -> Answer<'a, Subscription> {
+        done(Ok(Store::subscribe(self, id, now)))
+    }
+
+    fn status<'a>(&'a self, id: &'a str, now: u64) -> Answer<'a, Option<Status>> {
+        done(Ok(Store::status(self, id, now)))
+    }
+
+    fn get<'a>(&'a self, tenant: &'a str, id: &'a str, now: u64) -> Answer<'a, Option<Approval>> {
+        done(Ok(Store::get(self, tenant, id, now)))
+    }
+
+    fn list<'a>(
+        &'a self,
+        tenant: &'a str,
+        status: Option<Status>,
+        now: u64,
+    ) -> Answer<'a, Vec<Approval>> {
+        done(Ok(Store::list(self, tenant, status, now)))
+    }
+
+    fn sweep(&self, now: u64, history_ms: u64) -> Answer<'_, Vec<Transition>> {
+        done(Ok(Store::sweep(self, now, history_ms)))
+    }
+
+    #[cfg(test)]
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A result already in hand, as the future the trait returns.
+fn done<'a, T: Send + 'a>(value: T) -> BoxFuture<'a, T> {
+    Box::pin(std::future::ready(value))
 }
 
 /// Applies every complete, intact line of `data`; a damaged last line is a

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::tests::{approver, clock_at, key, new_approval, open_in, T0};
+use super::super::service::tests::{approver, clock_at, key, new_approval, open_in, T0};
 use super::*;
 
 fn journal(dir: &Path) -> String {

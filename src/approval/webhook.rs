@@ -31,18 +31,19 @@ use serde::Serialize;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::client::{http_client, HttpClient};
-use super::{Approval, Metrics, Status, Transition, WebhookConfig};
+use super::metrics::Metrics;
+use super::{Approval, Status, Transition, WebhookConfig};
 
 /// Notifications waiting for delivery before new ones are dropped.
-pub const QUEUE: usize = 1024;
+pub(crate) const QUEUE: usize = 1024;
 /// Deliveries in flight at once.
-pub const MAX_CONCURRENT: usize = 8;
+pub(crate) const MAX_CONCURRENT: usize = 8;
 /// Longest delay between two attempts.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Why the webhook sender could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum WebhookError {
+pub(crate) enum WebhookError {
     /// The URL does not parse or is not HTTP(S).
     #[error("approvals.webhook.url {url:?} is not an http:// or https:// URL")]
     InvalidUrl {

@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-use super::super::tests::{approver, clock_at, key, new_approval, open_in, T0};
+use super::super::service::tests::{approver, clock_at, key, new_approval, open_in, T0};
 use super::*;
 
 /// A receiver answering `statuses[i]` to the i-th POST (the last one

@@ -284,7 +284,7 @@ pub(crate) fn checkpoint_insert_sql(database: &str, table: &str) -> String {
 /// What ClickHouse says of a writer's chain, for a writer whose spool
 /// lost the chain's head (see `Shipper::learn_head`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChainState {
+pub(super) struct ChainState {
     /// The entry of the first row to send, if it was sent before: the
     /// `seq` before it and that entry's link.
     pub replay: Option<(u64, [u8; 32])>,

@@ -273,41 +273,41 @@ pub const COLUMNS: &[&str] = &[
 
 /// How many of [`COLUMNS`] rows spooled by releases before content
 /// screening have: the shipper completes them with empty values.
-pub const LEGACY_COLUMNS: usize = 31;
+pub(super) const LEGACY_COLUMNS: usize = 31;
 
 /// What completes a row of [`LEGACY_COLUMNS`]: `screen_kinds = []`,
 /// `screen_action = ''`, `run_labels = []`, `virtual_server = ''`, then
 /// [`VIRTUAL_TAIL`].
-pub const LEGACY_TAIL: [u8; 4 + VIRTUAL_TAIL.len()] = [0; 4 + VIRTUAL_TAIL.len()];
+pub(super) const LEGACY_TAIL: [u8; 4 + VIRTUAL_TAIL.len()] = [0; 4 + VIRTUAL_TAIL.len()];
 
 /// How many of [`COLUMNS`] rows spooled by releases before virtual servers
 /// have.
-pub const SCREENING_COLUMNS: usize = 34;
+pub(super) const SCREENING_COLUMNS: usize = 34;
 
 /// What completes a row of [`SCREENING_COLUMNS`]: `virtual_server = ''`,
 /// then [`VIRTUAL_TAIL`].
-pub const SCREENING_TAIL: [u8; 1 + VIRTUAL_TAIL.len()] = [0; 1 + VIRTUAL_TAIL.len()];
+pub(super) const SCREENING_TAIL: [u8; 1 + VIRTUAL_TAIL.len()] = [0; 1 + VIRTUAL_TAIL.len()];
 
 /// How many of [`COLUMNS`] rows spooled by releases before the approval,
 /// policy, pin and delegation columns have (they end at `virtual_server`).
-pub const VIRTUAL_COLUMNS: usize = 35;
+pub(super) const VIRTUAL_COLUMNS: usize = 35;
 
 /// What completes a row of [`VIRTUAL_COLUMNS`]: `approval_id = ''`,
 /// `approver = ''`, `approved_ms = 0` (8 bytes), `policy_sha256 = ''`,
 /// `pin_sha256 = ''`, `delegation = []`, `token_jti = ''`, then
 /// [`APPROVAL_TAIL`].
-pub const VIRTUAL_TAIL: [u8; 14 + APPROVAL_TAIL.len()] = [0; 14 + APPROVAL_TAIL.len()];
+pub(super) const VIRTUAL_TAIL: [u8; 14 + APPROVAL_TAIL.len()] = [0; 14 + APPROVAL_TAIL.len()];
 
 /// How many of [`COLUMNS`] rows spooled by releases before the shadow
 /// policy have (they end at `token_jti`); the hash chain began with them.
-pub const APPROVAL_COLUMNS: usize = 42;
+pub(super) const APPROVAL_COLUMNS: usize = 42;
 
 /// What completes a row of [`APPROVAL_COLUMNS`]: `shadow_decision = ''`,
 /// `principal_claims = ''`.
 /// A row whose columns after [`APPROVAL_COLUMNS`] are exactly these
 /// defaults is hashed without them ([`hashed_part`]), so rows chained
 /// before a column was added still verify once ClickHouse returns it.
-pub const APPROVAL_TAIL: [u8; 2] = [0; 2];
+pub(super) const APPROVAL_TAIL: [u8; 2] = [0; 2];
 
 /// Offset of `time_ms` in an encoded row (after the 16-byte UUID and 4-byte DateTime).
 const TIME_MS_OFFSET: usize = 20;

@@ -159,34 +159,34 @@ pub struct AuthConfig {
 }
 
 /// Default [`AuthConfig::header`]: `X-Tool-Token`.
-pub fn default_header() -> String {
+pub(crate) fn default_header() -> String {
     "X-Tool-Token".to_owned()
 }
 
 /// Default [`AuthConfig::required_scope`]: `mcp:tools`.
-pub fn default_required_scope() -> String {
+pub(crate) fn default_required_scope() -> String {
     "mcp:tools".to_owned()
 }
 
 /// Default [`AuthConfig::admin_scope`]: `approvals`.
-pub fn default_admin_scope() -> String {
+pub(crate) fn default_admin_scope() -> String {
     "approvals".to_owned()
 }
 
 /// Default [`AuthConfig::leeway_s`]: 30 s, enough for ordinary NTP drift.
-pub fn default_leeway_s() -> u64 {
+pub(crate) fn default_leeway_s() -> u64 {
     30
 }
 
 /// Default [`AuthConfig::max_lifetime_s`]: 15 minutes; tool tokens are
 /// short-lived so a leaked one expires quickly.
-pub fn default_max_lifetime_s() -> u64 {
+pub(crate) fn default_max_lifetime_s() -> u64 {
     900
 }
 
 /// Default [`AuthConfig::cache_entries`]: 65 536 tokens (a few tens of MiB at
 /// most), far more than the runs alive at once on one firewall.
-pub fn default_cache_entries() -> usize {
+pub(crate) fn default_cache_entries() -> usize {
     65_536
 }
 
@@ -248,27 +248,27 @@ pub struct JwksSourceConfig {
 }
 
 /// Default [`JwksSourceConfig::refresh_s`]: 5 minutes.
-pub fn default_refresh_s() -> u64 {
+pub(crate) fn default_refresh_s() -> u64 {
     300
 }
 
 /// Default [`JwksSourceConfig::min_refresh_interval_s`]: 10 s, so a flood of
 /// tokens with made-up `kid`s costs the key server one request per 10 s.
-pub fn default_min_refresh_interval_s() -> u64 {
+pub(crate) fn default_min_refresh_interval_s() -> u64 {
     10
 }
 
 /// Default [`JwksSourceConfig::rsa_alg`]: `RS256`, the common IdP default.
-pub fn default_rsa_alg() -> String {
+pub(crate) fn default_rsa_alg() -> String {
     "RS256".to_owned()
 }
 
 /// Longest accepted `leeway_s`: more than 5 minutes of skew is a broken clock.
-pub const MAX_LEEWAY_S: u64 = 300;
+pub(crate) const MAX_LEEWAY_S: u64 = 300;
 
 /// Longest accepted `max_lifetime_s`: a day. Tool tokens are per run; longer
 /// lifetimes defeat the point of minting them per run.
-pub const MAX_MAX_LIFETIME_S: u64 = 86_400;
+pub(crate) const MAX_MAX_LIFETIME_S: u64 = 86_400;
 
 /// A value in `[auth]` that is not acceptable. Every variant names its key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

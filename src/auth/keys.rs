@@ -557,7 +557,7 @@ fn jwk_to_key(jwk: &RawJwk, rsa_alg: Alg) -> Result<Key, JwkProblem> {
 
 /// An immutable set of keys indexed by `kid` and by algorithm.
 #[derive(Debug, Default)]
-pub struct KeySet {
+pub(super) struct KeySet {
     keys: Vec<Arc<Key>>,
     by_kid: HashMap<Box<str>, Vec<usize>>,
     by_alg: [Vec<usize>; 6],
@@ -566,7 +566,7 @@ pub struct KeySet {
 
 impl KeySet {
     /// Indexes `keys`.
-    pub fn new(keys: Vec<Arc<Key>>) -> KeySet {
+    pub(super) fn new(keys: Vec<Arc<Key>>) -> KeySet {
         let mut by_kid: HashMap<Box<str>, Vec<usize>> = HashMap::new();
         let mut by_alg: [Vec<usize>; 6] = Default::default();
         let mut hasher = Sha256::new();
@@ -587,19 +587,23 @@ impl KeySet {
 
     /// A digest of every key's id, algorithm and material: equal fingerprints
     /// mean the same keys (so a refresh that changed nothing keeps the cache).
-    pub fn fingerprint(&self) -> [u8; 32] {
+    pub(super) fn fingerprint(&self) -> [u8; 32] {
         self.fingerprint
     }
 
     /// How many keys.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.keys.len()
     }
 
     /// The keys a token with this header may be verified with: by `kid` when it
     /// names one (and then the key's pinned algorithm must be `alg`), else every
     /// key pinned to `alg`. Allocation-free.
-    pub fn candidates(&self, kid: Option<&str>, alg: Alg) -> Result<Candidates<'_>, TokenError> {
+    pub(super) fn candidates(
+        &self,
+        kid: Option<&str>,
+        alg: Alg,
+    ) -> Result<Candidates<'_>, TokenError> {
         let indices: &[usize] = match kid {
             Some(kid) => {
                 let Some(indices) = self.by_kid.get(kid) else {
@@ -634,7 +638,7 @@ impl KeySet {
 }
 
 /// Iterator over the keys that may verify one token.
-pub struct Candidates<'a> {
+pub(super) struct Candidates<'a> {
     set: &'a KeySet,
     indices: std::slice::Iter<'a, usize>,
     alg: Alg,

@@ -20,13 +20,13 @@ use super::{Alg, Audience};
 
 /// Longest token accepted, in bytes. Real tool tokens are under 2 KiB; the
 /// bound caps the work an attacker can make us do before the signature check.
-pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
 /// Longest accepted string claim (and project name), in bytes.
-pub const MAX_CLAIM_BYTES: usize = 256;
+pub(crate) const MAX_CLAIM_BYTES: usize = 256;
 
 /// Most entries accepted in `projects` or `project_ceiling`.
-pub const MAX_PROJECTS: usize = 1024;
+pub(crate) const MAX_PROJECTS: usize = 1024;
 
 /// Longest value from a token echoed in an error message.
 const MAX_SHOWN: usize = 64;

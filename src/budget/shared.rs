@@ -46,7 +46,7 @@ pub struct RedisBudgets {
 }
 
 /// Prices as integer micro-units (rounded; negative and non-finite are 0).
-pub fn micros(price: f64) -> i64 {
+pub(crate) fn micros(price: f64) -> i64 {
     if price.is_finite() && price > 0.0 {
         (price * 1_000_000.0).round().min(i64::MAX as f64) as i64
     } else {
@@ -131,7 +131,7 @@ return {0, steps + 1}
 
 /// The settle step. KEYS: reservation, run state, tenant days. ARGV: `0`
 /// keep the reservation as charged, `1` refund it, `2` replace its price by
-/// ARGV[2]. Answers 1 when it settled, 0 when it was already settled.
+/// `ARGV[2]`. Answers 1 when it settled, 0 when it was already settled.
 const SETTLE: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'price', 'day')
 if not r[1] then return 0 end

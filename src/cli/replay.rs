@@ -24,7 +24,7 @@ use crate::verdict::call::{Judge, Kind};
 
 /// What replay found.
 #[derive(Debug, Default)]
-pub struct ReplayReport {
+pub(crate) struct ReplayReport {
     /// The candidate directory.
     pub policy_dir: String,
     /// Its content hash.
@@ -43,7 +43,7 @@ pub struct ReplayReport {
 
 /// One group of calls that would change.
 #[derive(Debug, Default)]
-pub struct Change {
+pub(crate) struct Change {
     /// How many.
     pub calls: u64,
     /// Whose (tenant/subject).
@@ -57,7 +57,7 @@ pub struct Change {
 /// A replay in progress: the candidate loaded, rows fed one at a time (as
 /// [`super::audit::Question::Replay`] selects them, streamed: memory stays
 /// the groups', not the rows').
-pub struct Replay {
+pub(crate) struct Replay {
     candidate: policy::Policy,
     pins: std::sync::Arc<PinStore>,
     definitions: super::policy_test::Definitions,
@@ -69,7 +69,7 @@ impl Replay {
     ///
     /// # Errors
     /// The candidate policy or its pins do not load.
-    pub fn new(dir: &Path) -> anyhow::Result<Replay> {
+    pub(crate) fn new(dir: &Path) -> anyhow::Result<Replay> {
         let candidate =
             policy::load_dir(dir).with_context(|| format!("candidate policy {}", dir.display()))?;
         let pins = PinStore::open(dir, &mut prometheus_client::registry::Registry::default())
@@ -88,7 +88,7 @@ impl Replay {
     }
 
     /// Re-decides one recorded row.
-    pub fn row(&mut self, cfg: &Config, row: &Map<String, Value>) {
+    pub(crate) fn row(&mut self, cfg: &Config, row: &Map<String, Value>) {
         let report = &mut self.report;
         report.rows += 1;
         match redecide(cfg, &self.candidate, &self.pins, &self.definitions, row) {
@@ -123,7 +123,7 @@ impl Replay {
     }
 
     /// What it found.
-    pub fn finish(self) -> ReplayReport {
+    pub(crate) fn finish(self) -> ReplayReport {
         self.report
     }
 }
@@ -210,12 +210,12 @@ fn redacted(v: &Value) -> bool {
 
 impl ReplayReport {
     /// Calls that would change.
-    pub fn changed(&self) -> u64 {
+    pub(crate) fn changed(&self) -> u64 {
         self.changes.values().map(|c| c.calls).sum()
     }
 
     /// For people.
-    pub fn render(&self, since: &str) -> String {
+    pub(crate) fn render(&self, since: &str) -> String {
         let mut out = String::new();
         let skipped: u64 = self.not_replayable.values().sum();
         let _ = writeln!(
@@ -257,7 +257,7 @@ impl ReplayReport {
     }
 
     /// For scripts.
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         let changes: Vec<Value> = self
             .changes
             .iter()

@@ -35,7 +35,7 @@ pub struct Config {
     /// Upstreams in file order.
     pub upstreams: Vec<Arc<Upstream>>,
     /// Virtual servers in file order (members validated).
-    pub virtual_servers: Vec<Arc<crate::virtual_server::VirtualServer>>,
+    pub virtual_servers: Vec<Arc<crate::virtual_names::VirtualServer>>,
     /// Tool-token verification settings (paths resolved).
     pub auth: crate::auth::AuthConfig,
     /// Authorization servers for the protected-resource metadata.
@@ -641,10 +641,10 @@ impl Validator<'_> {
     /// `names` (a name an upstream or another one has is an error).
     fn virtual_servers(
         &self,
-        raw: Vec<crate::virtual_server::RawVirtualServer>,
+        raw: Vec<crate::virtual_names::RawVirtualServer>,
         names: &mut HashSet<String>,
         upstreams: &[Arc<Upstream>],
-    ) -> Result<Vec<Arc<crate::virtual_server::VirtualServer>>, ConfigError> {
+    ) -> Result<Vec<Arc<crate::virtual_names::VirtualServer>>, ConfigError> {
         let upstream_names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
         let mut virtual_servers = Vec::with_capacity(raw.len());
         for (i, v) in raw.into_iter().enumerate() {

@@ -12,9 +12,9 @@
 //! - [`upstream`] owns finding, starting and stopping the estate's process.
 //! - [`clickhouse`] owns the throwaway ClickHouse the audit trail goes to.
 
-pub mod clickhouse;
+pub(crate) mod clickhouse;
 pub mod run;
-pub mod upstream;
+pub(crate) mod upstream;
 
 use std::path::PathBuf;
 

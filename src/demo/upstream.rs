@@ -15,28 +15,28 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
 /// The estate's executable name (the `mcp-demo-upstream` workspace member).
-pub const BINARY: &str = "mcp-demo-upstream";
+pub(crate) const BINARY: &str = "mcp-demo-upstream";
 
 /// How long the estate may take to say where it listens.
-pub const READY_WITHIN: Duration = Duration::from_secs(15);
+pub(crate) const READY_WITHIN: Duration = Duration::from_secs(15);
 
 /// What the estate's first stdout line starts with, before its URL.
 const READY_PREFIX: &str = "listening on ";
 
 /// A running estate process; killed on drop.
-pub struct UpstreamProcess {
+pub(crate) struct UpstreamProcess {
     url: String,
     child: Child,
 }
 
 impl UpstreamProcess {
     /// The estate's MCP endpoint.
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// Stops the estate and waits for it to exit.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
@@ -45,7 +45,7 @@ impl UpstreamProcess {
 /// The estate's binary: `explicit` when given, else the one next to this
 /// executable (where `cargo build` and the container image put it), else the
 /// first on `PATH`.
-pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(crate) fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = explicit {
         if path.is_file() {
             return Ok(path.to_path_buf());
@@ -72,7 +72,7 @@ pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// Starts `bin` on a free loopback port and waits until it says where.
-pub async fn launch(bin: &Path) -> anyhow::Result<UpstreamProcess> {
+pub(crate) async fn launch(bin: &Path) -> anyhow::Result<UpstreamProcess> {
     let mut child = Command::new(bin)
         .args(["--listen", "127.0.0.1:0", "--exit-with-stdin"])
         .stdin(Stdio::piped())

@@ -37,7 +37,7 @@ pub enum Shape {
 
 /// What the decision step does with a method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub(crate) enum Class {
     /// `tools/call`: policy, arguments, gates, budgets.
     ToolCall,
     /// `prompts/get`: the prompt rules.
@@ -61,7 +61,7 @@ pub enum Class {
 
 /// Which `tasks/*` method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskMethod {
+pub(crate) enum TaskMethod {
     /// `tasks/get`: the task (2026-07-28: with its outcome once done).
     Get,
     /// `tasks/result` (2025-11-25): the outcome of the task's call.
@@ -76,7 +76,7 @@ pub enum TaskMethod {
 
 /// Which list an answer filters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListKind {
+pub(crate) enum ListKind {
     /// `tools/list`
     Tools,
     /// `prompts/list`
@@ -89,7 +89,7 @@ pub enum ListKind {
 
 /// One method of the table.
 #[derive(Debug, Clone, Copy)]
-pub struct Method {
+pub(crate) struct Method {
     /// Its name.
     pub name: &'static str,
     /// Request or notification.
@@ -117,7 +117,7 @@ use Class::*;
 use Shape::*;
 
 /// Every client-to-server method of the revisions the firewall speaks.
-pub const METHODS: &[Method] = &[
+pub(crate) const METHODS: &[Method] = &[
     m("initialize", Request, Pass, LEGACY),
     m("ping", Request, Pass, LEGACY),
     m("logging/setLevel", Request, Pass, LEGACY),
@@ -172,14 +172,14 @@ fn era(version: ProtocolVersion) -> u8 {
 }
 
 /// The method of that exact name in `version`, if there is one.
-pub fn lookup(name: &str, version: ProtocolVersion) -> Option<&'static Method> {
+pub(crate) fn lookup(name: &str, version: ProtocolVersion) -> Option<&'static Method> {
     let era = era(version);
     METHODS.iter().find(|m| m.name == name && m.eras & era != 0)
 }
 
 /// The class of a method by name whatever the revision (for answers whose
 /// request the firewall remembers by method name).
-pub fn class_of(name: &str) -> Class {
+pub(crate) fn class_of(name: &str) -> Class {
     METHODS
         .iter()
         .find(|m| m.name == name)

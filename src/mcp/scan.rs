@@ -13,7 +13,7 @@
 //! its limit; a body that is no message or batch of messages; input
 //! requests the held decision could not read. Deeper keys are the tool's
 //! own business, as they are to the decisions. Its agreement with the other
-//! readers is checked by [`super::jsonrpc::differential`] (tests, fuzzing).
+//! readers is checked by `super::jsonrpc::differential` (tests, fuzzing).
 //!
 //! The push parser is `actson`'s: bounded memory whatever the size.
 

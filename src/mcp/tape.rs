@@ -9,10 +9,11 @@
 //! walking the bytes again.
 //!
 //! Invariants:
-//! - [`read`] accepts a subset of what the serde validator accepts: on any
-//!   doubt it returns `None`, and the caller asks the serde validator, whose
-//!   error is the one reported (and whose verdict stands). Debug builds
-//!   check every acceptance against it.
+//! - `read` (test builds; [`read_known`] otherwise) accepts a subset of
+//!   what the serde validator accepts: on any doubt it returns `None`, and
+//!   the caller asks the serde validator, whose error is the one reported
+//!   (and whose verdict stands). Debug builds check every acceptance
+//!   against it.
 //! - The tape borrows nothing: node spans index the text it was read from.
 //! - Key comparisons ([`Folded`], [`ObjectKeys`]) are the ones both readers
 //!   use: there is one definition of "the same key".
@@ -79,7 +80,7 @@ pub enum Kind {
 }
 
 /// A recorded value's index on its tape.
-pub type NodeId = usize;
+pub(crate) type NodeId = usize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Node {
@@ -272,7 +273,7 @@ pub(crate) fn read<S: Shape>(
     read_known(text, shape, max_depth, max_batch, record_depth, None).map(|(tape, _)| tape)
 }
 
-/// [`read`], taking the elements of the first list in a known place from
+/// `read`, taking the elements of the first list in a known place from
 /// `known` where they are byte for byte the same; with the tape comes that
 /// list's elements as [`Known`] when they differ from `known` (to remember
 /// for the next read), `None` when they are the same or there was no list.

@@ -16,25 +16,22 @@ use crate::mcp::jsonrpc::Envelope;
 
 /// A protocol revision, `YYYYMMDD`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ProtocolVersion(u32);
-
-/// The `_meta` key carrying the revision in 2026-07-28 requests.
-pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub(crate) struct ProtocolVersion(u32);
 
 // === impl ProtocolVersion ===
 
 impl ProtocolVersion {
     /// 2025-03-26: streamable HTTP, batches allowed.
-    pub const V2025_03_26: ProtocolVersion = ProtocolVersion(20250326);
+    pub(crate) const V2025_03_26: ProtocolVersion = ProtocolVersion(20250326);
     /// 2025-06-18: batches removed, `MCP-Protocol-Version` header.
-    pub const V2025_06_18: ProtocolVersion = ProtocolVersion(20250618);
+    pub(crate) const V2025_06_18: ProtocolVersion = ProtocolVersion(20250618);
     /// 2025-11-25: the last session-based revision.
-    pub const V2025_11_25: ProtocolVersion = ProtocolVersion(20251125);
+    pub(crate) const V2025_11_25: ProtocolVersion = ProtocolVersion(20251125);
     /// 2026-07-28: stateless, `Mcp-*` headers mirror the body.
-    pub const V2026_07_28: ProtocolVersion = ProtocolVersion(20260728);
+    pub(crate) const V2026_07_28: ProtocolVersion = ProtocolVersion(20260728);
 
     /// Parses `YYYY-MM-DD`; anything else counts as the newest known revision.
-    pub fn parse(s: &str) -> ProtocolVersion {
+    pub(crate) fn parse(s: &str) -> ProtocolVersion {
         let b = s.as_bytes();
         let digits = |r: std::ops::Range<usize>| -> Option<u32> {
             let part = b.get(r)?;
@@ -51,7 +48,7 @@ impl ProtocolVersion {
     }
 
     /// The revision a request speaks.
-    pub fn of_request(headers: &HeaderMap, env: &Envelope) -> ProtocolVersion {
+    pub(crate) fn of_request(headers: &HeaderMap, env: &Envelope) -> ProtocolVersion {
         if let Some(v) = headers
             .get("mcp-protocol-version")
             .and_then(|v| v.to_str().ok())
@@ -81,12 +78,12 @@ impl ProtocolVersion {
     }
 
     /// JSON-RPC batches exist only in 2025-03-26.
-    pub fn allows_batches(self) -> bool {
+    pub(crate) fn allows_batches(self) -> bool {
         self < ProtocolVersion::V2025_06_18
     }
 
     /// The stateless revision (no sessions, `Mcp-*` headers, input-required results).
-    pub fn is_stateless(self) -> bool {
+    pub(crate) fn is_stateless(self) -> bool {
         self >= ProtocolVersion::V2026_07_28
     }
 }

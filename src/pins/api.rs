@@ -30,7 +30,7 @@ use crate::http_util::{Body, BoxError};
 use super::{PinStore, Proposal, ReviewError, Subject};
 
 /// The scope an admin token needs for `/pins`.
-pub const SCOPE: &str = "pins";
+pub(crate) const SCOPE: &str = "pins";
 
 /// A pending review as shown.
 #[derive(Debug, Serialize, Deserialize)]
@@ -69,7 +69,7 @@ pub struct ReviewList {
 
 /// The body of accept and reject.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct ReviewBody {
+pub(crate) struct ReviewBody {
     /// The definition's hash, as shown.
     pub sha256: String,
     /// What is reviewed (default: a tool).
@@ -82,12 +82,16 @@ fn tool_subject() -> String {
 }
 
 /// Whether `path` is this API's.
-pub fn owns(path: &str) -> bool {
+pub(crate) fn owns(path: &str) -> bool {
     path == "/pins" || path.starts_with("/pins/")
 }
 
 /// Serves one `/pins` request.
-pub async fn handle<B>(pins: Arc<PinStore>, verifier: Verifier, req: Request<B>) -> Response<Body>
+pub(crate) async fn handle<B>(
+    pins: Arc<PinStore>,
+    verifier: Verifier,
+    req: Request<B>,
+) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -245,7 +249,7 @@ fn view(p: &Proposal) -> ReviewView {
 }
 
 /// A line diff (longest common subsequence; definitions are small).
-pub fn diff(old: &str, new: &str) -> String {
+pub(crate) fn diff(old: &str, new: &str) -> String {
     let a: Vec<&str> = old.lines().collect();
     let b: Vec<&str> = new.lines().collect();
     let (n, m) = (a.len(), b.len());

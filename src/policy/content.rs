@@ -211,7 +211,7 @@ pub struct Traits {
 }
 
 /// The labels any content from `up` gives the run (`trust`, `data`).
-pub fn upstream_labels(up: UpstreamFacts<'_>) -> Labels {
+pub(crate) fn upstream_labels(up: UpstreamFacts<'_>) -> Labels {
     let mut l = Labels::NONE;
     if up.untrusted {
         l = l.union(Labels::UNTRUSTED);

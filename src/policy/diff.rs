@@ -75,7 +75,7 @@ pub enum Change {
 /// old side and the new one's for the new side, so a lost membership shows
 /// as the upstream's tools turning hidden. Added and removed roles get no
 /// access lines: their `RoleAdded`/`RoleRemoved` line covers them.
-pub fn effect(old: &Policy, new: &Policy, upstreams: &[UpstreamFacts<'_>]) -> Vec<Change> {
+pub(crate) fn effect(old: &Policy, new: &Policy, upstreams: &[UpstreamFacts<'_>]) -> Vec<Change> {
     let mut changes = Vec::new();
     let old_roles = old.agents();
     let new_roles = new.agents();
@@ -164,7 +164,7 @@ pub fn effect(old: &Policy, new: &Policy, upstreams: &[UpstreamFacts<'_>]) -> Ve
 
 /// The changes as one log line: each change's text, joined by `"; "`, or
 /// `"no change in effect"` when there is none.
-pub fn summary(changes: &[Change]) -> String {
+pub(crate) fn summary(changes: &[Change]) -> String {
     if changes.is_empty() {
         return "no change in effect".to_owned();
     }

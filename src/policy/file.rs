@@ -11,7 +11,7 @@ use toml::Spanned;
 /// are merged (agents, service accounts and the gates table must be unique).
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RawPolicyFile {
+pub(crate) struct RawPolicyFile {
     /// Default gate per risk (at most one file may set it).
     pub gates: Option<RawGates>,
     /// Risk of tools, by upstream and name or glob.
@@ -37,7 +37,7 @@ pub struct RawPolicyFile {
 /// `[screen]`: what screening does per family, and where answers may link.
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RawScreen {
+pub(crate) struct RawScreen {
     /// Credentials and keys (default `redact`).
     pub secrets: Option<crate::screen::content::Action>,
     /// Card numbers, IBANs, e-mail addresses, phone numbers (default `flag`).
@@ -58,7 +58,7 @@ pub struct RawScreen {
 /// `match`, only for the results of those tools.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawScreenRule {
+pub(crate) struct RawScreenRule {
     /// Upstream name or glob; default every upstream.
     #[serde(default = "star")]
     pub upstream: Spanned<String>,
@@ -76,7 +76,7 @@ pub struct RawScreenRule {
 /// `[taint]`: what a run's labels do to its calls.
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RawTaint {
+pub(crate) struct RawTaint {
     /// Write and destructive calls of a run that took in untrusted
     /// content (default `approve`).
     pub after_untrusted: Option<GateName>,
@@ -88,7 +88,7 @@ pub struct RawTaint {
 /// A label a tool's results give the run.
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum LabelName {
+pub(crate) enum LabelName {
     /// Content from outside (web pages, tickets, mail).
     Untrusted,
     /// Private data (customer records, internal documents).
@@ -99,7 +99,7 @@ pub enum LabelName {
 /// destructive approve).
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
-pub struct RawGates {
+pub(crate) struct RawGates {
     /// Gate for read tools.
     pub read: Option<GateName>,
     /// Gate for write tools.
@@ -135,7 +135,7 @@ pub enum RiskName {
 /// `[[tools]]`: the risk of matching tools.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawToolRule {
+pub(crate) struct RawToolRule {
     /// Upstream name or glob; default every upstream.
     #[serde(default = "star")]
     pub upstream: Spanned<String>,
@@ -163,7 +163,7 @@ pub struct RawToolRule {
 /// `[[agents]]`: a role an agent runs as.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawAgent {
+pub(crate) struct RawAgent {
     /// The role name tokens carry in their `agent` claim.
     pub name: Spanned<String>,
     /// Free text for humans.
@@ -206,7 +206,7 @@ pub struct RawAgent {
 /// Every field given must match; an empty rule matches everything.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawMatch {
+pub(crate) struct RawMatch {
     /// Upstream name or glob.
     pub upstream: Option<Spanned<String>>,
     /// An upstream category (config `categories`), e.g. `metrics`.
@@ -218,7 +218,7 @@ pub struct RawMatch {
 /// Allow and deny lists for prompts or resources, by upstream and name/URI glob.
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RawNamedAccess {
+pub(crate) struct RawNamedAccess {
     /// When given, only matching names are allowed.
     pub allow: Option<Vec<RawNameMatch>>,
     /// Matching names are refused.
@@ -229,7 +229,7 @@ pub struct RawNamedAccess {
 /// A prompt-name or resource-URI rule.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawNameMatch {
+pub(crate) struct RawNameMatch {
     /// Upstream name or glob.
     pub upstream: Option<Spanned<String>>,
     /// Names (prompts) or URIs (resources), globs allowed.
@@ -239,7 +239,7 @@ pub struct RawNameMatch {
 /// `[[service_accounts]]`: a non-human principal and exactly what it may reach.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawServiceAccount {
+pub(crate) struct RawServiceAccount {
     /// The token's `sub`.
     pub name: Spanned<String>,
     /// The role it runs as.
@@ -251,7 +251,7 @@ pub struct RawServiceAccount {
 /// `[[conditions]]`: a CEL expression that must hold for matching calls.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawCondition {
+pub(crate) struct RawCondition {
     /// Upstream name or glob; default every upstream.
     #[serde(default = "star")]
     pub upstream: Spanned<String>,
@@ -272,7 +272,7 @@ pub struct RawCondition {
 /// upstream.
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
-pub struct RawServerRequests {
+pub(crate) struct RawServerRequests {
     /// `sampling/createMessage` (default false).
     pub sampling: Option<bool>,
     /// `elicitation/create` (default false).
@@ -289,7 +289,7 @@ pub struct RawServerRequests {
 /// `[server_requests.upstreams.<name>]`: the same keys for one upstream.
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
-pub struct RawServerRequestsFor {
+pub(crate) struct RawServerRequestsFor {
     /// `sampling/createMessage`.
     pub sampling: Option<bool>,
     /// `elicitation/create`.

@@ -20,24 +20,24 @@ use crate::upstream::failure::UpstreamFailure;
 /// Codes the firewall itself answers with, outside the JSON-RPC reserved range
 /// (-32768..-32000) as MCP asks of application errors. Stable: clients may
 /// match on them.
-pub mod codes {
+pub(crate) mod codes {
     /// The policy refused this call (gate `deny`, a condition, a role limit).
-    pub const DENIED: i32 = -31001;
+    pub(crate) const DENIED: i32 = -31001;
     /// A person must approve this exact call first.
-    pub const APPROVAL_REQUIRED: i32 = -31002;
+    pub(crate) const APPROVAL_REQUIRED: i32 = -31002;
     /// A rate limit refused the call; `data.retry_after_ms` says when to retry.
-    pub const RATE_LIMITED: i32 = -31003;
+    pub(crate) const RATE_LIMITED: i32 = -31003;
     /// The upstream could not be reached or failed; `data` names it and the cause.
-    pub const UPSTREAM_ERROR: i32 = -31004;
+    pub(crate) const UPSTREAM_ERROR: i32 = -31004;
     /// The audit trail cannot record this call and the policy is fail-closed.
-    pub const AUDIT_UNAVAILABLE: i32 = -31005;
+    pub(crate) const AUDIT_UNAVAILABLE: i32 = -31005;
     /// The shared budget store cannot be asked and calls of this risk fail
     /// closed (`[state] on_store_unavailable`); retry later.
-    pub const STORE_UNAVAILABLE: i32 = -31006;
+    pub(crate) const STORE_UNAVAILABLE: i32 = -31006;
 }
 
 /// A JSON-RPC error response.
-pub fn error(id: Option<&Id>, code: i32, message: &str, data: Option<&Value>) -> Bytes {
+pub(crate) fn error(id: Option<&Id>, code: i32, message: &str, data: Option<&Value>) -> Bytes {
     jsonrpc::error_body(id, code, message, data)
 }
 
@@ -45,7 +45,11 @@ pub fn error(id: Option<&Id>, code: i32, message: &str, data: Option<&Value>) ->
 /// for a notification (nothing to answer) and for a cancelled call.
 // An exhaustive match: every `Outcome` to its JSON-RPC answer.
 #[allow(clippy::too_many_lines)]
-pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -> Option<Bytes> {
+pub(crate) fn for_outcome(
+    msg: &Message,
+    outcome: &Outcome,
+    version: ProtocolVersion,
+) -> Option<Bytes> {
     let id = msg.id.as_ref()?;
     let tool = msg.call.as_ref().map_or("", |c| c.name.as_str());
     Some(match outcome {
@@ -209,7 +213,7 @@ pub fn for_outcome(msg: &Message, outcome: &Outcome, version: ProtocolVersion) -
 /// Invalid arguments, as the 2025-11-25 revision asks (SEP-1303): a tool
 /// result marked `isError` carrying the validation message, so the model
 /// can correct the call.
-pub fn invalid_arguments(id: &Id, tool: &str, detail: &str) -> Bytes {
+pub(crate) fn invalid_arguments(id: &Id, tool: &str, detail: &str) -> Bytes {
     let text = format!("Invalid arguments for tool {tool}: {detail}");
     tool_error(
         id,
@@ -225,7 +229,7 @@ pub fn invalid_arguments(id: &Id, tool: &str, detail: &str) -> Bytes {
 /// A call past a step or cost cap is not executed: the agent gets a tool
 /// result marked `isError` that names the stop reason, so its framework
 /// records a result rather than a crash.
-pub fn skipped(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
+pub(crate) fn skipped(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
     let mut structured = json!({
         "skipped": true,
         "tool": tool,
@@ -264,7 +268,7 @@ pub fn skipped(id: &Id, tool: &str, refusal: &Refusal) -> Bytes {
 /// An answer screening withheld (`block`): a tool result marked `isError`
 /// for a tool's, a JSON-RPC error for any other, naming the kinds found,
 /// never the content.
-pub fn withheld(id: Option<&Id>, tool: Option<&str>, kinds: &[&str]) -> Bytes {
+pub(crate) fn withheld(id: Option<&Id>, tool: Option<&str>, kinds: &[&str]) -> Bytes {
     let text = format!(
         "The firewall withheld this answer: it contained {} ([screen] blocks it).",
         kinds.join(", ")
@@ -298,7 +302,7 @@ fn tool_error(id: &Id, text: &str, structured: Value) -> Bytes {
 }
 
 /// The answer to a request the upstream failed to answer.
-pub fn upstream_error(id: Option<&Id>, upstream: &str, failure: &UpstreamFailure) -> Bytes {
+pub(crate) fn upstream_error(id: Option<&Id>, upstream: &str, failure: &UpstreamFailure) -> Bytes {
     error(
         id,
         codes::UPSTREAM_ERROR,
@@ -312,7 +316,13 @@ pub fn upstream_error(id: Option<&Id>, upstream: &str, failure: &UpstreamFailure
 }
 
 /// The answer to a held call whose approval a person denied.
-pub fn approval_denied(id: &Id, tool: &str, approval: &str, by: &str, reason: &str) -> Bytes {
+pub(crate) fn approval_denied(
+    id: &Id,
+    tool: &str,
+    approval: &str,
+    by: &str,
+    reason: &str,
+) -> Bytes {
     error(
         Some(id),
         codes::DENIED,
@@ -329,7 +339,7 @@ pub fn approval_denied(id: &Id, tool: &str, approval: &str, by: &str, reason: &s
 
 /// The answer to a held call whose approval ended without running it
 /// (expired, or already used by an identical call).
-pub fn approval_ended(id: &Id, tool: &str, approval: &str, status: &str) -> Bytes {
+pub(crate) fn approval_ended(id: &Id, tool: &str, approval: &str, status: &str) -> Bytes {
     let message = match status {
         "consumed" => "the approval was already used by an identical call".to_owned(),
         _ => format!("the approval for {tool} {status} without a decision"),
@@ -348,7 +358,7 @@ pub fn approval_ended(id: &Id, tool: &str, approval: &str, status: &str) -> Byte
 
 /// An upstream answer the policy refuses to pass on: it asked the client
 /// for something the policy does not allow.
-pub fn refused_input_request(id: Option<&Id>, refused: &[String]) -> Bytes {
+pub(crate) fn refused_input_request(id: Option<&Id>, refused: &[String]) -> Bytes {
     error(
         id,
         codes::DENIED,
@@ -362,7 +372,7 @@ pub fn refused_input_request(id: Option<&Id>, refused: &[String]) -> Bytes {
 
 /// `-32601` for a server-to-client request the policy refuses, sent to the
 /// upstream in the client's place.
-pub fn refused_server_request(id: &Id, method: &str) -> Bytes {
+pub(crate) fn refused_server_request(id: &Id, method: &str) -> Bytes {
     error(
         Some(id),
         jsonrpc::METHOD_NOT_FOUND,
@@ -373,13 +383,13 @@ pub fn refused_server_request(id: &Id, method: &str) -> Bytes {
 
 /// An unknown or foreign session (HTTP 404, no id): the client starts a
 /// new session, as the transport spec requires.
-pub fn session_not_found() -> Bytes {
+pub(crate) fn session_not_found() -> Bytes {
     error(None, -32001, "Session not found", None)
 }
 
 /// The `notifications/progress` a held call's stream carries while it waits
 /// for a person (`ticks` so far).
-pub fn hold_progress(token: &Value, ticks: u64, tool: &str, approval: &str) -> Bytes {
+pub(crate) fn hold_progress(token: &Value, ticks: u64, tool: &str, approval: &str) -> Bytes {
     Bytes::from(
         json!({
             "jsonrpc": "2.0",

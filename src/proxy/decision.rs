@@ -24,7 +24,7 @@ use crate::session::Sessions;
 use crate::upstream::client::UpstreamClient;
 
 /// Everything a decision needs about the run and the upstream.
-pub struct RunContext {
+pub(crate) struct RunContext {
     /// The policy snapshot this request is decided with.
     pub policy: Arc<Policy>,
     /// The shadow policy's snapshot (`[policy] shadow_dir`), when one is
@@ -70,7 +70,7 @@ pub struct RunContext {
 
 /// What a decision knows besides the message and the run: the caller's
 /// session and the calls held for approval.
-pub struct Around<'a> {
+pub(crate) struct Around<'a> {
     /// The request body the messages were parsed from.
     pub body: &'a str,
     /// The upstream's session id (unsealed), if the request has one.
@@ -84,7 +84,7 @@ pub struct Around<'a> {
 
 /// What to do with one message.
 #[derive(Debug)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Send it upstream.
     Forward(Forwarding),
     /// A call behind an `approve` gate waiting for a person.
@@ -97,7 +97,7 @@ pub enum Verdict {
 /// `tools/call` the policy lets through that still needs the admission step
 /// (its approval gate and its budget, which ask stores).
 #[derive(Debug)]
-pub enum Ruling {
+pub(crate) enum Ruling {
     /// Decided.
     Final(Verdict),
     /// Decided by the policy; admission follows ([`super::request::admit`]).
@@ -119,7 +119,7 @@ impl From<Outcome> for Ruling {
 /// A `tools/call` the policy lets through: its gate and its budget are
 /// asked next.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     /// The tool.
     pub tool: String,
     /// Its risk.
@@ -139,7 +139,7 @@ pub struct Admission {
 
 /// A call whose gate the run's labels may change ([`crate::policy::Taint`]).
 #[derive(Debug)]
-pub struct TaintCheck {
+pub(crate) struct TaintCheck {
     /// It can carry data out.
     pub egress: bool,
     /// Its arguments and their hash, for an approval a label may ask for
@@ -149,7 +149,7 @@ pub struct TaintCheck {
 
 /// A message that goes upstream.
 #[derive(Debug, Default)]
-pub struct Forwarding {
+pub(crate) struct Forwarding {
     /// The tool's (or extra method's) risk.
     pub risk: Option<Risk>,
     /// The budget reserved for a `tools/call`, settled when it ends.
@@ -169,7 +169,7 @@ pub struct Forwarding {
 
 /// What an approver-facing answer says about a pending approval.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ApprovalNote {
+pub(crate) struct ApprovalNote {
     /// Its id.
     pub id: String,
     /// Its status.
@@ -182,7 +182,7 @@ pub struct ApprovalNote {
 
 impl ApprovalNote {
     /// The note for `approval`.
-    pub fn of(approval: &Approval, approvals: &Approvals) -> ApprovalNote {
+    pub(crate) fn of(approval: &Approval, approvals: &Approvals) -> ApprovalNote {
         ApprovalNote {
             id: approval.id.as_str().to_owned(),
             status: approval.status.as_str().to_owned(),
@@ -194,7 +194,7 @@ impl ApprovalNote {
 
 /// A prompt or resource outside the run's rules.
 #[derive(Debug, Clone, PartialEq)]
-pub enum NotPermitted {
+pub(crate) enum NotPermitted {
     /// A prompt, by name.
     Prompt(String),
     /// A resource, by URI.
@@ -203,7 +203,7 @@ pub enum NotPermitted {
 
 /// Why the firewall answered a message itself.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Hidden or nonexistent tool.
     UnknownTool(Option<Hidden>),
     /// A tool whose definition is not pinned as listed (answered exactly
@@ -297,7 +297,7 @@ impl From<crate::verdict::call::Refused> for Ruling {
 }
 
 /// An outcome's audit columns.
-pub struct AuditFacts {
+pub(crate) struct AuditFacts {
     /// `decision`.
     pub decision: DecisionKind,
     /// `stop_reason`.
@@ -314,7 +314,7 @@ impl Outcome {
     /// Decision, stop reason, reason text and risk for the audit row.
     // An exhaustive match: every `Outcome` to its `AuditFacts`.
     #[allow(clippy::too_many_lines)]
-    pub fn audit(&self) -> AuditFacts {
+    pub(crate) fn audit(&self) -> AuditFacts {
         let facts = |decision, stop, reason: String, risk| AuditFacts {
             decision,
             stop,
@@ -456,7 +456,7 @@ impl Outcome {
 /// audit row and the answer show the message. Two causes are equal when
 /// they say the same.
 #[derive(Debug, Clone)]
-pub struct AuditCause(pub Arc<AuditError>);
+pub(crate) struct AuditCause(pub Arc<AuditError>);
 
 impl From<AuditError> for AuditCause {
     fn from(e: AuditError) -> AuditCause {
@@ -478,7 +478,7 @@ impl PartialEq for AuditCause {
 
 /// A call behind an `approve` gate, waiting for a person.
 #[derive(Debug)]
-pub struct Gated {
+pub(crate) struct Gated {
     /// The pending approval.
     pub approval: Approval,
     /// Its key (to consume it once granted).
@@ -494,7 +494,7 @@ pub struct Gated {
 
 /// What a held call's labels were judged with when it was held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recheck {
+pub(crate) struct Recheck {
     /// It can carry data out.
     pub egress: bool,
     /// The `[taint]` rule that put the approval on it, if one did (the
@@ -504,7 +504,7 @@ pub struct Recheck {
 
 /// The approval a call runs under.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Granted {
+pub(crate) struct Granted {
     /// The approval's id.
     pub approval: ApprovalId,
     /// Who approved.
@@ -525,7 +525,7 @@ pub struct Granted {
 
 impl Granted {
     /// The approval `approval`, consumed for `tool` now.
-    pub fn of(approval: &Approval, approvals: &Approvals) -> Granted {
+    pub(crate) fn of(approval: &Approval, approvals: &Approvals) -> Granted {
         let now = crate::clock::now_ms();
         Granted {
             approval: approval.id.clone(),
@@ -546,13 +546,13 @@ impl Granted {
     }
 
     /// The audit reason of a call running under it.
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         format!("approved by {} (approval {})", self.by, self.approval)
     }
 
     /// Puts it on the row of a call running under it: the reason, and
     /// which approval, who gave it and when.
-    pub fn stamp(&self, row: &mut crate::audit::AuditRow) {
+    pub(crate) fn stamp(&self, row: &mut crate::audit::AuditRow) {
         row.reason = self.reason();
         row.approval_id = self.approval.as_str().to_owned();
         row.approver.clone_from(&self.by);

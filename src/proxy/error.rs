@@ -27,7 +27,7 @@ use crate::upstream::failure::UpstreamFailure;
 
 /// An error on the request path.
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     /// `/mcp/<name>` names no upstream this caller may reach.
     #[error("no upstream named {0:?}")]
     UnknownUpstream(String),
@@ -130,7 +130,7 @@ pub enum ProxyError {
 
 impl ProxyError {
     /// The JSON-RPC method of the refused message, when the refusal knows it.
-    pub fn method(&self) -> Option<&str> {
+    pub(crate) fn method(&self) -> Option<&str> {
         match self {
             ProxyError::Parse(e) => e.method(),
             ProxyError::UnknownMethod { method, .. } => Some(method.as_str()),
@@ -139,7 +139,7 @@ impl ProxyError {
     }
 
     /// The JSON-RPC id of the refused message, when the refusal knows it.
-    pub fn id(&self) -> Option<&Id> {
+    pub(crate) fn id(&self) -> Option<&Id> {
         match self {
             ProxyError::Parse(e) => e.id(),
             ProxyError::UnknownMethod { id, .. } | ProxyError::HeaderMismatch { id, .. } => {
@@ -152,7 +152,7 @@ impl ProxyError {
     /// The HTTP response for this error. The single status mapping.
     // An exhaustive match: every `ProxyError` to its HTTP response.
     #[allow(clippy::too_many_lines)]
-    pub fn into_response(self) -> Response<Body> {
+    pub(crate) fn into_response(self) -> Response<Body> {
         let message = self.to_string();
         match self {
             ProxyError::UnknownUpstream(name) => plain_json(
@@ -345,7 +345,7 @@ fn rate_limited(retry_after: std::time::Duration, message: &str) -> Response<Bod
 }
 
 /// A JSON-RPC error response.
-pub fn rpc(
+pub(crate) fn rpc(
     status: StatusCode,
     id: Option<&Id>,
     code: i32,
@@ -356,7 +356,7 @@ pub fn rpc(
 }
 
 /// A response with an `application/json` body.
-pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+pub(crate) fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
     let mut r = Response::new(full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(

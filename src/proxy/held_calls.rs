@@ -49,7 +49,7 @@ struct HoldEntry {
 /// How long a cancel that matched no held call is remembered for a hold
 /// that registers under its key afterwards (the gap between filing an
 /// approval and registering its hold is a few milliseconds).
-pub const EARLY_CANCEL_FOR: Duration = Duration::from_secs(2);
+pub(crate) const EARLY_CANCEL_FOR: Duration = Duration::from_secs(2);
 
 /// Most cancels remembered at once; past that the oldest are forgotten
 /// first (they are the likeliest to have lapsed).

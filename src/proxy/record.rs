@@ -53,7 +53,7 @@ fn principal_claims(c: &crate::auth::Claims) -> String {
 
 /// Builds and writes the rows of one HTTP request.
 #[derive(Clone)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     auditor: Auditor,
     base: AuditRow,
     started: Instant,
@@ -66,7 +66,7 @@ pub struct Recorder {
 impl Recorder {
     /// The identity part every row of this request shares. `session` is the
     /// session's audit name (never the upstream's id itself).
-    pub fn new(
+    pub(crate) fn new(
         auditor: Auditor,
         cx: &RunContext,
         headers: &HeaderMap,
@@ -128,7 +128,7 @@ impl Recorder {
     }
 
     /// Whether rows go anywhere (the audit trail, or spans).
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.auditor.is_enabled() || self.trace.is_some()
     }
 
@@ -155,7 +155,7 @@ impl Recorder {
     }
 
     /// The final row of a message the firewall answered itself.
-    pub fn answered(&self, m: &Message, outcome: &Outcome) -> AuditRow {
+    pub(crate) fn answered(&self, m: &Message, outcome: &Outcome) -> AuditRow {
         let mut row = self.row(m);
         let facts = outcome.audit();
         row.decision = facts.decision.as_str().into();
@@ -169,7 +169,7 @@ impl Recorder {
 
     /// The intent row of a message about to be forwarded (`reason`: why it
     /// may run, e.g. the approval it runs under).
-    pub fn intent(&self, m: &Message, risk: Option<Risk>, reason: String) -> AuditRow {
+    pub(crate) fn intent(&self, m: &Message, risk: Option<Risk>, reason: String) -> AuditRow {
         let mut row = self.row(m);
         row.decision = DecisionKind::Allow.as_str().into();
         row.risk = risk;
@@ -180,7 +180,7 @@ impl Recorder {
 
     /// The final row of a server-to-client request the firewall refused in
     /// the client's place (it never reached the client).
-    pub fn refused_server_request(&self, m: &Message, reason: String) -> AuditRow {
+    pub(crate) fn refused_server_request(&self, m: &Message, reason: String) -> AuditRow {
         let mut row = self.row(m);
         row.decision = DecisionKind::Deny.as_str().into();
         row.stop_reason = StopReason::Denied.as_str().into();
@@ -192,7 +192,7 @@ impl Recorder {
 
     /// The row of a server-to-client request the policy let through whose
     /// content screening found something in.
-    pub fn relayed_server_request(&self, m: &Message) -> AuditRow {
+    pub(crate) fn relayed_server_request(&self, m: &Message) -> AuditRow {
         let mut row = self.row(m);
         row.decision = DecisionKind::Allow.as_str().into();
         row.stop_reason = StopReason::Done.as_str().into();
@@ -203,7 +203,7 @@ impl Recorder {
 
     /// The row of a request refused before any decision could be made on
     /// its messages (`method` and `id` when the refusal knows them).
-    pub fn refused_message(
+    pub(crate) fn refused_message(
         &self,
         method: Option<&str>,
         id: Option<&crate::mcp::jsonrpc::Id>,
@@ -227,7 +227,7 @@ impl Recorder {
 
     /// The intent row of a GET stream or a DELETE (`method` is the HTTP
     /// method: these carry no JSON-RPC message).
-    pub fn transport(&self, method: &'static str, reason: String) -> AuditRow {
+    pub(crate) fn transport(&self, method: &'static str, reason: String) -> AuditRow {
         let mut row = self.base.clone();
         row.event_id = uuid::Uuid::now_v7();
         row.method = method.into();
@@ -240,7 +240,7 @@ impl Recorder {
     /// Spools an intent row before its call is sent: `Err` means the risk
     /// is fail-closed and the spool refused it (the call must not run); a
     /// fail-open loss is counted and logged by the auditor and returns `Ok`.
-    pub async fn write_ahead(&self, row: &AuditRow) -> Result<(), AuditError> {
+    pub(crate) async fn write_ahead(&self, row: &AuditRow) -> Result<(), AuditError> {
         if !self.enabled() {
             return Ok(());
         }
@@ -250,7 +250,7 @@ impl Recorder {
     /// Writes final rows. Fail-open rows that cannot be written are counted
     /// as lost by the auditor; fail-closed ones are logged (the call they
     /// record has already been refused or completed).
-    pub async fn write(&self, rows: Vec<AuditRow>) {
+    pub(crate) async fn write(&self, rows: Vec<AuditRow>) {
         if let Some(t) = &self.trace {
             for r in rows.iter().filter(|r| r.row_version == 1) {
                 t.message(r);
@@ -260,12 +260,12 @@ impl Recorder {
     }
 
     /// The auditor (for rows written after the request is gone).
-    pub fn auditor(&self) -> &Auditor {
+    pub(crate) fn auditor(&self) -> &Auditor {
         &self.auditor
     }
 
     /// Completes an intent row with the upstream's answer (as relayed).
-    pub fn complete(
+    pub(crate) fn complete(
         &self,
         row: AuditRow,
         answer: Option<&str>,
@@ -280,7 +280,7 @@ impl Recorder {
     /// [`Recorder::complete`] with the answer's `result` and `error`
     /// already located (off the strict reader's tape, or where the
     /// firewall wrote them): the answer is not read again.
-    pub fn complete_with(
+    pub(crate) fn complete_with(
         &self,
         mut row: AuditRow,
         parts: Option<AnswerParts<'_>>,
@@ -323,7 +323,7 @@ impl Recorder {
     }
 
     /// Completes an intent row whose call did not end with an answer.
-    pub fn fail(
+    pub(crate) fn fail(
         &self,
         mut row: AuditRow,
         stop: StopReason,
@@ -351,7 +351,7 @@ impl Recorder {
 }
 
 /// Writes final rows through `auditor` (see [`Recorder::write`]).
-pub async fn write_rows(auditor: &Auditor, rows: Vec<AuditRow>) {
+pub(crate) async fn write_rows(auditor: &Auditor, rows: Vec<AuditRow>) {
     if !auditor.is_enabled() || rows.is_empty() {
         return;
     }
@@ -389,7 +389,7 @@ fn trace_id(headers: &HeaderMap) -> String {
 
 /// Where an answer's `result` and `error` are (each the member's text).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct AnswerParts<'a> {
+pub(crate) struct AnswerParts<'a> {
     /// The `result` member's value.
     pub result: Option<&'a str>,
     /// The `error` member's value.
@@ -398,7 +398,7 @@ pub struct AnswerParts<'a> {
 
 impl<'a> AnswerParts<'a> {
     /// Reads them out of a whole answer (nothing, if it is not an object).
-    pub fn of(answer: &'a str) -> AnswerParts<'a> {
+    pub(crate) fn of(answer: &'a str) -> AnswerParts<'a> {
         #[derive(serde::Deserialize)]
         struct Answer<'a> {
             #[serde(borrow)]

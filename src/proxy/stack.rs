@@ -52,7 +52,7 @@ use crate::server::listener::ConnInfo;
 /// (no system call per request, unlike random UUIDs), and sortable per
 /// instance.
 #[derive(Clone)]
-pub struct MakeId {
+pub(crate) struct MakeId {
     prefix: Arc<str>,
     next: Arc<AtomicU64>,
 }
@@ -78,7 +78,7 @@ impl MakeRequestId for MakeId {
 
 /// What the per-connection services share.
 #[derive(Clone)]
-pub struct Shared {
+pub(crate) struct Shared {
     state: Arc<State>,
     permits: Arc<Semaphore>,
     ids: MakeId,
@@ -86,7 +86,7 @@ pub struct Shared {
 
 impl Shared {
     /// The shared parts of the MCP listener's services.
-    pub fn new(state: Arc<State>, permits: Arc<Semaphore>) -> Shared {
+    pub(crate) fn new(state: Arc<State>, permits: Arc<Semaphore>) -> Shared {
         Shared {
             state,
             permits,
@@ -97,7 +97,7 @@ impl Shared {
 
 /// A response body that holds the request's concurrency permit until the
 /// body ends or is dropped.
-pub struct Guarded {
+pub(crate) struct Guarded {
     body: Body,
     _permit: Option<OwnedSemaphorePermit>,
 }
@@ -128,7 +128,11 @@ impl hyper::body::Body for Guarded {
 /// `[v6]:port`, quoted or not); an entry that is none of them ends the walk
 /// at the trusted hop that wrote it, never skipping left to an entry the
 /// client chose.
-pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[ipnet::IpNet]) -> IpAddr {
+pub(crate) fn client_address(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[ipnet::IpNet],
+) -> IpAddr {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {
         return peer;
@@ -186,7 +190,7 @@ fn is_port(p: &str) -> bool {
 /// Resolves the client address and applies its coarse limit before the
 /// inner service (the handler) runs.
 #[derive(Clone)]
-pub struct ClientAddress<S> {
+pub(crate) struct ClientAddress<S> {
     inner: S,
     state: Arc<State>,
     conn: ConnInfo,
@@ -231,7 +235,7 @@ where
 /// Builds the MCP listener's service for one connection. The service type is
 /// concrete (no boxing): hyper keeps each request's future inside the
 /// connection's own state instead of allocating and copying it per request.
-pub fn mcp(
+pub(crate) fn mcp(
     shared: &Shared,
     conn: ConnInfo,
 ) -> impl hyper::service::Service<

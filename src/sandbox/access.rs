@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::{Network, Spec};
 
 /// The limits of `spec`, and no core files.
-pub fn rlimits(spec: &Spec) -> Result<(), String> {
+pub(crate) fn rlimits(spec: &Spec) -> Result<(), String> {
     use nix::sys::resource::{setrlimit, Resource};
     let set = |r: Resource, v: Option<u64>, what: &str| -> Result<(), String> {
         match v {
@@ -32,7 +32,7 @@ pub fn rlimits(spec: &Spec) -> Result<(), String> {
 
 /// Who the process becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Identity {
+pub(crate) enum Identity {
     /// Real root: become this uid and gid, with no other groups.
     Uid(u32, u32),
     /// Root of a user namespace made for this server (a firewall that is
@@ -44,7 +44,7 @@ pub enum Identity {
 }
 
 /// Becomes the server's own user.
-pub fn unprivileged(identity: Identity) -> Result<(), String> {
+pub(crate) fn unprivileged(identity: Identity) -> Result<(), String> {
     use nix::unistd::{setgid, setgroups, setuid, Gid, Uid};
     match identity {
         Identity::Uid(uid, gid) => {
@@ -64,7 +64,7 @@ pub fn unprivileged(identity: Identity) -> Result<(), String> {
 }
 
 /// Writes this process's uid and gid maps (after denying `setgroups`).
-pub fn write_id_maps(uid_map: &str, gid_map: &str) -> Result<(), String> {
+pub(crate) fn write_id_maps(uid_map: &str, gid_map: &str) -> Result<(), String> {
     let write = |file: &str, text: &str| {
         std::fs::write(format!("/proc/self/{file}"), text)
             .map_err(|e| format!("writing /proc/self/{file}: {e}"))
@@ -76,7 +76,7 @@ pub fn write_id_maps(uid_map: &str, gid_map: &str) -> Result<(), String> {
 
 /// Landlock rules: the filesystem (`read`, `write`), and TCP connect/bind
 /// (none, or the listed ports). Results per layer.
-pub fn landlock(
+pub(crate) fn landlock(
     read: &[PathBuf],
     write: &[PathBuf],
     ports: &[u16],
@@ -116,7 +116,7 @@ pub fn landlock(
 
 /// The TCP ports a server may connect to: none, the egress forwarder's,
 /// or (an allow-list without the proxy) the listed ones.
-pub fn ports(spec: &Spec, egress: bool) -> Vec<u16> {
+pub(crate) fn ports(spec: &Spec, egress: bool) -> Vec<u16> {
     match (&spec.network, egress) {
         (Network::None, _) => Vec::new(),
         (Network::Allow(_), true) => vec![super::net::EGRESS_PORT],
@@ -129,7 +129,7 @@ pub fn ports(spec: &Spec, egress: bool) -> Vec<u16> {
 
 /// A second Landlock layer: signals and abstract UNIX sockets stay inside
 /// the server's own sandbox.
-pub fn landlock_scope() -> Result<(), String> {
+pub(crate) fn landlock_scope() -> Result<(), String> {
     use landlock::{Ruleset, RulesetAttr, RulesetStatus, Scope};
     let status = Ruleset::default()
         .scope(Scope::Signal | Scope::AbstractUnixSocket)

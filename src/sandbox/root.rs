@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 /// What the view holds.
-pub struct View<'a> {
+pub(crate) struct View<'a> {
     /// Bound read-only (the runtime, `read`, the program's package).
     pub read: Vec<PathBuf>,
     /// Bound read-write (`write`, the home).
@@ -27,7 +27,7 @@ pub struct View<'a> {
 }
 
 /// Built, and whether `/proc` of its own PID namespace could be mounted.
-pub struct Built {
+pub(crate) struct Built {
     /// `Err` names why there is no `/proc`.
     pub proc: Result<(), String>,
 }
@@ -39,7 +39,7 @@ fn err(what: &str, path: &Path, e: impl std::fmt::Display) -> String {
 }
 
 /// Makes the mount namespace and the view, and pivots into it.
-pub fn build(view: &View<'_>) -> Result<Built, String> {
+pub(crate) fn build(view: &View<'_>) -> Result<Built, String> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))?;
     // Nothing mounted here propagates to the host, nor back.

@@ -192,7 +192,7 @@ pub struct Screened {
 /// Bytes of each side of a boundary between two strings read as one text
 /// (a PEM block opened further back is followed to its end by
 /// [`Tail::open_key`]).
-pub const WINDOW: usize = 4096;
+pub(crate) const WINDOW: usize = 4096;
 
 /// Most groups a [`Carry`] keeps a tail of.
 const MAX_CARRIED: usize = 32;
@@ -214,7 +214,7 @@ const PROSE: &[&str] = &[
 /// SSE events): the end of each group's last string, so that a token
 /// split across two events is found in the second.
 #[derive(Debug, Default)]
-pub struct Carry {
+pub(crate) struct Carry {
     tails: Vec<(String, Tail)>,
     /// The open ends ([`Scanner::open_end`]) of the last message's
     /// strings, folded.
@@ -256,7 +256,7 @@ pub fn screen_json(
 ///
 /// # Errors
 /// Text that is not JSON.
-pub fn screen_message(
+pub(crate) fn screen_message(
     scanner: &Scanner,
     actions: Actions,
     json: &str,
@@ -360,7 +360,7 @@ fn screen_once(
 }
 
 /// Screens a text that is not JSON (an upstream's plain-text error body).
-pub fn screen_text(scanner: &Scanner, actions: Actions, text: &str) -> Screened {
+pub(crate) fn screen_text(scanner: &Scanner, actions: Actions, text: &str) -> Screened {
     let mut screened = screen_text_once(scanner, actions, text);
     // As for JSON ([`screen_message`]): what a redaction reveals is
     // redacted too.
@@ -756,7 +756,7 @@ fn lex(json: &str) -> Result<Vec<Str<'_>>, serde_json::Error> {
 }
 
 /// Screens a value already built (a listed tool's definition).
-pub fn screen_value(scanner: &Scanner, actions: Actions, v: &Value) -> Report {
+pub(crate) fn screen_value(scanner: &Scanner, actions: Actions, v: &Value) -> Report {
     let mut report = Report::default();
     if !actions.all_off() {
         scan_value(scanner, actions, v, &mut report);

@@ -39,7 +39,7 @@ impl Folded {
 /// Whether `c` is a default-ignorable code point (Unicode's
 /// `Default_Ignorable_Code_Point`): invisible, and removed before
 /// detection.
-pub fn ignorable(c: char) -> bool {
+pub(crate) fn ignorable(c: char) -> bool {
     matches!(
         c,
         '\u{00AD}'

@@ -60,7 +60,7 @@ fn card_like(digits: &[u8]) -> bool {
 }
 
 /// The Luhn check over `digits` (check digit last).
-pub fn luhn(digits: &[u8]) -> bool {
+pub(super) fn luhn(digits: &[u8]) -> bool {
     let sum: u32 = digits
         .iter()
         .rev()
@@ -219,7 +219,7 @@ fn iban_length(a: u8, b: u8) -> Option<usize> {
 /// ISO 13616's check: the country's length, then the first four
 /// characters moved to the end, letters
 /// as 10–35, the number mod 97 is 1.
-pub fn iban_valid(chars: &[u8]) -> bool {
+pub(super) fn iban_valid(chars: &[u8]) -> bool {
     let fits = match chars {
         [a, b, ..] => iban_length(*a, *b) == Some(chars.len()),
         _ => false,

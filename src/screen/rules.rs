@@ -6,7 +6,7 @@
 
 /// Which bytes a rule's body may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Body {
+pub(crate) enum Body {
     /// `A-Z0-9`.
     UpperAlnum,
     /// `A-Za-z0-9`.
@@ -19,7 +19,7 @@ pub enum Body {
 
 impl Body {
     /// Whether `b` may be part of the body.
-    pub fn admits(self, b: u8) -> bool {
+    pub(crate) fn admits(self, b: u8) -> bool {
         match self {
             Body::UpperAlnum => b.is_ascii_uppercase() || b.is_ascii_digit(),
             Body::Alnum => b.is_ascii_alphanumeric(),
@@ -32,7 +32,7 @@ impl Body {
 /// One secret rule: a token that starts with `prefix` and continues with
 /// `min..=max` bytes of `body`.
 #[derive(Debug, Clone, Copy)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// What the finding is called (`secret.<name>` in records).
     pub name: &'static str,
     /// The documented prefix.
@@ -46,7 +46,7 @@ pub struct Rule {
 }
 
 /// The rules, by documented prefix.
-pub const RULES: &[Rule] = &[
+pub(crate) const RULES: &[Rule] = &[
     // AWS access key ids: `AKIA` (long-term) and `ASIA` (temporary), 16
     // more upper-case letters and digits.
     Rule {

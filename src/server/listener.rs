@@ -86,10 +86,10 @@ struct Builders {
 }
 
 /// The request-head cap when none is configured (16 KiB).
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+pub(crate) const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 
 /// The smallest request-head cap hyper's HTTP/1.1 reader can work with.
-pub const MIN_MAX_HEADER_BYTES: usize = 8192;
+pub(crate) const MIN_MAX_HEADER_BYTES: usize = 8192;
 
 impl Builders {
     fn new(max_header_bytes: usize) -> Self {
@@ -135,7 +135,7 @@ impl Builders {
 
 /// What bounds the connections of a listener.
 #[derive(Clone)]
-pub struct ConnLimits {
+pub(crate) struct ConnLimits {
     /// One permit per open connection.
     pub connections: Arc<tokio::sync::Semaphore>,
     /// Longest a blocked write may wait.
@@ -152,7 +152,7 @@ pub struct ConnLimits {
 
 /// A connection a serving thread accepted and hands to a less busy one
 /// ([`Spread`]), before a byte of it was read.
-pub struct Handed {
+pub(crate) struct Handed {
     stream: std::net::TcpStream,
     remote: SocketAddr,
     slot: OwnedSemaphorePermit,
@@ -170,7 +170,7 @@ struct Accepted {
 
 /// Why a connection was closed by the listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// `max_connections` were open.
     TooMany,
     /// The client stopped reading.
@@ -179,7 +179,7 @@ pub enum Refused {
 
 impl ConnLimits {
     /// No limit worth speaking of (the admin listener).
-    pub fn unlimited() -> ConnLimits {
+    pub(crate) fn unlimited() -> ConnLimits {
         ConnLimits {
             connections: Arc::new(tokio::sync::Semaphore::new(
                 tokio::sync::Semaphore::MAX_PERMITS,
@@ -207,7 +207,11 @@ pin_project_lite::pin_project! {
 
 impl<T> WriteIdle<T> {
     /// Wraps `inner`.
-    pub fn new(inner: T, limit: Duration, on_idle: Arc<dyn Fn(Refused) + Send + Sync>) -> Self {
+    pub(crate) fn new(
+        inner: T,
+        limit: Duration,
+        on_idle: Arc<dyn Fn(Refused) + Send + Sync>,
+    ) -> Self {
         WriteIdle {
             inner,
             limit,
@@ -328,7 +332,7 @@ async fn peek_protocol(
 
 /// Serves `listener` until `shutdown` turns true, then drains for at most
 /// `drain`. `service` builds the per-connection service from its [`ConnInfo`].
-pub async fn serve<F, S, B>(
+pub(crate) async fn serve<F, S, B>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     service: F,
@@ -602,7 +606,7 @@ async fn log_conn_end<E: std::fmt::Display>(
 }
 
 /// Resolves once the watched value is `true` (or the sender is gone).
-pub async fn wait_true(rx: &mut watch::Receiver<bool>) {
+pub(crate) async fn wait_true(rx: &mut watch::Receiver<bool>) {
     while !*rx.borrow_and_update() {
         if rx.changed().await.is_err() {
             return;

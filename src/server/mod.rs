@@ -2,6 +2,6 @@
 //! the certificates they present. Transport only: what a request means is
 //! the proxy's (the per-request service stack is `crate::proxy::stack`).
 
-pub mod listener;
-pub mod shards;
-pub mod tls;
+pub(crate) mod listener;
+pub(crate) mod shards;
+pub(crate) mod tls;

@@ -41,7 +41,7 @@ thread_local! {
 /// went away, an answer in the client's place. On a serving thread it goes
 /// to the main runtime (a rare path, so the hand-off is moot); elsewhere to
 /// the current one. Without any runtime it is dropped, and false returned.
-pub fn spawn_detached<F>(task: F) -> bool
+pub(crate) fn spawn_detached<F>(task: F) -> bool
 where
     F: Future<Output = ()> + Send + 'static,
 {
@@ -56,15 +56,15 @@ where
 }
 
 /// Most serving threads (and so upstream connection sets per upstream).
-pub const MAX_SHARDS: usize = 64;
+pub(crate) const MAX_SHARDS: usize = 64;
 
 /// The serving thread this code runs on: `1..=MAX_SHARDS`, or 0 off them.
-pub fn current() -> usize {
+pub(crate) fn current() -> usize {
     SHARD.with(Cell::get)
 }
 
 /// How many serving threads `configured` asks for: 0 means one per CPU.
-pub fn count(configured: usize) -> usize {
+pub(crate) fn count(configured: usize) -> usize {
     let n = if configured == 0 {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     } else {
@@ -81,7 +81,7 @@ pub fn count(configured: usize) -> usize {
 ///
 /// # Errors
 /// A thread or runtime that cannot be started, or no runtime to call it on.
-pub fn spawn<F, Fut>(
+pub(crate) fn spawn<F, Fut>(
     n: usize,
     serve: F,
 ) -> std::io::Result<impl Future<Output = ()> + Send + 'static>
@@ -123,7 +123,7 @@ where
 
 /// The open connections of each serving thread, and an inbox per thread
 /// for the connections another one accepted and hands over.
-pub struct Spread<T> {
+pub(crate) struct Spread<T> {
     /// Connections placed on each thread (index `shard - 1`) and still open.
     loads: Box<[AtomicUsize]>,
     inboxes: Box<[mpsc::UnboundedSender<T>]>,
@@ -132,7 +132,7 @@ pub struct Spread<T> {
 }
 
 /// A connection counted on a serving thread until it is dropped.
-pub struct Placed<T: Send + 'static> {
+pub(crate) struct Placed<T: Send + 'static> {
     spread: Arc<Spread<T>>,
     /// The thread it is counted on (`1..=n`).
     pub shard: usize,
@@ -140,7 +140,7 @@ pub struct Placed<T: Send + 'static> {
 
 impl<T: Send + 'static> Spread<T> {
     /// A spread over `n` serving threads.
-    pub fn new(n: usize) -> Arc<Self> {
+    pub(crate) fn new(n: usize) -> Arc<Self> {
         let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..n)
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -155,7 +155,7 @@ impl<T: Send + 'static> Spread<T> {
     }
 
     /// The inbox of serving thread `shard`: given once.
-    pub fn inbox(&self, shard: usize) -> Option<mpsc::UnboundedReceiver<T>> {
+    pub(crate) fn inbox(&self, shard: usize) -> Option<mpsc::UnboundedReceiver<T>> {
         let mut receivers = self.receivers.lock().ok()?;
         receivers.get_mut(shard.checked_sub(1)?)?.take()
     }
@@ -164,7 +164,7 @@ impl<T: Send + 'static> Spread<T> {
     /// another thread serves fewer connections (the least busy one then;
     /// ties stay). Counted there until the [`Placed`] is dropped. Off the
     /// serving threads (`here` 0 or out of range) nothing is counted.
-    pub fn place(self: &Arc<Self>, here: usize) -> Option<Placed<T>> {
+    pub(crate) fn place(self: &Arc<Self>, here: usize) -> Option<Placed<T>> {
         let mine = self
             .loads
             .get(here.checked_sub(1)?)?
@@ -194,15 +194,16 @@ impl<T: Send + 'static> Spread<T> {
 
     /// Hands `item` to serving thread `shard`; gives it back if that thread
     /// no longer takes any (it stopped).
-    pub fn hand(&self, shard: usize, item: T) -> Result<(), T> {
+    pub(crate) fn hand(&self, shard: usize, item: T) -> Result<(), T> {
         match shard.checked_sub(1).and_then(|i| self.inboxes.get(i)) {
             Some(tx) => tx.send(item).map_err(|e| e.0),
             None => Err(item),
         }
     }
 
-    /// The connections each thread serves now, in thread order.
-    pub fn loads(&self) -> Vec<usize> {
+    /// The connections each thread serves now, in thread order (tests).
+    #[cfg(test)]
+    pub(crate) fn loads(&self) -> Vec<usize> {
         self.loads
             .iter()
             .map(|l| l.load(Ordering::Relaxed))
@@ -213,7 +214,7 @@ impl<T: Send + 'static> Spread<T> {
 impl<T: Send + 'static> Placed<T> {
     /// The same connection counted on `shard` instead (a hand-over that did
     /// not happen).
-    pub fn recount(self, shard: usize) -> Placed<T> {
+    pub(crate) fn recount(self, shard: usize) -> Placed<T> {
         let spread = Arc::clone(&self.spread);
         drop(self);
         spread.count(shard)

@@ -64,7 +64,7 @@ pub enum TlsError {
 
 /// A certificate resolver whose certificate can be swapped at any time.
 #[derive(Debug)]
-pub struct ReloadingCert {
+pub(crate) struct ReloadingCert {
     current: ArcSwap<CertifiedKey>,
 }
 
@@ -72,7 +72,7 @@ pub struct ReloadingCert {
 
 impl ReloadingCert {
     /// Loads the files once; fails if they are not usable.
-    pub fn load(cfg: &TlsConfig) -> Result<Arc<ReloadingCert>, TlsError> {
+    pub(crate) fn load(cfg: &TlsConfig) -> Result<Arc<ReloadingCert>, TlsError> {
         let key = load_certified_key(&cfg.cert, &cfg.key)?;
         Ok(Arc::new(ReloadingCert {
             current: ArcSwap::from_pointee(key),
@@ -80,13 +80,8 @@ impl ReloadingCert {
     }
 
     /// Replaces the certificate served to new handshakes.
-    pub fn store(&self, key: CertifiedKey) {
+    pub(crate) fn store(&self, key: CertifiedKey) {
         self.current.store(Arc::new(key));
-    }
-
-    /// The certificate served now.
-    pub fn current(&self) -> Arc<CertifiedKey> {
-        self.current.load_full()
     }
 }
 
@@ -97,7 +92,7 @@ impl ResolvesServerCert for ReloadingCert {
 }
 
 /// Builds the rustls server config: TLS 1.2/1.3, ALPN `h2` then `http/1.1`.
-pub fn server_config(resolver: Arc<ReloadingCert>) -> rustls::ServerConfig {
+pub(crate) fn server_config(resolver: Arc<ReloadingCert>) -> rustls::ServerConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder =
         rustls::ServerConfig::builder_with_provider(provider).with_safe_default_protocol_versions();
@@ -140,7 +135,7 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
 
 /// Re-reads the certificate files whenever they change, until the task is
 /// dropped. Runs off the request path.
-pub async fn watch(resolver: Arc<ReloadingCert>, cfg: TlsConfig) {
+pub(crate) async fn watch(resolver: Arc<ReloadingCert>, cfg: TlsConfig) {
     let mut last = stamp(&cfg.cert, &cfg.key);
     let mut tick = tokio::time::interval(cfg.reload_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -174,6 +169,3 @@ fn stamp(cert: &Path, key: &Path) -> (Stamp, Stamp) {
     };
     (one(cert), one(key))
 }
-
-/// Default interval between certificate change checks.
-pub const DEFAULT_RELOAD: Duration = Duration::from_secs(5);

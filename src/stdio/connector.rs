@@ -18,13 +18,13 @@ use super::Bridge;
 
 /// Connects to a bridge.
 #[derive(Clone)]
-pub struct Local {
+pub(crate) struct Local {
     bridge: Arc<Bridge>,
 }
 
 impl Local {
     /// A connector to `bridge`.
-    pub fn new(bridge: Arc<Bridge>) -> Local {
+    pub(crate) fn new(bridge: Arc<Bridge>) -> Local {
         Local { bridge }
     }
 }

@@ -17,7 +17,7 @@ use tokio::net::{TcpStream, UnixListener};
 use crate::telemetry::Metrics;
 
 /// A running egress proxy (stopped when dropped).
-pub struct Egress {
+pub(crate) struct Egress {
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -53,7 +53,7 @@ pub fn parse_pair(pair: &str) -> Option<(String, u16)> {
 
 impl Egress {
     /// Starts the proxy of `upstream` admitting `allow`, on `socket`.
-    pub fn start(
+    pub(crate) fn start(
         upstream: &str,
         allow: &[String],
         socket: &std::path::Path,

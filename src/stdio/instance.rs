@@ -35,7 +35,7 @@ const RESTART_AFTER_CRASHES: crate::backoff::Backoff = crate::backoff::Backoff {
 
 /// What a stream of the bridge carries.
 #[derive(Debug)]
-pub enum Item {
+pub(crate) enum Item {
     /// A message before the answer (a notification or a server request).
     Event(Bytes),
     /// The answer: the stream ends after it.
@@ -83,7 +83,7 @@ struct State {
 }
 
 /// One process slot of a stdio upstream.
-pub struct Instance {
+pub(crate) struct Instance {
     shared: Arc<Shared>,
     /// Its number (logs, its directory).
     pub number: u64,
@@ -126,7 +126,7 @@ impl Instance {
     }
 
     /// How long nothing has used it (zero while calls or streams are open).
-    pub fn idle_for(&self) -> Duration {
+    pub(crate) fn idle_for(&self) -> Duration {
         let mut s = self.state.lock();
         s.listeners.retain(|(_, tx)| !tx.is_closed());
         // Calls nobody waits for any more (the client went, or the request
@@ -139,7 +139,7 @@ impl Instance {
     }
 
     /// A session of a shared process ended.
-    pub fn forget(&self, session: u64) {
+    pub(crate) fn forget(&self, session: u64) {
         let mut s = self.state.lock();
         s.listeners.retain(|(n, _)| *n != session);
         s.pending.retain(|_, p| p.session != session);
@@ -272,7 +272,7 @@ impl Instance {
     }
 
     /// Sends a request; its stream (events, then the answer) comes back.
-    pub async fn call(self: &Arc<Self>, session: u64, msg: Value) -> mpsc::Receiver<Item> {
+    pub(crate) async fn call(self: &Arc<Self>, session: u64, msg: Value) -> mpsc::Receiver<Item> {
         let (tx, rx) = mpsc::channel(64);
         let client_id = msg.get("id").cloned().unwrap_or(Value::Null);
         let is_init = msg.get("method").and_then(Value::as_str) == Some("initialize");
@@ -325,7 +325,11 @@ impl Instance {
     }
 
     /// Sends a notification or an answer of the client.
-    pub async fn notify(self: &Arc<Self>, session: u64, mut msg: Value) -> Result<(), String> {
+    pub(crate) async fn notify(
+        self: &Arc<Self>,
+        session: u64,
+        mut msg: Value,
+    ) -> Result<(), String> {
         let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
         match method.as_deref() {
             Some("notifications/initialized") => {
@@ -363,7 +367,7 @@ impl Instance {
     }
 
     /// A listening stream of `session`.
-    pub fn listen(&self, session: u64) -> mpsc::Receiver<Item> {
+    pub(crate) fn listen(&self, session: u64) -> mpsc::Receiver<Item> {
         let (tx, rx) = mpsc::channel(64);
         let mut s = self.state.lock();
         s.listeners.retain(|(_, t)| !t.is_closed());
@@ -372,7 +376,7 @@ impl Instance {
     }
 
     /// Stops the process (the MCP close sequence); `why` is logged.
-    pub async fn close(&self, why: &str) {
+    pub(crate) async fn close(&self, why: &str) {
         let process = {
             let mut s = self.state.lock();
             s.closing = true;

@@ -24,7 +24,7 @@ use super::Shared;
 
 /// What a process writes, as the instance reads it.
 #[derive(Debug)]
-pub enum Out {
+pub(crate) enum Out {
     /// One JSON-RPC message (or batch).
     Message(Value),
     /// It ended, and why.
@@ -32,7 +32,7 @@ pub enum Out {
 }
 
 /// A running server process.
-pub struct Process {
+pub(crate) struct Process {
     /// Its pid (and process group).
     pub pid: u32,
     stdin: Mutex<Option<mpsc::Sender<Bytes>>>,
@@ -48,7 +48,7 @@ const GRACE: Duration = Duration::from_secs(2);
 
 /// The `mcp-firewall` binary that runs `sandbox-exec`: this one, or the one
 /// beside it (tests run in another binary of the same build).
-pub fn launcher() -> PathBuf {
+pub(crate) fn launcher() -> PathBuf {
     let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("mcp-firewall"));
     if me.file_name().is_some_and(|n| n == "mcp-firewall") {
         return me;
@@ -71,7 +71,7 @@ impl Process {
     /// Starts the server of `shared` in its instance directory `dir`
     /// (its private home and the mount point of its private root), as
     /// `uid` when the firewall is root.
-    pub fn spawn(
+    pub(crate) fn spawn(
         shared: &Shared,
         dir: &Path,
         egress: Option<PathBuf>,
@@ -190,7 +190,7 @@ impl Process {
     }
 
     /// Writes one message (a line).
-    pub async fn write(&self, line: Bytes) -> Result<(), String> {
+    pub(crate) async fn write(&self, line: Bytes) -> Result<(), String> {
         let tx = self.stdin.lock().clone();
         match tx {
             Some(tx) => tx
@@ -203,7 +203,7 @@ impl Process {
 
     /// The close sequence: stdin closed; `SIGTERM` to the group after a
     /// grace period; `SIGKILL` after another.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.stdin.lock().take();
         let mut exited = self.exited.clone();
         let wait = |mut rx: watch::Receiver<bool>| async move {
@@ -234,7 +234,7 @@ impl Drop for Process {
 /// Makes this process the reaper of its descendants' orphans: what a
 /// server started is reparented here, not to init (which in a container is
 /// often this process anyway), and [`reap_group`] collects it.
-pub fn become_subreaper() {
+pub(crate) fn become_subreaper() {
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::warn!(error = %e, "cannot become the reaper of the stdio servers' orphans; init reaps them");
     }

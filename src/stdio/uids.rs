@@ -22,11 +22,11 @@ static POOL: Mutex<Pool> = Mutex::new(Pool {
 
 /// One leased uid, free again when dropped.
 #[derive(Debug)]
-pub struct Lease(u32);
+pub(crate) struct Lease(u32);
 
 impl Lease {
     /// The uid (and gid).
-    pub fn uid(&self) -> u32 {
+    pub(crate) fn uid(&self) -> u32 {
         self.0
     }
 }
@@ -39,7 +39,7 @@ impl Drop for Lease {
 
 /// A uid of `[first, last]` that no other server and no process of the
 /// host runs as.
-pub fn lease(range: [u32; 2]) -> Result<Lease, String> {
+pub(crate) fn lease(range: [u32; 2]) -> Result<Lease, String> {
     let [first, last] = range;
     let busy = host_uids();
     let mut pool = POOL.lock();

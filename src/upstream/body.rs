@@ -14,9 +14,9 @@ use super::failure::{Cause, UpstreamFailure};
 use super::h2pool::StreamSlot;
 
 /// A client's request body: from the wire, or a message a virtual server
-/// ([`super::vserver`]) passes to one of its members, which then takes the
-/// same path as any client's.
-pub type ClientBody = http_body_util::Either<Incoming, http_body_util::Full<Bytes>>;
+/// ([`crate::proxy::virtual_server`]) passes to one of its members, which
+/// then takes the same path as any client's.
+pub(crate) type ClientBody = http_body_util::Either<Incoming, http_body_util::Full<Bytes>>;
 
 /// An upstream response body. Over HTTP/2 it holds its stream's slot on the
 /// connection until dropped, so the pool counts the stream for as long as
@@ -64,7 +64,7 @@ impl hyper::body::Body for UpstreamIncoming {
 
 /// Reads an upstream body one data chunk at a time. Trailers are ignored
 /// (MCP does not use them); silence longer than `idle` is a failure.
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     inner: UpstreamIncoming,
     idle: Duration,
 }
@@ -73,12 +73,12 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     /// Wraps an upstream response body.
-    pub fn new(inner: UpstreamIncoming, idle: Duration) -> Self {
+    pub(crate) fn new(inner: UpstreamIncoming, idle: Duration) -> Self {
         UpstreamBody { inner, idle }
     }
 
     /// The next data chunk; `Ok(None)` at the end of the body.
-    pub async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamFailure> {
+    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamFailure> {
         loop {
             let frame = match tokio::time::timeout(self.idle, self.inner.frame()).await {
                 Err(_) => return Err(UpstreamFailure::Idle(self.idle.as_millis() as u64)),
@@ -96,7 +96,10 @@ impl UpstreamBody {
 
     /// Reads the whole body if it fits in `limit` bytes. On overflow, returns
     /// what was read so far so the caller can stream the rest.
-    pub async fn collect_bounded(&mut self, limit: usize) -> Result<Collected, UpstreamFailure> {
+    pub(crate) async fn collect_bounded(
+        &mut self,
+        limit: usize,
+    ) -> Result<Collected, UpstreamFailure> {
         let mut first: Option<Bytes> = None;
         let mut buf: Vec<u8> = Vec::new();
         while let Some(chunk) = self.chunk().await? {
@@ -129,7 +132,7 @@ impl UpstreamBody {
 }
 
 /// The result of [`UpstreamBody::collect_bounded`].
-pub enum Collected {
+pub(crate) enum Collected {
     /// The whole body.
     Complete(Bytes),
     /// The first bytes of a body larger than the limit; the rest is unread.

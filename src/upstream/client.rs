@@ -92,7 +92,7 @@ pub enum ClientError {
 /// The headers of a POST the firewall itself sends upstream (its own
 /// listing, previews, answers in the client's place): a JSON-RPC body that
 /// accepts a JSON or SSE answer.
-pub fn own_post_headers() -> HeaderMap {
+pub(crate) fn own_post_headers() -> HeaderMap {
     let mut h = HeaderMap::with_capacity(4);
     h.insert(
         header::CONTENT_TYPE,
@@ -391,7 +391,7 @@ const RELAYED: [&str; 4] = [
 ];
 
 /// Copies the upstream response's headers a client may see.
-pub fn response_headers(upstream: &HeaderMap) -> HeaderMap {
+pub(crate) fn response_headers(upstream: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(4);
     for (name, value) in upstream {
         if RELAYED.contains(&name.as_str()) {

@@ -33,7 +33,7 @@ pub enum UpstreamFailure {
 }
 
 /// An error and its sources on one line (`outer: cause: root cause`).
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut msg = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {

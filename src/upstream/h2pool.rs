@@ -47,7 +47,7 @@ struct Conn {
 }
 
 /// The connections to one upstream.
-pub struct H2Pool {
+pub(crate) struct H2Pool {
     connector: HttpsConnector<HttpConnector>,
     /// Scheme and authority to connect to.
     target: Uri,
@@ -62,7 +62,7 @@ pub struct H2Pool {
 impl H2Pool {
     /// A pool connecting to `target` with `connector`, at most `max_streams`
     /// streams per connection.
-    pub fn new(
+    pub(crate) fn new(
         connector: HttpsConnector<HttpConnector>,
         target: Uri,
         max_streams: usize,
@@ -83,7 +83,7 @@ impl H2Pool {
     /// closing) is sent once more on another connection. Failing to open a
     /// connection is [`UpstreamFailure::Connect`], a stream that breaks is
     /// [`UpstreamFailure::Reset`].
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         req: Request<Full<Bytes>>,
     ) -> Result<(Response<Incoming>, StreamSlot), UpstreamFailure> {

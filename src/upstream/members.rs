@@ -1,7 +1,7 @@
 //! What each member of a virtual server offers in full (every tool, prompt,
 //! resource and resource template, as the firewall itself lists them, not as
 //! any principal is shown them) and the names resolved over those lists
-//! ([`crate::virtual_server::Names`]). A name therefore reaches the same
+//! ([`crate::virtual_names::Names`]). A name therefore reaches the same
 //! member whoever asks: hiding one twin from a principal never sends its
 //! name to the other.
 //!
@@ -20,14 +20,14 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::audit::Auditor;
-use crate::virtual_server::{Collisions, Dropped, Member, Names, VirtualServer};
+use crate::virtual_names::{Collisions, Dropped, Member, Names, VirtualServer};
 
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::own_client::{self, OnBehalf};
 
 /// Least time between two fetches of one member's lists (a `list_changed`
 /// is let through at once).
-pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What kind of name a [`Names`] space holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,7 +60,7 @@ impl Space {
 
 /// One member's full lists.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Lists {
+pub(crate) struct Lists {
     /// Tool names.
     pub tools: Vec<String>,
     /// Prompt names.
@@ -419,7 +419,7 @@ impl Index {
 
 /// The names of `config`'s members' `lists` (a member never listed lists
 /// nothing).
-pub fn resolve(config: &VirtualServer, lists: &[Option<Arc<Lists>>]) -> Resolved {
+pub(crate) fn resolve(config: &VirtualServer, lists: &[Option<Arc<Lists>>]) -> Resolved {
     let empty = Lists::default();
     let of = |i: usize| lists.get(i).and_then(|l| l.as_deref()).unwrap_or(&empty);
     let space = |space: Space, mode: Collisions| {
@@ -463,14 +463,14 @@ pub fn resolve(config: &VirtualServer, lists: &[Option<Arc<Lists>>]) -> Resolved
 
 /// A listed URI as names compare it: normalized, or as it is when it
 /// cannot be (no request can name it then but by the same bytes).
-pub fn normal_uri(uri: &str) -> String {
+pub(crate) fn normal_uri(uri: &str) -> String {
     crate::policy::uri::normalize(uri).unwrap_or_else(|_| uri.to_owned())
 }
 
 /// Why a member's lists could not be fetched.
 #[derive(Debug, thiserror::Error)]
 #[error("{method}: {source}")]
-pub struct FetchError {
+pub(crate) struct FetchError {
     method: &'static str,
     #[source]
     source: own_client::OwnCallError,

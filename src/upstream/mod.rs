@@ -16,11 +16,11 @@
 //! Nothing here decides: what may be sent is decided before it reaches
 //! this module, and what comes back is decided by [`crate::verdict`].
 
-pub mod body;
-pub mod client;
-pub mod failure;
-pub mod h2pool;
-pub mod members;
-pub mod opening;
-pub mod own_client;
-pub mod refill;
+pub(crate) mod body;
+pub(crate) mod client;
+pub(crate) mod failure;
+pub(crate) mod h2pool;
+pub(crate) mod members;
+pub(crate) mod opening;
+pub(crate) mod own_client;
+pub(crate) mod refill;

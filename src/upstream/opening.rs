@@ -37,11 +37,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// How long after a GET arrived a POST of its session waits for it at most.
-pub const GET_BOUND: Duration = Duration::from_millis(500);
+pub(crate) const GET_BOUND: Duration = Duration::from_millis(500);
 
 /// How long a POST waits for the first GET of a session whose
 /// `notifications/initialized` was accepted.
-pub const FIRST_GET_GRACE: Duration = Duration::from_millis(100);
+pub(crate) const FIRST_GET_GRACE: Duration = Duration::from_millis(100);
 
 /// How long after `notifications/initialized` a first GET is expected at all.
 const EXPECT_FOR: Duration = Duration::from_secs(30);

@@ -36,7 +36,7 @@ use crate::http_util::mime_is;
 
 /// Why one of the firewall's own requests to an upstream failed.
 #[derive(Debug, thiserror::Error)]
-pub enum OwnCallError {
+pub(crate) enum OwnCallError {
     /// The request did not get an answer (connect, timeout, status, size).
     #[error(transparent)]
     Upstream(#[from] UpstreamFailure),
@@ -71,7 +71,7 @@ pub enum OwnCallError {
 
 /// Whom one of the firewall's own requests is on record for.
 #[derive(Clone, Copy)]
-pub struct OnBehalf<'a> {
+pub(crate) struct OnBehalf<'a> {
     /// Where the rows go (a disabled auditor records nothing).
     pub auditor: &'a Auditor,
     /// The tenant it is for (empty: the firewall's own business).
@@ -132,7 +132,7 @@ const LOCAL: ConnInfo = ConnInfo {
 };
 
 /// Calls `tool` with `arguments`; returns the tool's result object.
-pub async fn call_tool(
+pub(crate) async fn call_tool(
     up: &UpstreamClient,
     by: OnBehalf<'_>,
     tool: &str,
@@ -147,7 +147,7 @@ const MAX_LIST_PAGES: usize = 20;
 
 /// Every page of the upstream's `tools/list`, as complete JSON-RPC
 /// responses (what [`crate::mcp::rewrite::tools_list`] reads).
-pub async fn list_tools(
+pub(crate) async fn list_tools(
     up: &UpstreamClient,
     by: OnBehalf<'_>,
 ) -> Result<Vec<String>, OwnCallError> {
@@ -156,7 +156,7 @@ pub async fn list_tools(
 
 /// Every page of a paginated list (`tools/list`, `prompts/list`,
 /// `resources/templates/list`), as complete JSON-RPC responses.
-pub async fn list_pages(
+pub(crate) async fn list_pages(
     up: &UpstreamClient,
     by: OnBehalf<'_>,
     method: &'static str,
@@ -437,7 +437,11 @@ fn result_of(answer: Option<Value>) -> Result<Value, OwnCallError> {
 
 /// The preview tool's arguments: the gated call's arguments that the preview
 /// tool's schema knows, plus the policy's fixed `preview_arguments`.
-pub fn arguments(gated: &Value, preview_schema: Option<&Value>, fixed: Option<&Value>) -> Value {
+pub(crate) fn arguments(
+    gated: &Value,
+    preview_schema: Option<&Value>,
+    fixed: Option<&Value>,
+) -> Value {
     let mut out = serde_json::Map::new();
     let known = preview_schema
         .and_then(|s| s.get("properties"))

@@ -28,7 +28,7 @@ use super::client::UpstreamClient;
 use super::own_client;
 
 /// Least time between two refills of one upstream.
-pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// When each upstream was last refilled (by route name).
 pub struct Refills {

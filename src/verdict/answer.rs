@@ -47,7 +47,7 @@ use crate::upstream::failure::UpstreamFailure;
 /// What an answer is decided against: one policy snapshot, the run's
 /// authority, the upstream, the era.
 #[derive(Clone, Copy)]
-pub struct Scope<'a> {
+pub(crate) struct Scope<'a> {
     /// The policy snapshot the request was decided with.
     pub policy: &'a Policy,
     /// The run's authority.
@@ -73,7 +73,7 @@ impl Scope<'_> {
 
 /// The request a response answers, as the exchange sent it.
 #[derive(Clone, Copy)]
-pub struct Answering<'a> {
+pub(crate) struct Answering<'a> {
     /// What its answer needs.
     pub class: &'a Class,
     /// The tool, for a `tools/call`.
@@ -84,7 +84,7 @@ pub struct Answering<'a> {
 
 /// What happens to one upstream message.
 #[derive(Debug, PartialEq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Relayed as it is.
     Relay,
     /// A response to no request this exchange sent: dropped.
@@ -116,7 +116,7 @@ pub enum Verdict {
 
 /// Content for the client's model, screened.
 #[derive(Debug, PartialEq)]
-pub struct Content {
+pub(crate) struct Content {
     /// What screening found.
     pub report: Report,
     /// The actions it was screened with.
@@ -130,7 +130,7 @@ pub struct Content {
 
 /// Where the task ids of a message are.
 #[derive(Debug, PartialEq)]
-pub enum TaskIds {
+pub(crate) enum TaskIds {
     /// `params.taskId` (a task status notification).
     Status,
     /// `params._meta["io.modelcontextprotocol/related-task"].taskId` (a
@@ -144,7 +144,7 @@ pub enum TaskIds {
 
 /// One refused input request of an input-required answer.
 #[derive(Debug, PartialEq)]
-pub struct RefusedInput {
+pub(crate) struct RefusedInput {
     /// Its method.
     pub method: String,
     /// Why the policy refuses it.
@@ -153,7 +153,7 @@ pub struct RefusedInput {
 
 /// A task a `tools/call` created, as the upstream named it.
 #[derive(Debug, PartialEq)]
-pub struct NewTask {
+pub(crate) struct NewTask {
     /// The upstream's own task id.
     pub upstream_id: String,
     /// How long the upstream keeps it, when it says.
@@ -166,7 +166,7 @@ pub struct NewTask {
 /// # Errors
 /// An answer the decision cannot read (an input-required result or task
 /// whose members are not what MCP defines) is an upstream failure.
-pub fn decide(
+pub(crate) fn decide(
     s: Scope<'_>,
     m: &Message,
     raw: &str,
@@ -237,7 +237,7 @@ pub fn decide(
 /// a prompt's or resource's: its description, schema, annotations):
 /// reported; with `block` for a kind found, the item is hidden from the
 /// run.
-pub fn listed_screen(s: Scope<'_>, tool: Option<&str>, definition: &Value) -> Report {
+pub(crate) fn listed_screen(s: Scope<'_>, tool: Option<&str>, definition: &Value) -> Report {
     let screening = s.policy.screening();
     let actions = screening.actions(&s.upstream.name, tool);
     content::screen_value(screening.scanner(), actions, definition)
@@ -248,7 +248,11 @@ pub fn listed_screen(s: Scope<'_>, tool: Option<&str>, definition: &Value) -> Re
 ///
 /// # Errors
 /// Why the request is refused.
-pub fn server_request(s: Scope<'_>, method: &str, params: Option<&str>) -> Result<(), String> {
+pub(crate) fn server_request(
+    s: Scope<'_>,
+    method: &str,
+    params: Option<&str>,
+) -> Result<(), String> {
     if s.stateless {
         return Err("2026-07-28 servers ask through input-required results only".to_owned());
     }
@@ -258,7 +262,7 @@ pub fn server_request(s: Scope<'_>, method: &str, params: Option<&str>) -> Resul
 /// Whether (and with which risk and gate) the run sees a listed tool; the
 /// relay has compared it with its pin (`pinned`) and checked its
 /// `x-mcp-header` annotations (`valid_headers`).
-pub fn tool_visible(
+pub(crate) fn tool_visible(
     s: Scope<'_>,
     name: &str,
     hints: Option<crate::policy::Hints>,
@@ -282,7 +286,7 @@ pub fn tool_visible(
 
 /// Whether the run sees a listed prompt, resource or resource template
 /// (`name` is its name, URI or URI template); `pinned` as for tools.
-pub fn item_visible(s: Scope<'_>, kind: ListKind, name: &str, pinned: bool) -> bool {
+pub(crate) fn item_visible(s: Scope<'_>, kind: ListKind, name: &str, pinned: bool) -> bool {
     let allowed = match kind {
         ListKind::Prompts => s
             .policy
@@ -302,7 +306,11 @@ pub fn item_visible(s: Scope<'_>, kind: ListKind, name: &str, pinned: bool) -> b
 ///
 /// # Errors
 /// Why the answer must not be completed.
-pub fn streamed(s: Scope<'_>, f: &Facts, answering: Option<Answering<'_>>) -> Result<(), String> {
+pub(crate) fn streamed(
+    s: Scope<'_>,
+    f: &Facts,
+    answering: Option<Answering<'_>>,
+) -> Result<(), String> {
     let input_required = f.result_type.as_deref() == Some("input_required");
     // Too large to read the requests' params: an elicitation (whose URL mode
     // needs its target checked) is refused outright.
@@ -494,7 +502,7 @@ fn created_task(result: &str) -> Option<NewTask> {
 }
 
 /// The raw `result` of a response.
-pub fn result_text<'r>(m: &Message, raw: &'r str) -> Option<&'r str> {
+pub(crate) fn result_text<'r>(m: &Message, raw: &'r str) -> Option<&'r str> {
     let r = m.result.as_ref()?;
     raw.get(r.start.checked_sub(m.span.start)?..r.end.checked_sub(m.span.start)?)
 }

@@ -20,7 +20,7 @@ use crate::policy::{Authority, Call, Decision, Gate, Hidden, Identity, Labels, P
 
 /// Why a call is refused before (or instead of) the policy's decision.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// A tool that does not exist for the run (hidden by the policy, or
     /// its definition blocked by screening).
     Unknown(Option<Hidden>),
@@ -34,7 +34,7 @@ pub enum Refused {
 /// What a verdict is made with: one policy snapshot, the run as that
 /// policy sees it, the upstream and the pins in force.
 #[derive(Clone, Copy)]
-pub struct Judge<'a> {
+pub(crate) struct Judge<'a> {
     /// The policy.
     pub policy: &'a Policy,
     /// The run's verified identity.
@@ -50,7 +50,7 @@ pub struct Judge<'a> {
 /// What a call comes to, in the words `test`, `audit replay` and the shadow
 /// policy compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Runs unattended.
     Allow,
     /// Waits for a person.
@@ -67,7 +67,7 @@ pub enum Kind {
 
 /// A verdict with what decided it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// What the call comes to.
     pub kind: Kind,
     /// The tool's risk, when the policy got that far.
@@ -80,7 +80,7 @@ pub struct Verdict {
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 5] = [
+    pub(crate) const ALL: [Kind; 5] = [
         Kind::Allow,
         Kind::Approve,
         Kind::Deny,
@@ -91,17 +91,17 @@ impl Kind {
     /// `allow`, `approve`, `deny`, `hidden` or `invalid`: the words of the
     /// audit row's `decision` column, which `shadow_decision` is read
     /// beside.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         DecisionKind::from(self).as_str()
     }
 
     /// The kind named `s`.
-    pub fn parse(s: &str) -> Option<Kind> {
+    pub(crate) fn parse(s: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 
     /// Whether the call is refused (`deny`, `hidden`, `invalid`).
-    pub fn refused(self) -> bool {
+    pub(crate) fn refused(self) -> bool {
         matches!(self, Kind::Deny | Kind::Hidden | Kind::Invalid)
     }
 }
@@ -132,7 +132,7 @@ impl Judge<'_> {
     ///
     /// # Errors
     /// The answer for a tool the run may not see.
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         tool: &str,
         entry: &ToolEntry,
@@ -233,7 +233,7 @@ impl Judge<'_> {
 
     /// What a call comes to without the run's labels, and without the
     /// words that explain it (the shadow policy's question, asked per call).
-    pub fn kind(
+    pub(crate) fn kind(
         &self,
         tool: &str,
         entry: &ToolEntry,
@@ -252,7 +252,7 @@ impl Judge<'_> {
     /// policy lets through) its arguments ([`check_arguments`]), then, when
     /// the run's `labels` are known, the `[taint]` gate they put on it.
     /// `raw` is the arguments' JSON text as sent, when there is one.
-    pub fn verdict(
+    pub(crate) fn verdict(
         &self,
         tool: &str,
         entry: &ToolEntry,
@@ -323,7 +323,7 @@ impl Judge<'_> {
 ///
 /// # Errors
 /// What is wrong with the arguments.
-pub fn check_arguments(
+pub(crate) fn check_arguments(
     raw: Option<&str>,
     entry: &ToolEntry,
     arguments: &Value,
@@ -340,7 +340,7 @@ pub fn check_arguments(
 }
 
 /// The verdict for a refusal.
-pub fn refusal(r: &Refused) -> Verdict {
+pub(crate) fn refusal(r: &Refused) -> Verdict {
     match r {
         Refused::Unknown(h) => Verdict {
             kind: Kind::Hidden,

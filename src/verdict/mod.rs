@@ -16,11 +16,11 @@
 use crate::auth::Claims;
 use crate::policy::Identity;
 
-pub mod answer;
-pub mod call;
+pub(crate) mod answer;
+pub(crate) mod call;
 
 /// The policy's view of verified claims.
-pub fn identity(claims: &Claims, service_issuer: bool) -> Identity<'_> {
+pub(crate) fn identity(claims: &Claims, service_issuer: bool) -> Identity<'_> {
     Identity {
         subject: &claims.sub,
         tenant: &claims.tenant_id,

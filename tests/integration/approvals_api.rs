@@ -81,7 +81,7 @@ async fn admin_on(
                     async move {
                         let resp = api::handle(a, v, req).await.unwrap_or_else(|| {
                             let mut r =
-                                http::Response::new(mcp_firewall::http_util::full("not found\n"));
+                                http::Response::new(mcp_firewall::internals::full("not found\n"));
                             *r.status_mut() = http::StatusCode::NOT_FOUND;
                             r
                         });

@@ -558,10 +558,10 @@ async fn an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli(b: 
         .to_owned();
     assert_ne!(reloaded, deciding);
     policy_in_force(&fw, &reloaded).await;
-    let before = mcp_firewall::clock::now_ms();
+    let before = mcp_firewall::internals::now_ms();
     let (status, decided) = decide(&fw, &oncall, &id, "approve", "go").await;
     assert_eq!(status, 200, "{decided}");
-    let after = mcp_firewall::clock::now_ms();
+    let after = mcp_firewall::internals::now_ms();
     let approved_ms = decided["decision"]["at_ms"].as_u64().unwrap();
     assert!((before..=after).contains(&approved_ms), "{decided}");
     call.await.unwrap().expect("runs");
@@ -681,7 +681,7 @@ async fn an_approved_pinned_call_stands_on_its_own_in_clickhouse_and_the_cli(b: 
         .lines()
         .find(|l| l.contains(&format!(" {ROLLBACK} ")) && l.contains(" allow "))
         .unwrap_or_else(|| panic!("{table}"));
-    let when = mcp_firewall::clock::fmt_ms(approved_ms);
+    let when = mcp_firewall::internals::fmt_ms(approved_ms);
     for want in [
         "oncall",
         id.as_str(),

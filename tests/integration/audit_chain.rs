@@ -312,7 +312,7 @@ async fn a_chained_load_verifies_and_every_tampering_is_named() {
     // A row that never happened.
     let copy3 = copy(ch, &db);
     let forged = "01890000-0000-7000-8000-00000000f0f0";
-    let now_ms = mcp_firewall::clock::now_ms();
+    let now_ms = mcp_firewall::internals::now_ms();
     ch.query(&format!(
         "INSERT INTO {copy3}.audit_events (event_id, time, time_ms, tenant, method, tool, decision, row_version) \
          VALUES (toUUID('{forged}'), toDateTime({}), {now_ms}, 'acme', 'tools/call', 'delete_everything', 'allow', 1)",
@@ -604,7 +604,7 @@ async fn two_writers_are_verified_independently() {
     assert!(ok, "{report:#}");
     assert_eq!(report["writers"].as_array().unwrap().len(), 1);
     // A day's window: today's chain of both writers.
-    let today = mcp_firewall::clock::fmt_ms(mcp_firewall::clock::now_ms());
+    let today = mcp_firewall::internals::fmt_ms(mcp_firewall::internals::now_ms());
     let day = &today[..10];
     let (ok, report) = verify(&cfg, &["--from", day, "--to", day, "--writer", "fw-2"]);
     assert!(!ok);

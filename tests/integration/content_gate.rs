@@ -281,7 +281,7 @@ fn decoded(answer: &str) -> String {
             .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
             .for_each(|v| strings(&v, &mut out)),
     }
-    match mcp_firewall::screen::normalize::fold(&out) {
+    match mcp_firewall::internals::fold(&out) {
         Some(f) => f.text,
         None => out,
     }

@@ -578,7 +578,7 @@ fn the_shell_reader_splits_as_a_shell_would() {
 
 #[test]
 fn the_screening_table_is_the_gates() {
-    use mcp_firewall::proxy::outbound::gate::{Treated, FIELDS};
+    use mcp_firewall::internals::{Treated, GATED_FIELDS as FIELDS};
     let text = std::fs::read_to_string(root().join("docs/security.md")).unwrap();
     let at = text
         .find("### The screening table")

@@ -132,7 +132,7 @@ async fn https_upstream_with_a_custom_ca() {
     std::fs::write(dir.path().join("key.pem"), &key).unwrap();
 
     // A TLS upstream.
-    let certified = mcp_firewall::server::tls::load_certified_key(
+    let certified = mcp_firewall::internals::load_certified_key(
         &dir.path().join("cert.pem"),
         &dir.path().join("key.pem"),
     )

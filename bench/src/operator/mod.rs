@@ -131,7 +131,7 @@ pub struct LoadArgs {
     /// How long to wait for audit rows still shipping.
     #[arg(long, default_value = "30s")]
     pub audit_wait: String,
-    /// Where the reports go (default: load-results/<time>).
+    /// Where the reports go (default: `load-results/<time>`).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print the plan and exit without sending anything.
@@ -312,7 +312,7 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Option<Outcome>> {
         .flat_map(|t| summaries.iter().map(|s| t.judge(s)))
         .collect();
     let report = Report {
-        started: mcp_firewall::clock::fmt_ms(now_ms()),
+        started: mcp_firewall::internals::fmt_ms(now_ms()),
         plan: described,
         identities: who,
         targets: summaries,

@@ -41,7 +41,7 @@ pub(crate) struct Batch {
 
 impl Batch {
     /// Empties the batch, keeping the body's capacity.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.body.clear();
         self.rows = 0;
         self.row_starts.clear();
@@ -93,14 +93,14 @@ impl SpoolReader {
     }
 
     /// The spool this reader belongs to.
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
     /// Moves committed records into `batch` until it holds `max_rows` rows or
     /// `max_bytes` bytes, or nothing more is committed. Blocking file I/O: call it
     /// from a blocking-capable thread.
-    pub fn fill(
+    pub(crate) fn fill(
         &mut self,
         batch: &mut Batch,
         max_rows: usize,

@@ -17,7 +17,7 @@ use crate::proxy::decision::Granted;
 /// its answer, a notification or response the upstream must accept, or the
 /// GET stream / DELETE itself.
 #[derive(Debug)]
-pub struct Due {
+pub(crate) struct Due {
     /// The request id (`None`: nothing to answer).
     pub id: Option<Id>,
     /// Its method (`GET` / `DELETE` for transport rows).
@@ -42,7 +42,7 @@ pub struct Due {
 impl Due {
     /// A forwarded message: a request (with an id) waiting for its answer,
     /// or a notification or response.
-    pub fn message(
+    pub(crate) fn message(
         msg: &Message,
         class: Class,
         reservation: Option<Reservation>,
@@ -65,7 +65,7 @@ impl Due {
     }
 
     /// The GET stream or DELETE itself.
-    pub fn transport(method: &Method, row: Option<AuditRow>) -> Due {
+    pub(crate) fn transport(method: &Method, row: Option<AuditRow>) -> Due {
         Due {
             id: None,
             method: method.as_str().to_owned(),
@@ -80,7 +80,7 @@ impl Due {
     }
 
     /// A request still due on a resumed stream, from its sealed event id.
-    pub fn resumed(id: Id, method: String) -> Due {
+    pub(crate) fn resumed(id: Id, method: String) -> Due {
         Due {
             id: Some(id),
             class: crate::mcp::methods::class_of(&method),

@@ -7,7 +7,7 @@
 //! every string decoded and folded, member names with their values,
 //! consecutive parts and events read across their boundaries) and gives
 //! the run the labels of its source before any byte of it leaves. What the
-//! gate cannot hold whole is not relayed ([`holds_whole`]).
+//! gate cannot hold whole is not relayed ([`may_stream`]).
 //!
 //! Where each model-visible field is, and how it is treated, is
 //! [`FIELDS`]: the screening table of `docs/security.md` is this one (a
@@ -147,7 +147,7 @@ pub const FIELDS: &[Field] = &[
 /// Where the content a message carries comes from: the labels it gives
 /// the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source<'a> {
+pub(crate) enum Source<'a> {
     /// A tool's output (its labels and its upstream's).
     Tool(&'a str),
     /// The upstream's (its labels).
@@ -158,7 +158,7 @@ pub enum Source<'a> {
 
 impl<'a> Source<'a> {
     /// The labels content from this source gives the run.
-    pub fn labels(self, s: Scope<'_>) -> Labels {
+    pub(crate) fn labels(self, s: Scope<'_>) -> Labels {
         match self {
             Source::Tool(tool) => s.policy.traits(s.upstream.facts(), tool).labels,
             Source::Upstream => s.policy.content_labels(s.upstream.facts()),
@@ -167,7 +167,7 @@ impl<'a> Source<'a> {
     }
 
     /// The tool, for the actions of its `[[screen.rule]]`.
-    pub fn tool(self) -> Option<&'a str> {
+    pub(crate) fn tool(self) -> Option<&'a str> {
         match self {
             Source::Tool(t) => Some(t),
             _ => None,
@@ -177,7 +177,7 @@ impl<'a> Source<'a> {
 
 /// The source of one upstream message: what it answers (`answering`, with
 /// the tool of a task's call as its tool) and what it is.
-pub fn source_of<'a>(
+pub(crate) fn source_of<'a>(
     m: &Message,
     result: Option<&str>,
     answering: Option<Answering<'a>>,
@@ -233,7 +233,7 @@ fn has_instructions(result: &str) -> bool {
 ///
 /// # Errors
 /// Text that is not JSON (the strict reader accepted it: never).
-pub fn screen(
+pub(crate) fn screen(
     s: Scope<'_>,
     source: Source<'_>,
     text: &str,
@@ -252,7 +252,7 @@ pub fn screen(
 }
 
 /// Screens a body that is not JSON (a 4xx text body) from `source`.
-pub fn screen_text(s: Scope<'_>, source: Source<'_>, text: &str) -> Option<Content> {
+pub(crate) fn screen_text(s: Scope<'_>, source: Source<'_>, text: &str) -> Option<Content> {
     let screening = s.policy.screening();
     let actions = screening.actions(&s.upstream.name, source.tool());
     let found = content::screen_text(screening.scanner(), actions, text);
@@ -285,7 +285,7 @@ fn content_of(
 /// stream past the gate: only when screening looks for nothing on this
 /// upstream and its content gives the run no labels. Anything else is
 /// refused, never relayed unscreened.
-pub fn may_stream(s: Scope<'_>, tools: &[Option<&str>]) -> bool {
+pub(crate) fn may_stream(s: Scope<'_>, tools: &[Option<&str>]) -> bool {
     let screening = s.policy.screening();
     if !s.policy.content_labels(s.upstream.facts()).is_empty() {
         return false;
@@ -298,20 +298,15 @@ pub fn may_stream(s: Scope<'_>, tools: &[Option<&str>]) -> bool {
         })
 }
 
-/// Whether a verdict withholds the message.
-pub fn blocks(c: &Content) -> bool {
-    c.report.action == Action::Block
-}
-
 // === the gate carried out on the relay ===
 
 impl Exchange {
-    /// The gate ([`gate`]): one upstream message about to leave, screened
-    /// whole as it would leave (after the verdict's rewrites), the run
-    /// given the labels of its source before any byte of it leaves, and
-    /// screening's verdict carried out (flagged: relayed; redacted;
-    /// blocked: a response withheld, a server request refused upstream, a
-    /// notification dropped).
+    /// The gate ([`gate`](mod@crate::proxy::outbound::gate)): one upstream
+    /// message about to leave, screened whole as it would leave (after the
+    /// verdict's rewrites), the run given the labels of its source before
+    /// any byte of it leaves, and screening's verdict carried out (flagged:
+    /// relayed; redacted; blocked: a response withheld, a server request
+    /// refused upstream, a notification dropped).
     pub(super) fn gate(
         &mut self,
         m: &Message,

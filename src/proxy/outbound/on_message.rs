@@ -7,9 +7,10 @@
 use super::*;
 
 impl Exchange {
-    /// Carries out the answer-side decision ([`decide`]) on one
-    /// upstream message; `raw` is its text. What is to leave then passes
-    /// the gate ([`Exchange::gate`]) before its row is completed.
+    /// Carries out the answer-side decision
+    /// ([`decide`](crate::verdict::answer::decide)) on one upstream message;
+    /// `raw` is its text. What is to leave then passes the gate
+    /// ([`Exchange::gate`]) before its row is completed.
     pub(super) fn on_message(
         &mut self,
         m: &Message,

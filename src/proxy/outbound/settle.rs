@@ -28,7 +28,7 @@ impl Exchange {
     /// future of every request, which holds the largest of its awaits, a few
     /// KB larger (allocated and copied per request, and resident for every
     /// one in flight).
-    pub fn fail(mut self, failure: UpstreamFailure) -> BoxFuture<'static, ProxyError> {
+    pub(crate) fn fail(mut self, failure: UpstreamFailure) -> BoxFuture<'static, ProxyError> {
         Box::pin(async move {
             let ids: Vec<Id> = self.due.iter().filter_map(|d| d.id.clone()).collect();
             let rows = self.end_all(

@@ -32,7 +32,7 @@ use crate::policy::{Gate, Labels, Risk, TaintRule};
 impl Admission {
     /// What the call becomes: forwarded with its reservation, held for a
     /// person, or answered here.
-    pub async fn admit(self, run: &RunContext) -> Verdict {
+    pub(crate) async fn admit(self, run: &RunContext) -> Verdict {
         let Admission {
             tool,
             risk,
@@ -110,7 +110,12 @@ impl Admission {
 ///
 /// # Errors
 /// The outcome the client gets instead of the call.
-pub async fn recheck(run: &RunContext, tool: &str, risk: Risk, r: Recheck) -> Result<(), Outcome> {
+pub(crate) async fn recheck(
+    run: &RunContext,
+    tool: &str,
+    risk: Risk,
+    r: Recheck,
+) -> Result<(), Outcome> {
     let check = TaintCheck {
         egress: r.egress,
         arguments: None,
@@ -197,7 +202,7 @@ async fn taint_gate(
 }
 
 /// Reserves the budget of a call that is allowed to run.
-pub async fn admit_budget(
+pub(crate) async fn admit_budget(
     run: &RunContext,
     tool: &str,
     risk: crate::policy::Risk,

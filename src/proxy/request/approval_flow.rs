@@ -59,7 +59,7 @@ impl RunContext {
     /// Consumes a granted approval for this exact call, or files one:
     /// `Ok(Ok(granted))` runs the call, `Ok(Err(gated))` waits for a person,
     /// `Err(why)` means no approval can be had.
-    pub async fn gate(
+    pub(crate) async fn gate(
         &self,
         tool: &str,
         arguments: &Value,
@@ -105,7 +105,7 @@ impl RunContext {
 
     /// Seals `granted` and the upstream's own `requestState` into the
     /// `requestState` the client gets.
-    pub fn seal_granted(&self, granted: &Granted, upstream_state: Option<String>) -> String {
+    pub(crate) fn seal_granted(&self, granted: &Granted, upstream_state: Option<String>) -> String {
         let payload = StatePayload {
             v: 2,
             a: granted.approval.as_str().to_owned(),
@@ -125,7 +125,7 @@ impl RunContext {
     /// The approval a retry's sealed `requestState` binds it to, and the
     /// upstream's own state, if the state was sealed for this principal,
     /// run, tool and arguments and has not lapsed.
-    pub fn open_granted(
+    pub(crate) fn open_granted(
         &self,
         state: &str,
         tool: &str,
@@ -172,7 +172,7 @@ impl RunContext {
 impl RunContext {
     /// Spends the round a retry's sealed `requestState` releases, before
     /// the retry runs: a replayed state finds it spent and is refused.
-    pub async fn spend_round(&self, granted: &Granted) -> Result<(), String> {
+    pub(crate) async fn spend_round(&self, granted: &Granted) -> Result<(), String> {
         let Some(approvals) = &self.approvals else {
             return Err("approvals are not configured on this firewall".to_owned());
         };
@@ -185,7 +185,7 @@ impl RunContext {
 
 /// Connects approvals to the rest of the firewall: every transition becomes
 /// an audit row, and approvers see the policy's preview of a gated call.
-pub fn wire(state: &Arc<State>, approvals: &Arc<Approvals>) {
+pub(crate) fn wire(state: &Arc<State>, approvals: &Arc<Approvals>) {
     let auditor = state.auditor.clone();
     approvals.on_transition(Box::new(move |t: &Transition| {
         let row = transition_row(t);
@@ -268,7 +268,7 @@ async fn preview(state: &State, approval: &Approval, by: &str) -> Result<Value, 
 
 /// Connects pins to the rest of the firewall: every drift becomes an
 /// audit row (with both definitions) and a webhook notification.
-pub fn wire_pins(state: &Arc<State>, pins: &Arc<crate::pins::PinStore>) {
+pub(crate) fn wire_pins(state: &Arc<State>, pins: &Arc<crate::pins::PinStore>) {
     let auditor = state.auditor.clone();
     let approvals = state.approvals.clone();
     pins.on_drift(Box::new(move |p: &crate::pins::Proposal| {

@@ -39,12 +39,12 @@ use crate::verdict::identity;
 
 impl RunContext {
     /// The policy's view of the token.
-    pub fn identity(&self) -> Identity<'_> {
+    pub(crate) fn identity(&self) -> Identity<'_> {
         identity(&self.claims, self.service_issuer)
     }
 
     /// Who the run's sessions, event ids and request states belong to.
-    pub fn principal(&self) -> Principal<'_> {
+    pub(crate) fn principal(&self) -> Principal<'_> {
         Principal {
             issuer: &self.claims.iss,
             tenant: &self.claims.tenant_id,
@@ -56,12 +56,15 @@ impl RunContext {
 
     /// What a remembered view of a list depends on besides the upstream's
     /// bytes and the authority: the policy and the pins in force.
-    pub fn view_generation(&self) -> u64 {
+    pub(crate) fn view_generation(&self) -> u64 {
         self.policy.generation() ^ self.pins.generation().rotate_left(32)
     }
 
     /// What a `tools/call` of this run is judged with ([`crate::verdict::call`]).
-    pub fn judge<'a>(&'a self, identity: &'a Identity<'a>) -> crate::verdict::call::Judge<'a> {
+    pub(crate) fn judge<'a>(
+        &'a self,
+        identity: &'a Identity<'a>,
+    ) -> crate::verdict::call::Judge<'a> {
         crate::verdict::call::Judge {
             policy: &self.policy,
             identity,
@@ -75,7 +78,7 @@ impl RunContext {
     /// one ruled `ruling` on, when the two differ: counted
     /// (`shadow_differences`) and returned for the audit row's
     /// `shadow_decision`. The live answer is not touched.
-    pub fn shadow(&self, msg: &Message, ruling: &Ruling) -> Option<&'static str> {
+    pub(crate) fn shadow(&self, msg: &Message, ruling: &Ruling) -> Option<&'static str> {
         use crate::verdict::call::Kind;
         let shadow = self.shadow.as_deref()?;
         let call = msg.call.as_ref()?;
@@ -126,7 +129,7 @@ impl RunContext {
     }
 
     /// Decides one message.
-    pub fn decide(&self, msg: &Message, around: &Around<'_>) -> Ruling {
+    pub(crate) fn decide(&self, msg: &Message, around: &Around<'_>) -> Ruling {
         let name = match (msg.kind, msg.method.as_deref()) {
             // Answers to server-to-client requests (session revisions only:
             // 2026-07-28 bodies with responses are refused before this).
@@ -468,7 +471,7 @@ impl RunContext {
     }
 
     /// The budget a `tools/call` of `tool` asks for.
-    pub fn call_budget<'a>(&'a self, tool: &'a str) -> CallBudget<'a> {
+    pub(crate) fn call_budget<'a>(&'a self, tool: &'a str) -> CallBudget<'a> {
         let role = self.policy.agent(&self.authority.agent);
         CallBudget {
             tenant: &self.claims.tenant_id,
@@ -489,7 +492,7 @@ impl RunContext {
     }
 
     /// The call key of a gated call of this run.
-    pub fn call_key(&self, tool: &str, args_sha256: [u8; 32]) -> CallKey {
+    pub(crate) fn call_key(&self, tool: &str, args_sha256: [u8; 32]) -> CallKey {
         CallKey {
             tenant: self.claims.tenant_id.to_string(),
             run_id: self.claims.run_id.clone(),

@@ -51,7 +51,7 @@ use crate::upstream::client::Forward;
 use crate::upstream::failure::UpstreamFailure;
 
 /// A call held for approval, with what forwarding it needs later.
-pub struct Held {
+pub(crate) struct Held {
     /// The gate it waits at.
     pub gated: Gated,
     /// The request's JSON-RPC id.
@@ -79,7 +79,7 @@ pub struct Held {
 }
 
 /// The SSE response that holds the call.
-pub fn respond(run: Arc<RunContext>, holds: Arc<Holds>, held: Held) -> Response<Body> {
+pub(crate) fn respond(run: Arc<RunContext>, holds: Arc<Holds>, held: Held) -> Response<Body> {
     let cancel = Arc::new(Notify::new());
     let key = HoldKey::new(&run.principal(), held.session.as_deref(), &held.id);
     // Not registered if its client cancelled it already: `cancel` is then

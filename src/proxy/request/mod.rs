@@ -7,8 +7,8 @@
 //! is [`crate::proxy::decision`]; what they write on record is
 //! [`crate::proxy::record`]; the answer side is [`crate::proxy::outbound`].
 
-pub mod admit;
-pub mod approval_flow;
-pub mod decide;
-pub mod hold;
-pub mod stage;
+pub(crate) mod admit;
+pub(crate) mod approval_flow;
+pub(crate) mod decide;
+pub(crate) mod hold;
+pub(crate) mod stage;

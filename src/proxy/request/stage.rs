@@ -33,7 +33,7 @@ use super::hold::Held;
 use crate::http_util::{self, Body};
 
 /// A POST body read once, parsed strictly, and checked as a whole.
-pub struct Parsed {
+pub(crate) struct Parsed {
     /// The request head.
     pub head: Parts,
     /// The body.
@@ -43,7 +43,7 @@ pub struct Parsed {
 }
 
 /// A ruling for every message of a [`Parsed`] body.
-pub struct Decided {
+pub(crate) struct Decided {
     parsed: Parsed,
     rulings: Vec<Ruling>,
     /// Per message, what the shadow policy would decide where it differs.
@@ -51,14 +51,14 @@ pub struct Decided {
 }
 
 /// A final verdict for every message of a [`Parsed`] body.
-pub struct Admitted {
+pub(crate) struct Admitted {
     parsed: Parsed,
     verdicts: Vec<Verdict>,
     shadows: Vec<Option<&'static str>>,
 }
 
 /// What follows once every decision is on record.
-pub enum Next {
+pub(crate) enum Next {
     /// The firewall answers everything itself.
     Answer(Response<Body>),
     /// A single gated call waits for a person.
@@ -68,7 +68,7 @@ pub enum Next {
 }
 
 /// What goes upstream, and what waits for its answer.
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     /// The request head (headers are cleaned when forwarded).
     pub head: Parts,
     /// The body to send: the client's bytes, or the allowed part of a batch.
@@ -91,7 +91,7 @@ impl Parsed {
     /// size limit, strict JSON-RPC ([`jsonrpc::parse`]), the revision's rules
     /// for the whole body, and the mirrored headers that need no catalog.
     /// Sets the run's protocol revision from what the request says.
-    pub async fn read(
+    pub(crate) async fn read(
         state: &State,
         run: &mut RunContext,
         req: Request<crate::upstream::body::ClientBody>,
@@ -118,7 +118,7 @@ impl Parsed {
     }
 
     /// Whether a `tools/call` names a tool the catalog has not seen.
-    pub fn calls_unseen_tools(&self, run: &RunContext) -> bool {
+    pub(crate) fn calls_unseen_tools(&self, run: &RunContext) -> bool {
         let up = &run.upstream.config.name;
         self.env.messages.iter().any(|m| {
             m.call
@@ -241,7 +241,7 @@ impl Decided {
     /// Decides each message on its own ([`RunContext::decide`]). Mirrored
     /// tool parameters that disagree with the arguments refuse the request
     /// (HTTP 400), as the transport spec requires.
-    pub fn decide(
+    pub(crate) fn decide(
         parsed: Parsed,
         run: &RunContext,
         session: Option<&[u8]>,
@@ -277,7 +277,7 @@ impl Decided {
 
     /// Admits the calls the policy let through ([`super::admit`]): their
     /// approval gates, then their budgets, in message order.
-    pub async fn admit(self, run: &RunContext) -> Admitted {
+    pub(crate) async fn admit(self, run: &RunContext) -> Admitted {
         let Decided {
             parsed,
             rulings,
@@ -305,7 +305,7 @@ impl Admitted {
     /// before they leave, the intent of every forwarded message before it
     /// is sent (a fail-closed risk the spool refuses is not sent:
     /// `-31005`). Then says what follows.
-    pub async fn record(
+    pub(crate) async fn record(
         self,
         state: &State,
         run: &Arc<RunContext>,

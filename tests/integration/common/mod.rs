@@ -125,7 +125,7 @@ pub fn token() -> String {
 
 /// Starts a firewall from config text; relative paths resolve against `base`.
 pub async fn firewall_in(text: &str, base: &Path) -> Firewall {
-    mcp_firewall::telemetry::init_logging(config::LogFormat::Text, "warn");
+    mcp_firewall::internals::init_logging(config::LogFormat::Text, "warn");
     let cfg = config::load_str(text, Path::new("test.toml"), base, &|k| {
         std::env::var(k).ok()
     })

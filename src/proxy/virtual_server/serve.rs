@@ -1,80 +1,29 @@
-//! A virtual server (`[[virtual_server]]`, `/mcp/<name>`): several member
-//! upstreams behind one endpoint. Each client message goes to the member
-//! that owns its name, URI or id, **on that member's own request path**
-//! (steps 4 on of [`super`]: authority, session, strict parse, decision,
-//! gates, budgets, record, relay, screening): a virtual-server tool is
-//! decided exactly as the member's tool is, rows name the member upstream
-//! and the member's own tool name, plus the virtual server (`via`).
-//!
-//! What is this module's own:
-//! - **Names** ([`index`]): resolved over the members' full lists, before
-//!   any principal's filtering; a name no member exposes (unknown, or left
-//!   out by the collision rule) reaches nothing.
-//! - **Sessions**: one client session (a sealed `Mcp-Session-Id` bound to
-//!   the principal and run) holds one session per member, opened by
-//!   `initialize` for every member in parallel (within `list_timeout_ms`),
-//!   and lazily for a member that was down; a member that cannot be opened
-//!   is left out, not fatal. 2026-07-28 requests have no sessions.
-//! - **Lists**: the four lists (and `tasks/list`) asked of every member in
-//!   parallel, each within the deadline; a late member's items are missing
-//!   from that page and asked again on the next (one sealed cursor holds
-//!   every member's place).
-//! - **Ids** ([`rewrite`]): a member's requests to the client, its task ids
-//!   and the client's progress tokens are sealed per member; an answer, a
-//!   task call or a progress report reaches only the member it is for.
-//! - **Streams**: a member's event stream (an answer's, the GET stream) is
-//!   relayed event by event with those rewrites; the GET stream is the
-//!   members' streams merged. `list_changed` of a member is the virtual
-//!   server's (and re-lists the member's names).
-//!
-//! Where each is: this file has the virtual server and one request's flow
-//! (`serve`, then a POST's message read and sent on by its kind and
-//! method); `route.rs` finds the member a request names; `member.rs`
-//! sends one message to one member's path (its session opened when
-//! needed) and relays the answer; `session.rs` keeps the client sessions;
-//! `handshake.rs` answers `initialize` and `server/discover`; `fan_out.rs`
-//! asks every member at once; `lists.rs` merges lists; `streams.rs`
-//! relays and merges event streams; `reply.rs` writes the virtual
-//! server's own answers; `merge.rs` and `rewrite.rs` read members' answers
-//! and rewrite ids.
+//! One virtual server's exchange: a request routed to its members, fanned out
+//! where it must be, and the answers merged into one.
 
-pub mod merge;
-pub mod rewrite;
-
-mod fan_out;
-mod handshake;
-mod lists;
-mod member;
-mod reply;
-mod route;
-mod session;
-mod streams;
-
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
-
+use super::super::error::ProxyError;
+use super::super::State;
+use super::reply::answer;
+use super::rewrite::Seal;
+use super::session::{open_session, VSession};
+use super::*;
+use crate::auth::Claims;
+use crate::http_util::{mime_is, Body};
+use crate::mcp::jsonrpc::{self, Id, Kind};
+use crate::mcp::version::ProtocolVersion;
+use crate::server::listener::ConnInfo;
+use crate::upstream::body::ClientBody;
+use crate::upstream::members::Index;
+use crate::virtual_names::VirtualServer;
 use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::HeaderMap;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-
-use crate::auth::Claims;
-use crate::http_util::{mime_is, Body};
-use crate::mcp::jsonrpc::{self, Id, Kind};
-use crate::mcp::version::ProtocolVersion;
-use crate::server::listener::ConnInfo;
-use crate::virtual_server::VirtualServer;
-
-use super::error::ProxyError;
-use super::State;
-use crate::upstream::body::ClientBody;
-use crate::upstream::members::Index;
-use reply::answer;
-use rewrite::Seal;
-use session::{open_session, VSession};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// A virtual server: its config, its names, its client sessions.
 pub struct Virtual {
@@ -84,11 +33,11 @@ pub struct Virtual {
     pub index: Index,
     /// The members' upstream clients, in member order (what the firewall
     /// lists them with).
-    clients: Vec<Arc<crate::upstream::client::UpstreamClient>>,
-    sessions: DashMap<[u8; 16], Arc<VSession>>,
+    pub(super) clients: Vec<Arc<crate::upstream::client::UpstreamClient>>,
+    pub(super) sessions: DashMap<[u8; 16], Arc<VSession>>,
     /// Sessions the client ended here (DELETE): 404 from then on.
-    ended: DashMap<[u8; 16], ()>,
-    via: Arc<str>,
+    pub(super) ended: DashMap<[u8; 16], ()>,
+    pub(super) via: Arc<str>,
 }
 
 impl Virtual {
@@ -130,7 +79,7 @@ impl Virtual {
 }
 
 /// One client request on a virtual server, after authentication.
-pub(super) async fn serve(
+pub(in crate::proxy) async fn serve(
     state: &State,
     conn: ConnInfo,
     claims: Arc<Claims>,
@@ -139,12 +88,12 @@ pub(super) async fn serve(
 ) -> Result<Response<Body>, ProxyError> {
     // Authority: the members this run may reach. None looks like an
     // unknown path, as for a plain upstream.
-    let reach = super::reaches(state, &claims, &vs.config.members);
+    let reach = super::super::reaches(state, &claims, &vs.config.members);
     if !reach.iter().any(|r| *r) {
         return Err(ProxyError::UnknownUpstream(vs.config.name.clone()));
     }
     let seal = Seal::new(state.sessions.clone(), claims.clone(), vs.via.clone());
-    let version = super::header_version(req.headers());
+    let version = super::super::header_version(req.headers());
     let session = if version.is_stateless() {
         None
     } else {
@@ -171,22 +120,22 @@ pub(super) async fn serve(
 }
 
 /// What one client request on a virtual server works with.
-struct Cx<'a> {
-    state: &'a State,
-    conn: ConnInfo,
-    claims: Arc<Claims>,
-    vs: &'a Arc<Virtual>,
-    seal: Seal,
-    reach: Vec<bool>,
-    session: Option<Arc<VSession>>,
+pub(super) struct Cx<'a> {
+    pub(super) state: &'a State,
+    pub(super) conn: ConnInfo,
+    pub(super) claims: Arc<Claims>,
+    pub(super) vs: &'a Arc<Virtual>,
+    pub(super) seal: Seal,
+    pub(super) reach: Vec<bool>,
+    pub(super) session: Option<Arc<VSession>>,
 }
 
 impl Cx<'_> {
-    fn deadline(&self) -> Duration {
+    pub(super) fn deadline(&self) -> Duration {
         self.vs.config.list_timeout
     }
 
-    fn member_name(&self, m: usize) -> &str {
+    pub(super) fn member_name(&self, m: usize) -> &str {
         self.vs.config.members.get(m).map_or("", String::as_str)
     }
 
@@ -220,14 +169,15 @@ impl Cx<'_> {
         let Some(m) = self.reach.iter().position(|r| *r) else {
             return;
         };
-        let Ok(mut run) = super::authorize(self.state, self.claims.clone(), self.member_name(m))
+        let Ok(mut run) =
+            super::super::authorize(self.state, self.claims.clone(), self.member_name(m))
         else {
             return;
         };
-        run.version = super::header_version(headers);
+        run.version = super::super::header_version(headers);
         run.via = Some(self.vs.via.clone());
         let reason = format!("virtual server {}: {reason}", self.vs.config.name);
-        super::record_refusal(
+        super::super::record_refusal(
             self.state,
             &run,
             self.conn,
@@ -253,7 +203,7 @@ impl Cx<'_> {
         // The same strict reader as every request path; the member's path
         // reads the rewritten message again.
         let env = jsonrpc::parse(&bytes, &self.state.limits)
-            .map_err(|e| super::request::stage::parse_error(e, &head.headers))?;
+            .map_err(|e| super::super::request::stage::parse_error(e, &head.headers))?;
         let [msg] = env.messages.as_slice() else {
             return Err(one_message_only());
         };
@@ -369,7 +319,7 @@ impl Cx<'_> {
                 // A resource nobody (or more than one member)
                 // lists: named in `data.uri`, as servers do.
                 let data = v.pointer("/params/uri").map(|u| json!({"uri": u}));
-                return Ok(super::error::rpc(
+                return Ok(super::super::error::rpc(
                     StatusCode::OK,
                     id.as_ref(),
                     -32602,
@@ -383,7 +333,7 @@ impl Cx<'_> {
 }
 
 /// The refusal of a batch, or of a body that is not one message.
-fn one_message_only() -> ProxyError {
+pub(super) fn one_message_only() -> ProxyError {
     ProxyError::InvalidRequest {
         message: "a virtual server takes one JSON-RPC message per request (no batches)".to_owned(),
     }

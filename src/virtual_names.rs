@@ -2,7 +2,7 @@
 //! names it exposes: several member upstreams behind one endpoint, each
 //! member's tools (or prompts, or resource templates, or resource URIs)
 //! under one name space, and the member every exposed name reaches. It is
-//! served by [`crate::proxy::vserver`].
+//! served by [`crate::proxy::virtual_server`].
 //!
 //! Invariants:
 //! - Names are resolved over the members' **full** lists, before any
@@ -82,7 +82,7 @@ fn prefixed(upstream: &str, separator: &str, name: &str) -> String {
 }
 
 /// Most members of one virtual server.
-pub const MAX_MEMBERS: usize = 32;
+pub(crate) const MAX_MEMBERS: usize = 32;
 
 impl RawVirtualServer {
     /// Validates against the configured upstream names; the error names the

@@ -571,7 +571,7 @@ async fn spool_files_are_private_to_the_owner() {
 
 // --- disk faults ----------------------------------------------------------
 
-use super::super::fault::{self, Plan};
+use super::super::super::fault::{self, Plan};
 
 const FULL: Plan = Plan {
     no_space: true,

@@ -17,7 +17,7 @@ const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
 /// Seals and opens per-member values for one principal on one virtual
 /// server.
-pub struct Seal {
+pub(crate) struct Seal {
     sessions: Arc<Sessions>,
     claims: Arc<Claims>,
     server: Arc<str>,
@@ -25,7 +25,7 @@ pub struct Seal {
 
 impl Seal {
     /// For `claims` on the virtual server `server`.
-    pub fn new(sessions: Arc<Sessions>, claims: Arc<Claims>, server: Arc<str>) -> Seal {
+    pub(crate) fn new(sessions: Arc<Sessions>, claims: Arc<Claims>, server: Arc<str>) -> Seal {
         Seal {
             sessions,
             claims,
@@ -34,7 +34,7 @@ impl Seal {
     }
 
     /// The principal the values are bound to.
-    pub fn who(&self) -> Principal<'_> {
+    pub(crate) fn who(&self) -> Principal<'_> {
         Principal {
             issuer: &self.claims.iss,
             tenant: &self.claims.tenant_id,
@@ -45,12 +45,12 @@ impl Seal {
     }
 
     /// `payload` sealed under `kind`.
-    pub fn seal(&self, kind: VirtualKind, payload: &[u8]) -> String {
+    pub(crate) fn seal(&self, kind: VirtualKind, payload: &[u8]) -> String {
         self.sessions.seal_virtual(kind, &self.who(), payload)
     }
 
     /// What `sealed` holds, if it was sealed for this principal under `kind`.
-    pub fn open(&self, kind: VirtualKind, sealed: &str) -> Option<Vec<u8>> {
+    pub(crate) fn open(&self, kind: VirtualKind, sealed: &str) -> Option<Vec<u8>> {
         self.sessions
             .open_virtual(kind, &self.who(), sealed.as_bytes())
             .ok()
@@ -58,14 +58,18 @@ impl Seal {
 
     /// A member's JSON value (an id, a task id, a token) as the client
     /// sees it.
-    pub fn seal_for_client(&self, kind: VirtualKind, member: usize, value: &Value) -> Value {
+    pub(crate) fn seal_for_client(&self, kind: VirtualKind, member: usize, value: &Value) -> Value {
         let mut payload = (member as u32).to_be_bytes().to_vec();
         payload.extend_from_slice(value.to_string().as_bytes());
         Value::String(self.seal(kind, &payload))
     }
 
     /// The member and its own value inside a value [`Seal::seal_for_client`] made.
-    pub fn open_from_client(&self, kind: VirtualKind, value: &Value) -> Option<(usize, Value)> {
+    pub(crate) fn open_from_client(
+        &self,
+        kind: VirtualKind,
+        value: &Value,
+    ) -> Option<(usize, Value)> {
         let payload = self.open(kind, value.as_str()?)?;
         let (m, rest) = payload.split_first_chunk::<4>()?;
         let member = u32::from_be_bytes(*m) as usize;
@@ -75,7 +79,7 @@ impl Seal {
 
 /// What to do with a member's message on its way to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outward {
+pub(crate) enum Outward {
     /// Relay it (rewritten).
     Relay,
     /// Relay it, and the member's lists changed.
@@ -86,7 +90,7 @@ pub enum Outward {
 
 /// Rewrites a member's message for the client: its requests' ids and the
 /// ids its cancellations name, task ids, the client's progress tokens back.
-pub fn outward(v: &mut Value, member: usize, seal: &Seal) -> Outward {
+pub(crate) fn outward(v: &mut Value, member: usize, seal: &Seal) -> Outward {
     let method = v.get("method").and_then(Value::as_str).map(str::to_owned);
     let has_id = v.get("id").is_some_and(|i| !i.is_null());
     match method.as_deref() {
@@ -164,7 +168,7 @@ fn wrap_related_task(v: Option<&mut Value>, member: usize, seal: &Seal) {
 
 /// Why a client's message cannot go to a member.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InwardError {
+pub(crate) enum InwardError {
     /// A task id this principal was not given on this virtual server (or
     /// one of another member than the message goes to).
     #[error("unknown task id")]
@@ -173,7 +177,7 @@ pub enum InwardError {
 
 /// The member a client's task id belongs to, with the member's own id put
 /// back in its place (`params.taskId`, and the related task in `_meta`).
-pub fn inward_tasks(
+pub(crate) fn inward_tasks(
     v: &mut Value,
     seal: &Seal,
     member: Option<usize>,
@@ -205,21 +209,21 @@ pub fn inward_tasks(
 
 /// The client's progress token, sealed for `member`: a report the member
 /// makes comes back only for its own requests.
-pub fn inward_progress(v: &mut Value, member: usize, seal: &Seal) {
+pub(crate) fn inward_progress(v: &mut Value, member: usize, seal: &Seal) {
     if let Some(t) = v.pointer_mut("/params/_meta/progressToken") {
         *t = seal.seal_for_client(VirtualKind::Progress, member, t);
     }
 }
 
 /// Sets `params.<field>` (a name or URI) to the member's own spelling.
-pub fn set_param(v: &mut Value, pointer: &str, to: &str) {
+pub(crate) fn set_param(v: &mut Value, pointer: &str, to: &str) {
     if let Some(slot) = v.pointer_mut(pointer) {
         *slot = Value::String(to.to_owned());
     }
 }
 
 /// Deep union of capability objects: objects merge, a `true` anywhere wins.
-pub fn merge_capabilities(into: &mut Map<String, Value>, from: &Map<String, Value>) {
+pub(crate) fn merge_capabilities(into: &mut Map<String, Value>, from: &Map<String, Value>) {
     for (k, v) in from {
         match (into.get_mut(k), v) {
             (Some(Value::Object(a)), Value::Object(b)) => merge_capabilities(a, b),

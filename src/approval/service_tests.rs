@@ -11,6 +11,8 @@ use serde_json::json;
 use super::*;
 use std::path::{Path, PathBuf};
 
+use crate::approval::{args_sha256, ConfigProblem, WebhookConfig, MAX_REASON_BYTES};
+
 use crate::canonical::canonical as canonical_json;
 use crate::clock::fmt_ms;
 use crate::policy::Risk;

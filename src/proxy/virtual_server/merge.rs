@@ -14,7 +14,7 @@ use crate::mcp::jsonrpc::Id;
 
 /// A member's JSON-RPC answer, its parts left unread.
 #[derive(Deserialize)]
-pub struct Reply<'a> {
+pub(crate) struct Reply<'a> {
     /// `result`.
     #[serde(borrow, default)]
     pub result: Option<&'a RawValue>,
@@ -24,12 +24,12 @@ pub struct Reply<'a> {
 }
 
 /// Reads a member's answer (`None`: not a JSON-RPC answer).
-pub fn reply(bytes: &[u8]) -> Option<Reply<'_>> {
+pub(crate) fn reply(bytes: &[u8]) -> Option<Reply<'_>> {
     serde_json::from_slice(bytes).ok()
 }
 
 /// One item of a member's list page.
-pub struct Item<'a> {
+pub(crate) struct Item<'a> {
     /// The member's bytes.
     pub raw: &'a RawValue,
     /// Its name, or URI (normalized), as the names know it.
@@ -38,7 +38,7 @@ pub struct Item<'a> {
 
 /// One member's page of a list: its result's fields (the items' array
 /// among them, read as items).
-pub struct Page<'a> {
+pub(crate) struct Page<'a> {
     /// The member.
     pub member: usize,
     /// The result's members, unread.
@@ -48,7 +48,7 @@ pub struct Page<'a> {
 }
 
 /// The field an item of `key`'s list is known by.
-pub fn name_field(key: &str) -> Option<&'static str> {
+pub(crate) fn name_field(key: &str) -> Option<&'static str> {
     match key {
         "tools" | "prompts" | "resourceTemplates" => Some("name"),
         "resources" => Some("uri"),
@@ -57,7 +57,7 @@ pub fn name_field(key: &str) -> Option<&'static str> {
 }
 
 /// Reads `result` as a page of `key`'s list.
-pub fn page<'a>(member: usize, result: &'a RawValue, key: &str) -> Option<Page<'a>> {
+pub(crate) fn page<'a>(member: usize, result: &'a RawValue, key: &str) -> Option<Page<'a>> {
     #[derive(Deserialize)]
     struct Named<'a> {
         #[serde(borrow, default)]
@@ -94,7 +94,7 @@ pub fn page<'a>(member: usize, result: &'a RawValue, key: &str) -> Option<Page<'
 
 /// `item` with its member `field` set to `to` (the rest as the member
 /// wrote it).
-pub fn with_field(item: &RawValue, field: &str, to: &Value) -> Option<String> {
+pub(crate) fn with_field(item: &RawValue, field: &str, to: &Value) -> Option<String> {
     let members: BTreeMap<String, &RawValue> = serde_json::from_str(item.get()).ok()?;
     let mut out = String::with_capacity(item.get().len() + 16);
     out.push('{');
@@ -126,7 +126,7 @@ pub fn with_field(item: &RawValue, field: &str, to: &Value) -> Option<String> {
 }
 
 /// A JSON object from members whose values are JSON text already.
-pub fn object<'a>(members: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+pub(crate) fn object<'a>(members: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut out = String::from("{");
     for (i, (k, v)) in members.into_iter().enumerate() {
         if i > 0 {
@@ -141,7 +141,7 @@ pub fn object<'a>(members: impl IntoIterator<Item = (&'a str, &'a str)>) -> Stri
 }
 
 /// A JSON array of JSON texts.
-pub fn array<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+pub(crate) fn array<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     let mut out = String::from("[");
     for (i, v) in items.into_iter().enumerate() {
         if i > 0 {
@@ -154,7 +154,7 @@ pub fn array<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 /// The JSON-RPC response carrying `result` (JSON text) for `id`.
-pub fn response(id: Option<&Id>, result: &str) -> String {
+pub(crate) fn response(id: Option<&Id>, result: &str) -> String {
     let id = id.map_or_else(|| "null".to_owned(), |i| i.to_string());
     format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#)
 }
