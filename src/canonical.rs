@@ -15,8 +15,8 @@
 //! integer, comma-separated, in canonical member order. A value without such
 //! integers (nearly all) hashes as plain `sha256(JCS(value))`.
 
+use crate::digest::Sha256;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 /// The canonical text of `value`.
 pub(crate) fn canonical(value: &Value) -> String {
@@ -76,7 +76,7 @@ pub(crate) fn sha256(value: &Value) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(canonical(value).as_bytes());
     if !holds_inexact_integer(value) {
-        return h.finalize().into();
+        return h.finalize();
     }
     let mut lost = Vec::new();
     inexact_integers(value, &mut lost);
@@ -84,7 +84,7 @@ pub(crate) fn sha256(value: &Value) -> [u8; 32] {
         h.update(if i == 0 { b"\0" } else { b"," });
         h.update(digits.as_bytes());
     }
-    h.finalize().into()
+    h.finalize()
 }
 
 /// Whether an integer of `value` is beyond what a double holds (nearly
@@ -177,6 +177,7 @@ mod exact_tests {
 mod tests {
     use super::*;
     use serde_json::json;
+    use sha2::Digest as _;
 
     #[test]
     fn rfc_8785_examples() {
@@ -236,12 +237,12 @@ mod tests {
         assert_eq!(canonical(&a), canonical(&b));
         // ... the hash keeps them apart, and says how.
         assert_ne!(sha256(&a), sha256(&b));
-        let mut h = Sha256::new();
+        let mut h = sha2::Sha256::new();
         h.update(canonical(&a).as_bytes());
         h.update(b"\x009007199254740993");
         assert_eq!(sha256(&a), <[u8; 32]>::from(h.finalize()));
         let c = json!({"b": -9_007_199_254_740_995_i64, "a": [18_446_744_073_709_551_615_u64]});
-        let mut h = Sha256::new();
+        let mut h = sha2::Sha256::new();
         h.update(canonical(&c).as_bytes());
         h.update(b"\x0018446744073709551615,-9007199254740995");
         assert_eq!(sha256(&c), <[u8; 32]>::from(h.finalize()));
@@ -249,7 +250,7 @@ mod tests {
         let d = json!({"id": 9_007_199_254_740_992_u64, "x": 1.5});
         assert_eq!(
             sha256(&d),
-            <[u8; 32]>::from(Sha256::digest(canonical(&d).as_bytes()))
+            <[u8; 32]>::from(sha2::Sha256::digest(canonical(&d).as_bytes()))
         );
     }
 }

@@ -40,6 +40,7 @@ pub mod cli;
 mod clock;
 pub mod config;
 pub mod demo;
+mod digest;
 mod http_util;
 pub mod mcp;
 mod outcome;

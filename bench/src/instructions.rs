@@ -49,44 +49,72 @@ use crate::tokens::{Issuer, Tokens};
 /// The cells, in report order.
 pub const CELLS: [&str; 5] = ["call", "call-noaudit", "list", "list-cold", "call-4k"];
 
-/// Stages of the firewall's work: name, and the functions whose inclusive
-/// cost is the stage's (substrings of callgrind's demangled names; the
-/// largest match of each pattern counts, and the patterns of one stage
-/// are not nested in one another).
-pub const STAGES: [(&str, &[&str]); 9] = [
-    ("token check", &["mcp_firewall::proxy::path::authenticate"]),
+/// Stages of the firewall's work: name, the functions whose inclusive cost
+/// is the stage's, and the functions nested in those that another stage
+/// counts (subtracted). A function matches by its demangled name, alone or
+/// with `::{{closure}}` (an `async fn`'s body); the largest match of each
+/// name counts. Names come from a release build's profile: a function the
+/// compiler inlined has no cost of its own and counts where it was inlined.
+pub const STAGES: [(&str, &[&str], &[&str]); 9] = [
+    (
+        "token check",
+        &[
+            "mcp_firewall::auth::token::extract",
+            "mcp_firewall::auth::cache::TokenDigest::of",
+        ],
+        &[],
+    ),
     (
         "strict read",
-        &["mcp_firewall::proxy::request::stage::Parsed::parse"],
+        &[
+            "mcp_firewall::mcp::jsonrpc::parse",
+            "mcp_firewall::proxy::request::stage::check_content_type",
+        ],
+        &[],
     ),
     (
         "decision and judge",
-        &["mcp_firewall::proxy::request::stage::Parsed::decide"],
+        &["mcp_firewall::proxy::request::stage::Decided::decide"],
+        &[],
     ),
     (
         "labels and budget",
-        &["mcp_firewall::proxy::request::admit::"],
+        &["mcp_firewall::proxy::request::admit::<impl mcp_firewall::proxy::decision::Admission>::admit"],
+        &[],
     ),
     (
-        "audit encoding and spool",
+        "audit rows: build, encode, spool",
         &[
-            "mcp_firewall::proxy::request::stage::Admitted::record",
-            "mcp_firewall::audit::spool::log::Log::",
+            "mcp_firewall::proxy::record::Recorder::new",
+            "mcp_firewall::proxy::record::Recorder::row",
+            "mcp_firewall::proxy::record::Recorder::complete_with",
+            "mcp_firewall::audit::auditor::Auditor::record_or_fail",
         ],
+        &[],
     ),
     (
         "hash chain and shipping",
+        &["mcp_firewall::audit::shipper::Shipper::run"],
+        &[],
+    ),
+    (
+        "screening",
+        &["mcp_firewall::proxy::outbound::gate::screen"],
+        &[],
+    ),
+    (
+        "answer: read, decide, relay",
+        &["mcp_firewall::proxy::outbound::exchange::Exchange::respond"],
         &[
-            "mcp_firewall::audit::linker::",
-            "mcp_firewall::audit::shipper::Shipper::",
+            "mcp_firewall::proxy::outbound::gate::screen",
+            "mcp_firewall::audit::auditor::Auditor::record_or_fail",
         ],
     ),
-    ("screening", &["mcp_firewall::proxy::outbound::gate::"]),
     (
-        "answer (relay, lists, rows completed)",
-        &["mcp_firewall::proxy::outbound::exchange::Exchange::"],
+        "upstream client",
+        &["mcp_firewall::upstream::client::UpstreamClient::send"],
+        &[],
     ),
-    ("upstream client", &["mcp_firewall::upstream::client::"]),
 ];
 
 /// What to measure.
@@ -133,6 +161,10 @@ pub struct Cell {
 pub struct Report {
     /// The binary measured.
     pub firewall_bin: String,
+    /// Its build profile (the binary's directory: `debug`, `release`,
+    /// `dist`): counts compare only within one.
+    #[serde(default)]
+    pub build: String,
     /// Requests before counting.
     pub warmup: u64,
     /// Requests per window.
@@ -281,24 +313,29 @@ fn function_part(s: &str) -> Option<&str> {
     Some(f.rsplit_once(" [").map_or(f, |(f, _)| f).trim())
 }
 
-/// Per-stage instructions from inclusive costs: for each stage, the sum
-/// over its patterns of the largest inclusive cost a matching function has.
+/// The largest inclusive cost of a function named `name` (alone or as
+/// an `async fn`'s `::{{closure}}`).
+fn cost_of(inclusive: &[(u64, String)], name: &str) -> u64 {
+    inclusive
+        .iter()
+        .filter(|(_, f)| {
+            f.strip_prefix(name)
+                .is_some_and(|rest| rest.is_empty() || rest == "::{{closure}}")
+        })
+        .map(|(c, _)| *c)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Per-stage instructions from inclusive costs ([`STAGES`]), per request;
+/// what no stage names is the rest.
 pub fn stages_of(inclusive: &[(u64, String)], per: f64, total: f64) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     let mut named = 0.0;
-    for (stage, patterns) in STAGES {
-        let cost: u64 = patterns
-            .iter()
-            .map(|p| {
-                inclusive
-                    .iter()
-                    .filter(|(_, f)| f.contains(p))
-                    .map(|(c, _)| *c)
-                    .max()
-                    .unwrap_or(0)
-            })
-            .sum();
-        let v = cost as f64 / per;
+    for (stage, include, exclude) in STAGES {
+        let plus: u64 = include.iter().map(|n| cost_of(inclusive, n)).sum();
+        let minus: u64 = exclude.iter().map(|n| cost_of(inclusive, n)).sum();
+        let v = plus.saturating_sub(minus) as f64 / per;
         named += v;
         out.insert(stage.to_owned(), v);
     }
@@ -367,9 +404,41 @@ struct Shared<'a> {
     issuer: &'a Issuer,
     tokens: Arc<Tokens>,
     sink: Option<AuditSink>,
+    clickhouse: Option<&'a ClickHouse>,
 }
 
+/// The audit table the instruction runs write into.
+const AUDIT_TABLE: &str = "mcp_bench_instructions.audit_events";
+
 impl Shared<'_> {
+    /// Waits until the audit rows sent so far have landed in ClickHouse
+    /// (its row count stops moving), so a counted window holds the
+    /// shipping of its own rows and not of the warm-up's. ClickHouse is
+    /// asked, not the firewall: a scrape of `/metrics` would be counted.
+    fn settle_audit(&self) {
+        let Some(ch) = self.clickhouse else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let mut last = u64::MAX;
+        let mut still = 0;
+        while started.elapsed() < Duration::from_secs(60) {
+            let n = ch
+                .query_u64(&format!("SELECT count() FROM {AUDIT_TABLE}"))
+                .unwrap_or(0);
+            if n == last {
+                still += 1;
+                if still >= 3 {
+                    return;
+                }
+            } else {
+                still = 0;
+                last = n;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     fn firewall(
         &self,
         name: &str,
@@ -502,8 +571,14 @@ impl Shared<'_> {
         let mut windows = Vec::new();
         let mut stages = BTreeMap::new();
         for _ in 0..self.opts.repeat.max(1) {
+            if firewall {
+                self.settle_audit();
+            }
             counted.zero()?;
             load(self.opts.requests.max(1)).await?;
+            if firewall {
+                self.settle_audit();
+            }
             let dump = counted.dump()?;
             let text = std::fs::read_to_string(&dump)
                 .map_err(|e| InstrError::Callgrind(format!("reading {}: {e}", dump.display())))?;
@@ -523,6 +598,13 @@ impl Shared<'_> {
         }
         Ok((windows, stages))
     }
+}
+
+/// The build profile of a binary under `target/<profile>/`.
+pub fn build_of(bin: &Path) -> String {
+    bin.parent()
+        .and_then(Path::file_name)
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -550,6 +632,10 @@ pub async fn run(opts: &Options) -> Result<Report, InstrError> {
         if !CELLS.contains(&c.as_str()) {
             return Err(InstrError::UnknownCell(c.clone()));
         }
+    }
+    if let Some(keep) = &opts.keep {
+        std::fs::create_dir_all(keep)
+            .map_err(|e| start_err("the directory for the dumps")(e.to_string()))?;
     }
     let dir = tempfile::Builder::new()
         .prefix("mcp-bench-instructions-")
@@ -579,6 +665,7 @@ pub async fn run(opts: &Options) -> Result<Report, InstrError> {
             database: "mcp_bench_instructions".to_owned(),
             chain: true,
         }),
+        clickhouse: clickhouse.as_ref(),
     };
     let wants = |c: &str| opts.cells.iter().any(|x| x == c);
     let mut cells = Vec::new();
@@ -592,16 +679,19 @@ pub async fn run(opts: &Options) -> Result<Report, InstrError> {
     if wants("call-4k") {
         cells.extend(measure(&shared, 4096, &["call-4k"]).await?);
     }
+    let into_clickhouse = shared.sink.is_some();
+    drop(shared);
     if let Some(ch) = clickhouse.as_mut() {
         ch.stop();
     }
     cells.sort_by_key(|c| CELLS.iter().position(|n| *n == c.name));
     Ok(Report {
         firewall_bin: opts.firewall_bin.display().to_string(),
+        build: build_of(&opts.firewall_bin),
         warmup: opts.warmup,
         requests: opts.requests,
         concurrency: opts.concurrency,
-        clickhouse: shared.sink.is_some(),
+        clickhouse: into_clickhouse,
         cells,
     })
 }
@@ -673,8 +763,9 @@ pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "# mcp-bench instructions\n\n`{}`, {} warm-up and {} counted requests per window at c={}, audit {}.\n",
+        "# mcp-bench instructions\n\n`{}` ({} build), {} warm-up and {} counted requests per window at c={}, audit {}.\n",
         r.firewall_bin,
+        r.build,
         r.warmup,
         r.requests,
         r.concurrency,
@@ -738,6 +829,13 @@ pub fn guard(
         .iter()
         .find(|c| c.name == cell)
         .ok_or_else(|| format!("the baseline has no cell {cell}"))?;
+    if r.build != baseline.build {
+        return Err(format!(
+            "the baseline counts a {} build and this run a {} build: counts compare only within one",
+            baseline.build,
+            r.build
+        ));
+    }
     let ratio = now.firewall_per_request / base.firewall_per_request.max(1.0);
     let ok = ratio <= 1.0 + tolerance;
     Ok((
@@ -774,14 +872,16 @@ Ir
 --------------------------------------------------------------------------------
 Ir                  file:function
 --------------------------------------------------------------------------------
-  400,000 (40.00%)  ???:mcp_firewall::proxy::path::authenticate [/bin/mcp-firewall]
+  400,000 (40.00%)  ???:mcp_firewall::auth::cache::TokenDigest::of [/bin/mcp-firewall]
   300,000 (30.00%)  src/proxy/outbound/gate.rs:mcp_firewall::proxy::outbound::gate::screen [/bin/mcp-firewall]
-  100,000 (10.00%)  ???:mcp_firewall::proxy::outbound::gate::inner [/bin/mcp-firewall]
+  350,000 (35.00%)  src/x.rs:mcp_firewall::proxy::outbound::exchange::Exchange::respond::{{closure}} [/bin/mcp-firewall]
+  100,000 (10.00%)  ???:mcp_firewall::proxy::outbound::gate::screen_more [/bin/mcp-firewall]
+   90,000 ( 9.00%)  ???:mcp_firewall::mcp::jsonrpc::parse_upstream_known [/bin/mcp-firewall]
 ";
         let inc = inclusive_of(annotated);
         assert!(inc.contains(&(
             400_000,
-            "mcp_firewall::proxy::path::authenticate".to_owned()
+            "mcp_firewall::auth::cache::TokenDigest::of".to_owned()
         )));
         assert!(inc.contains(&(
             300_000,
@@ -789,14 +889,19 @@ Ir                  file:function
         )));
         let stages = stages_of(&inc, 100.0, 10_000.0);
         assert_eq!(stages["token check"], 4_000.0);
-        // The largest match of a pattern, not the sum of nested ones.
+        // A name matches whole (`screen_more` is not `screen`), and a
+        // longer name that starts with it is another function.
         assert_eq!(stages["screening"], 3_000.0);
-        assert_eq!(stages["rest (hyper, tokio, the allocator)"], 3_000.0);
+        assert_eq!(stages["strict read"], 0.0);
+        // Nested costs another stage counts are subtracted.
+        assert_eq!(stages["answer: read, decide, relay"], 500.0);
+        assert_eq!(stages["rest (hyper, tokio, the allocator)"], 2_500.0);
     }
 
     fn report(n: f64) -> Report {
         Report {
             firewall_bin: "x".into(),
+            build: "debug".into(),
             warmup: 1,
             requests: 1,
             concurrency: 1,
@@ -819,5 +924,8 @@ Ir                  file:function
         assert!(!guard(&report(110_001.0), &base, "call", 0.10).unwrap().1);
         assert!(guard(&report(50_000.0), &base, "call", 0.10).unwrap().1);
         assert!(guard(&report(1.0), &base, "list", 0.10).is_err());
+        let mut release = report(100_000.0);
+        release.build = "release".into();
+        assert!(guard(&release, &base, "call", 0.10).is_err());
     }
 }

@@ -31,8 +31,8 @@
 
 use std::fmt::Write as _;
 
+use crate::digest::Sha256;
 use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
-use sha2::{Digest, Sha256};
 
 use super::record::{leb128, put_str};
 
@@ -78,7 +78,7 @@ pub fn row_hash(writer_id: &str, seq: u64, prev: &Hash, row: &[u8]) -> Hash {
     h.update(prev);
     h.update((row.len() as u64).to_be_bytes());
     h.update(row);
-    h.finalize().into()
+    h.finalize()
 }
 
 /// The content hash of a row (its canonical encoding `row`).
@@ -88,7 +88,7 @@ pub fn content_hash(row: &[u8]) -> Hash {
     h.update(CONTENT_DOMAIN);
     h.update((row.len() as u64).to_be_bytes());
     h.update(row);
-    h.finalize().into()
+    h.finalize()
 }
 
 /// The link of entry `seq` of `writer_id` (whose links begin at
@@ -108,7 +108,7 @@ pub fn link_hash(
     h.update(linked_from.to_be_bytes());
     h.update(prev);
     h.update(row_hash);
-    h.finalize().into()
+    h.finalize()
 }
 
 impl Link {

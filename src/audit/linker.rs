@@ -24,7 +24,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
+use crate::digest::Sha256;
 
 use super::chain::{encode_entry, Chain, Hash, SignedCheckpoint, Signer, GENESIS};
 use super::spool::{Batch, ChainHead, Position};

@@ -16,8 +16,8 @@
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
+use crate::digest::Sha256;
 use dashmap::DashMap;
-use sha2::{Digest, Sha256};
 
 use super::{Audience, Claims};
 
@@ -29,7 +29,7 @@ pub(crate) struct TokenDigest([u8; 32]);
 impl TokenDigest {
     /// Hashes a token.
     pub(crate) fn of(token: &str) -> TokenDigest {
-        TokenDigest(Sha256::digest(token.as_bytes()).into())
+        TokenDigest(Sha256::digest(token.as_bytes()))
     }
 }
 

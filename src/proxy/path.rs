@@ -767,8 +767,7 @@ pub(super) fn claim_headers(cx: &RunContext) -> Vec<(HeaderName, HeaderValue)> {
     // A stdio upstream's process, without a session, is the principal's
     // and run's own.
     let instance = cx.upstream.config.stdio.as_ref().and_then(|_| {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
+        let mut h = crate::digest::Sha256::new();
         for part in [
             &*c.iss,
             &*c.tenant_id,

@@ -299,11 +299,11 @@ pub async fn run(args: &LoadArgs) -> anyhow::Result<Option<Outcome>> {
                 password: std::env::var("MCP_BENCH_CLICKHOUSE_PASSWORD").unwrap_or_default(),
                 wait: plan::parse_duration(&args.audit_wait)?,
             };
-            s.audit = Some(
-                checks::verify_audit(&control, &target, totals[i].answered_calls())
-                    .await
-                    .map_err(anyhow::Error::msg)?,
-            );
+            let check = checks::verify_audit(&control, &target, totals[i].answered_calls()).await;
+            if let Some(e) = &check.error {
+                eprintln!("mcp-bench load: the audit check could not run: {e}");
+            }
+            s.audit = Some(check);
         }
         summaries.push(s);
     }

@@ -190,6 +190,10 @@ pub struct AuditCheck {
     pub found: u64,
     /// A few ids without a row.
     pub missing_sample: Vec<u64>,
+    /// Why the check could not run (ClickHouse unreachable until the
+    /// wait ran out): the load's figures stand, this check has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One target's results.
@@ -334,6 +338,7 @@ impl Threshold {
             _ => (
                 t.audit
                     .as_ref()
+                    .filter(|a| a.error.is_none())
                     .map_or(f64::INFINITY, |a| (a.answered - a.found) as f64),
                 "rows",
             ),
@@ -374,6 +379,10 @@ impl Report {
     /// Whether every threshold was met.
     pub fn passed(&self) -> bool {
         self.verdicts.iter().all(|v| v.ok)
+            && self
+                .targets
+                .iter()
+                .all(|t| t.audit.as_ref().is_none_or(|a| a.error.is_none()))
     }
 
     /// For the terminal.
@@ -412,7 +421,9 @@ impl Report {
                     m.after - m.before
                 );
             }
-            if let Some(a) = &t.audit {
+            if let Some(e) = t.audit.as_ref().and_then(|a| a.error.as_ref()) {
+                let _ = writeln!(s, "  audit: could not be checked: {e}");
+            } else if let Some(a) = &t.audit {
                 let _ = writeln!(
                     s,
                     "  audit: {} of {} answered calls have their row in ClickHouse{}",
@@ -490,7 +501,9 @@ impl Report {
                     let _ = writeln!(s, "| `{}` | {} | {} |", m.series, m.before, m.after);
                 }
             }
-            if let Some(a) = &t.audit {
+            if let Some(e) = t.audit.as_ref().and_then(|a| a.error.as_ref()) {
+                let _ = writeln!(s, "\nAudit: could not be checked: {e}.");
+            } else if let Some(a) = &t.audit {
                 let _ = writeln!(
                     s,
                     "\nAudit: {} of {} answered calls have their row.",

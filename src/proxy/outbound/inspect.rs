@@ -15,11 +15,10 @@ impl Exchange {
         &mut self,
         bytes: Bytes,
     ) -> Result<(Bytes, Vec<AuditRow>), UpstreamFailure> {
-        let text = match std::str::from_utf8(&bytes) {
-            Ok(t) => t.to_owned(),
-            Err(_) => return Err(UpstreamFailure::Invalid("answer is not UTF-8".to_owned())),
+        let Ok(text) = std::str::from_utf8(&bytes) else {
+            return Err(UpstreamFailure::Invalid("answer is not UTF-8".to_owned()));
         };
-        let (out, mut rows) = self.inspect(&text)?;
+        let (out, mut rows) = self.inspect(text)?;
         let out = match out {
             Pass::Same => bytes,
             Pass::Replaced(t) => Bytes::from(t),
@@ -27,6 +26,9 @@ impl Exchange {
         };
         let out = merge_json(&out, &self.local);
         self.bytes_out = out.len();
+        if self.due.is_empty() {
+            return Ok((out, rows));
+        }
         // Requests the answer did not answer get an error of their own.
         let unanswered: Vec<Id> = self.due.iter().filter_map(|d| d.id.clone()).collect();
         let failure = UpstreamFailure::Invalid("the answer did not answer this request".to_owned());

@@ -420,7 +420,9 @@ impl RunContext {
         ) {
             return o.into();
         }
-        let hash = args_sha256(&arguments);
+        // The arguments' hash keys an approval and a run's label check; a
+        // read that needs neither never computes it (canonical JSON and
+        // SHA-256 were a tenth of an allowed call's instructions).
         // A multi-round retry carrying a request state the firewall sealed:
         // it runs under the approval it was sealed for, and the upstream
         // gets its own state back.
@@ -431,7 +433,7 @@ impl RunContext {
             .as_deref()
             .filter(|s| s.starts_with(STATE_PREFIX))
         {
-            match self.open_granted(state, tool, &hash) {
+            match self.open_granted(state, tool, &args_sha256(&arguments)) {
                 Ok((g, original)) => {
                     let original = original.map(|o| Value::String(o).to_string());
                     let text = around.body.get(msg.span.clone()).unwrap_or("");
@@ -457,12 +459,16 @@ impl RunContext {
             .applies(risk, traits.egress)
             .then(|| TaintCheck {
                 egress: traits.egress,
-                arguments: (!gated && granted.is_none()).then(|| (arguments.clone(), hash)),
+                arguments: (!gated && granted.is_none())
+                    .then(|| (arguments.clone(), args_sha256(&arguments))),
             });
         Ruling::Admit(Box::new(Admission {
             tool: tool.to_owned(),
             risk,
-            gate: gated.then_some((arguments, hash)),
+            gate: gated.then(|| {
+                let hash = args_sha256(&arguments);
+                (arguments, hash)
+            }),
             granted,
             rewrite,
             taint,
