@@ -1,6 +1,7 @@
-//! SHA-256 for the firewall's own hashes on the request path and the audit
-//! chain (the verified-token cache key, the arguments' hash, every row's
-//! content and link): `ring`'s implementation, which picks the CPU's SHA
+//! SHA-256, the product's one implementation: the verified-token cache key,
+//! the arguments' hash, every audit row's content and link on the request
+//! path and the chain, and off it the key set's fingerprint, the policy's
+//! content hash and the console's script hash: `ring`'s implementation, which picks the CPU's SHA
 //! extensions, AVX2 or SSSE3 code at run time, where `sha2` without them
 //! falls back to portable code about three times dearer (on CPUs without
 //! SHA-NI, and under callgrind, whose virtual CPU has none: there it was a

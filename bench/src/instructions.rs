@@ -415,7 +415,7 @@ impl Shared<'_> {
     /// (its row count stops moving), so a counted window holds the
     /// shipping of its own rows and not of the warm-up's. ClickHouse is
     /// asked, not the firewall: a scrape of `/metrics` would be counted.
-    fn settle_audit(&self) {
+    async fn settle_audit(&self) {
         let Some(ch) = self.clickhouse else {
             return;
         };
@@ -435,7 +435,7 @@ impl Shared<'_> {
                 still = 0;
                 last = n;
             }
-            std::thread::sleep(Duration::from_millis(300));
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 
@@ -572,12 +572,12 @@ impl Shared<'_> {
         let mut stages = BTreeMap::new();
         for _ in 0..self.opts.repeat.max(1) {
             if firewall {
-                self.settle_audit();
+                self.settle_audit().await;
             }
             counted.zero()?;
             load(self.opts.requests.max(1)).await?;
             if firewall {
-                self.settle_audit();
+                self.settle_audit().await;
             }
             let dump = counted.dump()?;
             let text = std::fs::read_to_string(&dump)

@@ -109,6 +109,27 @@ impl Placement {
     }
 }
 
+/// `cmd` run under `prefix` (a program and its arguments, `cmd`'s program
+/// and arguments following), in `cmd`'s directory with `cmd`'s
+/// environment changes.
+fn under(prefix: &[&str], cmd: &Command) -> Command {
+    let mut wrapped = Command::new(prefix.first().copied().unwrap_or_default());
+    wrapped
+        .args(prefix.iter().skip(1))
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    wrapped
+}
+
 // === impl Managed ===
 
 impl Managed {
@@ -129,36 +150,11 @@ impl Managed {
             source,
         })?;
         if let Some(cpus) = &placement.cpus {
-            let mut wrapped = Command::new("taskset");
-            wrapped.arg("-c").arg(cpus).arg(cmd.get_program());
-            wrapped.args(cmd.get_args());
-            if let Some(dir) = cmd.get_current_dir() {
-                wrapped.current_dir(dir);
-            }
-            for (k, v) in cmd.get_envs() {
-                match v {
-                    Some(v) => wrapped.env(k, v),
-                    None => wrapped.env_remove(k),
-                };
-            }
-            cmd = wrapped;
+            cmd = under(&["taskset", "-c", cpus], &cmd);
         }
-        if let Some((first, rest)) = placement.wrap.split_first() {
-            let mut wrapped = Command::new(first);
-            wrapped
-                .args(rest)
-                .arg(cmd.get_program())
-                .args(cmd.get_args());
-            if let Some(dir) = cmd.get_current_dir() {
-                wrapped.current_dir(dir);
-            }
-            for (k, v) in cmd.get_envs() {
-                match v {
-                    Some(v) => wrapped.env(k, v),
-                    None => wrapped.env_remove(k),
-                };
-            }
-            cmd = wrapped;
+        if !placement.wrap.is_empty() {
+            let wrap: Vec<&str> = placement.wrap.iter().map(String::as_str).collect();
+            cmd = under(&wrap, &cmd);
         }
         let program = cmd.get_program().to_string_lossy().into_owned();
         let child = cmd

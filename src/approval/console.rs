@@ -15,10 +15,10 @@
 
 use std::sync::OnceLock;
 
+use crate::digest::Sha256;
 use base64::Engine;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use sha2::{Digest, Sha256};
 
 use crate::http_util::{full, Body};
 

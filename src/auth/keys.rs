@@ -17,10 +17,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::digest::Sha256;
 use jsonwebtoken::crypto::CryptoProvider;
 use jsonwebtoken::{DecodingKey, DecodingKeyKind};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::config::{Alg, KeyConfig};
 use super::token::{shown, TokenError};
@@ -581,7 +581,7 @@ impl KeySet {
             keys,
             by_kid,
             by_alg,
-            fingerprint: hasher.finalize().into(),
+            fingerprint: hasher.finalize(),
         }
     }
 

@@ -75,8 +75,7 @@ pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
 /// SHA-256 over the files' names (without their directory) and contents,
 /// hex: equal on replicas that load the same policy.
 fn content_hash(sources: &[(PathBuf, String)]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
+    let mut h = crate::digest::Sha256::new();
     for (path, text) in sources {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         let name = name.unwrap_or_default();

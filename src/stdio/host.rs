@@ -189,3 +189,64 @@ pub(crate) fn probe(launch: &Launch) -> Result<crate::sandbox::Report, String> {
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("unreadable sandbox report: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn runtime_directories_are_private_unguessable_and_only_under_a_safe_base() {
+        let base = tempfile::tempdir().unwrap();
+        let host = HostConfig {
+            runtime_dir: Some(base.path().to_path_buf()),
+            ..HostConfig::default()
+        };
+        let a = host.runtime_dir_for("docs").unwrap();
+        let b = host.runtime_dir_for("docs").unwrap();
+        assert_ne!(a, b, "a name nobody can guess, new each time");
+        assert!(a.starts_with(base.path()));
+        let name = a.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("mcp-firewall-docs-") && name.len() == 18 + 24,
+            "{name}"
+        );
+        assert_eq!(
+            std::fs::metadata(&a).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // A base others may write to without the sticky bit is refused:
+        // they could swap what the firewall makes there.
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = host.runtime_dir_for("docs").unwrap_err();
+        assert!(
+            err.contains("not writable by others unless sticky"),
+            "{err}"
+        );
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(host.runtime_dir_for("docs").is_ok());
+        let missing = HostConfig {
+            runtime_dir: Some(base.path().join("nope")),
+            ..HostConfig::default()
+        };
+        assert!(missing.runtime_dir_for("docs").is_err());
+    }
+
+    #[test]
+    fn the_uid_range_and_group_are_checked() {
+        assert!(HostConfig::default().validate().is_ok());
+        for (range, gid, key) in [
+            ([10, 5], 7, "stdio.uid_range"),
+            ([0, 5], 7, "stdio.uid_range"),
+            ([10, u32::MAX], 7, "stdio.uid_range"),
+            ([10, 20], 0, "stdio.gid"),
+        ] {
+            let h = HostConfig {
+                uid_range: range,
+                gid,
+                runtime_dir: None,
+            };
+            assert_eq!(h.validate().unwrap_err().0, key);
+        }
+    }
+}
