@@ -39,6 +39,7 @@ mod catalog;
 pub mod cli;
 mod clock;
 pub mod config;
+mod credential;
 pub mod demo;
 mod digest;
 mod http_util;

@@ -100,6 +100,18 @@ pub struct FindingLabels {
     pub action: &'static str,
 }
 
+/// Labels of the upstream credentials' counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct CredentialLabels {
+    /// Upstream name.
+    pub upstream: String,
+    /// `run` (a run's token) or `own` (the firewall's own calls).
+    pub purpose: &'static str,
+    /// `ok`, `refused` (the provider said no), `unavailable` (it could
+    /// not be asked) or `invalid` (its answer could not be read).
+    pub outcome: &'static str,
+}
+
 /// Labels of the shadow policy's differences counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct ShadowLabels {
@@ -206,6 +218,16 @@ pub struct Metrics {
         DroppedLabels,
         prometheus_client::metrics::gauge::Gauge,
     >,
+    /// Token exchanges with an upstream's identity provider, by outcome.
+    pub credential_exchanges: prometheus_client::metrics::family::Family<
+        CredentialLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Forwarded requests that used a cached exchanged token.
+    pub credential_cache_hits: prometheus_client::metrics::family::Family<
+        UpstreamName,
+        prometheus_client::metrics::counter::Counter,
+    >,
     /// What screening found in answers, by kind and action.
     pub screen_findings: prometheus_client::metrics::family::Family<
         FindingLabels,
@@ -303,6 +325,8 @@ impl Metrics {
             virtual_member_up: Default::default(),
             virtual_dropped: Default::default(),
             screen_findings: Default::default(),
+            credential_exchanges: Default::default(),
+            credential_cache_hits: Default::default(),
             shadow_differences: Default::default(),
             taint_gates: Default::default(),
             run_labels: Default::default(),
@@ -404,6 +428,16 @@ impl Metrics {
             "tool_calls",
             "tools/call messages by upstream, tool and stop reason",
             self.calls.clone(),
+        );
+        registry.register(
+            "upstream_credential_exchanges",
+            "Token exchanges (RFC 8693; client credentials for the firewall's own calls) with an upstream's identity provider, by upstream, purpose (run, own) and outcome (ok, refused, unavailable, invalid)",
+            self.credential_exchanges.clone(),
+        );
+        registry.register(
+            "upstream_credential_cache_hits",
+            "Requests forwarded with a run's exchanged token from the cache, by upstream",
+            self.credential_cache_hits.clone(),
         );
         registry.register(
             "screen_findings",
@@ -564,6 +598,31 @@ impl Metrics {
         if status.is_some() {
             series.latency.observe(latency.as_secs_f64());
         }
+    }
+
+    /// Counts one exchange with an upstream's identity provider.
+    pub fn credential_exchange(
+        &self,
+        upstream: &str,
+        purpose: &'static str,
+        outcome: &'static str,
+    ) {
+        self.credential_exchanges
+            .get_or_create(&CredentialLabels {
+                upstream: upstream.to_owned(),
+                purpose,
+                outcome,
+            })
+            .inc();
+    }
+
+    /// Counts one request forwarded with a cached exchanged token.
+    pub fn credential_cache_hit(&self, upstream: &str) {
+        self.credential_cache_hits
+            .get_or_create(&UpstreamName {
+                upstream: upstream.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts one screening finding.

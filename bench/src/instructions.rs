@@ -154,7 +154,22 @@ pub struct Cell {
     pub stages: BTreeMap<String, f64>,
     /// The firewall's figure of every measured window.
     pub windows: Vec<f64>,
+    /// Audit rows shipped to ClickHouse per request, counted by their
+    /// chain entries (0 without ClickHouse or audit).
+    #[serde(default)]
+    pub rows_per_request: f64,
+    /// The firewall's own work per audit row: its [`AUDIT_STAGES`]
+    /// (build, encode, spool; chain, ship) over `rows_per_request`.
+    /// ClickHouse's work is in another process and not counted.
+    #[serde(default)]
+    pub audit_per_row: f64,
 }
+
+/// The stages that are the firewall's own work per audit row.
+pub const AUDIT_STAGES: [&str; 2] = [
+    "audit rows: build, encode, spool",
+    "hash chain and shipping",
+];
 
 /// A run's report (`--json` prints it).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -415,21 +430,24 @@ impl Shared<'_> {
     /// (its row count stops moving), so a counted window holds the
     /// shipping of its own rows and not of the warm-up's. ClickHouse is
     /// asked, not the firewall: a scrape of `/metrics` would be counted.
-    async fn settle_audit(&self) {
+    async fn settle_audit(&self) -> u64 {
         let Some(ch) = self.clickhouse else {
-            return;
+            return 0;
         };
         let started = std::time::Instant::now();
         let mut last = u64::MAX;
         let mut still = 0;
         while started.elapsed() < Duration::from_secs(60) {
             let n = ch
-                .query_u64(&format!("SELECT count() FROM {AUDIT_TABLE}"))
+                // The chain's table: one entry per row shipped, never
+                // merged away (the rows' table folds an intent into its
+                // completion).
+                .query_u64(&format!("SELECT count() FROM {AUDIT_TABLE}_chain"))
                 .unwrap_or(0);
             if n == last {
                 still += 1;
                 if still >= 3 {
-                    return;
+                    return n;
                 }
             } else {
                 still = 0;
@@ -437,6 +455,7 @@ impl Shared<'_> {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+        last
     }
 
     fn firewall(
@@ -546,7 +565,7 @@ impl Shared<'_> {
         counted: &mut Counted,
         workload: &Arc<Workload>,
         firewall: bool,
-    ) -> Result<(Vec<f64>, BTreeMap<String, f64>), InstrError> {
+    ) -> Result<Windows, InstrError> {
         let load = |requests| async move {
             let r = load::run(self.spec(addr, workload, firewall, requests), |_| {})
                 .await
@@ -570,14 +589,18 @@ impl Shared<'_> {
         load(self.opts.warmup.max(1)).await?;
         let mut windows = Vec::new();
         let mut stages = BTreeMap::new();
+        let mut rows = Vec::new();
         for _ in 0..self.opts.repeat.max(1) {
-            if firewall {
-                self.settle_audit().await;
-            }
+            let before = if firewall {
+                self.settle_audit().await
+            } else {
+                0
+            };
             counted.zero()?;
             load(self.opts.requests.max(1)).await?;
             if firewall {
-                self.settle_audit().await;
+                let after = self.settle_audit().await;
+                rows.push(after.saturating_sub(before) as f64 / self.opts.requests.max(1) as f64);
             }
             let dump = counted.dump()?;
             let text = std::fs::read_to_string(&dump)
@@ -596,8 +619,35 @@ impl Shared<'_> {
                     .map_err(|e| InstrError::Callgrind(format!("keeping {}: {e}", to.display())))?;
             }
         }
-        Ok((windows, stages))
+        Ok(Windows {
+            windows,
+            stages,
+            rows_per_request: if rows.is_empty() { 0.0 } else { median(&rows) },
+        })
     }
+}
+
+/// What [`Shared::count`] counted on one target.
+struct Windows {
+    /// Instructions per request, per window.
+    windows: Vec<f64>,
+    /// The last window's stages.
+    stages: BTreeMap<String, f64>,
+    /// Audit rows landed per request (median of the windows).
+    rows_per_request: f64,
+}
+
+/// The firewall's own instructions per audit row: the audit stages over
+/// the rows per request (0 when no row landed).
+pub fn audit_per_row(stages: &BTreeMap<String, f64>, rows_per_request: f64) -> f64 {
+    if rows_per_request <= 0.0 {
+        return 0.0;
+    }
+    AUDIT_STAGES
+        .iter()
+        .map(|s| stages.get(*s).copied().unwrap_or(0.0))
+        .sum::<f64>()
+        / rows_per_request
 }
 
 /// The build profile of a binary under `target/<profile>/`.
@@ -712,7 +762,7 @@ async fn measure(
             Some(v) => *v,
             None => {
                 let addr = setup.passthrough.0.addr;
-                let (w, _) = shared
+                let w = shared
                     .count(
                         cell,
                         "passthrough",
@@ -721,7 +771,8 @@ async fn measure(
                         &workload,
                         false,
                     )
-                    .await?;
+                    .await?
+                    .windows;
                 let v = median(&w);
                 passthrough_by_scenario.insert(key, v);
                 v
@@ -736,17 +787,19 @@ async fn measure(
             (&setup.audited.0, &mut setup.audited.1)
         };
         let addr = fw.addr;
-        let (windows, stages) = shared
+        let counted = shared
             .count(cell, "firewall", addr, counted, &workload, true)
             .await?;
-        let f = median(&windows);
+        let f = median(&counted.windows);
         out.push(Cell {
             name: cell.to_owned(),
             firewall_per_request: f,
             passthrough_per_request: pt,
             own_per_request: f - pt,
-            stages,
-            windows,
+            audit_per_row: audit_per_row(&counted.stages, counted.rows_per_request),
+            rows_per_request: counted.rows_per_request,
+            stages: counted.stages,
+            windows: counted.windows,
         });
     }
     setup.passthrough.0.stop(Duration::from_secs(5));
@@ -806,6 +859,19 @@ pub fn markdown(r: &Report) -> String {
             let _ = write!(s, " {:.0} |", c.stages.get(n).copied().unwrap_or(0.0));
         }
         let _ = writeln!(s);
+    }
+    if r.cells.iter().any(|c| c.rows_per_request > 0.0) {
+        let _ = writeln!(
+            s,
+            "\nThe audit's share (rows that landed in ClickHouse; the firewall's own work per row: build, encode, spool, chain, ship; ClickHouse's is not counted):\n\n| cell | rows / request | firewall's instructions / row |\n|---|---|---|"
+        );
+        for c in r.cells.iter().filter(|c| c.rows_per_request > 0.0) {
+            let _ = writeln!(
+                s,
+                "| {} | {:.2} | {:.0} |",
+                c.name, c.rows_per_request, c.audit_per_row
+            );
+        }
     }
     s
 }
@@ -913,7 +979,29 @@ Ir                  file:function
                 own_per_request: n - 1.0,
                 stages: BTreeMap::new(),
                 windows: vec![n],
+                rows_per_request: 0.0,
+                audit_per_row: 0.0,
             }],
+        }
+    }
+
+    #[test]
+    fn the_audit_share_is_per_row() {
+        let stages: BTreeMap<String, f64> = [
+            ("audit rows: build, encode, spool", 30_000.0),
+            ("hash chain and shipping", 80_000.0),
+            ("screening", 26_000.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(audit_per_row(&stages, 2.0), 55_000.0);
+        assert_eq!(audit_per_row(&stages, 0.0), 0.0);
+        for s in AUDIT_STAGES {
+            assert!(
+                STAGES.iter().any(|(name, _, _)| *name == s),
+                "{s} is a stage"
+            );
         }
     }
 

@@ -72,7 +72,9 @@ CREATE TABLE IF NOT EXISTS {database}.{table}
     delegation          Array(String),
     token_jti           String,
     shadow_decision     LowCardinality(String),
-    principal_claims    String
+    principal_claims    String,
+    upstream_auth       LowCardinality(String),
+    credential_id       String
 )
 ENGINE = ReplacingMergeTree(row_version)
 PARTITION BY toYYYYMMDD(time)
@@ -115,6 +117,15 @@ SETTINGS index_granularity = 8192;
 --   FROM {database}.{table} FINAL
 --   WHERE shadow_decision != '' AND time >= today() - 1
 --   GROUP BY tool, decision, shadow_decision ORDER BY calls DESC
+
+-- Tables created before delegated upstream credentials lack upstream_auth
+-- (static, exchange or user: what a forwarded message reached its upstream
+-- with) and credential_id (a stable id of that credential, a digest, never
+-- the credential). The firewall adds them at start, the same way. Which
+-- credentials a run used:
+--   SELECT upstream, upstream_auth, credential_id, count() AS calls
+--   FROM {database}.{table} FINAL
+--   WHERE run_id = '…' AND upstream_auth != '' GROUP BY upstream, upstream_auth, credential_id
 
 -- Per day, over final rows (a call's intent row is not counted; its completion
 -- is): calls, denials, errors, distinct runs, latency quantiles, by tenant,

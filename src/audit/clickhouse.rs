@@ -146,7 +146,7 @@ pub fn drop_partition_sql(database: &str, table: &str, partition: u32) -> String
 
 /// Columns added after the first release, with their types: a table
 /// created before them gets them at start.
-const ADDED_COLUMNS: [(&str, &str); 14] = [
+const ADDED_COLUMNS: [(&str, &str); 16] = [
     ("row_version", "UInt8 DEFAULT 1"),
     ("screen_kinds", "Array(String)"),
     ("screen_action", "LowCardinality(String)"),
@@ -161,6 +161,8 @@ const ADDED_COLUMNS: [(&str, &str); 14] = [
     ("token_jti", "String"),
     ("shadow_decision", "LowCardinality(String)"),
     ("principal_claims", "String"),
+    ("upstream_auth", "LowCardinality(String)"),
+    ("credential_id", "String"),
 ];
 
 /// The migration of a table created by an earlier release: per column

@@ -95,7 +95,7 @@ fn insert_names_every_column_in_order() {
     assert!(sql.ends_with(
         "instance, trace_id, row_version, screen_kinds, screen_action, run_labels, virtual_server, \
          approval_id, approver, approved_ms, policy_sha256, pin_sha256, delegation, token_jti, \
-         shadow_decision, principal_claims) FORMAT RowBinary"
+         shadow_decision, principal_claims, upstream_auth, credential_id) FORMAT RowBinary"
     ));
 }
 

@@ -154,6 +154,14 @@ pub struct AuditRow {
     /// columns, as JSON (`agent`, `mode`, `projects`, `project_ceiling`,
     /// `iss`): what `audit replay` re-decides a call with.
     pub principal_claims: String,
+    /// The credential a forwarded message reached its upstream with:
+    /// `static` (configured headers), `exchange` (a token exchanged for the
+    /// run, RFC 8693) or `user` (the user's own account); empty where
+    /// nothing was sent upstream.
+    pub upstream_auth: &'static str,
+    /// A stable, non-reversible id of that credential (never the
+    /// credential): [`crate::credential::credential_id`].
+    pub credential_id: String,
 }
 
 impl AuditRow {
@@ -211,6 +219,8 @@ impl AuditRow {
             token_jti: String::new(),
             shadow_decision: "",
             principal_claims: String::new(),
+            upstream_auth: "",
+            credential_id: String::new(),
         }
     }
 }
@@ -269,6 +279,8 @@ pub const COLUMNS: &[&str] = &[
     "token_jti",
     "shadow_decision",
     "principal_claims",
+    "upstream_auth",
+    "credential_id",
 ];
 
 /// How many of [`COLUMNS`] rows spooled by releases before content
@@ -303,11 +315,20 @@ pub(super) const VIRTUAL_TAIL: [u8; 14 + APPROVAL_TAIL.len()] = [0; 14 + APPROVA
 pub(super) const APPROVAL_COLUMNS: usize = 42;
 
 /// What completes a row of [`APPROVAL_COLUMNS`]: `shadow_decision = ''`,
-/// `principal_claims = ''`.
+/// `principal_claims = ''`, then [`SHADOW_TAIL`].
 /// A row whose columns after [`APPROVAL_COLUMNS`] are exactly these
 /// defaults is hashed without them ([`hashed_part`]), so rows chained
 /// before a column was added still verify once ClickHouse returns it.
-pub(super) const APPROVAL_TAIL: [u8; 2] = [0; 2];
+pub(super) const APPROVAL_TAIL: [u8; 2 + SHADOW_TAIL.len()] = [0; 2 + SHADOW_TAIL.len()];
+
+/// How many of [`COLUMNS`] rows spooled by releases before delegated
+/// upstream credentials have (they end at `principal_claims`).
+pub(super) const SHADOW_COLUMNS: usize = 44;
+
+/// What completes a row of [`SHADOW_COLUMNS`]: `upstream_auth = ''`,
+/// `credential_id = ''`. Hashed without them when they hold these
+/// defaults, as [`APPROVAL_TAIL`].
+pub(super) const SHADOW_TAIL: [u8; 2] = [0; 2];
 
 /// Offset of `time_ms` in an encoded row (after the 16-byte UUID and 4-byte DateTime).
 const TIME_MS_OFFSET: usize = 20;
@@ -383,6 +404,8 @@ pub(crate) fn encode_row(
     put_str(out, &row.token_jti);
     put_str(out, row.shadow_decision);
     put_str(out, &row.principal_claims);
+    put_str(out, row.upstream_auth);
+    put_str(out, &row.credential_id);
 }
 
 /// `Array(String)` in RowBinary: LEB128 count, then each string.
@@ -413,12 +436,12 @@ enum Width {
 }
 
 /// The type of each of [`COLUMNS`], in order (what [`encode_row`] writes).
-const WIDTHS: [Width; 44] = {
+const WIDTHS: [Width; 46] = {
     use Width::*;
     [
         Uuid, U32, U64, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str, Str,
         Str, Str, Str, Str, U8, U16, U64, U64, U64, U64, Str, Str, U8, Strs, Str, Strs, Str, Str,
-        Str, U64, Str, Str, Strs, Str, Str, Str,
+        Str, U64, Str, Str, Strs, Str, Str, Str, Str, Str,
     ]
 };
 const _: () = assert!(WIDTHS.len() == COLUMNS.len());
@@ -502,12 +525,22 @@ pub fn row_len(data: &[u8]) -> Option<usize> {
 }
 
 /// What of an encoded row its chain hash covers: the whole row, less the
-/// columns added since the chain began ([`APPROVAL_COLUMNS`]) when they
-/// all hold their defaults ([`APPROVAL_TAIL`]). Bytes that are not a row
-/// are covered as they are.
+/// columns added since the chain began when they hold their defaults, as
+/// the release that chained the row saw it: less the delegated-credential
+/// columns ([`SHADOW_COLUMNS`], [`SHADOW_TAIL`]), and less the shadow and
+/// claims columns too where those are defaults ([`APPROVAL_COLUMNS`],
+/// [`APPROVAL_TAIL`]). Bytes that are not a row are covered as they are.
 pub fn hashed_part(row: &[u8]) -> &[u8] {
+    let row = match skip_columns(row, SHADOW_COLUMNS) {
+        Some(at) if row.get(at..) == Some(&SHADOW_TAIL[..]) => row.get(..at).unwrap_or(row),
+        _ => row,
+    };
     match skip_columns(row, APPROVAL_COLUMNS) {
-        Some(at) if row.get(at..) == Some(&APPROVAL_TAIL[..]) => row.get(..at).unwrap_or(row),
+        Some(at)
+            if row.get(at..) == Some(&APPROVAL_TAIL[..APPROVAL_TAIL.len() - SHADOW_TAIL.len()]) =>
+        {
+            row.get(..at).unwrap_or(row)
+        }
         _ => row,
     }
 }

@@ -74,6 +74,8 @@ fn full_row() -> AuditRow {
     r.token_jti = "jti".into();
     r.shadow_decision = "deny";
     r.principal_claims = r#"{"mode":"caller"}"#.into();
+    r.upstream_auth = "exchange";
+    r.credential_id = "0f".repeat(16);
     r
 }
 
@@ -89,6 +91,8 @@ fn format_3(row: &AuditRow) -> AuditRow {
     r.token_jti.clear();
     r.shadow_decision = "";
     r.principal_claims.clear();
+    r.upstream_auth = "";
+    r.credential_id.clear();
     r
 }
 
@@ -152,6 +156,8 @@ fn encoded_row_decodes_to_every_field_in_column_order() {
     assert_eq!(rd.string(), "jti", "token_jti");
     assert_eq!(rd.string(), "deny", "shadow_decision");
     assert_eq!(rd.string(), r#"{"mode":"caller"}"#, "principal_claims");
+    assert_eq!(rd.string(), "exchange", "upstream_auth");
+    assert_eq!(rd.string(), "0f".repeat(16), "credential_id");
     assert_eq!(rd.pos, out.len(), "no trailing bytes");
 }
 
@@ -284,6 +290,8 @@ fn decode_row_reads_back_what_encode_row_wrote() {
     assert_eq!(d["token_jti"], "jti");
     assert_eq!(d["shadow_decision"], "deny");
     assert_eq!(d["principal_claims"], r#"{"mode":"caller"}"#);
+    assert_eq!(d["upstream_auth"], "exchange");
+    assert_eq!(d["credential_id"], "0f".repeat(16));
     assert_eq!(d.len(), COLUMNS.len() - 1, "every column but `time`");
     // Every older format decodes with empty values in the columns added
     // since, so every row has every column.
@@ -349,6 +357,8 @@ fn a_row_chained_before_the_shadow_columns_hashes_the_same_with_them_empty() {
     let mut row = full_row();
     row.shadow_decision = "";
     row.principal_claims.clear();
+    row.upstream_auth = "";
+    row.credential_id.clear();
     let mut now = Vec::new();
     encode_row(&row, b"{}", b"", "fw", &mut now);
     assert!(now.ends_with(&APPROVAL_TAIL));
@@ -363,16 +373,45 @@ fn a_row_chained_before_the_shadow_columns_hashes_the_same_with_them_empty() {
     row.shadow_decision = "deny";
     let mut with = Vec::new();
     encode_row(&row, b"{}", b"", "fw", &mut with);
-    assert_eq!(hashed_part(&with), &with[..]);
+    // (What format 5 hashed: all but the credential columns, empty here.)
+    assert_eq!(hashed_part(&with), &with[..with.len() - SHADOW_TAIL.len()]);
     row.shadow_decision = "";
     row.principal_claims = "{}".into();
     let mut claims = Vec::new();
     encode_row(&row, b"{}", b"", "fw", &mut claims);
-    assert_eq!(hashed_part(&claims), &claims[..]);
+    assert_eq!(
+        hashed_part(&claims),
+        &claims[..claims.len() - SHADOW_TAIL.len()]
+    );
     assert_ne!(
         crate::audit::chain::row_hash("w", 1, &[0; 32], &claims),
         crate::audit::chain::row_hash("w", 1, &[0; 32], before)
     );
+}
+
+#[test]
+fn a_row_chained_before_the_credential_columns_hashes_the_same_with_them_empty() {
+    let mut row = full_row();
+    row.upstream_auth = "";
+    row.credential_id.clear();
+    let mut now = Vec::new();
+    encode_row(&row, b"{}", b"", "fw", &mut now);
+    assert!(now.ends_with(&SHADOW_TAIL));
+    // What format 5 hashed (its last columns set): the row without them.
+    let before = &now[..now.len() - SHADOW_TAIL.len()];
+    assert_eq!(hashed_part(&now), before);
+    // A credential on record is covered by the hash, and changing it breaks it.
+    for (auth, id) in [("static", ""), ("exchange", "ab"), ("exchange", "ac")] {
+        row.upstream_auth = auth;
+        row.credential_id = id.into();
+        let mut with = Vec::new();
+        encode_row(&row, b"{}", b"", "fw", &mut with);
+        assert_eq!(hashed_part(&with), &with[..], "{auth} {id}");
+        assert_ne!(
+            crate::audit::chain::content_hash(&with),
+            crate::audit::chain::content_hash(before)
+        );
+    }
 }
 
 #[test]

@@ -104,11 +104,40 @@ pub async fn explain(cfg: &Config, args: ExplainArgs<'_>) -> anyhow::Result<Stri
         let _ = writeln!(out, "  - {t}");
     }
     explain_labels(cfg, &policy, up, &claims, &decision, args, &mut out).await?;
+    let _ = writeln!(out, "{}", credential_line(up, &claims));
     let _ = writeln!(
         out,
         "  (arguments are also checked against the tool's inputSchema, and budgets apply, at call time)"
     );
     Ok(out)
+}
+
+/// Which credential the call would reach its upstream with.
+pub(super) fn credential_line(up: &crate::config::Upstream, claims: &auth::Claims) -> String {
+    match &up.auth {
+        crate::config::UpstreamAuth::Static if up.inject.is_empty() => {
+            "credential: static (no [upstream.headers]: the upstream gets no credential)".to_owned()
+        }
+        crate::config::UpstreamAuth::Static => format!(
+            "credential: static: [upstream.headers] {} (credential_id {})",
+            up.inject
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            crate::credential::static_id(&up.inject)
+        ),
+        crate::config::UpstreamAuth::Exchange(x) => format!(
+            "credential: exchange (RFC 8693): this run's token exchanged at {} by client {:?} for audience {:?}{}{}, kept for run {:?} of {:?} until shortly before it expires; nothing is sent if the exchange fails (-31007)",
+            x.token_endpoint,
+            x.client_id,
+            x.audience.as_deref().unwrap_or(""),
+            x.resource.as_deref().map(|r| format!(", resource {r:?}")).unwrap_or_default(),
+            x.scope.as_deref().map(|s| format!(", scope {s:?}")).unwrap_or_default(),
+            claims.run_id,
+            &*claims.sub,
+        ),
+    }
 }
 
 /// The run's labels and the `[taint]` gate they put on the call.

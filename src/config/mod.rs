@@ -12,10 +12,12 @@
 //! Secrets (injected upstream credentials) are held in [`Secret`], whose `Debug`
 //! never prints the value.
 
+mod upstream_auth;
 mod validate;
 mod validate_upstream;
 pub use crate::server::tls::TlsConfig;
 pub use crate::telemetry::LogFormat;
+pub use upstream_auth::{ClientAuth, TokenExchange, UpstreamAuth};
 pub use validate::{
     load, load_str, Config, ConfigError, ExtraMethod, HeaderValueSource, IdentityClaim, Secret,
     ServerConfig, Upstream,

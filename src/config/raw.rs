@@ -331,6 +331,73 @@ pub struct RawUpstream {
     /// Tool-definition pinning: `off`, `record` or `enforce`.
     #[serde(default)]
     pub pinning: crate::pins::Mode,
+    /// What the firewall presents to this upstream: `static` (default: the
+    /// `headers` above), `token_exchange` (a token exchanged per run, RFC
+    /// 8693: `[upstream.token_exchange]`) or `oauth_user` (each user's own
+    /// account: `[upstream.oauth_user]`).
+    #[serde(default)]
+    pub auth: UpstreamAuthMode,
+    /// `[upstream.token_exchange]`, with `auth = "token_exchange"`.
+    pub token_exchange: Option<RawTokenExchange>,
+    /// `[upstream.oauth_user]`, with `auth = "oauth_user"`.
+    pub oauth_user: Option<RawOauthUser>,
+}
+
+/// `[[upstream]] auth`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamAuthMode {
+    /// The configured `headers`, the same for every run.
+    #[default]
+    Static,
+    /// A token exchanged for each run at the identity provider (RFC 8693).
+    TokenExchange,
+    /// Each user's own account, after their consent.
+    OauthUser,
+}
+
+/// `[upstream.token_exchange]`: where and how the firewall exchanges a
+/// run's tool token for a token of this upstream's audience.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokenExchange {
+    /// The identity provider's token endpoint (`https://`, or `http://`
+    /// on a loopback address).
+    pub token_endpoint: String,
+    /// The firewall's client id at the identity provider.
+    pub client_id: String,
+    /// Its secret (`client_secret_basic`): `{ env = "…" }` or
+    /// `{ file = "…" }` as in `[upstream.headers]`.
+    pub client_secret: Option<RawHeaderValue>,
+    /// Or a PEM private key (EC P-256 or RSA) it signs a client assertion
+    /// with (`private_key_jwt`).
+    pub private_key_file: Option<PathBuf>,
+    /// The `audience` asked for (the upstream's, as the provider names it).
+    pub audience: Option<String>,
+    /// The `resource` asked for (RFC 8707: the upstream's URI).
+    pub resource: Option<String>,
+    /// The `scope` asked for, space-separated.
+    pub scope: Option<String>,
+    /// PEM file of extra CA certificates trusted for the token endpoint.
+    pub ca_file: Option<PathBuf>,
+    /// Time allowed for one exchange. Default 5 s.
+    pub timeout_ms: Option<u64>,
+}
+
+/// `[upstream.oauth_user]`: the upstream's authorization server and the
+/// firewall's client there.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOauthUser {
+    /// The authorization server (else discovered from the upstream).
+    pub authorization_server: Option<String>,
+    /// The firewall's client id there.
+    pub client_id: String,
+    /// Its secret, `{ env }` or `{ file }`.
+    pub client_secret: Option<RawHeaderValue>,
+    /// Scopes asked for.
+    #[serde(default)]
+    pub scopes: Vec<String>,
 }
 
 /// `[[upstream.extra_methods]]`: a method the upstream serves beyond MCP.

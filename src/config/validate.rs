@@ -159,6 +159,8 @@ pub struct Upstream {
     /// A stdio upstream: what the firewall starts (`url` is then a
     /// placeholder nobody connects to).
     pub stdio: Option<crate::stdio::Launch>,
+    /// What the firewall presents to it (`auth`).
+    pub auth: super::UpstreamAuth,
 }
 
 impl Upstream {

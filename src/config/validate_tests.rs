@@ -272,3 +272,95 @@ fn extra_methods_and_forwarded_headers_are_checked() {
         );
     }
 }
+
+const EXCHANGE: &str = r#"auth = "token_exchange"
+[upstream.token_exchange]
+token_endpoint = "https://idp.example.com/oauth2/token"
+client_id = "mcp-firewall"
+client_secret = { env = "MCP_FIREWALL_IDP_SECRET" }
+audience = "tickets"
+scope = "tickets:read tickets:write"
+"#;
+
+fn idp_env(name: &str) -> Option<String> {
+    (name == "MCP_FIREWALL_IDP_SECRET").then(|| "idp-s3cr3t".to_owned())
+}
+
+#[test]
+fn token_exchange_is_read_with_its_secret_never_printed() {
+    let c = load_with_env(&format!("{MINIMAL}{EXCHANGE}"), &idp_env).unwrap();
+    let crate::config::UpstreamAuth::Exchange(x) = &c.upstreams[0].auth else {
+        panic!("not an exchange: {:?}", c.upstreams[0].auth);
+    };
+    assert_eq!(x.token_endpoint, "https://idp.example.com/oauth2/token");
+    assert_eq!(x.audience.as_deref(), Some("tickets"));
+    assert_eq!(x.scope.as_deref(), Some("tickets:read tickets:write"));
+    assert_eq!(x.timeout, std::time::Duration::from_secs(5));
+    assert_eq!(c.upstreams[0].auth.name(), "exchange");
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("idp-s3cr3t"), "{debug}");
+    // The default stays static.
+    assert_eq!(load(MINIMAL).unwrap().upstreams[0].auth.name(), "static");
+}
+
+#[test]
+fn token_exchange_mistakes_are_named() {
+    let with = |edit: &dyn Fn(&str) -> String| match load_with_env(
+        &edit(&format!("{MINIMAL}{EXCHANGE}")),
+        &idp_env,
+    ) {
+        Ok(_) => panic!("valid"),
+        Err(e) => e.to_string(),
+    };
+    let cases: Vec<(String, &str)> = vec![
+        (
+            with(&|t| t.replace("https://idp.example.com", "http://idp.example.com")),
+            "upstream[0].token_exchange.token_endpoint: \"http://idp.example.com/oauth2/token\": the client's credentials go there; use https://",
+        ),
+        (
+            with(&|t| t.replace("client_secret = { env = \"MCP_FIREWALL_IDP_SECRET\" }\n", "")),
+            "upstream[0].token_exchange.client_secret: the firewall authenticates as its client",
+        ),
+        (
+            with(&|t| t.replace("audience = \"tickets\"\n", "")),
+            "upstream[0].token_exchange.audience: name the upstream's audience",
+        ),
+        (
+            with(&|t| t.replace("client_secret = { env = \"MCP_FIREWALL_IDP_SECRET\" }", "client_secret = { env = \"NOPE\" }")),
+            "upstream[0].token_exchange.client_secret: environment variable NOPE is not set",
+        ),
+        (
+            with(&|t| t.replace("[upstream.token_exchange]", "[upstream.headers]\nAuthorization = { value = \"Bearer static\" }\n[upstream.token_exchange]")),
+            "upstream[0].headers.Authorization: with auth = \"token_exchange\" the firewall sets Authorization",
+        ),
+        (
+            with(&|t| t.replace("auth = \"token_exchange\"", "auth = \"static\"")),
+            "upstream[0].token_exchange: only with auth = \"token_exchange\"",
+        ),
+        (
+            with(&|t| t.replace("auth = \"token_exchange\"", "auth = \"oauth_user\"")),
+            "upstream[0].auth: \"oauth_user\" (each user's own account) is not available in this release",
+        ),
+        (
+            with(&|t| t.replace("scope = \"tickets:read tickets:write\"", "scope = \"  \"")),
+            "upstream[0].token_exchange.scope: must not be empty",
+        ),
+        (
+            with(&|t| format!("{t}timeout_ms = 0\n")),
+            "upstream[0].token_exchange.timeout_ms: must be 1-60000",
+        ),
+    ];
+    for (e, want) in cases {
+        assert!(e.contains(want), "{e}\n  wanted: {want}");
+    }
+    // A loopback endpoint may be plain http (nothing leaves the machine).
+    let local =
+        format!("{MINIMAL}{EXCHANGE}").replace("https://idp.example.com", "http://127.0.0.1:8081");
+    assert!(load_with_env(&local, &idp_env).is_ok());
+    // Without its section.
+    let e = err(&format!("{MINIMAL}auth = \"token_exchange\"\n"));
+    assert!(
+        e.contains("needs an [upstream.token_exchange] section"),
+        "{e}"
+    );
+}

@@ -53,6 +53,7 @@ impl Validator<'_> {
                 return Err(self.invalid(key(k), "must be greater than 0"));
             }
         }
+        let auth = self.upstream_auth(&key, &mut u)?;
         let inject = self.inject(&key, std::mem::take(&mut u.headers), token_header)?;
         let identity_headers = self.identity_headers(
             &key,
@@ -97,6 +98,7 @@ impl Validator<'_> {
             private: u.data == super::DataClass::Private,
             egress: u.egress,
             stdio,
+            auth,
         })
     }
 

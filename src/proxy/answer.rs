@@ -34,6 +34,9 @@ pub(crate) mod codes {
     /// The shared budget store cannot be asked and calls of this risk fail
     /// closed (`[state] on_store_unavailable`); retry later.
     pub(crate) const STORE_UNAVAILABLE: i32 = -31006;
+    /// No credential for the upstream could be had for this run (its
+    /// token exchange failed); nothing was sent.
+    pub(crate) const CREDENTIAL_UNAVAILABLE: i32 = -31007;
 }
 
 /// A JSON-RPC error response.
@@ -199,6 +202,12 @@ pub(crate) fn for_outcome(
             })),
         ),
         Outcome::Skipped { refusal, .. } => skipped(id, tool, refusal),
+        Outcome::CredentialUnavailable { why, .. } => error(
+            Some(id),
+            codes::CREDENTIAL_UNAVAILABLE,
+            "upstream credential unavailable",
+            Some(&json!({ "reason": why, "tool": tool })),
+        ),
         Outcome::AuditUnavailable { .. } => error(
             Some(id),
             codes::AUDIT_UNAVAILABLE,

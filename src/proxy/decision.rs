@@ -66,6 +66,9 @@ pub(crate) struct RunContext {
     /// The virtual server this message came through, if any (on record
     /// beside the member upstream).
     pub via: Option<Arc<str>>,
+    /// The tool token as the client sent it, kept only where the upstream
+    /// takes a token exchanged for the run (`auth = "token_exchange"`).
+    pub subject_token: Option<Arc<str>>,
 }
 
 /// What a decision knows besides the message and the run: the caller's
@@ -262,6 +265,14 @@ pub(crate) enum Outcome {
         /// Which budget.
         refusal: Refusal,
     },
+    /// No credential for the upstream could be had for this run (the
+    /// token exchange failed): not sent, never with another credential.
+    CredentialUnavailable {
+        /// Risk of the tool (read for other messages).
+        risk: Risk,
+        /// Why.
+        why: String,
+    },
     /// The audit trail cannot record the call and its risk is fail-closed.
     AuditUnavailable {
         /// Risk of the tool.
@@ -420,6 +431,12 @@ impl Outcome {
                 },
                 refusal.stop_reason(),
                 refusal.describe(),
+                Some(*risk),
+            ),
+            Outcome::CredentialUnavailable { risk, why } => facts(
+                DecisionKind::Error,
+                StopReason::Denied,
+                format!("upstream credential unavailable: {why}"),
                 Some(*risk),
             ),
             Outcome::AuditUnavailable { risk, error } => facts(

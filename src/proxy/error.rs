@@ -124,6 +124,10 @@ pub(crate) enum ProxyError {
     /// A `Host` the firewall does not serve (DNS rebinding).
     #[error("host {0:?} is not served here")]
     HostNotAllowed(String),
+    /// No credential for the upstream could be had for this run (a GET or
+    /// DELETE; a POST's messages are answered `-31007` one by one).
+    #[error("upstream credential unavailable: {0}")]
+    CredentialUnavailable(String),
 }
 
 // === impl ProxyError ===
@@ -188,6 +192,13 @@ impl ProxyError {
                 jsonrpc::INVALID_REQUEST,
                 &message,
                 Some(&json!({ "limit_bytes": limit })),
+            ),
+            ProxyError::CredentialUnavailable(why) => rpc(
+                StatusCode::BAD_GATEWAY,
+                None,
+                crate::proxy::answer::codes::CREDENTIAL_UNAVAILABLE,
+                "upstream credential unavailable",
+                Some(&json!({ "reason": why })),
             ),
             ProxyError::BodyRead(_) => rpc(
                 StatusCode::BAD_REQUEST,

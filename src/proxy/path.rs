@@ -133,6 +133,13 @@ pub(crate) async fn serve_upstream(
         .touch(&run.claims.tenant_id, &run.claims.run_id);
     run.version = header_version(req.headers());
     run.via = via;
+    if run.upstream.credentials.is_some() {
+        // Exchanged for the upstream's token: kept for this request only.
+        run.subject_token = auth::extract(req.headers(), state.verifier.header_name())
+            .ok()
+            .flatten()
+            .map(Arc::from);
+    }
 
     // Step 5: the session, the caller's own or none.
     let session = open_session(&run, req.headers())?;
@@ -239,7 +246,10 @@ pub(super) async fn post(
                 .iter()
                 .any(|d| d.method == "notifications/initialized")
     });
-    let identity = identity_headers(&run);
+    let mut identity = identity_headers(&run);
+    if let Some(c) = &outgoing.credential {
+        c.add_to(&mut identity);
+    }
     let mut set = identity.clone();
     if let Some(v) = outgoing
         .mcp_name
@@ -493,9 +503,24 @@ pub(super) async fn transport(
     } else {
         "DELETE"
     };
-    let row = recorder
-        .enabled()
-        .then(|| recorder.transport(label, reason));
+    // What it reaches the upstream with: none, none sent.
+    let credential = match run.credential().await {
+        Ok(c) => c,
+        Err(e) => {
+            if recorder.enabled() {
+                let mut row =
+                    recorder.transport(label, format!("upstream credential unavailable: {e}"));
+                row.decision = crate::outcome::DecisionKind::Error.as_str().into();
+                recorder.write(vec![row]).await;
+            }
+            return Err(ProxyError::CredentialUnavailable(e.to_string()));
+        }
+    };
+    let row = recorder.enabled().then(|| {
+        let mut row = recorder.transport(label, reason);
+        credential.stamp(&mut row);
+        row
+    });
     if let Some(row) = &row {
         // Read risk: follows the audit's fail mode for reads.
         if let Err(e) = recorder.write_ahead(row).await {
@@ -503,7 +528,8 @@ pub(super) async fn transport(
         }
     }
     due.insert(0, Due::transport(&method, row));
-    let identity = identity_headers(&run);
+    let mut identity = identity_headers(&run);
+    credential.add_to(&mut identity);
     let kind = if method == Method::GET {
         ExchangeKind::Get
     } else {
@@ -664,6 +690,7 @@ pub(super) fn authorize(
         tasks: state.tasks.clone(),
         trace: None,
         via: None,
+        subject_token: None,
     })
 }
 

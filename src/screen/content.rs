@@ -262,7 +262,55 @@ pub(crate) fn screen_message(
     json: &str,
     carry: Option<&mut Carry>,
 ) -> Result<Screened, serde_json::Error> {
-    let mut screened = screen_once(scanner, actions, json, carry)?;
+    screen_passes(scanner, actions, json, carry, Recall::Fresh)
+}
+
+/// [`screen_message`] for a list answer (tools, prompts, resources): the
+/// same screening, with each string's scan remembered by the scanner
+/// ([`Scanner::scan_remembered`]), since an upstream lists the same
+/// definitions again and again. Every string is still read, and what
+/// reads across strings is done afresh.
+///
+/// # Errors
+/// Text that is not JSON.
+pub(crate) fn screen_listing(
+    scanner: &Scanner,
+    actions: Actions,
+    json: &str,
+    carry: Option<&mut Carry>,
+) -> Result<Screened, serde_json::Error> {
+    screen_passes(scanner, actions, json, carry, Recall::Remembered)
+}
+
+/// Whether a string's scan may come from the scanner's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recall {
+    /// Scanned now (content, whose text is seldom seen twice).
+    Fresh,
+    /// Remembered where read before (definitions).
+    Remembered,
+}
+
+impl Recall {
+    /// What `scanner` finds in `text`, remembered where this recalls.
+    fn scan(self, scanner: &Scanner, text: &str) -> Vec<Finding> {
+        match self {
+            Recall::Fresh => scanner.scan(text),
+            Recall::Remembered => scanner.scan_remembered(text),
+        }
+    }
+}
+
+/// [`screen_message`]'s passes: the first, then again over what a
+/// redaction left.
+fn screen_passes(
+    scanner: &Scanner,
+    actions: Actions,
+    json: &str,
+    carry: Option<&mut Carry>,
+    recall: Recall,
+) -> Result<Screened, serde_json::Error> {
+    let mut screened = screen_once(scanner, actions, json, carry, recall)?;
     // A redaction can make a token's start a word start (`…A` + `xoxr-…`
     // becomes `…]xoxr-…`): what it reveals is redacted too, so what passes
     // reads the same when screened again (found by the `screen_planted`
@@ -271,7 +319,7 @@ pub(crate) fn screen_message(
         let Some(text) = screened.redacted.as_deref() else {
             break;
         };
-        let again = screen_once(scanner, actions, text, None)?;
+        let again = screen_once(scanner, actions, text, None, recall)?;
         match again.redacted {
             Some(more) if more != text => {
                 screened.report.merge(&again.report);
@@ -292,6 +340,7 @@ fn screen_once(
     actions: Actions,
     json: &str,
     carry: Option<&mut Carry>,
+    recall: Recall,
 ) -> Result<Screened, serde_json::Error> {
     let mut report = Report::default();
     if actions.all_off() {
@@ -307,7 +356,7 @@ fn screen_once(
             if s.text.len() < 4 || plain_word(&s.text) {
                 Vec::new()
             } else {
-                scanner.scan(&s.text)
+                recall.scan(scanner, &s.text)
             }
         })
         .collect();
@@ -329,8 +378,8 @@ fn screen_once(
         }
     }
     let mut carry = carry;
-    split_tokens(scanner, &strings, &mut found, carry.as_deref_mut());
-    across(scanner, &strings, &mut found, carry);
+    split_tokens(scanner, recall, &strings, &mut found, carry.as_deref_mut());
+    across(scanner, recall, &strings, &mut found, carry);
     let mut settled = Vec::with_capacity(found.len());
     for f in found {
         let f = super::settle(f);
@@ -406,6 +455,7 @@ fn screen_text_once(scanner: &Scanner, actions: Actions, text: &str) -> Screened
 /// first one's part, when it came from an earlier message, already left).
 fn across(
     scanner: &Scanner,
+    recall: Recall,
     strings: &[Str<'_>],
     found: &mut [Vec<Finding>],
     mut carry: Option<&mut Carry>,
@@ -440,7 +490,7 @@ fn across(
             let mut continued = false;
             if tail.len() + head.len() >= 8 {
                 let window = [tail, head].concat();
-                for f in scanner.scan(&window) {
+                for f in recall.scan(scanner, &window) {
                     if f.range.start >= tail.len() || f.range.end <= tail.len() {
                         continue;
                     }
@@ -523,6 +573,7 @@ fn plain_word(text: &str) -> bool {
 /// string; a token found across the two is redacted in both.
 fn split_tokens(
     scanner: &Scanner,
+    recall: Recall,
     strings: &[Str<'_>],
     found: &mut [Vec<Finding>],
     carry: Option<&mut Carry>,
@@ -569,7 +620,7 @@ fn split_tokens(
                 continue;
             }
             let window = format!("{end}{} ", &t[..run]);
-            for f in scanner.scan(&window) {
+            for f in recall.scan(scanner, &window) {
                 let straddles = f.range.start < end.len() && f.range.end > end.len();
                 if !straddles || !matches!(f.kind, Kind::Secret(_)) {
                     continue;

@@ -18,6 +18,7 @@
 //! module only finds.
 
 pub(crate) mod content;
+mod memo;
 pub(crate) mod normalize;
 mod payment;
 pub(crate) mod rules;

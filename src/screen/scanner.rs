@@ -109,6 +109,8 @@ pub struct Scanner {
     /// Where answers may link and load images from (`screen.link_hosts`):
     /// a name, or `*.name` for its subdomains.
     link_hosts: Vec<String>,
+    /// What list answers' definitions held when last read.
+    memo: super::memo::ScanMemo,
 }
 
 /// Phrases aimed at the model rather than the reader: a small set, each
@@ -185,8 +187,12 @@ impl Scanner {
             .iter()
             .map(|r| r.prefix)
             .chain([PEM_BEGIN, JWT_HEADER]);
+        // A DFA: these few prefixes make a small one, and it reads a byte
+        // in a few instructions where the default automaton takes several
+        // times that (every string of every answer passes it).
         let prefixes = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
+            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
             .build(patterns)?;
         let mut cue_places = Vec::with_capacity(CUES.len());
         for cue in CUES {
@@ -208,6 +214,7 @@ impl Scanner {
             anchors,
             cue_places,
             link_hosts: link_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            memo: super::memo::ScanMemo::default(),
         })
     }
 
@@ -234,6 +241,13 @@ impl Scanner {
             hidden(text, &mut found);
         }
         settle(found)
+    }
+
+    /// [`Scanner::scan`], remembered for a text read before (a definition
+    /// an upstream lists again): the same findings, read once
+    /// ([`super::memo`]).
+    pub(crate) fn scan_remembered(&self, text: &str) -> Vec<Finding> {
+        self.memo.recall(text, |t| self.scan(t))
     }
 
     /// The detectors but the hidden characters', over a folded text.

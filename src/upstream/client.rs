@@ -52,6 +52,10 @@ pub struct UpstreamClient {
     make: Box<dyn Fn() -> Transport + Send + Sync>,
     /// A stdio upstream's bridge (its processes).
     pub bridge: Option<Arc<crate::stdio::Bridge>>,
+    /// With `auth = "token_exchange"`: the exchanges and their tokens.
+    pub(crate) credentials: Option<Arc<crate::credential::Credentials>>,
+    /// The id of the configured headers' credential (on record).
+    static_id: Arc<str>,
 }
 
 /// How requests reach the upstream.
@@ -221,7 +225,39 @@ impl UpstreamClient {
             let connector = builder.enable_http1().wrap_connector(http);
             Box::new(move || Transport::Http1(http1_client(connector.clone())))
         };
-        Ok(UpstreamClient::with(config, transport, None))
+        let mut client = UpstreamClient::with(config, transport, None);
+        if let crate::config::UpstreamAuth::Exchange(x) = &client.config.auth {
+            let credentials =
+                crate::credential::Credentials::new(&client.config.name, x.clone(), metrics)
+                    .map_err(|reason| ClientError::Setup {
+                        upstream: client.config.name.clone(),
+                        reason: format!("token_exchange: {reason}"),
+                    })?;
+            client.credentials = Some(Arc::new(credentials));
+        }
+        Ok(client)
+    }
+
+    /// What a run's requests reach this upstream with: the configured
+    /// headers, or the run's exchanged token (`run`'s tool token
+    /// exchanged, or kept from an earlier exchange of this run); with no
+    /// run, the firewall's own token.
+    ///
+    /// # Errors
+    /// No token could be had (`-31007`): nothing may be sent.
+    pub(crate) async fn credential(
+        &self,
+        run: Option<crate::credential::RunSubject<'_>>,
+    ) -> Result<crate::credential::Credential, crate::credential::CredentialError> {
+        let Some(c) = &self.credentials else {
+            return Ok(crate::credential::Credential::configured(
+                self.static_id.clone(),
+            ));
+        };
+        match run {
+            Some(run) => c.for_run(run).await.map(Into::into),
+            None => c.own().await.map(Into::into),
+        }
     }
 
     fn with(
@@ -234,8 +270,10 @@ impl UpstreamClient {
                 .map(|_| OnceLock::new())
                 .collect(),
             make,
+            static_id: Arc::from(crate::credential::static_id(&config.inject)),
             config,
             bridge,
+            credentials: None,
         }
     }
 

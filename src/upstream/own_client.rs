@@ -40,6 +40,9 @@ pub(crate) enum OwnCallError {
     /// The request did not get an answer (connect, timeout, status, size).
     #[error(transparent)]
     Upstream(#[from] UpstreamFailure),
+    /// The firewall's own token for the upstream could not be had.
+    #[error("upstream credential unavailable: {0}")]
+    Credential(#[from] crate::credential::CredentialError),
     /// The answer's event stream could not be read.
     #[error("invalid event stream from the upstream: {0}")]
     EventStream(#[from] sse::SseError),
@@ -288,15 +291,22 @@ async fn session(
     )
     .await;
     if sid.is_some() {
-        let row = by.intent(up, "DELETE", None, &Bytes::new());
-        if by.write(row.clone()).await.is_ok() {
+        let mut row = by.intent(up, "DELETE", None, &Bytes::new());
+        let mut set = Vec::new();
+        // Without the firewall's own token the session is left to expire.
+        let credential = up.credential(None).await.ok();
+        if let Some(c) = &credential {
+            c.stamp(&mut row);
+            c.add_to(&mut set);
+        }
+        if credential.is_some() && by.write(row.clone()).await.is_ok() {
             let fwd = Forward {
                 method: Method::DELETE,
                 headers: &headers,
                 query: None,
                 body: Bytes::new(),
                 conn: LOCAL,
-                set: &[],
+                set: &set,
                 session: sid.as_deref(),
                 last_event_id: None,
             };
@@ -355,10 +365,25 @@ async fn post(
     session: Option<&[u8]>,
     body: Bytes,
 ) -> Result<(HeaderMap, Option<Value>), OwnCallError> {
-    let row = by.intent(up, what.0, what.1, &body);
+    let mut row = by.intent(up, what.0, what.1, &body);
+    // The firewall's own token (client credentials) where the upstream
+    // takes exchanged tokens; none, nothing sent (and on record).
+    let credential = match up.credential(None).await {
+        Ok(c) => c,
+        Err(e) => {
+            row.decision = crate::outcome::DecisionKind::Error.as_str().into();
+            row.reason = format!("upstream credential unavailable: {e}");
+            row.row_version = 1;
+            by.write(row).await?;
+            return Err(e.into());
+        }
+    };
+    credential.stamp(&mut row);
     by.write(row.clone()).await?;
     let started = std::time::Instant::now();
-    let answered = send(up, headers, session, body).await;
+    let mut set = Vec::new();
+    credential.add_to(&mut set);
+    let answered = send(up, headers, session, body, &set).await;
     let mut done = match &answered {
         Ok((_, answer)) => completed(row, 200, false, answer.as_ref()),
         Err(OwnCallError::Upstream(UpstreamFailure::Status(s))) => completed(row, *s, true, None),
@@ -378,6 +403,7 @@ async fn send(
     headers: &HeaderMap,
     session: Option<&[u8]>,
     body: Bytes,
+    set: &[(HeaderName, HeaderValue)],
 ) -> Result<(HeaderMap, Option<Value>), OwnCallError> {
     let fwd = Forward {
         method: Method::POST,
@@ -385,7 +411,7 @@ async fn send(
         query: None,
         body,
         conn: LOCAL,
-        set: &[],
+        set,
         session,
         last_event_id: None,
     };

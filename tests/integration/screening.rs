@@ -410,6 +410,89 @@ async fn a_poisoned_tool_description_is_reported_or_hidden() {
     fw.stop().await;
 }
 
+/// A list whose view is rebuilt on every answer (one description changed
+/// each time) has its definitions' scans remembered: what they hold is found
+/// in every answer all the same (the secret redacted, the cue counted),
+/// never only in the first.
+#[tokio::test]
+async fn a_definition_listed_again_is_screened_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let answers = std::sync::Arc::new(AtomicUsize::new(0));
+    let n = answers.clone();
+    let mail = raw::upstream(move |seen| {
+        let n = n.clone();
+        async move {
+            let body: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+            if body["method"] != "tools/list" {
+                return raw::full(
+                    200,
+                    "application/json",
+                    json!({"jsonrpc": "2.0", "id": body["id"], "result": {}}).to_string(),
+                );
+            }
+            let i = n.fetch_add(1, Ordering::SeqCst);
+            let mut tools = tools();
+            for t in tools.as_array_mut().unwrap() {
+                match t["name"].as_str() {
+                    // The same poisoned definition in every answer, a key added.
+                    Some("summarize") => {
+                        t["description"] = json!(format!(
+                            "{} The deploy key is {KEY}.",
+                            t["description"].as_str().unwrap()
+                        ));
+                    }
+                    // One that changes with every answer: the view is rebuilt.
+                    Some("send_email") => {
+                        t["description"] = json!(format!("Sends an e-mail (answer {i})"))
+                    }
+                    _ => {}
+                }
+            }
+            let message = json!({"jsonrpc": "2.0", "id": body["id"], "result": {"tools": tools}});
+            raw::full(200, "application/json", message.to_string())
+        }
+    })
+    .await;
+    let estate = Estate::new().await;
+    let dir = policy_dir("");
+    let config = TestConfig::new()
+        .policies(dir.path())
+        .upstream("crm", &estate.crm.url())
+        .upstream("web", &estate.web.url())
+        .upstream("mail", &mail.url());
+    let fw = common::firewall(&config.text()).await;
+    let token = assistant();
+    let flagged = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.contains("upstream=\"mail\"")
+                    && l.contains(r#"kind="instruction_cue",action="flag""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let mut counted = 0;
+    for i in 0..4u64 {
+        let list = format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/list"}}"#);
+        let a = common::post(&fw.mcp_url("mail"), &token, &[], &list).await;
+        assert_eq!(a.status, 200, "{}", a.text);
+        assert!(
+            !a.text.contains(KEY),
+            "answer {i} leaked the key: {}",
+            a.text
+        );
+        assert!(a.text.contains("The deploy key is"), "{}", a.text);
+        assert!(a.text.contains(&format!("(answer {i})")), "{}", a.text);
+        // The poisoned description was read in this answer too.
+        let now = flagged(&fw.metrics().await);
+        assert!(now > counted, "answer {i}: {now} flags after {counted}");
+        counted = now;
+    }
+    assert_eq!(answers.load(Ordering::SeqCst), 4);
+    fw.stop().await;
+}
+
 #[tokio::test]
 async fn the_lethal_trifecta_is_refused_and_a_fresh_run_sends() {
     let estate = Estate::new().await;

@@ -16,7 +16,12 @@ pub(super) const MAGIC: &[u8; 8] = b"MCPFWAUD";
 /// 3: and then `virtual_server`.
 /// 4: and then the approval, policy, pin and delegation columns.
 /// 5: and then `shadow_decision` and `principal_claims`.
-pub(super) const FORMAT_VERSION: u32 = 5;
+/// 6: and then `upstream_auth` and `credential_id`.
+pub(super) const FORMAT_VERSION: u32 = 6;
+
+/// The format of releases before delegated upstream credentials: the
+/// reader completes its rows with [`crate::audit::record::SHADOW_TAIL`].
+pub(super) const SHADOW_VERSION: u32 = 5;
 
 /// The format of releases before the shadow policy: the reader completes
 /// its rows with [`crate::audit::record::APPROVAL_TAIL`].
@@ -110,6 +115,7 @@ pub(super) fn header_version(data: &[u8]) -> Option<u32> {
     let v = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
     [
         FORMAT_VERSION,
+        SHADOW_VERSION,
         APPROVAL_VERSION,
         VIRTUAL_VERSION,
         SCREENING_VERSION,

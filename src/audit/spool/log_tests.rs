@@ -455,17 +455,20 @@ fn segment_of(version: u32, rows: &[Vec<u8>]) -> Vec<u8> {
 
 #[tokio::test]
 async fn rows_of_older_formats_are_read_completed_with_the_columns_added_since() {
-    use crate::audit::record::{APPROVAL_TAIL, LEGACY_TAIL, SCREENING_TAIL, VIRTUAL_TAIL};
+    use crate::audit::record::{
+        APPROVAL_TAIL, LEGACY_TAIL, SCREENING_TAIL, SHADOW_TAIL, VIRTUAL_TAIL,
+    };
     let dir = tempfile::tempdir().unwrap();
-    // Left by earlier releases (formats 1, 2, 3, 4) and by this one (5).
-    let formats: [(u32, &[u8]); 5] = [
+    // Left by earlier releases (formats 1 to 5) and by this one (6).
+    let formats: [(u32, &[u8]); 6] = [
         (LEGACY_VERSION, &LEGACY_TAIL),
         (SCREENING_VERSION, &SCREENING_TAIL),
         (VIRTUAL_VERSION, &VIRTUAL_TAIL),
         (super::format::APPROVAL_VERSION, &APPROVAL_TAIL),
+        (super::format::SHADOW_VERSION, &SHADOW_TAIL),
         (FORMAT_VERSION, &[]),
     ];
-    assert_eq!(FORMAT_VERSION, 5);
+    assert_eq!(FORMAT_VERSION, 6);
     let mut want = Vec::new();
     for (seq, (version, tail)) in (1u64..).zip(formats) {
         let rows: Vec<Vec<u8>> = (0..2).map(|i| payload(seq * 10 + i)).collect();
@@ -477,17 +480,17 @@ async fn rows_of_older_formats_are_read_completed_with_the_columns_added_since()
     }
     // A new row goes into a new segment of this build's format.
     let spool = open(&settings(dir.path()), Metrics::default()).unwrap();
-    assert_eq!(spool.recovery.segments, 5);
+    assert_eq!(spool.recovery.segments, 6);
     append(&spool.shared, &payload(50)).await.unwrap();
     want.extend_from_slice(&payload(50));
     let mut reader = stop(spool);
     let batch = read_all(&mut reader);
-    assert_eq!(batch.rows, 11);
+    assert_eq!(batch.rows, 13);
     assert_eq!(
         batch.body, want,
         "each old row completed by its format's tail"
     );
-    let newest = fs::read(segment_path(dir.path(), 6)).unwrap();
+    let newest = fs::read(segment_path(dir.path(), 7)).unwrap();
     assert_eq!(header_version(&newest), Some(FORMAT_VERSION));
 }
 

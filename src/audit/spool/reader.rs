@@ -208,6 +208,7 @@ impl SpoolReader {
                     Some(super::format::SCREENING_VERSION) => &crate::audit::record::SCREENING_TAIL,
                     Some(super::format::VIRTUAL_VERSION) => &crate::audit::record::VIRTUAL_TAIL,
                     Some(super::format::APPROVAL_VERSION) => &crate::audit::record::APPROVAL_TAIL,
+                    Some(super::format::SHADOW_VERSION) => &crate::audit::record::SHADOW_TAIL,
                     _ => &[],
                 };
                 if version.is_none() {

@@ -229,7 +229,9 @@ fn has_instructions(result: &str) -> bool {
 
 /// Screens `text`, one upstream message as it is about to leave (JSON),
 /// from `source`, continuing `carry` (the earlier events of the same
-/// answer): `None` when nothing was found and it gives no labels.
+/// answer): `None` when nothing was found and it gives no labels. A
+/// `listing` (a list answer's definitions) has its strings' scans
+/// remembered ([`content::screen_listing`]).
 ///
 /// # Errors
 /// Text that is not JSON (the strict reader accepted it: never).
@@ -238,10 +240,16 @@ pub(crate) fn screen(
     source: Source<'_>,
     text: &str,
     carry: Option<&mut Carry>,
+    listing: bool,
 ) -> Result<Option<Content>, UpstreamFailure> {
     let screening = s.policy.screening();
     let actions = screening.actions(&s.upstream.name, source.tool());
-    let found = content::screen_message(screening.scanner(), actions, text, carry)
+    let read = if listing {
+        content::screen_listing
+    } else {
+        content::screen_message
+    };
+    let found = read(screening.scanner(), actions, text, carry)
         .map_err(|e| UpstreamFailure::Invalid(format!("unreadable content: {e}")))?;
     Ok(content_of(
         found.report,
@@ -334,8 +342,21 @@ impl Exchange {
             tool: tool.as_deref(),
             approved: self.due[p].granted.is_some(),
         });
+        // A list's definitions recur answer after answer: their scans are
+        // remembered (the whole text is still screened here).
+        let listing = !m.is_error
+            && answering
+                .as_ref()
+                .is_some_and(|a| matches!(a.class, Class::List(_)));
         let source = source_of(m, result_text(m, raw), answering);
-        let Some(c) = screen(run.answer_scope(), source, text, self.carry.as_mut())? else {
+        let Some(c) = screen(
+            run.answer_scope(),
+            source,
+            text,
+            self.carry.as_mut(),
+            listing,
+        )?
+        else {
             return Ok((pass, None));
         };
         let method = pos

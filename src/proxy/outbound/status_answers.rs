@@ -99,7 +99,9 @@ impl Exchange {
                 .map(|b| String::from_utf8_lossy(b).into_owned());
             let screened = match text.as_deref().filter(|t| !t.is_empty()) {
                 // Not JSON after all: withheld below as unreadable.
-                Some(t) if is_json => gate::screen(scope, source, t, None).unwrap_or_default(),
+                Some(t) if is_json => {
+                    gate::screen(scope, source, t, None, false).unwrap_or_default()
+                }
                 Some(t) => gate::screen_text(scope, source, t),
                 None => None,
             };

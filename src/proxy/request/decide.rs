@@ -44,6 +44,28 @@ impl RunContext {
     }
 
     /// Who the run's sessions, event ids and request states belong to.
+    /// What this run's requests reach the upstream with
+    /// ([`UpstreamClient::credential`](crate::upstream::client::UpstreamClient::credential)).
+    ///
+    /// # Errors
+    /// No credential could be had.
+    pub(crate) async fn credential(
+        &self,
+    ) -> Result<crate::credential::Credential, crate::credential::CredentialError> {
+        let subject = self
+            .subject_token
+            .as_deref()
+            .map(|token| crate::credential::RunSubject {
+                token,
+                claims: &self.claims,
+            });
+        if self.upstream.credentials.is_some() && subject.is_none() {
+            // Never the firewall's own token for a run's request.
+            return Err(crate::credential::CredentialError::RunEnded);
+        }
+        self.upstream.credential(subject).await
+    }
+
     pub(crate) fn principal(&self) -> Principal<'_> {
         Principal {
             issuer: &self.claims.iss,

@@ -320,8 +320,27 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
                 return event_body(answer_for(&held, &outcome, run));
             }
         };
+        // The credential is asked at release: the run's token kept from
+        // before the wait, or a new exchange (a run that ended since gets
+        // none).
+        let credential = match run.credential().await {
+            Ok(c) => c,
+            Err(e) => {
+                run.budgets
+                    .settle_now(&reservation, Settle::NotExecuted)
+                    .await;
+                let outcome = Outcome::CredentialUnavailable {
+                    risk,
+                    why: e.to_string(),
+                };
+                write_outcome(&held, &outcome).await;
+                return event_body(answer_for(&held, &outcome, run));
+            }
+        };
+        credential.add_to(&mut held.identity);
         if let Some(row) = held.intent.as_mut() {
             granted.stamp(row);
+            credential.stamp(row);
         }
         if let Some(row) = &held.intent {
             if let Err(e) = held.recorder.write_ahead(row).await {

@@ -82,6 +82,8 @@ pub(crate) struct Outgoing {
     /// What `Mcp-Name` says upstream instead of the client's value (a task's
     /// own id in place of its sealed one).
     pub mcp_name: Option<String>,
+    /// What it reaches the upstream with ([`crate::credential`]).
+    pub credential: Option<crate::credential::Credential>,
 }
 
 // === impl Parsed ===
@@ -355,6 +357,7 @@ impl Admitted {
                 Verdict::Answer(o) => Plan::Answer(o),
             });
         }
+        let credential = credential_for(run, &mut plans).await;
         write_intents(&recorder, run, &mut plans).await;
 
         let mut out = Gathered::default();
@@ -383,7 +386,51 @@ impl Admitted {
         }
         // The firewall's own answers are on record before any answer leaves.
         recorder.write(std::mem::take(&mut out.rows)).await;
+        out.credential = credential;
         out.next(head, bytes, &env, recorder, run, mcp_name)
+    }
+}
+
+/// The credential the forwarded messages reach the upstream with, asked
+/// once for the request (a token exchanged for the run, or kept from an
+/// earlier exchange), on each message's intent row. When none can be had,
+/// every message that would have gone is answered `-31007` instead, its
+/// budget released: nothing is sent, never with another credential.
+async fn credential_for(
+    run: &RunContext,
+    plans: &mut [Plan],
+) -> Option<crate::credential::Credential> {
+    if !plans.iter().any(|p| matches!(p, Plan::Send { .. })) {
+        return None;
+    }
+    match run.credential().await {
+        Ok(c) => {
+            for p in plans.iter_mut() {
+                if let Plan::Send { due, .. } = p {
+                    if let Some(row) = due.row.as_mut() {
+                        c.stamp(row);
+                    }
+                }
+            }
+            Some(c)
+        }
+        Err(e) => {
+            tracing::warn!(run = %run.claims.run_id, upstream = %run.upstream.config.name, error = %e, "no upstream credential for the run; nothing sent");
+            for plan in plans.iter_mut() {
+                if let Plan::Send { due, risk, .. } = plan {
+                    if let Some(r) = due.reservation.take() {
+                        run.budgets
+                            .settle_now(&r, crate::budget::Settle::NotExecuted)
+                            .await;
+                    }
+                    *plan = Plan::Answer(Outcome::CredentialUnavailable {
+                        risk: risk.unwrap_or(crate::policy::Risk::Read),
+                        why: e.to_string(),
+                    });
+                }
+            }
+            None
+        }
     }
 }
 
@@ -509,6 +556,8 @@ struct Gathered {
     refused_notification: bool,
     /// A method the revision in use does not define was answered.
     unknown_method: bool,
+    /// What the forwarded messages reach the upstream with.
+    credential: Option<crate::credential::Credential>,
 }
 
 impl Gathered {
@@ -570,6 +619,7 @@ impl Gathered {
             held,
             refused_notification,
             unknown_method,
+            credential,
             ..
         } = self;
         if let Some(held) = held {
@@ -603,6 +653,7 @@ impl Gathered {
             local,
             recorder,
             mcp_name: mcp_name.filter(|_| !env.batch),
+            credential,
         }))
     }
 }

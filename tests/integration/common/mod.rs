@@ -7,6 +7,7 @@ pub mod backend;
 pub mod browser;
 pub mod clickhouse;
 pub mod config_builder;
+pub mod idp;
 pub mod mcp;
 pub mod postgres;
 pub mod raw;

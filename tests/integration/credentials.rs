@@ -1,0 +1,398 @@
+//! Delegated upstream credentials (issue 59, `auth = "token_exchange"`)
+//! against a real authorization server (`tests/idp/as.py`, built on
+//! Authlib: RFC 8693, client credentials) and a recording upstream that
+//! reads the bearer it receives: each run reaches the upstream with its
+//! own exchanged token (the upstream's audience, the firewall as actor,
+//! the run's id), a run's second call reuses it, an expired one is
+//! exchanged again, the firewall's own calls use its own token, and an
+//! identity provider that refuses, fails or cannot be reached gives
+//! `-31007` with nothing sent; in both eras, and on record.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::clickhouse::ClickHouse;
+use crate::common::idp::{self, Idp, IdpConfig};
+use crate::common::{self, raw, Firewall, TestConfig};
+use crate::screening::{call, Era};
+
+const POLICY: &str = r#"
+[[agents]]
+name = "assistant"
+description = "Reads tickets"
+projects = ["sre"]
+risks = ["read"]
+allow = [{}]
+
+[[tools]]
+upstream = "tickets"
+match = ["get_ticket"]
+risk = "read"
+"#;
+
+const CLIENT_SECRET: &str = "s3cret: the firewall's own";
+
+/// The upstream: one read tool; every request's `Authorization` kept.
+async fn tickets() -> raw::RawUpstream {
+    raw::upstream(|seen| async move {
+        let body: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+        match body["method"].as_str() {
+            Some("tools/list") => raw::result_for(
+                &seen,
+                json!({"tools": [{"name": "get_ticket", "description": "Reads a ticket", "inputSchema": {"type": "object"}}]}),
+            ),
+            Some("tools/call") => raw::result_for(
+                &seen,
+                json!({"content": [{"type": "text", "text": "ticket 42: printer on fire"}]}),
+            ),
+            _ => raw::result_for(&seen, json!({})),
+        }
+    })
+    .await
+}
+
+async fn provider(lifetime_s: u64) -> Idp {
+    Idp::start(IdpConfig {
+        clients: vec![json!({
+            "client_id": "mcp-firewall",
+            "client_secret": CLIENT_SECRET,
+            "grant_types": ["urn:ietf:params:oauth:grant-type:token-exchange", "client_credentials"],
+            "token_endpoint_auth_method": "client_secret_basic",
+            "scope": "tickets:read tickets:write",
+        })],
+        subject_issuer: common::ISSUER.to_owned(),
+        subject_jwks: idp::hs256_jwks(common::SECRET.as_bytes(), None),
+        default_audience: "nobody".to_owned(),
+        token_lifetime_s: lifetime_s,
+    })
+    .await
+}
+
+struct Rig {
+    idp: Idp,
+    up: raw::RawUpstream,
+    fw: Firewall,
+    _policy: tempfile::TempDir,
+    _secret: tempfile::TempDir,
+}
+
+fn exchange_section(token_endpoint: &str, secret_file: &std::path::Path) -> toml::Value {
+    toml::Value::Table(common::table([
+        ("token_endpoint", token_endpoint.into()),
+        ("client_id", "mcp-firewall".into()),
+        (
+            "client_secret",
+            toml::Value::Table(common::table([(
+                "file",
+                secret_file.display().to_string().into(),
+            )])),
+        ),
+        ("audience", "tickets".into()),
+        ("scope", "tickets:read".into()),
+        ("timeout_ms", 2000.into()),
+    ]))
+}
+
+async fn rig_with(lifetime_s: u64, audit: Option<(&ClickHouse, &str, &std::path::Path)>) -> Rig {
+    let idp = provider(lifetime_s).await;
+    let up = tickets().await;
+    let policy = common::policy_dir(&[("90-tickets.toml", POLICY)]);
+    let secret = tempfile::tempdir().unwrap();
+    let secret_file = secret.path().join("client-secret");
+    std::fs::write(&secret_file, format!("{CLIENT_SECRET}\n")).unwrap();
+    let mut cfg = TestConfig::new()
+        .policies(policy.path())
+        .upstream("tickets", &up.url())
+        .upstream_set("tickets", "auth", "token_exchange")
+        .upstream_set(
+            "tickets",
+            "token_exchange",
+            exchange_section(&idp.token_endpoint, &secret_file),
+        );
+    if let Some((ch, db, spool)) = audit {
+        cfg = cfg.audit("fw-credentials", &ch.http_url, db, spool);
+    }
+    let fw = common::firewall(&cfg.text()).await;
+    Rig {
+        idp,
+        up,
+        fw,
+        _policy: policy,
+        _secret: secret,
+    }
+}
+
+fn run_token() -> (String, String) {
+    let claims = common::claims("assistant", &["sre"]);
+    let run = claims.run_id.clone();
+    (common::sign(&claims), run)
+}
+
+/// The bearers the upstream received with `method`, in order.
+fn bearers(up: &raw::RawUpstream, method: &str) -> Vec<String> {
+    up.seen()
+        .iter()
+        .filter(|s| {
+            serde_json::from_slice::<Value>(&s.body).unwrap_or_default()["method"] == method
+        })
+        .map(|s| {
+            s.headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or_else(|| panic!("no bearer on a {method}: {:?}", s.headers))
+                .to_owned()
+        })
+        .collect()
+}
+
+fn exchanges_for(log: &[Value], run: &str) -> usize {
+    log.iter()
+        .filter(|e| {
+            e["grant_type"] == "urn:ietf:params:oauth:grant-type:token-exchange"
+                && e["subject_run_id"] == run
+                && e["ok"] == true
+        })
+        .count()
+}
+
+fn text_of(a: &common::Answer) -> String {
+    a.json()["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no result text: {}", a.text))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn each_run_reaches_the_upstream_with_its_own_exchanged_token_in_both_eras() {
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let rig = rig_with(300, Some((ch, &db, spool.path()))).await;
+    let jwks = rig.idp.public_jwks().await;
+    let (token_a, run_a) = run_token();
+    let (token_b, run_b) = run_token();
+
+    // Run A in sessions, run B stateless; each calls twice.
+    for _ in 0..2 {
+        let a = call(
+            &rig.fw,
+            Era::Sessions,
+            &token_a,
+            "tickets",
+            "get_ticket",
+            json!({}),
+        )
+        .await;
+        assert_eq!(text_of(&a), "ticket 42: printer on fire");
+        let b = call(
+            &rig.fw,
+            Era::Stateless,
+            &token_b,
+            "tickets",
+            "get_ticket",
+            json!({}),
+        )
+        .await;
+        assert_eq!(text_of(&b), "ticket 42: printer on fire");
+    }
+    let calls = bearers(&rig.up, "tools/call");
+    assert_eq!(calls.len(), 4);
+    // A run's second call uses its first call's token; the runs' differ.
+    assert_eq!(calls[0], calls[2], "run A reuses its token");
+    assert_eq!(calls[1], calls[3], "run B reuses its token");
+    assert_ne!(calls[0], calls[1], "two runs, two tokens");
+    for (bearer, run) in [(&calls[0], &run_a), (&calls[1], &run_b)] {
+        let c = idp::verify(bearer, &jwks, "tickets");
+        assert_eq!(c["aud"], "tickets", "{c}");
+        assert_eq!(c["act"]["sub"], "mcp-firewall", "the firewall acts: {c}");
+        assert_eq!(c["sub"], "alice", "for the user: {c}");
+        assert_eq!(c["run_id"], run.as_str(), "{c}");
+        assert_eq!(c["scope"], "tickets:read", "{c}");
+        assert_eq!(c["iss"], rig.idp.issuer.as_str());
+    }
+    // Another principal whose token names run A's id: its own exchange,
+    // never run A's token.
+    let mut other = common::claims("assistant", &["sre"]);
+    other.run_id = run_a.clone();
+    other.tenant_id = "globex".to_owned();
+    other.sub = "mallory".to_owned();
+    let m = call(
+        &rig.fw,
+        Era::Sessions,
+        &common::sign(&other),
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert_eq!(text_of(&m), "ticket 42: printer on fire");
+    let calls = bearers(&rig.up, "tools/call");
+    assert_eq!(calls.len(), 5);
+    assert!(
+        !calls[..4].contains(&calls[4]),
+        "another principal's run has its own token"
+    );
+    assert_eq!(idp::verify(&calls[4], &jwks, "tickets")["sub"], "mallory");
+    // One exchange per run, the tool token as subject.
+    let log = rig.idp.log().await;
+    assert_eq!(
+        exchanges_for(&log, &run_a),
+        2,
+        "alice's and mallory's: {log:?}"
+    );
+    assert_eq!(exchanges_for(&log, &run_b), 1, "{log:?}");
+    // The firewall's own listing went with its own token (client
+    // credentials): no run, no user.
+    let lists = bearers(&rig.up, "tools/list");
+    assert!(!lists.is_empty(), "the catalog was filled");
+    for l in &lists {
+        let c = idp::verify(l, &jwks, "tickets");
+        assert_eq!(c["sub"], "mcp-firewall", "{c}");
+        assert!(c.get("run_id").is_none(), "{c}");
+        assert!(!calls.contains(l));
+    }
+    let metrics = rig.fw.metrics().await;
+    assert!(
+        metrics.contains(r#"upstream_credential_exchanges_total{upstream="tickets",purpose="run",outcome="ok"} 3"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"upstream_credential_cache_hits_total{upstream="tickets"} 2"#),
+        "{metrics}"
+    );
+
+    // On record: what each call reached the upstream with, by id only.
+    let id_a = credential_id(&calls[0]);
+    let sql = format!(
+        "SELECT count() FROM {db}.audit_events FINAL WHERE tool = 'get_ticket' AND run_id = '{run_a}' AND upstream_auth = 'exchange' AND credential_id = '{id_a}' AND row_version = 1"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ch.try_query(&sql).map(|t| t.trim().to_owned()) != Ok("2".to_owned()) {
+        assert!(Instant::now() < deadline, "{sql}: {:?}", ch.try_query(&format!("SELECT run_id, tool, upstream_auth, credential_id, row_version FROM {db}.audit_events FORMAT TSV")));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The token itself is nowhere on record.
+    let leaked = ch.query_u64(&format!(
+        "SELECT count() FROM {db}.audit_events WHERE position(arguments, '{t}') > 0 OR position(result_summary, '{t}') > 0 OR position(reason, '{t}') > 0 OR credential_id = '{t}'",
+        t = &calls[0][..40]
+    ));
+    assert_eq!(leaked, 0);
+    rig.fw.stop().await;
+}
+
+/// The id the firewall records of an exchanged token (as
+/// `credential::credential_id` makes it).
+fn credential_id(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"mcp-firewall credential id v1\0");
+    h.update((b"exchange".len() as u64).to_be_bytes());
+    h.update(b"exchange");
+    h.update(token.as_bytes());
+    hex::encode(&h.finalize()[..16])
+}
+
+#[tokio::test]
+async fn an_expired_exchanged_token_is_exchanged_again() {
+    // Tokens of 6 s are sent for 1 s (a tenth, at least five seconds,
+    // kept back).
+    let rig = rig_with(6, None).await;
+    let (token, run) = run_token();
+    let a = call(
+        &rig.fw,
+        Era::Sessions,
+        &token,
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert_eq!(text_of(&a), "ticket 42: printer on fire");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let a = call(
+        &rig.fw,
+        Era::Sessions,
+        &token,
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert_eq!(text_of(&a), "ticket 42: printer on fire");
+    let calls = bearers(&rig.up, "tools/call");
+    assert_eq!(calls.len(), 2);
+    assert_ne!(
+        calls[0], calls[1],
+        "a fresh token after the first one's time"
+    );
+    assert_eq!(exchanges_for(&rig.idp.log().await, &run), 2);
+    rig.fw.stop().await;
+}
+
+#[tokio::test]
+async fn a_provider_that_refuses_fails_or_is_gone_gives_31007_and_nothing_is_sent() {
+    let rig = rig_with(300, None).await;
+    // The catalog is filled first (the firewall's own token), so that what
+    // follows is the run's exchange alone.
+    let (warm, _) = run_token();
+    let a = call(
+        &rig.fw,
+        Era::Sessions,
+        &warm,
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert_eq!(text_of(&a), "ticket 42: printer on fire");
+    let sent = bearers(&rig.up, "tools/call").len();
+    for (mode, outcome) in [
+        ("refuse", "refused"),
+        ("error500", "unavailable"),
+        ("garbage", "invalid"),
+        ("slow", "unavailable"),
+    ] {
+        rig.idp.set_mode(mode).await;
+        for era in [Era::Sessions, Era::Stateless] {
+            let (token, _) = run_token();
+            let a = call(&rig.fw, era, &token, "tickets", "get_ticket", json!({})).await;
+            assert_eq!(a.status, 200, "{mode}: {}", a.text);
+            let v = a.json();
+            assert_eq!(v["error"]["code"], -31007, "{mode} {era:?}: {}", a.text);
+            assert_eq!(v["error"]["message"], "upstream credential unavailable");
+            assert!(
+                !a.text.contains(CLIENT_SECRET) && !a.text.contains(&token),
+                "{}",
+                a.text
+            );
+        }
+        assert_eq!(
+            bearers(&rig.up, "tools/call").len(),
+            sent,
+            "{mode}: nothing reached the upstream"
+        );
+        let metrics = rig.fw.metrics().await;
+        assert!(
+            metrics.contains(&format!(r#"upstream_credential_exchanges_total{{upstream="tickets",purpose="run",outcome="{outcome}"}}"#)),
+            "{mode}: {metrics}"
+        );
+    }
+    // A provider that is gone.
+    rig.idp.set_mode("ok").await;
+    drop(rig.idp);
+    let (token, _) = run_token();
+    let a = call(
+        &rig.fw,
+        Era::Sessions,
+        &token,
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert_eq!(a.json()["error"]["code"], -31007, "{}", a.text);
+    assert_eq!(bearers(&rig.up, "tools/call").len(), sent);
+    rig.fw.stop().await;
+}
