@@ -175,6 +175,10 @@ pub struct Spec {
     /// [`STDIO_ROUTE`] (a process per run) and [`STDIO_SHARED_ROUTE`] (one
     /// process); `None` adds neither.
     pub stdio: Option<Vec<String>>,
+    /// A token endpoint ([`crate::token_endpoint`]): the bench upstreams
+    /// take a token exchanged per run (`auth = "token_exchange"`) instead
+    /// of no credential.
+    pub token_exchange: Option<SocketAddr>,
 }
 
 /// The stdio upstream with a process per principal and run.
@@ -419,10 +423,16 @@ pub fn config_text(spec: &Spec, l: &Layout) -> String {
     );
     let upstream = |s: &mut String, name: &str, url: String| {
         s.push_str(&format!(
-            "[[upstream]]\nname = \"{name}\"\nurl = \"{url}\"\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\nhttp2 = {}\n\n",
+            "[[upstream]]\nname = \"{name}\"\nurl = \"{url}\"\nprojects = [\"{}\"]\ncategories = [\"bench\"]\nrequest_timeout_ms = 30000\nidle_timeout_ms = 60000\nhttp2 = {}\n",
             tokens::PROJECT,
             spec.upstream_http2
         ));
+        if let Some(at) = spec.token_exchange {
+            s.push_str(&format!(
+                "auth = \"token_exchange\"\n[upstream.token_exchange]\ntoken_endpoint = \"http://{at}/token\"\nclient_id = \"mcp-firewall-bench\"\nclient_secret = {{ value = \"bench\" }}\naudience = \"{name}\"\n"
+            ));
+        }
+        s.push('\n');
     };
     for route in ROUTES {
         upstream(&mut s, route, format!("http://{}/mcp/{route}", l.upstream));

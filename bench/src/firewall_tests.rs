@@ -47,6 +47,7 @@ fn spec(audit: bool, tls: Option<(PathBuf, PathBuf)>) -> Spec {
         shadow: false,
         virtual_servers: None,
         stdio: None,
+        token_exchange: None,
     }
 }
 

@@ -47,7 +47,14 @@ use crate::scenario::{Scenario, Workload};
 use crate::tokens::{Issuer, Tokens};
 
 /// The cells, in report order.
-pub const CELLS: [&str; 5] = ["call", "call-noaudit", "list", "list-cold", "call-4k"];
+pub const CELLS: [&str; 6] = [
+    "call",
+    "call-noaudit",
+    "list",
+    "list-cold",
+    "call-4k",
+    "call-exchange",
+];
 
 /// Stages of the firewall's work: name, the functions whose inclusive cost
 /// is the stage's, and the functions nested in those that another stage
@@ -386,6 +393,8 @@ struct Setup {
     passthrough: (Passthrough, Counted),
     audited: (Firewall, Counted),
     plain: Option<(Firewall, Counted)>,
+    /// Audited, its upstreams taking a token exchanged per run.
+    exchange: Option<(Firewall, Counted)>,
     catalog: Catalog,
 }
 
@@ -420,6 +429,8 @@ struct Shared<'a> {
     tokens: Arc<Tokens>,
     sink: Option<AuditSink>,
     clickhouse: Option<&'a ClickHouse>,
+    /// The canned token endpoint (`call-exchange`).
+    token_endpoint: Option<SocketAddr>,
 }
 
 /// The audit table the instruction runs write into.
@@ -463,6 +474,7 @@ impl Shared<'_> {
         name: &str,
         audited: bool,
         upstream: SocketAddr,
+        token_exchange: Option<SocketAddr>,
     ) -> Result<(Firewall, Counted), InstrError> {
         let (placement, out) = Counted::placement(self.dir, name);
         let spec = firewall::Spec {
@@ -484,6 +496,7 @@ impl Shared<'_> {
             shadow: false,
             virtual_servers: None,
             stdio: None,
+            token_exchange,
         };
         let fw = Firewall::start(
             &self.opts.firewall_bin,
@@ -498,7 +511,7 @@ impl Shared<'_> {
         Ok((fw, Counted { pid, out, dumps: 0 }))
     }
 
-    fn setup(&self, result_bytes: usize, plain: bool) -> Result<Setup, InstrError> {
+    fn setup(&self, result_bytes: usize, cells: &[&str]) -> Result<Setup, InstrError> {
         let catalog =
             Catalog::new(100, result_bytes).map_err(|e| start_err("the catalog")(e.to_string()))?;
         let (upstream, addr) = start_upstream(self.dir, result_bytes)?;
@@ -511,17 +524,25 @@ impl Shared<'_> {
         )
         .map_err(|e| start_err("the pass-through under callgrind")(e.to_string()))?;
         let pid = pt.pid();
-        let audited = self.firewall(&name("firewall"), true, addr)?;
-        let plain = if plain {
-            Some(self.firewall(&name("firewall-noaudit"), false, addr)?)
+        let audited = self.firewall(&name("firewall"), true, addr, None)?;
+        let plain = if cells.contains(&"call-noaudit") {
+            Some(self.firewall(&name("firewall-noaudit"), false, addr, None)?)
         } else {
             None
+        };
+        let exchange = match self
+            .token_endpoint
+            .filter(|_| cells.contains(&"call-exchange"))
+        {
+            Some(at) => Some(self.firewall(&name("firewall-exchange"), true, addr, Some(at))?),
+            None => None,
         };
         Ok(Setup {
             _upstream: upstream,
             passthrough: (pt, Counted { pid, out, dumps: 0 }),
             audited,
             plain,
+            exchange,
             catalog,
         })
     }
@@ -705,7 +726,19 @@ pub async fn run(opts: &Options) -> Result<Report, InstrError> {
             .tokens(1, crate::tokens::MAX_LIFETIME)
             .map_err(|e| start_err("the run token")(e.to_string()))?,
     );
+    // A cached exchanged token's cost: the token endpoint answers the
+    // run's one exchange (the firewall's own calls use one more).
+    let token_endpoint = if opts.cells.iter().any(|c| c == "call-exchange") {
+        Some(
+            crate::token_endpoint::TokenEndpoint::start()
+                .await
+                .map_err(|e| start_err("the token endpoint")(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let shared = Shared {
+        token_endpoint: token_endpoint.as_ref().map(|t| t.addr),
         opts,
         dir: dir.path(),
         issuer: &issuer,
@@ -719,7 +752,7 @@ pub async fn run(opts: &Options) -> Result<Report, InstrError> {
     };
     let wants = |c: &str| opts.cells.iter().any(|x| x == c);
     let mut cells = Vec::new();
-    let small: Vec<&str> = ["call", "call-noaudit", "list", "list-cold"]
+    let small: Vec<&str> = ["call", "call-noaudit", "list", "list-cold", "call-exchange"]
         .into_iter()
         .filter(|c| wants(c))
         .collect();
@@ -751,7 +784,7 @@ async fn measure(
     result_bytes: usize,
     cells: &[&str],
 ) -> Result<Vec<Cell>, InstrError> {
-    let mut setup = shared.setup(result_bytes, cells.contains(&"call-noaudit"))?;
+    let mut setup = shared.setup(result_bytes, cells)?;
     let mut out = Vec::new();
     let mut passthrough_by_scenario: BTreeMap<&str, f64> = BTreeMap::new();
     for &cell in cells {
@@ -783,6 +816,11 @@ async fn measure(
                 Some((f, c)) => (&*f, c),
                 None => continue,
             }
+        } else if cell == "call-exchange" {
+            match setup.exchange.as_mut() {
+                Some((f, c)) => (&*f, c),
+                None => continue,
+            }
         } else {
             (&setup.audited.0, &mut setup.audited.1)
         };
@@ -805,6 +843,9 @@ async fn measure(
     setup.passthrough.0.stop(Duration::from_secs(5));
     setup.audited.0.stop(Duration::from_secs(5));
     if let Some((f, _)) = setup.plain.as_mut() {
+        f.stop(Duration::from_secs(5));
+    }
+    if let Some((f, _)) = setup.exchange.as_mut() {
         f.stop(Duration::from_secs(5));
     }
     Ok(out)

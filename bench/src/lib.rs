@@ -42,6 +42,7 @@ pub mod runner;
 pub mod scenario;
 pub mod stdio;
 pub mod tls;
+pub mod token_endpoint;
 pub mod tokens;
 pub mod upstream;
 pub mod vserver;

@@ -243,7 +243,7 @@ struct InstructionsArgs {
     /// Closed-loop workers.
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
-    /// Cells, comma-separated (default: all five).
+    /// Cells, comma-separated (default: all six).
     #[arg(long, value_delimiter = ',')]
     cells: Vec<String>,
     /// Counted windows per cell, on the same processes (shows the count

@@ -864,6 +864,7 @@ impl World {
             shadow: key.shadow,
             virtual_servers: None,
             stdio: None,
+            token_exchange: None,
         };
         let placement = self.placement(self.opts.pin_proxy.as_deref());
         let bin = match (key.baseline, &self.opts.baseline_bin) {

@@ -1259,6 +1259,7 @@ impl World {
                 slow_upstream: slow.addr,
             }),
             stdio,
+            token_exchange: None,
         };
         let fw = Firewall::start(
             &opts.firewall_bin,

@@ -350,6 +350,7 @@ async fn through_an_in_process_firewall_vs3_lists_three_members_and_vs_slow_keep
             slow_upstream: slow.addr,
         }),
         stdio: None,
+        token_exchange: None,
     };
     let layout = Layout {
         listen: "127.0.0.1:0".parse().unwrap(),

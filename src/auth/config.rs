@@ -666,7 +666,9 @@ fn in_range(key: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError
     Ok(())
 }
 
-fn is_loopback(host: &str) -> bool {
+/// Whether `host` (a URL's, brackets allowed) names this machine: `localhost`
+/// or a loopback address. Where plain http may carry a credential.
+pub(crate) fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
         || bare

@@ -30,6 +30,7 @@ mod shared;
 mod testkit;
 pub(crate) mod token;
 pub(crate) mod verify;
+pub(crate) use config::is_loopback;
 pub use config::{Alg, AuthConfig, ConfigError, JwksSourceConfig, KeyConfig, SecretString};
 pub use jwks::JwksError;
 pub use jwks::{FETCH_TIMEOUT, MAX_JWKS_BYTES, UNKNOWN_KID_WAIT};

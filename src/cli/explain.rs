@@ -260,3 +260,80 @@ pub(crate) fn claims_from_value(v: &Value) -> auth::Claims {
         delegation: actors(v).into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_credential_a_call_would_use_is_named() {
+        let text = r#"
+[server]
+listen = "127.0.0.1:0"
+plaintext = true
+[auth]
+mcp_audience = "mcp-firewall"
+admin_audience = "mcp-firewall-admin"
+issuers = ["https://idp.test"]
+[[auth.keys]]
+alg = "HS256"
+secret = "test-secret-that-is-long-enough-for-hs256!"
+[[upstream]]
+name = "tickets"
+url = "http://127.0.0.1:9000/mcp"
+auth = "token_exchange"
+[upstream.token_exchange]
+token_endpoint = "http://127.0.0.1:9001/token"
+client_id = "mcp-firewall"
+client_secret = { value = "s3cret" }
+audience = "tickets"
+scope = "tickets:read"
+[[upstream]]
+name = "vendor"
+url = "http://127.0.0.1:9002/mcp"
+[upstream.headers]
+"X-Api-Key" = { value = "vendor-key" }
+"#;
+        let cfg = crate::config::load_str(
+            text,
+            std::path::Path::new("t.toml"),
+            std::path::Path::new("/"),
+            &|_| None,
+        )
+        .unwrap();
+        let claims = auth::Claims {
+            sub: "alice".into(),
+            tenant_id: "acme".into(),
+            agent: "assistant".into(),
+            run_id: "run-7".into(),
+            mode: auth::Mode::Caller,
+            projects: vec!["sre".to_owned()].into(),
+            project_ceiling: None,
+            scopes: Vec::new().into(),
+            jti: "j".into(),
+            iss: "https://idp.test".into(),
+            exp: u64::MAX,
+            iat: 0,
+            nbf: None,
+            run_exp: None,
+            audience: auth::Audience::Mcp,
+            kid: None,
+            delegation: Vec::new().into(),
+        };
+        let exchange = credential_line(&cfg.upstreams[0], &claims);
+        assert!(
+            exchange.starts_with("credential: exchange (RFC 8693)")
+                && exchange.contains("http://127.0.0.1:9001/token")
+                && exchange.contains("\"tickets\"")
+                && exchange.contains("\"run-7\"")
+                && !exchange.contains("s3cret"),
+            "{exchange}"
+        );
+        let fixed = credential_line(&cfg.upstreams[1], &claims);
+        assert!(
+            fixed.starts_with("credential: static: [upstream.headers] x-api-key (credential_id ")
+                && !fixed.contains("vendor-key"),
+            "{fixed}"
+        );
+    }
+}

@@ -253,7 +253,7 @@ impl Validator<'_> {
         };
         match uri.scheme_str() {
             Some("https") => Ok(uri),
-            Some("http") if is_loopback(host) => Ok(uri),
+            Some("http") if crate::auth::is_loopback(host) => Ok(uri),
             Some("http") => Err(self.invalid(
                 key,
                 format!("{text:?}: the client's credentials go there; use https:// (http:// only on a loopback address)"),
@@ -261,14 +261,6 @@ impl Validator<'_> {
             _ => Err(self.invalid(key, format!("{text:?} must start with https://"))),
         }
     }
-}
-
-fn is_loopback(host: &str) -> bool {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl RawUpstream {

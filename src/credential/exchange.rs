@@ -365,8 +365,16 @@ fn read_answer(
     if !json {
         return Err(CredentialError::Invalid("not application/json".to_owned()));
     }
-    let issued: Issued = serde_json::from_slice(body)
-        .map_err(|e| CredentialError::Invalid(format!("unreadable: {e}")))?;
+    // serde's message may quote a value of the answer (a token where a
+    // number was due): only where and what kind of error it was is kept.
+    let issued: Issued = serde_json::from_slice(body).map_err(|e| {
+        CredentialError::Invalid(format!(
+            "unreadable ({:?} error at line {} column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
+    })?;
     if issued.access_token.is_empty() {
         return Err(CredentialError::Invalid("empty access_token".to_owned()));
     }

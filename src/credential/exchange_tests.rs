@@ -61,14 +61,22 @@ fn anything_but_a_usable_token_is_refused_with_why() {
         ),
         (
             r#"{"access_token":"t","access_token":"u","token_type":"Bearer","issued_token_type":"urn:ietf:params:oauth:token-type:jwt"}"#,
-            "duplicate field",
+            "unreadable (Data",
+        ),
+        // A value of the answer is never repeated in the reason.
+        (
+            r#"{"access_token":"t","token_type":"Bearer","issued_token_type":"urn:ietf:params:oauth:token-type:jwt","expires_in":"eyJsecret.token"}"#,
+            "unreadable (Data error at line 1",
         ),
         (r#"[{"access_token":"t"}]"#, "unreadable"),
         ("not json", "unreadable"),
     ];
     for (body, why) in cases {
         match ok(body) {
-            Err(CredentialError::Invalid(m)) => assert!(m.contains(why), "{body}: {m}"),
+            Err(CredentialError::Invalid(m)) => {
+                assert!(m.contains(why), "{body}: {m}");
+                assert!(!m.contains("eyJsecret"), "{m}");
+            }
             other => panic!("{body}: {other:?}"),
         }
     }

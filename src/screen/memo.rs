@@ -12,12 +12,19 @@ use super::Finding;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Texts shorter than this are scanned every time: the lookup would cost
-/// about what the scan does.
-pub(crate) const MIN_LEN: usize = 32;
+/// Texts shorter than this are not scanned at all (the content screen
+/// skips them); every other one is remembered: even a short text's scan
+/// (folding, six detectors, settling) costs many times its lookup, and a
+/// definition's schema is mostly short texts.
+pub(crate) const MIN_LEN: usize = 4;
 
-/// Bytes of texts kept, at most (findings are a few words each).
+/// Bytes kept, at most: each text, plus [`ENTRY_COST`] for its entry
+/// (findings are a few words each).
 pub(crate) const MAX_BYTES: usize = 4 << 20;
+
+/// What an entry costs besides its text (the map's slot, two boxes), as
+/// counted against [`MAX_BYTES`]: many short texts are bounded too.
+const ENTRY_COST: usize = 64;
 
 /// Texts longer than this are not kept (one would crowd out the rest).
 const MAX_TEXT: usize = 64 << 10;
@@ -51,18 +58,19 @@ impl ScanMemo {
         }
         let found = scan(text);
         if let Ok(mut kept) = self.inner.lock() {
-            if kept.bytes + text.len() > MAX_BYTES {
+            let cost = text.len() + ENTRY_COST;
+            if kept.bytes + cost > MAX_BYTES {
                 kept.found.clear();
                 kept.bytes = 0;
             }
-            kept.bytes += text.len();
+            kept.bytes += cost;
             kept.found
                 .insert(text.into(), found.clone().into_boxed_slice());
         }
         found
     }
 
-    /// Bytes of texts kept.
+    /// Bytes kept (texts and entries).
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.inner.lock().map_or(0, |k| k.bytes)
@@ -127,10 +135,16 @@ mod tests {
             Vec::new()
         });
         assert_eq!(scans, before, "a text kept is not scanned again");
-        // Short and very long texts are not kept.
-        memo.recall("short", |_| Vec::new());
+        // Very short and very long texts are not kept.
+        memo.recall("abc", |_| Vec::new());
         let held = memo.bytes();
         memo.recall(&"x".repeat(MAX_TEXT + 1), |_| Vec::new());
         assert_eq!(memo.bytes(), held);
+        // Many short texts are bounded by their entries too.
+        let memo = ScanMemo::default();
+        for i in 0..(MAX_BYTES / ENTRY_COST + 10) {
+            memo.recall(&format!("{i:>4}"), |_| Vec::new());
+            assert!(memo.bytes() <= MAX_BYTES);
+        }
     }
 }

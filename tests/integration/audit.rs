@@ -662,7 +662,7 @@ async fn batch_refused_as_bad_data_is_kept_in_rejected_and_shipping_continues() 
     let mut seg = Vec::new();
     seg.extend_from_slice(b"MCPFWAUD");
     // This release's format: nothing completes the row.
-    seg.extend_from_slice(&5u32.to_le_bytes());
+    seg.extend_from_slice(&6u32.to_le_bytes());
     seg.extend_from_slice(&[0u8; 4]);
     seg.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     seg.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
@@ -1016,15 +1016,17 @@ async fn rows_ship_while_the_recording_runtime_is_blocked() {
 /// Earlier releases: their spool format, the last column of their table,
 /// and how many bytes of this release's row (with empty later columns)
 /// their rows lack.
-const EARLIER_RELEASES: [(u32, &str, usize); 4] = [
+const EARLIER_RELEASES: [(u32, &str, usize); 5] = [
     // Before content screening.
-    (1, "row_version", 4 + 14 + 2),
+    (1, "row_version", 4 + 14 + 2 + 2),
     // Before virtual servers.
-    (2, "run_labels", 1 + 14 + 2),
+    (2, "run_labels", 1 + 14 + 2 + 2),
     // Before the approval, policy, pin and delegation columns.
-    (3, "virtual_server", 14 + 2),
+    (3, "virtual_server", 14 + 2 + 2),
     // Before the shadow policy and the principal's claims.
-    (4, "token_jti", 2),
+    (4, "token_jti", 2 + 2),
+    // Before delegated upstream credentials.
+    (5, "principal_claims", 2),
 ];
 
 /// A segment as an earlier release wrote it: format `version`, rows
@@ -1095,7 +1097,7 @@ async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
             }
         }
         let create = crate::common::clickhouse::audit_table_ending_at(&db, "audit_events", last);
-        assert!(!create.contains("shadow_decision"), "{create}");
+        assert!(!create.contains("credential_id"), "{create}");
         ch.query(&create);
         let before = columns_of(ch, &db, "audit_events");
         assert!(
@@ -1118,6 +1120,8 @@ async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
         new.token_jti = "jti-99".into();
         new.shadow_decision = "hidden";
         new.principal_claims = "{}".into();
+        new.upstream_auth = "exchange";
+        new.credential_id = "c0ffee".into();
         auditor.record(new).await.unwrap();
         handle.shutdown(Duration::from_secs(30)).await;
         drop(auditor);
@@ -1130,12 +1134,14 @@ async fn an_upgrade_ships_the_old_spool_into_the_old_table() {
             "SELECT count(), \
              countIf(screen_action = '' AND empty(screen_kinds) AND virtual_server = '' AND approval_id = '' \
                      AND approver = '' AND approved_ms = 0 AND policy_sha256 = '' AND pin_sha256 = '' \
-                     AND empty(delegation) AND token_jti = '' AND shadow_decision = '' AND principal_claims = ''), \
+                     AND empty(delegation) AND token_jti = '' AND shadow_decision = '' AND principal_claims = '' \
+                     AND upstream_auth = '' AND credential_id = ''), \
              countIf(screen_action = 'flag' AND has(screen_kinds, 'card_number') AND virtual_server = 'ops' \
                      AND approval_id = 'apr_1' AND approver = 'oncall' AND approved_ms = 1767225599001 \
                      AND policy_sha256 = '{policy}' AND pin_sha256 = '{pin}' \
                      AND delegation = ['agent:planner'] AND token_jti = 'jti-99' \
-                     AND shadow_decision = 'hidden' AND principal_claims = '{{}}') \
+                     AND shadow_decision = 'hidden' AND principal_claims = '{{}}' \
+                     AND upstream_auth = 'exchange' AND credential_id = 'c0ffee') \
              FROM {db}.audit_events FINAL WHERE run_id = 'run-upgrade'",
             policy = "0f".repeat(32),
             pin = "e1".repeat(32),

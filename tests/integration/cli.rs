@@ -183,6 +183,8 @@ fn token_mint_inspect_and_explain() {
         out.contains("Deny") && out.contains("dep-<number>"),
         "{out}"
     );
+    // Which credential the call would reach its upstream with.
+    assert!(out.contains("credential: static"), "{out}");
 
     // A forged token is explained as refused.
     let (ok, out) = run(firewall().args(["explain", "--config"]).arg(&cfg).args([

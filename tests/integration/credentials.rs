@@ -31,7 +31,7 @@ match = ["get_ticket"]
 risk = "read"
 "#;
 
-const CLIENT_SECRET: &str = "s3cret: the firewall's own";
+pub(crate) const CLIENT_SECRET: &str = "s3cret: the firewall's own";
 
 /// The upstream: one read tool; every request's `Authorization` kept.
 async fn tickets() -> raw::RawUpstream {
@@ -52,7 +52,7 @@ async fn tickets() -> raw::RawUpstream {
     .await
 }
 
-async fn provider(lifetime_s: u64) -> Idp {
+pub(crate) async fn provider(lifetime_s: u64) -> Idp {
     Idp::start(IdpConfig {
         clients: vec![json!({
             "client_id": "mcp-firewall",
@@ -77,7 +77,7 @@ struct Rig {
     _secret: tempfile::TempDir,
 }
 
-fn exchange_section(token_endpoint: &str, secret_file: &std::path::Path) -> toml::Value {
+pub(crate) fn exchange_section(token_endpoint: &str, secret_file: &std::path::Path) -> toml::Value {
     toml::Value::Table(common::table([
         ("token_endpoint", token_endpoint.into()),
         ("client_id", "mcp-firewall".into()),

@@ -682,3 +682,79 @@ async fn json_only(fw: &Firewall, token: &str) -> Value {
         .await
         .unwrap()
 }
+
+/// A held call takes its upstream credential when it is released, not
+/// when it was held: with a token exchanged for its run then; with none
+/// (the identity provider refuses by then), `-31007` and nothing runs.
+#[tokio::test]
+async fn a_released_call_reaches_its_upstream_with_the_runs_exchanged_token_or_not_at_all() {
+    let up = upstream_answering(raw::mcp_answer).await;
+    let idp = crate::credentials::provider(300).await;
+    let secret = tempfile::tempdir().unwrap();
+    let secret_file = secret.path().join("secret");
+    std::fs::write(&secret_file, crate::credentials::CLIENT_SECRET).unwrap();
+    let (fw, _store) = start_with(&up, &[], |c| {
+        c.upstream_set("incidents", "auth", "token_exchange")
+            .upstream_set(
+                "incidents",
+                "token_exchange",
+                crate::credentials::exchange_section(&idp.token_endpoint, &secret_file),
+            )
+    })
+    .await;
+    let jwks = idp.public_jwks().await;
+    let claims = common::claims("sre-lead", &["sre"]);
+    let token = common::sign(&claims);
+    common::post(&url(&fw), &token, &[], LIST).await;
+    let stream = held(&fw, &token, &[], RESTART);
+    let a = pending(&fw).await;
+    assert_eq!(
+        up.count("POST", "tools/call"),
+        0,
+        "nothing ran before approval"
+    );
+    approve(&fw, &a).await.unwrap();
+    let (text, last) = released(stream).await;
+    assert!(last.get("result").is_some(), "{text}");
+    let ran: Vec<raw::Seen> = up
+        .seen()
+        .into_iter()
+        .filter(|s| s.rpc_method() == "tools/call")
+        .collect();
+    assert_eq!(ran.len(), 1);
+    let bearer = ran[0].headers["authorization"]
+        .to_str()
+        .unwrap()
+        .strip_prefix("Bearer ")
+        .unwrap()
+        .to_owned();
+    let c = crate::common::idp::verify(&bearer, &jwks, "tickets");
+    assert_eq!(c["run_id"], claims.run_id.as_str(), "{c}");
+    assert_eq!(c["act"]["sub"], "mcp-firewall", "{c}");
+
+    // Held again in another run; the provider refuses by the release.
+    let token = common::sign(&common::claims("sre-lead", &["sre"]));
+    let stream = held(&fw, &token, &[], RESTART);
+    let a = pending(&fw).await;
+    idp.set_mode("refuse").await;
+    approve(&fw, &a).await.unwrap();
+    let (text, last) = released(stream).await;
+    assert_eq!(last["id"], 11, "{text}");
+    assert_eq!(last["error"]["code"], -31007, "{text}");
+    assert_eq!(
+        up.count("POST", "tools/call"),
+        1,
+        "the refused release sent nothing"
+    );
+    fw.stop().await;
+}
+
+/// The text of a held call's stream once it ends, and its last event.
+async fn released(stream: tokio::task::JoinHandle<String>) -> (String, Value) {
+    let text = tokio::time::timeout(Duration::from_secs(10), stream)
+        .await
+        .expect("the held stream ends")
+        .unwrap();
+    let last = events(&text).pop().expect("an answer");
+    (text, last)
+}
