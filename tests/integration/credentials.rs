@@ -396,3 +396,84 @@ async fn a_provider_that_refuses_fails_or_is_gone_gives_31007_and_nothing_is_sen
     assert_eq!(bearers(&rig.up, "tools/call").len(), sent);
     rig.fw.stop().await;
 }
+
+/// A session's GET stream and DELETE reach the upstream with the run's
+/// exchanged token too, and get HTTP 502 with `-31007` (nothing sent) when
+/// none can be had.
+#[tokio::test]
+async fn a_sessions_get_stream_and_delete_use_the_runs_token_or_are_refused() {
+    // Tokens of 6 s are kept for 1 s: the GET after the wait exchanges again.
+    let idp = provider(6).await;
+    let up = raw::mcp().await;
+    let secret = tempfile::tempdir().unwrap();
+    let secret_file = secret.path().join("client-secret");
+    std::fs::write(&secret_file, CLIENT_SECRET).unwrap();
+    let cfg = TestConfig::new()
+        .upstream("incidents", &up.url())
+        .upstream_set("incidents", "auth", "token_exchange")
+        .upstream_set(
+            "incidents",
+            "token_exchange",
+            exchange_section(&idp.token_endpoint, &secret_file),
+        );
+    let fw = common::firewall(&cfg.text()).await;
+    let jwks = idp.public_jwks().await;
+    let claims = common::claims("sre-lead", &["sre"]);
+    let token = common::sign(&claims);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let a = common::post(&fw.mcp_url("incidents"), &token, &[], init).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let sid = a.headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let stream = [
+        ("mcp-session-id", sid.as_str()),
+        ("accept", "text/event-stream"),
+    ];
+    let a = common::send(
+        reqwest::Method::GET,
+        &fw.mcp_url("incidents"),
+        Some(&token),
+        &stream,
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let get = up
+        .seen()
+        .into_iter()
+        .rfind(|s| s.method == "GET")
+        .expect("the GET went");
+    let bearer = get.headers["authorization"]
+        .to_str()
+        .unwrap()
+        .strip_prefix("Bearer ")
+        .unwrap()
+        .to_owned();
+    let c = idp::verify(&bearer, &jwks, "tickets");
+    assert_eq!(c["run_id"], claims.run_id.as_str(), "{c}");
+
+    // The kept token's time is up and the provider refuses: refused here.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    idp.set_mode("refuse").await;
+    let hits = up.hits();
+    let a = common::send(
+        reqwest::Method::GET,
+        &fw.mcp_url("incidents"),
+        Some(&token),
+        &stream,
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 502, "{}", a.text);
+    assert_eq!(a.json()["error"]["code"], -31007, "{}", a.text);
+    let a = common::send(
+        reqwest::Method::DELETE,
+        &fw.mcp_url("incidents"),
+        Some(&token),
+        &[("mcp-session-id", sid.as_str())],
+        None,
+    )
+    .await;
+    assert_eq!(a.status, 502, "{}", a.text);
+    assert_eq!(up.hits(), hits, "nothing reached the upstream");
+    fw.stop().await;
+}
