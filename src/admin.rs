@@ -19,7 +19,9 @@
 //! would stop reads that `on_store_unavailable` keeps open. `/readyz` then
 //! answers 200 `ready, degraded: …` and `mcp_firewall_degraded{reason}` is
 //! 1 for `budget_store_unavailable` (Redis) or `approvals_store_unavailable`
-//! (PostgreSQL).
+//! (PostgreSQL), and for `upstream_credentials_unavailable` when an
+//! upstream's last token exchange failed (its calls answer `-31007` until
+//! one succeeds; every replica asks the same provider).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +64,8 @@ pub(crate) struct Admin {
     pub virtuals: Vec<Arc<crate::proxy::virtual_server::Virtual>>,
     /// The bridges of the stdio upstreams.
     pub stdio: Vec<Arc<crate::stdio::Bridge>>,
+    /// The token exchanges of the upstreams that take exchanged tokens.
+    pub credentials: Vec<Arc<crate::credential::Credentials>>,
 }
 
 /// The admin listener's `Host` check: the listed names, or any IP address.
@@ -82,12 +86,13 @@ pub(crate) struct ReasonLabel {
 pub(crate) const REASONS: [&str; 3] = ["draining", "audit_spool_refusing", "audit_backlog"];
 
 /// Every way `/readyz` can be degraded.
-pub(crate) const DEGRADED: [&str; 5] = [
+pub(crate) const DEGRADED: [&str; 6] = [
     "budget_store_unavailable",
     "approvals_store_unavailable",
     "virtual_server_member_down",
     "stdio_sandbox_unavailable",
     "stdio_start_failed",
+    "upstream_credentials_unavailable",
 ];
 
 impl Admin {
@@ -147,6 +152,9 @@ impl Admin {
         }
         if self.stdio.iter().any(|b| b.start_failed().is_some()) {
             out.push("stdio_start_failed");
+        }
+        if self.credentials.iter().any(|c| c.failing()) {
+            out.push("upstream_credentials_unavailable");
         }
         for r in DEGRADED {
             self.degraded

@@ -134,6 +134,11 @@ pub async fn start_with(
         allowed_hosts: config.admin_allowed_hosts.clone(),
         virtuals: state.virtuals.values().cloned().collect(),
         stdio: stdio_bridges(&state),
+        credentials: state
+            .upstreams
+            .values()
+            .filter_map(|u| u.credentials.clone())
+            .collect(),
     });
     // The gauges follow the state even when nobody probes /readyz.
     background.push(tokio::spawn(watch_readiness(admin.clone())));

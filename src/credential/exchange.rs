@@ -99,6 +99,9 @@ pub(crate) struct Credentials {
     cache: Cache,
     own: tokio::sync::Mutex<Option<Kept>>,
     metrics: Arc<Metrics>,
+    /// The last exchange failed (and none succeeded since): `/readyz`
+    /// reports the firewall degraded.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 /// What a token endpoint answers with a token.
@@ -161,6 +164,7 @@ impl Credentials {
             cache: Cache::default(),
             own: tokio::sync::Mutex::new(None),
             metrics,
+            failing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -188,13 +192,7 @@ impl Credentials {
         ];
         self.push_target(&mut form);
         let answer = self.ask(&form, true).await;
-        self.metrics.credential_exchange(
-            &self.upstream,
-            "run",
-            answer
-                .as_ref()
-                .map_or_else(CredentialError::outcome, |_| "ok"),
-        );
+        self.note("run", &answer);
         let (presented, lifetime) = answer?;
         let until = now + lifetime.min(ends.saturating_duration_since(now));
         *kept = Some(Kept {
@@ -218,19 +216,29 @@ impl Credentials {
         let mut form = vec![("grant_type", "client_credentials")];
         self.push_target(&mut form);
         let answer = self.ask(&form, false).await;
-        self.metrics.credential_exchange(
-            &self.upstream,
-            "own",
-            answer
-                .as_ref()
-                .map_or_else(CredentialError::outcome, |_| "ok"),
-        );
+        self.note("own", &answer);
         let (presented, lifetime) = answer?;
         *kept = Some(Kept {
             presented: presented.clone(),
             until: now + lifetime,
         });
         Ok(presented)
+    }
+
+    /// Whether the last exchange failed (none succeeded since).
+    pub(crate) fn failing(&self) -> bool {
+        self.failing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts an exchange and remembers whether it failed.
+    fn note<T>(&self, purpose: &'static str, answer: &Result<T, CredentialError>) {
+        let outcome = answer
+            .as_ref()
+            .map_or_else(CredentialError::outcome, |_| "ok");
+        self.metrics
+            .credential_exchange(&self.upstream, purpose, outcome);
+        self.failing
+            .store(answer.is_err(), std::sync::atomic::Ordering::Relaxed);
     }
 
     fn push_target<'a>(&'a self, form: &mut Vec<(&'static str, &'a str)>) {

@@ -379,8 +379,32 @@ async fn a_provider_that_refuses_fails_or_is_gone_gives_31007_and_nothing_is_sen
             "{mode}: {metrics}"
         );
     }
-    // A provider that is gone.
+    // While it fails the firewall says it is degraded (not unready: every
+    // replica asks the same provider); one exchange that succeeds ends it.
+    let ready = readyz(&rig.fw).await;
+    assert!(
+        ready.contains("degraded: upstream_credentials_unavailable"),
+        "{ready}"
+    );
     rig.idp.set_mode("ok").await;
+    let (token, _) = run_token();
+    let a = call(
+        &rig.fw,
+        Era::Sessions,
+        &token,
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert_eq!(text_of(&a), "ticket 42: printer on fire");
+    let ready = readyz(&rig.fw).await;
+    assert!(
+        !ready.contains("upstream_credentials_unavailable"),
+        "{ready}"
+    );
+    let sent = sent + 1;
+    // A provider that is gone.
     drop(rig.idp);
     let (token, _) = run_token();
     let a = call(
@@ -476,4 +500,15 @@ async fn a_sessions_get_stream_and_delete_use_the_runs_token_or_are_refused() {
     assert_eq!(a.status, 502, "{}", a.text);
     assert_eq!(up.hits(), hits, "nothing reached the upstream");
     fw.stop().await;
+}
+
+async fn readyz(fw: &Firewall) -> String {
+    common::http()
+        .get(format!("{}/readyz", fw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
