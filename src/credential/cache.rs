@@ -2,8 +2,8 @@
 //! before the token expires, never past the run's own tool token, never
 //! shared between runs or principals. One exchange at a time per key
 //! (concurrent calls of a run wait for the first one's token). Bounded:
-//! past [`MAX_ENTRIES`] the expired go, then everything (a full cache costs
-//! exchanges, never a wrong token).
+//! every [`SWEEP_EVERY`] new runs the expired go, and past [`MAX_ENTRIES`]
+//! everything (a full cache costs exchanges, never a wrong token).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,6 +13,9 @@ use super::Presented;
 
 /// Most runs kept at once.
 pub(crate) const MAX_ENTRIES: usize = 100_000;
+
+/// New runs between two sweeps of the expired.
+pub(crate) const SWEEP_EVERY: u64 = 1024;
 
 /// Who and which run a token was exchanged for: the principal's issuer,
 /// tenant and subject, the agent and the run (each length-prefixed, so no
@@ -47,29 +50,38 @@ pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Kept>>>;
 /// The kept tokens of one upstream.
 #[derive(Default)]
 pub(crate) struct Cache {
-    slots: Mutex<HashMap<RunKey, Slot>>,
+    slots: Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    by_run: HashMap<RunKey, Slot>,
+    /// New runs since the last sweep.
+    added: u64,
 }
 
 impl Cache {
     /// The slot of `key` (made empty when new).
     pub(crate) fn slot(&self, key: &RunKey) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) = slots.get(key) {
+        if let Some(s) = slots.by_run.get(key) {
             return s.clone();
         }
-        if slots.len() >= MAX_ENTRIES {
+        slots.added += 1;
+        if slots.added >= SWEEP_EVERY || slots.by_run.len() >= MAX_ENTRIES {
+            slots.added = 0;
             let now = Instant::now();
             // A slot being filled is locked: kept.
-            slots.retain(|_, s| match s.try_lock() {
+            slots.by_run.retain(|_, s| match s.try_lock() {
                 Ok(k) => k.as_ref().is_some_and(|k| k.until > now),
                 Err(_) => true,
             });
-            if slots.len() >= MAX_ENTRIES {
-                slots.clear();
+            if slots.by_run.len() >= MAX_ENTRIES {
+                slots.by_run.clear();
             }
         }
         let s = Slot::default();
-        slots.insert(key.clone(), s.clone());
+        slots.by_run.insert(key.clone(), s.clone());
         s
     }
 
@@ -79,6 +91,7 @@ impl Cache {
         self.slots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .by_run
             .len()
     }
 }
@@ -110,5 +123,35 @@ mod tests {
             c.slot(&RunKey::of(["i", "t", "s", "a", &i.to_string()]));
         }
         assert!(c.len() <= MAX_ENTRIES);
+    }
+
+    #[tokio::test]
+    async fn the_expired_are_swept_the_live_kept() {
+        use crate::credential::Presented;
+        let c = Cache::default();
+        let kept = |until: Instant| Kept {
+            presented: Presented {
+                header: http::HeaderValue::from_static("Bearer t"),
+                auth: "exchange",
+                id: Arc::from("id"),
+            },
+            until,
+        };
+        let live = RunKey::of(["i", "t", "s", "a", "live"]);
+        *c.slot(&live).lock().await =
+            Some(kept(Instant::now() + std::time::Duration::from_secs(60)));
+        let gone = RunKey::of(["i", "t", "s", "a", "gone"]);
+        *c.slot(&gone).lock().await = Some(kept(Instant::now()));
+        // Never filled (an exchange that failed): swept too.
+        c.slot(&RunKey::of(["i", "t", "s", "a", "empty"]));
+        for i in 0..SWEEP_EVERY {
+            c.slot(&RunKey::of(["j", "t", "s", "a", &i.to_string()]));
+        }
+        let slots = c.slots.lock().unwrap();
+        assert!(slots.by_run.contains_key(&live));
+        assert!(!slots.by_run.contains_key(&gone));
+        assert!(!slots
+            .by_run
+            .contains_key(&RunKey::of(["i", "t", "s", "a", "empty"])));
     }
 }
