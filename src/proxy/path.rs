@@ -511,6 +511,8 @@ pub(super) async fn transport(
                 let mut row =
                     recorder.transport(label, format!("upstream credential unavailable: {e}"));
                 row.decision = crate::outcome::DecisionKind::Error.as_str().into();
+                // Final: nothing follows it.
+                row.row_version = 1;
                 recorder.write(vec![row]).await;
             }
             return Err(ProxyError::CredentialUnavailable(e.to_string()));
