@@ -512,3 +512,102 @@ async fn readyz(fw: &Firewall) -> String {
         .await
         .unwrap()
 }
+
+/// The firewall authenticates with a private key instead of a secret
+/// (`private_key_jwt`, RFC 7523): the provider checks its assertion against
+/// the registered public key, and a key it does not know gets nothing.
+#[tokio::test]
+async fn a_private_key_client_exchanges_and_an_unknown_key_is_refused() {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let jwk_of = |k: &rcgen::KeyPair| {
+        let raw = k.public_key_raw();
+        json!({"kty": "EC", "crv": "P-256", "x": b64(&raw[1..33]), "y": b64(&raw[33..65]), "alg": "ES256", "use": "sig"})
+    };
+    let registered = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let stranger = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let idp = Idp::start(IdpConfig {
+        clients: vec![json!({
+            "client_id": "mcp-firewall",
+            "jwks": {"keys": [jwk_of(&registered)]},
+            "grant_types": ["urn:ietf:params:oauth:grant-type:token-exchange", "client_credentials"],
+            "token_endpoint_auth_method": "private_key_jwt",
+            "scope": "tickets:read tickets:write",
+        })],
+        subject_issuer: common::ISSUER.to_owned(),
+        subject_jwks: idp::hs256_jwks(common::SECRET.as_bytes(), None),
+        default_audience: "nobody".to_owned(),
+        token_lifetime_s: 300,
+    })
+    .await;
+    let jwks = idp.public_jwks().await;
+    let policy = common::policy_dir(&[("90-tickets.toml", POLICY)]);
+    let keys = tempfile::tempdir().unwrap();
+    for (key, name) in [(&registered, "tickets"), (&stranger, "stranger")] {
+        let pem = keys.path().join(format!("{name}.pem"));
+        std::fs::write(&pem, key.serialize_pem()).unwrap();
+    }
+    let up = tickets().await;
+    let section = |pem: &str| {
+        toml::Value::Table(common::table([
+            ("token_endpoint", idp.token_endpoint.as_str().into()),
+            ("client_id", "mcp-firewall".into()),
+            (
+                "private_key_file",
+                keys.path().join(pem).display().to_string().into(),
+            ),
+            ("audience", "tickets".into()),
+            ("scope", "tickets:read".into()),
+        ]))
+    };
+    let cfg = TestConfig::new()
+        .policies(policy.path())
+        .upstream("tickets", &up.url())
+        .upstream_set("tickets", "auth", "token_exchange")
+        .upstream_set("tickets", "token_exchange", section("tickets.pem"));
+    let fw = common::firewall(&cfg.text()).await;
+    let (token, run) = run_token();
+    let a = call(
+        &fw,
+        Era::Stateless,
+        &token,
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert_eq!(text_of(&a), "ticket 42: printer on fire");
+    let c = idp::verify(&bearers(&up, "tools/call")[0], &jwks, "tickets");
+    assert_eq!(c["run_id"], run.as_str(), "{c}");
+    assert_eq!(c["act"]["sub"], "mcp-firewall", "{c}");
+    fw.stop().await;
+
+    // The same client with a key the provider does not know.
+    let cfg = TestConfig::new()
+        .policies(policy.path())
+        .upstream("tickets", &up.url())
+        .upstream_set("tickets", "auth", "token_exchange")
+        .upstream_set("tickets", "token_exchange", section("stranger.pem"));
+    let fw = common::firewall(&cfg.text()).await;
+    let hits = up.hits();
+    let (token, _) = run_token();
+    // (Its own listing fails the same way, so a call finds no tool; a
+    // ping goes where a run's token is needed.)
+    let ping = r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#;
+    let a = common::post(&fw.mcp_url("tickets"), &token, &[], ping).await;
+    assert_eq!(a.json()["error"]["code"], -31007, "{}", a.text);
+    assert!(a.text.contains("invalid_client"), "{}", a.text);
+    assert_eq!(up.hits(), hits, "nothing was sent");
+    let a = call(
+        &fw,
+        Era::Sessions,
+        &token,
+        "tickets",
+        "get_ticket",
+        json!({}),
+    )
+    .await;
+    assert!(a.json().get("error").is_some(), "{}", a.text);
+    assert_eq!(up.hits(), hits, "nothing was sent");
+    fw.stop().await;
+}
