@@ -195,3 +195,48 @@ mod tests {
         assert!(!accepts(&h, "text/event-stream"));
     }
 }
+
+/// Why an HTTPS client of a control endpoint (a JWKS URL, a token
+/// endpoint) could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TlsSetupError {
+    /// The CA file holds no certificate.
+    #[error("no certificate in it")]
+    NoCertificate,
+    /// rustls refused the configuration.
+    #[error(transparent)]
+    Tls(#[from] rustls::Error),
+}
+
+/// The connector builder of a control endpoint's HTTPS client: the public
+/// web roots, or only the CAs in `ca_pem` (a PEM file's bytes) when given.
+///
+/// # Errors
+/// `ca_pem` holds no certificate, or rustls refuses the configuration.
+pub(crate) fn https_builder(
+    ca_pem: Option<&[u8]>,
+) -> Result<
+    hyper_rustls::HttpsConnectorBuilder<hyper_rustls::builderstates::WantsSchemes>,
+    TlsSetupError,
+> {
+    use rustls_pki_types::pem::PemObject;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    match ca_pem {
+        Some(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            let certs =
+                rustls_pki_types::CertificateDer::pem_slice_iter(pem).filter_map(Result::ok);
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(TlsSetupError::NoCertificate);
+            }
+            let tls = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            Ok(builder.with_tls_config(tls))
+        }
+        None => Ok(builder.with_provider_and_webpki_roots(provider)?),
+    }
+}

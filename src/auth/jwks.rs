@@ -31,8 +31,6 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -289,42 +287,24 @@ impl UrlSource {
         cfg: &JwksSourceConfig,
         rsa_alg: Alg,
     ) -> Result<UrlSource, StartError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = hyper_rustls::HttpsConnectorBuilder::new();
-        let builder = match &cfg.ca_file {
-            Some(path) => {
-                let pem = tokio::fs::read(path).await.map_err(|e| KeyError::Read {
-                    key: format!("{key}.ca_file"),
-                    path: path.clone(),
-                    source: e,
-                })?;
-                let mut roots = rustls::RootCertStore::empty();
-                let certs = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok);
-                let (added, _) = roots.add_parsable_certificates(certs);
-                if added == 0 {
-                    return Err(JwksError::BadCa {
-                        key: format!("{key}.ca_file"),
-                        path: path.clone(),
-                    }
-                    .into());
-                }
-                let tls = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|source| JwksError::Tls {
-                        key: key.clone(),
-                        source,
-                    })?
-                    .with_root_certificates(roots)
-                    .with_no_client_auth();
-                builder.with_tls_config(tls)
-            }
-            None => builder
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|source| JwksError::Tls {
-                    key: key.clone(),
-                    source,
-                })?,
+        let pem = match &cfg.ca_file {
+            Some(path) => Some(tokio::fs::read(path).await.map_err(|e| KeyError::Read {
+                key: format!("{key}.ca_file"),
+                path: path.clone(),
+                source: e,
+            })?),
+            None => None,
         };
+        let builder = crate::http_util::https_builder(pem.as_deref()).map_err(|e| match e {
+            crate::http_util::TlsSetupError::NoCertificate => JwksError::BadCa {
+                key: format!("{key}.ca_file"),
+                path: cfg.ca_file.clone().unwrap_or_default(),
+            },
+            crate::http_util::TlsSetupError::Tls(source) => JwksError::Tls {
+                key: key.clone(),
+                source,
+            },
+        })?;
         // Plain http is only reachable for loopback URLs: config validation
         // refuses it elsewhere.
         let connector = builder

@@ -213,19 +213,8 @@ impl Validator<'_> {
                 return Err(self.invalid(key(k), "must not be empty"));
             }
         }
-        let ca_file = match raw.ca_file {
-            Some(p) => {
-                let p = self.path(&p);
-                if !p.is_file() {
-                    return Err(self.invalid(
-                        key("ca_file"),
-                        format!("{} is not a readable file", p.display()),
-                    ));
-                }
-                Some(p)
-            }
-            None => None,
-        };
+        // A readable file, whatever the endpoint's scheme.
+        let ca_file = self.ca_file(key, raw.ca_file, true)?;
         let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
         if !(1..=60_000).contains(&timeout_ms) {
             return Err(self.invalid(key("timeout_ms"), "must be 1-60000"));

@@ -130,7 +130,7 @@ impl Validator<'_> {
 
     /// An upstream's `ca_file`: only for `https://` (`tls`), and a readable
     /// file.
-    fn ca_file(
+    pub(super) fn ca_file(
         &self,
         key: &dyn Fn(&str) -> String,
         ca_file: Option<PathBuf>,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use super::Presented;
+use super::Credential;
 
 /// Most runs kept at once.
 pub(crate) const MAX_ENTRIES: usize = 100_000;
@@ -39,7 +39,7 @@ impl RunKey {
 #[derive(Clone, Debug)]
 pub(crate) struct Kept {
     /// The credential.
-    pub presented: Presented,
+    pub credential: Credential,
     /// Sent until then.
     pub until: Instant,
 }
@@ -127,11 +127,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_expired_are_swept_the_live_kept() {
-        use crate::credential::Presented;
         let c = Cache::default();
         let kept = |until: Instant| Kept {
-            presented: Presented {
-                header: http::HeaderValue::from_static("Bearer t"),
+            credential: Credential {
+                header: Some(http::HeaderValue::from_static("Bearer t")),
                 auth: "exchange",
                 id: Arc::from("id"),
             },

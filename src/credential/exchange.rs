@@ -21,12 +21,10 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use serde::Deserialize;
 
 use super::cache::{Cache, Kept, RunKey};
-use super::{credential_id, Presented};
+use super::{credential_id, Credential};
 use crate::auth::Claims;
 use crate::config::{ClientAuth, TokenExchange};
 use crate::telemetry::Metrics;
@@ -67,13 +65,19 @@ pub(crate) enum CredentialError {
     /// The run's own token is past its end.
     #[error("the run's token has expired")]
     RunEnded,
+    /// The run's token is not at hand to exchange (never the firewall's
+    /// own token in its place).
+    #[error("the run's token is not at hand")]
+    NoRunToken,
 }
 
 impl CredentialError {
     /// The metric's outcome.
     fn outcome(&self) -> &'static str {
         match self {
-            CredentialError::Refused { .. } | CredentialError::RunEnded => "refused",
+            CredentialError::Refused { .. }
+            | CredentialError::RunEnded
+            | CredentialError::NoRunToken => "refused",
             CredentialError::Unavailable(_) => "unavailable",
             CredentialError::Invalid(_) => "invalid",
         }
@@ -131,29 +135,20 @@ impl Credentials {
         config: Arc<TokenExchange>,
         metrics: Arc<Metrics>,
     ) -> Result<Credentials, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = hyper_rustls::HttpsConnectorBuilder::new();
-        let builder = match &config.ca_file {
-            Some(path) => {
-                let pem = std::fs::read(path)
-                    .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-                let mut roots = rustls::RootCertStore::empty();
-                let certs = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok);
-                let (added, _) = roots.add_parsable_certificates(certs);
-                if added == 0 {
-                    return Err(format!("{}: no certificate in it", path.display()));
-                }
-                let tls = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| e.to_string())?
-                    .with_root_certificates(roots)
-                    .with_no_client_auth();
-                builder.with_tls_config(tls)
-            }
-            None => builder
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|e| e.to_string())?,
+        let pem = match &config.ca_file {
+            Some(path) => Some(
+                std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?,
+            ),
+            None => None,
         };
+        let builder = crate::http_util::https_builder(pem.as_deref()).map_err(|e| {
+            match (e, &config.ca_file) {
+                (crate::http_util::TlsSetupError::NoCertificate, Some(path)) => {
+                    format!("{}: no certificate in it", path.display())
+                }
+                (e, _) => e.to_string(),
+            }
+        })?;
         // Plain http only reaches loopback endpoints: the configuration
         // refuses it elsewhere.
         let connector = builder.https_or_http().enable_http1().build();
@@ -173,7 +168,7 @@ impl Credentials {
     ///
     /// # Errors
     /// The exchange failed, or the run's token is past its end.
-    pub(crate) async fn for_run(&self, run: RunSubject<'_>) -> Result<Presented, CredentialError> {
+    pub(crate) async fn for_run(&self, run: RunSubject<'_>) -> Result<Credential, CredentialError> {
         let c = run.claims;
         let ends = run_end(c).ok_or(CredentialError::RunEnded)?;
         let key = RunKey::of([&c.iss, &c.tenant_id, &c.sub, &c.agent, &c.run_id]);
@@ -182,7 +177,7 @@ impl Credentials {
         let now = Instant::now();
         if let Some(k) = kept.as_ref().filter(|k| k.until > now) {
             self.metrics.credential_cache_hit(&self.upstream);
-            return Ok(k.presented.clone());
+            return Ok(k.credential.clone());
         }
         let mut form = vec![
             ("grant_type", GRANT_EXCHANGE),
@@ -193,13 +188,13 @@ impl Credentials {
         self.push_target(&mut form);
         let answer = self.ask(&form, true).await;
         self.note("run", &answer);
-        let (presented, lifetime) = answer?;
+        let (credential, lifetime) = answer?;
         let until = now + lifetime.min(ends.saturating_duration_since(now));
         *kept = Some(Kept {
-            presented: presented.clone(),
+            credential: credential.clone(),
             until,
         });
-        Ok(presented)
+        Ok(credential)
     }
 
     /// The firewall's own token for this upstream (client credentials):
@@ -207,22 +202,22 @@ impl Credentials {
     ///
     /// # Errors
     /// The provider refused or could not be asked.
-    pub(crate) async fn own(&self) -> Result<Presented, CredentialError> {
+    pub(crate) async fn own(&self) -> Result<Credential, CredentialError> {
         let mut kept = self.own.lock().await;
         let now = Instant::now();
         if let Some(k) = kept.as_ref().filter(|k| k.until > now) {
-            return Ok(k.presented.clone());
+            return Ok(k.credential.clone());
         }
         let mut form = vec![("grant_type", "client_credentials")];
         self.push_target(&mut form);
         let answer = self.ask(&form, false).await;
         self.note("own", &answer);
-        let (presented, lifetime) = answer?;
+        let (credential, lifetime) = answer?;
         *kept = Some(Kept {
-            presented: presented.clone(),
+            credential: credential.clone(),
             until: now + lifetime,
         });
-        Ok(presented)
+        Ok(credential)
     }
 
     /// Whether the last exchange failed (none succeeded since).
@@ -259,7 +254,7 @@ impl Credentials {
         &self,
         form: &[(&str, &str)],
         exchange: bool,
-    ) -> Result<(Presented, Duration), CredentialError> {
+    ) -> Result<(Credential, Duration), CredentialError> {
         let cfg = &self.config;
         let mut request = Request::builder()
             .method(Method::POST)
@@ -295,15 +290,10 @@ impl Credentials {
                 .await
                 .map_err(|e| CredentialError::Unavailable(e.to_string()))?;
             let status = response.status();
-            let json = response
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| {
-                    v.split(';')
-                        .next()
-                        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
-                });
+            let json = crate::http_util::mime_is(
+                crate::http_util::content_type(response.headers()),
+                "application/json",
+            );
             let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
                 .await
@@ -346,7 +336,7 @@ fn read_answer(
     json: bool,
     body: &[u8],
     exchange: bool,
-) -> Result<(Presented, Duration), CredentialError> {
+) -> Result<(Credential, Duration), CredentialError> {
     if status.is_server_error() {
         return Err(CredentialError::Unavailable(format!(
             "HTTP {}",
@@ -420,8 +410,8 @@ fn read_answer(
     header.set_sensitive(true);
     let id = credential_id("exchange", issued.access_token.as_bytes());
     Ok((
-        Presented {
-            header,
+        Credential {
+            header: Some(header),
             auth: "exchange",
             id: Arc::from(id),
         },

@@ -23,24 +23,6 @@ use http::HeaderValue;
 
 pub(crate) use exchange::{CredentialError, Credentials, RunSubject};
 
-/// A credential to send: the `Authorization` value and what the audit
-/// records of it.
-#[derive(Clone)]
-pub(crate) struct Presented {
-    /// `Bearer …`, marked sensitive.
-    pub header: HeaderValue,
-    /// `exchange` (or `static`).
-    pub auth: &'static str,
-    /// [`credential_id`] of the token.
-    pub id: Arc<str>,
-}
-
-impl std::fmt::Debug for Presented {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Presented({}, {}, <redacted>)", self.auth, self.id)
-    }
-}
-
 /// What a request reaches its upstream with: the `Authorization` value
 /// the firewall sets (none for a static credential: the configured
 /// headers are set by the client of the upstream), and what the audit
@@ -78,16 +60,6 @@ impl Credential {
         if let Some(h) = &self.header {
             set.retain(|(n, _)| n != http::header::AUTHORIZATION);
             set.push((http::header::AUTHORIZATION, h.clone()));
-        }
-    }
-}
-
-impl From<Presented> for Credential {
-    fn from(p: Presented) -> Credential {
-        Credential {
-            header: Some(p.header),
-            auth: p.auth,
-            id: p.id,
         }
     }
 }

@@ -248,62 +248,18 @@ pub fn screen_json(
     actions: Actions,
     json: &str,
 ) -> Result<Screened, serde_json::Error> {
-    screen_message(scanner, actions, json, None)
+    screen_message(scanner, actions, json, None, Recall::Fresh)
 }
 
 /// [`screen_json`], continuing from what earlier messages of the same
-/// answer left in `carry` (and leaving this one's).
+/// answer left in `carry` (and leaving this one's); a list answer's
+/// strings (definitions an upstream lists again and again) are scanned
+/// with [`Recall::Remembered`]. Every string is still read, and what reads
+/// across strings is done afresh.
 ///
 /// # Errors
 /// Text that is not JSON.
 pub(crate) fn screen_message(
-    scanner: &Scanner,
-    actions: Actions,
-    json: &str,
-    carry: Option<&mut Carry>,
-) -> Result<Screened, serde_json::Error> {
-    screen_passes(scanner, actions, json, carry, Recall::Fresh)
-}
-
-/// [`screen_message`] for a list answer (tools, prompts, resources): the
-/// same screening, with each string's scan remembered by the scanner
-/// ([`Scanner::scan_remembered`]), since an upstream lists the same
-/// definitions again and again. Every string is still read, and what
-/// reads across strings is done afresh.
-///
-/// # Errors
-/// Text that is not JSON.
-pub(crate) fn screen_listing(
-    scanner: &Scanner,
-    actions: Actions,
-    json: &str,
-    carry: Option<&mut Carry>,
-) -> Result<Screened, serde_json::Error> {
-    screen_passes(scanner, actions, json, carry, Recall::Remembered)
-}
-
-/// Whether a string's scan may come from the scanner's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Recall {
-    /// Scanned now (content, whose text is seldom seen twice).
-    Fresh,
-    /// Remembered where read before (definitions).
-    Remembered,
-}
-
-impl Recall {
-    /// What `scanner` finds in `text`, remembered where this recalls.
-    fn scan(self, scanner: &Scanner, text: &str) -> Vec<Finding> {
-        match self {
-            Recall::Fresh => scanner.scan(text),
-            Recall::Remembered => scanner.scan_remembered(text),
-        }
-    }
-}
-
-/// [`screen_message`]'s passes: the first, then again over what a
-/// redaction left.
-fn screen_passes(
     scanner: &Scanner,
     actions: Actions,
     json: &str,
@@ -329,6 +285,26 @@ fn screen_passes(
         }
     }
     Ok(screened)
+}
+
+/// Whether a string's scan may come from the scanner's memory
+/// ([`Scanner::scan_remembered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recall {
+    /// Scanned now (content, whose text is seldom seen twice).
+    Fresh,
+    /// Remembered where read before (definitions).
+    Remembered,
+}
+
+impl Recall {
+    /// What `scanner` finds in `text`, remembered where this recalls.
+    fn scan(self, scanner: &Scanner, text: &str) -> Vec<Finding> {
+        match self {
+            Recall::Fresh => scanner.scan(text),
+            Recall::Remembered => scanner.scan_remembered(text),
+        }
+    }
 }
 
 /// Passes of redaction after the first, at most ([`screen_message`]).
@@ -1050,11 +1026,25 @@ mod tests {
         let (a, b) = KEY.split_at(9);
         // The first message ends inside the key: not relayed.
         let first = serde_json::json!({"params": {"message": format!("key {a}")}}).to_string();
-        let s = screen_message(&scanner(), Actions::DEFAULT, &first, Some(&mut carry)).unwrap();
+        let s = screen_message(
+            &scanner(),
+            Actions::DEFAULT,
+            &first,
+            Some(&mut carry),
+            Recall::Fresh,
+        )
+        .unwrap();
         let out = s.redacted.unwrap();
         assert!(!out.contains(a) && out.contains("key "), "{out}");
         let second = serde_json::json!({"result": {"content": [{"type": "text", "text": format!("{b} rest")}]}}).to_string();
-        let s = screen_message(&scanner(), Actions::DEFAULT, &second, Some(&mut carry)).unwrap();
+        let s = screen_message(
+            &scanner(),
+            Actions::DEFAULT,
+            &second,
+            Some(&mut carry),
+            Recall::Fresh,
+        )
+        .unwrap();
         let out = s.redacted.unwrap();
         assert!(!out.contains(b) && out.contains("rest"), "{out}");
         // Cut inside the prefix: the rest is found in the second.
@@ -1062,9 +1052,23 @@ mod tests {
         let (a, b) = KEY.split_at(3);
         let first = serde_json::json!({"params": {"message": format!("key {a}")}}).to_string();
         let second = serde_json::json!({"result": {"content": [{"type": "text", "text": format!("{b} rest")}]}}).to_string();
-        let s = screen_message(&scanner(), Actions::DEFAULT, &first, Some(&mut carry)).unwrap();
+        let s = screen_message(
+            &scanner(),
+            Actions::DEFAULT,
+            &first,
+            Some(&mut carry),
+            Recall::Fresh,
+        )
+        .unwrap();
         assert!(s.report.is_empty(), "{s:?}");
-        let s = screen_message(&scanner(), Actions::DEFAULT, &second, Some(&mut carry)).unwrap();
+        let s = screen_message(
+            &scanner(),
+            Actions::DEFAULT,
+            &second,
+            Some(&mut carry),
+            Recall::Fresh,
+        )
+        .unwrap();
         let out = s.redacted.unwrap();
         assert!(!out.contains(b) && out.contains("rest"), "{out}");
     }

@@ -6,7 +6,7 @@
 //! Keyed by the text itself, compared byte for byte (no digest whose
 //! collision could pass one text off as another); bounded in bytes and
 //! emptied when full. Only list answers use it
-//! ([`super::content::screen_listing`]): a tool's output is read fresh.
+//! ([`super::content::Recall::Remembered`]): a tool's output is read fresh.
 
 use super::Finding;
 use std::collections::HashMap;

@@ -255,8 +255,8 @@ impl UpstreamClient {
             ));
         };
         match run {
-            Some(run) => c.for_run(run).await.map(Into::into),
-            None => c.own().await.map(Into::into),
+            Some(run) => c.for_run(run).await,
+            None => c.own().await,
         }
     }
 

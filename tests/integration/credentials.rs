@@ -99,17 +99,13 @@ async fn rig_with(lifetime_s: u64, audit: Option<(&ClickHouse, &str, &std::path:
     let up = tickets().await;
     let policy = common::policy_dir(&[("90-tickets.toml", POLICY)]);
     let secret = tempfile::tempdir().unwrap();
-    let secret_file = secret.path().join("client-secret");
-    std::fs::write(&secret_file, format!("{CLIENT_SECRET}\n")).unwrap();
-    let mut cfg = TestConfig::new()
-        .policies(policy.path())
-        .upstream("tickets", &up.url())
-        .upstream_set("tickets", "auth", "token_exchange")
-        .upstream_set(
-            "tickets",
-            "token_exchange",
-            exchange_section(&idp.token_endpoint, &secret_file),
-        );
+    let secret_file = secret_file(secret.path());
+    let mut cfg = exchanging(
+        TestConfig::new().policies(policy.path()),
+        "tickets",
+        &up.url(),
+        exchange_section(&idp.token_endpoint, &secret_file),
+    );
     if let Some((ch, db, spool)) = audit {
         cfg = cfg.audit("fw-credentials", &ch.http_url, db, spool);
     }
@@ -127,6 +123,31 @@ fn run_token() -> (String, String) {
     let claims = common::claims("assistant", &["sre"]);
     let run = claims.run_id.clone();
     (common::sign(&claims), run)
+}
+
+/// `cfg` with upstream `name` at `url` taking exchanged tokens
+/// (`section`: its `[upstream.token_exchange]`).
+pub(crate) fn exchanging(
+    cfg: TestConfig,
+    name: &str,
+    url: &str,
+    section: toml::Value,
+) -> TestConfig {
+    cfg.upstream(name, url)
+        .upstream_set(name, "auth", "token_exchange")
+        .upstream_set(name, "token_exchange", section)
+}
+
+/// The client secret, in a file of `dir`.
+pub(crate) fn secret_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let file = dir.join("client-secret");
+    std::fs::write(&file, format!("{CLIENT_SECRET}\n")).unwrap();
+    file
+}
+
+/// `get_ticket` on `tickets`, in `era`, as the holder of `token`.
+async fn get_ticket(fw: &Firewall, era: Era, token: &str) -> common::Answer {
+    call(fw, era, token, "tickets", "get_ticket", json!({})).await
 }
 
 /// The bearers the upstream received with `method`, in order.
@@ -176,25 +197,9 @@ async fn each_run_reaches_the_upstream_with_its_own_exchanged_token_in_both_eras
 
     // Run A in sessions, run B stateless; each calls twice.
     for _ in 0..2 {
-        let a = call(
-            &rig.fw,
-            Era::Sessions,
-            &token_a,
-            "tickets",
-            "get_ticket",
-            json!({}),
-        )
-        .await;
+        let a = get_ticket(&rig.fw, Era::Sessions, &token_a).await;
         assert_eq!(text_of(&a), "ticket 42: printer on fire");
-        let b = call(
-            &rig.fw,
-            Era::Stateless,
-            &token_b,
-            "tickets",
-            "get_ticket",
-            json!({}),
-        )
-        .await;
+        let b = get_ticket(&rig.fw, Era::Stateless, &token_b).await;
         assert_eq!(text_of(&b), "ticket 42: printer on fire");
     }
     let calls = bearers(&rig.up, "tools/call");
@@ -300,26 +305,10 @@ async fn an_expired_exchanged_token_is_exchanged_again() {
     // kept back).
     let rig = rig_with(6, None).await;
     let (token, run) = run_token();
-    let a = call(
-        &rig.fw,
-        Era::Sessions,
-        &token,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&rig.fw, Era::Sessions, &token).await;
     assert_eq!(text_of(&a), "ticket 42: printer on fire");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let a = call(
-        &rig.fw,
-        Era::Sessions,
-        &token,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&rig.fw, Era::Sessions, &token).await;
     assert_eq!(text_of(&a), "ticket 42: printer on fire");
     let calls = bearers(&rig.up, "tools/call");
     assert_eq!(calls.len(), 2);
@@ -337,15 +326,7 @@ async fn a_provider_that_refuses_fails_or_is_gone_gives_31007_and_nothing_is_sen
     // The catalog is filled first (the firewall's own token), so that what
     // follows is the run's exchange alone.
     let (warm, _) = run_token();
-    let a = call(
-        &rig.fw,
-        Era::Sessions,
-        &warm,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&rig.fw, Era::Sessions, &warm).await;
     assert_eq!(text_of(&a), "ticket 42: printer on fire");
     let sent = bearers(&rig.up, "tools/call").len();
     for (mode, outcome) in [
@@ -357,7 +338,7 @@ async fn a_provider_that_refuses_fails_or_is_gone_gives_31007_and_nothing_is_sen
         rig.idp.set_mode(mode).await;
         for era in [Era::Sessions, Era::Stateless] {
             let (token, _) = run_token();
-            let a = call(&rig.fw, era, &token, "tickets", "get_ticket", json!({})).await;
+            let a = get_ticket(&rig.fw, era, &token).await;
             assert_eq!(a.status, 200, "{mode}: {}", a.text);
             let v = a.json();
             assert_eq!(v["error"]["code"], -31007, "{mode} {era:?}: {}", a.text);
@@ -388,15 +369,7 @@ async fn a_provider_that_refuses_fails_or_is_gone_gives_31007_and_nothing_is_sen
     );
     rig.idp.set_mode("ok").await;
     let (token, _) = run_token();
-    let a = call(
-        &rig.fw,
-        Era::Sessions,
-        &token,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&rig.fw, Era::Sessions, &token).await;
     assert_eq!(text_of(&a), "ticket 42: printer on fire");
     let ready = readyz(&rig.fw).await;
     assert!(
@@ -407,15 +380,7 @@ async fn a_provider_that_refuses_fails_or_is_gone_gives_31007_and_nothing_is_sen
     // A provider that is gone.
     drop(rig.idp);
     let (token, _) = run_token();
-    let a = call(
-        &rig.fw,
-        Era::Sessions,
-        &token,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&rig.fw, Era::Sessions, &token).await;
     assert_eq!(a.json()["error"]["code"], -31007, "{}", a.text);
     assert_eq!(bearers(&rig.up, "tools/call").len(), sent);
     rig.fw.stop().await;
@@ -430,16 +395,13 @@ async fn a_sessions_get_stream_and_delete_use_the_runs_token_or_are_refused() {
     let idp = provider(6).await;
     let up = raw::mcp().await;
     let secret = tempfile::tempdir().unwrap();
-    let secret_file = secret.path().join("client-secret");
-    std::fs::write(&secret_file, CLIENT_SECRET).unwrap();
-    let cfg = TestConfig::new()
-        .upstream("incidents", &up.url())
-        .upstream_set("incidents", "auth", "token_exchange")
-        .upstream_set(
-            "incidents",
-            "token_exchange",
-            exchange_section(&idp.token_endpoint, &secret_file),
-        );
+    let secret_file = secret_file(secret.path());
+    let cfg = exchanging(
+        TestConfig::new(),
+        "incidents",
+        &up.url(),
+        exchange_section(&idp.token_endpoint, &secret_file),
+    );
     let fw = common::firewall(&cfg.text()).await;
     let jwks = idp.public_jwks().await;
     let claims = common::claims("sre-lead", &["sre"]);
@@ -560,22 +522,15 @@ async fn a_private_key_client_exchanges_and_an_unknown_key_is_refused() {
             ("scope", "tickets:read".into()),
         ]))
     };
-    let cfg = TestConfig::new()
-        .policies(policy.path())
-        .upstream("tickets", &up.url())
-        .upstream_set("tickets", "auth", "token_exchange")
-        .upstream_set("tickets", "token_exchange", section("tickets.pem"));
+    let cfg = exchanging(
+        TestConfig::new().policies(policy.path()),
+        "tickets",
+        &up.url(),
+        section("tickets.pem"),
+    );
     let fw = common::firewall(&cfg.text()).await;
     let (token, run) = run_token();
-    let a = call(
-        &fw,
-        Era::Stateless,
-        &token,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&fw, Era::Stateless, &token).await;
     assert_eq!(text_of(&a), "ticket 42: printer on fire");
     let c = idp::verify(&bearers(&up, "tools/call")[0], &jwks, "tickets");
     assert_eq!(c["run_id"], run.as_str(), "{c}");
@@ -583,11 +538,12 @@ async fn a_private_key_client_exchanges_and_an_unknown_key_is_refused() {
     fw.stop().await;
 
     // The same client with a key the provider does not know.
-    let cfg = TestConfig::new()
-        .policies(policy.path())
-        .upstream("tickets", &up.url())
-        .upstream_set("tickets", "auth", "token_exchange")
-        .upstream_set("tickets", "token_exchange", section("stranger.pem"));
+    let cfg = exchanging(
+        TestConfig::new().policies(policy.path()),
+        "tickets",
+        &up.url(),
+        section("stranger.pem"),
+    );
     let fw = common::firewall(&cfg.text()).await;
     let hits = up.hits();
     let (token, _) = run_token();
@@ -598,15 +554,7 @@ async fn a_private_key_client_exchanges_and_an_unknown_key_is_refused() {
     assert_eq!(a.json()["error"]["code"], -31007, "{}", a.text);
     assert!(a.text.contains("invalid_client"), "{}", a.text);
     assert_eq!(up.hits(), hits, "nothing was sent");
-    let a = call(
-        &fw,
-        Era::Sessions,
-        &token,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&fw, Era::Sessions, &token).await;
     assert!(a.json().get("error").is_some(), "{}", a.text);
     assert_eq!(up.hits(), hits, "nothing was sent");
     fw.stop().await;

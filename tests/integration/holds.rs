@@ -691,8 +691,7 @@ async fn a_released_call_reaches_its_upstream_with_the_runs_exchanged_token_or_n
     let up = upstream_answering(raw::mcp_answer).await;
     let idp = crate::credentials::provider(300).await;
     let secret = tempfile::tempdir().unwrap();
-    let secret_file = secret.path().join("secret");
-    std::fs::write(&secret_file, crate::credentials::CLIENT_SECRET).unwrap();
+    let secret_file = crate::credentials::secret_file(secret.path());
     let (fw, _store) = start_with(&up, &[], |c| {
         c.upstream_set("incidents", "auth", "token_exchange")
             .upstream_set(

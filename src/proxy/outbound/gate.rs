@@ -229,9 +229,9 @@ fn has_instructions(result: &str) -> bool {
 
 /// Screens `text`, one upstream message as it is about to leave (JSON),
 /// from `source`, continuing `carry` (the earlier events of the same
-/// answer): `None` when nothing was found and it gives no labels. A
-/// `listing` (a list answer's definitions) has its strings' scans
-/// remembered ([`content::screen_listing`]).
+/// answer): `None` when nothing was found and it gives no labels. A list
+/// answer's definitions are screened with their scans remembered
+/// (`recall`: [`content::Recall::Remembered`]).
 ///
 /// # Errors
 /// Text that is not JSON (the strict reader accepted it: never).
@@ -240,16 +240,11 @@ pub(crate) fn screen(
     source: Source<'_>,
     text: &str,
     carry: Option<&mut Carry>,
-    listing: bool,
+    recall: content::Recall,
 ) -> Result<Option<Content>, UpstreamFailure> {
     let screening = s.policy.screening();
     let actions = screening.actions(&s.upstream.name, source.tool());
-    let read = if listing {
-        content::screen_listing
-    } else {
-        content::screen_message
-    };
-    let found = read(screening.scanner(), actions, text, carry)
+    let found = content::screen_message(screening.scanner(), actions, text, carry, recall)
         .map_err(|e| UpstreamFailure::Invalid(format!("unreadable content: {e}")))?;
     Ok(content_of(
         found.report,
@@ -348,13 +343,18 @@ impl Exchange {
             && answering
                 .as_ref()
                 .is_some_and(|a| matches!(a.class, Class::List(_)));
+        let recall = if listing {
+            content::Recall::Remembered
+        } else {
+            content::Recall::Fresh
+        };
         let source = source_of(m, result_text(m, raw), answering);
         let Some(c) = screen(
             run.answer_scope(),
             source,
             text,
             self.carry.as_mut(),
-            listing,
+            recall,
         )?
         else {
             return Ok((pass, None));

@@ -62,7 +62,7 @@ use crate::proxy::decision::Granted;
 use crate::proxy::decision::RunContext;
 use crate::proxy::error::ProxyError;
 use crate::proxy::record::{write_rows, AnswerParts, Recorder};
-use crate::screen::content::{Action, Carry};
+use crate::screen::content::{Action, Carry, Recall};
 use crate::server::listener::ConnInfo;
 use crate::session::EventContext;
 use crate::tasks;

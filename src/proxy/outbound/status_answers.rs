@@ -100,7 +100,7 @@ impl Exchange {
             let screened = match text.as_deref().filter(|t| !t.is_empty()) {
                 // Not JSON after all: withheld below as unreadable.
                 Some(t) if is_json => {
-                    gate::screen(scope, source, t, None, false).unwrap_or_default()
+                    gate::screen(scope, source, t, None, Recall::Fresh).unwrap_or_default()
                 }
                 Some(t) => gate::screen_text(scope, source, t),
                 None => None,

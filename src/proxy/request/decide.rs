@@ -61,7 +61,7 @@ impl RunContext {
             });
         if self.upstream.credentials.is_some() && subject.is_none() {
             // Never the firewall's own token for a run's request.
-            return Err(crate::credential::CredentialError::RunEnded);
+            return Err(crate::credential::CredentialError::NoRunToken);
         }
         self.upstream.credential(subject).await
     }

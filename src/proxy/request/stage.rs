@@ -417,17 +417,11 @@ async fn credential_for(
         Err(e) => {
             tracing::warn!(run = %run.claims.run_id, upstream = %run.upstream.config.name, error = %e, "no upstream credential for the run; nothing sent");
             for plan in plans.iter_mut() {
-                if let Plan::Send { due, risk, .. } = plan {
-                    if let Some(r) = due.reservation.take() {
-                        run.budgets
-                            .settle_now(&r, crate::budget::Settle::NotExecuted)
-                            .await;
-                    }
-                    *plan = Plan::Answer(Outcome::CredentialUnavailable {
-                        risk: risk.unwrap_or(crate::policy::Risk::Read),
-                        why: e.to_string(),
-                    });
-                }
+                answer_instead(run, plan, |risk| Outcome::CredentialUnavailable {
+                    risk,
+                    why: e.to_string(),
+                })
+                .await;
             }
             None
         }
@@ -509,19 +503,29 @@ async fn write_intents(recorder: &Recorder, run: &RunContext, plans: &mut [Plan]
     let admitted = futures_util::future::join_all(writes).await;
     for (plan, admitted) in plans.iter_mut().zip(admitted) {
         if let Err(e) = admitted {
-            if let Plan::Send { due, risk, .. } = plan {
-                if let Some(r) = due.reservation.take() {
-                    run.budgets
-                        .settle_now(&r, crate::budget::Settle::NotExecuted)
-                        .await;
-                }
-                let risk = risk.unwrap_or(crate::policy::Risk::Read);
-                *plan = Plan::Answer(Outcome::AuditUnavailable {
-                    risk,
-                    error: e.into(),
-                });
-            }
+            answer_instead(run, plan, |risk| Outcome::AuditUnavailable {
+                risk,
+                error: e.into(),
+            })
+            .await;
         }
+    }
+}
+
+/// A message that was to be sent is answered by the firewall instead
+/// (`outcome` of its risk, read where it has none), its budget released.
+async fn answer_instead(
+    run: &RunContext,
+    plan: &mut Plan,
+    outcome: impl FnOnce(crate::policy::Risk) -> Outcome,
+) {
+    if let Plan::Send { due, risk, .. } = plan {
+        if let Some(r) = due.reservation.take() {
+            run.budgets
+                .settle_now(&r, crate::budget::Settle::NotExecuted)
+                .await;
+        }
+        *plan = Plan::Answer(outcome(risk.unwrap_or(crate::policy::Risk::Read)));
     }
 }
 

@@ -13,6 +13,7 @@ pub mod postgres;
 pub mod raw;
 pub mod redis;
 pub mod wait;
+pub mod watchdog;
 
 pub use config_builder::{path as toml_path, table, TestConfig};
 pub use wait::{eventually, wait_until};

@@ -32,7 +32,7 @@
 // Each test binary uses a subset of this shared harness.
 #![allow(dead_code)]
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -130,7 +130,7 @@ impl Postgres {
         // Ports are probed then released, so another process may grab one in
         // between: retry with fresh ports (same cluster).
         for _ in 0..3 {
-            pg.port = free_port();
+            pg.port = super::watchdog::free_port();
             pg.url = pg.url_for(USER);
             match pg.spawn().await {
                 Ok(()) => {
@@ -327,18 +327,7 @@ impl Postgres {
     /// One watchdog per server, for its whole life (it reads the current pid
     /// from `harness.pid`, so it survives stop/resume).
     fn spawn_watchdog(&self) -> Result<(), String> {
-        let wd = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(&self.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            // Its own process group: a Ctrl-C aimed at the test run must not
-            // take the watchdog down before it has cleaned up.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("spawning watchdog: {e}"))?;
+        let wd = super::watchdog::spawn(WATCHDOG, &self.dir)?;
         *self.watchdog.lock().unwrap() = Some(wd);
         Ok(())
     }
@@ -519,12 +508,6 @@ fn postgres_user() -> Result<(u32, u32), String> {
             .map_err(|_| "there is no `postgres` user".to_owned())
     };
     Ok((id("-u")?, id("-g")?))
-}
-
-/// A free port (probed, then released).
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("no free port");
-    l.local_addr().expect("bound socket").port()
 }
 
 /// Pids whose parent is `pid` (from `/proc/*/stat`).

@@ -23,7 +23,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,19 +46,6 @@ pub struct Redis {
 /// How long a server gets to answer `PING` after spawning.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The watchdog: waits for EOF on stdin (the test process is gone), then kills
-/// the server's process group (pid in `$0/harness.pid`) and removes `$0`.
-const WATCHDOG: &str = r#"
-trap '' INT HUP TERM
-while read -r _; do :; done
-if [ -f "$0/harness.pid" ]; then
-  read -r pid < "$0/harness.pid"
-  kill -9 "-$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
-  for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-fi
-rm -rf "$0" 2>/dev/null || { sleep 0.5; rm -rf "$0"; }
-"#;
-
 impl Redis {
     /// The server shared by all tests of this binary, started on first use.
     pub async fn shared() -> &'static Redis {
@@ -72,7 +59,7 @@ impl Redis {
         // Ports are probed then released, so another process may grab one in
         // between: retry with fresh ports.
         for _ in 0..3 {
-            let port = free_port();
+            let port = super::watchdog::free_port();
             let dir = std::env::temp_dir().join(format!(
                 "mcpfw-redis-{}-{}",
                 std::process::id(),
@@ -216,18 +203,7 @@ impl Redis {
     /// One watchdog per server, for its whole life (it reads the current pid
     /// from `harness.pid`, so it survives stop/resume).
     fn spawn_watchdog(&self) -> Result<(), String> {
-        let wd = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(&self.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            // Its own process group: a Ctrl-C aimed at the test run must not
-            // take the watchdog down before it has cleaned up.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("spawning watchdog: {e}"))?;
+        let wd = super::watchdog::spawn(super::watchdog::KILL_GROUP, &self.dir)?;
         *self.watchdog.lock().unwrap() = Some(wd);
         Ok(())
     }
@@ -318,12 +294,6 @@ fn server_binary() -> String {
         }
     }
     "redis-server".into()
-}
-
-/// A free port (probed, then released).
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("no free port");
-    l.local_addr().expect("bound socket").port()
 }
 
 /// Whether a raw `PING` gets `+PONG`.
