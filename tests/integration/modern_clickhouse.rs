@@ -281,6 +281,8 @@ async fn migration_fixture(dir: &std::path::Path) {
     r.token_jti = "jti-9".into();
     r.shadow_decision = "deny";
     r.principal_claims = r#"{"mode":"caller"}"#.into();
+    r.upstream_auth = "exchange";
+    r.credential_id = "3f".repeat(16);
     auditor.record(r).await.unwrap();
     handle.shutdown(Duration::from_millis(100)).await;
     drop(auditor);
@@ -309,6 +311,8 @@ async fn migration_fixture(dir: &std::path::Path) {
             "token_jti": "jti-9",
             "shadow_decision": "deny",
             "principal_claims": "{\"mode\":\"caller\"}",
+            "upstream_auth": "exchange",
+            "credential_id": "3f".repeat(16),
         },
         "empty": {
             "approval_id": "",
@@ -320,6 +324,8 @@ async fn migration_fixture(dir: &std::path::Path) {
             "token_jti": "",
             "shadow_decision": "",
             "principal_claims": "",
+            "upstream_auth": "",
+            "credential_id": "",
         },
     });
     std::fs::write(dir.join("migration.json"), migration.to_string()).unwrap();
