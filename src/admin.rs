@@ -66,6 +66,9 @@ pub(crate) struct Admin {
     pub stdio: Vec<Arc<crate::stdio::Bridge>>,
     /// The token exchanges of the upstreams that take exchanged tokens.
     pub credentials: Vec<Arc<crate::credential::Credentials>>,
+    /// The users' tokens of the upstreams that take users' own accounts
+    /// (`/connect`, `/credentials`), with the verifier of admin tokens.
+    pub users: (Vec<Arc<crate::credential::UserCredentials>>, Verifier),
 }
 
 /// The admin listener's `Host` check: the listed names, or any IP address.
@@ -153,7 +156,8 @@ impl Admin {
         if self.stdio.iter().any(|b| b.start_failed().is_some()) {
             out.push("stdio_start_failed");
         }
-        if self.credentials.iter().any(|c| c.failing()) {
+        if self.credentials.iter().any(|c| c.failing()) || self.users.0.iter().any(|u| u.failing())
+        {
             out.push("upstream_credentials_unavailable");
         }
         for r in DEGRADED {
@@ -178,6 +182,10 @@ pub(crate) async fn handle(
             StatusCode::FORBIDDEN,
             format!("Host {host:?} is not allowed on the admin listener (admin.allowed_hosts)\n"),
         ));
+    }
+    if !admin.users.0.is_empty() && crate::credential::connect::owns(req.uri().path()) {
+        let (users, verifier) = &admin.users;
+        return Ok(crate::credential::connect::handle(users, verifier, req).await);
     }
     if crate::pins::api::owns(req.uri().path()) {
         let (pins, verifier) = &admin.pins;

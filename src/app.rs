@@ -139,6 +139,14 @@ pub async fn start_with(
             .values()
             .filter_map(|u| u.credentials.clone())
             .collect(),
+        users: (
+            state
+                .upstreams
+                .values()
+                .filter_map(|u| u.users.clone())
+                .collect(),
+            state.verifier.clone(),
+        ),
     });
     // The gauges follow the state even when nobody probes /readyz.
     background.push(tokio::spawn(watch_readiness(admin.clone())));
@@ -211,6 +219,14 @@ async fn build_state(
     registry: &mut Registry,
 ) -> anyhow::Result<Arc<State>> {
     let pins = parts.pins.clone();
+    let keeper = match &config.credentials {
+        Some(c) => Some(Arc::new(
+            crate::credential::Keeper::open(c)
+                .await
+                .map_err(|e| anyhow::anyhow!("credentials.store: {e}"))?,
+        )),
+        None => None,
+    };
     let mut state = State::new(
         config.clone(),
         parts.verifier,
@@ -219,6 +235,7 @@ async fn build_state(
         Metrics::register(registry),
         parts.approvals,
         parts.pins,
+        keeper.as_ref(),
     )
     .context("building upstream clients")?;
     if let Some(otlp) = &config.telemetry.otlp {

@@ -120,6 +120,9 @@ enum Command {
     /// Tool-definition pins: review drift on a running firewall (diff,
     /// accept, reject), or pin a live upstream's tools (record).
     Pins(mcp_firewall::cli::pins::PinsArgs),
+    /// Users' own upstream tokens (`auth = "oauth_user"`): list (never
+    /// their values), revoke.
+    Credentials(mcp_firewall::cli::credentials::CredentialsArgs),
     /// Development tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -316,6 +319,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Check { config, live } => check(&config, live).await,
+        Command::Credentials(args) => {
+            print!("{}", mcp_firewall::cli::credentials::run(&args).await?);
+            Ok(())
+        }
         Command::Pins(args) => {
             print!("{}", mcp_firewall::cli::pins::run(&args).await?);
             Ok(())

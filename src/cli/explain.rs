@@ -137,6 +137,17 @@ pub(super) fn credential_line(up: &crate::config::Upstream, claims: &auth::Claim
             claims.run_id,
             &*claims.sub,
         ),
+        crate::config::UpstreamAuth::User(u) => format!(
+            "credential: user: {:?}'s own token for {:?} (tenant {:?}), from their consent at {}; none kept: the call is answered with a consent link (-32042, or -31007 with the link) and nothing is sent",
+            &*claims.sub,
+            up.name,
+            &*claims.tenant_id,
+            match &u.server {
+                crate::config::AuthorizationServer::Endpoints(e) => e.authorization.to_string(),
+                crate::config::AuthorizationServer::Issuer(i) => format!("the authorization server {i}"),
+                crate::config::AuthorizationServer::Discovered => "the authorization server the upstream names (RFC 9728)".to_owned(),
+            },
+        ),
     }
 }
 

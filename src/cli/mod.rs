@@ -7,6 +7,7 @@
 
 pub mod audit;
 mod check;
+pub mod credentials;
 mod explain;
 pub mod pins;
 pub mod policy_test;

@@ -12,12 +12,16 @@
 //! Secrets (injected upstream credentials) are held in [`Secret`], whose `Debug`
 //! never prints the value.
 
+mod credentials;
 mod upstream_auth;
 mod validate;
 mod validate_upstream;
 pub use crate::server::tls::TlsConfig;
 pub use crate::telemetry::LogFormat;
-pub use upstream_auth::{ClientAuth, TokenExchange, UpstreamAuth};
+pub use credentials::{read_key, CredentialStore, CredentialsConfig, KEY_BYTES};
+pub use upstream_auth::{
+    AuthorizationServer, ClientAuth, Endpoints, OauthUser, TokenExchange, UpstreamAuth,
+};
 pub use validate::{
     load, load_str, Config, ConfigError, ExtraMethod, HeaderValueSource, IdentityClaim, Secret,
     ServerConfig, Upstream,

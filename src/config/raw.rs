@@ -52,6 +52,9 @@ pub struct RawConfig {
     /// Several upstreams behind one endpoint, `/mcp/<name>`.
     #[serde(default, rename = "virtual_server")]
     pub virtual_servers: Vec<crate::virtual_names::RawVirtualServer>,
+    /// Users' own upstream tokens (`auth = "oauth_user"`): their key and
+    /// store.
+    pub credentials: Option<RawCredentials>,
 }
 
 /// `[server]`: the listener agents connect to.
@@ -389,15 +392,66 @@ pub struct RawTokenExchange {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawOauthUser {
-    /// The authorization server (else discovered from the upstream).
+    /// The authorization server's issuer URL, its endpoints read from its
+    /// RFC 8414 metadata; absent (and no endpoints given): discovered from
+    /// the upstream's RFC 9728 protected-resource metadata.
     pub authorization_server: Option<String>,
+    /// The authorization endpoint, when the server publishes no metadata
+    /// (with `token_endpoint`).
+    pub authorization_endpoint: Option<String>,
+    /// The token endpoint, when the server publishes no metadata.
+    pub token_endpoint: Option<String>,
+    /// The RFC 7009 revocation endpoint, when the server publishes no
+    /// metadata (optional).
+    pub revocation_endpoint: Option<String>,
     /// The firewall's client id there.
     pub client_id: String,
-    /// Its secret, `{ env }` or `{ file }`.
+    /// Its secret, `{ env }` or `{ file }` (`client_secret_basic`); absent:
+    /// a public client (PKCE only).
     pub client_secret: Option<RawHeaderValue>,
     /// Scopes asked for.
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// The RFC 8707 `resource` asked for. Default: the upstream's URL.
+    pub resource: Option<String>,
+    /// PEM file of extra CA certificates trusted for the server.
+    pub ca_file: Option<PathBuf>,
+    /// Time allowed for one request to it. Default 5 s.
+    pub timeout_ms: Option<u64>,
+}
+
+/// `[credentials]`: where users' upstream tokens (`auth = "oauth_user"`)
+/// are kept, and the key they are encrypted under.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredentials {
+    /// 32 bytes (raw, 64 hex digits or base64) of AES-256-GCM key; readable
+    /// by the firewall's user only.
+    pub key_file: PathBuf,
+    /// `local` (files in `dir`, one replica; the default) or `postgres`
+    /// (the `[approvals]` database, shared by every replica).
+    #[serde(default)]
+    pub store: CredentialStoreKind,
+    /// The local store's directory. Default `credentials` beside the
+    /// config file.
+    pub dir: Option<PathBuf>,
+    /// The admin listener's external base URL, for the consent links and
+    /// the redirect URI (`<public_url>/connect/<upstream>/callback`).
+    /// Default: `[approvals] public_url`, else the admin address.
+    pub public_url: Option<String>,
+    /// Seconds a consent link stays valid. Default 600.
+    pub link_ttl_s: Option<u64>,
+}
+
+/// Where users' upstream tokens are kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CredentialStoreKind {
+    /// Files in a directory (one replica).
+    #[default]
+    Local,
+    /// The `[approvals]` PostgreSQL database (every replica).
+    Postgres,
 }
 
 /// `[[upstream.extra_methods]]`: a method the upstream serves beyond MCP.

@@ -3,7 +3,9 @@
 //! `token_exchange` (RFC 8693) names the identity provider's token
 //! endpoint, the firewall's client there (a secret or a private key it
 //! signs assertions with) and the audience, resource and scope it asks
-//! for. Every error names the key; a secret is read here, once.
+//! for; `oauth_user` names the upstream's authorization server (or leaves
+//! it to discovery), the firewall's client there and the scopes users
+//! consent to. Every error names the key; a secret is read here, once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use http::Uri;
 
 use super::validate::{ConfigError, Secret, Validator};
-use super::{RawTokenExchange, RawUpstream, UpstreamAuthMode};
+use super::{RawOauthUser, RawTokenExchange, RawUpstream, UpstreamAuthMode};
 
 /// What the firewall presents to an upstream.
 #[derive(Debug, Clone, Default)]
@@ -22,16 +24,62 @@ pub enum UpstreamAuth {
     Static,
     /// A token exchanged for each run (RFC 8693).
     Exchange(Arc<TokenExchange>),
+    /// The run's user's own token, from their consent (authorization code
+    /// with PKCE).
+    User(Arc<OauthUser>),
 }
 
 impl UpstreamAuth {
-    /// The name on record (`upstream_auth`): `static` or `exchange`.
+    /// The name on record (`upstream_auth`): `static`, `exchange` or
+    /// `user`.
     pub fn name(&self) -> &'static str {
         match self {
             UpstreamAuth::Static => "static",
             UpstreamAuth::Exchange(_) => "exchange",
+            UpstreamAuth::User(_) => "user",
         }
     }
+}
+
+/// A checked `[upstream.oauth_user]`.
+#[derive(Debug)]
+pub struct OauthUser {
+    /// Where the endpoints come from.
+    pub server: AuthorizationServer,
+    /// The firewall's client id.
+    pub client_id: String,
+    /// Its secret (`client_secret_basic`); none: a public client.
+    pub client_secret: Option<Secret>,
+    /// The scopes asked for, space-separated (empty: none named).
+    pub scope: String,
+    /// The RFC 8707 resource asked for.
+    pub resource: String,
+    /// Extra CA certificates for the server.
+    pub ca_file: Option<PathBuf>,
+    /// Time allowed for one request to the server.
+    pub timeout: Duration,
+}
+
+/// Where an `oauth_user` upstream's authorization server is found.
+#[derive(Debug, Clone)]
+pub enum AuthorizationServer {
+    /// Configured endpoints.
+    Endpoints(Endpoints),
+    /// This issuer's RFC 8414 metadata.
+    Issuer(Uri),
+    /// The upstream's RFC 9728 metadata names the issuer.
+    Discovered,
+}
+
+/// An authorization server's endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    /// Where the user's browser is sent.
+    pub authorization: Uri,
+    /// Where codes and refresh tokens are redeemed.
+    pub token: Uri,
+    /// RFC 7009 revocation, when the server has it.
+    pub revocation: Option<Uri>,
 }
 
 /// A checked `[upstream.token_exchange]`.
@@ -109,11 +157,35 @@ impl Validator<'_> {
                 }
                 Ok(UpstreamAuth::Static)
             }
-            UpstreamAuthMode::OauthUser => Err(self.invalid(
-                key("auth"),
-                "\"oauth_user\" (each user's own account) is not available in this release; \
-                 use \"static\" or \"token_exchange\"",
-            )),
+            UpstreamAuthMode::OauthUser => {
+                if authorization_set {
+                    return Err(self.invalid(
+                        key("headers.Authorization"),
+                        "with auth = \"oauth_user\" the firewall sets Authorization to the user's own token",
+                    ));
+                }
+                if u.token_exchange.is_some() {
+                    return Err(
+                        self.invalid(key("token_exchange"), "only with auth = \"token_exchange\"")
+                    );
+                }
+                if u.stdio_configured() {
+                    return Err(self.invalid(
+                        key("auth"),
+                        "a stdio server gets no bearer token; use \"static\"",
+                    ));
+                }
+                let raw = u.oauth_user.take().ok_or_else(|| {
+                    self.invalid(
+                        key("oauth_user"),
+                        "auth = \"oauth_user\" needs an [upstream.oauth_user] section",
+                    )
+                })?;
+                let k = |f: &str| key(&format!("oauth_user.{f}"));
+                Ok(UpstreamAuth::User(Arc::new(
+                    self.oauth_user(&k, raw, &u.url)?,
+                )))
+            }
             UpstreamAuthMode::TokenExchange => {
                 if authorization_set {
                     return Err(self.invalid(
@@ -226,6 +298,100 @@ impl Validator<'_> {
             audience: raw.audience,
             resource: raw.resource,
             scope: raw.scope,
+            ca_file,
+            timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+
+    fn oauth_user(
+        &self,
+        key: &dyn Fn(&str) -> String,
+        raw: RawOauthUser,
+        upstream_url: &str,
+    ) -> Result<OauthUser, ConfigError> {
+        if raw.client_id.trim().is_empty() {
+            return Err(self.invalid(key("client_id"), "must not be empty"));
+        }
+        let server = match (
+            raw.authorization_server,
+            raw.authorization_endpoint,
+            raw.token_endpoint,
+        ) {
+            (None, Some(a), Some(t)) => AuthorizationServer::Endpoints(Endpoints {
+                authorization: self.endpoint(&key("authorization_endpoint"), &a)?,
+                token: self.endpoint(&key("token_endpoint"), &t)?,
+                revocation: raw
+                    .revocation_endpoint
+                    .map(|r| self.endpoint(&key("revocation_endpoint"), &r))
+                    .transpose()?,
+            }),
+            (Some(issuer), None, None) => {
+                if raw.revocation_endpoint.is_some() {
+                    return Err(self.invalid(
+                        key("revocation_endpoint"),
+                        "comes from the authorization server's metadata; give it only with authorization_endpoint and token_endpoint",
+                    ));
+                }
+                AuthorizationServer::Issuer(self.endpoint(&key("authorization_server"), &issuer)?)
+            }
+            (None, None, None) => {
+                if raw.revocation_endpoint.is_some() {
+                    return Err(self.invalid(
+                        key("revocation_endpoint"),
+                        "give it with authorization_endpoint and token_endpoint",
+                    ));
+                }
+                AuthorizationServer::Discovered
+            }
+            (Some(_), _, _) => {
+                return Err(self.invalid(
+                    key("authorization_server"),
+                    "give the authorization server (its endpoints from its metadata) or authorization_endpoint and token_endpoint, not both",
+                ))
+            }
+            (None, _, _) => {
+                return Err(self.invalid(
+                    key("authorization_endpoint"),
+                    "give both authorization_endpoint and token_endpoint (or authorization_server)",
+                ))
+            }
+        };
+        let client_secret = match raw.client_secret {
+            Some(secret) => {
+                if !secret.prefix.is_empty() {
+                    return Err(self.invalid(key("client_secret"), "takes no prefix"));
+                }
+                Some(self.secret(&key("client_secret"), secret)?)
+            }
+            None => None,
+        };
+        for s in &raw.scopes {
+            if s.is_empty()
+                || !s
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+            {
+                return Err(self.invalid(
+                    key("scopes"),
+                    format!("{s:?} is not a scope token (RFC 6749 §3.3)"),
+                ));
+            }
+        }
+        let resource = raw.resource.unwrap_or_else(|| upstream_url.to_owned());
+        if resource.trim().is_empty() {
+            return Err(self.invalid(key("resource"), "must not be empty"));
+        }
+        let ca_file = self.ca_file(key, raw.ca_file, true)?;
+        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+        if !(1..=60_000).contains(&timeout_ms) {
+            return Err(self.invalid(key("timeout_ms"), "must be 1-60000"));
+        }
+        Ok(OauthUser {
+            server,
+            client_id: raw.client_id,
+            client_secret,
+            scope: raw.scopes.join(" "),
+            resource,
             ca_file,
             timeout: Duration::from_millis(timeout_ms),
         })

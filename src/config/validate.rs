@@ -59,6 +59,8 @@ pub struct Config {
     pub state: crate::state::StateConfig,
     /// Traces.
     pub telemetry: crate::trace::TelemetryConfig,
+    /// Users' own upstream tokens: their key and store.
+    pub credentials: Option<std::sync::Arc<super::CredentialsConfig>>,
 }
 
 /// Validated `[server]`.
@@ -380,6 +382,22 @@ impl Validator<'_> {
         let mut names = HashSet::new();
         let upstreams = self.upstreams(raw.upstreams, &mut names, &server, &token_header, &host)?;
         let virtual_servers = self.virtual_servers(raw.virtual_servers, &mut names, &upstreams)?;
+        let credentials = raw
+            .credentials
+            .map(|c| self.credentials(c, approvals.as_ref(), raw.admin.listen))
+            .transpose()?
+            .map(std::sync::Arc::new);
+        if credentials.is_none() {
+            if let Some(i) = upstreams
+                .iter()
+                .position(|u| matches!(u.auth, super::UpstreamAuth::User(_)))
+            {
+                return Err(self.invalid(
+                    format!("upstream[{i}].auth"),
+                    "\"oauth_user\" keeps each user's token encrypted: add a [credentials] section (key_file, store)",
+                ));
+            }
+        }
 
         Ok(Config {
             source: self.file.to_owned(),
@@ -404,6 +422,7 @@ impl Validator<'_> {
             session_keys,
             state,
             telemetry: raw.telemetry,
+            credentials,
         })
     }
 

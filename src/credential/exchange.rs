@@ -69,15 +69,29 @@ pub(crate) enum CredentialError {
     /// own token in its place).
     #[error("the run's token is not at hand")]
     NoRunToken,
+    /// The run's user has no token for this upstream (`oauth_user`): they
+    /// connect their account at `url` first.
+    /// (Its text leaves the link out: the link is for the user alone, not
+    /// for logs and the audit trail.)
+    #[error("the user has not connected their {upstream} account (consent link {id} given)")]
+    ConsentRequired {
+        /// The upstream.
+        upstream: String,
+        /// The consent page, with its link ticket.
+        url: String,
+        /// The elicitation's id (the link's nonce).
+        id: String,
+    },
 }
 
 impl CredentialError {
     /// The metric's outcome.
-    fn outcome(&self) -> &'static str {
+    pub(super) fn outcome(&self) -> &'static str {
         match self {
             CredentialError::Refused { .. }
             | CredentialError::RunEnded
             | CredentialError::NoRunToken => "refused",
+            CredentialError::ConsentRequired { .. } => "consent_required",
             CredentialError::Unavailable(_) => "unavailable",
             CredentialError::Invalid(_) => "invalid",
         }
@@ -93,7 +107,7 @@ pub(crate) struct RunSubject<'a> {
     pub claims: &'a Claims,
 }
 
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub(super) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// One upstream's exchanges and their tokens.
 pub(crate) struct Credentials {
@@ -110,13 +124,19 @@ pub(crate) struct Credentials {
 
 /// What a token endpoint answers with a token.
 #[derive(Deserialize)]
-struct Issued {
-    access_token: String,
+pub(super) struct Issued {
+    pub access_token: String,
     token_type: String,
     #[serde(default)]
     issued_token_type: Option<String>,
     #[serde(default)]
-    expires_in: Option<u64>,
+    pub expires_in: Option<u64>,
+    /// Authorization code and refresh grants.
+    #[serde(default)]
+    pub refresh_token: Option<String>,
+    /// What was granted, when it differs from what was asked.
+    #[serde(default)]
+    pub scope: Option<String>,
 }
 
 /// What it answers without one (RFC 6749 §5.2).
@@ -135,27 +155,13 @@ impl Credentials {
         config: Arc<TokenExchange>,
         metrics: Arc<Metrics>,
     ) -> Result<Credentials, String> {
-        let pem = match &config.ca_file {
-            Some(path) => Some(
-                std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?,
-            ),
-            None => None,
-        };
-        let builder = crate::http_util::https_builder(pem.as_deref()).map_err(|e| {
-            match (e, &config.ca_file) {
-                (crate::http_util::TlsSetupError::NoCertificate, Some(path)) => {
-                    format!("{}: no certificate in it", path.display())
-                }
-                (e, _) => e.to_string(),
-            }
-        })?;
         // Plain http only reaches loopback endpoints: the configuration
         // refuses it elsewhere.
-        let connector = builder.https_or_http().enable_http1().build();
+        let client = token_client(config.ca_file.as_deref())?;
         Ok(Credentials {
             upstream: upstream.to_owned(),
             config,
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client,
             cache: Cache::default(),
             own: tokio::sync::Mutex::new(None),
             metrics,
@@ -256,68 +262,110 @@ impl Credentials {
         exchange: bool,
     ) -> Result<(Credential, Duration), CredentialError> {
         let cfg = &self.config;
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(cfg.token_endpoint.clone())
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header(header::ACCEPT, "application/json");
-        let mut pairs: Vec<(&str, &str)> = form.to_vec();
-        let signed;
-        match &cfg.client_auth {
-            ClientAuth::Secret(secret) => {
-                let secret = secret.header_value().to_str().map_err(|_| {
-                    CredentialError::Invalid("the client secret is not text".to_owned())
-                })?;
-                request = request.header(header::AUTHORIZATION, basic(&cfg.client_id, secret)?);
-            }
-            ClientAuth::PrivateKey { key, alg, .. } => {
-                signed = assertion(&cfg.client_id, &cfg.token_endpoint.to_string(), key, *alg)?;
-                pairs.push(("client_id", &cfg.client_id));
-                pairs.push(("client_assertion_type", ASSERTION_TYPE));
-                pairs.push(("client_assertion", &signed));
-            }
-        }
-        let body = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(pairs)
-            .finish();
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| CredentialError::Invalid(e.to_string()))?;
-        let work = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| CredentialError::Unavailable(e.to_string()))?;
-            let status = response.status();
-            let json = crate::http_util::mime_is(
-                crate::http_util::content_type(response.headers()),
-                "application/json",
-            );
-            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.downcast_ref::<LengthLimitError>().is_some() {
-                        CredentialError::Invalid(format!("answer over {MAX_ANSWER_BYTES} bytes"))
-                    } else {
-                        CredentialError::Unavailable(format!("answer cut short: {e}"))
-                    }
-                })?
-                .to_bytes();
-            Ok::<_, CredentialError>((status, json, body))
-        };
-        let (status, json, body) =
-            tokio::time::timeout(cfg.timeout, work)
-                .await
-                .map_err(|_| {
-                    CredentialError::Unavailable(format!(
-                        "no answer within {} ms",
-                        cfg.timeout.as_millis()
-                    ))
-                })??;
+        let (status, json, body) = post_token(
+            &self.client,
+            &cfg.token_endpoint,
+            &cfg.client_id,
+            Some(&cfg.client_auth),
+            form,
+            cfg.timeout,
+        )
+        .await?;
         read_answer(status, json, &body, exchange)
     }
+}
+
+/// A client for token endpoints: `ca_file`'s certificates trusted beside
+/// the system's, plain http only where the configuration allowed it
+/// (loopback).
+///
+/// # Errors
+/// A `ca_file` that cannot be read or holds no certificate.
+pub(super) fn token_client(ca_file: Option<&std::path::Path>) -> Result<HttpClient, String> {
+    let pem = match ca_file {
+        Some(path) => {
+            Some(std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?)
+        }
+        None => None,
+    };
+    let builder =
+        crate::http_util::https_builder(pem.as_deref()).map_err(|e| match (e, ca_file) {
+            (crate::http_util::TlsSetupError::NoCertificate, Some(path)) => {
+                format!("{}: no certificate in it", path.display())
+            }
+            (e, _) => e.to_string(),
+        })?;
+    let connector = builder.https_or_http().enable_http1().build();
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
+/// One form POST to a token endpoint, the client authenticated by
+/// `auth` (`client_secret_basic` or `private_key_jwt`; none: a public
+/// client, named by `client_id` in the form), within `timeout`: its
+/// status, whether it is JSON, and its body (at most
+/// [`MAX_ANSWER_BYTES`]).
+pub(super) async fn post_token(
+    client: &HttpClient,
+    endpoint: &http::Uri,
+    client_id: &str,
+    auth: Option<&ClientAuth>,
+    form: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<(StatusCode, bool, Bytes), CredentialError> {
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(endpoint.clone())
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(header::ACCEPT, "application/json");
+    let mut pairs: Vec<(&str, &str)> = form.to_vec();
+    let signed;
+    match auth {
+        Some(ClientAuth::Secret(secret)) => {
+            let secret = secret.header_value().to_str().map_err(|_| {
+                CredentialError::Invalid("the client secret is not text".to_owned())
+            })?;
+            request = request.header(header::AUTHORIZATION, basic(client_id, secret)?);
+        }
+        Some(ClientAuth::PrivateKey { key, alg, .. }) => {
+            signed = assertion(client_id, &endpoint.to_string(), key, *alg)?;
+            pairs.push(("client_id", client_id));
+            pairs.push(("client_assertion_type", ASSERTION_TYPE));
+            pairs.push(("client_assertion", &signed));
+        }
+        None => pairs.push(("client_id", client_id)),
+    }
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish();
+    let request = request
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| CredentialError::Invalid(e.to_string()))?;
+    let work = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| CredentialError::Unavailable(e.to_string()))?;
+        let status = response.status();
+        let json = crate::http_util::mime_is(
+            crate::http_util::content_type(response.headers()),
+            "application/json",
+        );
+        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.downcast_ref::<LengthLimitError>().is_some() {
+                    CredentialError::Invalid(format!("answer over {MAX_ANSWER_BYTES} bytes"))
+                } else {
+                    CredentialError::Unavailable(format!("answer cut short: {e}"))
+                }
+            })?
+            .to_bytes();
+        Ok::<_, CredentialError>((status, json, body))
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| {
+        CredentialError::Unavailable(format!("no answer within {} ms", timeout.as_millis()))
+    })?
 }
 
 /// When the run ends: its token's expiry, or `run_exp` when sooner;
@@ -337,6 +385,43 @@ fn read_answer(
     body: &[u8],
     exchange: bool,
 ) -> Result<(Credential, Duration), CredentialError> {
+    let issued = read_issued(status, json, body, exchange)?;
+    let lifetime = keep_for(issued.expires_in);
+    Ok((bearer("exchange", &issued.access_token)?, lifetime))
+}
+
+/// How long a token that lives `expires_in` seconds may be sent: its
+/// life less a tenth (at least [`MIN_MARGIN`]); not at all when unsaid.
+pub(super) fn keep_for(expires_in: Option<u64>) -> Duration {
+    match expires_in {
+        Some(s) => {
+            let life = Duration::from_secs(s);
+            life.saturating_sub((life / 10).max(MIN_MARGIN))
+        }
+        None => UNKNOWN_LIFETIME,
+    }
+}
+
+/// The credential that sends `token` as a bearer (`auth` on record).
+pub(super) fn bearer(auth: &'static str, token: &str) -> Result<Credential, CredentialError> {
+    let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| CredentialError::Invalid("access_token is not header-safe".to_owned()))?;
+    header.set_sensitive(true);
+    Ok(Credential {
+        header: Some(header),
+        auth,
+        id: Arc::from(credential_id(auth, token.as_bytes())),
+    })
+}
+
+/// A token endpoint's answer, read strictly (RFC 6749 §5.1 and §5.2,
+/// RFC 8693 §2.2 for exchanges): the token issued.
+pub(super) fn read_issued(
+    status: StatusCode,
+    json: bool,
+    body: &[u8],
+    exchange: bool,
+) -> Result<Issued, CredentialError> {
     if status.is_server_error() {
         return Err(CredentialError::Unavailable(format!(
             "HTTP {}",
@@ -397,26 +482,19 @@ fn read_answer(
             }
         }
     }
-    let lifetime = match issued.expires_in {
-        Some(0) => return Err(CredentialError::Invalid("expires_in 0".to_owned())),
-        Some(s) => {
-            let life = Duration::from_secs(s);
-            life.saturating_sub((life / 10).max(MIN_MARGIN))
-        }
-        None => UNKNOWN_LIFETIME,
-    };
-    let mut header = HeaderValue::from_str(&format!("Bearer {}", issued.access_token))
-        .map_err(|_| CredentialError::Invalid("access_token is not header-safe".to_owned()))?;
-    header.set_sensitive(true);
-    let id = credential_id("exchange", issued.access_token.as_bytes());
-    Ok((
-        Credential {
-            header: Some(header),
-            auth: "exchange",
-            id: Arc::from(id),
-        },
-        lifetime,
-    ))
+    if issued.expires_in == Some(0) {
+        return Err(CredentialError::Invalid("expires_in 0".to_owned()));
+    }
+    if issued
+        .refresh_token
+        .as_deref()
+        .is_some_and(|r| r.is_empty() || !r.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Err(CredentialError::Invalid(
+            "refresh_token is empty or not printable ASCII".to_owned(),
+        ));
+    }
+    Ok(issued)
 }
 
 /// `client_secret_basic` (RFC 6749 §2.3.1: each part form-encoded first).

@@ -15,13 +15,18 @@
 //! (never a fallback to a static credential).
 
 pub(crate) mod cache;
+pub(crate) mod connect;
 pub(crate) mod exchange;
+pub(crate) mod store;
+pub(crate) mod user;
+pub(crate) mod vault;
 
 use std::sync::Arc;
 
 use http::HeaderValue;
 
 pub(crate) use exchange::{CredentialError, Credentials, RunSubject};
+pub(crate) use user::{Keeper, UserCredentials};
 
 /// What a request reaches its upstream with: the `Authorization` value
 /// the firewall sets (none for a static credential: the configured

@@ -37,6 +37,9 @@ pub(crate) mod codes {
     /// No credential for the upstream could be had for this run (its
     /// token exchange failed); nothing was sent.
     pub(crate) const CREDENTIAL_UNAVAILABLE: i32 = -31007;
+    /// The request needs the user at a URL first (MCP's
+    /// `URLElicitationRequiredError`): their consent to an upstream.
+    pub(crate) const URL_ELICITATION_REQUIRED: i32 = -32042;
 }
 
 /// A JSON-RPC error response.
@@ -202,11 +205,15 @@ pub(crate) fn for_outcome(
             })),
         ),
         Outcome::Skipped { refusal, .. } => skipped(id, tool, refusal),
+        Outcome::CredentialUnavailable {
+            why: crate::credential::CredentialError::ConsentRequired { upstream, url, id: eid },
+            ..
+        } => consent_required(id, msg, tool, upstream, url, eid),
         Outcome::CredentialUnavailable { why, .. } => error(
             Some(id),
             codes::CREDENTIAL_UNAVAILABLE,
             "upstream credential unavailable",
-            Some(&json!({ "reason": why, "tool": tool })),
+            Some(&json!({ "reason": why.to_string(), "tool": tool })),
         ),
         Outcome::AuditUnavailable { .. } => error(
             Some(id),
@@ -217,6 +224,67 @@ pub(crate) fn for_outcome(
         Outcome::HeaderMismatch(e) => error(Some(id), e.code(), &e.to_string(), None),
         Outcome::Cancelled { .. } => return None,
     })
+}
+
+/// A call whose user has not connected their account to the upstream
+/// (`auth = "oauth_user"`): a URL-mode elicitation (`-32042`) to a client
+/// that declares it takes them, else `-31007` whose message carries the
+/// link (a person reads it there).
+fn consent_required(
+    id: &Id,
+    msg: &Message,
+    tool: &str,
+    upstream: &str,
+    url: &str,
+    elicitation_id: &str,
+) -> Bytes {
+    let message = format!(
+        "{tool} needs your own {upstream} account: connect it at {url} (the link works once, for you only), then call again"
+    );
+    if takes_url_elicitation(msg) {
+        error(
+            Some(id),
+            codes::URL_ELICITATION_REQUIRED,
+            &message,
+            Some(&json!({
+                "elicitations": [{
+                    "mode": "url",
+                    "elicitationId": elicitation_id,
+                    "url": url,
+                    "message": format!("Connect your {upstream} account so the agent can use {tool} as you."),
+                }]
+            })),
+        )
+    } else {
+        error(
+            Some(id),
+            codes::CREDENTIAL_UNAVAILABLE,
+            &format!("upstream credential unavailable: {message}"),
+            Some(&json!({
+                "reason": "consent_required",
+                "connect_url": url,
+                "upstream": upstream,
+                "tool": tool,
+            })),
+        )
+    }
+}
+
+/// Whether the request says its client takes URL-mode elicitation: its
+/// `params._meta["io.modelcontextprotocol/clientCapabilities"]` has
+/// `elicitation.url` (2026-07-28 requests carry their client's
+/// capabilities).
+fn takes_url_elicitation(msg: &Message) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(rename = "io.modelcontextprotocol/clientCapabilities")]
+        caps: Option<Value>,
+    }
+    msg.meta
+        .as_deref()
+        .and_then(|m| serde_json::from_str::<Meta>(m.get()).ok())
+        .and_then(|m| m.caps)
+        .is_some_and(|c| c.pointer("/elicitation/url").is_some_and(Value::is_object))
 }
 
 /// Invalid arguments, as the 2025-11-25 revision asks (SEP-1303): a tool

@@ -270,8 +270,8 @@ pub(crate) enum Outcome {
     CredentialUnavailable {
         /// Risk of the tool (read for other messages).
         risk: Risk,
-        /// Why.
-        why: String,
+        /// Why (a consent link when the user has not connected).
+        why: crate::credential::CredentialError,
     },
     /// The audit trail cannot record the call and its risk is fail-closed.
     AuditUnavailable {

@@ -77,7 +77,7 @@ pub(super) fn refused_rows_quota() -> governor::Quota {
 
 /// Why the request-path state could not be built.
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub(crate) enum StateError {
     /// An upstream client.
     #[error(transparent)]
     Client(#[from] crate::upstream::client::ClientError),
@@ -93,7 +93,7 @@ pub enum StateError {
 
 impl State {
     /// Builds the request-path state.
-    pub fn new(
+    pub(crate) fn new(
         config: Arc<Config>,
         verifier: Verifier,
         policy: Arc<PolicyStore>,
@@ -101,10 +101,14 @@ impl State {
         metrics: Arc<Metrics>,
         approvals: Option<Arc<Approvals>>,
         pins: Arc<crate::pins::PinStore>,
+        keeper: Option<&Arc<crate::credential::Keeper>>,
     ) -> Result<State, StateError> {
         let mut upstreams = HashMap::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
-            let client = UpstreamClient::new(u.clone(), metrics.clone())?;
+            let mut client = UpstreamClient::new(u.clone(), metrics.clone())?;
+            if let Some(k) = keeper {
+                client = client.with_users(k, metrics.clone())?;
+            }
             upstreams.insert(u.name.clone(), Arc::new(client));
         }
         let limits = jsonrpc::Limits {

@@ -54,6 +54,8 @@ pub struct UpstreamClient {
     pub bridge: Option<Arc<crate::stdio::Bridge>>,
     /// With `auth = "token_exchange"`: the exchanges and their tokens.
     pub(crate) credentials: Option<Arc<crate::credential::Credentials>>,
+    /// Its users' own tokens (`auth = "oauth_user"`).
+    pub(crate) users: Option<Arc<crate::credential::UserCredentials>>,
     /// The id of the configured headers' credential (on record).
     static_id: Arc<str>,
 }
@@ -249,6 +251,15 @@ impl UpstreamClient {
         &self,
         run: Option<crate::credential::RunSubject<'_>>,
     ) -> Result<crate::credential::Credential, crate::credential::CredentialError> {
+        if let crate::config::UpstreamAuth::User(_) = &self.config.auth {
+            return match (run, &self.users) {
+                (Some(run), Some(users)) => users.for_user(run.claims).await,
+                (None, _) => Err(crate::credential::CredentialError::NoRunToken),
+                (Some(_), None) => Err(crate::credential::CredentialError::Unavailable(
+                    "no [credentials] store in this process".to_owned(),
+                )),
+            };
+        }
         let Some(c) = &self.credentials else {
             return Ok(crate::credential::Credential::configured(
                 self.static_id.clone(),
@@ -258,6 +269,32 @@ impl UpstreamClient {
             Some(run) => c.for_run(run).await,
             None => c.own().await,
         }
+    }
+
+    /// Gives an `oauth_user` upstream its users' tokens, kept by `keeper`.
+    ///
+    /// # Errors
+    /// Its `ca_file` cannot be used.
+    pub(crate) fn with_users(
+        mut self,
+        keeper: &Arc<crate::credential::Keeper>,
+        metrics: Arc<crate::telemetry::Metrics>,
+    ) -> Result<Self, ClientError> {
+        if let crate::config::UpstreamAuth::User(u) = &self.config.auth {
+            let users = crate::credential::UserCredentials::new(
+                &self.config.name,
+                &self.config.url.to_string(),
+                u.clone(),
+                keeper.clone(),
+                metrics,
+            )
+            .map_err(|reason| ClientError::Setup {
+                upstream: self.config.name.clone(),
+                reason: format!("oauth_user: {reason}"),
+            })?;
+            self.users = Some(Arc::new(users));
+        }
+        Ok(self)
     }
 
     fn with(
@@ -274,6 +311,7 @@ impl UpstreamClient {
             config,
             bridge,
             credentials: None,
+            users: None,
         }
     }
 

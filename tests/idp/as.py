@@ -510,7 +510,11 @@ def authorize():
 
 @app.post("/revoke")
 def revoke():
-    return server.create_endpoint_response("revocation")
+    resp = server.create_endpoint_response("revocation")
+    record({"endpoint": "revoke", "client_id": claimed_client_id(),
+            "token_type_hint": request.form.get("token_type_hint"),
+            "status": resp.status_code, "ok": resp.status_code == 200, "time": time.time()})
+    return resp
 
 
 def claimed_client_id():

@@ -485,8 +485,10 @@ def run_checks(iss, meta, subject_key, client_key):
     check("log: refused mode", any(e.get("error") == "mode:refuse" and e.get("ok") is False for e in log), log)
     check("log: refresh reuse flagged", any(e.get("refresh_reuse") for e in log), log)
     check("log: private_key_jwt client", any(e.get("client_id") == "proxy-jwt" and e.get("ok") for e in log), log)
-    check("log: every entry has grant_type, client_id, ok",
-          all({"grant_type", "client_id", "ok"} <= set(e) for e in log), log)
+    check("log: every token request has grant_type, client_id, ok",
+          all({"grant_type", "client_id", "ok"} <= set(e) for e in log if "endpoint" not in e), log)
+    check("log: the revocation recorded", any(e.get("endpoint") == "revoke" and e.get("ok")
+                                              and e.get("client_id") == "pub" for e in log), log)
 
 
 if __name__ == "__main__":

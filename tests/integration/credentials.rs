@@ -17,7 +17,7 @@ use crate::common::idp::{self, Idp, IdpConfig};
 use crate::common::{self, raw, Firewall, TestConfig};
 use crate::screening::{call, Era};
 
-const POLICY: &str = r#"
+pub(crate) const POLICY: &str = r#"
 [[agents]]
 name = "assistant"
 description = "Reads tickets"
@@ -34,7 +34,7 @@ risk = "read"
 pub(crate) const CLIENT_SECRET: &str = "s3cret: the firewall's own";
 
 /// The upstream: one read tool; every request's `Authorization` kept.
-async fn tickets() -> raw::RawUpstream {
+pub(crate) async fn tickets() -> raw::RawUpstream {
     raw::upstream(|seen| async move {
         let body: Value = serde_json::from_slice(&seen.body).unwrap_or_default();
         match body["method"].as_str() {
@@ -151,7 +151,7 @@ async fn get_ticket(fw: &Firewall, era: Era, token: &str) -> common::Answer {
 }
 
 /// The bearers the upstream received with `method`, in order.
-fn bearers(up: &raw::RawUpstream, method: &str) -> Vec<String> {
+pub(crate) fn bearers(up: &raw::RawUpstream, method: &str) -> Vec<String> {
     up.seen()
         .iter()
         .filter(|s| {

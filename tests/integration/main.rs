@@ -40,4 +40,5 @@ mod tokens;
 mod traces;
 mod upstream_failures;
 mod upstream_h2;
+mod user_credentials;
 mod virtual_servers;

@@ -59,6 +59,17 @@ impl RunContext {
                 token,
                 claims: &self.claims,
             });
+        if let crate::config::UpstreamAuth::User(_) = &self.upstream.config.auth {
+            // The user's own token: the run's verified principal is all it
+            // takes (its token is not sent anywhere).
+            return self
+                .upstream
+                .credential(Some(crate::credential::RunSubject {
+                    token: "",
+                    claims: &self.claims,
+                }))
+                .await;
+        }
         if self.upstream.credentials.is_some() && subject.is_none() {
             // Never the firewall's own token for a run's request.
             return Err(crate::credential::CredentialError::NoRunToken);

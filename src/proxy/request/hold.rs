@@ -331,7 +331,7 @@ async fn execute(run: Arc<RunContext>, ticks: u64, mut held: Held, granted: Gran
                     .await;
                 let outcome = Outcome::CredentialUnavailable {
                     risk,
-                    why: e.to_string(),
+                    why: e.clone(),
                 };
                 write_outcome(&held, &outcome).await;
                 return event_body(answer_for(&held, &outcome, run));

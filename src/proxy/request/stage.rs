@@ -419,7 +419,7 @@ async fn credential_for(
             for plan in plans.iter_mut() {
                 answer_instead(run, plan, |risk| Outcome::CredentialUnavailable {
                     risk,
-                    why: e.to_string(),
+                    why: e.clone(),
                 })
                 .await;
             }
