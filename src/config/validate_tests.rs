@@ -339,7 +339,7 @@ fn token_exchange_mistakes_are_named() {
         ),
         (
             with(&|t| t.replace("auth = \"token_exchange\"", "auth = \"oauth_user\"")),
-            "upstream[0].auth: \"oauth_user\" (each user's own account) is not available in this release",
+            "upstream[0].token_exchange: only with auth = \"token_exchange\"",
         ),
         (
             with(&|t| t.replace("scope = \"tickets:read tickets:write\"", "scope = \"  \"")),
@@ -363,4 +363,121 @@ fn token_exchange_mistakes_are_named() {
         e.contains("needs an [upstream.token_exchange] section"),
         "{e}"
     );
+}
+
+const OAUTH_USER: &str = r#"auth = "oauth_user"
+[upstream.oauth_user]
+authorization_server = "https://github.example/login/oauth"
+client_id = "fw"
+client_secret = { env = "GH_SECRET" }
+scopes = ["repo", "read:org"]
+"#;
+
+fn gh_env(k: &str) -> Option<String> {
+    (k == "GH_SECRET").then(|| "gh-s3cr3t".to_owned())
+}
+
+/// A key file (mode `mode`) and the `[credentials]` naming it.
+fn credentials_section(dir: &Path, mode: u32, extra: &str) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let key = dir.join("credentials.key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+    format!(
+        "\n[credentials]\nkey_file = {:?}\ndir = {:?}\n{extra}",
+        key.display().to_string(),
+        dir.join("store").display().to_string()
+    )
+}
+
+#[test]
+fn oauth_user_is_read_with_its_key_and_secret_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{MINIMAL}{OAUTH_USER}{}",
+        credentials_section(dir.path(), 0o600, "")
+    );
+    let c = load_with_env(&text, &gh_env).unwrap();
+    let crate::config::UpstreamAuth::User(u) = &c.upstreams[0].auth else {
+        panic!("not oauth_user: {:?}", c.upstreams[0].auth);
+    };
+    assert_eq!(c.upstreams[0].auth.name(), "user");
+    assert_eq!(u.scope, "repo read:org");
+    assert_eq!(
+        u.resource, "http://127.0.0.1:9000/mcp",
+        "the upstream's URL by default"
+    );
+    assert!(matches!(
+        u.server,
+        crate::config::AuthorizationServer::Issuer(_)
+    ));
+    let creds = c.credentials.as_ref().unwrap();
+    assert_eq!(creds.key, [0xab; 32]);
+    assert_eq!(
+        creds.public_url, "http://127.0.0.1:9090",
+        "the admin address by default"
+    );
+    let debug = format!("{c:?}");
+    assert!(
+        !debug.contains("gh-s3cr3t") && !debug.contains("171, 171"),
+        "{debug}"
+    );
+}
+
+#[test]
+fn oauth_user_mistakes_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = credentials_section(dir.path(), 0o600, "");
+    let with = |text: String| match load_with_env(&text, &gh_env) {
+        Ok(_) => panic!("valid:\n{text}"),
+        Err(e) => e.to_string(),
+    };
+    let cases: Vec<(String, &str)> = vec![
+        (
+            with(format!("{MINIMAL}{OAUTH_USER}")),
+            "upstream[0].auth: \"oauth_user\" keeps each user's token encrypted: add a [credentials] section",
+        ),
+        (
+            with(format!("{MINIMAL}{OAUTH_USER}{}", credentials_section(dir.path(), 0o644, ""))),
+            "is readable by others (mode 644): chmod 600 it",
+        ),
+        (
+            with(format!("{MINIMAL}{}{good}", OAUTH_USER.replace("authorization_server = \"https://github.example/login/oauth\"", "authorization_server = \"http://github.example/login/oauth\""))),
+            "upstream[0].oauth_user.authorization_server: \"http://github.example/login/oauth\": the client's credentials go there",
+        ),
+        (
+            with(format!("{MINIMAL}{}{good}", OAUTH_USER.replace("client_id = \"fw\"", "client_id = \"fw\"\ntoken_endpoint = \"https://github.example/token\""))),
+            "upstream[0].oauth_user.authorization_server: give the authorization server",
+        ),
+        (
+            with(format!("{MINIMAL}{}{good}", OAUTH_USER.replace("authorization_server = \"https://github.example/login/oauth\"", "token_endpoint = \"https://github.example/token\""))),
+            "upstream[0].oauth_user.authorization_endpoint: give both authorization_endpoint and token_endpoint",
+        ),
+        (
+            with(format!("{MINIMAL}{}{good}", OAUTH_USER.replace("[\"repo\", \"read:org\"]", "[\"repo read\"]"))),
+            "upstream[0].oauth_user.scopes: \"repo read\" is not a scope token",
+        ),
+        (
+            with(format!("{MINIMAL}{OAUTH_USER}{}", credentials_section(dir.path(), 0o600, "store = \"postgres\"\n").replace("dir = ", "# dir = "))),
+            "credentials.store: \"postgres\" keeps tokens in the approvals database",
+        ),
+        (
+            with(format!("{MINIMAL}{OAUTH_USER}{}", credentials_section(dir.path(), 0o600, "link_ttl_s = 5\n"))),
+            "credentials.link_ttl_s: must be 30-86400",
+        ),
+        (
+            with(format!("{MINIMAL}{}{good}", OAUTH_USER.replace("[upstream.oauth_user]", "[upstream.headers]\nAuthorization = { value = \"Bearer x\" }\n[upstream.oauth_user]"))),
+            "upstream[0].headers.Authorization: with auth = \"oauth_user\" the firewall sets Authorization",
+        ),
+    ];
+    for (e, want) in cases {
+        assert!(e.contains(want), "{e}\n  wanted: {want}");
+    }
+    // A key that is not 32 bytes.
+    std::fs::write(dir.path().join("credentials.key"), "short").unwrap();
+    let e = with(format!(
+        "{MINIMAL}{OAUTH_USER}\n[credentials]\nkey_file = {:?}\n",
+        dir.path().join("credentials.key").display().to_string()
+    ));
+    assert!(e.contains("is not a 32-byte key"), "{e}");
 }

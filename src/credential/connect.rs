@@ -302,7 +302,7 @@ async fn api<B>(
         .trim_start_matches("/credentials")
         .split('/')
         .filter(|s| !s.is_empty())
-        .map(|s| percent_decode(s))
+        .map(percent_decode)
         .collect();
     match (req.method(), segments.as_slice()) {
         (&Method::GET, []) => {

@@ -830,8 +830,9 @@ mod tests {
             due(&rec(now - 3_000_000, now + 300_000)),
             "last tenth of an hour"
         );
+        assert!(!due(&rec(now, now + 30_000)), "a fresh 30 s token is used");
         assert!(
-            due(&rec(now, now + 30_000)),
+            due(&rec(now - 16_000, now + 14_000)),
             "a 30 s token is refreshed past half its life"
         );
         assert!(due(&rec(now - 10, now - 1)));

@@ -480,3 +480,70 @@ pub(crate) fn hold_progress(token: &Value, ticks: u64, tool: &str, approval: &st
         .to_string(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp::jsonrpc;
+
+    fn first(body: &str) -> Message {
+        let limits = jsonrpc::Limits {
+            max_depth: 64,
+            max_batch: 16,
+        };
+        jsonrpc::parse(body.as_bytes(), &limits)
+            .unwrap()
+            .messages
+            .remove(0)
+    }
+
+    fn consent() -> Outcome {
+        Outcome::CredentialUnavailable {
+            risk: crate::policy::Risk::Read,
+            why: crate::credential::CredentialError::ConsentRequired {
+                upstream: "github".to_owned(),
+                url: "https://fw.example/connect/github?ticket=T".to_owned(),
+                id: "n1".to_owned(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_missing_consent_is_a_url_elicitation_only_for_a_client_that_takes_one() {
+        let takes = first(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{"url":{}}}}}}"#,
+        );
+        let v: Value = serde_json::from_slice(
+            &for_outcome(&takes, &consent(), ProtocolVersion::V2026_07_28).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["error"]["code"], -32042, "{v}");
+        let e = &v["error"]["data"]["elicitations"][0];
+        assert_eq!(e["mode"], "url");
+        assert_eq!(e["elicitationId"], "n1");
+        assert_eq!(e["url"], "https://fw.example/connect/github?ticket=T");
+
+        // Form-mode elicitation only, or no capabilities: the link in an
+        // error a person reads.
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/clientCapabilities":{"elicitation":{"form":{}}}}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        ] {
+            let v: Value = serde_json::from_slice(
+                &for_outcome(&first(body), &consent(), ProtocolVersion::V2025_11_25).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(v["error"]["code"], -31007, "{v}");
+            assert_eq!(v["error"]["data"]["reason"], "consent_required");
+            assert!(v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("https://fw.example/connect/github?ticket=T"));
+        }
+        // The error's own text (logs, the audit row) never carries the link.
+        let Outcome::CredentialUnavailable { why, .. } = consent() else {
+            unreachable!()
+        };
+        assert!(!why.to_string().contains("ticket"), "{why}");
+    }
+}

@@ -93,6 +93,9 @@ pub(crate) enum StateError {
 
 impl State {
     /// Builds the request-path state.
+    // Each part is built elsewhere at start; bundling them would only move
+    // the list.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         config: Arc<Config>,
         verifier: Verifier,
