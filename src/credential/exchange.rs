@@ -69,6 +69,10 @@ pub(crate) enum CredentialError {
     /// own token in its place).
     #[error("the run's token is not at hand")]
     NoRunToken,
+    /// The store of users' tokens cannot be used (down, or sealed under
+    /// another key).
+    #[error("the credential store cannot be used: {0}")]
+    Store(String),
     /// The run's user has no token for this upstream (`oauth_user`): they
     /// connect their account at `url` first.
     /// (Its text leaves the link out: the link is for the user alone, not
@@ -81,6 +85,9 @@ pub(crate) enum CredentialError {
         url: String,
         /// The elicitation's id (the link's nonce).
         id: String,
+        /// The run's client said (at `initialize`) that it takes URL-mode
+        /// elicitation.
+        url_client: bool,
     },
 }
 
@@ -92,7 +99,7 @@ impl CredentialError {
             | CredentialError::RunEnded
             | CredentialError::NoRunToken => "refused",
             CredentialError::ConsentRequired { .. } => "consent_required",
-            CredentialError::Unavailable(_) => "unavailable",
+            CredentialError::Unavailable(_) | CredentialError::Store(_) => "unavailable",
             CredentialError::Invalid(_) => "invalid",
         }
     }

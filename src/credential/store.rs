@@ -158,6 +158,9 @@ pub(crate) struct Local {
 pub(crate) struct Pg {
     pool: deadpool_postgres::Pool,
     timeout: Duration,
+    /// The tables exist (made at start, or at first use after a start
+    /// without the database).
+    migrated: std::sync::atomic::AtomicBool,
 }
 
 const SCHEMA: &str = "
@@ -225,7 +228,11 @@ impl Store {
                     .recycle_timeout(Some(timeout))
                     .build()
                     .map_err(failed)?;
-                let pg = Pg { pool, timeout };
+                let pg = Pg {
+                    pool,
+                    timeout,
+                    migrated: std::sync::atomic::AtomicBool::new(false),
+                };
                 if let Err(e) = pg.migrate().await {
                     tracing::error!(error = %e, "credential store not ready at start; asked again on each use");
                 }
@@ -496,7 +503,14 @@ impl Local {
 
 impl Pg {
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool.get().await.map_err(failed)
+        let c = self.pool.get().await.map_err(failed)?;
+        if !self.migrated.load(std::sync::atomic::Ordering::Acquire) {
+            self.bounded(async { c.batch_execute(SCHEMA).await.map_err(failed) })
+                .await?;
+            self.migrated
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(c)
     }
 
     async fn bounded<T>(
@@ -509,9 +523,7 @@ impl Pg {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        let c = self.client().await?;
-        self.bounded(async { c.batch_execute(SCHEMA).await.map_err(failed) })
-            .await
+        self.client().await.map(drop)
     }
 }
 

@@ -192,7 +192,11 @@ impl UserCredentials {
         let answer = self.kept(&owner).await;
         match &answer {
             Ok(_) => self.failing.store(false, Ordering::Relaxed),
-            Err(CredentialError::Unavailable(_) | CredentialError::Invalid(_)) => {
+            Err(
+                CredentialError::Unavailable(_)
+                | CredentialError::Invalid(_)
+                | CredentialError::Store(_),
+            ) => {
                 self.failing.store(true, Ordering::Relaxed);
             }
             Err(_) => {}
@@ -273,7 +277,10 @@ impl UserCredentials {
                 tracing::info!(upstream = %self.upstream, tenant = %r.owner.tenant, subject = %r.owner.subject, "user credential refreshed");
                 Ok((Change::Put(rec), Some(c)))
             }
-            Err(CredentialError::Refused { error, .. }) => {
+            // Only a refused grant ends the token (RFC 6749 §5.2): a
+            // refused client (a wrong secret) is the firewall's to fix and
+            // must not drop every user's token.
+            Err(CredentialError::Refused { error, .. }) if error == "invalid_grant" => {
                 tracing::warn!(upstream = %self.upstream, tenant = %r.owner.tenant, subject = %r.owner.subject, %error, "refresh refused; the user is asked to connect again");
                 Ok((Change::Delete, None))
             }
@@ -286,9 +293,9 @@ impl UserCredentials {
             .keeper
             .vault
             .open(&r.owner.parts(), &r.sealed)
-            .map_err(|e| CredentialError::Invalid(format!("the kept token {e}")))?;
+            .map_err(|e| CredentialError::Store(format!("the kept token {e}")))?;
         serde_json::from_slice(&plain)
-            .map_err(|_| CredentialError::Invalid("the kept token is unreadable".to_owned()))
+            .map_err(|_| CredentialError::Store("the kept token is unreadable".to_owned()))
     }
 
     fn open(&self, r: &Record) -> Result<Credential, CredentialError> {
@@ -361,6 +368,7 @@ impl UserCredentials {
             upstream: self.upstream.clone(),
             url,
             id: nonce,
+            url_client: false,
         })
     }
 
@@ -744,6 +752,61 @@ impl UserCredentials {
     }
 }
 
+/// The runs whose client declared, at its `initialize`, that it takes
+/// URL-mode elicitation (a 2025-11-25 client says so once per session; a
+/// 2026-07-28 request says so itself). Per process and bounded: a run
+/// another replica initialized, or one forgotten, gets the link in an
+/// error instead, which every client can show.
+#[derive(Default)]
+pub(crate) struct UrlClients {
+    runs: dashmap::DashMap<String, ()>,
+}
+
+/// Most runs remembered; past it the memory starts over.
+const MAX_URL_CLIENTS: usize = 100_000;
+
+impl UrlClients {
+    fn key(c: &Claims) -> String {
+        let mut k = String::new();
+        for p in [&*c.iss, &*c.tenant_id, &*c.sub, &*c.run_id] {
+            k.push_str(&p.len().to_string());
+            k.push(':');
+            k.push_str(p);
+        }
+        k
+    }
+
+    /// Notes what an `initialize` request's `params` declare for the run.
+    pub(crate) fn initialize(&self, c: &Claims, params: Option<&serde_json::value::RawValue>) {
+        #[derive(Deserialize)]
+        struct Init {
+            #[serde(default)]
+            capabilities: serde_json::Value,
+        }
+        let takes = params
+            .and_then(|p| serde_json::from_str::<Init>(p.get()).ok())
+            .is_some_and(|i| {
+                i.capabilities
+                    .pointer("/elicitation/url")
+                    .is_some_and(serde_json::Value::is_object)
+            });
+        let key = Self::key(c);
+        if takes {
+            if self.runs.len() >= MAX_URL_CLIENTS {
+                self.runs.clear();
+            }
+            self.runs.insert(key, ());
+        } else {
+            self.runs.remove(&key);
+        }
+    }
+
+    /// Whether the run's client said it takes URL-mode elicitation.
+    pub(crate) fn takes(&self, c: &Claims) -> bool {
+        !self.runs.is_empty() && self.runs.contains_key(&Self::key(c))
+    }
+}
+
 /// Whether a record's access token is due for refresh.
 fn due(r: &Record) -> bool {
     if r.expires_ms == 0 {
@@ -757,7 +820,7 @@ fn due(r: &Record) -> bool {
 }
 
 fn store_down(e: StoreError) -> CredentialError {
-    CredentialError::Unavailable(e.to_string())
+    CredentialError::Store(e.0)
 }
 
 impl From<StoreError> for CredentialError {

@@ -206,9 +206,22 @@ pub(crate) fn for_outcome(
         ),
         Outcome::Skipped { refusal, .. } => skipped(id, tool, refusal),
         Outcome::CredentialUnavailable {
-            why: crate::credential::CredentialError::ConsentRequired { upstream, url, id: eid },
+            why:
+                crate::credential::CredentialError::ConsentRequired {
+                    upstream,
+                    url,
+                    id: eid,
+                    url_client,
+                },
             ..
-        } => consent_required(id, msg, tool, upstream, url, eid),
+        } => consent_required(
+            id,
+            *url_client || takes_url_elicitation(msg),
+            tool,
+            upstream,
+            url,
+            eid,
+        ),
         Outcome::CredentialUnavailable { why, .. } => error(
             Some(id),
             codes::CREDENTIAL_UNAVAILABLE,
@@ -232,7 +245,7 @@ pub(crate) fn for_outcome(
 /// link (a person reads it there).
 fn consent_required(
     id: &Id,
-    msg: &Message,
+    url_mode: bool,
     tool: &str,
     upstream: &str,
     url: &str,
@@ -241,7 +254,7 @@ fn consent_required(
     let message = format!(
         "{tool} needs your own {upstream} account: connect it at {url} (the link works once, for you only), then call again"
     );
-    if takes_url_elicitation(msg) {
+    if url_mode {
         error(
             Some(id),
             codes::URL_ELICITATION_REQUIRED,
@@ -504,6 +517,7 @@ mod tests {
                 upstream: "github".to_owned(),
                 url: "https://fw.example/connect/github?ticket=T".to_owned(),
                 id: "n1".to_owned(),
+                url_client: false,
             },
         }
     }

@@ -44,6 +44,9 @@ pub struct State {
     pub redactor: Arc<Redactor>,
     /// Catalog refills for calls naming tools not seen listed.
     pub refills: Arc<refill::Refills>,
+    /// The runs whose (2025-11-25) client said at `initialize` that it
+    /// takes URL-mode elicitation.
+    pub(crate) url_clients: crate::credential::user::UrlClients,
     /// The tracer, when `[telemetry.otlp]` is set.
     pub traces: Option<crate::trace::Traces>,
     /// Reviewed tool definitions.
@@ -140,6 +143,7 @@ impl State {
             })
             .collect();
         Ok(State {
+            url_clients: crate::credential::user::UrlClients::default(),
             holds: Arc::new(Holds::new(approvals.clone())),
             config,
             upstreams,

@@ -293,6 +293,20 @@ async fn a_user_connects_once_and_only_their_runs_reach_the_upstream_with_their_
     assert!(!el["elicitationId"].as_str().unwrap().is_empty());
     let link_b = link_of_error(&l);
     assert_ne!(link, link_b, "each answer its own link");
+    // A 2025-11-25 client says it takes URL elicitation at `initialize`:
+    // that answer and its run's later requests get the elicitation.
+    let mut init_run = alice_claims.clone();
+    init_run.run_id = "run-alice-init".to_owned();
+    let init_token = common::sign(&init_run);
+    let i = common::post(
+        &fw.mcp_url("tickets"),
+        &init_token,
+        &[("mcp-protocol-version", "2025-11-25")],
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{"url":{}}},"clientInfo":{"name":"t","version":"1"}}}"#,
+    )
+    .await;
+    assert_eq!(i.code(), -32042, "{}", i.text);
+    assert_eq!(list(&fw, &init_token).await.code(), -32042);
     assert!(up.seen().is_empty(), "nothing reached the upstream");
 
     // A tampered link and one of another upstream's name are refused.

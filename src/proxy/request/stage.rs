@@ -357,7 +357,14 @@ impl Admitted {
                 Verdict::Answer(o) => Plan::Answer(o),
             });
         }
-        let credential = credential_for(run, &mut plans).await;
+        for m in &env.messages {
+            if m.method.as_deref() == Some("initialize") {
+                state
+                    .url_clients
+                    .initialize(&run.claims, m.params.as_deref());
+            }
+        }
+        let credential = credential_for(run, state, &mut plans).await;
         write_intents(&recorder, run, &mut plans).await;
 
         let mut out = Gathered::default();
@@ -398,6 +405,7 @@ impl Admitted {
 /// budget released: nothing is sent, never with another credential.
 async fn credential_for(
     run: &RunContext,
+    state: &State,
     plans: &mut [Plan],
 ) -> Option<crate::credential::Credential> {
     if !plans.iter().any(|p| matches!(p, Plan::Send { .. })) {
@@ -414,8 +422,11 @@ async fn credential_for(
             }
             Some(c)
         }
-        Err(e) => {
+        Err(mut e) => {
             tracing::warn!(run = %run.claims.run_id, upstream = %run.upstream.config.name, error = %e, "no upstream credential for the run; nothing sent");
+            if let crate::credential::CredentialError::ConsentRequired { url_client, .. } = &mut e {
+                *url_client = state.url_clients.takes(&run.claims);
+            }
             for plan in plans.iter_mut() {
                 answer_instead(run, plan, |risk| Outcome::CredentialUnavailable {
                     risk,
