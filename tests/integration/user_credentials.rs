@@ -108,6 +108,45 @@ fn local(cfg: TestConfig, files: &Files) -> TestConfig {
     cfg.set("credentials.dir", files.store().display().to_string())
 }
 
+/// A provider, the recording upstream, and a firewall's config with the
+/// local store (not started).
+struct Rig {
+    admin_port: u16,
+    idp: Idp,
+    up: crate::common::raw::RawUpstream,
+    files: Files,
+    policy: tempfile::TempDir,
+    cfg: TestConfig,
+}
+
+impl Rig {
+    async fn local(lifetime_s: u64, key: u8) -> Rig {
+        let admin_port = free_port();
+        let idp = provider(lifetime_s, &[admin_port]).await;
+        let up = tickets().await;
+        let files = Files::new(key);
+        let policy = common::policy_dir(&[("90-tickets.toml", POLICY)]);
+        let cfg = local(
+            user_config(
+                TestConfig::new().policies(policy.path()),
+                &up.url(),
+                &idp,
+                &files,
+                admin_port,
+            ),
+            &files,
+        );
+        Rig {
+            admin_port,
+            idp,
+            up,
+            files,
+            policy,
+            cfg,
+        }
+    }
+}
+
 fn run_of(sub: &str) -> (String, MintClaims) {
     let mut c = common::claims("assistant", &["sre"]);
     c.sub = sub.to_owned();
@@ -248,22 +287,15 @@ fn cli(args: &[&str]) -> (bool, String) {
 
 #[tokio::test]
 async fn a_user_connects_once_and_only_their_runs_reach_the_upstream_with_their_token() {
-    let admin_port = free_port();
-    let idp = provider(300, &[admin_port]).await;
+    let Rig {
+        admin_port,
+        idp,
+        up,
+        files,
+        policy,
+        cfg,
+    } = Rig::local(300, 7).await;
     let jwks = idp.public_jwks().await;
-    let up = tickets().await;
-    let files = Files::new(7);
-    let policy = common::policy_dir(&[("90-tickets.toml", POLICY)]);
-    let cfg = local(
-        user_config(
-            TestConfig::new().policies(policy.path()),
-            &up.url(),
-            &idp,
-            &files,
-            admin_port,
-        ),
-        &files,
-    );
     let config_file = files.dir.path().join("firewall.toml");
     std::fs::write(&config_file, cfg.text()).unwrap();
     let fw = common::firewall(&cfg.text()).await;
@@ -486,21 +518,14 @@ async fn a_user_connects_once_and_only_their_runs_reach_the_upstream_with_their_
 
 #[tokio::test]
 async fn a_token_near_its_end_is_refreshed_and_a_refused_refresh_asks_again() {
-    let admin_port = free_port();
-    let idp = provider(4, &[admin_port]).await;
-    let up = tickets().await;
-    let files = Files::new(3);
-    let policy = common::policy_dir(&[("90-tickets.toml", POLICY)]);
-    let cfg = local(
-        user_config(
-            TestConfig::new().policies(policy.path()),
-            &up.url(),
-            &idp,
-            &files,
-            admin_port,
-        ),
-        &files,
-    );
+    let Rig {
+        idp,
+        up,
+        cfg,
+        files: _files,
+        policy: _policy,
+        ..
+    } = Rig::local(4, 3).await;
     let fw = common::firewall(&cfg.text()).await;
     let (alice, _) = run_of("alice");
     let a = list(&fw, &alice).await;
