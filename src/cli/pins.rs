@@ -209,6 +209,7 @@ async fn live(
         tenant: "",
         subject: "mcp-firewall pins",
         run_id: "",
+        user: None,
         reason: "pins record",
     };
     let pages = crate::upstream::own_client::list_pages(client, on_behalf, method)

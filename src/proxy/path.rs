@@ -201,7 +201,7 @@ pub(super) async fn post(
         Box::pin(
             state
                 .refills
-                .refill(&run.catalogs, &run.upstream, &run.pins),
+                .refill(&run.catalogs, &run.upstream, &run.pins, Some(&run.claims)),
         )
         .await;
     }

@@ -484,6 +484,7 @@ async fn fetch(up: &UpstreamClient, auditor: &Auditor) -> Result<Lists, FetchErr
         tenant: "",
         subject: "mcp-firewall",
         run_id: "",
+        user: None,
         reason: "virtual server: the member's full lists, to resolve its names",
     };
     let mut out = Lists::default();

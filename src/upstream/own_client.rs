@@ -85,6 +85,10 @@ pub(crate) struct OnBehalf<'a> {
     pub run_id: &'a str,
     /// Why the firewall asks.
     pub reason: &'a str,
+    /// The run's verified principal whose request made the firewall ask:
+    /// an upstream of users' own accounts is asked with that user's token
+    /// (never another's); other upstreams ignore it.
+    pub user: Option<&'a crate::auth::Claims>,
 }
 
 impl OnBehalf<'_> {
@@ -368,7 +372,13 @@ async fn post(
     let mut row = by.intent(up, what.0, what.1, &body);
     // The firewall's own token (client credentials) where the upstream
     // takes exchanged tokens; none, nothing sent (and on record).
-    let credential = match up.credential(None).await {
+    let user = match (&up.config.auth, by.user) {
+        (crate::config::UpstreamAuth::User(_), Some(claims)) => {
+            Some(crate::credential::RunSubject { token: "", claims })
+        }
+        _ => None,
+    };
+    let credential = match up.credential(user).await {
         Ok(c) => c,
         Err(e) => {
             row.decision = crate::outcome::DecisionKind::Error.as_str().into();

@@ -54,6 +54,7 @@ impl Refills {
         catalogs: &Catalogs,
         up: &UpstreamClient,
         pins: &crate::pins::PinStore,
+        user: Option<&crate::auth::Claims>,
     ) -> usize {
         let name = &up.config.name;
         let gate = match self.last.get(name) {
@@ -76,6 +77,7 @@ impl Refills {
             tenant: "",
             subject: "mcp-firewall",
             run_id: "",
+            user,
             reason: "catalog refill (a call named a tool not seen listed, or the list changed)",
         };
         let pages = match own_client::list_tools(up, on_behalf).await {

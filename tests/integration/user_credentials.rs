@@ -639,8 +639,10 @@ async fn replicas_share_consents_and_tokens_in_postgres() {
     );
     assert!(rows.contains("alice") && rows.contains("tickets"), "{rows}");
 
+    // A lists; B has never seen the tools: its refill asks the upstream
+    // with her token (the firewall's own call, for her request).
+    listed(&a, &alice).await;
     for fw in [&a, &b] {
-        listed(fw, &alice).await;
         let r = call(
             fw,
             Era::Sessions,
@@ -655,6 +657,11 @@ async fn replicas_share_consents_and_tokens_in_postgres() {
     let calls = bearers(&up, "tools/call");
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0], calls[1], "both replicas use her one token");
+    assert_eq!(
+        bearers(&up, "tools/list"),
+        vec![calls[0].clone(), calls[0].clone()],
+        "A's relayed list and B's refill, both with her token"
+    );
     let sealed = pg.psql(
         &db,
         "SELECT encode(sealed, 'escape') FROM mcp_firewall_user_credentials",

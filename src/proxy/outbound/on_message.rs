@@ -312,7 +312,7 @@ fn list_changed(run: &Arc<RunContext>) {
         let run = run.clone();
         tokio::spawn(async move {
             run.refills
-                .refill(&run.catalogs, &run.upstream, &run.pins)
+                .refill(&run.catalogs, &run.upstream, &run.pins, Some(&run.claims))
                 .await;
         });
     }

@@ -259,6 +259,7 @@ async fn preview(state: &State, approval: &Approval, by: &str) -> Result<Value, 
         tenant: &approval.key.tenant,
         subject: by,
         run_id: &approval.key.run_id,
+        user: None,
         reason: &reason,
     };
     crate::upstream::own_client::call_tool(up, on_behalf, tool, arguments)
