@@ -133,6 +133,64 @@ pub(crate) fn host_name(host: &str) -> &str {
         .map_or(host, |(h, _)| h)
 }
 
+/// Percent-decodes a path segment (names may hold any character); a `%`
+/// not followed by two hex digits stays as it is.
+pub(crate) fn decode_segment(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            if let Some(b) = segment
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An HTML page of the admin listener: never cached, framed, sniffed or
+/// given a referrer, its own browsing context, under `csp`.
+pub(crate) fn html_page(
+    status: http::StatusCode,
+    html: impl Into<Bytes>,
+    csp: &str,
+) -> http::Response<Body> {
+    use http::HeaderValue;
+    let mut r = http::Response::new(full(html));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    if let Ok(csp) = HeaderValue::from_str(csp) {
+        h.insert(header::CONTENT_SECURITY_POLICY, csp);
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        "cross-origin-opener-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

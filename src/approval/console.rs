@@ -18,9 +18,9 @@ use std::sync::OnceLock;
 use crate::digest::Sha256;
 use base64::Engine;
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 
-use crate::http_util::{full, Body};
+use crate::http_util::Body;
 
 /// The page, exactly as served.
 pub const HTML: &str = include_str!("console.html");
@@ -55,36 +55,17 @@ fn element_hash(html: &str, tag: &str) -> Option<String> {
 
 /// The console page response.
 pub fn page() -> Response<Body> {
-    let mut r = Response::new(full(Bytes::from_static(HTML.as_bytes())));
-    *r.status_mut() = StatusCode::OK;
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    if let Ok(csp) = HeaderValue::from_str(content_security_policy()) {
-        h.insert(header::CONTENT_SECURITY_POLICY, csp);
-    }
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(
-        "cross-origin-opener-policy",
-        HeaderValue::from_static("same-origin"),
-    );
-    r
+    crate::http_util::html_page(
+        StatusCode::OK,
+        Bytes::from_static(HTML.as_bytes()),
+        content_security_policy(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header;
 
     #[test]
     fn csp_names_the_hash_of_the_inline_script_and_style() {

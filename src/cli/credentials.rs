@@ -168,18 +168,12 @@ fn users_of(
         .iter()
         .find(|u| u.name == upstream)
         .ok_or_else(|| anyhow::anyhow!("no upstream {upstream:?} in the config"))?;
-    let crate::config::UpstreamAuth::User(u) = &up.auth else {
-        anyhow::bail!(
-            "upstream {upstream:?} does not take users' own accounts (auth = \"oauth_user\")"
-        );
-    };
     let metrics = crate::telemetry::Metrics::register(&mut Default::default());
-    crate::credential::UserCredentials::new(
-        upstream,
-        &up.url.to_string(),
-        u.clone(),
-        keeper.clone(),
-        metrics,
-    )
-    .map_err(|e| anyhow::anyhow!("upstream {upstream:?}: {e}"))
+    crate::credential::UserCredentials::for_upstream(up, keeper, metrics)
+        .map_err(|e| anyhow::anyhow!("upstream {upstream:?}: {e}"))?
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "upstream {upstream:?} does not take users' own accounts (auth = \"oauth_user\")"
+            )
+        })
 }

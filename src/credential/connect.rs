@@ -26,7 +26,7 @@ use super::store::Filter;
 use super::user::{ConnectError, UserCredentials};
 use crate::approval::api::{authenticate, json_response, ApiError};
 use crate::auth::Verifier;
-use crate::http_util::{full, Body, BoxError};
+use crate::http_util::{Body, BoxError};
 
 /// The scope an admin token needs for `/credentials`.
 pub(crate) const SCOPE: &str = "credentials";
@@ -227,37 +227,20 @@ fn connect_error(e: &ConnectError) -> Response<Body> {
     )
 }
 
-/// An HTML page with the headers a page holding a capability needs.
+/// An HTML page (the admin listener's page headers; no script at all).
 fn page(status: StatusCode, title: &str, body: &str) -> Response<Body> {
     let html = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head><body><h1>{t}</h1>{body}</body></html>",
         t = esc(title)
     );
-    let mut r = Response::new(full(html));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    // No script at all; the form posts here, and its answer redirects to
-    // the authorization server (which `form-action` would refuse in some
-    // browsers): no `form-action` restriction beyond the default.
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'; base-uri 'none'"),
-    );
-    r
+    // The form posts here and its answer redirects to the authorization
+    // server, which `form-action` would refuse in some browsers: no
+    // `form-action` restriction beyond the default.
+    crate::http_util::html_page(
+        status,
+        html,
+        "default-src 'none'; frame-ancestors 'none'; base-uri 'none'",
+    )
 }
 
 fn esc(s: &str) -> String {
@@ -302,7 +285,7 @@ async fn api<B>(
         .trim_start_matches("/credentials")
         .split('/')
         .filter(|s| !s.is_empty())
-        .map(percent_decode)
+        .map(crate::http_util::decode_segment)
         .collect();
     match (req.method(), segments.as_slice()) {
         (&Method::GET, []) => {
@@ -374,11 +357,4 @@ async fn api<B>(
             "GET /credentials, or DELETE /credentials/{upstream}/{tenant}/{subject}",
         ),
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
 }

@@ -38,24 +38,28 @@ impl Owner {
         [&self.issuer, &self.tenant, &self.subject, &self.upstream]
     }
 
-    /// A file name for it: a digest, so no part can name a path.
-    fn file_name(&self) -> String {
+    /// A digest of it: its file's name (so no part can name a path) and
+    /// its lock's key.
+    fn digest(&self) -> [u8; 32] {
         let mut h = crate::digest::Sha256::new();
         for p in self.parts() {
             h.update((p.len() as u64).to_be_bytes());
             h.update(p.as_bytes());
         }
-        format!("{}.json", hex::encode(h.finalize()))
+        let mut d = [0u8; 32];
+        d.copy_from_slice(&h.finalize());
+        d
+    }
+
+    /// A file name for it.
+    fn file_name(&self) -> String {
+        format!("{}.json", hex::encode(self.digest()))
     }
 
     /// A lock key for it (PostgreSQL advisory locks take a bigint).
     fn lock_key(&self) -> i64 {
-        let name = self.file_name();
-        let mut b = [0u8; 8];
-        if let Ok(d) = hex::decode(&name[..16]) {
-            b.copy_from_slice(&d);
-        }
-        i64::from_be_bytes(b)
+        let d = self.digest();
+        i64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
     }
 }
 

@@ -156,6 +156,28 @@ impl UserCredentials {
         })
     }
 
+    /// The users' tokens of `up`, when it takes users' own accounts.
+    ///
+    /// # Errors
+    /// Its `ca_file` cannot be used.
+    pub(crate) fn for_upstream(
+        up: &crate::config::Upstream,
+        keeper: &Arc<Keeper>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Option<UserCredentials>, String> {
+        match &up.auth {
+            crate::config::UpstreamAuth::User(u) => UserCredentials::new(
+                &up.name,
+                &up.url.to_string(),
+                u.clone(),
+                keeper.clone(),
+                metrics,
+            )
+            .map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// The upstream's name.
     pub(crate) fn upstream(&self) -> &str {
         &self.upstream

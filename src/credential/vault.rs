@@ -14,7 +14,8 @@ const VERSION: u8 = 1;
 /// The key and its id.
 pub(crate) struct Vault {
     key: LessSafeKey,
-    id: String,
+    /// The first 8 bytes of a digest of the key (not secret).
+    id: [u8; 8],
     rng: SystemRandom,
 }
 
@@ -44,7 +45,10 @@ impl Vault {
         h.update(key);
         Ok(Vault {
             key: LessSafeKey::new(unbound),
-            id: hex::encode(&h.finalize()[..8]),
+            id: {
+                let d = h.finalize();
+                [d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]
+            },
             rng: SystemRandom::new(),
         })
     }
@@ -58,17 +62,19 @@ impl Vault {
             .map_err(|_| VaultError::NoRandom)?;
         let mut out = Vec::with_capacity(1 + 8 + NONCE_LEN + plain.len() + 16);
         out.push(VERSION);
-        out.extend_from_slice(&self.id_bytes());
+        out.extend_from_slice(&self.id);
         out.extend_from_slice(&nonce);
-        let mut body = plain.to_vec();
-        self.key
-            .seal_in_place_append_tag(
+        let head = out.len();
+        out.extend_from_slice(plain);
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce),
                 Aad::from(aad(parts)),
-                &mut body,
+                &mut out[head..],
             )
             .map_err(|_| VaultError::Corrupt)?;
-        out.extend_from_slice(&body);
+        out.extend_from_slice(tag.as_ref());
         Ok(out)
     }
 
@@ -78,7 +84,7 @@ impl Vault {
         if sealed.len() < head + 16 || sealed[0] != VERSION {
             return Err(VaultError::Corrupt);
         }
-        if sealed[1..9] != self.id_bytes() {
+        if sealed[1..9] != self.id {
             return Err(VaultError::OtherKey(hex::encode(&sealed[1..9])));
         }
         let mut nonce = [0u8; NONCE_LEN];
@@ -91,16 +97,10 @@ impl Vault {
                 Aad::from(aad(parts)),
                 &mut body,
             )
-            .map_err(|_| VaultError::Corrupt)?;
-        Ok(plain.to_vec())
-    }
-
-    fn id_bytes(&self) -> [u8; 8] {
-        let mut b = [0u8; 8];
-        if let Ok(d) = hex::decode(&self.id) {
-            b.copy_from_slice(&d[..8.min(d.len())]);
-        }
-        b
+            .map_err(|_| VaultError::Corrupt)?
+            .len();
+        body.truncate(plain);
+        Ok(body)
     }
 
     /// `n` random bytes, base64url (states, verifiers, link nonces).

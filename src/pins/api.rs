@@ -141,7 +141,11 @@ where
             },
         )),
         ([upstream, tool, action @ ("accept" | "reject")], Method::POST) => {
-            let (upstream, tool, accept) = (decode(upstream), decode(tool), *action == "accept");
+            let (upstream, tool, accept) = (
+                crate::http_util::decode_segment(upstream),
+                crate::http_util::decode_segment(tool),
+                *action == "accept",
+            );
             let body = read_body(req).await?;
             let result = if accept {
                 pins.accept(&upstream, body.subject, &tool, &body.sha256, &who.subject)
@@ -177,28 +181,6 @@ fn review_error(e: &ReviewError) -> Response<Body> {
         ReviewError::Write(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     };
     error(status, code, &e.to_string())
-}
-
-/// Percent-decodes a path segment (tool names may hold any character).
-fn decode(segment: &str) -> String {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            if let Some(b) = segment
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn read_body<B>(req: Request<B>) -> Result<ReviewBody, Response<Body>>
@@ -289,8 +271,11 @@ mod tests {
     fn diffs_show_what_changed() {
         let d = diff("a\nb\nc\n", "a\nB\nc\nd\n");
         assert_eq!(d, "  a\n- b\n+ B\n  c\n+ d\n");
-        assert_eq!(decode("get%5Fincident"), "get_incident");
-        assert_eq!(decode("a%2Fb"), "a/b");
-        assert_eq!(decode("100%"), "100%");
+        assert_eq!(
+            crate::http_util::decode_segment("get%5Fincident"),
+            "get_incident"
+        );
+        assert_eq!(crate::http_util::decode_segment("a%2Fb"), "a/b");
+        assert_eq!(crate::http_util::decode_segment("100%"), "100%");
     }
 }

@@ -252,12 +252,9 @@ impl UpstreamClient {
         run: Option<crate::credential::RunSubject<'_>>,
     ) -> Result<crate::credential::Credential, crate::credential::CredentialError> {
         if let crate::config::UpstreamAuth::User(_) = &self.config.auth {
-            return match (run, &self.users) {
-                (Some(run), Some(users)) => users.for_user(run.claims).await,
-                (None, _) => Err(crate::credential::CredentialError::NoRunToken),
-                (Some(_), None) => Err(crate::credential::CredentialError::Unavailable(
-                    "no [credentials] store in this process".to_owned(),
-                )),
+            return match run {
+                Some(run) => self.user_credential(run.claims).await,
+                None => Err(crate::credential::CredentialError::NoRunToken),
             };
         }
         let Some(c) = &self.credentials else {
@@ -271,6 +268,25 @@ impl UpstreamClient {
         }
     }
 
+    /// What a request of the run of `claims` reaches an `oauth_user`
+    /// upstream with: that user's own token (nothing of the run's token
+    /// is needed or sent).
+    ///
+    /// # Errors
+    /// The user has not connected (a consent link), or their token cannot
+    /// be had.
+    pub(crate) async fn user_credential(
+        &self,
+        claims: &crate::auth::Claims,
+    ) -> Result<crate::credential::Credential, crate::credential::CredentialError> {
+        match &self.users {
+            Some(users) => users.for_user(claims).await,
+            None => Err(crate::credential::CredentialError::Store(
+                "no [credentials] store in this process".to_owned(),
+            )),
+        }
+    }
+
     /// Gives an `oauth_user` upstream its users' tokens, kept by `keeper`.
     ///
     /// # Errors
@@ -280,20 +296,13 @@ impl UpstreamClient {
         keeper: &Arc<crate::credential::Keeper>,
         metrics: Arc<crate::telemetry::Metrics>,
     ) -> Result<Self, ClientError> {
-        if let crate::config::UpstreamAuth::User(u) = &self.config.auth {
-            let users = crate::credential::UserCredentials::new(
-                &self.config.name,
-                &self.config.url.to_string(),
-                u.clone(),
-                keeper.clone(),
-                metrics,
-            )
-            .map_err(|reason| ClientError::Setup {
-                upstream: self.config.name.clone(),
-                reason: format!("oauth_user: {reason}"),
-            })?;
-            self.users = Some(Arc::new(users));
-        }
+        self.users =
+            crate::credential::UserCredentials::for_upstream(&self.config, keeper, metrics)
+                .map_err(|reason| ClientError::Setup {
+                    upstream: self.config.name.clone(),
+                    reason: format!("oauth_user: {reason}"),
+                })?
+                .map(Arc::new);
         Ok(self)
     }
 

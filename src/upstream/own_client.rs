@@ -372,13 +372,13 @@ async fn post(
     let mut row = by.intent(up, what.0, what.1, &body);
     // The firewall's own token (client credentials) where the upstream
     // takes exchanged tokens; none, nothing sent (and on record).
-    let user = match (&up.config.auth, by.user) {
-        (crate::config::UpstreamAuth::User(_), Some(claims)) => {
-            Some(crate::credential::RunSubject { token: "", claims })
+    let asked = match by.user {
+        Some(claims) if matches!(up.config.auth, crate::config::UpstreamAuth::User(_)) => {
+            up.user_credential(claims).await
         }
-        _ => None,
+        _ => up.credential(None).await,
     };
-    let credential = match up.credential(user).await {
+    let credential = match asked {
         Ok(c) => c,
         Err(e) => {
             row.decision = crate::outcome::DecisionKind::Error.as_str().into();

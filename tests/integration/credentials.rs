@@ -146,7 +146,7 @@ pub(crate) fn secret_file(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// `get_ticket` on `tickets`, in `era`, as the holder of `token`.
-async fn get_ticket(fw: &Firewall, era: Era, token: &str) -> common::Answer {
+pub(crate) async fn get_ticket(fw: &Firewall, era: Era, token: &str) -> common::Answer {
     call(fw, era, token, "tickets", "get_ticket", json!({})).await
 }
 

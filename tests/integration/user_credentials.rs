@@ -21,8 +21,8 @@ use crate::common::idp::{self, Idp, IdpConfig};
 use crate::common::postgres::Postgres;
 use crate::common::watchdog::free_port;
 use crate::common::{self, Firewall, TestConfig};
-use crate::credentials::{bearers, tickets, POLICY};
-use crate::screening::{call, Era};
+use crate::credentials::{bearers, get_ticket, tickets, POLICY};
+use crate::screening::Era;
 
 const CLIENT: &str = "fw-tickets";
 const SECRET: &str = "the firewall's client at the tickets provider";
@@ -145,6 +145,15 @@ impl Rig {
             cfg,
         }
     }
+}
+
+/// An admin token of the security team with `scopes`.
+fn admin_token(scopes: &[&str]) -> String {
+    let mut c: MintClaims = common::claims("console", &["sre"]);
+    c.audience = Audience::Admin;
+    c.sub = "sam".to_owned();
+    c.scopes = scopes.iter().map(|s| (*s).to_owned()).collect();
+    common::sign(&c)
 }
 
 fn run_of(sub: &str) -> (String, MintClaims) {
@@ -376,7 +385,7 @@ async fn a_user_connects_once_and_only_their_runs_reach_the_upstream_with_their_
         (Era::Stateless, alice.clone()),
         (Era::Stateless, common::sign(&other_run)),
     ] {
-        let a = call(&fw, era, &token, "tickets", "get_ticket", json!({})).await;
+        let a = get_ticket(&fw, era, &token).await;
         assert_eq!(text_of(&a), "ticket 42: printer on fire", "{era:?}");
     }
     let calls = bearers(&up, "tools/call");
@@ -413,15 +422,7 @@ async fn a_user_connects_once_and_only_their_runs_reach_the_upstream_with_their_
         c.tenant_id = "globex".to_owned();
         common::sign(&c)
     }] {
-        let a = call(
-            &fw,
-            Era::Stateless,
-            &token,
-            "tickets",
-            "get_ticket",
-            json!({}),
-        )
-        .await;
+        let a = get_ticket(&fw, Era::Stateless, &token).await;
         let _ = link_of_error(&a);
     }
     assert_eq!(bearers(&up, "tools/call").len(), 3, "nothing sent for them");
@@ -494,15 +495,7 @@ async fn a_user_connects_once_and_only_their_runs_reach_the_upstream_with_their_
             && e["token_type_hint"] == "refresh_token"),
         "revoked at the provider: {revoked:?}"
     );
-    let a = call(
-        &fw,
-        Era::Sessions,
-        &alice,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&fw, Era::Sessions, &alice).await;
     let _ = link_of_error(&a);
     assert_eq!(bearers(&up, "tools/call").len(), 3);
     let metrics = fw.metrics().await;
@@ -534,20 +527,12 @@ async fn a_token_near_its_end_is_refreshed_and_a_refused_refresh_asks_again() {
     assert!(page.contains("id=\"connected\""), "{page}");
 
     listed(&fw, &alice).await;
-    let first = call(
-        &fw,
-        Era::Stateless,
-        &alice,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let first = get_ticket(&fw, Era::Stateless, &alice).await;
     assert_eq!(text_of(&first), "ticket 42: printer on fire");
     // Past half of its 4 s: refreshed before it is sent.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     for era in [Era::Sessions, Era::Stateless] {
-        let a = call(&fw, era, &alice, "tickets", "get_ticket", json!({})).await;
+        let a = get_ticket(&fw, era, &alice).await;
         assert_eq!(text_of(&a), "ticket 42: printer on fire");
     }
     let calls = bearers(&up, "tools/call");
@@ -568,15 +553,7 @@ async fn a_token_near_its_end_is_refreshed_and_a_refused_refresh_asks_again() {
     idp.set_mode_with(json!({"mode": "refuse", "times": 1}))
         .await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let a = call(
-        &fw,
-        Era::Stateless,
-        &alice,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let a = get_ticket(&fw, Era::Stateless, &alice).await;
     let _ = link_of_error(&a);
     assert_eq!(bearers(&up, "tools/call").len(), 3);
     let metrics = fw.metrics().await;
@@ -643,15 +620,7 @@ async fn replicas_share_consents_and_tokens_in_postgres() {
     // with her token (the firewall's own call, for her request).
     listed(&a, &alice).await;
     for fw in [&a, &b] {
-        let r = call(
-            fw,
-            Era::Sessions,
-            &alice,
-            "tickets",
-            "get_ticket",
-            json!({}),
-        )
-        .await;
+        let r = get_ticket(fw, Era::Sessions, &alice).await;
         assert_eq!(text_of(&r), "ticket 42: printer on fire");
     }
     let calls = bearers(&up, "tools/call");
@@ -673,11 +642,7 @@ async fn replicas_share_consents_and_tokens_in_postgres() {
 
     // The admin API: listed for the admin's tenant without values, and
     // revoked on A for both replicas.
-    let mut admin: MintClaims = common::claims("console", &["sre"]);
-    admin.audience = Audience::Admin;
-    admin.sub = "sam".to_owned();
-    admin.scopes = vec!["approvals".to_owned(), "credentials".to_owned()];
-    let admin = common::sign(&admin);
+    let admin = admin_token(&["approvals", "credentials"]);
     let listed: Value = common::http()
         .get(format!("{}/credentials", b.admin))
         .bearer_auth(&admin)
@@ -689,12 +654,9 @@ async fn replicas_share_consents_and_tokens_in_postgres() {
         .unwrap();
     assert_eq!(listed["credentials"][0]["subject"], "alice", "{listed}");
     assert!(!listed.to_string().contains(&calls[0]), "{listed}");
-    let mut scopeless: MintClaims = common::claims("console", &["sre"]);
-    scopeless.audience = Audience::Admin;
-    scopeless.scopes = vec!["approvals".to_owned()];
     let r = common::http()
         .get(format!("{}/credentials", a.admin))
-        .bearer_auth(common::sign(&scopeless))
+        .bearer_auth(admin_token(&["approvals"]))
         .send()
         .await
         .unwrap();
@@ -710,15 +672,7 @@ async fn replicas_share_consents_and_tokens_in_postgres() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["revoked"], 1);
-    let r = call(
-        &b,
-        Era::Stateless,
-        &alice,
-        "tickets",
-        "get_ticket",
-        json!({}),
-    )
-    .await;
+    let r = get_ticket(&b, Era::Stateless, &alice).await;
     let _ = link_of_error(&r);
     assert_eq!(
         bearers(&up, "tools/call").len(),

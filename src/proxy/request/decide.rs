@@ -43,7 +43,6 @@ impl RunContext {
         identity(&self.claims, self.service_issuer)
     }
 
-    /// Who the run's sessions, event ids and request states belong to.
     /// What this run's requests reach the upstream with
     /// ([`UpstreamClient::credential`](crate::upstream::client::UpstreamClient::credential)).
     ///
@@ -52,6 +51,11 @@ impl RunContext {
     pub(crate) async fn credential(
         &self,
     ) -> Result<crate::credential::Credential, crate::credential::CredentialError> {
+        if let crate::config::UpstreamAuth::User(_) = &self.upstream.config.auth {
+            // The user's own token: the run's verified principal is all it
+            // takes (its token is not sent anywhere).
+            return self.upstream.user_credential(&self.claims).await;
+        }
         let subject = self
             .subject_token
             .as_deref()
@@ -59,17 +63,6 @@ impl RunContext {
                 token,
                 claims: &self.claims,
             });
-        if let crate::config::UpstreamAuth::User(_) = &self.upstream.config.auth {
-            // The user's own token: the run's verified principal is all it
-            // takes (its token is not sent anywhere).
-            return self
-                .upstream
-                .credential(Some(crate::credential::RunSubject {
-                    token: "",
-                    claims: &self.claims,
-                }))
-                .await;
-        }
         if self.upstream.credentials.is_some() && subject.is_none() {
             // Never the firewall's own token for a run's request.
             return Err(crate::credential::CredentialError::NoRunToken);
@@ -77,6 +70,7 @@ impl RunContext {
         self.upstream.credential(subject).await
     }
 
+    /// Who the run's sessions, event ids and request states belong to.
     pub(crate) fn principal(&self) -> Principal<'_> {
         Principal {
             issuer: &self.claims.iss,

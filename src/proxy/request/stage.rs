@@ -357,11 +357,14 @@ impl Admitted {
                 Verdict::Answer(o) => Plan::Answer(o),
             });
         }
-        for m in &env.messages {
-            if m.method.as_deref() == Some("initialize") {
-                state
-                    .url_clients
-                    .initialize(&run.claims, m.params.as_deref());
+        if run.upstream.users.is_some() {
+            // What the run's client takes, for its consent links.
+            for m in &env.messages {
+                if m.method.as_deref() == Some("initialize") {
+                    state
+                        .url_clients
+                        .initialize(&run.claims, m.params.as_deref());
+                }
             }
         }
         let credential = credential_for(run, state, &mut plans).await;

@@ -27,7 +27,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -267,30 +267,16 @@ impl Idp {
             let _ = child.wait();
             return Err(format!("writing harness.pid: {e}"));
         }
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if self.answers().await {
-                break;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                let _ = std::fs::remove_file(self.dir.join("harness.pid"));
-                return Err(format!(
-                    "as.py exited with {status}; log:\n{}",
-                    self.log_tail()
-                ));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let _ = std::fs::remove_file(self.dir.join("harness.pid"));
-                return Err(format!(
-                    "no metadata on port {} within {START_TIMEOUT:?}; log:\n{}",
-                    self.port,
-                    self.log_tail()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        crate::common::watchdog::until_ready(
+            &mut child,
+            &self.dir,
+            &format!("metadata on port {} (as.py)", self.port),
+            START_TIMEOUT,
+            Duration::from_millis(50),
+            || self.answers(),
+            || self.log_tail(),
+        )
+        .await?;
         *self.server.lock().unwrap() = Some(child);
         Ok(())
     }

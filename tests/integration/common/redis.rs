@@ -233,30 +233,17 @@ impl Redis {
             })?;
         std::fs::write(self.dir.join("harness.pid"), child.id().to_string())
             .map_err(|e| format!("writing harness.pid: {e}"))?;
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if ping(self.port) {
-                break;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                let _ = std::fs::remove_file(self.dir.join("harness.pid"));
-                return Err(format!(
-                    "redis-server exited with {status}; log:\n{}",
-                    self.log_tail()
-                ));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let _ = std::fs::remove_file(self.dir.join("harness.pid"));
-                return Err(format!(
-                    "no PONG on port {} within {START_TIMEOUT:?}; log:\n{}",
-                    self.port,
-                    self.log_tail()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let port = self.port;
+        crate::common::watchdog::until_ready(
+            &mut child,
+            &self.dir,
+            &format!("PONG on port {port} (redis-server)"),
+            START_TIMEOUT,
+            Duration::from_millis(20),
+            || std::future::ready(ping(port)),
+            || self.log_tail(),
+        )
+        .await?;
         *self.server.lock().unwrap() = Some(child);
         Ok(())
     }

@@ -10,6 +10,7 @@ use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The watchdog of a server whose pid is in `$0/harness.pid`: kills its
 /// process group, then removes `$0`.
@@ -39,6 +40,47 @@ pub fn spawn(script: &str, dir: &Path) -> Result<Child, String> {
         .process_group(0)
         .spawn()
         .map_err(|e| format!("spawning watchdog: {e}"))
+}
+
+/// Waits until `ready` says the server `child` (whose pid is in
+/// `dir/harness.pid`) serves: an error with its log if it exits first, or
+/// if `timeout` passes without `waited_for` (the server is then killed).
+pub async fn until_ready<F, Fut>(
+    child: &mut Child,
+    dir: &Path,
+    waited_for: &str,
+    timeout: Duration,
+    poll: Duration,
+    mut ready: F,
+    log_tail: impl Fn() -> String,
+) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready().await {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let _ = std::fs::remove_file(dir.join("harness.pid"));
+            return Err(format!(
+                "the server exited with {status}; log:\n{}",
+                log_tail()
+            ));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(dir.join("harness.pid"));
+            return Err(format!(
+                "no {waited_for} within {timeout:?}; log:\n{}",
+                log_tail()
+            ));
+        }
+        tokio::time::sleep(poll).await;
+    }
 }
 
 /// A free port (probed, then released).
