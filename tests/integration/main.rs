@@ -16,6 +16,7 @@ mod bypass;
 mod cli;
 mod common;
 mod content_gate;
+mod credential_gate;
 mod credentials;
 mod dashboard;
 mod demo_command;
