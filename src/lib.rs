@@ -68,6 +68,7 @@ pub mod internals {
     pub use crate::budget::{CallBudget, LimitsConfig, Local};
     pub use crate::catalog::Catalogs;
     pub use crate::clock::{fmt_ms, now_ms};
+    pub use crate::credential::exchange::read_token_answer;
     pub use crate::http_util::full;
     pub use crate::proxy::outbound::gate::{Treated, FIELDS as GATED_FIELDS};
     pub use crate::screen::content::{screen_json, Action, Actions};

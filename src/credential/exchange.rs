@@ -504,6 +504,26 @@ pub(super) fn read_issued(
     Ok(issued)
 }
 
+/// What the token endpoint's reader makes of an answer (HTTP `status`,
+/// whether it said JSON, its `body`; `exchange`: an RFC 8693 answer): the
+/// header the token would be sent in and its `expires_in`, or why it is
+/// refused. For the fuzz target that holds the reader to its rules.
+///
+/// # Errors
+/// Why the answer is no usable token.
+pub fn read_token_answer(
+    status: u16,
+    json: bool,
+    body: &[u8],
+    exchange: bool,
+) -> Result<(HeaderValue, Option<u64>), String> {
+    let status = StatusCode::from_u16(status).map_err(|e| e.to_string())?;
+    let issued = read_issued(status, json, body, exchange).map_err(|e| e.to_string())?;
+    let c = bearer("exchange", &issued.access_token).map_err(|e| e.to_string())?;
+    let header = c.header.ok_or_else(|| "no header".to_owned())?;
+    Ok((header, issued.expires_in))
+}
+
 /// `client_secret_basic` (RFC 6749 §2.3.1: each part form-encoded first).
 /// Every byte but the unreserved ones is percent-encoded (a space too, as
 /// `%20` rather than `+`: servers that decode these parts as a URL rather

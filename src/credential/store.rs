@@ -2,8 +2,9 @@
 //! ([`super::vault`]): one record per owner (issuer, tenant, subject,
 //! upstream), and the consents in flight (the PKCE verifier and whom the
 //! consent is for, by `state`). `local` keeps one file per record in a
-//! directory (one replica; `mcp-firewall credentials` on the same machine
-//! sees and revokes them); `postgres` keeps them in the `[approvals]`
+//! directory, and the consents in flight and the spent links as files
+//! beside them (one replica; `mcp-firewall credentials` on the same
+//! machine sees and revokes them, and a restart forgets nothing); `postgres` keeps them in the `[approvals]`
 //! database, so every replica uses, refreshes and revokes the same tokens
 //! and a consent begun on one replica completes on another.
 //!
@@ -12,7 +13,6 @@
 //! once, never by two replicas at the same time (an authorization server
 //! that detects reuse revokes the whole family).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -140,9 +140,6 @@ fn failed(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
 }
 
-/// A consent in flight: sealed, until when.
-type Consents = HashMap<String, (String, Vec<u8>, u64)>;
-
 /// The tokens' store.
 pub(crate) enum Store {
     /// Files in a directory.
@@ -155,7 +152,6 @@ pub(crate) enum Store {
 pub(crate) struct Local {
     dir: PathBuf,
     lock: tokio::sync::Mutex<()>,
-    consents: std::sync::Mutex<Consents>,
 }
 
 /// The PostgreSQL store.
@@ -211,7 +207,6 @@ impl Store {
                 Ok(Store::Local(Local {
                     dir: dir.clone(),
                     lock: tokio::sync::Mutex::new(()),
-                    consents: std::sync::Mutex::new(HashMap::new()),
                 }))
             }
             crate::config::CredentialStore::Postgres(a) => {
@@ -354,19 +349,7 @@ impl Store {
         expires_ms: u64,
     ) -> Result<bool, StoreError> {
         match self {
-            Store::Local(l) => {
-                let mut c = l.consents.lock().map_err(|_| failed("poisoned"))?;
-                let now = crate::clock::now_ms();
-                c.retain(|_, (_, _, exp)| *exp > now.saturating_sub(86_400_000));
-                if c.values().any(|(n, _, _)| n == nonce) {
-                    return Ok(false);
-                }
-                c.insert(
-                    state.to_owned(),
-                    (nonce.to_owned(), sealed.to_vec(), expires_ms),
-                );
-                Ok(true)
-            }
+            Store::Local(l) => l.begin_consent(state, nonce, sealed, expires_ms),
             Store::Postgres(p) => {
                 let c = p.client().await?;
                 p.bounded(async {
@@ -396,16 +379,7 @@ impl Store {
     pub(crate) async fn take_consent(&self, state: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let now = crate::clock::now_ms();
         match self {
-            Store::Local(l) => {
-                let mut c = l.consents.lock().map_err(|_| failed("poisoned"))?;
-                // The nonce stays spent: the entry is emptied, not removed.
-                Ok(match c.get_mut(state) {
-                    Some((_, sealed, exp)) if *exp > now && !sealed.is_empty() => {
-                        Some(std::mem::take(sealed))
-                    }
-                    _ => None,
-                })
-            }
+            Store::Local(l) => l.take_consent(state, now),
             Store::Postgres(p) => {
                 let c = p.client().await?;
                 p.bounded(async {
@@ -482,27 +456,120 @@ impl Local {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(failed(format!("{}: {e}", path.display()))),
             },
-            Change::Put(rec) => {
-                let bytes = serde_json::to_vec(&rec).map_err(failed)?;
-                let tmp = path.with_extension("tmp");
-                let mut opts = std::fs::OpenOptions::new();
-                opts.write(true).create(true).truncate(true);
-                #[cfg(unix)]
-                {
-                    use std::os::unix::fs::OpenOptionsExt as _;
-                    opts.mode(0o600);
-                }
-                let write = || -> std::io::Result<()> {
-                    use std::io::Write as _;
-                    let mut f = opts.open(&tmp)?;
-                    f.write_all(&bytes)?;
-                    f.sync_all()?;
-                    std::fs::rename(&tmp, &path)
-                };
-                write().map_err(|e| failed(format!("{}: {e}", path.display())))
-            }
+            Change::Put(rec) => write_file(&path, &serde_json::to_vec(&rec).map_err(failed)?),
         }
     }
+
+    /// Where consents in flight (`s-…`: until when, then the sealed
+    /// consent) and spent links (`n-…`: until when) are kept, by digest.
+    fn consents(&self) -> Result<PathBuf, StoreError> {
+        let dir = self.dir.join("consents");
+        std::fs::create_dir_all(&dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+        Ok(dir)
+    }
+
+    fn begin_consent(
+        &self,
+        state: &str,
+        nonce: &str,
+        sealed: &[u8],
+        expires_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let dir = self.consents()?;
+        sweep(&dir);
+        // The link is spent by creating its marker: a second use (here,
+        // or after a restart) finds it.
+        let marker = dir.join(format!("n-{}", digest_hex(nonce)));
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            opts.mode(0o600);
+        }
+        match opts.open(&marker) {
+            Ok(mut f) => {
+                use std::io::Write as _;
+                f.write_all(&expires_ms.to_be_bytes())
+                    .map_err(|e| failed(format!("{}: {e}", marker.display())))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(failed(format!("{}: {e}", marker.display()))),
+        }
+        let mut body = expires_ms.to_be_bytes().to_vec();
+        body.extend_from_slice(sealed);
+        write_file(&dir.join(format!("s-{}", digest_hex(state))), &body)?;
+        Ok(true)
+    }
+
+    fn take_consent(&self, state: &str, now: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.consents()?.join(format!("s-{}", digest_hex(state)));
+        let body = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(failed(format!("{}: {e}", path.display()))),
+        };
+        // Once: only the taker whose removal succeeds has it.
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(failed(format!("{}: {e}", path.display()))),
+        }
+        Ok(match until(&body) {
+            Some(exp) if exp > now => Some(body[8..].to_vec()),
+            _ => None,
+        })
+    }
+}
+
+/// A consent file's "until when" (its first 8 bytes).
+fn until(body: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(body.get(..8)?.try_into().ok()?))
+}
+
+/// Removes the consent files a day past their time.
+fn sweep(dir: &std::path::Path) {
+    let old = crate::clock::now_ms().saturating_sub(86_400_000);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let done = std::fs::read(&path)
+            .ok()
+            .and_then(|b| until(&b))
+            .is_none_or(|exp| exp < old);
+        if done {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+fn digest_hex(text: &str) -> String {
+    let mut h = crate::digest::Sha256::new();
+    h.update(text.as_bytes());
+    hex::encode(h.finalize())
+}
+
+/// Writes `path` whole or not at all (a temporary file renamed), readable
+/// by its owner only.
+fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let tmp = path.with_extension("tmp");
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        opts.mode(0o600);
+    }
+    let write = || -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut f = opts.open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| failed(format!("{}: {e}", path.display())))
 }
 
 impl Pg {
@@ -591,4 +658,45 @@ fn record_of(r: &tokio_postgres::Row) -> Result<Record, StoreError> {
         expires_ms: ms(9)?,
         refreshable: r.try_get(10).map_err(failed)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_local_consent_is_taken_once_and_its_link_stays_spent_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::config::CredentialStore::Local(dir.path().join("store"));
+        let store = Store::open(&cfg).await.unwrap();
+        let later = crate::clock::now_ms() + 60_000;
+        assert!(store
+            .begin_consent("st1", "n1", b"sealed", later)
+            .await
+            .unwrap());
+        assert!(
+            !store
+                .begin_consent("st2", "n1", b"other", later)
+                .await
+                .unwrap(),
+            "a link begins one consent"
+        );
+        assert_eq!(
+            store.take_consent("st1").await.unwrap().as_deref(),
+            Some(&b"sealed"[..])
+        );
+        assert_eq!(store.take_consent("st1").await.unwrap(), None, "taken once");
+        assert_eq!(store.take_consent("st2").await.unwrap(), None);
+        // Expired: not taken.
+        assert!(store.begin_consent("st3", "n3", b"x", 1).await.unwrap());
+        assert_eq!(store.take_consent("st3").await.unwrap(), None);
+        // A restart (a new store on the directory) still knows the link.
+        drop(store);
+        let again = Store::open(&cfg).await.unwrap();
+        assert!(!again.begin_consent("st4", "n1", b"y", later).await.unwrap());
+        assert!(
+            again.list(&Filter::default()).await.unwrap().is_empty(),
+            "consents are not records"
+        );
+    }
 }

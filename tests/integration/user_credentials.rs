@@ -431,8 +431,19 @@ async fn a_user_connects_once_and_only_their_runs_reach_the_upstream_with_their_
     let entries: Vec<_> = std::fs::read_dir(files.store())
         .unwrap()
         .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
         .collect();
-    assert_eq!(entries.len(), 1);
+    assert_eq!(entries.len(), 1, "one record");
+    // The spent link and no consent in flight are kept beside it.
+    let consents: Vec<String> = std::fs::read_dir(files.store().join("consents"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !consents.is_empty() && consents.iter().all(|n| n.starts_with("n-")),
+        "{consents:?}"
+    );
     use std::os::unix::fs::PermissionsExt as _;
     assert_eq!(
         entries[0].metadata().unwrap().permissions().mode() & 0o777,
