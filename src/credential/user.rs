@@ -761,12 +761,8 @@ impl UserCredentials {
                 .await
                 .map_err(|e| CredentialError::Unavailable(format!("{url}: {e}")))?
                 .to_bytes();
-            serde_json::from_slice(&body).map_err(|e| {
-                CredentialError::Invalid(format!(
-                    "{url}: not the metadata ({:?} error)",
-                    e.classify()
-                ))
-            })
+            super::exchange::read_json(&body)
+                .map_err(|why| CredentialError::Invalid(format!("{url}: not the metadata: {why}")))
         };
         tokio::time::timeout(self.config.timeout, work)
             .await
