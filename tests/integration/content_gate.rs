@@ -1055,7 +1055,7 @@ proptest! {
     /// always labels the run (mail then hears nothing).
     #[test]
     fn the_gate_holds_for_every_shape(c in case()) {
-        RT.block_on(async {
+        common::PROPERTY_RT.block_on(async {
             let world = WORLD.get_or_init(world).await;
             *world.script.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
             let token = assistant();
@@ -1092,13 +1092,6 @@ struct World {
     _dir: tempfile::TempDir,
 }
 
-static RT: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-});
 static WORLD: tokio::sync::OnceCell<World> = tokio::sync::OnceCell::const_new();
 
 async fn world() -> World {

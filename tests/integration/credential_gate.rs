@@ -189,13 +189,6 @@ struct World {
     _secret: tempfile::TempDir,
 }
 
-static RT: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-});
 static WORLD: tokio::sync::OnceCell<World> = tokio::sync::OnceCell::const_new();
 
 async fn world() -> World {
@@ -227,7 +220,7 @@ proptest! {
     /// run's token; with the provider refusing, nothing arrives.
     #[test]
     fn every_request_reaches_the_upstream_with_its_runs_token_or_not_at_all(c in case()) {
-        RT.block_on(async {
+        common::PROPERTY_RT.block_on(async {
             let w = WORLD.get_or_init(world).await;
             let claims = common::claims("sre-lead", &["sre"]);
             let token = common::sign(&claims);

@@ -125,6 +125,17 @@ pub fn token() -> String {
     sign(&claims("sre-lead", &["sre"]))
 }
 
+/// The runtime of the property tests: their cases run inside a
+/// proptest closure, which is not async, against one world each.
+pub static PROPERTY_RT: std::sync::LazyLock<tokio::runtime::Runtime> =
+    std::sync::LazyLock::new(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    });
+
 /// Starts a firewall from config text; relative paths resolve against `base`.
 pub async fn firewall_in(text: &str, base: &Path) -> Firewall {
     mcp_firewall::internals::init_logging(config::LogFormat::Text, "warn");
