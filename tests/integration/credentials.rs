@@ -290,11 +290,16 @@ async fn each_run_reaches_the_upstream_with_its_own_exchanged_token_in_both_eras
 /// The id the firewall records of an exchanged token (as
 /// `credential::credential_id` makes it).
 fn credential_id(token: &str) -> String {
+    credential_id_of("exchange", token)
+}
+
+/// The id the firewall records of a token of `kind` (`exchange`, `user`).
+pub(crate) fn credential_id_of(kind: &str, token: &str) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(b"mcp-firewall credential id v1\0");
-    h.update((b"exchange".len() as u64).to_be_bytes());
-    h.update(b"exchange");
+    h.update((kind.len() as u64).to_be_bytes());
+    h.update(kind.as_bytes());
     h.update(token.as_bytes());
     hex::encode(&h.finalize()[..16])
 }

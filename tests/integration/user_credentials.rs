@@ -17,11 +17,12 @@ use std::time::Duration;
 use mcp_firewall::auth::{Audience, MintClaims};
 use serde_json::{json, Value};
 
+use crate::common::clickhouse::ClickHouse;
 use crate::common::idp::{self, Idp, IdpConfig};
 use crate::common::postgres::Postgres;
 use crate::common::watchdog::free_port;
 use crate::common::{self, Firewall, TestConfig};
-use crate::credentials::{bearers, get_ticket, tickets, POLICY};
+use crate::credentials::{bearers, credential_id_of, get_ticket, tickets, POLICY};
 use crate::screening::Era;
 
 const CLIENT: &str = "fw-tickets";
@@ -530,8 +531,12 @@ async fn a_token_near_its_end_is_refreshed_and_a_refused_refresh_asks_again() {
         policy: _policy,
         ..
     } = Rig::local(4, 3).await;
+    let ch = ClickHouse::shared().await;
+    let db = ch.create_database();
+    let spool = tempfile::tempdir().unwrap();
+    let cfg = cfg.audit("fw-user-credentials", &ch.http_url, &db, spool.path());
     let fw = common::firewall(&cfg.text()).await;
-    let (alice, _) = run_of("alice");
+    let (alice, alice_claims) = run_of("alice");
     let a = list(&fw, &alice).await;
     let (status, page) = consent_via(&link_of_error(&a), &fw.admin, "alice").await;
     assert_eq!(status, 200, "{page}");
@@ -572,11 +577,49 @@ async fn a_token_near_its_end_is_refreshed_and_a_refused_refresh_asks_again() {
         metrics.contains(r#"purpose="refresh",outcome="ok"} 1"#),
         "{metrics}"
     );
-    // (The list's refresh happened with the first call's, at the list.)
     assert!(
         metrics.contains(r#"purpose="refresh",outcome="refused"} 1"#),
         "{metrics}"
     );
+
+    // On record: each call with the id of the token it went with (the
+    // first, then the refreshed one), the refused call as an error naming
+    // the consent link by id; neither token nor link anywhere.
+    let run = &alice_claims.run_id;
+    let sql = format!(
+        "SELECT credential_id, count() FROM {db}.audit_events FINAL WHERE tool = 'get_ticket' AND run_id = '{run}' AND upstream_auth = 'user' AND row_version = 1 GROUP BY credential_id ORDER BY count() FORMAT TSV"
+    );
+    let want = format!(
+        "{}\t1\n{}\t2\n",
+        credential_id_of("user", &calls[0]),
+        credential_id_of("user", &calls[1])
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while ch.try_query(&sql).as_deref() != Ok(want.as_str()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{sql}: {:?}",
+            ch.try_query(&format!("SELECT run_id, tool, decision, upstream_auth, credential_id, row_version, reason FROM {db}.audit_events FORMAT TSV"))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let sql = format!(
+        "SELECT count() FROM {db}.audit_events FINAL WHERE tool = 'get_ticket' AND run_id = '{run}' AND decision = 'error' AND position(reason, 'consent link') > 0 FORMAT TSV"
+    );
+    while ch.try_query(&sql).as_deref() != Ok("1\n") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refused call is on record: {:?}",
+            ch.try_query(&format!("SELECT run_id, tool, decision, upstream_auth, row_version, reason FROM {db}.audit_events FORMAT TSV"))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let leaked = ch.query_u64(&format!(
+        "SELECT count() FROM {db}.audit_events WHERE position(reason, 'ticket=') > 0 OR position(reason, '{a}') > 0 OR position(result_summary, '{a}') > 0 OR position(reason, '{b}') > 0",
+        a = &calls[0][..40],
+        b = &calls[1][..40],
+    ));
+    assert_eq!(leaked, 0, "no token and no link on record");
 }
 
 /// Two replicas on one PostgreSQL store: a consent begun on one completes
