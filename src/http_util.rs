@@ -191,6 +191,29 @@ pub(crate) fn html_page(
     r
 }
 
+/// A JSON document from another server (a token endpoint's answer, a
+/// server's metadata, a key set), read with one verdict:
+/// what a generic JSON reader refuses is refused here too, also where it
+/// hides in a member `T` skips (bytes that are not UTF-8, a number no
+/// reader holds: found by the `token_answer` fuzz target), and then
+/// whatever `T` refuses (a duplicate member it reads). The reason never
+/// quotes the document: serde's message may quote a value (a token where
+/// a number was due), so only where and what kind of error it was is
+/// kept.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let unreadable = |e: serde_json::Error| {
+        format!(
+            "unreadable ({:?} error at line {} column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        )
+    };
+    let text = std::str::from_utf8(body).map_err(|_| "not UTF-8".to_owned())?;
+    serde_json::from_str::<serde_json::Value>(text).map_err(unreadable)?;
+    serde_json::from_str(text).map_err(unreadable)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -445,7 +445,8 @@ pub fn parse_jwks(doc: &[u8], rsa_alg: Alg, key: &str) -> Result<ParsedJwks, Key
     if first != Some(&b'{') {
         return Err(not_jwks());
     }
-    let raw: RawJwks = serde_json::from_slice(doc).map_err(|_| not_jwks())?;
+    // One verdict with any JSON reader (UTF-8, numbers it holds).
+    let raw: RawJwks = crate::http_util::read_json(doc).map_err(|_| not_jwks())?;
     let mut parsed = ParsedJwks {
         keys: Vec::with_capacity(raw.keys.len()),
         skipped: Vec::new(),

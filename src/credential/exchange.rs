@@ -455,7 +455,7 @@ pub(super) fn read_issued(
     if !json {
         return Err(CredentialError::Invalid("not application/json".to_owned()));
     }
-    let issued: Issued = read_json(body).map_err(CredentialError::Invalid)?;
+    let issued: Issued = crate::http_util::read_json(body).map_err(CredentialError::Invalid)?;
     if issued.access_token.is_empty() {
         return Err(CredentialError::Invalid("empty access_token".to_owned()));
     }
@@ -493,28 +493,6 @@ pub(super) fn read_issued(
         ));
     }
     Ok(issued)
-}
-
-/// A JSON document from an authorization server, read with one verdict:
-/// what a generic JSON reader refuses is refused here too, also where it
-/// hides in a member `T` skips (bytes that are not UTF-8, a number no
-/// reader holds: found by the `token_answer` fuzz target), and then
-/// whatever `T` refuses (a duplicate member it reads). The reason never
-/// quotes the document: serde's message may quote a value (a token where
-/// a number was due), so only where and what kind of error it was is
-/// kept.
-pub(super) fn read_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
-    let unreadable = |e: serde_json::Error| {
-        format!(
-            "unreadable ({:?} error at line {} column {})",
-            e.classify(),
-            e.line(),
-            e.column()
-        )
-    };
-    let text = std::str::from_utf8(body).map_err(|_| "not UTF-8".to_owned())?;
-    serde_json::from_str::<serde_json::Value>(text).map_err(unreadable)?;
-    serde_json::from_str(text).map_err(unreadable)
 }
 
 /// What the token endpoint's reader makes of an answer (HTTP `status`,

@@ -761,7 +761,7 @@ impl UserCredentials {
                 .await
                 .map_err(|e| CredentialError::Unavailable(format!("{url}: {e}")))?
                 .to_bytes();
-            super::exchange::read_json(&body)
+            crate::http_util::read_json(&body)
                 .map_err(|why| CredentialError::Invalid(format!("{url}: not the metadata: {why}")))
         };
         tokio::time::timeout(self.config.timeout, work)
