@@ -116,7 +116,7 @@ pub(super) fn cel_context<'a>(
             }
         };
     add(VAR_ARGUMENTS, "arguments", &|| {
-        cel::to_value(call.arguments)
+        Ok(json_to_cel(call.arguments))
     });
     add(VAR_TOKEN, "token", &|| {
         cel::to_value(serde_json::json!({
@@ -141,4 +141,95 @@ pub(super) fn cel_context<'a>(
     });
     add(VAR_TOOL, "tool", &|| cel::to_value(call.tool));
     cx
+}
+
+/// A JSON value as CEL sees it: exactly what `cel::to_value` makes of it
+/// through serde (a non-negative integer is `uint`, a negative one `int`,
+/// any other number `double`; objects are maps keyed by string), built
+/// directly, without serde's round of keys and values. The arguments are
+/// converted on every call a condition applies to; the tests hold this to
+/// `cel::to_value` over generated values.
+pub(super) fn json_to_cel(v: &serde_json::Value) -> CelValue {
+    use serde_json::Value;
+    use std::sync::Arc;
+    match v {
+        Value::Null => CelValue::Null,
+        Value::Bool(b) => CelValue::Bool(*b),
+        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => CelValue::UInt(u),
+            (None, Some(i), _) => CelValue::Int(i),
+            (None, None, Some(f)) => CelValue::Float(f),
+            (None, None, None) => CelValue::Null,
+        },
+        Value::String(s) => CelValue::String(Arc::new(s.clone())),
+        Value::Array(items) => CelValue::List(Arc::new(items.iter().map(json_to_cel).collect())),
+        Value::Object(members) => CelValue::Map(cel::objects::Map {
+            map: Arc::new(
+                members
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            cel::objects::Key::String(Arc::new(k.clone())),
+                            json_to_cel(v),
+                        )
+                    })
+                    .collect(),
+            ),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_to_cel;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            Just(serde_json::json!(0.0)),
+            Just(serde_json::json!(-0.0)),
+            Just(serde_json::json!(u64::MAX)),
+            Just(serde_json::json!(i64::MIN)),
+            ".{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_direct_conversion_is_what_serde_makes(v in json()) {
+            let want = cel::to_value(&v).unwrap();
+            prop_assert_eq!(json_to_cel(&v), want);
+        }
+    }
+
+    #[test]
+    fn numbers_keep_their_cel_type() {
+        // As JSON text reads them, too (what arguments are).
+        for (text, want) in [
+            ("7", cel::Value::UInt(7)),
+            ("-7", cel::Value::Int(-7)),
+            ("7.0", cel::Value::Float(7.0)),
+            ("1e3", cel::Value::Float(1000.0)),
+            ("18446744073709551615", cel::Value::UInt(u64::MAX)),
+        ] {
+            let v: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(json_to_cel(&v), want, "{text}");
+            assert_eq!(cel::to_value(&v).unwrap(), want, "{text}");
+        }
+    }
 }

@@ -306,15 +306,20 @@ impl Recorder {
                 row.result = raw(e);
             }
             Some(AnswerParts {
-                result: Some(r), ..
+                result: Some(r),
+                is_error,
+                ..
             }) => {
                 // `isError` exists only on tool results; other results
-                // (a 100-tool list) are not read a second time for it.
+                // (a 100-tool list) are not read a second time for it, nor
+                // a result whose members the strict reader already holds.
                 row.is_error = row.tool_call()
-                    && serde_json::from_str::<IsError>(r)
-                        .ok()
-                        .and_then(|x| x.is_error)
-                        .unwrap_or(false);
+                    && is_error.unwrap_or_else(|| {
+                        serde_json::from_str::<IsError>(r)
+                            .ok()
+                            .and_then(|x| x.is_error)
+                            .unwrap_or(false)
+                    });
                 row.result = raw(r);
             }
             _ => {}
@@ -394,6 +399,9 @@ pub(crate) struct AnswerParts<'a> {
     pub result: Option<&'a str>,
     /// The `error` member's value.
     pub error: Option<&'a str>,
+    /// Whether `result.isError` is `true`, when the strict reader's tape
+    /// already holds the result's members (`None`: read it from `result`).
+    pub is_error: Option<bool>,
 }
 
 impl<'a> AnswerParts<'a> {
@@ -411,6 +419,7 @@ impl<'a> AnswerParts<'a> {
             |a| AnswerParts {
                 result: a.result.map(RawValue::get),
                 error: a.error.map(RawValue::get),
+                is_error: None,
             },
         )
     }

@@ -184,12 +184,7 @@ pub(crate) fn decide(
             let result = result_text(m, raw);
             match *answering.class {
                 Class::List(kind) => Ok(Verdict::Filter(kind)),
-                Class::ToolCall => match input_required(s, result, answering.approved)? {
-                    Verdict::Relay => Ok(result
-                        .and_then(created_task)
-                        .map_or(Verdict::Relay, Verdict::TaskCreated)),
-                    other => Ok(other),
-                },
+                Class::ToolCall => tool_result(s, result, answering.approved),
                 Class::Prompt | Class::Resource => input_required(s, result, answering.approved),
                 Class::Task(method) => task_answer(s, method, result),
                 _ => Ok(Verdict::Relay),
@@ -346,6 +341,43 @@ struct Required<'a> {
     input_requests: Option<BTreeMap<String, InputRequest<'a>>>,
     #[serde(rename = "requestState")]
     request_state: Option<String>,
+    /// A 2025-11-25 created task (`result.task`), read only for whether it
+    /// is there.
+    task: Option<serde::de::IgnoredAny>,
+}
+
+impl<'a> Required<'a> {
+    /// The members of `result`, read once.
+    fn read(result: &'a str) -> Result<Required<'a>, UpstreamFailure> {
+        serde_json::from_str::<Required>(result)
+            .map_err(|e| UpstreamFailure::Invalid(format!("unreadable input-required result: {e}")))
+    }
+}
+
+/// A `tools/call` result: input-required ([`input_required`]), a created
+/// task ([`created_task`]) or a result to relay, told apart in one read
+/// of its members.
+fn tool_result(
+    s: Scope<'_>,
+    result: Option<&str>,
+    approved: bool,
+) -> Result<Verdict, UpstreamFailure> {
+    let Some(result) = result else {
+        return Ok(Verdict::Relay);
+    };
+    let parsed = Required::read(result)?;
+    let task = parsed.task.is_some() || parsed.result_type.as_deref() == Some("task");
+    if parsed.result_type.as_deref() == Some("input_required") {
+        match required_verdict(s, parsed, approved) {
+            Verdict::Relay => {}
+            other => return Ok(other),
+        }
+    }
+    Ok(if task {
+        created_task(result).map_or(Verdict::Relay, Verdict::TaskCreated)
+    } else {
+        Verdict::Relay
+    })
 }
 
 #[derive(Deserialize)]
@@ -366,20 +398,25 @@ fn input_required(
     let Some(result) = result else {
         return Ok(Verdict::Relay);
     };
-    let parsed = serde_json::from_str::<Required>(result)
-        .map_err(|e| UpstreamFailure::Invalid(format!("unreadable input-required result: {e}")))?;
+    let parsed = Required::read(result)?;
     if parsed.result_type.as_deref() != Some("input_required") {
         return Ok(Verdict::Relay);
     }
+    Ok(required_verdict(s, parsed, approved))
+}
+
+/// What an input-required result gets: refused when it asks for what the
+/// policy refuses; for an approved call, its state is sealed.
+fn required_verdict(s: Scope<'_>, parsed: Required<'_>, approved: bool) -> Verdict {
     let refused = refused_inputs(s, parsed.input_requests.as_ref());
     if !refused.is_empty() {
-        return Ok(Verdict::RefuseInputRequests(refused));
+        return Verdict::RefuseInputRequests(refused);
     }
-    Ok(if approved {
+    if approved {
         Verdict::SealState(parsed.request_state)
     } else {
         Verdict::Relay
-    })
+    }
 }
 
 /// The input requests the policy refuses.
@@ -481,18 +518,7 @@ fn acknowledged(params: Option<&str>) -> Option<Vec<String>> {
 /// The task a `tools/call` result created, if it is one (2025-11-25:
 /// `result.task`; 2026-07-28: `resultType: "task"`).
 fn created_task(result: &str) -> Option<NewTask> {
-    // Most results are no task: a typed look first, the whole value only
-    // for a task.
-    #[derive(Deserialize)]
-    struct Probe<'a> {
-        #[serde(borrow, rename = "resultType")]
-        result_type: Option<Cow<'a, str>>,
-        task: Option<serde::de::IgnoredAny>,
-    }
-    let probe = serde_json::from_str::<Probe>(result).ok()?;
-    if probe.task.is_none() && probe.result_type.as_deref() != Some("task") {
-        return None;
-    }
+    // Only a result whose members say task ([`tool_result`]) is read whole.
     let v = serde_json::from_str::<Value>(result).ok()?;
     let (upstream_id, ttl_ms) = crate::tasks::created(&v)?;
     Some(NewTask {

@@ -150,6 +150,7 @@ impl Exchange {
         let parts = AnswerParts {
             result: result.and_then(|r| relayed.get(r)),
             error: None,
+            is_error: None,
         };
         let rows = self
             .answered(pos, &relayed, Some(parts))

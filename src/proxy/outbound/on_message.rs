@@ -186,6 +186,7 @@ impl Exchange {
                     Some(AnswerParts {
                         result: Some(t.get(at)?),
                         error: None,
+                        is_error: None,
                     })
                 }),
             ),
@@ -198,6 +199,9 @@ impl Exchange {
                         .then(|| r.tape.member(r.text, n, "error"))
                         .flatten()
                         .map(|x| r.tape.text(r.text, x)),
+                    is_error: (!m.is_error)
+                        .then(|| result_is_error(r.tape, r.text, n))
+                        .flatten(),
                 }),
             ),
         };
@@ -340,4 +344,68 @@ fn set_member(json: &str, key: &str, value: &str) -> Option<String> {
     put(&mut out, key, value);
     out.push('}');
     Some(out)
+}
+
+/// Whether the result of answer `n` says `"isError": true`, read off the
+/// strict reader's tape (`None` when the tape does not hold the result's
+/// members, or there is no result).
+fn result_is_error(tape: &crate::mcp::tape::Tape, text: &str, n: usize) -> Option<bool> {
+    let result = tape.member(text, n, "result")?;
+    tape.children(result)?;
+    Some(tape.member(text, result, "isError").is_some_and(|x| {
+        tape.kind(x) == Some(crate::mcp::tape::Kind::Bool) && tape.text(text, x) == "true"
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::result_is_error;
+
+    /// What the audit row's `is_error` was before the tape was asked: a
+    /// typed read of `result`.
+    fn by_serde(result: &str) -> bool {
+        #[derive(serde::Deserialize)]
+        struct IsError {
+            #[serde(rename = "isError")]
+            is_error: Option<bool>,
+        }
+        serde_json::from_str::<IsError>(result)
+            .ok()
+            .and_then(|x| x.is_error)
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn is_error_off_the_tape_is_what_a_typed_read_of_the_result_says() {
+        for result in [
+            r#"{"content":[],"isError":true}"#,
+            r#"{"content":[],"isError":false}"#,
+            r#"{"content":[]}"#,
+            r#"{"isError":"true"}"#,
+            r#"{"isError":null}"#,
+            r#"{"isError":1}"#,
+            r#"{"\u0069sError":true}"#,
+            r#"{"content":[{"type":"text","text":"\"isError\":true"}]}"#,
+            r#"{"nested":{"isError":true}}"#,
+            r#"{}"#,
+        ] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":1,"result":{result}}}"#);
+            let env = crate::mcp::jsonrpc::parse_upstream(text.as_bytes()).unwrap();
+            let tape = env.tape.as_ref().expect("an answer on the tape");
+            let node = env.messages[0].node.unwrap();
+            assert_eq!(
+                result_is_error(tape, &text, node),
+                Some(by_serde(result)),
+                "{result}"
+            );
+        }
+        // No result (an error answer): nothing to say.
+        let text = r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"}}"#;
+        let env = crate::mcp::jsonrpc::parse_upstream(text.as_bytes()).unwrap();
+        let node = env.messages[0].node.unwrap();
+        assert_eq!(
+            result_is_error(env.tape.as_ref().unwrap(), text, node),
+            None
+        );
+    }
 }
