@@ -262,9 +262,13 @@ impl UpstreamClient {
                 self.static_id.clone(),
             ));
         };
+        // Boxed, like the user's below: an exchange (an HTTPS request to
+        // the token endpoint) is a large state machine, and inline it would
+        // be allocated and copied with every request's future, static
+        // credentials' included.
         match run {
-            Some(run) => c.for_run(run).await,
-            None => c.own().await,
+            Some(run) => Box::pin(c.for_run(run)).await,
+            None => Box::pin(c.own()).await,
         }
     }
 
@@ -280,7 +284,8 @@ impl UpstreamClient {
         claims: &crate::auth::Claims,
     ) -> Result<crate::credential::Credential, crate::credential::CredentialError> {
         match &self.users {
-            Some(users) => users.for_user(claims).await,
+            // Boxed: a store read (a PostgreSQL query) or a refresh.
+            Some(users) => Box::pin(users.for_user(claims)).await,
             None => Err(crate::credential::CredentialError::Store(
                 "no [credentials] store in this process".to_owned(),
             )),
