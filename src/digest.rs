@@ -1,17 +1,12 @@
-//! The product's two hashes, one implementation each.
-//!
-//! - **SHA-256** (`ring`'s, which picks the CPU's SHA extensions, AVX2 or
-//!   SSSE3 code at run time): the arguments' hash, every audit link on the
-//!   chain and the checkpoints, and off the request path the key set's
-//!   fingerprint, the policy's content hash and the console's script hash.
-//!   The tests hold it to `sha2`'s.
-//! - **BLAKE3** ([`Blake3`]) where the firewall hashes the most bytes per
-//!   request: each audit row's content hash (about 1 KB a row, two rows an
-//!   audited call) and the verified-token cache key (the whole token, every
-//!   request). Same 256-bit output and second-preimage margin; on a CPU
-//!   without SHA extensions (and under callgrind, whose virtual CPU has
-//!   none) it costs about a fifth of SHA-256's instructions for 1 KB. The
-//!   tests hold it to the published vectors.
+//! SHA-256, the product's one implementation: the verified-token cache key,
+//! the arguments' hash, every audit row's content and link on the request
+//! path and the chain, and off it the key set's fingerprint, the policy's
+//! content hash and the console's script hash: `ring`'s implementation, which picks the CPU's SHA
+//! extensions, AVX2 or SSSE3 code at run time, where `sha2` without them
+//! falls back to portable code about three times dearer (on CPUs without
+//! SHA-NI, and under callgrind, whose virtual CPU has none: there it was a
+//! third of every instruction an audited call executes). The output is
+//! SHA-256 either way; the tests hold it to `sha2`'s.
 
 /// An incremental SHA-256.
 pub(crate) struct Sha256(ring::digest::Context);
@@ -42,55 +37,10 @@ impl Sha256 {
     }
 }
 
-/// An incremental BLAKE3 (256-bit output).
-pub(crate) struct Blake3(blake3::Hasher);
-
-impl Blake3 {
-    /// A fresh hash.
-    pub(crate) fn new() -> Blake3 {
-        Blake3(blake3::Hasher::new())
-    }
-
-    /// Adds `data`.
-    pub(crate) fn update(&mut self, data: impl AsRef<[u8]>) {
-        self.0.update(data.as_ref());
-    }
-
-    /// The digest.
-    pub(crate) fn finalize(self) -> [u8; 32] {
-        *self.0.finalize().as_bytes()
-    }
-
-    /// The digest of `data`.
-    pub(crate) fn digest(data: impl AsRef<[u8]>) -> [u8; 32] {
-        *blake3::hash(data.as_ref()).as_bytes()
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Blake3, Sha256};
+    use super::Sha256;
     use sha2::Digest as _;
-
-    #[test]
-    fn blake3_is_blake3_whatever_the_split() {
-        // The published vectors: the empty input, and 1,024 bytes of
-        // `i % 251` (one whole chunk).
-        assert_eq!(
-            hex::encode(Blake3::digest(b"")),
-            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
-        );
-        let data: Vec<u8> = (0..1025u32).map(|i| (i % 251) as u8).collect();
-        let want = "42214739f095a406f3fc83deb889744ac00df831c10daa55189b5d121c855af7";
-        assert_eq!(hex::encode(Blake3::digest(&data[..1024])), want);
-        for split in [0, 1, 63, 64, 65, 512, 1024] {
-            let mut h = Blake3::new();
-            h.update(&data[..split]);
-            h.update(&data[split..1024]);
-            assert_eq!(hex::encode(h.finalize()), want, "split {split}");
-        }
-        assert_ne!(Blake3::digest(&data[..1025]), Blake3::digest(&data[..1024]));
-    }
 
     #[test]
     fn it_is_sha256_whatever_the_input_length_and_split() {

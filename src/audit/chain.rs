@@ -3,7 +3,7 @@
 //!
 //! Every writer (a replica, by its `writer_id`) numbers its rows 1, 2, 3…
 //! and links each to the one before. An entry carries the row's content
-//! hash, `row_hash = BLAKE3(domain, row)` over the row's one canonical
+//! hash, `row_hash = SHA-256(domain, row)` over the row's one canonical
 //! encoding (the ClickHouse `RowBinary` bytes [`super::record`] writes
 //! once, which the verifier reads back byte for byte), and its **link**,
 //! `link = SHA-256(domain, writer_id, seq, linked_from, prev_link,
@@ -19,12 +19,6 @@
 //! needs a `seq` and link the chain does not have; cutting the tail is
 //! caught by the last checkpoint.
 //!
-//! Entries written by releases before BLAKE3 content hashes carry
-//! `row_hash = SHA-256(domain v2, row)` under links of the same kind: a row
-//! is covered when either content hash of it (each with its own domain)
-//! is its entry's `row_hash`, so finding a row that passes for another
-//! needs a second preimage of one of the two.
-//!
 //! Entries written by releases before links (`link` empty, "legacy")
 //! verify as they were made: their `row_hash` is `SHA-256(domain,
 //! writer_id, seq, prev_hash, row)` and is their link.
@@ -37,21 +31,19 @@
 
 use std::fmt::Write as _;
 
-use crate::digest::{Blake3, Sha256};
+use crate::digest::Sha256;
 use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
 
 use super::record::{leb128, put_str};
 
-/// A 256-bit digest (SHA-256 or BLAKE3).
+/// A SHA-256 digest.
 pub type Hash = [u8; 32];
 
 /// The `prev_hash` of a writer's first row.
 pub const GENESIS: Hash = [0; 32];
 
 const ROW_DOMAIN: &[u8] = b"mcp-firewall audit row v1\0";
-/// SHA-256 content hashes, of releases before BLAKE3 ones.
-const CONTENT_DOMAIN_V2: &[u8] = b"mcp-firewall audit row content v2\0";
-const CONTENT_DOMAIN: &[u8] = b"mcp-firewall audit row content v3\0";
+const CONTENT_DOMAIN: &[u8] = b"mcp-firewall audit row content v2\0";
 const LINK_DOMAIN: &[u8] = b"mcp-firewall audit link v2\0";
 const CHECKPOINT_DOMAIN: &[u8] = b"mcp-firewall audit checkpoint v1\0";
 /// A writer's last checkpoint before a clean stop: whatever follows it
@@ -89,26 +81,11 @@ pub fn row_hash(writer_id: &str, seq: u64, prev: &Hash, row: &[u8]) -> Hash {
     h.finalize()
 }
 
-/// The content hash of a row (its canonical encoding `row`): BLAKE3 over
-/// a domain, the length and the whole row. (Every column this release
-/// writes is in it; a release that adds columns covers rows without them
-/// as [`content_hash_v2`] covers rows from before its last columns.)
+/// The content hash of a row (its canonical encoding `row`).
 pub fn content_hash(row: &[u8]) -> Hash {
-    let mut h = Blake3::new();
-    h.update(CONTENT_DOMAIN);
-    h.update((row.len() as u64).to_be_bytes());
-    h.update(row);
-    h.finalize()
-}
-
-/// The content hash releases before BLAKE3 ones gave a row: SHA-256 over
-/// its own domain, the length and the row's hashed part: the row less the
-/// columns added since those releases where they hold their defaults
-/// ([`super::record::hashed_part`]).
-pub fn content_hash_v2(row: &[u8]) -> Hash {
     let row = super::record::hashed_part(row);
     let mut h = Sha256::new();
-    h.update(CONTENT_DOMAIN_V2);
+    h.update(CONTENT_DOMAIN);
     h.update((row.len() as u64).to_be_bytes());
     h.update(row);
     h.finalize()
@@ -154,7 +131,7 @@ impl Link {
         if self.legacy {
             row_hash(writer_id, self.seq, &self.prev_hash, row) == self.row_hash
         } else {
-            content_hash(row) == self.row_hash || content_hash_v2(row) == self.row_hash
+            content_hash(row) == self.row_hash
         }
     }
 }
@@ -916,45 +893,5 @@ mod tests {
             hex::encode(row_hash("fw", 1, &GENESIS, b"row")),
             "628b3a2bf033416cd9989910fb1d7346b4de53a6486777ba0968ef35f822e596"
         );
-        // Both content hashes, pinned (SHA-256 v2 by Python's hashlib,
-        // BLAKE3 v3 by the reference crate, each outside this module).
-        assert_eq!(
-            hex::encode(content_hash_v2(b"row")),
-            "5baa1a154370e80ef8015255b939491bfc9760ce24696c7e853b1eeaeb6e8dee"
-        );
-        assert_eq!(
-            hex::encode(content_hash(b"row")),
-            "3cfb108c4b5ec6f42cd8beb128f288bf08c580e4b4cc26a7ffb54ff7299c314e"
-        );
-    }
-
-    #[test]
-    fn entries_of_either_content_hash_cover_their_row_and_no_other() {
-        // A chain written before BLAKE3 (SHA-256 v2 content hashes) still
-        // verifies, link and row; neither kind covers another row, and a
-        // v2 hash does not pass for a v3 one of the same row.
-        let rows: [&[u8]; 3] = [b"first row", b"second row", b""];
-        let mut prev = GENESIS;
-        for (i, row) in rows.iter().enumerate() {
-            let seq = i as u64 + 1;
-            let row_hash = content_hash_v2(row);
-            assert_ne!(row_hash, content_hash(row));
-            let link = link_hash("fw-old", seq, 1, &prev, &row_hash);
-            let entry = Link {
-                seq,
-                prev_hash: prev,
-                row_hash,
-                link,
-                legacy: false,
-            };
-            assert!(entry.holds("fw-old", 1) && entry.covers("fw-old", row));
-            assert!(!entry.covers("fw-old", b"another row"));
-            prev = link;
-        }
-        let mut chain = Chain::new("fw-new");
-        let entry = chain.link(b"first row");
-        assert_eq!(entry.row_hash, content_hash(b"first row"));
-        assert!(entry.covers("fw-new", b"first row"));
-        assert!(!entry.covers("fw-new", b"second row"));
     }
 }

@@ -187,7 +187,7 @@ impl Verifier {
         self.inner.cache.len()
     }
 
-    /// Verifies `token` for `audience`. A cache hit costs one BLAKE3 of the
+    /// Verifies `token` for `audience`. A cache hit costs one SHA-256 of the
     /// token and a map lookup; a miss runs every check (see the module doc).
     pub async fn verify(&self, token: &str, audience: Audience) -> Result<Arc<Claims>, TokenError> {
         self.verify_with(token, audience, true).await
