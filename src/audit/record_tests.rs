@@ -434,3 +434,37 @@ fn a_length_has_one_spelling() {
         assert_eq!(leb128(&out, 0).map(|(v, _)| v), Some(len as u64));
     }
 }
+
+#[test]
+fn the_hashed_part_skips_the_walk_only_where_the_walk_leaves_the_row_whole() {
+    // Every tail a row can end with: credentials on record or not, shadow
+    // and claims columns set or not; whole rows, cut rows and bytes that
+    // are no row.
+    let mut rows: Vec<Vec<u8>> = Vec::new();
+    for (auth, id) in [("", ""), ("static", ""), ("exchange", "ab"), ("user", "")] {
+        for (shadow, claims) in [("", ""), ("deny", ""), ("", "{}")] {
+            let mut row = full_row();
+            row.upstream_auth = auth;
+            row.credential_id = id.into();
+            row.shadow_decision = shadow;
+            row.principal_claims = claims.into();
+            let mut out = Vec::new();
+            encode_row(&row, b"{}", b"", "fw", &mut out);
+            rows.push(out);
+        }
+    }
+    let whole = rows.clone();
+    for row in &whole {
+        for cut in [1, 2, 3, 5, row.len() / 2] {
+            rows.push(row[..row.len().saturating_sub(cut)].to_vec());
+        }
+    }
+    rows.extend([vec![], vec![0], vec![0, 0], vec![1, 0, 0], vec![0; 64]]);
+    for row in &rows {
+        assert_eq!(
+            super::hashed_part(row),
+            super::hashed_part_by_columns(row),
+            "{row:?}"
+        );
+    }
+}
