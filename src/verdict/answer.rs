@@ -184,8 +184,10 @@ pub(crate) fn decide(
             let result = result_text(m, raw);
             match *answering.class {
                 Class::List(kind) => Ok(Verdict::Filter(kind)),
-                Class::ToolCall => tool_result(s, result, answering.approved),
-                Class::Prompt | Class::Resource => input_required(s, result, answering.approved),
+                Class::ToolCall => answer_result(s, result, answering.approved, true),
+                Class::Prompt | Class::Resource => {
+                    answer_result(s, result, answering.approved, false)
+                }
                 Class::Task(method) => task_answer(s, method, result),
                 _ => Ok(Verdict::Relay),
             }
@@ -354,19 +356,20 @@ impl<'a> Required<'a> {
     }
 }
 
-/// A `tools/call` result: input-required ([`input_required`]), a created
-/// task ([`created_task`]) or a result to relay, told apart in one read
-/// of its members.
-fn tool_result(
+/// A result that may be input-required ([`required_verdict`]), a created
+/// task (a `tools/call` result, `tasks`: [`created_task`]) or a result to
+/// relay, told apart in one read of its members.
+fn answer_result(
     s: Scope<'_>,
     result: Option<&str>,
     approved: bool,
+    tasks: bool,
 ) -> Result<Verdict, UpstreamFailure> {
     let Some(result) = result else {
         return Ok(Verdict::Relay);
     };
     let parsed = Required::read(result)?;
-    let task = parsed.task.is_some() || parsed.result_type.as_deref() == Some("task");
+    let task = tasks && (parsed.task.is_some() || parsed.result_type.as_deref() == Some("task"));
     if parsed.result_type.as_deref() == Some("input_required") {
         match required_verdict(s, parsed, approved) {
             Verdict::Relay => {}
@@ -388,24 +391,7 @@ struct InputRequest<'a> {
     params: Option<&'a RawValue>,
 }
 
-/// A 2026-07-28 input-required result: refused when it asks for what the
-/// policy refuses; for an approved call, its state is sealed.
-fn input_required(
-    s: Scope<'_>,
-    result: Option<&str>,
-    approved: bool,
-) -> Result<Verdict, UpstreamFailure> {
-    let Some(result) = result else {
-        return Ok(Verdict::Relay);
-    };
-    let parsed = Required::read(result)?;
-    if parsed.result_type.as_deref() != Some("input_required") {
-        return Ok(Verdict::Relay);
-    }
-    Ok(required_verdict(s, parsed, approved))
-}
-
-/// What an input-required result gets: refused when it asks for what the
+/// What a 2026-07-28 input-required result gets: refused when it asks for what the
 /// policy refuses; for an approved call, its state is sealed.
 fn required_verdict(s: Scope<'_>, parsed: Required<'_>, approved: bool) -> Verdict {
     let refused = refused_inputs(s, parsed.input_requests.as_ref());
@@ -518,7 +504,7 @@ fn acknowledged(params: Option<&str>) -> Option<Vec<String>> {
 /// The task a `tools/call` result created, if it is one (2025-11-25:
 /// `result.task`; 2026-07-28: `resultType: "task"`).
 fn created_task(result: &str) -> Option<NewTask> {
-    // Only a result whose members say task ([`tool_result`]) is read whole.
+    // Only a result whose members say task ([`answer_result`]) is read whole.
     let v = serde_json::from_str::<Value>(result).ok()?;
     let (upstream_id, ttl_ms) = crate::tasks::created(&v)?;
     Some(NewTask {
