@@ -136,24 +136,9 @@ pub(crate) fn host_name(host: &str) -> &str {
 /// Percent-decodes a path segment (names may hold any character); a `%`
 /// not followed by two hex digits stays as it is.
 pub(crate) fn decode_segment(segment: &str) -> String {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            if let Some(b) = segment
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// An HTML page of the admin listener: never cached, framed, sniffed or

@@ -4,8 +4,8 @@
 //! consent is for, by `state`). `local` keeps one file per record in a
 //! directory, and the consents in flight and the spent links as files
 //! beside them (one replica; `mcp-firewall credentials` on the same
-//! machine sees and revokes them, and a restart forgets nothing); `postgres` keeps them in the `[approvals]`
-//! database, so every replica uses, refreshes and revokes the same tokens
+//! machine sees and revokes them, and a restart forgets nothing);
+//! `postgres` keeps them in the `[approvals]` database, so every replica uses, refreshes and revokes the same tokens
 //! and a consent begun on one replica completes on another.
 //!
 //! A refresh happens under the owner's lock (an advisory lock in
@@ -46,9 +46,7 @@ impl Owner {
             h.update((p.len() as u64).to_be_bytes());
             h.update(p.as_bytes());
         }
-        let mut d = [0u8; 32];
-        d.copy_from_slice(&h.finalize());
-        d
+        h.finalize()
     }
 
     /// A file name for it.
@@ -480,14 +478,7 @@ impl Local {
         // The link is spent by creating its marker: a second use (here,
         // or after a restart) finds it.
         let marker = dir.join(format!("n-{}", digest_hex(nonce)));
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            opts.mode(0o600);
-        }
-        match opts.open(&marker) {
+        match owner_only().create_new(true).open(&marker) {
             Ok(mut f) => {
                 use std::io::Write as _;
                 f.write_all(&expires_ms.to_be_bytes())
@@ -546,25 +537,28 @@ fn sweep(dir: &std::path::Path) {
 }
 
 fn digest_hex(text: &str) -> String {
-    let mut h = crate::digest::Sha256::new();
-    h.update(text.as_bytes());
-    hex::encode(h.finalize())
+    hex::encode(crate::digest::Sha256::digest(text))
+}
+
+/// Options that write a file only its owner can read.
+fn owner_only() -> std::fs::OpenOptions {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        opts.mode(0o600);
+    }
+    opts
 }
 
 /// Writes `path` whole or not at all (a temporary file renamed), readable
 /// by its owner only.
 fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), StoreError> {
     let tmp = path.with_extension("tmp");
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        opts.mode(0o600);
-    }
     let write = || -> std::io::Result<()> {
         use std::io::Write as _;
-        let mut f = opts.open(&tmp)?;
+        let mut f = owner_only().create(true).truncate(true).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
